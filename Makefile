@@ -1,0 +1,44 @@
+# Makefile for github.com/cdcflow/eventservice.
+# `make test` is the project's test command; .ci/run runs exactly that.
+
+GO        ?= go
+PKGS      ?= ./...
+BENCHTIME ?= 1s
+COUNT     ?= 5
+FUZZTIME  ?= 10s
+
+.PHONY: all build test vet fmt-check bench fuzz soak run clean
+
+all: build
+
+build:
+	$(GO) build $(PKGS)
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet $(PKGS)
+
+test: fmt-check vet
+	$(GO) test -race -timeout 20m $(PKGS)
+
+# bench runs every benchmark with -benchmem, COUNT times, and prints one table
+# of medians and the headline ratios (scripts/benchtable.go).
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count $(COUNT) -benchtime $(BENCHTIME) $(PKGS) | tee bench.out
+	$(GO) run ./scripts/benchtable bench.out
+
+# fuzz runs each fuzz target for FUZZTIME.
+fuzz:
+	@set -e; for pkg in $$($(GO) list $(PKGS)); do \
+		for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+			echo "== $$pkg $$f"; \
+			$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+		done; \
+	done
+
+clean:
+	$(GO) clean -testcache
+	rm -f bench.out

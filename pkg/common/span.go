@@ -1,0 +1,73 @@
+package common
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+)
+
+// ErrInvalidSpan is returned (wrapped) for a span that fails validation.
+var ErrInvalidSpan = errors.New("invalid span")
+
+// Span is a key range [StartKey, EndKey) of one table. An empty EndKey means
+// "to the end of the table", so Span{TableID: t} covers the whole table.
+type Span struct {
+	TableID  int64
+	StartKey []byte
+	EndKey   []byte
+}
+
+// TableSpan returns the span covering all of table id.
+func TableSpan(id int64) Span { return Span{TableID: id} }
+
+// Validate reports why s is not a usable span: a negative table ID, or an
+// EndKey that is not after StartKey. Errors wrap ErrInvalidSpan.
+func (s Span) Validate() error {
+	var errs []error
+	if s.TableID < 0 {
+		errs = append(errs, fmt.Errorf("%w: negative table id %d", ErrInvalidSpan, s.TableID))
+	}
+	if len(s.EndKey) > 0 && bytes.Compare(s.StartKey, s.EndKey) >= 0 {
+		errs = append(errs, fmt.Errorf("%w: end key %x is not after start key %x", ErrInvalidSpan, s.EndKey, s.StartKey))
+	}
+	return errors.Join(errs...)
+}
+
+// Contains reports whether key lies inside s.
+func (s Span) Contains(key []byte) bool {
+	if bytes.Compare(key, s.StartKey) < 0 {
+		return false
+	}
+	return len(s.EndKey) == 0 || bytes.Compare(key, s.EndKey) < 0
+}
+
+// Overlaps reports whether s and o share at least one key. Spans of different
+// tables never overlap.
+func (s Span) Overlaps(o Span) bool {
+	if s.TableID != o.TableID {
+		return false
+	}
+	// s starts before o ends and o starts before s ends.
+	sBeforeOEnd := len(o.EndKey) == 0 || bytes.Compare(s.StartKey, o.EndKey) < 0
+	oBeforeSEnd := len(s.EndKey) == 0 || bytes.Compare(o.StartKey, s.EndKey) < 0
+	return sBeforeOEnd && oBeforeSEnd
+}
+
+// Equal reports whether s and o are the same span.
+func (s Span) Equal(o Span) bool {
+	return s.TableID == o.TableID && bytes.Equal(s.StartKey, o.StartKey) && bytes.Equal(s.EndKey, o.EndKey)
+}
+
+// Key returns a string that is equal for equal spans, usable as a map key.
+func (s Span) Key() string {
+	var b []byte
+	b = fmt.Appendf(b, "%d/%d:", s.TableID, len(s.StartKey))
+	b = append(b, s.StartKey...)
+	b = append(b, s.EndKey...)
+	return string(b)
+}
+
+// String formats the span for logs.
+func (s Span) String() string {
+	return fmt.Sprintf("table %d [%x, %x)", s.TableID, s.StartKey, s.EndKey)
+}
