@@ -1,0 +1,31 @@
+// Package messaging defines the messages the event service sends to event
+// collectors (Handshake, DMLBatch, DDL, Resolved), the Transport they travel
+// over, an in-process Transport (InProcess) and a fault-injecting wrapper
+// (Faulty) for tests and the demo server.
+//
+// Message semantics (enforced by the sender and checked by the receiver, not
+// by the transport):
+//   - Every message names its dispatcher and the dispatcher's epoch. Each
+//     epoch starts with a Handshake at Seq 1; every later DMLBatch and DDL
+//     increments Seq by one; a Resolved carries the current Seq without
+//     incrementing it. A receiver that sees a gap, a stale epoch or data
+//     before the handshake resets the dispatcher.
+//   - Within an epoch rows arrive in commit-ts order, a DDL after the DML of
+//     its commit-ts, and resolved-ts never decreases nor passes rows not yet
+//     sent.
+//
+// Transport invariants:
+//   - Send is all-or-nothing: the whole slice is enqueued for the target, in
+//     order, or none of it is. Accepted messages of one target are received
+//     in the order they were accepted (FIFO per target).
+//   - Send never blocks on a full queue: it refuses with ErrBusy, the normal
+//     back-pressure signal; the caller keeps its progress, backs off and
+//     retries. A batch that could never fit fails with ErrBatchTooLarge.
+//   - Memory is bounded: an InProcess inbox holds at most Capacity messages
+//     (and, if set, MaxBytes approximate bytes).
+//   - Messages are passed by pointer, never copied: after a successful Send
+//     the sender must not modify them. The msgs slice itself is not retained.
+//   - Nothing here starts a goroutine or holds package-level state.
+//
+// Every error wraps one of the sentinels in errors.go; test with errors.Is.
+package messaging

@@ -1,0 +1,29 @@
+package messaging
+
+import "errors"
+
+// Sentinel errors. Every error the package returns wraps one of these.
+var (
+	// ErrBusy: the target's inbound queue has no room for the batch right
+	// now. Nothing was delivered. This is normal back-pressure: back off and
+	// retry later. Returned unwrapped so the hot refusal path does not
+	// allocate.
+	ErrBusy = errors.New("messaging: target busy")
+	// ErrBatchTooLarge: the batch exceeds the target's whole capacity and
+	// would never be accepted; split it. Nothing was delivered.
+	ErrBatchTooLarge = errors.New("messaging: batch larger than target capacity")
+	// ErrUnknownTarget: no receiver is registered under the target name.
+	ErrUnknownTarget = errors.New("messaging: unknown target")
+	// ErrTargetExists: Register of a target that is already registered.
+	ErrTargetExists = errors.New("messaging: target already registered")
+	// ErrInvalidTarget: an empty target name.
+	ErrInvalidTarget = errors.New("messaging: invalid target")
+	// ErrClosed: the transport (or, for a receiver, its inbox) is closed.
+	ErrClosed = errors.New("messaging: closed")
+	// ErrSendFailed: the transport failed to deliver; nothing was delivered.
+	ErrSendFailed = errors.New("messaging: send failed")
+	// ErrInvalidMessage: a nil message, or one that fails Validate.
+	ErrInvalidMessage = errors.New("messaging: invalid message")
+	// ErrInvalidOptions: options failed validation.
+	ErrInvalidOptions = errors.New("messaging: invalid options")
+)
