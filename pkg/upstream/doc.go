@@ -1,0 +1,53 @@
+// Package upstream provides the sources that feed the event store through
+// eventstore.Upstream:
+//
+//   - Manual, for tests: it records subscriptions and pushes exactly the
+//     batches a test hands it (valid or not), and lets tests make Subscribe
+//     fail and wait for subscriptions without sleeping.
+//   - Generator, a synthetic workload (tables, rows/s, transaction size, row
+//     size, hot-table skew) that is seeded and deterministic, and doubles as
+//     the oracle (Rows) that verification and crash/restart tests compare
+//     the delivered data against.
+//
+// # Determinism contract
+//
+// Time is cut into ticks of Tick (a whole number of milliseconds): tick k
+// holds the timestamps whose physical part lies in [k*Tick, (k+1)*Tick), in
+// milliseconds since the Unix epoch. The rows of table T in tick k are a pure
+// function of (Seed, T, k) and the other options (after defaults): each
+// (Seed, T, k) seeds its own PRNG from a hash of the three, so the rows do
+// not depend on when, how often or in which order they are asked for, on any
+// subscription's start-ts, or on other tables. StartTs and EndTs only cut:
+// the workload is the rows with commit-ts in (StartTs, EndTs].
+//
+// Within a tick, table T writes n transactions, where n is the integer part
+// of its expected count (RowsPerSec*Tick/TxnRows times the table's share)
+// plus one with probability equal to the fractional part, so long-run rates
+// match RowsPerSec and HotFraction. Every transaction has exactly TxnRows
+// rows with distinct keys; transaction j (from 0) has start-ts base+1+j, and
+// transactions are grouped, in order, into groups of 1..TxnsPerCommitTs that
+// share a commit-ts: group i commits at base+n+1+i, where base is the tick's
+// first timestamp. So start-ts < commit-ts, commit-ts increases within the
+// tick, and every timestamp of the tick stays inside it. Keys are 8-byte
+// big-endian numbers in [0, KeysPerTable), so later transactions update and
+// delete earlier keys; no two rows of one commit-ts share a key. About 10% of
+// rows are deletes (no value); puts carry RowBytes deterministic bytes and no
+// old value. Rows are ordered by (commit-ts, start-ts, key), and the rows of
+// a transaction are contiguous.
+//
+// # Feeding invariants
+//
+//   - Subscribe never calls the sink; only the Generator's driver goroutine
+//     (started by Start, stopped by Close) or Manual.Push do.
+//   - After a Subscription's Close returns, its sink is never called again.
+//   - The Generator's frontier F is the end of the last fully elapsed tick
+//     (the next tick's first timestamp minus one), capped at EndTs. It only
+//     grows, even if the clock moves back.
+//   - A Generator subscription receives exactly the rows of its span with
+//     commit-ts in (startTs, F], in order, each once, in batches of at most
+//     PushRowsMax rows; the batch that completes them carries ResolvedTs F.
+//     A failed push is retried from the last accepted position.
+//
+// Nothing here has package-level mutable state; clock and logger come in
+// through GeneratorOptions.
+package upstream

@@ -1,0 +1,284 @@
+package upstream
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventstore"
+)
+
+// Generator is a synthetic, deterministic workload and an Upstream that
+// feeds it to subscribers as time passes.
+//
+// Invariants:
+//   - The rows are a pure function of the options (see the package doc);
+//     Rows, SpanRows and RowCount may be called at any time, from any
+//     goroutine, for any range, and never depend on what was pushed.
+//   - The frontier (ResolvedTs) only grows, by whole ticks, up to EndTs.
+//   - Exactly one goroutine, the driver started by Start, calls sinks, and it
+//     pushes a subscription's rows in order, each exactly once: its cursor
+//     moves only after the sink accepted a batch.
+//
+// Lock order: Generator.mu is never held while a sink is called. A
+// subscription's sinkGuard.mu is held across its sink call and may be taken
+// before Generator.mu (in Close), never after it.
+type Generator struct {
+	opts  GeneratorOptions // defaulted; StartTs resolved
+	w     *workload
+	log   *zap.Logger
+	clock Clock
+
+	// ctx is the generator's lifetime: Close cancels it, which stops the
+	// driver and cancels every in-flight Push (subscription contexts derive
+	// from it), so Close is bounded even when a sink blocks.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	// kick wakes the driver when a subscription is added, so a catch-up
+	// starts without waiting for the next tick. Capacity 1: kicks coalesce.
+	kick chan struct{}
+
+	// passHookForTesting, if set before Start, is called by the driver at
+	// the end of every pass.
+	passHookForTesting func(passInfo)
+
+	// Single-word counters, read by Stats without a lock.
+	rowsGenerated atomic.Uint64
+	rowsPushed    atomic.Uint64
+	batches       atomic.Uint64
+	pushErrors    atomic.Uint64
+
+	mu struct {
+		sync.Mutex
+		started, closed bool
+		// subs holds the live subscriptions in creation order, which is
+		// the order the driver serves them in.
+		subs     []*genSub
+		nextID   uint64
+		frontier common.Ts
+	}
+}
+
+var _ eventstore.Upstream = (*Generator)(nil)
+
+// passInfo describes one driver pass, for tests.
+type passInfo struct {
+	frontier common.Ts
+	// more is true when some subscription has work left below frontier.
+	more bool
+}
+
+// NewGenerator validates opts and returns a Generator. It starts nothing;
+// call Start to begin pushing to subscribers.
+func NewGenerator(opts GeneratorOptions) (*Generator, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	o := opts.WithDefaults()
+	if o.StartTs == 0 {
+		tickMs := o.Tick.Milliseconds()
+		if k := o.Clock.Now().UnixMilli() / tickMs; k > 0 {
+			o.StartTs = common.ComposeTs(k*tickMs, 0) - 1
+		}
+		if o.EndTs != 0 && o.EndTs <= o.StartTs {
+			return nil, fmt.Errorf("%w: EndTs %v is not after the default StartTs %v", ErrInvalidOptions, o.EndTs, o.StartTs)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	g := &Generator{
+		opts:   o,
+		w:      newWorkload(o),
+		log:    o.Logger.Named("upstream.generator"),
+		clock:  o.Clock,
+		ctx:    ctx,
+		cancel: cancel,
+		kick:   make(chan struct{}, 1),
+	}
+	g.mu.frontier = o.StartTs
+	return g, nil
+}
+
+// Options returns the options in effect: defaults applied and StartTs
+// resolved. A Generator built from them produces the same rows.
+func (g *Generator) Options() GeneratorOptions { return g.opts }
+
+// Rows returns exactly the rows of table tableID with commit-ts in
+// (start, end], in (commit-ts, start-ts, key) order; nil for a table outside
+// 1..Tables or an empty range. Its cost is proportional to the number of
+// ticks in the range (clamped to the workload's (StartTs, EndTs]).
+func (g *Generator) Rows(tableID int64, start, end common.Ts) []common.Row {
+	return g.w.rows(tableID, start, end, nil)
+}
+
+// SpanRows is Rows limited to the keys inside span.
+func (g *Generator) SpanRows(span common.Span, start, end common.Ts) []common.Row {
+	if isWholeTable(span) {
+		return g.w.rows(span.TableID, start, end, nil)
+	}
+	return g.w.rows(span.TableID, start, end, &span)
+}
+
+// RowCount returns len(Rows(tableID, start, end)) without generating keys or
+// values: ticks entirely inside the range cost one hash each.
+func (g *Generator) RowCount(tableID int64, start, end common.Ts) int {
+	return g.w.rowCount(tableID, start, end)
+}
+
+// ResolvedTs returns the frontier: every row with commit-ts <= it belongs to
+// an elapsed tick. It starts at StartTs and only grows, up to EndTs.
+func (g *Generator) ResolvedTs() common.Ts {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.mu.frontier
+}
+
+// Subscribe registers a feed of span from startTs: the driver pushes the
+// span's rows with commit-ts > startTs (catching up first if startTs is in
+// the past), then follows the frontier. It never calls the sink itself.
+func (g *Generator) Subscribe(span common.Span, startTs common.Ts, sink eventstore.Sink) (eventstore.Subscription, error) {
+	if sink == nil {
+		return nil, fmt.Errorf("%w: nil sink", ErrInvalidArgument)
+	}
+	if err := span.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+	}
+	if !g.w.validTable(span.TableID) {
+		return nil, fmt.Errorf("%w: table %d is outside 1..%d", ErrUnknownTable, span.TableID, g.w.tables)
+	}
+	s := &genSub{
+		g:       g,
+		span:    cloneSpan(span),
+		startTs: startTs,
+		lo:      max(startTs, g.w.startTs),
+		guard:   newSinkGuard(g.ctx, sink),
+	}
+	if !isWholeTable(span) {
+		s.filter = &s.span
+	}
+	s.cur.tick = g.w.tickOf(s.lo)
+	s.resolved.Store(uint64(startTs))
+
+	g.mu.Lock()
+	if g.mu.closed {
+		g.mu.Unlock()
+		s.guard.close()
+		return nil, ErrClosed
+	}
+	g.mu.nextID++
+	s.id = g.mu.nextID
+	g.mu.subs = append(g.mu.subs, s)
+	g.mu.Unlock()
+
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
+	return s, nil
+}
+
+// Start starts the driver goroutine. It fails with ErrAlreadyStarted on a
+// second call and ErrClosed after Close.
+func (g *Generator) Start() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.mu.closed {
+		return ErrClosed
+	}
+	if g.mu.started {
+		return ErrAlreadyStarted
+	}
+	g.mu.started = true
+	g.wg.Go(g.run)
+	return nil
+}
+
+// Close stops the generator and waits for the driver to exit. It is
+// idempotent and bounded even when a sink blocks, provided the sink honours
+// its context. Subscriptions need not be closed first; closing them later
+// is harmless.
+func (g *Generator) Close() {
+	// 1. Refuse new subscriptions and a late Start.
+	g.mu.Lock()
+	g.mu.closed = true
+	g.mu.Unlock()
+	// 2. Stop the driver and cancel any Push in flight.
+	g.cancel()
+	// 3. Wait for the driver; after this no sink is called again.
+	g.wg.Wait()
+}
+
+// Stats is a snapshot of a Generator's counters.
+type Stats struct {
+	// Frontier is ResolvedTs().
+	Frontier common.Ts
+	// RowsGenerated counts rows the driver materialised (a retried chunk
+	// is generated again). Calls to Rows are not counted.
+	RowsGenerated uint64
+	// RowsPushed and Batches count what sinks accepted.
+	RowsPushed uint64
+	Batches    uint64
+	// PushErrors counts pushes that failed with an error other than
+	// context cancellation or eventstore.ErrClosed.
+	PushErrors uint64
+	// Subscriptions lists the live subscriptions in creation order.
+	Subscriptions []SubscriptionStats
+}
+
+// SubscriptionStats describes the progress of one live subscription.
+type SubscriptionStats struct {
+	ID      uint64
+	Span    common.Span
+	StartTs common.Ts
+	// ResolvedTs is the last resolved-ts the sink accepted (StartTs until
+	// the first).
+	ResolvedTs common.Ts
+	// Lag is how far ResolvedTs trails the generator's frontier, in
+	// physical time.
+	Lag        time.Duration
+	RowsPushed uint64
+	Batches    uint64
+	PushErrors uint64
+	// SinkClosed is true once the sink returned eventstore.ErrClosed; the
+	// driver then stops feeding it.
+	SinkClosed bool
+}
+
+// Stats returns a snapshot of the counters.
+func (g *Generator) Stats() Stats {
+	g.mu.Lock()
+	frontier := g.mu.frontier
+	subs := slices.Clone(g.mu.subs)
+	g.mu.Unlock()
+	st := Stats{
+		Frontier:      frontier,
+		RowsGenerated: g.rowsGenerated.Load(),
+		RowsPushed:    g.rowsPushed.Load(),
+		Batches:       g.batches.Load(),
+		PushErrors:    g.pushErrors.Load(),
+	}
+	for _, s := range subs {
+		resolved := common.Ts(s.resolved.Load())
+		lag := time.Duration(frontier.PhysicalMs()-resolved.PhysicalMs()) * time.Millisecond
+		st.Subscriptions = append(st.Subscriptions, SubscriptionStats{
+			ID:         s.id,
+			Span:       cloneSpan(s.span),
+			StartTs:    s.startTs,
+			ResolvedTs: resolved,
+			Lag:        max(lag, 0),
+			RowsPushed: s.rowsPushed.Load(),
+			Batches:    s.batches.Load(),
+			PushErrors: s.pushErrors.Load(),
+			SinkClosed: s.sinkClosed.Load(),
+		})
+	}
+	return st
+}
+
+func isWholeTable(s common.Span) bool { return len(s.StartKey) == 0 && len(s.EndKey) == 0 }

@@ -1,0 +1,308 @@
+package upstream
+
+import (
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+	"slices"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+)
+
+// deletePercent is the share of rows that are deletes; the rest are puts
+// (inserts or updates, depending on whether the key was written before).
+const deletePercent = 10
+
+// Salts separate the independent draws derived from one tick hash.
+const (
+	saltSeed  = 0x9e3779b97f4a7c15
+	saltCount = 0xd1b54a32d192ed03
+	saltPCG   = 0x8cb92ba72f3d8dd7
+)
+
+// workload is the immutable description of the synthetic data: the row
+// function of the determinism contract. It holds no state, so any number of
+// goroutines may generate from it at once (each with its own tickGen).
+type workload struct {
+	seed            uint64
+	tables          int64
+	hotTables       int64
+	txnRows         int
+	rowBytes        int
+	keysPerTable    uint64
+	txnsPerCommitTs int
+	tickMs          int64
+	// hotTxns and coldTxns are the expected transactions per tick of one
+	// hot or one cold table. Equal when the workload is uniform.
+	hotTxns, coldTxns float64
+	// startTs and endTs bound the workload: rows have commit-ts in
+	// (startTs, endTs]; endTs is math.MaxUint64 when unbounded.
+	startTs, endTs common.Ts
+}
+
+// newWorkload derives the row function from defaulted, validated options.
+func newWorkload(o GeneratorOptions) *workload {
+	w := &workload{
+		seed:            o.Seed,
+		tables:          int64(o.Tables),
+		hotTables:       int64(o.HotTables),
+		txnRows:         o.TxnRows,
+		rowBytes:        o.RowBytes,
+		keysPerTable:    uint64(o.KeysPerTable),
+		txnsPerCommitTs: o.TxnsPerCommitTs,
+		tickMs:          o.Tick.Milliseconds(),
+		startTs:         o.StartTs,
+		endTs:           o.EndTs,
+	}
+	if w.endTs == 0 {
+		w.endTs = math.MaxUint64
+	}
+	txnsPerTick := float64(o.RowsPerSec) * float64(w.tickMs) / 1000 / float64(o.TxnRows)
+	if o.HotFraction == 0 || o.HotTables == o.Tables {
+		w.hotTxns = txnsPerTick / float64(o.Tables)
+		w.coldTxns = w.hotTxns
+	} else {
+		w.hotTxns = txnsPerTick * o.HotFraction / float64(o.HotTables)
+		w.coldTxns = txnsPerTick * (1 - o.HotFraction) / float64(o.Tables-o.HotTables)
+	}
+	return w
+}
+
+func (w *workload) validTable(table int64) bool { return table >= 1 && table <= w.tables }
+
+// tickOf returns the tick whose timestamps include ts.
+func (w *workload) tickOf(ts common.Ts) int64 { return ts.PhysicalMs() / w.tickMs }
+
+// tickBase returns the first timestamp of tick k.
+func (w *workload) tickBase(k int64) common.Ts { return common.ComposeTs(k*w.tickMs, 0) }
+
+// clamp intersects (start, end] with the workload's bounds. ok is false when
+// the intersection is empty.
+func (w *workload) clamp(start, end common.Ts) (lo, hi common.Ts, ok bool) {
+	lo, hi = max(start, w.startTs), min(end, w.endTs)
+	return lo, hi, lo < hi
+}
+
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// tickHash is the root of all randomness of (table, tick). Hashing the
+// coordinates, rather than drawing from one shared stream, is what makes a
+// tick's rows independent of which other ticks or tables were generated.
+func (w *workload) tickHash(table, tick int64) uint64 {
+	h := mix64(w.seed ^ saltSeed)
+	h = mix64(h + uint64(table))
+	return mix64(h + uint64(tick))
+}
+
+// txnCount returns how many transactions table writes in tick k: the integer
+// part of the expected count plus one with probability equal to its
+// fractional part, so the long-run mean is exact.
+func (w *workload) txnCount(table, tick int64, h uint64) int {
+	e := w.hotTxns
+	if table > w.hotTables {
+		e = w.coldTxns
+	}
+	n := int(e)
+	if frac := e - float64(n); frac > 0 {
+		u := float64(mix64(h^saltCount)>>11) * 0x1p-53
+		if u < frac {
+			n++
+		}
+	}
+	return n
+}
+
+// tickGen generates ticks. It owns reusable scratch and a PRNG that is
+// reseeded per tick; not safe for concurrent use.
+type tickGen struct {
+	w      *workload
+	pcg    rand.PCG
+	rng    *rand.Rand
+	groups []int
+	keys   []uint64
+	seen   map[uint64]struct{}
+}
+
+func newTickGen(w *workload) *tickGen {
+	g := &tickGen{w: w}
+	g.rng = rand.New(&g.pcg)
+	return g
+}
+
+// plan draws the transaction structure of (table, tick): the number of
+// transactions n and the sizes of the commit-ts groups. Transaction j
+// (0-based) has start-ts base+1+j; group i has commit-ts base+n+1+i. So
+// start-ts < commit-ts, both increase within the tick, and everything stays
+// inside the tick (Validate guarantees 2n+2 timestamps fit). The group sizes
+// are drawn first so RowCount can place commit-ts without generating rows.
+func (g *tickGen) plan(table, tick int64) (n int) {
+	h := g.w.tickHash(table, tick)
+	n = g.w.txnCount(table, tick, h)
+	g.groups = g.groups[:0]
+	if n == 0 {
+		return 0
+	}
+	g.pcg.Seed(h, mix64(h^saltPCG))
+	for left := n; left > 0; {
+		size := 1 + g.rng.IntN(g.w.txnsPerCommitTs)
+		size = min(size, left)
+		g.groups = append(g.groups, size)
+		left -= size
+	}
+	return n
+}
+
+// countInRange returns the number of rows of (table, tick) with commit-ts
+// in (lo, hi].
+func (g *tickGen) countInRange(table, tick int64, lo, hi common.Ts) int {
+	base := g.w.tickBase(tick)
+	if base > lo && base+common.Ts(g.w.tickMs<<common.LogicalBits)-1 <= hi {
+		// The whole tick is inside the range: the count alone suffices.
+		return g.w.txnCount(table, tick, g.w.tickHash(table, tick)) * g.w.txnRows
+	}
+	n := g.plan(table, tick)
+	rows := 0
+	for i, size := range g.groups {
+		if c := base + common.Ts(n+1+i); c > lo && c <= hi {
+			rows += size * g.w.txnRows
+		}
+	}
+	return rows
+}
+
+// appendTick appends to dst the rows of (table, tick) with commit-ts in
+// (lo, hi] and, if span is not nil, key inside span, in (commit-ts,
+// start-ts, key) order. The draws are the same whatever the filter, so a
+// filtered tick is always a subsequence of the unfiltered one.
+func (g *tickGen) appendTick(dst []common.Row, table, tick int64, lo, hi common.Ts, span *common.Span) []common.Row {
+	w := g.w
+	n := g.plan(table, tick)
+	if n == 0 {
+		return dst
+	}
+	base := w.tickBase(tick)
+	slab := []byte(nil)
+	j := 0 // transaction index within the tick
+	for gi, size := range g.groups {
+		commit := base + common.Ts(n+1+gi)
+		in := commit > lo && commit <= hi
+		// A commit-ts group never writes a key twice: transactions that
+		// commit at the same ts cannot both have written one key.
+		clear(g.seen)
+		g.keys = g.keys[:0]
+		for range size * w.txnRows {
+			k := g.rng.Uint64N(w.keysPerTable)
+			for g.haveKey(k, size*w.txnRows) {
+				k = (k + 1) % w.keysPerTable
+			}
+			g.keys = append(g.keys, k)
+		}
+		for t := range size {
+			txnKeys := g.keys[t*w.txnRows : (t+1)*w.txnRows]
+			slices.Sort(txnKeys)
+			start := base + common.Ts(1+j)
+			j++
+			for _, k := range txnKeys {
+				del := g.rng.Uint32N(100) < deletePercent
+				valueSeed := g.rng.Uint64()
+				if !in {
+					continue
+				}
+				var kb [8]byte
+				binary.BigEndian.PutUint64(kb[:], k)
+				if span != nil && !span.Contains(kb[:]) {
+					continue
+				}
+				need := 8
+				if !del {
+					need += w.rowBytes
+				}
+				if len(slab) < need {
+					// One allocation per tick in the common case: sized for
+					// every row that can still come.
+					slab = make([]byte, max(need, (n-j+1)*w.txnRows*(8+w.rowBytes)))
+				}
+				row := common.Row{Op: common.OpPut, StartTs: start, CommitTs: commit}
+				row.Key = slab[:8:8]
+				copy(row.Key, kb[:])
+				slab = slab[8:]
+				if del {
+					row.Op = common.OpDelete
+				} else {
+					row.Value = slab[:w.rowBytes:w.rowBytes]
+					fillValue(row.Value, valueSeed)
+					slab = slab[w.rowBytes:]
+				}
+				dst = append(dst, row)
+			}
+		}
+	}
+	return dst
+}
+
+// haveKey reports whether k is already among g.keys, switching to a map for
+// large groups so the check stays O(1).
+func (g *tickGen) haveKey(k uint64, groupRows int) bool {
+	if groupRows <= 32 {
+		return slices.Contains(g.keys, k)
+	}
+	if g.seen == nil {
+		g.seen = make(map[uint64]struct{}, groupRows)
+	}
+	if _, ok := g.seen[k]; ok {
+		return true
+	}
+	g.seen[k] = struct{}{}
+	return false
+}
+
+// fillValue fills b with bytes that are a pure function of seed.
+func fillValue(b []byte, seed uint64) {
+	for len(b) >= 8 {
+		seed += saltSeed
+		binary.LittleEndian.PutUint64(b, mix64(seed))
+		b = b[8:]
+	}
+	if len(b) > 0 {
+		var tail [8]byte
+		binary.LittleEndian.PutUint64(tail[:], mix64(seed+saltSeed))
+		copy(b, tail[:])
+	}
+}
+
+// rows returns the rows of table with commit-ts in (start, end], limited to
+// span when span is not nil.
+func (w *workload) rows(table int64, start, end common.Ts, span *common.Span) []common.Row {
+	lo, hi, ok := w.clamp(start, end)
+	if !ok || !w.validTable(table) {
+		return nil
+	}
+	g := newTickGen(w)
+	var out []common.Row
+	for k, last := w.tickOf(lo), w.tickOf(hi); k <= last; k++ {
+		out = g.appendTick(out, table, k, lo, hi, span)
+	}
+	return out
+}
+
+// rowCount returns len(rows(table, start, end, nil)) without generating
+// keys or values.
+func (w *workload) rowCount(table int64, start, end common.Ts) int {
+	lo, hi, ok := w.clamp(start, end)
+	if !ok || !w.validTable(table) {
+		return 0
+	}
+	g := newTickGen(w)
+	total := 0
+	for k, last := w.tickOf(lo), w.tickOf(hi); k <= last; k++ {
+		total += g.countInRange(table, k, lo, hi)
+	}
+	return total
+}
