@@ -110,25 +110,25 @@ func (in *Inbox) Bytes() int {
 	return in.mu.bytes
 }
 
-// Drain removes up to max queued messages (all of them if max <= 0) in FIFO
-// order, appends them to dst and returns it. It never blocks.
-func (in *Inbox) Drain(dst []Message, max int) []Message {
-	dst, left, _ := in.drain(dst, max)
+// Drain removes up to limit queued messages (all of them if limit <= 0) in
+// FIFO order, appends them to dst and returns it. It never blocks.
+func (in *Inbox) Drain(dst []Message, limit int) []Message {
+	dst, left, _ := in.drain(dst, limit)
 	if left > 0 {
 		in.ring() // Keep the no-lost-wakeup invariant for what we left behind.
 	}
 	return dst
 }
 
-// Receive returns at least one message (up to max, all if max <= 0) appended
-// to dst, waiting for one if the queue is empty. Once the inbox is closed and
+// Receive returns at least one message (up to limit, all if limit <= 0)
+// appended to dst, waiting for one if the queue is empty. Once the inbox is closed and
 // empty it returns an error wrapping ErrClosed; if ctx ends first, ctx.Err().
-func (in *Inbox) Receive(ctx context.Context, dst []Message, max int) ([]Message, error) {
+func (in *Inbox) Receive(ctx context.Context, dst []Message, limit int) ([]Message, error) {
 	for {
 		before := len(dst)
 		var left int
 		var state inboxState
-		dst, left, state = in.drain(dst, max)
+		dst, left, state = in.drain(dst, limit)
 		if left > 0 {
 			in.ring()
 		}
@@ -147,14 +147,14 @@ func (in *Inbox) Receive(ctx context.Context, dst []Message, max int) ([]Message
 	}
 }
 
-// drain pops up to max entries into dst and reports how many are left and
+// drain pops up to limit entries into dst and reports how many are left and
 // the state, all read under one lock so "empty and closed" is exact.
-func (in *Inbox) drain(dst []Message, max int) ([]Message, int, inboxState) {
+func (in *Inbox) drain(dst []Message, limit int) ([]Message, int, inboxState) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	k := in.mu.n
-	if max > 0 && max < k {
-		k = max
+	if limit > 0 && limit < k {
+		k = limit
 	}
 	for range k {
 		e := &in.mu.buf[in.mu.head]
