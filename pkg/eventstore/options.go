@@ -1,0 +1,153 @@
+package eventstore
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/internal/clock"
+)
+
+// Options configures a Store. The zero value of every field means "use the
+// default" documented on the field; Open fills defaults, then validates and
+// reports every bad field at once.
+type Options struct {
+	// Dir is the directory of the on-disk store. Empty (the default) keeps
+	// pebble entirely in memory, the embedded default for tests and demos.
+	// The store is a cache of the upstream, as in TiCDC: a directory that
+	// holds a previous store is wiped at Open. A non-empty directory that
+	// does not hold a previous store is refused, so a typo cannot delete
+	// someone's data.
+	Dir string
+	// Upstream is the source of truth the store subscribes spans at.
+	// Required.
+	Upstream Upstream
+	// WriteWorkers is the number of goroutines committing pebble batches;
+	// subscriptions are hashed to one of them. Default 2 (one per core of
+	// the reference machine; each worker does its own encoding and commit).
+	WriteWorkers int
+	// WriteQueueSize bounds the batches queued per write worker; Push blocks
+	// (back-pressure on the upstream) when it is full. Default 1024.
+	WriteQueueSize int
+	// MaxBatchRows caps the rows committed in one pebble batch; a worker
+	// groups queued pushes up to this many rows. Default 4096.
+	MaxBatchRows int
+	// IdleTTL is how long a subscription without dispatchers is kept (and
+	// fed) before it is ended at the upstream and its data deleted, so a
+	// quick remove/re-add does not refetch. Default 1s.
+	IdleTTL time.Duration
+	// MaintenanceInterval is the period of the loop that runs GC and expires
+	// idle subscriptions. Default 100ms.
+	MaintenanceInterval time.Duration
+	// GCMinSpan: a pending GC range is deleted once the physical time it
+	// covers reaches this span, so that tiny ranges do not become a storm of
+	// range tombstones. Default 5s.
+	GCMinSpan time.Duration
+	// GCMaxDelay: a pending GC range is deleted after waiting this long even
+	// if it is smaller than GCMinSpan. Default 30s.
+	GCMaxDelay time.Duration
+	// CacheBytes is pebble's block cache size. Default 64 MiB.
+	CacheBytes int64
+	// MemTableBytes is pebble's memtable size. Default 64 MiB.
+	MemTableBytes uint64
+	// Logger receives the store's logs. Default zap.NewNop().
+	Logger *zap.Logger
+	// Registerer receives the store's metrics. Default nil: no metrics are
+	// registered (they are still counted, for Stats).
+	Registerer prometheus.Registerer
+	// Clock is the time source for lag metrics, TTLs and GC delays. Default
+	// the real clock.
+	Clock clock.Clock
+}
+
+// Defaults.
+const (
+	DefaultWriteWorkers        = 2
+	DefaultWriteQueueSize      = 1024
+	DefaultMaxBatchRows        = 4096
+	DefaultIdleTTL             = time.Second
+	DefaultMaintenanceInterval = 100 * time.Millisecond
+	DefaultGCMinSpan           = 5 * time.Second
+	DefaultGCMaxDelay          = 30 * time.Second
+	DefaultCacheBytes          = 64 << 20
+	DefaultMemTableBytes       = 64 << 20
+)
+
+// EnsureDefaults fills every zero field with its default and returns o.
+func (o Options) EnsureDefaults() Options {
+	if o.WriteWorkers == 0 {
+		o.WriteWorkers = DefaultWriteWorkers
+	}
+	if o.WriteQueueSize == 0 {
+		o.WriteQueueSize = DefaultWriteQueueSize
+	}
+	if o.MaxBatchRows == 0 {
+		o.MaxBatchRows = DefaultMaxBatchRows
+	}
+	if o.IdleTTL == 0 {
+		o.IdleTTL = DefaultIdleTTL
+	}
+	if o.MaintenanceInterval == 0 {
+		o.MaintenanceInterval = DefaultMaintenanceInterval
+	}
+	if o.GCMinSpan == 0 {
+		o.GCMinSpan = DefaultGCMinSpan
+	}
+	if o.GCMaxDelay == 0 {
+		o.GCMaxDelay = DefaultGCMaxDelay
+	}
+	if o.CacheBytes == 0 {
+		o.CacheBytes = DefaultCacheBytes
+	}
+	if o.MemTableBytes == 0 {
+		o.MemTableBytes = DefaultMemTableBytes
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	o.Clock = clock.OrReal(o.Clock)
+	return o
+}
+
+// Validate reports every invalid field, each wrapped in ErrInvalidOptions.
+// It expects defaults to be filled in.
+func (o Options) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...))
+	}
+	if o.Upstream == nil {
+		bad("Upstream is required")
+	}
+	if o.WriteWorkers < 1 || o.WriteWorkers > 256 {
+		bad("WriteWorkers %d not in [1, 256]", o.WriteWorkers)
+	}
+	if o.WriteQueueSize < 1 {
+		bad("WriteQueueSize %d must be positive", o.WriteQueueSize)
+	}
+	if o.MaxBatchRows < 1 {
+		bad("MaxBatchRows %d must be positive", o.MaxBatchRows)
+	}
+	if o.IdleTTL < 0 {
+		bad("IdleTTL %v must not be negative", o.IdleTTL)
+	}
+	if o.MaintenanceInterval <= 0 {
+		bad("MaintenanceInterval %v must be positive", o.MaintenanceInterval)
+	}
+	if o.GCMinSpan < 0 {
+		bad("GCMinSpan %v must not be negative", o.GCMinSpan)
+	}
+	if o.GCMaxDelay < 0 {
+		bad("GCMaxDelay %v must not be negative", o.GCMaxDelay)
+	}
+	if o.CacheBytes < 0 {
+		bad("CacheBytes %d must not be negative", o.CacheBytes)
+	}
+	if o.MemTableBytes < 1<<20 || o.MemTableBytes > 4<<30 {
+		bad("MemTableBytes %d not in [1 MiB, 4 GiB]", o.MemTableBytes)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,410 @@
+package eventstore
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/internal/latency"
+	"github.com/cdcflow/eventservice/pkg/common"
+)
+
+// markerFile marks a directory as holding a store, so Open may wipe it.
+const markerFile = "CDCFLOW_EVENTSTORE"
+
+// Store is the pebble-backed event store. See the package documentation for
+// its invariants.
+//
+// Lock order: Store.mu, then subscription.mu. subscriber.mu (held across a
+// notifier callback) is never held while taking either.
+type Store struct {
+	opts    Options
+	log     *zap.Logger
+	db      *pebble.DB
+	cache   interface{ Unref() }
+	metrics *metrics
+
+	queues  []chan writeEvent
+	closing chan struct{} // closed when Close starts
+	wg      sync.WaitGroup
+
+	// openIters counts iterators not yet closed (checked by Close).
+	openIters atomic.Int64
+
+	// notifyLatency records the real time of every notifier callback.
+	notifyLatency latency.Histogram
+
+	mu struct {
+		sync.RWMutex
+		started     bool
+		closed      bool
+		nextSubID   uint64
+		dispatchers map[common.DispatcherID]*subscriber
+		subsBySpan  map[string][]*subscription
+		subs        map[uint64]*subscription
+	}
+}
+
+// Open creates a store. It starts no goroutine: call Start.
+func Open(opts Options) (*Store, error) {
+	opts = opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Store{opts: opts, log: opts.Logger.Named("eventstore"), metrics: newMetrics(), closing: make(chan struct{})}
+	s.mu.dispatchers = make(map[common.DispatcherID]*subscriber)
+	s.mu.subsBySpan = make(map[string][]*subscription)
+	s.mu.subs = make(map[uint64]*subscription)
+	s.queues = make([]chan writeEvent, opts.WriteWorkers)
+	for i := range s.queues {
+		s.queues[i] = make(chan writeEvent, opts.WriteQueueSize)
+	}
+
+	cache := pebble.NewCache(opts.CacheBytes)
+	popts := &pebble.Options{
+		Cache:        cache,
+		MemTableSize: opts.MemTableBytes,
+		// The store is a cache of the upstream (wiped at Open), so the WAL
+		// buys nothing: losing the memtable on a crash loses nothing the
+		// upstream cannot replay.
+		DisableWAL: true,
+		Logger:     pebbleLogger{s.log.Named("pebble").Sugar()},
+	}
+	dir := opts.Dir
+	if dir == "" {
+		popts.FS = vfs.NewMem()
+	} else {
+		if err := resetDir(dir); err != nil {
+			cache.Unref()
+			return nil, err
+		}
+		dir = filepath.Join(dir, "pebble")
+	}
+	db, err := pebble.Open(dir, popts)
+	if err != nil {
+		cache.Unref()
+		return nil, fmt.Errorf("eventstore: open pebble: %w", err)
+	}
+	s.db, s.cache = db, cache
+	if err := s.metrics.register(opts.Registerer); err != nil {
+		s.metrics.unregister(opts.Registerer)
+		_ = db.Close()
+		cache.Unref()
+		return nil, fmt.Errorf("eventstore: register metrics: %w", err)
+	}
+	return s, nil
+}
+
+// resetDir prepares dir for a fresh store: created if missing, wiped if it
+// holds a previous store, refused if it holds anything else.
+func resetDir(dir string) error {
+	entries, err := os.ReadDir(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return fmt.Errorf("%w: Dir %q: %v", ErrInvalidOptions, dir, err)
+	case len(entries) > 0:
+		if _, err := os.Stat(filepath.Join(dir, markerFile)); err != nil {
+			return fmt.Errorf("%w: Dir %q is not empty and holds no event store; refusing to wipe it", ErrInvalidOptions, dir)
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			return fmt.Errorf("eventstore: reset %q: %w", dir, err)
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("eventstore: create %q: %w", dir, err)
+	}
+	return os.WriteFile(filepath.Join(dir, markerFile), []byte("cdcflow event store: wiped at every open\n"), 0o644)
+}
+
+// Start starts the write workers and the maintenance loop. It returns
+// ErrClosed after Close and is a no-op when already started.
+func (s *Store) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.closed {
+		return ErrClosed
+	}
+	if s.mu.started {
+		return nil
+	}
+	s.mu.started = true
+	for i := range s.queues {
+		s.wg.Go(func() { s.runWriter(i) })
+	}
+	s.wg.Go(s.runMaintenance)
+	return nil
+}
+
+func (s *Store) isClosing() bool {
+	select {
+	case <-s.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+// RegisterDispatcher registers dispatcher id reading span from startTs
+// (exclusive). Dispatchers with an identical span share a subscription when
+// the subscription still holds data from startTs; otherwise a new one is
+// subscribed at the upstream. If the subscription's resolved-ts is already
+// past startTs, notifier is called before RegisterDispatcher returns, on
+// the caller's goroutine; later calls come from the store's write workers.
+func (s *Store) RegisterDispatcher(id common.DispatcherID, span common.Span, startTs common.Ts, notifier Notifier) error {
+	if id.IsZero() {
+		return fmt.Errorf("%w: zero dispatcher id", ErrInvalidArgument)
+	}
+	if notifier == nil {
+		return fmt.Errorf("%w: nil notifier for dispatcher %v", ErrInvalidArgument, id)
+	}
+	if err := span.Validate(); err != nil {
+		return fmt.Errorf("%w: dispatcher %v: %w", ErrInvalidArgument, id, err)
+	}
+	span = common.Span{TableID: span.TableID, StartKey: cloneKey(span.StartKey), EndKey: cloneKey(span.EndKey)}
+	sb := &subscriber{id: id, startTs: startTs, notifier: notifier, checkpoint: startTs}
+
+	s.mu.Lock()
+	if s.mu.closed || s.isClosing() {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	if _, ok := s.mu.dispatchers[id]; ok {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: %v", ErrDispatcherExists, id)
+	}
+	sub := s.findSharableLocked(span, startTs)
+	if sub == nil {
+		var err error
+		if sub, err = s.subscribeLocked(span, startTs); err != nil {
+			s.mu.Unlock()
+			return err
+		}
+	}
+	sb.sub = sub
+	sub.mu.Lock()
+	sub.addSubscriberLocked(sb)
+	resolved, maxCommit := sub.mu.resolved, sub.mu.maxCommit
+	sub.mu.Unlock()
+	s.mu.dispatchers[id] = sb
+	s.metrics.dispatchers.Set(float64(len(s.mu.dispatchers)))
+	s.mu.Unlock()
+
+	// The write worker may have advanced before sb was published; catch up
+	// here so a registration never waits for the next advance.
+	sb.notify(s, resolved, maxCommit)
+	return nil
+}
+
+// findSharableLocked returns a live subscription of exactly span that still
+// holds every row above startTs. REQUIRES: s.mu held.
+func (s *Store) findSharableLocked(span common.Span, startTs common.Ts) *subscription {
+	for _, sub := range s.mu.subsBySpan[span.Key()] {
+		sub.mu.Lock()
+		ok := !sub.mu.removed && sub.mu.lowWatermark <= startTs
+		sub.mu.Unlock()
+		if ok {
+			return sub
+		}
+	}
+	return nil
+}
+
+// subscribeLocked creates a subscription and subscribes it at the upstream.
+// REQUIRES: s.mu held.
+func (s *Store) subscribeLocked(span common.Span, startTs common.Ts) (*subscription, error) {
+	s.mu.nextSubID++
+	sub := &subscription{id: s.mu.nextSubID, span: span, startTs: startTs, pushedResolved: startTs}
+	sub.worker = int(common.DispatcherIDFromUint64(sub.id).Hash() % uint64(len(s.queues)))
+	sub.mu.resolved = startTs
+	sub.mu.lowWatermark = startTs
+	sub.mu.gcTarget = startTs
+	up, err := s.opts.Upstream.Subscribe(span, startTs, sink{s: s, sub: sub})
+	if err != nil {
+		return nil, fmt.Errorf("eventstore: subscribe %v at upstream: %w", span, err)
+	}
+	sub.upstream = up
+	key := span.Key()
+	s.mu.subsBySpan[key] = append(s.mu.subsBySpan[key], sub)
+	s.mu.subs[sub.id] = sub
+	s.metrics.subscriptions.Set(float64(len(s.mu.subs)))
+	s.log.Debug("subscribed", zap.Uint64("sub", sub.id), zap.Stringer("span", span), zap.Uint64("startTs", uint64(startTs)))
+	return sub, nil
+}
+
+// UnregisterDispatcher removes dispatcher id. When it returns, its notifier
+// is not running and will not be called again. Do not call it while holding
+// a lock the notifier takes. The subscription, if this was its last
+// dispatcher, is ended after Options.IdleTTL.
+func (s *Store) UnregisterDispatcher(id common.DispatcherID) error {
+	s.mu.Lock()
+	if s.mu.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	sb, ok := s.mu.dispatchers[id]
+	if !ok {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: %v", ErrDispatcherNotFound, id)
+	}
+	delete(s.mu.dispatchers, id)
+	s.metrics.dispatchers.Set(float64(len(s.mu.dispatchers)))
+	sb.sub.mu.Lock()
+	sb.sub.removeSubscriberLocked(sb, s.opts.Clock.Now())
+	sb.sub.mu.Unlock()
+	s.mu.Unlock()
+	sb.stop()
+	return nil
+}
+
+// UpdateCheckpoint records that dispatcher id needs no row at or below ts
+// any more. Checkpoints only move forward (a lower ts is ignored) and are
+// capped at the subscription's resolved-ts. GC deletes rows below the
+// minimum checkpoint of a subscription's dispatchers.
+func (s *Store) UpdateCheckpoint(id common.DispatcherID, ts common.Ts) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.mu.closed {
+		return ErrClosed
+	}
+	sb, ok := s.mu.dispatchers[id]
+	if !ok {
+		return fmt.Errorf("%w: %v", ErrDispatcherNotFound, id)
+	}
+	sub := sb.sub
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	ts = min(ts, sub.mu.resolved)
+	if ts > sb.checkpoint {
+		sb.checkpoint = ts
+		sub.recomputeGCLocked()
+	}
+	return nil
+}
+
+// DispatcherState is a snapshot of one dispatcher's view of the store.
+type DispatcherState struct {
+	SubscriptionID uint64
+	StartTs        common.Ts
+	Checkpoint     common.Ts
+	ResolvedTs     common.Ts // the subscription's committed resolved-ts
+	MaxCommitTs    common.Ts
+}
+
+// Dispatcher returns a snapshot of dispatcher id's state.
+func (s *Store) Dispatcher(id common.DispatcherID) (DispatcherState, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.mu.closed {
+		return DispatcherState{}, ErrClosed
+	}
+	sb, ok := s.mu.dispatchers[id]
+	if !ok {
+		return DispatcherState{}, fmt.Errorf("%w: %v", ErrDispatcherNotFound, id)
+	}
+	sub := sb.sub
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	return DispatcherState{SubscriptionID: sub.id, StartTs: sb.startTs, Checkpoint: sb.checkpoint,
+		ResolvedTs: sub.mu.resolved, MaxCommitTs: sub.mu.maxCommit}, nil
+}
+
+// Stats is a snapshot of the store's counters.
+type Stats struct {
+	Subscriptions int
+	Dispatchers   int
+	// NotifyCount, NotifyMax, NotifyP50 and NotifyP99 describe the real time
+	// spent inside notifier callbacks.
+	NotifyCount          uint64
+	NotifyP50, NotifyP99 time.Duration
+	NotifyMax            time.Duration
+}
+
+// Stats returns a snapshot of the store's counters.
+func (s *Store) Stats() Stats {
+	s.mu.RLock()
+	st := Stats{Subscriptions: len(s.mu.subs), Dispatchers: len(s.mu.dispatchers)}
+	s.mu.RUnlock()
+	st.NotifyCount = s.notifyLatency.Count()
+	st.NotifyP50 = s.notifyLatency.Quantile(0.5)
+	st.NotifyP99 = s.notifyLatency.Quantile(0.99)
+	st.NotifyMax = s.notifyLatency.Max()
+	return st
+}
+
+// Close stops the store: Push and registration fail with ErrClosed, every
+// dispatcher's notifications stop (waiting for a callback in flight), every
+// upstream subscription is ended, the write workers and the maintenance loop
+// exit (queued writes are dropped: the store is a cache), then pebble is
+// closed.
+// Close is idempotent; calls after it return ErrClosed. Iterators must be
+// closed first; Close reports leaked ones.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.mu.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.mu.closed = true
+	close(s.closing)
+	subs := make([]*subscription, 0, len(s.mu.subs))
+	for _, sub := range s.mu.subs {
+		subs = append(subs, sub)
+	}
+	subscribers := make([]*subscriber, 0, len(s.mu.dispatchers))
+	for _, sb := range s.mu.dispatchers {
+		subscribers = append(subscribers, sb)
+	}
+	s.mu.Unlock()
+
+	// 1. Stop notifications (waiting for a callback in flight): none runs
+	// once Close returns.
+	for _, sb := range subscribers {
+		sb.stop()
+	}
+	// 2. End the upstream feeds; pushes already blocked return ErrClosed.
+	for _, sub := range subs {
+		sub.upstream.Close()
+	}
+	// 3. Wait for the write workers and the maintenance loop.
+	s.wg.Wait()
+	s.metrics.unregister(s.opts.Registerer)
+	// 4. Close pebble last.
+	var errs []error
+	if leaked := s.openIters.Load(); leaked > 0 {
+		errs = append(errs, fmt.Errorf("eventstore: %d iterators still open at Close", leaked))
+	} else if err := s.db.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("eventstore: close pebble: %w", err))
+	}
+	s.cache.Unref()
+	return errors.Join(errs...)
+}
+
+func cloneKey(b []byte) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return append([]byte(nil), b...)
+}
+
+func joinErr(a, b error) error {
+	if a == nil {
+		return b
+	}
+	return errors.Join(a, b)
+}
+
+// pebbleLogger routes pebble's logs to zap.
+type pebbleLogger struct{ l *zap.SugaredLogger }
+
+func (p pebbleLogger) Infof(format string, args ...any)  { p.l.Debugf(format, args...) }
+func (p pebbleLogger) Errorf(format string, args ...any) { p.l.Errorf(format, args...) }
+func (p pebbleLogger) Fatalf(format string, args ...any) { p.l.Fatalf(format, args...) }

@@ -1,0 +1,505 @@
+package eventstore
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+)
+
+func TestOrderingTxnBoundariesAndRanges(t *testing.T) {
+	env := newTestEnv(t, nil)
+	rec := newRecorder()
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 10, rec.notify))
+	sub := env.up.last(t, common.TableSpan(1))
+	require.Equal(t, common.Ts(10), sub.startTs)
+
+	// Two transactions share commit-ts 20 (start-ts 12 and 15); pushed out
+	// of order to prove the store orders them.
+	push(t, sub, 0, put("b", 15, 20), put("z", 12, 20), put("a", 15, 20))
+	push(t, sub, 30, put("c", 11, 20), put("k", 25, 30), put("j", 25, 30))
+	n := rec.waitResolved(t, 30)
+	require.Equal(t, notification{30, 30}, n)
+
+	rows, txns := scan(t, env.store, did(1), ScanRange{Start: 10, End: 30})
+	require.Equal(t, []string{"c", "z", "a", "b", "j", "k"}, keysOf(rows))
+	require.Equal(t, []int{0, 1, 2, 4}, txns, "txns (20,11), (20,12), (20,15), (30,25)")
+	require.Equal(t, []byte("v-a"), rows[2].Value)
+
+	// (start, end] bounds: exclusive start, inclusive end.
+	rows, _ = scan(t, env.store, did(1), ScanRange{Start: 20, End: 30})
+	require.Equal(t, []string{"j", "k"}, keysOf(rows))
+	rows, _ = scan(t, env.store, did(1), ScanRange{Start: 10, End: 20})
+	require.Len(t, rows, 4)
+	rows, _ = scan(t, env.store, did(1), ScanRange{Start: 20, End: 20})
+	require.Empty(t, rows)
+
+	// Txn cursor: resume after txn (20, 12) yields the next txn sharing 20.
+	rows, txns = scan(t, env.store, did(1), ScanRange{Start: 10, End: 30, After: &Cursor{CommitTs: 20, StartTs: 12}})
+	require.Equal(t, []string{"a", "b", "j", "k"}, keysOf(rows))
+	require.Equal(t, []int{0, 2}, txns)
+	// Row cursor: resume strictly after row (20, 15, "a"), inside the txn.
+	rows, txns = scan(t, env.store, did(1), ScanRange{Start: 10, End: 30, After: &Cursor{CommitTs: 20, StartTs: 15, Key: []byte("a")}})
+	require.Equal(t, []string{"b", "j", "k"}, keysOf(rows))
+	require.Equal(t, []int{0, 1}, txns, "the first row after a cursor is reported as a txn start of the scan")
+	// A cursor on the last row of a txn resumes at the next txn.
+	rows, _ = scan(t, env.store, did(1), ScanRange{Start: 10, End: 30, After: &Cursor{CommitTs: 20, StartTs: 15, Key: []byte("b")}})
+	require.Equal(t, []string{"j", "k"}, keysOf(rows))
+}
+
+func TestRangeErrors(t *testing.T) {
+	env := newTestEnv(t, nil)
+	rec := newRecorder()
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 10, rec.notify))
+	sub := env.up.last(t, common.TableSpan(1))
+	push(t, sub, 50, put("a", 15, 20))
+	rec.waitResolved(t, 50)
+	require.NoError(t, env.store.UpdateCheckpoint(did(1), 30))
+
+	cases := []struct {
+		r    ScanRange
+		want error
+	}{
+		{ScanRange{Start: 29, End: 40}, ErrRangeBelowCheckpoint},
+		{ScanRange{Start: 30, End: 51}, ErrRangeAboveResolved},
+		{ScanRange{Start: 40, End: 35}, ErrInvalidRange},
+		{ScanRange{Start: 30, End: 40, After: &Cursor{CommitTs: 30}}, ErrInvalidRange},
+		{ScanRange{Start: 30, End: 40, After: &Cursor{CommitTs: 41}}, ErrInvalidRange},
+	}
+	for _, c := range cases {
+		_, err := env.store.NewIterator(did(1), c.r)
+		require.ErrorIs(t, err, c.want, "%+v", c.r)
+	}
+	_, err := env.store.NewIterator(did(2), ScanRange{Start: 30, End: 40})
+	require.ErrorIs(t, err, ErrDispatcherNotFound)
+	rows, _ := scan(t, env.store, did(1), ScanRange{Start: 30, End: 50})
+	require.Empty(t, rows)
+}
+
+func TestBadPushesAreRefusedAndCounted(t *testing.T) {
+	env := newTestEnv(t, nil)
+	rec := newRecorder()
+	span := common.Span{TableID: 1, StartKey: []byte("b"), EndKey: []byte("m")}
+	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 10, rec.notify))
+	sub := env.up.last(t, span)
+	push(t, sub, 40, put("c", 15, 20))
+	rec.waitResolved(t, 40)
+
+	ctx := context.Background()
+	err := sub.sink.Push(ctx, Batch{Rows: []common.Row{
+		put("d", 35, 40),  // at resolved
+		put("e", 38, 45),  // fine
+		put("zz", 38, 45), // outside span
+		{Op: 9, Key: []byte("f"), StartTs: 1, CommitTs: 50}, // bad op
+		put("g", 50, 50), // start-ts not below commit-ts
+		{Op: common.OpPut, StartTs: 1, CommitTs: 50}, // empty key
+	}})
+	require.ErrorIs(t, err, ErrRowBeforeResolved)
+	require.ErrorIs(t, err, ErrRowOutsideSpan)
+	require.ErrorIs(t, err, ErrInvalidRow)
+	err = sub.sink.Push(ctx, Batch{ResolvedTs: 30})
+	require.ErrorIs(t, err, ErrResolvedTsRegressed)
+	push(t, sub, 60)
+	rec.waitResolved(t, 60)
+
+	rows, _ := scan(t, env.store, did(1), ScanRange{Start: 10, End: 60})
+	require.Equal(t, []string{"c", "e"}, keysOf(rows), "only the valid rows were kept")
+	m := env.store.metrics.rejectedRows
+	require.Equal(t, 1.0, testutil.ToFloat64(m.WithLabelValues(rejectBeforeResolved)))
+	require.Equal(t, 1.0, testutil.ToFloat64(m.WithLabelValues(rejectOutsideSpan)))
+	require.Equal(t, 3.0, testutil.ToFloat64(m.WithLabelValues(rejectInvalid)))
+}
+
+func TestBadRegistrations(t *testing.T) {
+	env := newTestEnv(t, nil)
+	s := env.store
+	nop := func(common.Ts, common.Ts) {}
+	require.ErrorIs(t, s.RegisterDispatcher(common.DispatcherID{}, common.TableSpan(1), 1, nop), ErrInvalidArgument)
+	require.ErrorIs(t, s.RegisterDispatcher(did(1), common.TableSpan(1), 1, nil), ErrInvalidArgument)
+	err := s.RegisterDispatcher(did(1), common.Span{TableID: 1, StartKey: []byte("b"), EndKey: []byte("a")}, 1, nop)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	require.ErrorIs(t, err, common.ErrInvalidSpan)
+	require.NoError(t, s.RegisterDispatcher(did(1), common.TableSpan(1), 1, nop))
+	require.ErrorIs(t, s.RegisterDispatcher(did(1), common.TableSpan(2), 1, nop), ErrDispatcherExists)
+	require.ErrorIs(t, s.UnregisterDispatcher(did(9)), ErrDispatcherNotFound)
+	require.ErrorIs(t, s.UpdateCheckpoint(did(9), 5), ErrDispatcherNotFound)
+	_, err = s.Dispatcher(did(9))
+	require.ErrorIs(t, err, ErrDispatcherNotFound)
+
+	boom := errors.New("upstream down")
+	env.up.mu.Lock()
+	env.up.mu.failOn = boom
+	env.up.mu.Unlock()
+	require.ErrorIs(t, s.RegisterDispatcher(did(2), common.TableSpan(7), 1, nop), boom)
+	require.Equal(t, 1, s.Stats().Dispatchers, "a failed registration leaves nothing behind")
+	require.Equal(t, 1, s.Stats().Subscriptions)
+}
+
+func TestSharedSubscriptionFanOut(t *testing.T) {
+	env := newTestEnv(t, nil)
+	span := common.TableSpan(3)
+	r1, r2, r3 := newRecorder(), newRecorder(), newRecorder()
+	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 10, r1.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(2), span, 10, r2.notify))
+	require.Len(t, env.up.subs(), 1, "identical spans share one upstream subscription")
+	sub := env.up.last(t, span)
+	push(t, sub, 30, put("a", 15, 20))
+	require.Equal(t, notification{30, 20}, r1.next(t))
+	require.Equal(t, notification{30, 20}, r2.next(t))
+
+	// A late joiner whose start-ts is below the resolved-ts is caught up at
+	// registration, without waiting for the next advance.
+	require.NoError(t, env.store.RegisterDispatcher(did(3), span, 25, r3.notify))
+	require.Equal(t, notification{30, 20}, r3.next(t))
+	rows, _ := scan(t, env.store, did(3), ScanRange{Start: 25, End: 30})
+	require.Empty(t, rows)
+	rows, _ = scan(t, env.store, did(1), ScanRange{Start: 10, End: 30})
+	require.Equal(t, []string{"a"}, keysOf(rows))
+
+	// A dispatcher starting below the shared subscription's checkpoint gets
+	// its own subscription (the shared one may have collected those rows).
+	for _, id := range []uint64{1, 2, 3} {
+		require.NoError(t, env.store.UpdateCheckpoint(did(id), 28))
+	}
+	require.NoError(t, env.store.RegisterDispatcher(did(4), span, 12, newRecorder().notify))
+	require.Len(t, env.up.subs(), 2)
+	st, err := env.store.Dispatcher(did(4))
+	require.NoError(t, err)
+	require.Equal(t, common.Ts(12), st.StartTs)
+	require.NotEqual(t, uint64(1), st.SubscriptionID)
+}
+
+func TestNotifyAfterCommitAndMonotonic(t *testing.T) {
+	env := newTestEnv(t, func(o *Options) { o.MaxBatchRows = 7 })
+	span := common.TableSpan(1)
+	type seen struct {
+		resolved common.Ts
+		rows     int
+	}
+	results := make(chan seen, 1024)
+	var store *Store = env.store
+	var last common.Ts
+	notifier := func(resolved, _ common.Ts) {
+		// Inside the callback every row at or below resolved is readable.
+		it, err := store.NewIterator(did(1), ScanRange{Start: 0, End: resolved})
+		if err != nil {
+			panic(err)
+		}
+		n := 0
+		for it.Next() {
+			n++
+		}
+		_ = it.Close()
+		if resolved <= last {
+			panic("notification not increasing")
+		}
+		last = resolved
+		results <- seen{resolved, n}
+	}
+	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 0, notifier))
+	sub := env.up.last(t, span)
+	const batches = 200
+	go func() {
+		for i := 1; i <= batches; i++ {
+			ts := common.Ts(i * 10)
+			rows := []common.Row{put("a", ts-2, ts-1), put("b", ts-2, ts-1), put("c", ts-3, ts-1)}
+			_ = sub.sink.Push(context.Background(), Batch{Rows: rows, ResolvedTs: ts})
+			_ = sub.sink.Push(context.Background(), Batch{ResolvedTs: ts}) // duplicate: no notify
+		}
+	}()
+	for {
+		r := <-results
+		require.Equal(t, int(r.resolved/10)*3, r.rows, "resolved %v", r.resolved)
+		if r.resolved == batches*10 {
+			break
+		}
+	}
+	require.Empty(t, results)
+}
+
+func TestUnregisterStopsNotifications(t *testing.T) {
+	env := newTestEnv(t, nil)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var calls int
+	var mu sync.Mutex
+	notifier := func(common.Ts, common.Ts) {
+		mu.Lock()
+		calls++
+		mu.Unlock()
+		entered <- struct{}{}
+		<-release
+	}
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, notifier))
+	sub := env.up.last(t, common.TableSpan(1))
+	push(t, sub, 10)
+	<-entered // a callback is in flight
+	unregistered := make(chan struct{})
+	go func() {
+		require.NoError(t, env.store.UnregisterDispatcher(did(1)))
+		close(unregistered)
+	}()
+	select {
+	case <-unregistered:
+		t.Fatal("Unregister returned while a callback was running")
+	default:
+	}
+	release <- struct{}{}
+	<-unregistered
+	push(t, sub, 20)
+	push(t, sub, 30, put("x", 25, 26))
+	// A second dispatcher on the same subscription observes 30, which proves
+	// the worker processed the pushes after the unregistration.
+	r := newRecorder()
+	require.NoError(t, env.store.RegisterDispatcher(did(2), common.TableSpan(1), 0, r.notify))
+	r.waitResolved(t, 30)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, 1, calls)
+}
+
+func TestGCNeverDeletesAtOrAboveCheckpoint(t *testing.T) {
+	env := newTestEnv(t, func(o *Options) { o.GCMinSpan = time.Millisecond })
+	ms := func(n int64) common.Ts { return common.ComposeTs(n, 0) }
+	span := common.TableSpan(1)
+	r1, r2 := newRecorder(), newRecorder()
+	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 0, r1.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(2), span, 0, r2.notify))
+	sub := env.up.last(t, span)
+	var rows []common.Row
+	for n := int64(10); n <= 100; n += 10 {
+		rows = append(rows, put("k", ms(n)-1, ms(n)))
+	}
+	push(t, sub, ms(100), rows...)
+	r1.waitResolved(t, ms(100))
+
+	require.NoError(t, env.store.UpdateCheckpoint(did(1), ms(70)))
+	require.NoError(t, env.store.UpdateCheckpoint(did(2), ms(40)))
+	require.NoError(t, env.store.UpdateCheckpoint(did(2), ms(30)), "a lower checkpoint is ignored")
+	env.store.maintain()
+	require.Equal(t, 1.0, testutil.ToFloat64(env.store.metrics.gcRangesDeleted))
+
+	// Dispatcher 2 (checkpoint 40) still reads everything above 40, and the
+	// row at exactly 40 survives: GC is strictly below the minimum.
+	got, _ := scan(t, env.store, did(2), ScanRange{Start: ms(40), End: ms(100)})
+	require.Len(t, got, 6)
+	require.Equal(t, 7, countRaw(t, env.store, sub), "rows 40..100 remain, 10..30 are gone")
+
+	// Without new checkpoints nothing more is deleted.
+	env.store.maintain()
+	require.Equal(t, 1.0, testutil.ToFloat64(env.store.metrics.gcRangesDeleted))
+	// A checkpoint above resolved is capped at resolved.
+	require.NoError(t, env.store.UpdateCheckpoint(did(2), ms(1000)))
+	st, err := env.store.Dispatcher(did(2))
+	require.NoError(t, err)
+	require.Equal(t, ms(100), st.Checkpoint)
+	env.store.maintain()
+	require.Equal(t, 4, countRaw(t, env.store, sub), "min checkpoint is now 70: rows 70..100 remain")
+}
+
+func TestGCCoalescesSmallRanges(t *testing.T) {
+	env := newTestEnv(t, func(o *Options) { o.GCMinSpan = 5 * time.Second; o.GCMaxDelay = 30 * time.Second })
+	r := newRecorder()
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r.notify))
+	sub := env.up.last(t, common.TableSpan(1))
+	base := common.ComposeTs(1_700_000_000_000, 0)
+	push(t, sub, base)
+	r.waitResolved(t, base)
+	require.NoError(t, env.store.UpdateCheckpoint(did(1), base))
+	env.store.maintain() // first GC from zero deletes everything below base
+	require.Equal(t, 1.0, testutil.ToFloat64(env.store.metrics.gcRangesDeleted))
+
+	// Checkpoints advancing by 1s at a time are held back until the range
+	// spans 5s of physical time...
+	ms := int64(1_700_000_000_000)
+	push(t, sub, common.ComposeTs(ms+60_000, 0))
+	r.waitResolved(t, common.ComposeTs(ms+60_000, 0))
+	for i := int64(1); i <= 4; i++ {
+		require.NoError(t, env.store.UpdateCheckpoint(did(1), common.ComposeTs(ms+i*1000, 0)))
+		env.store.maintain()
+	}
+	require.Equal(t, 1.0, testutil.ToFloat64(env.store.metrics.gcRangesDeleted))
+	require.NoError(t, env.store.UpdateCheckpoint(did(1), common.ComposeTs(ms+5000, 0)))
+	env.store.maintain()
+	require.Equal(t, 2.0, testutil.ToFloat64(env.store.metrics.gcRangesDeleted))
+	// ...or until the oldest pending part waited GCMaxDelay.
+	require.NoError(t, env.store.UpdateCheckpoint(did(1), common.ComposeTs(ms+5500, 0)))
+	env.store.maintain()
+	require.Equal(t, 2.0, testutil.ToFloat64(env.store.metrics.gcRangesDeleted))
+	env.clk.Advance(30 * time.Second)
+	env.store.maintain()
+	require.Equal(t, 3.0, testutil.ToFloat64(env.store.metrics.gcRangesDeleted))
+}
+
+func TestIdleSubscriptionEndsAfterTTL(t *testing.T) {
+	env := newTestEnv(t, nil)
+	span := common.TableSpan(1)
+	r := newRecorder()
+	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 0, r.notify))
+	sub := env.up.last(t, span)
+	push(t, sub, 20, put("a", 5, 10))
+	r.waitResolved(t, 20)
+	require.NoError(t, env.store.UnregisterDispatcher(did(1)))
+
+	// Re-registering within the TTL reuses the subscription and its rows.
+	env.clk.Advance(500 * time.Millisecond)
+	env.store.maintain()
+	require.False(t, sub.isClosed())
+	require.NoError(t, env.store.RegisterDispatcher(did(2), span, 0, r.notify))
+	require.Len(t, env.up.subs(), 1)
+	rows, _ := scan(t, env.store, did(2), ScanRange{Start: 0, End: 20})
+	require.Len(t, rows, 1)
+	require.NoError(t, env.store.UnregisterDispatcher(did(2)))
+
+	env.clk.Advance(time.Second)
+	env.store.maintain()
+	require.True(t, sub.isClosed(), "the upstream feed ends after the TTL")
+	require.Equal(t, 0, env.store.Stats().Subscriptions)
+	require.ErrorIs(t, sub.sink.Push(context.Background(), Batch{ResolvedTs: 30}), ErrClosed)
+
+	// A new registration subscribes afresh; the old rows are deleted.
+	r3 := newRecorder()
+	require.NoError(t, env.store.RegisterDispatcher(did(3), span, 0, r3.notify))
+	require.Len(t, env.up.subs(), 2)
+	sub2 := env.up.last(t, span)
+	push(t, sub2, 20)
+	r3.waitResolved(t, 20)
+	require.Equal(t, 0, countRaw(t, env.store, sub), "the ended subscription's rows are deleted")
+}
+
+func TestCloseDuringWrites(t *testing.T) {
+	up := &fakeUpstreamForTest{}
+	s, err := Open(Options{Upstream: up, WriteQueueSize: 1, MaxBatchRows: 1})
+	require.NoError(t, err)
+	require.NoError(t, s.Start())
+	var wg sync.WaitGroup
+	for i := range 4 {
+		span := common.TableSpan(int64(i + 1))
+		require.NoError(t, s.RegisterDispatcher(did(uint64(i+1)), span, 0, func(common.Ts, common.Ts) {}))
+		sub := up.last(t, span)
+		wg.Go(func() {
+			for ts := common.Ts(2); ; ts++ {
+				err := sub.sink.Push(context.Background(), Batch{Rows: []common.Row{put("k", ts-1, ts)}, ResolvedTs: ts})
+				if errors.Is(err, ErrClosed) {
+					return
+				}
+				if err != nil {
+					panic(err)
+				}
+			}
+		})
+	}
+	// Let the writers make progress, then close under load.
+	rec := newRecorder()
+	require.NoError(t, s.RegisterDispatcher(did(99), common.TableSpan(1), 0, rec.notify))
+	rec.waitResolved(t, 50)
+	require.NoError(t, s.Close())
+	wg.Wait() // every blocked Push returned ErrClosed
+	require.NoError(t, s.Close(), "Close is idempotent")
+
+	nop := func(common.Ts, common.Ts) {}
+	require.ErrorIs(t, s.RegisterDispatcher(did(50), common.TableSpan(9), 0, nop), ErrClosed)
+	require.ErrorIs(t, s.UnregisterDispatcher(did(1)), ErrClosed)
+	require.ErrorIs(t, s.UpdateCheckpoint(did(1), 1), ErrClosed)
+	_, err = s.NewIterator(did(1), ScanRange{})
+	require.ErrorIs(t, err, ErrClosed)
+	require.ErrorIs(t, s.Start(), ErrClosed)
+	for _, sub := range up.subs() {
+		require.True(t, sub.isClosed())
+	}
+}
+
+func TestOptionsValidationReportsEveryField(t *testing.T) {
+	_, err := Open(Options{WriteWorkers: -1, WriteQueueSize: -1, MaxBatchRows: -1, IdleTTL: -1,
+		MaintenanceInterval: -1, GCMinSpan: -1, GCMaxDelay: -1, CacheBytes: -1, MemTableBytes: 10})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	for _, field := range []string{"Upstream", "WriteWorkers", "WriteQueueSize", "MaxBatchRows", "IdleTTL",
+		"MaintenanceInterval", "GCMinSpan", "GCMaxDelay", "CacheBytes", "MemTableBytes"} {
+		require.Contains(t, err.Error(), field)
+	}
+}
+
+func TestDiskDirIsResetAndForeignDirRefused(t *testing.T) {
+	dir := t.TempDir()
+	foreign := filepath.Join(dir, "foreign")
+	require.NoError(t, os.MkdirAll(foreign, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(foreign, "precious.txt"), []byte("keep"), 0o644))
+	_, err := Open(Options{Dir: foreign, Upstream: &fakeUpstreamForTest{}})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	_, err = os.Stat(filepath.Join(foreign, "precious.txt"))
+	require.NoError(t, err, "a foreign directory is never wiped")
+
+	storeDir := filepath.Join(dir, "store")
+	up := &fakeUpstreamForTest{}
+	s, err := Open(Options{Dir: storeDir, Upstream: up})
+	require.NoError(t, err)
+	require.NoError(t, s.Start())
+	r := newRecorder()
+	require.NoError(t, s.RegisterDispatcher(did(1), common.TableSpan(1), 0, r.notify))
+	push(t, up.last(t, common.TableSpan(1)), 20, put("a", 5, 10))
+	r.waitResolved(t, 20)
+	require.NoError(t, s.Close())
+
+	// Reopening wipes the cache: the upstream is the source of truth.
+	up2 := &fakeUpstreamForTest{}
+	s2, err := Open(Options{Dir: storeDir, Upstream: up2})
+	require.NoError(t, err)
+	require.NoError(t, s2.Start())
+	r2 := newRecorder()
+	require.NoError(t, s2.RegisterDispatcher(did(1), common.TableSpan(1), 0, r2.notify))
+	push(t, up2.last(t, common.TableSpan(1)), 20)
+	r2.waitResolved(t, 20)
+	rows, _ := scan(t, s2, did(1), ScanRange{Start: 0, End: 20})
+	require.Empty(t, rows)
+	require.NoError(t, s2.Close())
+}
+
+func TestMetricsRegisterAndLint(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	env := newTestEnv(t, func(o *Options) { o.Registerer = reg })
+	r := newRecorder()
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r.notify))
+	push(t, env.up.last(t, common.TableSpan(1)), 20, put("a", 5, 10))
+	r.waitResolved(t, 20)
+	for _, c := range env.store.metrics.collectors() {
+		problems, err := testutil.CollectAndLint(c)
+		require.NoError(t, err)
+		require.Empty(t, problems)
+	}
+	require.Equal(t, 1.0, testutil.ToFloat64(env.store.metrics.rowsWritten))
+	require.Equal(t, 1.0, testutil.ToFloat64(env.store.metrics.notifications))
+	st := env.store.Stats()
+	require.Equal(t, uint64(1), st.NotifyCount)
+	require.Positive(t, st.NotifyMax)
+	// A second store cannot register on the same registry: an error, not a panic.
+	_, err := Open(Options{Upstream: &fakeUpstreamForTest{}, Registerer: reg})
+	require.Error(t, err)
+}
+
+// countRaw counts the stored rows of a subscription, bypassing the
+// dispatcher-level checks.
+func countRaw(t *testing.T, s *Store, sub *fakeSubForTest) int {
+	t.Helper()
+	id := sub.sink.(sink).sub.id
+	it, err := s.db.NewIter(nil)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, it.Close()) }()
+	n := 0
+	for ok := it.SeekGE(subBoundary(id)); ok; ok = it.Next() {
+		got, _, _, _, err := decodeKey(it.Key())
+		require.NoError(t, err)
+		if got != id {
+			break
+		}
+		n++
+	}
+	return n
+}

@@ -1,0 +1,202 @@
+package eventstore
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+)
+
+// Notifier is a dispatcher's callback. The store calls it with the
+// subscription's new resolved-ts and the largest commit-ts among the
+// subscription's committed rows (a hint: no row at or below resolvedTs has a
+// larger commit-ts). Every row with commit-ts <= resolvedTs is readable
+// through an iterator when the callback runs.
+//
+// Calls for one dispatcher are serialised and strictly increasing in
+// resolvedTs. The store measures the real time spent inside the callback.
+type Notifier func(resolvedTs, maxCommitTs common.Ts)
+
+// subscriber is one registered dispatcher.
+//
+// INVARIANT: notifier is never called after stop returned, and never with a
+// resolved-ts at or below a previously notified one or the start-ts.
+type subscriber struct {
+	id       common.DispatcherID
+	startTs  common.Ts
+	sub      *subscription
+	notifier Notifier
+
+	// checkpoint is guarded by sub.mu.
+	checkpoint common.Ts
+
+	// mu serialises callbacks of this dispatcher and orders them against
+	// stop. It is held across the callback, so stop waits for one in
+	// flight.
+	mu struct {
+		sync.Mutex
+		lastNotified common.Ts
+		stopped      bool
+	}
+}
+
+// notify calls the notifier if resolved is news for this dispatcher.
+func (sb *subscriber) notify(s *Store, resolved, maxCommit common.Ts) {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.mu.stopped || resolved <= sb.mu.lastNotified || resolved <= sb.startTs {
+		return
+	}
+	sb.mu.lastNotified = resolved
+	start := time.Now()
+	sb.notifier(resolved, maxCommit)
+	d := time.Since(start)
+	s.notifyLatency.Record(d)
+	s.metrics.notifyDuration.Observe(d.Seconds())
+	s.metrics.notifications.Inc()
+}
+
+// stop prevents further callbacks, waiting for one in flight.
+func (sb *subscriber) stop() {
+	sb.mu.Lock()
+	sb.mu.stopped = true
+	sb.mu.Unlock()
+}
+
+// subscription is the store's cache of one span fed by one upstream
+// subscription. Dispatchers with an identical span share it.
+//
+// Lock order: Store.mu before subscription.mu; subscriber.mu is never held
+// while taking either (callbacks run with only subscriber.mu held).
+// pushMu is independent of both and never held while taking them... except
+// subscription.mu, which Push reads under pushMu (pushMu before mu).
+type subscription struct {
+	id      uint64
+	span    common.Span
+	startTs common.Ts
+	worker  int
+
+	// upstream is set once at creation, before the subscription is
+	// published, and closed when the subscription is removed.
+	upstream Subscription
+
+	// pushMu serialises Push so that validation order is queue order.
+	pushMu sync.Mutex
+	// pushedResolved is the largest resolved-ts accepted into the write
+	// queue (guarded by pushMu). Rows at or below it are refused.
+	pushedResolved common.Ts
+
+	mu struct {
+		sync.Mutex
+		// resolved is the committed resolved-ts: every row at or below it is
+		// in pebble. Written by the subscription's write worker only.
+		resolved common.Ts
+		// maxCommit is the largest commit-ts of committed rows.
+		maxCommit common.Ts
+		// subscribers is replaced, never mutated, so the write worker can
+		// iterate a snapshot without the lock.
+		subscribers []*subscriber
+		// lowWatermark: rows at or below it may be gone (the subscription's
+		// start-ts, then the minimum checkpoint). A dispatcher may share the
+		// subscription only if its start-ts is at or above it.
+		lowWatermark common.Ts
+		// gcTarget is the minimum checkpoint of the subscribers; rows below
+		// it may be deleted. gcDone is how far deletion went.
+		gcTarget, gcDone common.Ts
+		gcPendingSince   time.Time
+		// idleSince is when the last subscriber left; zero while it has any.
+		idleSince time.Time
+		removed   bool
+	}
+}
+
+func (sub *subscription) isRemoved() bool {
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	return sub.mu.removed
+}
+
+// addSubscriberLocked publishes sb. REQUIRES: sub.mu held.
+func (sub *subscription) addSubscriberLocked(sb *subscriber) {
+	next := make([]*subscriber, 0, len(sub.mu.subscribers)+1)
+	next = append(next, sub.mu.subscribers...)
+	sub.mu.subscribers = append(next, sb)
+	sub.mu.idleSince = time.Time{}
+	sub.recomputeGCLocked()
+}
+
+// removeSubscriberLocked unpublishes sb. REQUIRES: sub.mu held.
+func (sub *subscription) removeSubscriberLocked(sb *subscriber, now time.Time) {
+	next := make([]*subscriber, 0, len(sub.mu.subscribers))
+	for _, x := range sub.mu.subscribers {
+		if x != sb {
+			next = append(next, x)
+		}
+	}
+	sub.mu.subscribers = next
+	if len(next) == 0 {
+		sub.mu.idleSince = now
+	}
+	sub.recomputeGCLocked()
+}
+
+// recomputeGCLocked derives the GC target from the subscribers'
+// checkpoints. It never moves backwards. REQUIRES: sub.mu held.
+func (sub *subscription) recomputeGCLocked() {
+	if len(sub.mu.subscribers) == 0 {
+		return
+	}
+	minCkpt := sub.mu.subscribers[0].checkpoint
+	for _, sb := range sub.mu.subscribers[1:] {
+		minCkpt = min(minCkpt, sb.checkpoint)
+	}
+	if minCkpt > sub.mu.gcTarget {
+		sub.mu.gcTarget = minCkpt
+	}
+	sub.mu.lowWatermark = max(sub.mu.lowWatermark, sub.mu.gcTarget)
+}
+
+// sink is the Sink the store hands to the upstream for one subscription.
+type sink struct {
+	s   *Store
+	sub *subscription
+}
+
+// Push validates b and queues it to the subscription's write worker. See
+// Sink.Push for the contract.
+func (k sink) Push(ctx context.Context, b Batch) error {
+	s, sub := k.s, k.sub
+	sub.pushMu.Lock()
+	defer sub.pushMu.Unlock()
+	if s.isClosing() {
+		return ErrClosed
+	}
+	if sub.isRemoved() {
+		return fmt.Errorf("%w: subscription %d of %v has ended", ErrClosed, sub.id, sub.span)
+	}
+	rows, err := s.validateRows(sub, b.Rows)
+	resolved := b.ResolvedTs
+	if resolved != 0 && resolved < sub.pushedResolved {
+		err = joinErr(err, fmt.Errorf("%w: %v below %v for %v", ErrResolvedTsRegressed, resolved, sub.pushedResolved, sub.span))
+		resolved = 0
+	} else if resolved <= sub.pushedResolved {
+		resolved = 0 // not an advance; nothing to do
+	}
+	if len(rows) == 0 && resolved == 0 {
+		return err
+	}
+	ev := writeEvent{sub: sub, rows: rows, resolved: resolved}
+	select {
+	case s.queues[sub.worker] <- ev:
+	case <-ctx.Done():
+		return joinErr(err, ctx.Err())
+	case <-s.closing:
+		return ErrClosed
+	}
+	if resolved != 0 {
+		sub.pushedResolved = resolved
+	}
+	return err
+}

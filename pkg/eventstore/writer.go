@@ -1,0 +1,188 @@
+package eventstore
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+)
+
+// writeEvent is one accepted Push, or the deletion of an ended
+// subscription. Events of a subscription go through one worker's queue, so
+// they apply in push order and a deletion follows every write before it.
+type writeEvent struct {
+	sub      *subscription
+	rows     []common.Row
+	resolved common.Ts
+	// deleteSub deletes every row of sub; it is queued after the
+	// subscription was ended at the upstream and no Push can follow.
+	deleteSub bool
+}
+
+// runWriter is write worker i: it groups queued events into one pebble batch
+// (up to MaxBatchRows rows), commits it, and only then advances resolved-ts
+// and notifies, so a notified resolved-ts never names an unreadable row.
+func (s *Store) runWriter(i int) {
+	q := s.queues[i]
+	evs := make([]writeEvent, 0, 64)
+	for {
+		select {
+		case ev := <-q:
+			evs = append(evs[:0], ev)
+		case <-s.closing:
+			return
+		}
+		rows := len(evs[0].rows)
+	group:
+		for rows < s.opts.MaxBatchRows && !evs[len(evs)-1].deleteSub {
+			select {
+			case ev := <-q:
+				evs = append(evs, ev)
+				rows += len(ev.rows)
+			default:
+				break group
+			}
+		}
+		if err := s.apply(evs); err != nil {
+			// A failed commit leaves resolved-ts where it was: dispatchers
+			// are not told about rows that are not readable. The store
+			// cannot recover by itself; it logs loudly and keeps serving.
+			s.log.Error("write batch failed", zap.Int("worker", i), zap.Error(err))
+		}
+		clear(evs) // drop row references for the GC
+	}
+}
+
+// apply commits evs and then publishes their resolved-ts advances.
+func (s *Store) apply(evs []writeEvent) error {
+	start := s.opts.Clock.Now()
+	b := s.db.NewBatch()
+	var rows, bytes int
+	for _, ev := range evs {
+		if ev.deleteSub {
+			continue
+		}
+		for j := range ev.rows {
+			r := &ev.rows[j]
+			kl, vl := encodedKeyLen(r.Key), encodedValueLen(r)
+			op := b.SetDeferred(kl, vl)
+			encodeKey(op.Key, ev.sub.id, r.CommitTs, r.StartTs, r.Key)
+			encodeValue(op.Value, r)
+			if err := op.Finish(); err != nil {
+				_ = b.Close()
+				return fmt.Errorf("eventstore: encode row: %w", err)
+			}
+			bytes += kl + vl
+		}
+		rows += len(ev.rows)
+	}
+	if rows > 0 {
+		if err := b.Commit(pebble.NoSync); err != nil {
+			_ = b.Close()
+			return fmt.Errorf("eventstore: commit: %w", err)
+		}
+	}
+	if err := b.Close(); err != nil {
+		return fmt.Errorf("eventstore: close batch: %w", err)
+	}
+	now := s.opts.Clock.Now()
+	if rows > 0 {
+		s.metrics.writeBatch.Observe(now.Sub(start).Seconds())
+		s.metrics.rowsWritten.Add(float64(rows))
+		s.metrics.bytesWritten.Add(float64(bytes))
+	}
+	for _, ev := range evs {
+		if ev.deleteSub {
+			s.deleteSubscriptionData(ev.sub)
+			continue
+		}
+		s.publish(ev, now)
+	}
+	return nil
+}
+
+// publish records the commit of ev's rows and, if ev advances resolved-ts,
+// notifies the subscription's dispatchers.
+func (s *Store) publish(ev writeEvent, now time.Time) {
+	sub := ev.sub
+	var maxCommit common.Ts
+	for j := range ev.rows {
+		maxCommit = max(maxCommit, ev.rows[j].CommitTs)
+	}
+	sub.mu.Lock()
+	sub.mu.maxCommit = max(sub.mu.maxCommit, maxCommit)
+	if ev.resolved <= sub.mu.resolved {
+		sub.mu.Unlock()
+		return
+	}
+	sub.mu.resolved = ev.resolved
+	subscribers, mc := sub.mu.subscribers, sub.mu.maxCommit
+	sub.mu.Unlock()
+	s.metrics.resolvedLag.Observe(ev.resolved.Lag(now).Seconds())
+	for _, sb := range subscribers {
+		sb.notify(s, ev.resolved, mc)
+	}
+}
+
+// deleteSubscriptionData removes every row of an ended subscription.
+func (s *Store) deleteSubscriptionData(sub *subscription) {
+	if err := s.db.DeleteRange(subBoundary(sub.id), subBoundary(sub.id+1), pebble.NoSync); err != nil {
+		s.log.Error("delete ended subscription", zap.Uint64("sub", sub.id), zap.Error(err))
+		return
+	}
+	s.metrics.gcRangesDeleted.Inc()
+}
+
+// validateRows returns the rows of a push that may be stored, and an error
+// describing the ones refused (counted by reason). The input slice is
+// returned unchanged when every row is valid, which is the common case.
+// REQUIRES: sub.pushMu held.
+func (s *Store) validateRows(sub *subscription, rows []common.Row) ([]common.Row, error) {
+	var good []common.Row // nil until the first refused row
+	var errs []error
+	refused := 0
+	for i := range rows {
+		err := s.rowProblem(sub, &rows[i])
+		if err == nil {
+			if good != nil {
+				good = append(good, rows[i])
+			}
+			continue
+		}
+		if good == nil {
+			good = make([]common.Row, i, len(rows))
+			copy(good, rows[:i])
+		}
+		refused++
+		if len(errs) < 8 { // bound the error text of a hostile batch
+			errs = append(errs, err)
+		}
+	}
+	if refused == 0 {
+		return rows, nil
+	}
+	if refused > len(errs) {
+		errs = append(errs, fmt.Errorf("%d rows refused in all", refused))
+	}
+	return good, errors.Join(errs...)
+}
+
+// rowProblem returns why r may not be stored in sub, counting it.
+func (s *Store) rowProblem(sub *subscription, r *common.Row) error {
+	switch {
+	case !r.Op.Valid() || len(r.Key) == 0 || r.StartTs >= r.CommitTs:
+		s.metrics.rejectedRows.WithLabelValues(rejectInvalid).Inc()
+		return fmt.Errorf("%w: op %v key %x start-ts %v commit-ts %v", ErrInvalidRow, r.Op, r.Key, r.StartTs, r.CommitTs)
+	case r.CommitTs <= sub.pushedResolved:
+		s.metrics.rejectedRows.WithLabelValues(rejectBeforeResolved).Inc()
+		return fmt.Errorf("%w: commit-ts %v, resolved-ts %v, key %x", ErrRowBeforeResolved, r.CommitTs, sub.pushedResolved, r.Key)
+	case !sub.span.Contains(r.Key):
+		s.metrics.rejectedRows.WithLabelValues(rejectOutsideSpan).Inc()
+		return fmt.Errorf("%w: key %x not in %v", ErrRowOutsideSpan, r.Key, sub.span)
+	}
+	return nil
+}
