@@ -1,0 +1,179 @@
+package eventstore
+
+import (
+	"context"
+	"encoding/binary"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+)
+
+const (
+	benchRowBytes  = 100
+	benchBatchRows = 256
+	benchScanRows  = 1 << 20
+)
+
+// benchEnv is a started in-memory store with one dispatcher on table 1.
+type benchEnv struct {
+	s    *Store
+	sub  *fakeSubForTest
+	rec  *recorder
+	next common.Ts
+}
+
+func newBenchEnv(b *testing.B) *benchEnv {
+	b.Helper()
+	up := &fakeUpstreamForTest{}
+	s, err := Open(Options{Upstream: up})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = s.Close() })
+	rec := &recorder{ch: make(chan notification, 1<<16)}
+	if err := s.RegisterDispatcher(did(1), common.TableSpan(1), 0, rec.notify); err != nil {
+		b.Fatal(err)
+	}
+	return &benchEnv{s: s, sub: up.subs()[0], rec: rec, next: 1}
+}
+
+// makeBatch builds n rows of benchRowBytes values, one transaction per
+// 8 rows, at increasing commit-ts.
+func (e *benchEnv) makeBatch(n int) Batch {
+	rows := make([]common.Row, n)
+	value := make([]byte, benchRowBytes)
+	for i := range rows {
+		if i%8 == 0 {
+			e.next += 2
+		}
+		key := binary.BigEndian.AppendUint64(make([]byte, 0, 8), uint64(i))
+		rows[i] = common.Row{Op: common.OpPut, Key: key, Value: value, StartTs: e.next - 1, CommitTs: e.next}
+	}
+	return Batch{Rows: rows, ResolvedTs: e.next}
+}
+
+// waitFor drains notifications until resolved reaches ts.
+func (e *benchEnv) waitFor(b *testing.B, ts common.Ts) {
+	for {
+		select {
+		case n := <-e.rec.ch:
+			if n.resolved >= ts {
+				return
+			}
+		case <-time.After(time.Minute):
+			b.Fatal("store did not reach resolved-ts")
+		}
+	}
+}
+
+// fill commits n rows.
+func (e *benchEnv) fill(b *testing.B, n int) {
+	for n > 0 {
+		k := min(n, 4096)
+		if err := e.sub.sink.Push(context.Background(), e.makeBatch(k)); err != nil {
+			b.Fatal(err)
+		}
+		n -= k
+	}
+	e.waitFor(b, e.next)
+}
+
+// BenchmarkStoreWrite pushes 256-row batches of 100-byte rows and waits
+// until they are committed and notified. One op is one batch.
+func BenchmarkStoreWrite(b *testing.B) {
+	e := newBenchEnv(b)
+	batches := make([]Batch, 64)
+	for i := range batches {
+		batches[i] = e.makeBatch(benchBatchRows)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	var last common.Ts
+	var bytes int64
+	for i := 0; i < b.N; i++ {
+		bt := batches[i%len(batches)]
+		// Re-stamp the reused rows above the last resolved-ts.
+		shift := e.next
+		rows := make([]common.Row, len(bt.Rows))
+		for j, r := range bt.Rows {
+			r.CommitTs += shift
+			r.StartTs += shift
+			rows[j] = r
+			bytes += int64(encodedKeyLen(r.Key) + encodedValueLen(&r))
+		}
+		last = bt.ResolvedTs + shift
+		e.next = last
+		if err := e.sub.sink.Push(context.Background(), Batch{Rows: rows, ResolvedTs: last}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	e.waitFor(b, last)
+	sec := b.Elapsed().Seconds()
+	b.ReportMetric(float64(b.N*benchBatchRows)/sec, "rows/s")
+	b.ReportMetric(float64(bytes)/sec/1e6, "MB/s")
+}
+
+// BenchmarkStoreScan iterates 1M committed rows through the store's
+// iterator (decoding key and value). One op is the whole scan.
+func BenchmarkStoreScan(b *testing.B) {
+	e := newBenchEnv(b)
+	e.fill(b, benchScanRows)
+	end := e.next
+	b.ReportAllocs()
+	b.ResetTimer()
+	var bytes int64
+	for i := 0; i < b.N; i++ {
+		it, err := e.s.NewIterator(did(1), ScanRange{Start: 0, End: end})
+		if err != nil {
+			b.Fatal(err)
+		}
+		n := 0
+		for it.Next() {
+			r := it.Row()
+			bytes += int64(len(r.Key) + len(r.Value))
+			n++
+		}
+		if err := it.Close(); err != nil || it.Err() != nil || n != benchScanRows {
+			b.Fatalf("scan: %d rows, %v %v", n, err, it.Err())
+		}
+	}
+	sec := b.Elapsed().Seconds()
+	b.ReportMetric(float64(b.N*benchScanRows)/sec, "rows/s")
+	b.ReportMetric(float64(bytes)/sec/1e6, "MB/s")
+}
+
+// BenchmarkRawPebbleScan iterates the same rows with a bare pebble iterator
+// that reads each key and value: the physical limit BenchmarkStoreScan is
+// measured against.
+func BenchmarkRawPebbleScan(b *testing.B) {
+	e := newBenchEnv(b)
+	e.fill(b, benchScanRows)
+	sub := e.sub.sink.(sink).sub.id
+	b.ReportAllocs()
+	b.ResetTimer()
+	var bytes int64
+	for i := 0; i < b.N; i++ {
+		it, err := e.s.db.NewIter(&pebble.IterOptions{LowerBound: subBoundary(sub), UpperBound: subBoundary(sub + 1)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		n := 0
+		for ok := it.First(); ok; ok = it.Next() {
+			v, _ := it.ValueAndErr()
+			bytes += int64(len(it.Key()) - keyPrefixLen + len(v) - 3)
+			n++
+		}
+		if err := it.Close(); err != nil || n != benchScanRows {
+			b.Fatalf("raw scan: %d rows, %v", n, err)
+		}
+	}
+	sec := b.Elapsed().Seconds()
+	b.ReportMetric(float64(b.N*benchScanRows)/sec, "rows/s")
+	b.ReportMetric(float64(bytes)/sec/1e6, "MB/s")
+}
