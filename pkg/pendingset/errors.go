@@ -1,0 +1,30 @@
+package pendingset
+
+import "errors"
+
+// Sentinel errors. Every error this package returns wraps one of these, so
+// callers test with errors.Is.
+var (
+	// ErrInvalidOptions: Options failed validation. Validate joins one
+	// wrapped error per bad field.
+	ErrInvalidOptions = errors.New("pendingset: invalid options")
+	// ErrInvalidArgument: a nil Set or deliver function, and the like.
+	ErrInvalidArgument = errors.New("pendingset: invalid argument")
+	// ErrNotInFlight: Complete was given an entry that is not an in-flight
+	// entry of this set (completed twice, or never drained). Such entries are
+	// skipped; the rest of the batch is completed.
+	ErrNotInFlight = errors.New("pendingset: entry not in flight")
+	// ErrInvalidResult: an entry carried a Result outside the defined
+	// constants. The key is kept and retried without spending budget.
+	ErrInvalidResult = errors.New("pendingset: invalid result")
+	// ErrAlreadyStarted: Start was called twice.
+	ErrAlreadyStarted = errors.New("pendingset: pump already started")
+	// ErrNotStarted: Drain was called on a pump that was never started.
+	ErrNotStarted = errors.New("pendingset: pump not started")
+	// ErrStopped: the pump was stopped; it cannot be started again, and a
+	// Drain interrupted by Stop reports it.
+	ErrStopped = errors.New("pendingset: pump stopped")
+	// ErrQuarantined: a drain finished while keys were still quarantined;
+	// they stay in the set, undelivered.
+	ErrQuarantined = errors.New("pendingset: keys left in quarantine")
+)

@@ -1,0 +1,117 @@
+package pendingset
+
+import (
+	"testing"
+	"time"
+
+	"github.com/cdcflow/eventservice/pkg/pendingset/pendingsettest"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// t0 is the fake clocks' epoch.
+var t0 = time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC)
+
+// maxMerge keeps the larger value: the shape of "keep the newest
+// resolved-ts".
+func maxMerge(old, new uint64) uint64 { return max(old, new) }
+
+// newTestSet returns a Set[int, uint64] with a fake clock, no jitter
+// (Rand returns 0) and maxMerge; edit adjusts the options first.
+func newTestSet(t testing.TB, edit func(*Options[int, uint64])) (*Set[int, uint64], *pendingsettest.FakeClock) {
+	t.Helper()
+	clk := pendingsettest.NewFakeClock(t0)
+	o := Options[int, uint64]{
+		Merge: maxMerge,
+		Clock: clk,
+		Rand:  func() float64 { return 0 },
+	}
+	if edit != nil {
+		edit(&o)
+	}
+	s, err := New(o)
+	require.NoError(t, err)
+	return s, clk
+}
+
+// setResults marks the entries whose keys are listed with r.
+func setResults(batch []Entry[int, uint64], r Result, keys ...int) {
+	for j := range batch {
+		for _, k := range keys {
+			if batch[j].Key == k {
+				batch[j].Result = r
+			}
+		}
+	}
+}
+
+// keysOf returns the batch's keys in order.
+func keysOf(batch []Entry[int, uint64]) []int {
+	ks := make([]int, len(batch))
+	for j := range batch {
+		ks[j] = batch[j].Key
+	}
+	return ks
+}
+
+// valuesOf returns key -> value of the batch.
+func valuesOf(batch []Entry[int, uint64]) map[int]uint64 {
+	m := make(map[int]uint64, len(batch))
+	for _, e := range batch {
+		m[e.Key] = e.Value
+	}
+	return m
+}
+
+// checkInvariants verifies every structural invariant of s and fails t
+// with the first violation.
+func checkInvariants[K comparable, V any](t testing.TB, s *Set[K, V]) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var count [numStates]int
+	for i := range s.mu.nodes {
+		n := &s.mu.nodes[i]
+		count[n.state]++
+		if n.state == stateFree {
+			continue
+		}
+		j, ok := s.mu.index[n.key]
+		require.True(t, ok, "node %d (%v) has no index entry", i, n.state)
+		require.Equal(t, int32(i), j, "index points elsewhere")
+		inHeap := n.state == stateBackoff || n.state == stateQuarantined
+		require.Equal(t, inHeap, n.heapIdx != none, "node %d %v heapIdx %d", i, n.state, n.heapIdx)
+		require.True(t, !n.dirty || n.state == stateInFlight, "dirty outside in-flight")
+	}
+	require.Equal(t, s.mu.count, count, "state counts")
+	require.Equal(t, len(s.mu.index), len(s.mu.nodes)-count[stateFree], "index size")
+	require.LessOrEqual(t, len(s.mu.index), s.mu.maxLen)
+
+	ready, last := 0, none
+	for i := s.mu.head; i != none; i = s.mu.nodes[i].next {
+		require.Equal(t, stateReady, s.mu.nodes[i].state, "non-ready node in FIFO")
+		ready++
+		last = i
+		require.LessOrEqual(t, ready, len(s.mu.nodes), "FIFO cycle")
+	}
+	require.Equal(t, count[stateReady], ready, "FIFO length")
+	require.Equal(t, last, s.mu.tail, "FIFO tail")
+
+	free := 0
+	for i := s.mu.free; i != none; i = s.mu.nodes[i].next {
+		require.Equal(t, stateFree, s.mu.nodes[i].state)
+		free++
+		require.LessOrEqual(t, free, len(s.mu.nodes), "free list cycle")
+	}
+	require.Equal(t, count[stateFree], free, "free list length")
+
+	require.Equal(t, count[stateBackoff]+count[stateQuarantined], len(s.mu.heap), "heap size")
+	for j, i := range s.mu.heap {
+		require.Equal(t, int32(j), s.mu.nodes[i].heapIdx, "heapIdx")
+		if j > 0 {
+			require.False(t, s.heapLessLocked(i, s.mu.heap[(j-1)/2]), "heap order at %d", j)
+		}
+	}
+}

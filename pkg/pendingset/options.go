@@ -1,0 +1,192 @@
+package pendingset
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// Defaults applied by EnsureDefaults to zero-valued fields.
+const (
+	DefaultMaxBatch        = 512
+	DefaultBackoffBase     = 10 * time.Millisecond
+	DefaultBackoffMax      = 5 * time.Second
+	DefaultJitter          = 0.2
+	DefaultMaxAttempts     = 10
+	DefaultQuarantineRetry = 30 * time.Second
+	DefaultMetricsPrefix   = "pendingset"
+)
+
+// Options configure a Set. The zero value of every field except Merge
+// selects the documented default; New applies EnsureDefaults and Validate.
+type Options[K comparable, V any] struct {
+	// Merge combines a key's undelivered value with a newer one: old is the
+	// value already held, new the one being added (or, when a failed
+	// delivery merges back, old is the value that failed and new the value
+	// added while it was in flight). Required. It runs under the set's lock:
+	// it must be fast and must not call the Set.
+	Merge func(old, new V) V
+
+	// MaxBatch is the batch size the Pump drains, and Drain's limit when it
+	// is given max <= 0. Default 512.
+	MaxBatch int
+
+	// BackoffBase and BackoffMax bound the exponential backoff: the n-th
+	// consecutive failure waits BackoffBase*2^(n-1), capped at BackoffMax.
+	// It applies per key (per-key failures) and to the pump (whole-batch
+	// failures). Defaults 10ms and 5s.
+	BackoffBase time.Duration
+	BackoffMax  time.Duration
+
+	// Jitter is the fraction by which each delay is randomly shortened: a
+	// delay d becomes d*(1-Jitter*u) with u drawn from Rand, so jitter never
+	// exceeds the cap and spreads keys that failed together. In [0,1];
+	// 0 selects the default 0.2 (inject a Rand returning 0 for exact delays).
+	Jitter float64
+
+	// Rand returns a number in [0,1) for jitter. It runs under the set's
+	// lock (and on the pump goroutine). Default math/rand/v2.Float64.
+	Rand func() float64
+
+	// MaxAttempts is the number of per-key (budgeted) failures after which
+	// a key is quarantined. The count survives merges and new adds and is
+	// reset only by a successful delivery. Default 10.
+	MaxAttempts int
+
+	// QuarantineRetry is how long a quarantined key waits before it is
+	// re-admitted for one more attempt. Default 30s.
+	QuarantineRetry time.Duration
+
+	// Bypass, if set, decides whether a fresh value may skip the remaining
+	// backoff of a key that failed: it is called with the value that waits
+	// (merged) and the fresh one, when an Add reaches a backing-off key or
+	// when a value added during a failed delivery merges back. Returning
+	// true makes the key ready at once (it keeps its attempt count). Nil,
+	// the default, means a backoff is always served in full; quarantine is
+	// never bypassed. See the package documentation for why.
+	Bypass func(waiting, fresh V) bool
+
+	// Clock supplies time. Default: the real clock.
+	Clock Clock
+
+	// Registerer receives the set's metrics. Nil registers nothing; Stats
+	// works either way.
+	Registerer prometheus.Registerer
+	// MetricsPrefix prefixes every metric name. Default "pendingset".
+	MetricsPrefix string
+	// ConstLabels are attached to every metric, so that several sets (one
+	// per target, say) can share a Registerer. Never put keys here.
+	ConstLabels prometheus.Labels
+
+	// Logger receives quarantine and misuse reports. Default zap.NewNop().
+	Logger *zap.Logger
+}
+
+// EnsureDefaults returns a copy of o with every zero-valued field set to
+// its default. Merge, Bypass, Registerer and ConstLabels have none.
+func (o Options[K, V]) EnsureDefaults() Options[K, V] {
+	if o.MaxBatch == 0 {
+		o.MaxBatch = DefaultMaxBatch
+	}
+	if o.BackoffBase == 0 {
+		o.BackoffBase = DefaultBackoffBase
+	}
+	if o.BackoffMax == 0 {
+		o.BackoffMax = DefaultBackoffMax
+	}
+	if o.Jitter == 0 {
+		o.Jitter = DefaultJitter
+	}
+	if o.Rand == nil {
+		o.Rand = rand.Float64
+	}
+	if o.MaxAttempts == 0 {
+		o.MaxAttempts = DefaultMaxAttempts
+	}
+	if o.QuarantineRetry == 0 {
+		o.QuarantineRetry = DefaultQuarantineRetry
+	}
+	if o.Clock == nil {
+		o.Clock = realClock{}
+	}
+	if o.MetricsPrefix == "" {
+		o.MetricsPrefix = DefaultMetricsPrefix
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	return o
+}
+
+// Validate reports every invalid field at once (errors.Join), each error
+// wrapping ErrInvalidOptions. Zero values are valid (they mean "default");
+// the checks run on the defaulted copy, so BackoffBase <= BackoffMax is
+// checked against the defaults too.
+func (o Options[K, V]) Validate() error {
+	d := o.EnsureDefaults()
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...))
+	}
+	if o.Merge == nil {
+		bad("Merge is required")
+	}
+	if o.MaxBatch < 0 {
+		bad("MaxBatch %d is negative", o.MaxBatch)
+	}
+	if o.BackoffBase < 0 {
+		bad("BackoffBase %v is negative", o.BackoffBase)
+	}
+	if o.BackoffMax < 0 {
+		bad("BackoffMax %v is negative", o.BackoffMax)
+	}
+	if o.BackoffBase >= 0 && o.BackoffMax >= 0 && d.BackoffBase > d.BackoffMax {
+		bad("BackoffBase %v exceeds BackoffMax %v", d.BackoffBase, d.BackoffMax)
+	}
+	if !(o.Jitter >= 0 && o.Jitter <= 1) { // also rejects NaN
+		bad("Jitter %v is outside [0,1]", o.Jitter)
+	}
+	if o.MaxAttempts < 0 {
+		bad("MaxAttempts %d is negative", o.MaxAttempts)
+	}
+	if o.QuarantineRetry < 0 {
+		bad("QuarantineRetry %v is negative", o.QuarantineRetry)
+	}
+	if !validMetricName(d.MetricsPrefix) {
+		bad("MetricsPrefix %q is not a valid metric name", o.MetricsPrefix)
+	}
+	for name := range o.ConstLabels {
+		if !validLabelName(name) {
+			bad("ConstLabels name %q is not a valid label name", name)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// validMetricName reports whether s matches [a-zA-Z_:][a-zA-Z0-9_:]*.
+func validMetricName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i, r := range s {
+		letter := r == '_' || r == ':' || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z')
+		if !letter && (i == 0 || r < '0' || r > '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// validLabelName reports whether s matches [a-zA-Z_][a-zA-Z0-9_]* and is not
+// reserved (a leading "__").
+func validLabelName(s string) bool {
+	if len(s) >= 2 && s[:2] == "__" {
+		return false
+	}
+	return !strings.ContainsRune(s, ':') && validMetricName(s)
+}

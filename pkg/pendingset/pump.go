@@ -1,0 +1,231 @@
+package pendingset
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// DeliverFunc sends one batch to the target. Returning a non-nil error
+// fails the whole batch (every key kept, no budget spent, the pump backs
+// off); returning nil applies each entry's Result, which the function sets
+// in place (the zero value is Delivered). It runs on the pump's goroutine,
+// never concurrently with itself, and must return promptly once ctx is
+// cancelled: Stop waits for it.
+type DeliverFunc[K comparable, V any] func(ctx context.Context, batch []Entry[K, V]) error
+
+// Pump runs the drain-deliver-complete loop of one Set on one goroutine.
+// NewPump starts nothing; Start starts the goroutine; Stop or Drain stops
+// it. A set normally has one pump; several are safe (Drain never hands a
+// key to two of them) but share one doorbell.
+//
+// INVARIANTS: the goroutine runs between Start and the close of doneCh, and
+// only Stop (directly or through Drain) makes it exit before drain mode
+// has settled. After Stop returns no key is in flight on this pump's
+// behalf: the interrupted batch was completed as a whole-batch failure.
+//
+// LOCK ORDER: Pump.mu is taken alone; it is never held while calling into
+// the Set or deliver.
+type Pump[K comparable, V any] struct {
+	set     *Set[K, V]
+	deliver DeliverFunc[K, V]
+	log     *zap.Logger
+
+	stopCh  chan struct{} // closed by Stop: exit now
+	drainCh chan struct{} // closed by Drain: exit once settled
+	quietCh chan struct{} // closed by the goroutine when drain mode settled
+	doneCh  chan struct{} // closed when the goroutine exits
+	wg      sync.WaitGroup
+
+	// leftQuarantined is written by the goroutine before it closes quietCh
+	// and read only after quietCh is closed.
+	leftQuarantined int
+
+	stopOnce, drainOnce sync.Once
+
+	mu struct {
+		sync.Mutex
+		started, stopped bool
+		cancel           context.CancelFunc // cancels deliver's context
+	}
+}
+
+// NewPump returns a pump for s that delivers with deliver. It starts
+// nothing.
+func NewPump[K comparable, V any](s *Set[K, V], deliver DeliverFunc[K, V]) (*Pump[K, V], error) {
+	if s == nil || deliver == nil {
+		return nil, fmt.Errorf("%w: NewPump needs a Set and a DeliverFunc", ErrInvalidArgument)
+	}
+	return &Pump[K, V]{
+		set:     s,
+		deliver: deliver,
+		log:     s.log.Named("pump"),
+		stopCh:  make(chan struct{}),
+		drainCh: make(chan struct{}),
+		quietCh: make(chan struct{}),
+		doneCh:  make(chan struct{}),
+	}, nil
+}
+
+// Start starts the pump's single goroutine. It returns ErrAlreadyStarted
+// on a second call and ErrStopped after Stop; a pump is not restartable
+// (make a new one for the same Set).
+func (p *Pump[K, V]) Start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.mu.stopped:
+		return ErrStopped
+	case p.mu.started:
+		return ErrAlreadyStarted
+	}
+	p.mu.started = true
+	ctx, cancel := context.WithCancel(context.Background())
+	p.mu.cancel = cancel
+	p.wg.Go(func() { p.run(ctx) })
+	return nil
+}
+
+// Stop stops the pump now: it cancels the context of an in-flight delivery,
+// whose batch then merges back as a whole-batch failure, and returns after
+// the goroutine exited. Queued keys stay in the Set, undelivered; Add keeps
+// working and simply records them. Stop is idempotent and safe to call
+// concurrently with Drain or before Start.
+func (p *Pump[K, V]) Stop() {
+	p.mu.Lock()
+	p.mu.stopped = true
+	cancel := p.mu.cancel
+	p.mu.Unlock()
+	// 1. Tell the loop to exit at its next check or wait.
+	p.stopOnce.Do(func() { close(p.stopCh) })
+	// 2. Cancel an in-flight delivery.
+	if cancel != nil {
+		cancel()
+	}
+	// 3. Wait for the goroutine.
+	p.wg.Wait()
+}
+
+// Drain delivers everything, then stops: it waits until no key is ready,
+// in flight or backing off (keys added meanwhile included; Add is never
+// refused), or until ctx is done. Either way the pump is stopped when Drain
+// returns. It returns nil when the set settled with nothing quarantined, an
+// error wrapping ErrQuarantined when quarantined keys remain (they are not
+// waited for: they are known to fail), ctx.Err() at the deadline,
+// ErrStopped if Stop intervened, and ErrNotStarted before Start.
+func (p *Pump[K, V]) Drain(ctx context.Context) error {
+	p.mu.Lock()
+	started := p.mu.started
+	p.mu.Unlock()
+	if !started {
+		return ErrNotStarted
+	}
+	p.drainOnce.Do(func() { close(p.drainCh) })
+	select {
+	case <-p.quietCh:
+	case <-p.doneCh:
+	case <-ctx.Done():
+	}
+	p.Stop()
+	// The goroutine has exited, so quietCh's state is final.
+	select {
+	case <-p.quietCh:
+		if p.leftQuarantined > 0 {
+			return fmt.Errorf("%w: %d keys", ErrQuarantined, p.leftQuarantined)
+		}
+		return nil
+	default:
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return ErrStopped
+}
+
+// run is the pump's goroutine: drain a batch, deliver it, complete it; back
+// off after a whole-batch failure; when nothing is ready, wait for the
+// doorbell, the next backoff deadline, a drain request or Stop.
+func (p *Pump[K, V]) run(ctx context.Context) {
+	defer close(p.doneCh)
+	clock := p.set.opts.Clock
+	var batch []Entry[K, V]
+	failures := 0 // consecutive whole-batch failures
+	draining := false
+	drainC := (<-chan struct{})(p.drainCh)
+	for {
+		select {
+		case <-p.stopCh:
+			return
+		default:
+		}
+		batch = p.set.Drain(0, batch[:0])
+		if len(batch) > 0 {
+			err := p.deliver(ctx, batch)
+			if cerr := p.set.Complete(batch, err); cerr != nil {
+				p.log.Error("deliver function corrupted its batch", zap.Error(cerr))
+			}
+			clear(batch) // drop references to keys and values
+			if err == nil {
+				failures = 0
+				continue
+			}
+			failures++
+			d := p.set.backoff(failures)
+			p.log.Warn("batch delivery failed; backing off", zap.Error(err),
+				zap.Int("consecutive_failures", failures), zap.Duration("backoff", d))
+			if !p.sleep(d) {
+				return
+			}
+			continue
+		}
+		if draining {
+			if ok, q := p.set.settled(); ok {
+				p.leftQuarantined = q
+				close(p.quietCh)
+				return
+			}
+		}
+		var timerC <-chan time.Time
+		var stopTimer func() bool
+		if due, ok := p.set.NextDue(); ok {
+			timerC, stopTimer = clock.NewTimer(max(due.Sub(clock.Now()), 0))
+		}
+		stop := false
+		select {
+		case <-p.stopCh:
+			stop = true
+		case <-p.set.doorbell:
+		case <-timerC:
+		case <-drainC:
+			draining, drainC = true, nil
+		}
+		if stopTimer != nil {
+			stopTimer()
+		}
+		if stop {
+			return
+		}
+	}
+}
+
+// sleep waits d or until Stop, and reports whether it was not stopped.
+func (p *Pump[K, V]) sleep(d time.Duration) bool {
+	c, stop := p.set.opts.Clock.NewTimer(d)
+	select {
+	case <-c:
+		return true
+	case <-p.stopCh:
+		stop()
+		return false
+	}
+}
+
+// backoff is the delay after the n-th consecutive whole-batch failure.
+func (s *Set[K, V]) backoff(n int) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.backoffLocked(n)
+}

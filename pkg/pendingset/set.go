@@ -1,0 +1,236 @@
+package pendingset
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Result is a deliverer's verdict on one entry of a batch that was
+// delivered (Complete with a nil error). The zero value is Delivered.
+type Result uint8
+
+const (
+	// Delivered: the key's value reached the target. The key leaves the set,
+	// unless a newer value was added meanwhile; then it is queued once more.
+	Delivered Result = iota
+	// FailedKey: the target rejected this key. One attempt of the key's
+	// budget is spent and the key backs off (BackoffBase*2^(attempts-1));
+	// after MaxAttempts it is quarantined.
+	FailedKey
+	// RetryKey: this key could not be handled now, through no fault of its
+	// own (for example the target is busy for it). No budget is spent; the
+	// key backs off by its count of consecutive transient retries.
+	RetryKey
+)
+
+func (r Result) String() string {
+	switch r {
+	case Delivered:
+		return "delivered"
+	case FailedKey:
+		return "failed-key"
+	case RetryKey:
+		return "retry-key"
+	default:
+		return fmt.Sprintf("result(%d)", uint8(r))
+	}
+}
+
+// Entry is one key of a drained batch. Key, Value and Attempts are for the
+// deliverer to read; Result is for it to set. The unexported fields tie the
+// entry to the Drain call that produced it.
+type Entry[K comparable, V any] struct {
+	Key   K
+	Value V
+	// Attempts is the number of budgeted failures of this key since its
+	// last successful delivery.
+	Attempts int
+	// Result is the per-key verdict; see Complete.
+	Result Result
+
+	token   uint64
+	since   int64 // first add of Value, clock ns since Set.base
+	drained int64 // when Drain handed it out
+}
+
+// Set is a coalescing pending set: at most one undelivered value per key,
+// delivered in bounded batches in the order keys became pending, and kept
+// until the delivery succeeds. It starts no goroutine; a Pump, or a caller
+// using Doorbell, Drain and Complete, moves the data.
+//
+// INVARIANTS (checked by the tests' checkInvariants):
+//   - len(mu.index) == number of non-free nodes <= peak distinct keys held.
+//   - mu.count[st] is the number of nodes in state st.
+//   - the ready FIFO holds exactly the ready nodes; the due heap exactly the
+//     backing-off and quarantined ones; in-flight nodes are in neither.
+//   - if the FIFO is non-empty, the doorbell holds a token or a consumer has
+//     not yet drained since the FIFO last became non-empty.
+//
+// LOCK ORDER: Set.mu is a leaf, except that Merge, Bypass, Rand and
+// Clock.Now are called under it (they must not call back into the Set).
+// Metrics are observed and the doorbell is rung after releasing it.
+type Set[K comparable, V any] struct {
+	opts     Options[K, V] // defaulted and validated; immutable
+	base     time.Time     // clock reading at New; node times are offsets from it
+	log      *zap.Logger
+	doorbell chan struct{} // capacity 1: "something may be ready"
+	metrics  *metrics[K, V]
+
+	mu struct {
+		sync.Mutex
+		index      map[K]int32
+		nodes      []node[K, V]
+		free       int32 // head of the free list
+		head, tail int32 // the ready FIFO
+		heap       []int32
+		count      [numStates]int
+		token      uint64 // last drain token handed out
+		maxLen     int    // high-water mark of len(index)
+		stats      Stats  // counters; gauges are filled in by Stats()
+	}
+}
+
+// New validates o and returns an empty Set. It starts nothing. If
+// o.Registerer is set, the set's metrics are registered there; a name
+// collision is returned as the Registerer's error.
+func New[K comparable, V any](o Options[K, V]) (*Set[K, V], error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	o = o.EnsureDefaults()
+	s := &Set[K, V]{
+		opts:     o,
+		base:     o.Clock.Now(),
+		log:      o.Logger.Named("pendingset"),
+		doorbell: make(chan struct{}, 1),
+	}
+	s.mu.index = make(map[K]int32)
+	s.mu.free, s.mu.head, s.mu.tail = none, none, none
+	if o.Registerer != nil {
+		m := newMetrics(s)
+		if err := o.Registerer.Register(m); err != nil {
+			return nil, fmt.Errorf("pendingset: register metrics: %w", err)
+		}
+		s.metrics = m
+	}
+	return s, nil
+}
+
+// Unregister removes the set's metrics from the Registerer it was built
+// with. It reports whether they were registered.
+func (s *Set[K, V]) Unregister() bool {
+	if s.metrics == nil {
+		return false
+	}
+	return s.opts.Registerer.Unregister(s.metrics)
+}
+
+// nowLocked reads the clock as nanoseconds since s.base (monotonic with the
+// real clock).
+func (s *Set[K, V]) nowLocked() int64 { return int64(s.opts.Clock.Now().Sub(s.base)) }
+
+// ring puts a token in the doorbell unless one is already there.
+func (s *Set[K, V]) ring() {
+	select {
+	case s.doorbell <- struct{}{}:
+	default:
+	}
+}
+
+// Doorbell returns the capacity-one channel that receives a token when a
+// key becomes ready. After taking a token a consumer must Drain until Drain
+// returns nothing: one token may stand for many keys. Keys that become due
+// after a backoff do not ring it; wake at NextDue for those (Pump does).
+func (s *Set[K, V]) Doorbell() <-chan struct{} { return s.doorbell }
+
+// Add records v as key k's newest value. It never blocks on a consumer
+// (only on the set's short critical section), takes no context (one
+// caller's cancellation must not cancel a wakeup others need), never
+// fails, and is O(1). When k is already held it allocates nothing: v is
+// merged into the held value with Merge.
+//
+// What happens to k depends on its state: absent -> ready at the tail of
+// the FIFO; ready, backing off or quarantined -> merged, position kept;
+// in flight -> kept aside as the dirty value and queued once more when the
+// delivery completes, however many adds arrive. A backing-off key becomes
+// ready at once only if Options.Bypass says so. Add is valid at any time,
+// including after a Pump stopped; the key then simply waits in the set.
+func (s *Set[K, V]) Add(k K, v V) {
+	s.mu.Lock()
+	s.mu.stats.Adds++
+	i, ok := s.mu.index[k]
+	if !ok {
+		s.insertLocked(k, v, s.nowLocked())
+		s.mu.Unlock()
+		s.ring()
+		return
+	}
+	ring := s.mergeLocked(i, v)
+	s.mu.Unlock()
+	if ring {
+		s.ring()
+	}
+}
+
+// mergeLocked merges v into held node i and reports whether the key became
+// ready (so the doorbell must ring). REQUIRES: s.mu held.
+func (s *Set[K, V]) mergeLocked(i int32, v V) (becameReady bool) {
+	n := &s.mu.nodes[i]
+	switch n.state {
+	case stateInFlight:
+		if !n.dirty {
+			// The first add since the drain: a new obligation, not a merge.
+			n.val, n.dirty, n.since = v, true, s.nowLocked()
+			return false
+		}
+	case stateBackoff:
+		bypass := s.opts.Bypass != nil && s.opts.Bypass(n.val, v)
+		n.val = s.opts.Merge(n.val, v)
+		s.mu.stats.Coalesced++
+		if bypass {
+			s.mu.stats.Bypasses++
+			s.readyLocked(i, false)
+			return true
+		}
+		return false
+	}
+	// ready, quarantined, or in flight and already dirty.
+	n.val = s.opts.Merge(n.val, v)
+	s.mu.stats.Coalesced++
+	return false
+}
+
+// Drain moves up to max ready keys (max <= 0 means Options.MaxBatch) to in
+// flight and appends them to dst, oldest-pending first. Keys whose backoff
+// or quarantine has expired are first appended to the ready FIFO. Every
+// returned entry must later be passed to Complete; until then its key is
+// never handed out again (an Add marks it dirty instead). Drain returns
+// fewer than max entries only when nothing else is ready.
+func (s *Set[K, V]) Drain(max int, dst []Entry[K, V]) []Entry[K, V] {
+	if max <= 0 {
+		max = s.opts.MaxBatch
+	}
+	start := len(dst)
+	s.mu.Lock()
+	now := s.nowLocked()
+	s.promoteDueLocked(now)
+	s.mu.token++
+	tok := s.mu.token
+	for len(dst)-start < max && s.mu.head != none {
+		dst = append(dst, s.popReadyLocked(tok, now))
+	}
+	s.mu.stats.Drains++
+	got := len(dst) - start
+	if got == 0 {
+		s.mu.stats.EmptyDrains++
+	}
+	s.mu.stats.Drained += uint64(got)
+	s.mu.Unlock()
+	if s.metrics != nil {
+		s.metrics.observeDrain(dst[start:], now)
+	}
+	return dst
+}
