@@ -33,7 +33,8 @@ type Timer interface {
 	C() <-chan time.Time
 	// Reset re-arms the timer to fire after d.
 	Reset(d time.Duration)
-	Stop()
+	// Stop disarms the timer and reports whether it was armed.
+	Stop() bool
 }
 
 // Real is the wall clock.
@@ -57,7 +58,7 @@ type realTimer struct{ t *time.Timer }
 
 func (r realTimer) C() <-chan time.Time   { return r.t.C }
 func (r realTimer) Reset(d time.Duration) { r.t.Reset(d) }
-func (r realTimer) Stop()                 { r.t.Stop() }
+func (r realTimer) Stop() bool            { return r.t.Stop() }
 
 // OrReal returns c, or Real when c is nil.
 func OrReal(c Clock) Clock {
@@ -143,7 +144,13 @@ func (f *Fake) Waiters() int {
 }
 
 // NewTicker returns a ticker driven by Advance.
-func (f *Fake) NewTicker(d time.Duration) Ticker { return f.add(d, d) }
+func (f *Fake) NewTicker(d time.Duration) Ticker { return fakeTicker{f.add(d, d)} }
+
+// fakeTicker hides the timer methods of a periodic waiter.
+type fakeTicker struct{ w *fakeWaiter }
+
+func (t fakeTicker) C() <-chan time.Time { return t.w.c }
+func (t fakeTicker) Stop()               { t.w.Stop() }
 
 // NewTimer returns a timer driven by Advance.
 func (f *Fake) NewTimer(d time.Duration) Timer { return f.add(d, 0) }
@@ -158,9 +165,10 @@ func (f *Fake) add(d, period time.Duration) *fakeWaiter {
 
 func (w *fakeWaiter) C() <-chan time.Time { return w.c }
 
-func (w *fakeWaiter) Stop() {
+func (w *fakeWaiter) Stop() bool {
 	w.f.mu.Lock()
 	defer w.f.mu.Unlock()
+	was := w.active
 	w.active = false
 	for i, x := range w.f.mu.waiters {
 		if x == w {
@@ -168,6 +176,7 @@ func (w *fakeWaiter) Stop() {
 			break
 		}
 	}
+	return was
 }
 
 func (w *fakeWaiter) Reset(d time.Duration) {

@@ -1,0 +1,128 @@
+package eventservice
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventstore"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+)
+
+// DispatcherInfo describes a dispatcher at registration.
+type DispatcherInfo struct {
+	ID      common.DispatcherID
+	Span    common.Span
+	StartTs common.Ts
+	Target  messaging.Target
+	// Epoch is the first epoch; it must be at least 1.
+	Epoch uint64
+}
+
+// dispatcher is one registered dispatcher, for its whole life. Its epochs
+// are sessions; the current one is swapped atomically on reset.
+//
+// The notify path touches only the atomics and the current session's
+// scheduling word. Lock order: Service.mu, then dispatcher.mu.
+type dispatcher struct {
+	id     common.DispatcherID
+	span   common.Span
+	target *target
+	worker int
+	svc    *Service
+
+	// received is the largest resolved-ts the store notified; maxCommit its
+	// companion hint. Written only by the notifier (maxCommit first), read
+	// by owners (received first), so a reader that sees a resolved-ts also
+	// sees a max-commit-ts at least as new.
+	received  atomic.Uint64
+	maxCommit atomic.Uint64
+
+	session atomic.Pointer[session]
+
+	mu struct {
+		sync.Mutex
+		removed bool
+		// checkpoint is the largest heartbeat checkpoint passed to the
+		// store; storeStart the start-ts of the store registration.
+		checkpoint common.Ts
+		storeStart common.Ts
+	}
+}
+
+// progress is what a session has delivered. Only the owner (the holder of
+// preparing or scanning) reads or writes it.
+type progress struct {
+	// resolved: every row and DDL at or below it was accepted by the
+	// transport (or, for a resolved-only advance, handed to the resolved
+	// set, which never drops). Scans start above it.
+	resolved common.Ts
+	// cursor, when set, is a position above resolved up to which rows were
+	// delivered: the next scan resumes strictly after it.
+	cursor *eventstore.Cursor
+	// seq is the last sequence number used in the epoch; 0 means the
+	// handshake was not yet accepted.
+	seq uint64
+}
+
+// session is one epoch of a dispatcher.
+type session struct {
+	d       *dispatcher
+	epoch   uint64
+	startTs common.Ts
+	sched   sched
+
+	// Preparation-queue links, guarded by the queue's mutex.
+	qprev, qnext *session
+	queued       bool
+
+	// Owner-only state.
+	progress progress
+	backoffN int
+
+	// sent is progress.resolved, published for heartbeats and metrics.
+	sent atomic.Uint64
+	// blockedAt is the schema frontier the session waits to see pass.
+	blockedAt atomic.Uint64
+}
+
+func newSession(d *dispatcher, epoch uint64, startTs common.Ts) *session {
+	s := &session{d: d, epoch: epoch, startTs: startTs}
+	s.progress.resolved = startTs
+	s.sent.Store(uint64(startTs))
+	return s
+}
+
+// onNotify is the store's callback. It is O(1) and allocation-free: it
+// advances the frontier and requests preparation; it never blocks, whatever
+// the state of the queues, the transport or the downstream.
+func (d *dispatcher) onNotify(resolved, maxCommit common.Ts) {
+	svc := d.svc
+	if svc.closed.Load() {
+		return
+	}
+	sample := svc.notifySample(d.worker)
+	var start time.Time
+	if sample {
+		start = time.Now()
+	}
+	storeMax(&d.maxCommit, uint64(maxCommit)) // before received: see the field comment
+	storeMax(&d.received, uint64(resolved))
+	if s := d.session.Load(); s != nil {
+		svc.request(s, true)
+	}
+	if sample {
+		svc.metrics.observeNotify(time.Since(start))
+	}
+}
+
+// storeMax raises a to v if v is larger.
+func storeMax(a *atomic.Uint64, v uint64) {
+	for {
+		old := a.Load()
+		if v <= old || a.CompareAndSwap(old, v) {
+			return
+		}
+	}
+}

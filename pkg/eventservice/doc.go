@@ -1,0 +1,50 @@
+// Package eventservice is the scan scheduler between the event store and
+// the dispatchers' collectors: it decides, per dispatcher, when to read the
+// store and when a progress-only message suffices, under bounded resources,
+// without ever blocking the store's notification and without ever losing the
+// last wakeup.
+//
+// Pipeline:
+//
+//	store notify -> onNotify: advance the frontier (atomics), request
+//	  -> per-worker preparation queue (intrusive FIFO, one entry per session)
+//	  -> preparation worker: handshake | nothing | fast path | real scan
+//	  -> bounded scan channel -> scan worker: store rows + schema DDLs,
+//	     merged by commit-ts, one all-or-nothing transport send
+//	  -> progress published only after the transport accepted
+//	resolved-only progress -> per-target pendingset (coalesced, batched,
+//	  merged back on failure) -> transport
+//
+// Invariants:
+//   - Notify never blocks: onNotify does two atomic max-stores, one CAS on
+//     the session's scheduling word and, at most, one push onto an
+//     intrusive queue under a mutex no worker holds across work, plus a
+//     non-blocking doorbell. It allocates nothing.
+//   - Coalescing: a session is in at most one queue at a time (the
+//     scheduling word says which). A request while queued is absorbed (the
+//     work reads the latest frontier when it runs); a request while owned
+//     (preparing or scanning) sets one pending follow-up. The preparation
+//     queues hold at most one entry per dispatcher, whatever the rate.
+//   - No lost wakeup: every exit of an owner either returns to idle with no
+//     pending request, or re-enters the preparation queue (pending
+//     follow-up, interrupted scan, back-off expiry, schema advance, reset).
+//     The preparation queue never drops; the scan channel is entered by a
+//     preparation worker that waits (watching Close), never by the notifier.
+//   - One owner: only the holder of preparing or scanning reads or writes a
+//     session's progress; ownership passes through the CAS.
+//   - Order: per session, messages leave in seq order from its single
+//     owner: the handshake (seq 1), then DML batches in commit-ts order with
+//     each commit-ts's DDLs after its rows, each DML/DDL taking the next
+//     seq, and resolved-ts carrying the current seq, never ahead of the
+//     rows sent.
+//   - The store is the source of truth: progress advances only after the
+//     transport accepted the messages; a refused send keeps progress, backs
+//     the session off and re-reads from the store later.
+//   - Schema frontier: rows are never read beyond the schema store's
+//     resolved-ts; a session held by it parks and is re-queued when the
+//     frontier passes, without a store notification.
+//   - Lifecycle: a reset or remove retires the session (unlinked from every
+//     queue; an owner discards its results); Close gates notifications,
+//     unregisters from the store (waiting for in-flight callbacks), stops
+//     the workers, then the pumps. No goroutine survives it.
+package eventservice

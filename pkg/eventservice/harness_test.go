@@ -1,0 +1,300 @@
+package eventservice
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventstore"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+	"github.com/cdcflow/eventservice/pkg/schemastore"
+	"github.com/cdcflow/eventservice/pkg/upstream"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const testTarget messaging.Target = "collector-1"
+
+// harness is a service on the real pebble store, the manual upstream, the
+// in-memory schema store and the in-process transport, wrapped in a
+// switchable transport so tests can make the target refuse.
+type harness struct {
+	t      *testing.T
+	up     *upstream.Manual
+	store  *eventstore.Store
+	schema *schemastore.Memory
+	inproc *messaging.InProcess
+	tr     *switchableTransportForTest
+	svc    *Service
+	check  *streamCheckerForTest
+	closed bool
+}
+
+func newHarness(t *testing.T, tweak func(*Options), hk hooks) *harness {
+	t.Helper()
+	h := &harness{t: t, up: upstream.NewManual()}
+	var err error
+	h.store, err = eventstore.Open(eventstore.Options{Upstream: h.up})
+	require.NoError(t, err)
+	require.NoError(t, h.store.Start())
+	h.schema, err = schemastore.NewMemory(schemastore.MemoryOptions{InitialResolvedTs: 1})
+	require.NoError(t, err)
+	h.inproc, err = messaging.NewInProcess(messaging.InProcessOptions{Capacity: 1 << 16})
+	require.NoError(t, err)
+	inbox, err := h.inproc.Register(testTarget)
+	require.NoError(t, err)
+	h.tr = &switchableTransportForTest{inner: h.inproc, refused: make(chan struct{}, 1)}
+	opts := Options{Store: h.store, Schema: h.schema, Transport: h.tr, BackoffBase: time.Millisecond, BackoffMax: 5 * time.Millisecond}
+	if tweak != nil {
+		tweak(&opts)
+	}
+	h.svc, err = New(opts)
+	require.NoError(t, err)
+	h.svc.hooks = hk
+	require.NoError(t, h.svc.Start())
+	h.check = newStreamChecker(t, inbox)
+	t.Cleanup(h.close)
+	return h
+}
+
+func (h *harness) close() {
+	if h.closed {
+		return
+	}
+	h.closed = true
+	require.NoError(h.t, h.svc.Close())
+	require.NoError(h.t, h.store.Close())
+	h.inproc.Close()
+	h.check.assertClean()
+}
+
+// register registers dispatcher n on table n from startTs, epoch 1.
+func (h *harness) register(n uint64, startTs common.Ts) common.DispatcherID {
+	h.t.Helper()
+	id := common.DispatcherIDFromUint64(n)
+	require.NoError(h.t, h.svc.Register(DispatcherInfo{ID: id, Span: common.TableSpan(int64(n)), StartTs: startTs, Target: testTarget, Epoch: 1}))
+	return id
+}
+
+// push pushes rows and a resolved-ts for table n; the schema frontier is
+// advanced first unless the test manages it.
+func (h *harness) push(n uint64, resolved common.Ts, rows ...common.Row) {
+	h.t.Helper()
+	require.NoError(h.t, h.up.Push(context.Background(), common.TableSpan(int64(n)), eventstore.Batch{Rows: rows, ResolvedTs: resolved}))
+}
+
+func (h *harness) advanceSchema(ts common.Ts) {
+	h.t.Helper()
+	if ts > h.schema.ResolvedTs() {
+		require.NoError(h.t, h.schema.AdvanceResolvedTs(ts))
+	}
+}
+
+func row(key string, startTs, commitTs common.Ts) common.Row {
+	return common.Row{Op: common.OpPut, Key: []byte(key), Value: []byte("v:" + key), StartTs: startTs, CommitTs: commitTs}
+}
+
+// switchableTransportForTest forwards to the in-process transport unless
+// refusing is on, in which case it answers ErrBusy (and signals the first
+// refusal since the last drain of refused).
+type switchableTransportForTest struct {
+	inner   messaging.Transport
+	refuse  atomic.Bool
+	refused chan struct{}
+	sends   atomic.Int64
+}
+
+func (s *switchableTransportForTest) Send(to messaging.Target, msgs []messaging.Message) error {
+	s.sends.Add(1)
+	if s.refuse.Load() {
+		select {
+		case s.refused <- struct{}{}:
+		default:
+		}
+		return messaging.ErrBusy
+	}
+	return s.inner.Send(to, msgs)
+}
+
+// epochStream is what the checker saw of one dispatcher in one epoch.
+type epochStream struct {
+	epoch      uint64
+	startTs    common.Ts
+	seq        uint64
+	resolved   common.Ts
+	lastCommit common.Ts
+	lastDDL    common.Ts
+	rows       []common.Row
+	ddls       []*messaging.DDL
+	partial    bool
+}
+
+// streamCheckerForTest is a strict receiver: it checks every message
+// against the protocol (handshake first, seq +1 per DML/DDL, resolved at
+// the current seq and monotonic, rows in commit-ts order and never at or
+// below a resolved-ts already received, DDLs after the rows of their
+// commit-ts) and records what each dispatcher received.
+type streamCheckerForTest struct {
+	t          *testing.T
+	inbox      *messaging.Inbox
+	mu         sync.Mutex
+	streams    map[common.DispatcherID]*epochStream
+	history    map[common.DispatcherID][]*epochStream
+	violations []string
+	buf        []messaging.Message
+}
+
+func newStreamChecker(t *testing.T, inbox *messaging.Inbox) *streamCheckerForTest {
+	return &streamCheckerForTest{t: t, inbox: inbox, streams: map[common.DispatcherID]*epochStream{},
+		history: map[common.DispatcherID][]*epochStream{}}
+}
+
+func (c *streamCheckerForTest) violate(format string, args ...any) {
+	c.violations = append(c.violations, fmt.Sprintf(format, args...))
+}
+
+// drain applies every message in the inbox; it never blocks.
+func (c *streamCheckerForTest) drain() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.buf = c.inbox.Drain(c.buf[:0], 0)
+	for _, m := range c.buf {
+		c.apply(m)
+	}
+	n := len(c.buf)
+	clear(c.buf)
+	return n
+}
+
+func (c *streamCheckerForTest) apply(m messaging.Message) {
+	hd := m.MessageHeader()
+	st := c.streams[hd.Dispatcher]
+	if hs, ok := m.(*messaging.Handshake); ok {
+		if st != nil && hs.Epoch <= st.epoch {
+			if hs.Epoch == st.epoch {
+				c.violate("%v: second handshake in epoch %d", hd.Dispatcher, hs.Epoch)
+			}
+			return
+		}
+		if hs.Seq != 1 {
+			c.violate("%v: handshake seq %d", hd.Dispatcher, hs.Seq)
+		}
+		st = &epochStream{epoch: hs.Epoch, startTs: hs.StartTs, seq: 1, resolved: hs.StartTs, lastCommit: hs.StartTs}
+		c.streams[hd.Dispatcher] = st
+		c.history[hd.Dispatcher] = append(c.history[hd.Dispatcher], st)
+		return
+	}
+	if st == nil || hd.Epoch < st.epoch {
+		if st == nil {
+			c.violate("%v: %v before any handshake", hd.Dispatcher, m.Kind())
+		}
+		return // a stale epoch's leftovers are ignored, as a collector would
+	}
+	if hd.Epoch > st.epoch {
+		c.violate("%v: %v of epoch %d before its handshake", hd.Dispatcher, m.Kind(), hd.Epoch)
+		return
+	}
+	switch msg := m.(type) {
+	case *messaging.Resolved:
+		switch {
+		case hd.Seq < st.seq:
+			return // stale: rows with a later seq were sent meanwhile
+		case hd.Seq > st.seq:
+			c.violate("%v: resolved seq %d ahead of %d", hd.Dispatcher, hd.Seq, st.seq)
+		case msg.Ts < st.resolved:
+			c.violate("%v: resolved regressed %v < %v", hd.Dispatcher, msg.Ts, st.resolved)
+		case st.partial:
+			c.violate("%v: resolved %v inside a split transaction", hd.Dispatcher, msg.Ts)
+		default:
+			st.resolved = msg.Ts
+		}
+	case *messaging.DMLBatch:
+		if hd.Seq != st.seq+1 {
+			c.violate("%v: dml seq %d after %d", hd.Dispatcher, hd.Seq, st.seq)
+		}
+		st.seq = hd.Seq
+		for _, r := range msg.Rows {
+			if r.CommitTs <= st.resolved || r.CommitTs < st.lastCommit || r.CommitTs <= st.lastDDL {
+				c.violate("%v: row %q at %v after resolved %v / row %v / ddl %v", hd.Dispatcher, r.Key, r.CommitTs, st.resolved, st.lastCommit, st.lastDDL)
+			}
+			st.lastCommit = r.CommitTs
+			st.rows = append(st.rows, r)
+		}
+		st.partial = msg.Partial
+	case *messaging.DDL:
+		if hd.Seq != st.seq+1 {
+			c.violate("%v: ddl seq %d after %d", hd.Dispatcher, hd.Seq, st.seq)
+		}
+		st.seq = hd.Seq
+		if msg.CommitTs <= st.resolved || msg.CommitTs < st.lastCommit || msg.CommitTs <= st.lastDDL {
+			c.violate("%v: ddl at %v out of order (resolved %v, row %v)", hd.Dispatcher, msg.CommitTs, st.resolved, st.lastCommit)
+		}
+		st.lastDDL = msg.CommitTs
+		st.ddls = append(st.ddls, msg)
+	}
+}
+
+// waitFor drains until cond holds, failing after a generous deadline (a
+// hang is the failure mode being tested; no timing is asserted).
+func (c *streamCheckerForTest) waitFor(what string, cond func() bool) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		c.drain()
+		c.mu.Lock()
+		ok := cond()
+		c.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-c.inbox.Ready():
+		case <-ctx.Done():
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.t.Fatalf("timed out waiting for %s; violations: %v", what, c.violations)
+		}
+	}
+}
+
+// waitResolved waits until dispatcher id's current epoch reached ts.
+func (c *streamCheckerForTest) waitResolved(id common.DispatcherID, ts common.Ts) *epochStream {
+	c.t.Helper()
+	c.waitFor(fmt.Sprintf("%v resolved %v", id, ts), func() bool {
+		st := c.streams[id]
+		return st != nil && st.resolved >= ts
+	})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.streams[id]
+}
+
+func (c *streamCheckerForTest) stream(id common.DispatcherID) *epochStream {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.streams[id]
+}
+
+func (c *streamCheckerForTest) assertClean() {
+	c.t.Helper()
+	c.drain()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	require.Empty(c.t, c.violations)
+}
+
+func keys(rows []common.Row) []string {
+	out := make([]string, len(rows))
+	for i, r := range rows {
+		out[i] = string(r.Key)
+	}
+	return out
+}

@@ -1,0 +1,163 @@
+package eventservice
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/internal/clock"
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventstore"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+	"github.com/cdcflow/eventservice/pkg/schemastore"
+)
+
+// EventStore is what the service needs of the event store
+// (*eventstore.Store implements it).
+type EventStore interface {
+	RegisterDispatcher(id common.DispatcherID, span common.Span, startTs common.Ts, notifier eventstore.Notifier) error
+	UnregisterDispatcher(id common.DispatcherID) error
+	UpdateCheckpoint(id common.DispatcherID, ts common.Ts) error
+	NewIterator(id common.DispatcherID, r eventstore.ScanRange) (*eventstore.Iterator, error)
+}
+
+// Options configures a Service. Zero fields take the documented defaults;
+// New validates and reports every bad field at once.
+type Options struct {
+	// Store is the event store. Required.
+	Store EventStore
+	// Schema is the schema store. Required.
+	Schema schemastore.Store
+	// Transport carries messages to collectors. Required.
+	Transport messaging.Transport
+
+	// PrepareWorkers is the number of preparation workers, each with its
+	// own queue; dispatchers are hashed to one. Default 2: preparation is
+	// cheap (a few atomic loads and at most one non-blocking send), so a
+	// worker per core is enough.
+	PrepareWorkers int
+	// ScanWorkers is the number of scan workers. Default 2 (one per core;
+	// scans are CPU-bound on an in-memory store).
+	ScanWorkers int
+	// ScanQueueSize bounds the scan channel between preparation and scan
+	// workers. Default 4*ScanWorkers: enough to keep scan workers busy,
+	// small enough that work waits in the coalescing preparation queues,
+	// where it is bounded by the number of dispatchers, rather than here.
+	ScanQueueSize int
+	// ScanLimitBytes and ScanLimitRows cap one scan task; a scan stops at
+	// the first transaction boundary past either. Defaults 1 MiB and 8192
+	// rows: large enough to amortise a pebble seek (~µs) over many rows,
+	// small enough that one hot dispatcher cannot monopolise a scan worker
+	// for more than a few milliseconds.
+	ScanLimitBytes int
+	ScanLimitRows  int
+	// LargeTxnSplitBytes: a transaction larger than this may be split at a
+	// row once the task limit is reached, with an exact row cursor.
+	// Default 4 MiB; it must be at least ScanLimitBytes.
+	LargeTxnSplitBytes int
+	// BatchRows is the number of rows after which a DMLBatch message is
+	// closed at the next transaction boundary. Default 256.
+	BatchRows int
+	// MaxMessagesPerTask caps the messages one scan task sends in one
+	// transport call. Default 256; it must be well below the target's
+	// inbound capacity or the send could never be accepted.
+	MaxMessagesPerTask int
+	// BackoffBase and BackoffMax bound a dispatcher's exponential back-off
+	// after its target refused or failed a send. Defaults 10ms and 1s.
+	BackoffBase, BackoffMax time.Duration
+	// ResolvedBatch is the number of resolved-ts messages sent to a target
+	// per transport call. Default 512.
+	ResolvedBatch int
+	// Logger receives the service's logs. Default zap.NewNop().
+	Logger *zap.Logger
+	// Registerer receives the service's metrics. Default nil: none.
+	Registerer prometheus.Registerer
+	// Clock drives back-off timers. Default the real clock.
+	Clock clock.Clock
+}
+
+// Defaults.
+const (
+	DefaultPrepareWorkers     = 2
+	DefaultScanWorkers        = 2
+	DefaultScanLimitBytes     = 1 << 20
+	DefaultScanLimitRows      = 8192
+	DefaultLargeTxnSplitBytes = 4 << 20
+	DefaultBatchRows          = 256
+	DefaultMaxMessagesPerTask = 256
+	DefaultBackoffBase        = 10 * time.Millisecond
+	DefaultBackoffMax         = time.Second
+	DefaultResolvedBatch      = 512
+)
+
+// EnsureDefaults fills zero fields with their defaults.
+func (o Options) EnsureDefaults() Options {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&o.PrepareWorkers, DefaultPrepareWorkers)
+	def(&o.ScanWorkers, DefaultScanWorkers)
+	def(&o.ScanQueueSize, 4*o.ScanWorkers)
+	def(&o.ScanLimitBytes, DefaultScanLimitBytes)
+	def(&o.ScanLimitRows, DefaultScanLimitRows)
+	def(&o.LargeTxnSplitBytes, max(DefaultLargeTxnSplitBytes, o.ScanLimitBytes))
+	def(&o.BatchRows, DefaultBatchRows)
+	def(&o.MaxMessagesPerTask, DefaultMaxMessagesPerTask)
+	def(&o.ResolvedBatch, DefaultResolvedBatch)
+	if o.BackoffBase == 0 {
+		o.BackoffBase = DefaultBackoffBase
+	}
+	if o.BackoffMax == 0 {
+		o.BackoffMax = DefaultBackoffMax
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	o.Clock = clock.OrReal(o.Clock)
+	return o
+}
+
+// Validate reports every invalid field. It expects defaults filled in.
+func (o Options) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...))
+	}
+	if o.Store == nil {
+		bad("Store is required")
+	}
+	if o.Schema == nil {
+		bad("Schema is required")
+	}
+	if o.Transport == nil {
+		bad("Transport is required")
+	}
+	positive := func(name string, v, maxV int) {
+		if v < 1 || v > maxV {
+			bad("%s %d not in [1, %d]", name, v, maxV)
+		}
+	}
+	positive("PrepareWorkers", o.PrepareWorkers, 1024)
+	positive("ScanWorkers", o.ScanWorkers, 1024)
+	positive("ScanQueueSize", o.ScanQueueSize, 1<<20)
+	positive("ScanLimitBytes", o.ScanLimitBytes, 1<<30)
+	positive("ScanLimitRows", o.ScanLimitRows, 1<<24)
+	positive("BatchRows", o.BatchRows, 1<<20)
+	positive("MaxMessagesPerTask", o.MaxMessagesPerTask, 1<<20)
+	positive("ResolvedBatch", o.ResolvedBatch, 1<<20)
+	if o.LargeTxnSplitBytes < o.ScanLimitBytes {
+		bad("LargeTxnSplitBytes %d below ScanLimitBytes %d", o.LargeTxnSplitBytes, o.ScanLimitBytes)
+	}
+	if o.MaxMessagesPerTask < 4 {
+		bad("MaxMessagesPerTask %d below 4 (a task needs room for a batch, a DDL and a resolved-ts)", o.MaxMessagesPerTask)
+	}
+	if o.BackoffBase <= 0 || o.BackoffMax < o.BackoffBase {
+		bad("BackoffBase %v / BackoffMax %v: need 0 < base <= max", o.BackoffBase, o.BackoffMax)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,216 @@
+package eventservice
+
+import (
+	"container/heap"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/cdcflow/eventservice/internal/clock"
+	"github.com/cdcflow/eventservice/pkg/common"
+)
+
+// blockedSet holds the sessions parked in schemaBlocked, each waiting for
+// the schema frontier to pass its blockedAt. The schema store's callback
+// only rings the doorbell; runSchemaRetry re-queues whoever can go on, so a
+// held dispatcher never needs a store notification to recover.
+type blockedSet struct {
+	mu struct {
+		sync.Mutex
+		sessions map[*session]struct{}
+	}
+	doorbell chan struct{}
+}
+
+func newBlockedSet() *blockedSet {
+	b := &blockedSet{doorbell: make(chan struct{}, 1)}
+	b.mu.sessions = make(map[*session]struct{})
+	return b
+}
+
+func (b *blockedSet) ring() {
+	select {
+	case b.doorbell <- struct{}{}:
+	default:
+	}
+}
+
+func (b *blockedSet) add(s *session) {
+	b.mu.Lock()
+	b.mu.sessions[s] = struct{}{}
+	b.mu.Unlock()
+}
+
+func (b *blockedSet) remove(s *session) {
+	b.mu.Lock()
+	delete(b.mu.sessions, s)
+	b.mu.Unlock()
+}
+
+func (b *blockedSet) len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.mu.sessions)
+}
+
+// takeReady removes and returns the sessions whose wait the frontier ended.
+func (b *blockedSet) takeReady(frontier common.Ts, dst []*session) []*session {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for s := range b.mu.sessions {
+		if common.Ts(s.blockedAt.Load()) < frontier {
+			delete(b.mu.sessions, s)
+			dst = append(dst, s)
+		}
+	}
+	return dst
+}
+
+// park puts s, which just entered schemaBlocked waiting for the frontier to
+// pass at, into the blocked set. It then reads the frontier again: an
+// advance that happened between the owner's decision and the insertion
+// would otherwise ring a doorbell before s was there to be found.
+func (svc *Service) park(s *session, at common.Ts) {
+	s.blockedAt.Store(uint64(at))
+	svc.blocked.add(s)
+	if svc.opts.Schema.ResolvedTs() > at {
+		svc.blocked.remove(s)
+		svc.unblock(s)
+	}
+}
+
+// unblock re-queues a session whose schema wait ended.
+func (svc *Service) unblock(s *session) {
+	if act, _ := s.sched.fire(evSchemaAdvanced); act == actEnqueuePrepare {
+		svc.enqueue(s)
+	}
+}
+
+// runSchemaRetry re-queues schema-blocked sessions when the frontier moves.
+func (svc *Service) runSchemaRetry() {
+	var ready []*session
+	for {
+		select {
+		case <-svc.blocked.doorbell:
+		case <-svc.closing:
+			return
+		}
+		ready = svc.blocked.takeReady(svc.opts.Schema.ResolvedTs(), ready[:0])
+		for _, s := range ready {
+			svc.unblock(s)
+		}
+		clear(ready)
+	}
+}
+
+// backoffTimers is a min-heap of sessions waiting out a back-off, served by
+// one goroutine and one timer, so a million backed-off dispatchers cost a
+// million heap entries, not a million timers.
+type backoffTimers struct {
+	clk clock.Clock
+	mu  struct {
+		sync.Mutex
+		h backoffHeap
+	}
+	doorbell chan struct{} // the earliest deadline changed
+}
+
+type backoffEntry struct {
+	due time.Time
+	s   *session
+}
+
+type backoffHeap []backoffEntry
+
+func (h backoffHeap) Len() int           { return len(h) }
+func (h backoffHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
+func (h backoffHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *backoffHeap) Push(x any)        { *h = append(*h, x.(backoffEntry)) }
+func (h *backoffHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = backoffEntry{}
+	*h = old[:len(old)-1]
+	return e
+}
+
+func newBackoffTimers(clk clock.Clock) *backoffTimers {
+	return &backoffTimers{clk: clk, doorbell: make(chan struct{}, 1)}
+}
+
+// arm schedules s's evBackoffExpired after d. A removed session's entry
+// stays until it fires and is then dropped as stale; the heap is bounded by
+// live sessions plus those removed within the last BackoffMax.
+func (b *backoffTimers) arm(s *session, d time.Duration) {
+	b.mu.Lock()
+	heap.Push(&b.mu.h, backoffEntry{due: b.clk.Now().Add(d), s: s})
+	first := b.mu.h[0].s == s
+	b.mu.Unlock()
+	if first {
+		select {
+		case b.doorbell <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (b *backoffTimers) len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.mu.h)
+}
+
+// due pops the entries due at now and returns the delay to the next one.
+func (b *backoffTimers) due(now time.Time, dst []*session) ([]*session, time.Duration, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for len(b.mu.h) > 0 && !b.mu.h[0].due.After(now) {
+		dst = append(dst, heap.Pop(&b.mu.h).(backoffEntry).s)
+	}
+	if len(b.mu.h) == 0 {
+		return dst, 0, false
+	}
+	return dst, b.mu.h[0].due.Sub(now), true
+}
+
+// backoffDelay is the owner's next back-off delay: BackoffBase doubled per
+// consecutive refusal, capped at BackoffMax, shortened by up to 20% of
+// jitter so dispatchers refused together do not retry together.
+func (svc *Service) backoffDelay(s *session) time.Duration {
+	d := svc.opts.BackoffBase << min(s.backoffN, 30)
+	if d <= 0 || d > svc.opts.BackoffMax {
+		d = svc.opts.BackoffMax
+	}
+	s.backoffN++
+	return d - time.Duration(rand.Float64()*0.2*float64(d))
+}
+
+// runBackoffTimers re-queues sessions whose back-off expired.
+func (svc *Service) runBackoffTimers() {
+	b := svc.backoff
+	timer := b.clk.NewTimer(time.Hour)
+	defer timer.Stop()
+	var ready []*session
+	for {
+		var wait time.Duration
+		var ok bool
+		ready, wait, ok = b.due(b.clk.Now(), ready[:0])
+		for _, s := range ready {
+			if act, _ := s.sched.fire(evBackoffExpired); act == actEnqueuePrepare {
+				svc.enqueue(s)
+			}
+		}
+		clear(ready)
+		if !ok {
+			wait = time.Hour
+		}
+		timer.Stop()
+		timer.Reset(wait)
+		select {
+		case <-timer.C():
+		case <-b.doorbell:
+		case <-svc.closing:
+			return
+		}
+	}
+}

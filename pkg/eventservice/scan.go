@@ -1,0 +1,335 @@
+package eventservice
+
+import (
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventstore"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+	"github.com/cdcflow/eventservice/pkg/schemastore"
+)
+
+// scanOutcome is how a scan task ended.
+type scanOutcome uint8
+
+const (
+	scanDone        scanOutcome = iota // reached the end of its range
+	scanInterrupted                    // stopped at a limit; more to read
+	scanBlocked                        // reached the schema frontier, data waits above it
+	scanFailed                         // transport refused or failed, or the store erred
+)
+
+// runScanWorker executes scan tasks from the scan channel.
+func (svc *Service) runScanWorker() {
+	sc := newScanner(svc)
+	for {
+		select {
+		case s := <-svc.scanCh:
+			svc.scanPending.Add(-1)
+			if act, _ := s.sched.fire(evPopScan); act != actOwn {
+				continue // removed while queued
+			}
+			svc.runScan(sc, s)
+		case <-svc.closing:
+			return
+		}
+	}
+}
+
+// runScan executes one scan of s (owned) and completes its transition.
+func (svc *Service) runScan(sc *scanner, s *session) {
+	if h := svc.hooks.beforeScan; h != nil {
+		h(s)
+	}
+	start := time.Now()
+	out, blockedAt := sc.scan(s)
+	svc.metrics.scanDuration.Observe(time.Since(start).Seconds())
+	switch out {
+	case scanFailed:
+		svc.backOff(s)
+	case scanInterrupted:
+		svc.metrics.interruptedScans.Inc()
+		if act, _ := s.sched.fire(evScanInterrupted); act == actEnqueuePrepare {
+			svc.enqueue(s)
+		}
+	case scanBlocked:
+		s.blockedAt.Store(uint64(blockedAt))
+		if act, _ := s.sched.fire(evSchemaBlock); act == actPark {
+			svc.park(s, blockedAt)
+		}
+	default:
+		if act, _ := s.sched.fire(evScanDone); act == actEnqueuePrepare {
+			svc.enqueue(s)
+		}
+	}
+}
+
+// scanner is a scan worker's reusable state.
+type scanner struct {
+	svc   *Service
+	ddls  []schemastore.DDL
+	msgs  []messaging.Message
+	arena rowArena
+}
+
+func newScanner(svc *Service) *scanner { return &scanner{svc: svc} }
+
+// scan reads (resolved, min(received, schema frontier)] of s's span after
+// its cursor, merges the table's DDLs by commit-ts (a DDL after the DML of
+// its commit-ts), stops at a transaction boundary once a task limit is
+// reached (or inside a transaction larger than LargeTxnSplitBytes, at a
+// row), sends everything in one all-or-nothing transport call, and only then
+// publishes the new progress. REQUIRES: s owned.
+func (sc *scanner) scan(s *session) (scanOutcome, common.Ts) {
+	svc, d, p := sc.svc, s.d, s.progress
+	received := common.Ts(d.received.Load())
+	schemaTs := svc.opts.Schema.ResolvedTs()
+	end := min(received, schemaTs)
+	if p.cursor != nil {
+		end = max(end, p.cursor.CommitTs) // never below a resume point
+	}
+	if end <= p.resolved && p.cursor == nil {
+		return sc.idleOrBlocked(received, schemaTs, p.resolved)
+	}
+	var err error
+	sc.ddls, err = svc.opts.Schema.FetchDDLs(d.span.TableID, p.resolved, end, sc.ddls[:0])
+	if err != nil {
+		svc.log.Warn("fetch DDLs failed; retrying later", zap.Stringer("dispatcher", d.id), zap.Error(err))
+		return scanFailed, 0
+	}
+	trimmed := false
+	if limit := svc.maxDDLsPerTask(); len(sc.ddls) > limit {
+		// Too many DDLs for one task: end just below the first DDL that
+		// does not fit. It lies above any cursor (DDLs are at distinct
+		// commit-ts, the first at or above the cursor's), so the range
+		// stays valid, and the rest is read by the follow-up task.
+		end = sc.ddls[limit].CommitTs - 1
+		sc.ddls = sc.ddls[:limit]
+		trimmed = true
+	}
+	it, err := svc.opts.Store.NewIterator(d.id, eventstore.ScanRange{Start: p.resolved, End: end, After: p.cursor})
+	if err != nil {
+		svc.log.Warn("open iterator failed; retrying later", zap.Stringer("dispatcher", d.id), zap.Error(err))
+		return scanFailed, 0
+	}
+	b := sc.newBuild(s, end)
+	next, err := b.run(it)
+	if cerr := it.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		svc.log.Warn("scan failed; retrying later", zap.Stringer("dispatcher", d.id), zap.Error(err))
+		return scanFailed, 0
+	}
+	svc.metrics.scannedRows.Add(float64(b.rows))
+	svc.metrics.scannedBytes.Add(float64(b.bytes))
+	if st, _ := s.sched.load(); st == stateRemoved {
+		sc.reset()
+		return scanDone, 0 // the owner's transition discards it; send nothing
+	}
+	if len(sc.msgs) == 0 {
+		// Nothing but progress: it goes through the resolved set like the
+		// fast path, so resolved-ts of one seq leave in order.
+		if next.resolved > p.resolved {
+			d.target.resolved.Add(d.id, resolvedValue{epoch: s.epoch, seq: next.seq, ts: next.resolved})
+		}
+	} else {
+		if next.resolved > p.resolved {
+			sc.msgs = append(sc.msgs, &messaging.Resolved{Header: sc.header(s, next.seq), Ts: next.resolved})
+		}
+		err := svc.send(d.target.name, sc.msgs)
+		sc.reset()
+		if err != nil {
+			return scanFailed, 0
+		}
+	}
+	// Accepted: publish the progress as one step.
+	s.progress = next
+	s.sent.Store(uint64(next.resolved))
+	s.backoffN = 0
+	if b.interrupted || trimmed {
+		return scanInterrupted, 0
+	}
+	return sc.idleOrBlocked(received, schemaTs, next.resolved)
+}
+
+// reset drops the task's messages (the transport owns accepted ones).
+func (sc *scanner) reset() {
+	clear(sc.msgs)
+	sc.msgs = sc.msgs[:0]
+}
+
+// idleOrBlocked tells a finished scan whether the schema frontier is what
+// holds data back.
+func (sc *scanner) idleOrBlocked(received, schemaTs, resolved common.Ts) (scanOutcome, common.Ts) {
+	if received > resolved && schemaTs <= resolved {
+		return scanBlocked, schemaTs
+	}
+	return scanDone, 0
+}
+
+func (sc *scanner) header(s *session, seq uint64) messaging.Header {
+	return messaging.Header{Dispatcher: s.d.id, Epoch: s.epoch, Seq: seq}
+}
+
+// build accumulates the messages of one scan task.
+type build struct {
+	sc          *scanner
+	s           *session
+	end         common.Ts
+	next        progress
+	batch       *messaging.DMLBatch
+	batchRows   int
+	ddl         int // index of the next DDL to emit
+	rows, bytes int
+	interrupted bool
+}
+
+func (sc *scanner) newBuild(s *session, end common.Ts) *build {
+	return &build{sc: sc, s: s, end: end, next: s.progress}
+}
+
+// run consumes the iterator and returns the progress the messages reach.
+func (b *build) run(it *eventstore.Iterator) (progress, error) {
+	o := &b.sc.svc.opts
+	var lastCommit, lastStart common.Ts
+	var lastKey []byte
+	var txnBytes int
+	first := true
+	for it.Next() {
+		r := it.Row()
+		if it.NewTxn() {
+			if !first && (b.bytes >= o.ScanLimitBytes || b.rows >= o.ScanLimitRows || b.full()) {
+				b.interruptAtTxn(lastCommit, lastStart, r.CommitTs)
+				return b.next, nil
+			}
+			if first || r.CommitTs > lastCommit {
+				// DDLs strictly before this commit-ts go first; those at it
+				// wait until its DML is out.
+				b.emitDDLsBefore(r.CommitTs)
+			}
+			if b.batchRows >= o.BatchRows {
+				b.closeBatch(false)
+			}
+			txnBytes = 0
+		} else if txnBytes >= o.LargeTxnSplitBytes && b.bytes >= o.ScanLimitBytes {
+			b.splitAt(lastCommit, lastStart, lastKey)
+			return b.next, nil
+		}
+		first = false
+		row := b.sc.arena.copyRow(r)
+		b.addRow(row)
+		size := r.Size()
+		txnBytes += size
+		b.bytes += size
+		b.rows++
+		lastCommit, lastStart, lastKey = row.CommitTs, row.StartTs, row.Key
+	}
+	if err := it.Err(); err != nil {
+		return progress{}, err
+	}
+	b.closeBatch(false)
+	// Every row up to end is out; DDLs up to end follow.
+	b.emitDDLsUpTo(b.end)
+	b.next.resolved, b.next.cursor = b.end, nil
+	return b.next, nil
+}
+
+// full reports whether the task reached its message cap at a transaction
+// boundary, leaving room for the closing batch and the resolved-ts. DDLs
+// are bounded separately (maxDDLsPerTask), so a task sends at most
+// MaxMessagesPerTask + 2*maxDDLsPerTask messages.
+func (b *build) full() bool { return len(b.sc.msgs) >= b.sc.svc.opts.MaxMessagesPerTask-3 }
+
+func (b *build) addRow(r common.Row) {
+	if b.batch == nil {
+		b.batch = &messaging.DMLBatch{Rows: make([]common.Row, 0, min(b.sc.svc.opts.BatchRows, 64))}
+	}
+	b.batch.Rows = append(b.batch.Rows, r)
+	b.batchRows++
+}
+
+// closeBatch ends the current DMLBatch, assigning it the next seq.
+func (b *build) closeBatch(partial bool) {
+	if b.batch == nil {
+		return
+	}
+	b.next.seq++
+	b.batch.Header = b.sc.header(b.s, b.next.seq)
+	b.batch.Partial = partial
+	b.sc.msgs = append(b.sc.msgs, b.batch)
+	b.batch, b.batchRows = nil, 0
+}
+
+// interruptAtTxn stops before a transaction, after (lastCommit, lastStart).
+func (b *build) interruptAtTxn(lastCommit, lastStart, nextCommit common.Ts) {
+	b.closeBatch(false)
+	b.interrupted = true
+	if nextCommit > lastCommit {
+		// A commit-ts boundary: its DDLs may follow, then it is resolved.
+		b.emitDDLsUpTo(lastCommit)
+		b.next.resolved, b.next.cursor = lastCommit, nil
+		return
+	}
+	// Inside a commit-ts shared by several transactions: resolved stays
+	// below it and the cursor names the last whole transaction.
+	b.next.resolved = max(b.next.resolved, lastCommit-1)
+	b.next.cursor = &eventstore.Cursor{CommitTs: lastCommit, StartTs: lastStart}
+}
+
+// splitAt stops inside a large transaction, after the row lastKey.
+func (b *build) splitAt(lastCommit, lastStart common.Ts, lastKey []byte) {
+	b.closeBatch(true)
+	b.interrupted = true
+	b.next.resolved = max(b.next.resolved, lastCommit-1)
+	b.next.cursor = &eventstore.Cursor{CommitTs: lastCommit, StartTs: lastStart, Key: append([]byte(nil), lastKey...)}
+}
+
+// emitDDLsBefore emits the DDLs with commit-ts < ts.
+func (b *build) emitDDLsBefore(ts common.Ts) { b.emitDDLs(ts - 1) }
+
+// emitDDLsUpTo emits the DDLs with commit-ts <= ts.
+func (b *build) emitDDLsUpTo(ts common.Ts) { b.emitDDLs(ts) }
+
+func (b *build) emitDDLs(upTo common.Ts) {
+	ddls := b.sc.ddls
+	for b.ddl < len(ddls) && ddls[b.ddl].CommitTs <= upTo {
+		b.closeBatch(false)
+		dl := ddls[b.ddl]
+		b.next.seq++
+		b.sc.msgs = append(b.sc.msgs, &messaging.DDL{Header: b.sc.header(b.s, b.next.seq),
+			TableID: dl.TableID, CommitTs: dl.CommitTs, Query: dl.Query})
+		b.ddl++
+	}
+}
+
+// rowArena copies rows out of the iterator's buffers into shared chunks:
+// one allocation per 64 KiB instead of three per row.
+type rowArena struct{ buf []byte }
+
+const arenaChunk = 64 << 10
+
+func (a *rowArena) copyRow(r *common.Row) common.Row {
+	out := *r
+	out.Key = a.copy(r.Key)
+	out.Value = a.copy(r.Value)
+	out.OldValue = a.copy(r.OldValue)
+	return out
+}
+
+func (a *rowArena) copy(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	if cap(a.buf)-len(a.buf) < len(b) {
+		a.buf = make([]byte, 0, max(arenaChunk, len(b)))
+	}
+	n := len(a.buf)
+	a.buf = append(a.buf, b...)
+	return a.buf[n:len(a.buf):len(a.buf)]
+}
+
+// maxDDLsPerTask bounds the DDLs one task emits.
+func (svc *Service) maxDDLsPerTask() int { return max(1, svc.opts.MaxMessagesPerTask/4) }

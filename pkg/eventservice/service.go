@@ -1,0 +1,389 @@
+package eventservice
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventstore"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+)
+
+// Service is the event service: it owns the dispatchers' scan scheduling,
+// from the store's notifications to messages on the transport. See the
+// package documentation for the pipeline and its invariants.
+//
+// Lock order: Service.mu, then dispatcher.mu, then a prepareQueue's or the
+// schema-blocked set's mutex. The notify path takes none of the first two.
+type Service struct {
+	opts    Options
+	log     *zap.Logger
+	metrics *metrics
+
+	prepQueues []*prepareQueue
+	scanCh     chan *session
+	closing    chan struct{} // closed when workers must stop
+	closed     atomic.Bool   // set first thing in Close: the notify gate
+	wg         sync.WaitGroup
+
+	counters []workerCounters // indexed by preparation worker
+	blocked  *blockedSet
+	backoff  *backoffTimers
+
+	// scanPending counts sessions in scanQueued (in the channel or waiting
+	// to enter it).
+	scanPending atomic.Int64
+	resets      atomic.Uint64
+
+	mu struct {
+		sync.RWMutex
+		started     bool
+		closed      bool
+		dispatchers map[common.DispatcherID]*dispatcher
+		targets     map[messaging.Target]*target
+	}
+	schemaCancel func()
+
+	// hooks are set by tests before Start; nil in production.
+	hooks hooks
+}
+
+// hooks let tests hold a worker at a known point. Each is called on the
+// worker's goroutine; a nil hook costs one comparison.
+type hooks struct {
+	// beforePrepare runs when a preparation worker owns s, before deciding.
+	beforePrepare func(s *session)
+	// beforeScan runs when a scan worker owns s, before reading the store.
+	beforeScan func(s *session)
+	// scanChannelFull runs when a preparation worker finds the scan
+	// channel full and is about to wait for room.
+	scanChannelFull func(s *session)
+}
+
+// New builds a service. It starts no goroutine: call Start.
+func New(opts Options) (*Service, error) {
+	opts = opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	svc := &Service{
+		opts:     opts,
+		log:      opts.Logger.Named("eventservice"),
+		scanCh:   make(chan *session, opts.ScanQueueSize),
+		closing:  make(chan struct{}),
+		counters: make([]workerCounters, opts.PrepareWorkers),
+	}
+	svc.mu.dispatchers = make(map[common.DispatcherID]*dispatcher)
+	svc.mu.targets = make(map[messaging.Target]*target)
+	svc.prepQueues = make([]*prepareQueue, opts.PrepareWorkers)
+	for i := range svc.prepQueues {
+		svc.prepQueues[i] = newPrepareQueue()
+	}
+	svc.blocked = newBlockedSet()
+	svc.backoff = newBackoffTimers(opts.Clock)
+	svc.metrics = newMetrics(svc)
+	if err := svc.metrics.register(opts.Registerer); err != nil {
+		svc.metrics.unregister(opts.Registerer)
+		return nil, fmt.Errorf("eventservice: register metrics: %w", err)
+	}
+	return svc, nil
+}
+
+// Start starts the preparation and scan workers, the schema-retry loop and
+// the back-off timer loop. It returns ErrClosed after Close; a second Start
+// is a no-op.
+func (svc *Service) Start() error {
+	svc.mu.Lock()
+	defer svc.mu.Unlock()
+	if svc.mu.closed {
+		return ErrClosed
+	}
+	if svc.mu.started {
+		return nil
+	}
+	svc.mu.started = true
+	svc.schemaCancel = svc.opts.Schema.Subscribe(func(common.Ts) { svc.blocked.ring() })
+	for i := range svc.prepQueues {
+		svc.wg.Go(func() { svc.runPrepareWorker(i) })
+	}
+	for range svc.opts.ScanWorkers {
+		svc.wg.Go(svc.runScanWorker)
+	}
+	svc.wg.Go(svc.runSchemaRetry)
+	svc.wg.Go(svc.runBackoffTimers)
+	for _, t := range svc.mu.targets {
+		if err := t.start(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Register adds a dispatcher and starts its first epoch: the handshake and
+// progress up to the store's resolved-ts follow without waiting for a
+// notification.
+func (svc *Service) Register(info DispatcherInfo) error {
+	if err := validateInfo(info); err != nil {
+		return err
+	}
+	svc.mu.Lock()
+	if svc.mu.closed {
+		svc.mu.Unlock()
+		return ErrClosed
+	}
+	if _, ok := svc.mu.dispatchers[info.ID]; ok {
+		svc.mu.Unlock()
+		return fmt.Errorf("%w: %v", ErrDispatcherExists, info.ID)
+	}
+	t, err := svc.targetLocked(info.Target)
+	if err != nil {
+		svc.mu.Unlock()
+		return err
+	}
+	d := &dispatcher{id: info.ID, span: info.Span, target: t, worker: info.ID.Index(len(svc.prepQueues)), svc: svc}
+	d.mu.storeStart = info.StartTs
+	d.mu.checkpoint = info.StartTs
+	s := newSession(d, info.Epoch, info.StartTs)
+	d.session.Store(s)
+	svc.mu.dispatchers[info.ID] = d
+	svc.mu.Unlock()
+
+	// Outside Service.mu: the store may call the notifier synchronously.
+	if err := svc.opts.Store.RegisterDispatcher(d.id, d.span, info.StartTs, d.onNotify); err != nil {
+		svc.mu.Lock()
+		delete(svc.mu.dispatchers, info.ID)
+		svc.mu.Unlock()
+		svc.retire(s)
+		if errors.Is(err, eventstore.ErrClosed) {
+			return fmt.Errorf("%w: %w", ErrClosed, err)
+		}
+		return fmt.Errorf("eventservice: register %v in the store: %w", info.ID, err)
+	}
+	svc.request(s, false)
+	return nil
+}
+
+func validateInfo(info DispatcherInfo) error {
+	var errs []error
+	if info.ID.IsZero() {
+		errs = append(errs, fmt.Errorf("%w: zero dispatcher id", ErrInvalidArgument))
+	}
+	if err := info.Span.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidArgument, err))
+	}
+	if info.Target == "" {
+		errs = append(errs, fmt.Errorf("%w: empty target", ErrInvalidArgument))
+	}
+	if info.Epoch == 0 {
+		errs = append(errs, fmt.Errorf("%w: epoch must be at least 1", ErrInvalidArgument))
+	}
+	return errors.Join(errs...)
+}
+
+// Reset starts a new epoch of dispatcher id from startTs: the old epoch's
+// queued and in-flight work is cancelled and its results discarded, and the
+// new epoch begins with a handshake. An epoch that is not newer than the
+// current one is refused with ErrStaleEpoch, so among concurrent resets the
+// highest epoch wins.
+func (svc *Service) Reset(id common.DispatcherID, epoch uint64, startTs common.Ts) error {
+	d, err := svc.lookup(id)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	if d.mu.removed {
+		d.mu.Unlock()
+		return fmt.Errorf("%w: %v", ErrUnknownDispatcher, id)
+	}
+	old := d.session.Load()
+	if epoch <= old.epoch {
+		d.mu.Unlock()
+		return fmt.Errorf("%w: reset to epoch %d, current %d", ErrStaleEpoch, epoch, old.epoch)
+	}
+	reRegister := startTs < d.mu.checkpoint || startTs < d.mu.storeStart
+	s := newSession(d, epoch, startTs)
+	d.session.Store(s)
+	svc.retire(old)
+	if reRegister {
+		// The store may have collected rows above startTs for this
+		// dispatcher: register afresh so the store finds (or subscribes) a
+		// subscription that still holds them.
+		if err := svc.reRegisterLocked(d, startTs); err != nil {
+			d.mu.Unlock()
+			return err
+		}
+	}
+	d.mu.Unlock()
+	svc.resets.Add(1)
+	svc.request(s, false)
+	return nil
+}
+
+// reRegisterLocked re-registers d in the store from startTs.
+// REQUIRES: d.mu held.
+func (svc *Service) reRegisterLocked(d *dispatcher, startTs common.Ts) error {
+	if err := svc.opts.Store.UnregisterDispatcher(d.id); err != nil && !errors.Is(err, eventstore.ErrDispatcherNotFound) {
+		return fmt.Errorf("eventservice: reset %v: %w", d.id, err)
+	}
+	// The frontier restarts with the new registration's notifications.
+	d.received.Store(0)
+	d.maxCommit.Store(0)
+	if err := svc.opts.Store.RegisterDispatcher(d.id, d.span, startTs, d.onNotify); err != nil {
+		return fmt.Errorf("eventservice: reset %v: %w", d.id, err)
+	}
+	d.mu.storeStart, d.mu.checkpoint = startTs, startTs
+	return nil
+}
+
+// Remove unregisters dispatcher id: its queued and in-flight work is
+// cancelled, and when Remove returns the store calls its notifier no more.
+func (svc *Service) Remove(id common.DispatcherID) error {
+	svc.mu.Lock()
+	if svc.mu.closed {
+		svc.mu.Unlock()
+		return ErrClosed
+	}
+	d, ok := svc.mu.dispatchers[id]
+	if ok {
+		delete(svc.mu.dispatchers, id)
+	}
+	svc.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: %v", ErrUnknownDispatcher, id)
+	}
+	d.mu.Lock()
+	d.mu.removed = true
+	svc.retire(d.session.Load())
+	d.mu.Unlock()
+	if err := svc.opts.Store.UnregisterDispatcher(id); err != nil && !errors.Is(err, eventstore.ErrClosed) {
+		return fmt.Errorf("eventservice: remove %v: %w", id, err)
+	}
+	return nil
+}
+
+// retire removes session s: it leaves every queue and set it is in, and an
+// owner that holds it discards its results.
+func (svc *Service) retire(s *session) {
+	act, _ := s.sched.fire(evRemove)
+	if act != actRemoved {
+		return
+	}
+	svc.prepQueues[s.d.worker].unlink(s)
+	svc.blocked.remove(s)
+}
+
+// Heartbeat records a collector's checkpoint for dispatcher id in epoch.
+// Checkpoints only move forward, are capped at what was sent, and drive the
+// store's GC. A heartbeat of another epoch is refused with ErrStaleEpoch.
+func (svc *Service) Heartbeat(id common.DispatcherID, epoch uint64, checkpoint common.Ts) error {
+	d, err := svc.lookup(id)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.mu.removed {
+		return fmt.Errorf("%w: %v", ErrUnknownDispatcher, id)
+	}
+	s := d.session.Load()
+	if s.epoch != epoch {
+		return fmt.Errorf("%w: heartbeat of epoch %d, current %d", ErrStaleEpoch, epoch, s.epoch)
+	}
+	checkpoint = min(checkpoint, common.Ts(s.sent.Load()))
+	if checkpoint <= d.mu.checkpoint {
+		return nil
+	}
+	d.mu.checkpoint = checkpoint
+	if err := svc.opts.Store.UpdateCheckpoint(id, checkpoint); err != nil {
+		return fmt.Errorf("eventservice: heartbeat %v: %w", id, err)
+	}
+	return nil
+}
+
+func (svc *Service) lookup(id common.DispatcherID) (*dispatcher, error) {
+	svc.mu.RLock()
+	defer svc.mu.RUnlock()
+	if svc.mu.closed {
+		return nil, ErrClosed
+	}
+	d, ok := svc.mu.dispatchers[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: %v", ErrUnknownDispatcher, id)
+	}
+	return d, nil
+}
+
+// request asks for preparation of s. It is O(1), lock-free except for the
+// queue's short mutex, and never blocks.
+func (svc *Service) request(s *session, fromNotify bool) {
+	act, _ := s.sched.fire(evRequest)
+	c := &svc.counters[s.d.worker]
+	if fromNotify {
+		c.notifications.Add(1)
+	}
+	switch act {
+	case actEnqueuePrepare:
+		svc.prepQueues[s.d.worker].push(s)
+	case actNone, actPending:
+		if fromNotify {
+			c.coalesced.Add(1)
+		}
+	}
+}
+
+// enqueue pushes s onto its preparation queue after a transition asked for
+// it.
+func (svc *Service) enqueue(s *session) { svc.prepQueues[s.d.worker].push(s) }
+
+// Close stops the service: (1) new registrations and notifications are
+// refused; (2) every dispatcher is unregistered from the store, which waits
+// for its in-flight callback; (3) the workers are told to stop (every wait
+// inside them also watches this) and the queues refuse further pushes;
+// (4) Close waits for them and for the resolved-ts pumps. It is idempotent
+// and bounded in time whatever the transport does, since sends never block.
+func (svc *Service) Close() error {
+	svc.mu.Lock()
+	if svc.mu.closed {
+		svc.mu.Unlock()
+		return nil
+	}
+	svc.mu.closed = true
+	svc.closed.Store(true)
+	ds := make([]*dispatcher, 0, len(svc.mu.dispatchers))
+	for _, d := range svc.mu.dispatchers {
+		ds = append(ds, d)
+	}
+	targets := make([]*target, 0, len(svc.mu.targets))
+	for _, t := range svc.mu.targets {
+		targets = append(targets, t)
+	}
+	svc.mu.Unlock()
+
+	var errs []error
+	for _, d := range ds {
+		if err := svc.opts.Store.UnregisterDispatcher(d.id); err != nil &&
+			!errors.Is(err, eventstore.ErrClosed) && !errors.Is(err, eventstore.ErrDispatcherNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	if svc.schemaCancel != nil {
+		svc.schemaCancel()
+	}
+	close(svc.closing)
+	for _, q := range svc.prepQueues {
+		q.close()
+	}
+	svc.wg.Wait()
+	for _, t := range targets {
+		t.stop()
+	}
+	for _, d := range ds {
+		svc.retire(d.session.Load())
+	}
+	svc.metrics.unregister(svc.opts.Registerer)
+	return errors.Join(errs...)
+}

@@ -1,0 +1,147 @@
+package eventservice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cdcflow/eventservice/internal/clock"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+	"github.com/cdcflow/eventservice/pkg/pendingset"
+)
+
+// resolvedValue is a dispatcher's pending resolved-ts advance.
+type resolvedValue struct {
+	epoch uint64
+	seq   uint64
+	ts    common.Ts
+}
+
+// newerResolved keeps the newer of two pending advances: a higher epoch
+// wins, then a higher ts (whose seq is at least as new).
+func newerResolved(old, fresh resolvedValue) resolvedValue {
+	if fresh.epoch > old.epoch || (fresh.epoch == old.epoch && fresh.ts >= old.ts) {
+		return fresh
+	}
+	return old
+}
+
+// target is one downstream receiver. Its resolved-only progress goes
+// through a coalescing pending set (latest ts per dispatcher wins) drained
+// by a pump in batches, merged back on failure: a busy target delays its
+// own resolved-ts, never another target's, and loses none.
+type target struct {
+	svc      *Service
+	name     messaging.Target
+	resolved *pendingset.Set[common.DispatcherID, resolvedValue]
+	pump     *pendingset.Pump[common.DispatcherID, resolvedValue]
+	started  bool
+}
+
+// targetLocked returns the target named name, creating it. REQUIRES:
+// svc.mu held.
+func (svc *Service) targetLocked(name messaging.Target) (*target, error) {
+	if t, ok := svc.mu.targets[name]; ok {
+		return t, nil
+	}
+	t := &target{svc: svc, name: name}
+	set, err := pendingset.New(pendingset.Options[common.DispatcherID, resolvedValue]{
+		Merge:         newerResolved,
+		MaxBatch:      svc.opts.ResolvedBatch,
+		BackoffBase:   svc.opts.BackoffBase,
+		BackoffMax:    svc.opts.BackoffMax,
+		Clock:         pendingClock{svc.opts.Clock},
+		Registerer:    svc.opts.Registerer,
+		MetricsPrefix: namespace + "_" + subsystem + "_resolved",
+		ConstLabels:   prometheus.Labels{"target": string(name)},
+		Logger:        svc.log.Named("resolved"),
+		// A new epoch's value must not wait out the old epoch's back-off.
+		Bypass: func(waiting, fresh resolvedValue) bool { return fresh.epoch > waiting.epoch },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("eventservice: target %q: %w", name, err)
+	}
+	t.resolved = set
+	if t.pump, err = pendingset.NewPump(set, t.deliver); err != nil {
+		set.Unregister()
+		return nil, fmt.Errorf("eventservice: target %q: %w", name, err)
+	}
+	svc.mu.targets[name] = t
+	if svc.mu.started {
+		if err := t.start(); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+func (t *target) start() error {
+	if t.started {
+		return nil
+	}
+	t.started = true
+	return t.pump.Start()
+}
+
+func (t *target) stop() {
+	t.pump.Stop()
+	t.resolved.Unregister()
+}
+
+// deliver sends one batch of resolved-ts messages. Advances of a
+// dispatcher's older epoch are dropped: the collector would ignore them.
+// A refusal or failure fails the whole batch: every key is kept, no budget
+// is spent, and the pump backs off.
+func (t *target) deliver(_ context.Context, batch []pendingset.Entry[common.DispatcherID, resolvedValue]) error {
+	msgs := make([]messaging.Message, 0, len(batch))
+	svc := t.svc
+	svc.mu.RLock()
+	for i := range batch {
+		e := &batch[i]
+		d, ok := svc.mu.dispatchers[e.Key]
+		if !ok || d.session.Load().epoch != e.Value.epoch {
+			continue
+		}
+		msgs = append(msgs, &messaging.Resolved{
+			Header: messaging.Header{Dispatcher: e.Key, Epoch: e.Value.epoch, Seq: e.Value.seq},
+			Ts:     e.Value.ts,
+		})
+	}
+	svc.mu.RUnlock()
+	if len(msgs) == 0 {
+		return nil
+	}
+	if err := svc.send(t.name, msgs); err != nil {
+		return err
+	}
+	return nil
+}
+
+// send hands msgs to the transport, counting refusals and failures.
+func (svc *Service) send(to messaging.Target, msgs []messaging.Message) error {
+	err := svc.opts.Transport.Send(to, msgs)
+	switch {
+	case err == nil:
+		svc.metrics.sentMessages.Add(float64(len(msgs)))
+	case errors.Is(err, messaging.ErrBusy):
+		svc.metrics.sendRefusals.WithLabelValues("busy").Inc()
+	default:
+		svc.metrics.sendRefusals.WithLabelValues("failed").Inc()
+	}
+	return err
+}
+
+// pendingClock adapts the service's clock to pendingset.Clock.
+type pendingClock struct{ c clock.Clock }
+
+func (p pendingClock) Now() time.Time { return p.c.Now() }
+
+func (p pendingClock) NewTimer(d time.Duration) (<-chan time.Time, func() bool) {
+	t := p.c.NewTimer(d)
+	return t.C(), t.Stop
+}
