@@ -99,14 +99,16 @@ func (s *Set[K, V]) Complete(batch []Entry[K, V], err error) error {
 }
 
 // inFlightLocked returns e's node if e is the current in-flight entry of
-// its key. REQUIRES: s.mu held.
+// its key. The entry carries its node index, so this costs no map lookup;
+// the token (unique per Drain call) and the key guard against stale or
+// forged entries. REQUIRES: s.mu held.
 func (s *Set[K, V]) inFlightLocked(e *Entry[K, V]) (int32, bool) {
-	i, ok := s.mu.index[e.Key]
-	if !ok {
+	i := e.idx
+	if e.token == 0 || i < 0 || int(i) >= len(s.mu.nodes) {
 		return none, false
 	}
 	n := &s.mu.nodes[i]
-	if n.state != stateInFlight || n.token != e.token || e.token == 0 {
+	if n.state != stateInFlight || n.token != e.token || n.key != e.Key {
 		return none, false
 	}
 	return i, true
@@ -132,7 +134,7 @@ func (s *Set[K, V]) deliveredLocked(i int32) (requeued bool) {
 	s.mu.stats.Delivered++
 	n := &s.mu.nodes[i]
 	if !n.dirty {
-		s.freeLocked(i)
+		s.idleLocked(i)
 		return false
 	}
 	// val and since already describe the dirty value.
@@ -237,11 +239,12 @@ func (s *Set[K, V]) NextDue() (time.Time, bool) {
 }
 
 // Len returns the number of distinct keys the set holds in any state:
-// ready, in flight, backing off or quarantined. This is the memory bound.
+// ready, in flight, backing off or quarantined. Its high-water mark
+// (Stats.MaxLen) bounds the set's memory.
 func (s *Set[K, V]) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.mu.index)
+	return s.heldLocked()
 }
 
 // InFlight returns the number of keys drained and not yet completed.

@@ -75,19 +75,19 @@ func checkInvariants[K comparable, V any](t testing.TB, s *Set[K, V]) {
 	for i := range s.mu.nodes {
 		n := &s.mu.nodes[i]
 		count[n.state]++
-		if n.state == stateFree {
-			continue
-		}
 		j, ok := s.mu.index[n.key]
 		require.True(t, ok, "node %d (%v) has no index entry", i, n.state)
 		require.Equal(t, int32(i), j, "index points elsewhere")
 		inHeap := n.state == stateBackoff || n.state == stateQuarantined
 		require.Equal(t, inHeap, n.heapIdx != none, "node %d %v heapIdx %d", i, n.state, n.heapIdx)
 		require.True(t, !n.dirty || n.state == stateInFlight, "dirty outside in-flight")
+		if n.state == stateIdle {
+			require.Zero(t, n.attempts, "idle node keeps attempts")
+		}
 	}
 	require.Equal(t, s.mu.count, count, "state counts")
-	require.Equal(t, len(s.mu.index), len(s.mu.nodes)-count[stateFree], "index size")
-	require.LessOrEqual(t, len(s.mu.index), s.mu.maxLen)
+	require.Equal(t, len(s.mu.index), len(s.mu.nodes), "index size")
+	require.LessOrEqual(t, len(s.mu.nodes), max(s.mu.maxLen, 0), "nodes beyond the peak held")
 
 	ready, last := 0, none
 	for i := s.mu.head; i != none; i = s.mu.nodes[i].next {
@@ -99,13 +99,16 @@ func checkInvariants[K comparable, V any](t testing.TB, s *Set[K, V]) {
 	require.Equal(t, count[stateReady], ready, "FIFO length")
 	require.Equal(t, last, s.mu.tail, "FIFO tail")
 
-	free := 0
-	for i := s.mu.free; i != none; i = s.mu.nodes[i].next {
-		require.Equal(t, stateFree, s.mu.nodes[i].state)
-		free++
-		require.LessOrEqual(t, free, len(s.mu.nodes), "free list cycle")
+	idle, prev := 0, none
+	for i := s.mu.idleHead; i != none; i = s.mu.nodes[i].next {
+		require.Equal(t, stateIdle, s.mu.nodes[i].state, "non-idle node on the idle list")
+		require.Equal(t, prev, s.mu.nodes[i].prev, "idle prev link")
+		idle++
+		prev = i
+		require.LessOrEqual(t, idle, len(s.mu.nodes), "idle list cycle")
 	}
-	require.Equal(t, count[stateFree], free, "free list length")
+	require.Equal(t, count[stateIdle], idle, "idle list length")
+	require.Equal(t, prev, s.mu.idleTail, "idle tail")
 
 	require.Equal(t, count[stateBackoff]+count[stateQuarantined], len(s.mu.heap), "heap size")
 	for j, i := range s.mu.heap {

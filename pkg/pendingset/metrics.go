@@ -34,8 +34,12 @@ type Stats struct {
 	// it after QuarantineRetry.
 	Quarantines, Readmissions uint64
 
-	// Len is the number of distinct keys held; MaxLen its high-water mark.
+	// Len is the number of distinct keys held; MaxLen its high-water mark,
+	// which bounds the set's memory (map entries and nodes).
 	Len, MaxLen int
+	// Idle is the number of delivered keys whose slot is kept mapped for a
+	// cheap re-add until a new key needs it; they are not in Len.
+	Idle int
 	// Ready, InFlight, BackingOff and Quarantined split Len by state.
 	Ready, InFlight, BackingOff, Quarantined int
 }
@@ -45,7 +49,8 @@ func (s *Set[K, V]) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.mu.stats
-	st.Len, st.MaxLen = len(s.mu.index), s.mu.maxLen
+	st.Len, st.MaxLen = s.heldLocked(), s.mu.maxLen
+	st.Idle = s.mu.count[stateIdle]
 	st.Ready = s.mu.count[stateReady]
 	st.InFlight = s.mu.count[stateInFlight]
 	st.BackingOff = s.mu.count[stateBackoff]
@@ -96,7 +101,7 @@ func newMetrics[K comparable, V any](s *Set[K, V]) *metrics[K, V] {
 		quarantined:   desc("quarantined_keys", "Keys in quarantine."),
 		batchSize: hist("batch_size", "Entries per non-empty drain.",
 			prometheus.ExponentialBuckets(1, 2, 11)),
-		queueLatency: hist("queue_latency_seconds", "Time from the first undelivered add of a key to the drain that hands it out.",
+		queueLatency: hist("queue_latency_seconds", "Time from the first undelivered add of a key to the drain that hands it out (one add in 13 is sampled).",
 			prometheus.ExponentialBuckets(1e-5, 4, 12)),
 		deliveryDuration: hist("delivery_duration_seconds", "Time from a drain to the completion of its batch.",
 			prometheus.ExponentialBuckets(1e-4, 3, 12)),
@@ -150,7 +155,9 @@ func (m *metrics[K, V]) observeDrain(batch []Entry[K, V], now int64) {
 	}
 	m.batchSize.Observe(float64(len(batch)))
 	for j := range batch {
-		m.queueLatency.Observe(time.Duration(now - batch[j].since).Seconds())
+		if batch[j].since != noStamp {
+			m.queueLatency.Observe(time.Duration(now - batch[j].since).Seconds())
+		}
 	}
 }
 

@@ -6,17 +6,21 @@ import "fmt"
 // methods in this file assign node.state, and each keeps the per-state
 // counts in Set.mu.count exact.
 //
-//	absent --Add--> ready --Drain--> in-flight --Complete--> absent | ready | backoff | quarantined
+//	absent|idle --Add--> ready --Drain--> in-flight --Complete--> idle | ready | backoff | quarantined
 //	backoff --due (or Add + Bypass)--> ready
 //	quarantined --QuarantineRetry elapsed--> ready
+//	idle --slot taken by a new key--> absent
 //
 // "In flight and dirty" is stateInFlight with node.dirty set: a value was
 // added while the previous one was being delivered.
 type state uint8
 
 const (
-	// stateFree: the node is on the free list and in no index entry.
-	stateFree state = iota
+	// stateIdle: delivered, nothing pending. The key stays mapped so that
+	// adding it again costs a map hit instead of an insert and a delete;
+	// the node is on the idle list and is the first to be repurposed for a
+	// new key. Idle keys are not "held": Len does not count them.
+	stateIdle state = iota
 	// stateReady: in the ready FIFO; val holds the undelivered value.
 	stateReady
 	// stateInFlight: handed out by Drain and not yet completed; val holds a
@@ -34,8 +38,8 @@ const (
 
 func (s state) String() string {
 	switch s {
-	case stateFree:
-		return "free"
+	case stateIdle:
+		return "idle"
 	case stateReady:
 		return "ready"
 	case stateInFlight:
@@ -53,21 +57,24 @@ func (s state) String() string {
 const none int32 = -1
 
 // node is one key's slot. Nodes live in Set.mu.nodes and are addressed by
-// int32 index, so the ready FIFO, the free list and the due heap are
+// int32 index, so the ready FIFO, the idle list and the due heap are
 // intrusive and cost no allocation once the slice has grown to the peak
-// number of distinct keys. Without pointers in K and V the slice is not
-// even scanned by the GC.
+// number of distinct keys held. Without pointers in K and V the slice is
+// not even scanned by the GC.
 //
-// INVARIANT: a node is in exactly one of: the free list (stateFree), the
-// ready FIFO (stateReady), the due heap (stateBackoff, stateQuarantined),
-// or none of them (stateInFlight). Every non-free node has an index entry.
+// INVARIANT: every node's key is in the index, pointing at it, and the
+// node is in exactly one of: the idle list (stateIdle), the ready FIFO
+// (stateReady), the due heap (stateBackoff, stateQuarantined), or none of
+// them (stateInFlight). The slice only grows when no node is idle, so
+// len(nodes) == len(index) <= peak number of keys held at once.
 type node[K comparable, V any] struct {
 	key K
 	// val is the undelivered value. Valid in ready, backoff and quarantined,
 	// and in flight when dirty; zeroed otherwise so it pins no memory.
 	val V
 	// since is when the earliest add merged into val happened (clock
-	// nanoseconds since Set.base), for the first-add-to-drain latency.
+	// nanoseconds since Set.base), for the first-add-to-drain latency;
+	// noStamp when that add was not sampled.
 	since int64
 	// due is when a backing-off or quarantined key becomes ready again.
 	due int64
@@ -79,8 +86,8 @@ type node[K comparable, V any] struct {
 	// transient counts unbudgeted per-key retries since the last success;
 	// it only sizes their backoff.
 	transient int32
-	// next links the ready FIFO or the free list.
-	next int32
+	// next links the ready FIFO or the idle list; prev the idle list.
+	next, prev int32
 	// heapIdx is the node's position in the due heap, or none.
 	heapIdx int32
 	state   state
@@ -98,35 +105,51 @@ func (s *Set[K, V]) setStateLocked(i int32, to state) {
 	n.state = to
 }
 
-// insertLocked takes a free node (or grows the slice) for a new key and
-// makes it ready at the FIFO's tail. absent -> ready.
-func (s *Set[K, V]) insertLocked(k K, v V, now int64) {
-	i := s.mu.free
+// heldLocked is the number of keys held (not idle).
+func (s *Set[K, V]) heldLocked() int { return len(s.mu.nodes) - s.mu.count[stateIdle] }
+
+// insertLocked gives a key that is not mapped a node, repurposing the
+// longest-idle one if any (its key is forgotten) and growing the slice
+// otherwise, and makes it ready at the FIFO's tail. absent -> ready.
+func (s *Set[K, V]) insertLocked(k K, v V, since int64) {
+	i := s.mu.idleHead
 	if i != none {
-		s.mu.free = s.mu.nodes[i].next
+		s.unidleLocked(i)
+		delete(s.mu.index, s.mu.nodes[i].key)
 	} else {
 		i = int32(len(s.mu.nodes))
-		s.mu.nodes = append(s.mu.nodes, node[K, V]{})
-		s.mu.count[stateFree]++
+		s.mu.nodes = append(s.mu.nodes, node[K, V]{state: stateIdle})
+		s.mu.count[stateIdle]++
 	}
-	n := &s.mu.nodes[i]
-	*n = node[K, V]{key: k, val: v, since: now, heapIdx: none, next: none, state: stateFree}
+	s.mu.nodes[i] = node[K, V]{key: k, val: v, since: since, heapIdx: none, next: none, prev: none, state: stateIdle}
 	s.mu.index[k] = i
-	if l := len(s.mu.index); l > s.mu.maxLen {
-		s.mu.maxLen = l
-	}
+	s.readyLocked(i, false)
+}
+
+// reviveLocked makes idle node i ready again with value v. idle -> ready.
+func (s *Set[K, V]) reviveLocked(i int32, v V, since int64) {
+	s.unidleLocked(i)
+	n := &s.mu.nodes[i]
+	n.val, n.since = v, since
 	s.readyLocked(i, false)
 }
 
 // readyLocked appends node i to the ready FIFO (or prepends it, for keys
 // returned by a whole-batch failure, which were pending before anything
-// now queued). free|in-flight|backoff|quarantined -> ready.
+// now queued). idle|in-flight|backoff|quarantined -> ready. An idle node
+// must already be off the idle list.
 func (s *Set[K, V]) readyLocked(i int32, front bool) {
 	n := &s.mu.nodes[i]
 	if n.heapIdx != none {
 		s.heapRemoveLocked(i)
 	}
+	wasIdle := n.state == stateIdle
 	s.setStateLocked(i, stateReady)
+	if wasIdle {
+		if h := s.heldLocked(); h > s.mu.maxLen {
+			s.mu.maxLen = h
+		}
+	}
 	n.next = none
 	switch {
 	case s.mu.head == none:
@@ -140,6 +163,39 @@ func (s *Set[K, V]) readyLocked(i int32, front bool) {
 	}
 }
 
+// idleLocked retires a delivered node to the idle list's tail, keeping
+// its key mapped. in-flight -> idle.
+func (s *Set[K, V]) idleLocked(i int32) {
+	s.setStateLocked(i, stateIdle)
+	n := &s.mu.nodes[i]
+	var zero V
+	n.val, n.since, n.attempts, n.transient, n.dirty = zero, 0, 0, 0, false
+	n.next, n.prev = none, s.mu.idleTail
+	if s.mu.idleTail == none {
+		s.mu.idleHead = i
+	} else {
+		s.mu.nodes[s.mu.idleTail].next = i
+	}
+	s.mu.idleTail = i
+}
+
+// unidleLocked unlinks idle node i from the idle list; its state stays
+// stateIdle until the caller's next transition.
+func (s *Set[K, V]) unidleLocked(i int32) {
+	n := &s.mu.nodes[i]
+	if n.prev == none {
+		s.mu.idleHead = n.next
+	} else {
+		s.mu.nodes[n.prev].next = n.next
+	}
+	if n.next == none {
+		s.mu.idleTail = n.prev
+	} else {
+		s.mu.nodes[n.next].prev = n.prev
+	}
+	n.next, n.prev = none, none
+}
+
 // popReadyLocked removes the FIFO's head, marks it in flight under the
 // given drain token and returns its entry. ready -> in-flight.
 // REQUIRES: the FIFO is not empty.
@@ -150,7 +206,7 @@ func (s *Set[K, V]) popReadyLocked(token uint64, now int64) Entry[K, V] {
 	if s.mu.head == none {
 		s.mu.tail = none
 	}
-	e := Entry[K, V]{Key: n.key, Value: n.val, Attempts: int(n.attempts), token: token, since: n.since, drained: now}
+	e := Entry[K, V]{Key: n.key, Value: n.val, Attempts: int(n.attempts), idx: i, token: token, since: n.since, drained: now}
 	var zero V
 	n.val, n.next, n.token, n.dirty = zero, none, token, false
 	s.setStateLocked(i, stateInFlight)
@@ -163,16 +219,6 @@ func (s *Set[K, V]) waitLocked(i int32, to state, due int64) {
 	s.setStateLocked(i, to)
 	s.mu.nodes[i].due = due
 	s.heapPushLocked(i)
-}
-
-// freeLocked forgets node i's key and puts the node on the free list.
-// in-flight -> absent.
-func (s *Set[K, V]) freeLocked(i int32) {
-	n := &s.mu.nodes[i]
-	delete(s.mu.index, n.key)
-	s.setStateLocked(i, stateFree)
-	*n = node[K, V]{next: s.mu.free, heapIdx: none, state: stateFree}
-	s.mu.free = i
 }
 
 // --- the due heap: a binary min-heap of node indexes ordered by (due, index). ---

@@ -179,7 +179,53 @@ func TestMemoryBoundedByDistinctKeys(t *testing.T) {
 	st := s.Stats()
 	require.LessOrEqual(t, st.MaxLen, keys)
 	require.LessOrEqual(t, len(s.mu.nodes), keys, "node slice never outgrew the key count")
+	require.LessOrEqual(t, len(s.mu.index), keys, "map never outgrew the key count")
 	require.Equal(t, uint64(adds), st.Adds)
 	require.Positive(t, st.KeyFailures)
+	checkInvariants(t, s)
+}
+
+// A delivered key's slot stays mapped (idle) so that adding it again is a
+// map hit with no allocation; a new key repurposes the longest-idle slot,
+// so the footprint stays at the peak number of keys held at once.
+func TestIdleSlotsAreReusedOldestFirst(t *testing.T) {
+	s, _ := newTestSet(t, nil)
+	for k := range 4 {
+		s.Add(k, 1)
+	}
+	require.NoError(t, s.Complete(s.Drain(0, nil), nil))
+	st := s.Stats()
+	require.Equal(t, 0, st.Len)
+	require.Equal(t, 4, st.Idle)
+	require.Equal(t, 4, st.MaxLen)
+
+	var v uint64 = 1
+	buf := make([]Entry[int, uint64], 0, 1)
+	allocs := testing.AllocsPerRun(100, func() {
+		v++
+		s.Add(2, v) // revive
+		buf = s.Drain(0, buf[:0])
+		_ = s.Complete(buf, nil)
+	})
+	require.Zero(t, allocs, "a full add-drain-complete cycle of a known key")
+	require.Equal(t, 4, s.Stats().Idle)
+
+	// Idle order is now 0, 1, 3, 2. Three new keys take 0, 1 and 3's slots.
+	for k := 10; k < 13; k++ {
+		s.Add(k, 1)
+	}
+	require.Len(t, s.mu.nodes, 4, "no growth while idle slots exist")
+	_, has0 := s.mu.index[0]
+	_, has2 := s.mu.index[2]
+	require.False(t, has0, "oldest idle key forgotten")
+	require.True(t, has2, "most recently delivered key still mapped")
+	s.Add(0, 5) // forgotten keys come back as new keys: 2's slot, then growth
+	s.Add(1, 5)
+	require.Len(t, s.mu.nodes, 5)
+	require.Equal(t, 5, s.Len())
+	b := s.Drain(0, nil)
+	require.Equal(t, []int{10, 11, 12, 0, 1}, keysOf(b))
+	require.Equal(t, uint64(5), valuesOf(b)[0])
+	require.NoError(t, s.Complete(b, nil))
 	checkInvariants(t, s)
 }
