@@ -1,0 +1,215 @@
+package upstream
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventstore"
+)
+
+// waitTimeout only turns a hang into a failure; no test waits on time for
+// synchronisation.
+const waitTimeout = 20 * time.Second
+
+// t0 is a tick-aligned wall-clock instant the tests start from.
+var t0 = time.UnixMilli(1_700_000_000_000)
+
+// fakeClockForTest is a Clock that moves only when told to. Advance and Set
+// deliver one tick to every ticker (dropped if one is still pending, like
+// time.Ticker).
+type fakeClockForTest struct {
+	mu struct {
+		sync.Mutex
+		now     time.Time
+		tickers []*fakeTickerForTest
+	}
+}
+
+type fakeTickerForTest struct {
+	ch      chan time.Time
+	stopped atomic.Bool
+}
+
+func (t *fakeTickerForTest) C() <-chan time.Time { return t.ch }
+func (t *fakeTickerForTest) Stop()               { t.stopped.Store(true) }
+
+func newFakeClockForTest(now time.Time) *fakeClockForTest {
+	c := &fakeClockForTest{}
+	c.mu.now = now
+	return c
+}
+
+func (c *fakeClockForTest) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.now
+}
+
+func (c *fakeClockForTest) NewTicker(time.Duration) Ticker {
+	t := &fakeTickerForTest{ch: make(chan time.Time, 1)}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.mu.tickers = append(c.mu.tickers, t)
+	return t
+}
+
+func (c *fakeClockForTest) Advance(d time.Duration) { c.Set(c.Now().Add(d)) }
+
+func (c *fakeClockForTest) Set(now time.Time) {
+	c.mu.Lock()
+	c.mu.now = now
+	tickers := slices.Clone(c.mu.tickers)
+	c.mu.Unlock()
+	for _, t := range tickers {
+		if t.stopped.Load() {
+			continue
+		}
+		select {
+		case t.ch <- now:
+		default:
+		}
+	}
+}
+
+// recordingSinkForTest is an eventstore.Sink test double that records every
+// accepted batch. pushHook, if set (before use), runs first; when it returns
+// an error the batch is not recorded.
+type recordingSinkForTest struct {
+	pushHook func(ctx context.Context, b eventstore.Batch) error
+	calls    atomic.Int64
+
+	mu struct {
+		sync.Mutex
+		batches []eventstore.Batch
+		changed chan struct{}
+	}
+}
+
+func newRecordingSinkForTest() *recordingSinkForTest {
+	s := &recordingSinkForTest{}
+	s.mu.changed = make(chan struct{})
+	return s
+}
+
+func (s *recordingSinkForTest) Push(ctx context.Context, b eventstore.Batch) error {
+	s.calls.Add(1)
+	if s.pushHook != nil {
+		if err := s.pushHook(ctx, b); err != nil {
+			return err
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mu.batches = append(s.mu.batches, b)
+	close(s.mu.changed)
+	s.mu.changed = make(chan struct{})
+	return nil
+}
+
+func (s *recordingSinkForTest) batches() []eventstore.Batch {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.mu.batches)
+}
+
+func (s *recordingSinkForTest) rows() []common.Row {
+	var out []common.Row
+	for _, b := range s.batches() {
+		out = append(out, b.Rows...)
+	}
+	return out
+}
+
+// resolved returns the last non-zero resolved-ts received.
+func (s *recordingSinkForTest) resolved() common.Ts {
+	var r common.Ts
+	for _, b := range s.batches() {
+		if b.ResolvedTs != 0 {
+			r = b.ResolvedTs
+		}
+	}
+	return r
+}
+
+// waitResolved blocks until the sink has received resolved-ts >= ts.
+func (s *recordingSinkForTest) waitResolved(t *testing.T, ts common.Ts) {
+	t.Helper()
+	timeout := time.After(waitTimeout)
+	for {
+		s.mu.Lock()
+		changed := s.mu.changed
+		s.mu.Unlock()
+		if s.resolved() >= ts {
+			return
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			t.Fatalf("timed out waiting for resolved-ts %v; have %v", ts, s.resolved())
+		}
+	}
+}
+
+// passWatcherForTest observes the generator's driver passes without ever
+// blocking it.
+type passWatcherForTest struct {
+	mu struct {
+		sync.Mutex
+		last    passInfo
+		passes  int
+		changed chan struct{}
+	}
+}
+
+func watchPasses(g *Generator) *passWatcherForTest {
+	w := &passWatcherForTest{}
+	w.mu.changed = make(chan struct{})
+	g.passHookForTesting = w.hook
+	return w
+}
+
+func (w *passWatcherForTest) hook(info passInfo) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.mu.last = info
+	w.mu.passes++
+	close(w.mu.changed)
+	w.mu.changed = make(chan struct{})
+}
+
+func (w *passWatcherForTest) passes() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.mu.passes
+}
+
+// waitIdle blocks until a pass after the first `after` passes reached
+// frontier f with no work left.
+func (w *passWatcherForTest) waitIdle(t *testing.T, after int, f common.Ts) {
+	t.Helper()
+	timeout := time.After(waitTimeout)
+	for {
+		w.mu.Lock()
+		last, passes, changed := w.mu.last, w.mu.passes, w.mu.changed
+		w.mu.Unlock()
+		if passes > after && last.frontier == f && !last.more {
+			return
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			t.Fatalf("timed out waiting for an idle pass at %v; last %+v after %d passes", f, last, passes)
+		}
+	}
+}
+
+// frontierAt is the generator frontier for wall time now with tick d.
+func frontierAt(now time.Time, d time.Duration) common.Ts {
+	ms := d.Milliseconds()
+	return common.ComposeTs(now.UnixMilli()/ms*ms, 0) - 1
+}
