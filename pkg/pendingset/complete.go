@@ -90,25 +90,23 @@ func (s *Set[K, V]) Complete(batch []Entry[K, V], err error) error {
 	if invalid > 0 {
 		errs = append(errs, fmt.Errorf("%w: %d of %d entries kept as RetryKey", ErrInvalidResult, invalid, len(batch)))
 	}
-	if len(errs) > 0 {
-		err := errors.Join(errs...)
-		s.log.Error("Complete misuse", zap.Error(err))
-		return err
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // inFlightLocked returns e's node if e is the current in-flight entry of
-// its key. The entry carries its node index, so this costs no map lookup;
-// the token (unique per Drain call) and the key guard against stale or
-// forged entries. REQUIRES: s.mu held.
+// its key. The entry carries its node index, so this costs no map lookup.
+// The token is unique per Drain call (and starts at a random value per set,
+// so entries of another set do not match), which rejects stale, repeated
+// and forged entries; the unexported fields cannot be changed by a
+// deliverer, so one that edits Key cannot misdirect a completion.
+// REQUIRES: s.mu held.
 func (s *Set[K, V]) inFlightLocked(e *Entry[K, V]) (int32, bool) {
 	i := e.idx
 	if e.token == 0 || i < 0 || int(i) >= len(s.mu.nodes) {
 		return none, false
 	}
 	n := &s.mu.nodes[i]
-	if n.state != stateInFlight || n.token != e.token || n.key != e.Key {
+	if n.state != stateInFlight || n.token != e.token {
 		return none, false
 	}
 	return i, true

@@ -323,4 +323,25 @@ func TestCompleteMisuse(t *testing.T) {
 	require.NoError(t, s.Complete(nil, nil))
 	require.Equal(t, "result(42)", Result(42).String())
 	checkInvariants(t, s)
+
+	// A deliverer that edits Key cannot misdirect the completion.
+	s.Add(3, 1)
+	b = s.Drain(0, nil)
+	require.Equal(t, []int{3}, keysOf(b), "key 1 is backing off")
+	b[0].Key = 4
+	delivered := s.Stats().Delivered
+	require.NoError(t, s.Complete(b, nil))
+	require.Equal(t, delivered+1, s.Stats().Delivered)
+	require.Equal(t, 1, s.Len(), "only key 1 left")
+
+	// Entries of another set are not in flight here.
+	other, _ := newTestSet(t, nil)
+	other.Add(3, 1)
+	ob := other.Drain(0, nil)
+	s.Add(3, 1)
+	mine := s.Drain(0, nil)
+	require.ErrorIs(t, s.Complete(ob, nil), ErrNotInFlight)
+	require.NoError(t, s.Complete(mine, nil))
+	require.NoError(t, other.Complete(ob, nil))
+	checkInvariants(t, s)
 }

@@ -66,7 +66,7 @@ type metrics[K comparable, V any] struct {
 	set *Set[K, V]
 
 	adds, coalesced, drains, emptyDrains, delivered, batchFailures *prometheus.Desc
-	retries, quarantines, readmissions                             *prometheus.Desc
+	retries, quarantines, readmissions, bypasses                   *prometheus.Desc
 	pending, inFlight, backingOff, quarantined                     *prometheus.Desc
 
 	batchSize        prometheus.Histogram
@@ -95,6 +95,7 @@ func newMetrics[K comparable, V any](s *Set[K, V]) *metrics[K, V] {
 		retries:       desc("retries_total", "Keys put back for retry, by class: batch (whole-batch failure, no budget), key (per-key failure, budget spent), key_transient (per-key, no budget).", "class"),
 		quarantines:   desc("quarantines_total", "Times a key entered quarantine after exhausting its attempts."),
 		readmissions:  desc("readmissions_total", "Times a quarantined key was re-admitted for another attempt."),
+		bypasses:      desc("backoff_bypasses_total", "Per-key backoffs cut short because Options.Bypass accepted a fresh value."),
 		pending:       desc("pending_keys", "Distinct keys held in any state (ready, in flight, backing off, quarantined)."),
 		inFlight:      desc("in_flight_keys", "Keys drained and not yet completed."),
 		backingOff:    desc("backoff_keys", "Keys waiting out a per-key backoff."),
@@ -111,7 +112,7 @@ func newMetrics[K comparable, V any](s *Set[K, V]) *metrics[K, V] {
 // Describe implements prometheus.Collector.
 func (m *metrics[K, V]) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.adds, m.coalesced, m.drains, m.emptyDrains, m.delivered,
-		m.batchFailures, m.retries, m.quarantines, m.readmissions, m.pending, m.inFlight, m.backingOff, m.quarantined} {
+		m.batchFailures, m.retries, m.quarantines, m.readmissions, m.bypasses, m.pending, m.inFlight, m.backingOff, m.quarantined} {
 		ch <- d
 	}
 	m.batchSize.Describe(ch)
@@ -139,6 +140,7 @@ func (m *metrics[K, V]) Collect(ch chan<- prometheus.Metric) {
 	counter(m.retries, st.KeyRetries, "key_transient")
 	counter(m.quarantines, st.Quarantines)
 	counter(m.readmissions, st.Readmissions)
+	counter(m.bypasses, st.Bypasses)
 	gauge(m.pending, st.Len)
 	gauge(m.inFlight, st.InFlight)
 	gauge(m.backingOff, st.BackingOff)

@@ -165,7 +165,9 @@ func (p *Pump[K, V]) run(ctx context.Context) {
 		if len(batch) > 0 {
 			err := p.deliver(ctx, batch)
 			if cerr := p.set.Complete(batch, err); cerr != nil {
-				p.log.Error("deliver function corrupted its batch", zap.Error(cerr))
+				// Only a deliverer that set an unknown Result or overwrote
+				// whole entries gets here.
+				p.log.Error("completing a batch", zap.Error(cerr))
 			}
 			clear(batch) // drop references to keys and values
 			if err == nil {

@@ -3,6 +3,7 @@ package pendingset
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -74,7 +75,8 @@ const noStamp int64 = math.MinInt64
 // using Doorbell, Drain and Complete, moves the data.
 //
 // INVARIANTS (checked by the tests' checkInvariants):
-//   - len(mu.index) == number of non-free nodes <= peak distinct keys held.
+//   - len(mu.index) == len(mu.nodes) <= mu.maxLen, the peak number of keys
+//     held at once: idle slots are repurposed before the slice grows.
 //   - mu.count[st] is the number of nodes in state st.
 //   - the ready FIFO holds exactly the ready nodes; the due heap exactly the
 //     backing-off and quarantined ones; in-flight nodes are in neither.
@@ -122,6 +124,7 @@ func New[K comparable, V any](o Options[K, V]) (*Set[K, V], error) {
 		doorbell: make(chan struct{}, 1),
 	}
 	s.mu.index = make(map[K]int32)
+	s.mu.token = rand.Uint64() >> 1 // random start, far from wrapping to 0
 	s.mu.head, s.mu.tail, s.mu.idleHead, s.mu.idleTail = none, none, none, none
 	if o.Registerer != nil {
 		m := newMetrics(s)
@@ -235,15 +238,16 @@ func (s *Set[K, V]) mergeLocked(i int32, v V) (becameReady bool) {
 	return false
 }
 
-// Drain moves up to max ready keys (max <= 0 means Options.MaxBatch) to in
-// flight and appends them to dst, oldest-pending first. Keys whose backoff
+// Drain moves up to limit ready keys (limit <= 0 means Options.MaxBatch)
+// to in flight and appends them to dst, oldest-pending first. Keys whose backoff
 // or quarantine has expired are first appended to the ready FIFO. Every
 // returned entry must later be passed to Complete; until then its key is
 // never handed out again (an Add marks it dirty instead). Drain returns
-// fewer than max entries only when nothing else is ready.
-func (s *Set[K, V]) Drain(max int, dst []Entry[K, V]) []Entry[K, V] {
-	if max <= 0 {
-		max = s.opts.MaxBatch
+// fewer than limit entries only when nothing else is ready. A deliverer
+// reads Key, Value and Attempts and sets Result; nothing else.
+func (s *Set[K, V]) Drain(limit int, dst []Entry[K, V]) []Entry[K, V] {
+	if limit <= 0 {
+		limit = s.opts.MaxBatch
 	}
 	start := len(dst)
 	s.mu.Lock()
@@ -251,7 +255,7 @@ func (s *Set[K, V]) Drain(max int, dst []Entry[K, V]) []Entry[K, V] {
 	s.promoteDueLocked(now)
 	s.mu.token++
 	tok := s.mu.token
-	for len(dst)-start < max && s.mu.head != none {
+	for len(dst)-start < limit && s.mu.head != none {
 		dst = append(dst, s.popReadyLocked(tok, now))
 	}
 	s.mu.stats.Drains++
