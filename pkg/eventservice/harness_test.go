@@ -34,12 +34,15 @@ type harness struct {
 	tr     *switchableTransportForTest
 	svc    *Service
 	check  *streamCheckerForTest
+	gates  []*gateForTest
 	closed bool
 }
 
-func newHarness(t *testing.T, tweak func(*Options), hk hooks) *harness {
+// newHarness starts a harness. gates are opened before the service is
+// closed, so a failing test cannot leave a worker held forever.
+func newHarness(t *testing.T, tweak func(*Options), hk hooks, gates ...*gateForTest) *harness {
 	t.Helper()
-	h := &harness{t: t, up: upstream.NewManual()}
+	h := &harness{t: t, up: upstream.NewManual(), gates: gates}
 	var err error
 	h.store, err = eventstore.Open(eventstore.Options{Upstream: h.up})
 	require.NoError(t, err)
@@ -69,6 +72,9 @@ func (h *harness) close() {
 		return
 	}
 	h.closed = true
+	for _, g := range h.gates {
+		g.open()
+	}
 	require.NoError(h.t, h.svc.Close())
 	require.NoError(h.t, h.store.Close())
 	h.inproc.Close()
@@ -106,14 +112,18 @@ func row(key string, startTs, commitTs common.Ts) common.Row {
 // refusal since the last drain of refused).
 type switchableTransportForTest struct {
 	inner   messaging.Transport
-	refuse  atomic.Bool
+	refuse  atomic.Bool // refuse every target
+	only    atomic.Pointer[messaging.Target]
 	refused chan struct{}
 	sends   atomic.Int64
 }
 
+// refuseOnly makes the transport refuse target to alone.
+func (s *switchableTransportForTest) refuseOnly(to messaging.Target) { s.only.Store(&to) }
+
 func (s *switchableTransportForTest) Send(to messaging.Target, msgs []messaging.Message) error {
 	s.sends.Add(1)
-	if s.refuse.Load() {
+	if only := s.only.Load(); s.refuse.Load() || (only != nil && *only == to) {
 		select {
 		case s.refused <- struct{}{}:
 		default:
@@ -297,4 +307,18 @@ func keys(rows []common.Row) []string {
 		out[i] = string(r.Key)
 	}
 	return out
+}
+
+func (h *harness) dispatcher(id common.DispatcherID) *dispatcher {
+	h.svc.mu.RLock()
+	defer h.svc.mu.RUnlock()
+	return h.svc.mu.dispatchers[id]
+}
+
+func (h *harness) targetFor(t *testing.T) *target {
+	h.svc.mu.Lock()
+	defer h.svc.mu.Unlock()
+	tg, err := h.svc.targetLocked(testTarget)
+	require.NoError(t, err)
+	return tg
 }

@@ -54,6 +54,9 @@ func (svc *Service) prepare(s *session) bool {
 	}
 	out := svc.decide(s)
 	svc.metrics.prepareOutcomes[out].Inc()
+	if h := svc.hooks.prepared; h != nil {
+		defer h(s, out)
+	}
 	switch out {
 	case outcomeScan:
 		act, _ := s.sched.fire(evPrepareScan)
@@ -95,6 +98,9 @@ func (svc *Service) prepare(s *session) bool {
 // the handshake, and the no-scan fast path. REQUIRES: s owned.
 func (svc *Service) decide(s *session) prepareOutcome {
 	d, p := s.d, &s.progress
+	if st, _ := s.sched.load(); st == stateRemoved {
+		return outcomeNothing // reset or removed while queued: send nothing
+	}
 	if p.seq == 0 {
 		hs := &messaging.Handshake{Header: messaging.Header{Dispatcher: d.id, Epoch: s.epoch, Seq: 1}, StartTs: s.startTs}
 		if svc.send(d.target.name, []messaging.Message{hs}) != nil {

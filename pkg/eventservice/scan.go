@@ -46,6 +46,9 @@ func (svc *Service) runScan(sc *scanner, s *session) {
 	start := time.Now()
 	out, blockedAt := sc.scan(s)
 	svc.metrics.scanDuration.Observe(time.Since(start).Seconds())
+	if h := svc.hooks.scanned; h != nil {
+		defer h(s, out)
+	}
 	switch out {
 	case scanFailed:
 		svc.backOff(s)

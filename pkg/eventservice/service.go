@@ -59,6 +59,10 @@ type hooks struct {
 	beforePrepare func(s *session)
 	// beforeScan runs when a scan worker owns s, before reading the store.
 	beforeScan func(s *session)
+	// prepared runs after a preparation's transition, with its outcome.
+	prepared func(s *session, out prepareOutcome)
+	// scanned runs after a scan's transition, with its outcome.
+	scanned func(s *session, out scanOutcome)
 	// scanChannelFull runs when a preparation worker finds the scan
 	// channel full and is about to wait for room.
 	scanChannelFull func(s *session)
