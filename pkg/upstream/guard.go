@@ -38,11 +38,13 @@ func newSinkGuard(parent context.Context, sink eventstore.Sink) *sinkGuard {
 
 // push calls the sink with a context that is cancelled when either ctx (may
 // be nil) or the guard's own context is. It returns errSubscriptionClosed,
-// without calling the sink, once close has run.
+// without calling the sink, once close has started.
 func (g *sinkGuard) push(ctx context.Context, b eventstore.Batch) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.mu.closed {
+	// A cancelled guard context means close has begun: start no new sink
+	// call, even if close has not taken mu yet.
+	if g.mu.closed || g.ctx.Err() != nil {
 		return errSubscriptionClosed
 	}
 	pctx := g.ctx
@@ -65,11 +67,4 @@ func (g *sinkGuard) close() bool {
 	first := !g.mu.closed
 	g.mu.closed = true
 	return first
-}
-
-// isClosed reports whether close has run.
-func (g *sinkGuard) isClosed() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.mu.closed
 }
