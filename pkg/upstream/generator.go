@@ -239,8 +239,8 @@ type SubscriptionStats struct {
 	// ResolvedTs is the last resolved-ts the sink accepted (StartTs until
 	// the first).
 	ResolvedTs common.Ts
-	// Lag is how far ResolvedTs trails the generator's frontier, in
-	// physical time.
+	// Lag is how far ResolvedTs (or the workload's StartTs, if later)
+	// trails the generator's frontier, in physical time.
 	Lag        time.Duration
 	RowsPushed uint64
 	Batches    uint64
@@ -265,7 +265,10 @@ func (g *Generator) Stats() Stats {
 	}
 	for _, s := range subs {
 		resolved := common.Ts(s.resolved.Load())
-		lag := time.Duration(frontier.PhysicalMs()-resolved.PhysicalMs()) * time.Millisecond
+		// Nothing exists at or below the workload's StartTs, so a
+		// subscription from an older start-ts is no further behind than that.
+		effective := max(resolved, g.w.startTs)
+		lag := time.Duration(frontier.PhysicalMs()-effective.PhysicalMs()) * time.Millisecond
 		st.Subscriptions = append(st.Subscriptions, SubscriptionStats{
 			ID:         s.id,
 			Span:       cloneSpan(s.span),

@@ -346,14 +346,20 @@ func TestGeneratorStatsLag(t *testing.T) {
 	startTs := tsAt(100, 0)
 	_, err := g.Subscribe(common.TableSpan(1), startTs, stuck)
 	require.NoError(t, err)
+	_, err = g.Subscribe(common.TableSpan(2), 0, stuck) // older than the workload
+	require.NoError(t, err)
 	require.NoError(t, g.Start())
 	f := frontierAt(clock.Now(), testTick)
 	w.waitIdle(t, 0, f)
-	s := g.Stats().Subscriptions[0]
+	st := g.Stats()
+	s := st.Subscriptions[0]
 	require.Equal(t, startTs, s.ResolvedTs)
 	require.Equal(t, time.Duration(f.PhysicalMs()-startTs.PhysicalMs())*time.Millisecond, s.Lag)
 	require.Positive(t, s.PushErrors)
 	require.Zero(t, s.RowsPushed)
+	s = st.Subscriptions[1]
+	require.Zero(t, s.ResolvedTs)
+	require.Equal(t, time.Duration(f.PhysicalMs()-t0.UnixMilli())*time.Millisecond, s.Lag, "lag counts from the workload's StartTs")
 }
 
 func TestGeneratorLifecycleErrors(t *testing.T) {

@@ -207,15 +207,11 @@ func (m *Manual) WaitLive(ctx context.Context, span common.Span, n int) error {
 	}
 }
 
+// cloneSpan deep-copies s (empty keys become nil), so a caller reusing its
+// key buffers cannot change a recorded subscription.
 func cloneSpan(s common.Span) common.Span {
 	s.StartKey = append([]byte(nil), s.StartKey...)
 	s.EndKey = append([]byte(nil), s.EndKey...)
-	if len(s.StartKey) == 0 {
-		s.StartKey = nil
-	}
-	if len(s.EndKey) == 0 {
-		s.EndKey = nil
-	}
 	return s
 }
 
