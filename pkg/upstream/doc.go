@@ -27,7 +27,9 @@
 // rows with distinct keys; transaction j (from 0) has start-ts base+1+j, and
 // transactions are grouped, in order, into groups of 1..TxnsPerCommitTs that
 // share a commit-ts: group i commits at base+n+1+i, where base is the tick's
-// first timestamp. So start-ts < commit-ts, commit-ts increases within the
+// first timestamp, ComposeTs(k*Tick in ms, 0); base+x is ComposeTs of the
+// same millisecond with logical counter x while x < 2^18, carrying into the
+// tick's next milliseconds beyond that. So start-ts < commit-ts, commit-ts increases within the
 // tick, and every timestamp of the tick stays inside it. Keys are 8-byte
 // big-endian numbers in [0, KeysPerTable), so later transactions update and
 // delete earlier keys; no two rows of one commit-ts share a key. About 10% of

@@ -26,6 +26,11 @@ import (
 //     pushes a subscription's rows in order, each exactly once: its cursor
 //     moves only after the sink accepted a batch.
 //
+// The driver serves subscriptions one after the other, each pass giving
+// each at most one chunk. A sink that blocks (back-pressure) therefore holds
+// up all of them until it returns or Close cancels it; the store's write
+// queue is shared, so that back-pressure is global anyway.
+//
 // Lock order: Generator.mu is never held while a sink is called. A
 // subscription's sinkGuard.mu is held across its sink call and may be taken
 // before Generator.mu (in Close), never after it.
