@@ -1,0 +1,369 @@
+package eventservice
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventstore"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+	"github.com/cdcflow/eventservice/pkg/schemastore"
+)
+
+// TestResetDiscardsOldEpoch resets a dispatcher while its old epoch is
+// queued, preparing and scanning: nothing of the old epoch is sent after the
+// reset, and the new epoch starts with a handshake at its start-ts and
+// delivers exactly the rows above it.
+func TestResetDiscardsOldEpoch(t *testing.T) {
+	for _, stage := range []string{"queued", "preparing", "scanning"} {
+		t.Run(stage, func(t *testing.T) {
+			var prepGate, scanGate *gateForTest
+			hk := hooks{}
+			switch stage {
+			case "queued":
+				prepGate = newGate(isDispatcher(99)) // a blocker ahead in the queue
+				hk.beforePrepare = prepGate.hook
+			case "preparing":
+				prepGate = newGate(isDispatcher(1))
+				hk.beforePrepare = prepGate.hook
+			case "scanning":
+				scanGate = newGate(isDispatcher(1))
+				hk.beforeScan = scanGate.hook
+			}
+			gates := []*gateForTest{}
+			for _, g := range []*gateForTest{prepGate, scanGate} {
+				if g != nil {
+					gates = append(gates, g)
+				}
+			}
+			h := newHarness(t, func(o *Options) { o.PrepareWorkers = 1 }, hk, gates...)
+			h.advanceSchema(1 << 40)
+			obs := storeObserver(t, h, 1)
+			h.push(1, 40, row("a", 15, 20), row("b", 25, 30))
+			waitTs(obs, 40)
+			if stage == "queued" {
+				h.register(99, 10)
+				<-prepGate.held
+			}
+			id := h.register(1, 10)
+			switch stage {
+			case "preparing":
+				<-prepGate.held
+			case "scanning":
+				<-scanGate.held
+			case "queued":
+				s := h.dispatcher(id).session.Load()
+				st, _ := s.sched.load()
+				require.Equal(t, statePrepareQueued, st)
+			}
+			old := h.dispatcher(id).session.Load()
+			require.NoError(t, h.svc.Reset(id, 2, 25))
+			st, _ := old.sched.load()
+			require.Equal(t, stateRemoved, st)
+			require.False(t, old.queued, "a reset session leaves its queue at once")
+			for _, g := range gates {
+				g.open()
+			}
+			es := h.check.waitResolved(id, 40)
+			require.Equal(t, uint64(2), es.epoch)
+			require.Equal(t, common.Ts(25), es.startTs)
+			require.Equal(t, []string{"b"}, keys(es.rows))
+			h.check.mu.Lock()
+			hist := h.check.history[id]
+			h.check.mu.Unlock()
+			for _, e := range hist {
+				if e.epoch == 1 {
+					require.Empty(t, e.rows, "the old epoch's scan was discarded")
+				}
+			}
+			if stage != "scanning" {
+				require.Len(t, hist, 1, "the old epoch never got as far as a handshake")
+			}
+		})
+	}
+}
+
+// TestConcurrentResetsHighestEpochWins: of concurrent resets, the highest
+// epoch is the one that stays; lower ones get ErrStaleEpoch or are
+// superseded.
+func TestConcurrentResetsHighestEpochWins(t *testing.T) {
+	h := newHarness(t, nil, hooks{})
+	id := h.register(1, 10)
+	var wg sync.WaitGroup
+	for e := uint64(2); e <= 21; e++ {
+		wg.Go(func() {
+			err := h.svc.Reset(id, e, common.Ts(10+e))
+			if err != nil {
+				require.ErrorIs(t, err, ErrStaleEpoch)
+			}
+		})
+	}
+	wg.Wait()
+	s := h.dispatcher(id).session.Load()
+	require.Equal(t, uint64(21), s.epoch)
+	require.Equal(t, common.Ts(31), s.startTs)
+	require.ErrorIs(t, h.svc.Reset(id, 21, 50), ErrStaleEpoch)
+	es := h.check.waitResolved(id, 31)
+	require.Equal(t, uint64(21), es.epoch)
+}
+
+// TestRemoveRacingNotifyAndScan: a dispatcher removed while its scan runs
+// sends nothing afterwards; its notifier is inert; the ID can be reused.
+func TestRemoveRacingNotifyAndScan(t *testing.T) {
+	scanGate := newGate(isDispatcher(1))
+	h := newHarness(t, nil, hooks{beforeScan: scanGate.hook}, scanGate)
+	h.advanceSchema(1 << 40)
+	id := h.register(1, 10)
+	h.check.waitResolved(id, 10)
+	d := h.dispatcher(id)
+	h.push(1, 40, row("a", 15, 20))
+	<-scanGate.held
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for range 10_000 {
+			d.onNotify(40, 20) // the store's callback racing the removal
+		}
+	})
+	require.NoError(t, h.svc.Remove(id))
+	wg.Wait()
+	scanGate.open()
+	require.ErrorIs(t, h.svc.Remove(id), ErrUnknownDispatcher)
+	// Re-register the same ID: a fresh dispatcher, epoch 1 again.
+	require.NoError(t, h.svc.Register(DispatcherInfo{ID: id, Span: common.TableSpan(1), StartTs: 40, Target: testTarget, Epoch: 5}))
+	es := h.check.waitResolved(id, 40)
+	require.Equal(t, uint64(5), es.epoch)
+	h.check.mu.Lock()
+	defer h.check.mu.Unlock()
+	for _, e := range h.check.history[id] {
+		require.Empty(t, e.rows, "the removed dispatcher's scan sent nothing")
+	}
+}
+
+// TestNoLostWakeupAfterRefusals: the target refuses every send while data
+// arrives and the store notifies for the last time; after the target
+// recovers every dispatcher reaches the final resolved-ts with no further
+// notification.
+func TestNoLostWakeupAfterRefusals(t *testing.T) {
+	h := newHarness(t, nil, hooks{})
+	h.advanceSchema(1 << 40)
+	const n = 20
+	h.tr.refuse.Store(true)
+	ids := make([]common.DispatcherID, n)
+	obs := make([]chan common.Ts, n)
+	for i := range ids {
+		ids[i] = h.register(uint64(i+1), 10)
+		obs[i] = storeObserver(t, h, uint64(i+1))
+	}
+	for i := range ids {
+		h.push(uint64(i+1), 40, row("a", 15, 20), row("b", 25, 30))
+	}
+	for i := range obs {
+		waitTs(obs[i], 40) // the last notification has been delivered
+	}
+	<-h.tr.refused
+	notifications := h.svc.Stats().Notifications
+	h.tr.refuse.Store(false)
+	for _, id := range ids {
+		es := h.check.waitResolved(id, 40)
+		require.Equal(t, []string{"a", "b"}, keys(es.rows))
+	}
+	require.Equal(t, notifications, h.svc.Stats().Notifications, "recovery needed no notification")
+	require.Positive(t, testutilCounter(h.svc.metrics.backoffs))
+}
+
+// TestCongestedTargetSlowsOnlyItsOwnDispatchers: one target refuses; the
+// other target's dispatchers keep flowing.
+func TestCongestedTargetSlowsOnlyItsOwnDispatchers(t *testing.T) {
+	h := newHarness(t, nil, hooks{})
+	h.advanceSchema(1 << 40)
+	const busy messaging.Target = "busy"
+	_, err := h.inproc.Register(busy)
+	require.NoError(t, err)
+	h.tr.refuseOnly(busy)
+	for i := uint64(1); i <= 10; i++ {
+		require.NoError(t, h.svc.Register(DispatcherInfo{ID: common.DispatcherIDFromUint64(100 + i), Span: common.TableSpan(int64(100 + i)),
+			StartTs: 10, Target: busy, Epoch: 1}))
+		h.push(100+i, 40, row("x", 15, 20))
+	}
+	ids := make([]common.DispatcherID, 10)
+	for i := range ids {
+		ids[i] = h.register(uint64(i+1), 10)
+		h.push(uint64(i+1), 40, row("a", 15, 20))
+	}
+	for _, id := range ids {
+		es := h.check.waitResolved(id, 40)
+		require.Equal(t, []string{"a"}, keys(es.rows))
+	}
+	require.Positive(t, h.svc.Stats().BackingOff+int(testutilCounter(h.svc.metrics.backoffs)))
+}
+
+// TestHeartbeatDrivesStoreCheckpoint: heartbeats are epoch-filtered,
+// monotonic, capped at what was sent, and reach the store.
+func TestHeartbeatDrivesStoreCheckpoint(t *testing.T) {
+	h := newHarness(t, nil, hooks{})
+	h.advanceSchema(1 << 40)
+	id := h.register(1, 10)
+	h.push(1, 40, row("a", 15, 20))
+	h.check.waitResolved(id, 40)
+	require.NoError(t, h.svc.Heartbeat(id, 1, 30))
+	st, err := h.store.Dispatcher(id)
+	require.NoError(t, err)
+	require.Equal(t, common.Ts(30), st.Checkpoint)
+	require.NoError(t, h.svc.Heartbeat(id, 1, 20), "a lower checkpoint is ignored")
+	require.NoError(t, h.svc.Heartbeat(id, 1, 1000), "capped at what was sent")
+	st, _ = h.store.Dispatcher(id)
+	require.Equal(t, common.Ts(40), st.Checkpoint)
+	require.ErrorIs(t, h.svc.Heartbeat(id, 2, 40), ErrStaleEpoch)
+	require.ErrorIs(t, h.svc.Heartbeat(common.DispatcherIDFromUint64(9), 1, 40), ErrUnknownDispatcher)
+
+	// A reset below the store checkpoint re-registers in the store, which
+	// subscribes the span afresh from the new start-ts (the old
+	// subscription may have collected those rows). The manual upstream
+	// does not replay by itself, so the test replays what the upstream
+	// would; the old, idle subscription refuses the repeat.
+	require.NoError(t, h.svc.Reset(id, 2, 15))
+	require.Equal(t, 2, h.up.SubscribeCount(common.TableSpan(1)))
+	err = h.up.Push(context.Background(), common.TableSpan(1), eventstore.Batch{Rows: []common.Row{row("a", 15, 20)}, ResolvedTs: 40})
+	require.ErrorIs(t, err, eventstore.ErrRowBeforeResolved)
+	es := h.check.waitResolved(id, 40)
+	require.Equal(t, uint64(2), es.epoch)
+	require.Equal(t, []string{"a"}, keys(es.rows))
+}
+
+func TestBadInputGetsTypedErrors(t *testing.T) {
+	h := newHarness(t, nil, hooks{})
+	good := DispatcherInfo{ID: common.DispatcherIDFromUint64(1), Span: common.TableSpan(1), StartTs: 1, Target: testTarget, Epoch: 1}
+	bad := []DispatcherInfo{
+		{Span: common.TableSpan(1), Target: testTarget, Epoch: 1},
+		{ID: good.ID, Span: common.Span{TableID: 1, StartKey: []byte("b"), EndKey: []byte("a")}, Target: testTarget, Epoch: 1},
+		{ID: good.ID, Span: common.TableSpan(1), Epoch: 1},
+		{ID: good.ID, Span: common.TableSpan(1), Target: testTarget},
+	}
+	for _, info := range bad {
+		require.ErrorIs(t, h.svc.Register(info), ErrInvalidArgument, "%+v", info)
+	}
+	err := h.svc.Register(DispatcherInfo{Span: common.Span{TableID: -1}})
+	require.ErrorIs(t, err, common.ErrInvalidSpan, "every problem is reported, joined")
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	require.NoError(t, h.svc.Register(good))
+	require.ErrorIs(t, h.svc.Register(good), ErrDispatcherExists)
+	unknown := common.DispatcherIDFromUint64(42)
+	require.ErrorIs(t, h.svc.Reset(unknown, 2, 1), ErrUnknownDispatcher)
+	require.ErrorIs(t, h.svc.Remove(unknown), ErrUnknownDispatcher)
+	require.ErrorIs(t, h.svc.Reset(good.ID, 1, 1), ErrStaleEpoch)
+	_, err = New(Options{PrepareWorkers: -1, ScanLimitBytes: 10, LargeTxnSplitBytes: 5, MaxMessagesPerTask: 2, BackoffBase: -1})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	for _, f := range []string{"Store", "Schema", "Transport", "PrepareWorkers", "LargeTxnSplitBytes", "MaxMessagesPerTask", "BackoffBase"} {
+		require.Contains(t, err.Error(), f)
+	}
+
+	h.close()
+	require.ErrorIs(t, h.svc.Register(DispatcherInfo{ID: common.DispatcherIDFromUint64(2), Span: common.TableSpan(2), Target: testTarget, Epoch: 1}), ErrClosed)
+	require.ErrorIs(t, h.svc.Reset(good.ID, 3, 1), ErrClosed)
+	require.ErrorIs(t, h.svc.Remove(good.ID), ErrClosed)
+	require.ErrorIs(t, h.svc.Heartbeat(good.ID, 1, 1), ErrClosed)
+	require.ErrorIs(t, h.svc.Start(), ErrClosed)
+	require.NoError(t, h.svc.Close(), "Close is idempotent")
+	require.False(t, h.svc.prepQueues[0].push(newSession(h.dispatcherOrNew(good.ID), 9, 1)), "nothing is enqueued after Close")
+}
+
+// TestCloseUnderLoadWithCongestedTransport: thousands of dispatchers, the
+// transport refusing everything, writes in flight: Close returns and
+// leaves no goroutine (goleak in TestMain).
+func TestCloseUnderLoadWithCongestedTransport(t *testing.T) {
+	h := newHarness(t, nil, hooks{})
+	h.advanceSchema(1 << 40)
+	h.tr.refuse.Store(true)
+	const n = 2000
+	for i := uint64(1); i <= n; i++ {
+		h.register(i, 10)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for ts := common.Ts(20); ctx.Err() == nil; ts += 10 {
+				for i := uint64(w + 1); i <= n; i += 4 {
+					err := h.up.Push(ctx, common.TableSpan(int64(i)), eventstore.Batch{Rows: []common.Row{row("k", ts-2, ts-1)}, ResolvedTs: ts})
+					if err != nil {
+						return
+					}
+				}
+			}
+		})
+	}
+	<-h.tr.refused
+	require.NoError(t, h.svc.Close())
+	cancel()
+	wg.Wait()
+}
+
+// TestStressNotifyRacesPreparation: many goroutines push, notify directly
+// and reset at random while the workers run; afterwards every dispatcher's
+// current epoch reaches the final resolved-ts with exactly the rows above
+// its start-ts. Run under -race.
+func TestStressNotifyRacesPreparation(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.ScanLimitRows = 3; o.ScanQueueSize = 2 }, hooks{})
+	h.advanceSchema(1 << 40)
+	const n, steps = 16, 60
+	ids := make([]common.DispatcherID, n)
+	ds := make([]*dispatcher, n)
+	for i := range ids {
+		ids[i] = h.register(uint64(i+1), 10)
+		ds[i] = h.dispatcher(ids[i])
+	}
+	rowsOf := func(table int, ts common.Ts) []common.Row {
+		return []common.Row{row(fmt.Sprintf("t%d-%d-a", table, ts), ts-3, ts-1), row(fmt.Sprintf("t%d-%d-b", table, ts), ts-2, ts-1)}
+	}
+	final := common.Ts(10 + 10*steps)
+	var wg sync.WaitGroup
+	for w := range 4 { // pushers: each table by one goroutine, in order
+		wg.Go(func() {
+			for i := w; i < n; i += 4 {
+				for k := 1; k <= steps; k++ {
+					ts := common.Ts(10 + 10*k)
+					h.push(uint64(i+1), ts, rowsOf(i+1, ts)...)
+				}
+			}
+		})
+	}
+	for g := range 4 { // direct notifiers, repeating what the store said
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(g), 7))
+			for range 20_000 {
+				d := ds[r.IntN(n)]
+				d.onNotify(common.Ts(d.received.Load()), common.Ts(d.maxCommit.Load()))
+			}
+		})
+	}
+	epochs := make([]uint64, n)
+	wg.Go(func() { // resetter
+		r := rand.New(rand.NewPCG(99, 1))
+		for range 40 {
+			i := r.IntN(n)
+			epochs[i]++
+			require.NoError(t, h.svc.Reset(ids[i], epochs[i]+1, 10))
+		}
+	})
+	wg.Wait()
+	for i, id := range ids {
+		es := h.check.waitResolved(id, final)
+		require.Equal(t, epochs[i]+1, es.epoch)
+		require.Len(t, es.rows, 2*steps, "dispatcher %d: exactly the rows above its start-ts", i)
+	}
+}
+
+func (h *harness) dispatcherOrNew(id common.DispatcherID) *dispatcher {
+	if d := h.dispatcher(id); d != nil {
+		return d
+	}
+	return &dispatcher{id: id, svc: h.svc}
+}
+
+var _ = schemastore.DDL{}
