@@ -129,6 +129,7 @@ type tickGen struct {
 	groups []int
 	keys   []uint64
 	seen   map[uint64]struct{}
+	picked []pickedRow
 }
 
 func newTickGen(w *workload) *tickGen {
@@ -188,12 +189,17 @@ func (g *tickGen) appendTick(dst []common.Row, table, tick int64, lo, hi common.
 	if n == 0 {
 		return dst
 	}
+	// First pass: draw everything and note the rows that pass the filter.
 	base := w.tickBase(tick)
-	slab := []byte(nil)
+	g.picked = g.picked[:0]
+	bytesNeeded := 0
 	j := 0 // transaction index within the tick
 	for gi, size := range g.groups {
 		commit := base + common.Ts(n+1+gi)
-		in := commit > lo && commit <= hi
+		if commit > hi {
+			break // later groups commit later still
+		}
+		in := commit > lo
 		// A commit-ts group never writes a key twice: transactions that
 		// commit at the same ts cannot both have written one key.
 		clear(g.seen)
@@ -211,41 +217,62 @@ func (g *tickGen) appendTick(dst []common.Row, table, tick int64, lo, hi common.
 			start := base + common.Ts(1+j)
 			j++
 			for _, k := range txnKeys {
-				del := g.rng.Uint32N(100) < deletePercent
-				valueSeed := g.rng.Uint64()
+				p := pickedRow{key: k, start: start, commit: commit}
+				p.del = g.rng.Uint32N(100) < deletePercent
+				p.valueSeed = g.rng.Uint64()
 				if !in {
 					continue
 				}
-				var kb [8]byte
-				binary.BigEndian.PutUint64(kb[:], k)
-				if span != nil && !span.Contains(kb[:]) {
+				if kb := encodeKey(k); span != nil && !span.Contains(kb[:]) {
 					continue
 				}
-				need := 8
-				if !del {
-					need += w.rowBytes
+				g.picked = append(g.picked, p)
+				bytesNeeded += 8
+				if !p.del {
+					bytesNeeded += w.rowBytes
 				}
-				if len(slab) < need {
-					// One allocation per tick in the common case: sized for
-					// every row that can still come.
-					slab = make([]byte, max(need, (n-j+1)*w.txnRows*(8+w.rowBytes)))
-				}
-				row := common.Row{Op: common.OpPut, StartTs: start, CommitTs: commit}
-				row.Key = slab[:8:8]
-				copy(row.Key, kb[:])
-				slab = slab[8:]
-				if del {
-					row.Op = common.OpDelete
-				} else {
-					row.Value = slab[:w.rowBytes:w.rowBytes]
-					fillValue(row.Value, valueSeed)
-					slab = slab[w.rowBytes:]
-				}
-				dst = append(dst, row)
 			}
 		}
 	}
+	if len(g.picked) == 0 {
+		return dst
+	}
+	// Second pass: one exactly sized allocation for all keys and values of
+	// the tick. Each row gets a capped, non-overlapping window of it, so
+	// whoever owns a row may modify or append to it without touching others.
+	slab := make([]byte, bytesNeeded)
+	dst = slices.Grow(dst, len(g.picked))
+	for _, p := range g.picked {
+		row := common.Row{Op: common.OpPut, StartTs: p.start, CommitTs: p.commit}
+		kb := encodeKey(p.key)
+		row.Key = slab[:8:8]
+		copy(row.Key, kb[:])
+		slab = slab[8:]
+		if p.del {
+			row.Op = common.OpDelete
+		} else {
+			row.Value = slab[:w.rowBytes:w.rowBytes]
+			fillValue(row.Value, p.valueSeed)
+			slab = slab[w.rowBytes:]
+		}
+		dst = append(dst, row)
+	}
 	return dst
+}
+
+// pickedRow is a row chosen by appendTick's first pass.
+type pickedRow struct {
+	key, valueSeed uint64
+	start, commit  common.Ts
+	del            bool
+}
+
+// encodeKey returns the row key of key number k: 8 bytes big-endian, so byte
+// order is numeric order.
+func encodeKey(k uint64) [8]byte {
+	var kb [8]byte
+	binary.BigEndian.PutUint64(kb[:], k)
+	return kb
 }
 
 // haveKey reports whether k is already among g.keys, switching to a map for
