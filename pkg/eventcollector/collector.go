@@ -1,0 +1,353 @@
+package eventcollector
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventservice"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+)
+
+// Collector is the receiving end of one target: it registers dispatchers
+// with the service, checks and applies their streams to a Sink, resets them
+// when a stream breaks, and heartbeats their checkpoints. See the package
+// documentation for the rules.
+//
+// Goroutines: Start starts the receive goroutine (the only caller of the
+// Sink and the only reader of the inbox) and the heartbeat goroutine; Close
+// stops both.
+//
+// Lock order: adminMu, then mu. No lock of the collector is held while the
+// service or the sink is called, so a slow sink blocks neither heartbeats
+// nor Stats, and the service may call anything while we call it.
+type Collector struct {
+	opts    Options
+	log     *zap.Logger
+	metrics *metrics
+	cnt     counters
+	closing chan struct{} // closed by Close: the goroutines stop
+
+	wg sync.WaitGroup
+
+	// adminMu serialises AddDispatcher and RemoveDispatcher across their
+	// service calls, so the service and mu.dispatchers agree on which
+	// dispatchers exist whatever the interleaving.
+	adminMu sync.Mutex
+
+	mu struct {
+		sync.Mutex
+		started, closed bool
+		dispatchers     map[common.DispatcherID]*dispatcher
+	}
+
+	// hooks are set by tests before Start; nil in production.
+	hooks hooks
+
+	// hbBuf is the heartbeat goroutine's scratch list.
+	hbBuf []heartbeat
+}
+
+// hooks let tests observe the goroutines at known points.
+type hooks struct {
+	// afterTick runs on the heartbeat goroutine after each round of
+	// heartbeats and reset retries.
+	afterTick func()
+}
+
+// dispatcher is the collector's state of one dispatcher. Every field but
+// id is guarded by Collector.mu.
+type dispatcher struct {
+	id common.DispatcherID
+	st stream
+	// removed: dropped by RemoveDispatcher (or a failed AddDispatcher); a
+	// goroutine that looked it up before must discard its results.
+	removed bool
+	// resetting: a Service.Reset call for it is in flight; another caller
+	// leaves the reset to it.
+	resetting bool
+	// lastHeartbeat is the highest checkpoint the service accepted.
+	lastHeartbeat common.Ts
+}
+
+// counters are the collector's statistics, read by Stats and the metrics
+// without the lock.
+type counters struct {
+	received     [numKinds]atomic.Uint64
+	rowsApplied  atomic.Uint64
+	resets       [numResetReasons]atomic.Uint64
+	ignored      [numIgnoreReasons]atomic.Uint64
+	serviceCalls [numServiceCalls][numCallResults]atomic.Uint64
+}
+
+// numKinds is the number of message kinds (messaging.Kind starts at 1).
+const numKinds = int(messaging.KindResolved)
+
+// ignoreReason says why a message was dropped without effect.
+type ignoreReason uint8
+
+const (
+	ignoreStaleEpoch        ignoreReason = iota // an epoch older than the current one
+	ignoreStaleResolved                         // a resolved-ts overtaken by later messages
+	ignoreUnknownDispatcher                     // not (or no longer) one of ours
+	numIgnoreReasons
+)
+
+func (r ignoreReason) String() string {
+	switch r {
+	case ignoreStaleEpoch:
+		return "stale_epoch"
+	case ignoreStaleResolved:
+		return "stale_resolved"
+	default:
+		return "unknown_dispatcher"
+	}
+}
+
+// New builds a collector. It starts nothing: call Start. Invalid options
+// fail with an error wrapping ErrInvalidOptions; a metrics registration
+// conflict with the registry's error.
+func New(opts Options) (*Collector, error) {
+	opts = opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Collector{
+		opts:    opts,
+		log:     opts.Logger.Named("eventcollector").With(zap.String("target", string(opts.Target))),
+		closing: make(chan struct{}),
+	}
+	c.mu.dispatchers = make(map[common.DispatcherID]*dispatcher)
+	c.metrics = newMetrics(c)
+	if err := c.metrics.register(opts.Registerer); err != nil {
+		return nil, fmt.Errorf("eventcollector: register metrics: %w", err)
+	}
+	return c, nil
+}
+
+// Start starts the receive and heartbeat goroutines. A second Start is a
+// no-op; Start after Close fails with ErrClosed. Dispatchers may be added
+// before Start: their messages wait in the inbox.
+func (c *Collector) Start() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mu.closed {
+		return ErrClosed
+	}
+	if c.mu.started {
+		return nil
+	}
+	c.mu.started = true
+	// The ticker exists before Start returns, so a test's fake clock can
+	// be advanced right away.
+	ticker := c.opts.Clock.NewTicker(c.opts.HeartbeatInterval)
+	c.wg.Go(c.runReceive)
+	c.wg.Go(func() { c.runHeartbeats(ticker) })
+	return nil
+}
+
+// Close stops the collector: (1) further calls fail with ErrClosed; (2)
+// the goroutines are told to stop; the receive goroutine checks between
+// messages, so it stops after at most the sink call in flight, which
+// Close waits for (a sink call cannot be interrupted); (3) the metrics are
+// unregistered. Messages left in the inbox are not applied. Close does not
+// remove the dispatchers from the service: call RemoveDispatcher first if
+// the service should forget them. Idempotent.
+func (c *Collector) Close() error {
+	c.mu.Lock()
+	if c.mu.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.mu.closed = true
+	c.mu.Unlock()
+	close(c.closing)
+	c.wg.Wait()
+	c.metrics.unregister(c.opts.Registerer)
+	return nil
+}
+
+// AddDispatcher adds dispatcher id reading span from startTs (exclusive) and
+// registers it with the service in epoch 1. The collector's state exists
+// before the service can send anything for it; if registration fails it is
+// dropped again and the service's error is returned (wrapped). Errors:
+// ErrInvalidArgument, ErrDispatcherExists, ErrClosed, or the service's.
+func (c *Collector) AddDispatcher(id common.DispatcherID, span common.Span, startTs common.Ts) error {
+	var errs []error
+	if id.IsZero() {
+		errs = append(errs, fmt.Errorf("%w: zero dispatcher id", ErrInvalidArgument))
+	}
+	if err := span.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidArgument, err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	c.adminMu.Lock()
+	defer c.adminMu.Unlock()
+	c.mu.Lock()
+	if c.mu.closed {
+		c.mu.Unlock()
+		return ErrClosed
+	}
+	if _, ok := c.mu.dispatchers[id]; ok {
+		c.mu.Unlock()
+		return fmt.Errorf("%w: %v", ErrDispatcherExists, id)
+	}
+	d := &dispatcher{id: id, st: newStream(startTs), lastHeartbeat: startTs}
+	c.mu.dispatchers[id] = d
+	c.mu.Unlock()
+
+	err := c.opts.Service.Register(eventservice.DispatcherInfo{ID: id, Span: span, StartTs: startTs, Target: c.opts.Target, Epoch: 1})
+	if err != nil {
+		c.mu.Lock()
+		d.removed = true
+		delete(c.mu.dispatchers, id)
+		c.mu.Unlock()
+		return fmt.Errorf("eventcollector: register %v: %w", id, err)
+	}
+	c.log.Debug("dispatcher added", zap.Stringer("dispatcher", id), zap.Stringer("startTs", startTs))
+	return nil
+}
+
+// RemoveDispatcher removes dispatcher id from the service, then drops its
+// state: later messages for it are ignored and no sink call for it starts
+// after RemoveDispatcher returns (one in flight may still finish). The state
+// is dropped even if the service fails; a service that does not know id
+// (eventservice.ErrUnknownDispatcher) is not an error. Errors:
+// ErrUnknownDispatcher (not ours), ErrClosed, or the service's.
+func (c *Collector) RemoveDispatcher(id common.DispatcherID) error {
+	c.adminMu.Lock()
+	defer c.adminMu.Unlock()
+	c.mu.Lock()
+	if c.mu.closed {
+		c.mu.Unlock()
+		return ErrClosed
+	}
+	d, ok := c.mu.dispatchers[id]
+	c.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: %v", ErrUnknownDispatcher, id)
+	}
+	err := c.opts.Service.Remove(id)
+	c.mu.Lock()
+	d.removed = true
+	delete(c.mu.dispatchers, id)
+	c.mu.Unlock()
+	if err != nil && !errors.Is(err, eventservice.ErrUnknownDispatcher) {
+		return fmt.Errorf("eventcollector: remove %v: %w", id, err)
+	}
+	c.log.Debug("dispatcher removed", zap.Stringer("dispatcher", id))
+	return nil
+}
+
+// DispatcherStatus is a snapshot of one dispatcher's receive state.
+type DispatcherStatus struct {
+	// Epoch is the current epoch (possibly not yet acknowledged by the
+	// service: see PendingReset).
+	Epoch uint64
+	// StartTs is the start-ts of the current epoch.
+	StartTs common.Ts
+	// Checkpoint is the highest ts the sink confirmed.
+	Checkpoint common.Ts
+	// Resolved is the highest resolved-ts received in the current epoch.
+	Resolved common.Ts
+	// Resets counts the dispatcher's resets.
+	Resets uint64
+	// Handshaked: the current epoch's handshake was received.
+	Handshaked bool
+	// PendingReset: the service has not yet acknowledged the current epoch.
+	PendingReset bool
+	// LastHeartbeat is the highest checkpoint the service accepted.
+	LastHeartbeat common.Ts
+}
+
+// Dispatcher returns a snapshot of dispatcher id, or ErrUnknownDispatcher.
+func (c *Collector) Dispatcher(id common.DispatcherID) (DispatcherStatus, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d, ok := c.mu.dispatchers[id]
+	if !ok {
+		return DispatcherStatus{}, fmt.Errorf("%w: %v", ErrUnknownDispatcher, id)
+	}
+	s := &d.st
+	return DispatcherStatus{Epoch: s.epoch, StartTs: s.startTs, Checkpoint: s.checkpoint, Resolved: s.resolved,
+		Resets: s.resets, Handshaked: s.handshaked, PendingReset: s.needReset, LastHeartbeat: d.lastHeartbeat}, nil
+}
+
+// Stats is a snapshot of the collector's counters.
+type Stats struct {
+	Dispatchers int
+	// Messages counts messages received, by kind (index Kind-1).
+	Messages [numKinds]uint64
+	// RowsApplied counts rows the sink accepted (re-deliveries included).
+	RowsApplied uint64
+	// Resets counts resets by reason; index with a ResetReason.
+	Resets [numResetReasons]uint64
+	// StaleIgnored counts messages of an older epoch and resolved-ts
+	// overtaken by later messages: ignored, as the protocol expects.
+	StaleIgnored uint64
+	// UnknownIgnored counts messages of dispatchers the collector does not
+	// have (removed ones).
+	UnknownIgnored uint64
+	// PendingResets is the number of dispatchers whose current epoch the
+	// service has not yet acknowledged.
+	PendingResets int
+	// Heartbeats counts heartbeats the service accepted.
+	Heartbeats uint64
+	// MinCheckpoint is the smallest checkpoint over dispatchers; zero when
+	// there are none.
+	MinCheckpoint common.Ts
+}
+
+// TotalResets returns the sum of Resets.
+func (s Stats) TotalResets() uint64 {
+	var n uint64
+	for _, v := range s.Resets {
+		n += v
+	}
+	return n
+}
+
+// Stats returns a snapshot; it walks every dispatcher (O(n)).
+func (c *Collector) Stats() Stats {
+	var st Stats
+	for i := range st.Messages {
+		st.Messages[i] = c.cnt.received[i].Load()
+	}
+	st.RowsApplied = c.cnt.rowsApplied.Load()
+	for i := range st.Resets {
+		st.Resets[i] = c.cnt.resets[i].Load()
+	}
+	st.StaleIgnored = c.cnt.ignored[ignoreStaleEpoch].Load() + c.cnt.ignored[ignoreStaleResolved].Load()
+	st.UnknownIgnored = c.cnt.ignored[ignoreUnknownDispatcher].Load()
+	st.Heartbeats = c.cnt.serviceCalls[callHeartbeat][resultOK].Load()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st.Dispatchers = len(c.mu.dispatchers)
+	first := true
+	for _, d := range c.mu.dispatchers {
+		if d.st.needReset {
+			st.PendingResets++
+		}
+		if first || d.st.checkpoint < st.MinCheckpoint {
+			st.MinCheckpoint = d.st.checkpoint
+		}
+		first = false
+	}
+	return st
+}
+
+// isClosing reports whether Close was called.
+func (c *Collector) isClosing() bool {
+	select {
+	case <-c.closing:
+		return true
+	default:
+		return false
+	}
+}

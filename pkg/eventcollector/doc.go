@@ -1,0 +1,57 @@
+// Package eventcollector is the downstream side of the event service: what
+// a changefeed server's dispatchers use to consume it. A Collector owns one
+// target (one messaging.Inbox): it registers its dispatchers with the
+// service, checks every message against its dispatcher's stream, applies
+// rows and DDLs in order to a Sink, advances each dispatcher's checkpoint as
+// resolved-ts proves rows applied, and heartbeats checkpoints to the service
+// (which drive the store's GC).
+//
+// Receive rules, per dispatcher (the stream type; mirrors the strict checker
+// of the service's tests, but reacts instead of recording):
+//   - A message of an epoch below the current one is stale: ignored and
+//     counted. So is a message of a dispatcher the collector does not have.
+//   - The current epoch's handshake (seq 1), when none was received yet, is
+//     accepted: the expected seq is 1 and resolved is its start-ts, which
+//     must not exceed the start-ts asked for (rows would be skipped). The
+//     sink hears BeginEpoch.
+//   - A protocol violation resets the dispatcher: a message of a higher
+//     epoch (reason epoch), anything before the handshake (before_handshake),
+//     a second handshake (duplicate_handshake), a DML or DDL whose seq is not
+//     expected+1 or a resolved-ts whose seq is above the expected one (gap),
+//     a message messaging.Validate refuses or data out of commit-ts order or
+//     at or below the resolved-ts (invalid). A sink error resets too
+//     (sink_error). A reset moves to a new epoch above every epoch seen,
+//     with start-ts = the checkpoint, and calls Service.Reset; messages of
+//     older epochs are ignored from then on. The sink sees rows above the
+//     checkpoint again in the new epoch: deduplicate by (commit-ts, key).
+//   - A resolved-ts whose seq is below the expected one is stale (rows with
+//     later seqs were sent after it): ignored, not a reset. One at the
+//     expected seq and above the resolved-ts raises it, and, unless the last
+//     DML batch ended inside a split transaction, the sink's Checkpoint is
+//     called with it and, once that returned nil, it is the dispatcher's
+//     checkpoint. Checkpoints only move forward.
+//   - If Service.Reset says the epoch is stale (a concurrent reset won), the
+//     local epoch goes one above and the reset is retried once; any other
+//     failure keeps the dispatcher marked, and every heartbeat tick retries
+//     until the service acknowledges (its Reset succeeds, or the new epoch's
+//     handshake arrives). A recovery is never lost.
+//
+// Heartbeats: every HeartbeatInterval, each dispatcher whose checkpoint
+// advanced since the service last accepted one is reported with its epoch;
+// a stale-epoch answer is ignored (a reset is in flight) and the next tick
+// reports again. Heartbeats run on their own goroutine, so a blocked sink
+// does not hold back checkpoints already confirmed.
+//
+// Bounded memory and back-pressure: per-dispatcher state is O(1); the only
+// buffer is one drained batch of at most MaxDrain messages. The sink is
+// called from the receive goroutine only, so a slow sink stops the draining:
+// the bounded inbox fills and the service's sends are refused with
+// messaging.ErrBusy, which backs the service off and leaves the data in the
+// store. Nothing grows in the collector.
+//
+// Lifecycle: New starts nothing; Start starts the receive and heartbeat
+// goroutines; Close stops them, waiting for a sink call in flight (it cannot
+// be interrupted; the loop checks for Close between messages). No goroutine
+// survives Close. Errors wrap the sentinels in errors.go (or the service's
+// errors); test with errors.Is.
+package eventcollector

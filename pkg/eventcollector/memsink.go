@@ -1,0 +1,265 @@
+package eventcollector
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"slices"
+	"sync"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+)
+
+// MemorySink is a Sink that records everything applied, per dispatcher and
+// per epoch, for tests, the demo server and verification. Its memory grows
+// with every row applied: it is not meant for long runs.
+//
+// It is safe for concurrent use: the collector writes, any goroutine reads,
+// and Wait/WaitCheckpoint let a reader wait for a condition without
+// sleeping.
+type MemorySink struct {
+	mu struct {
+		sync.Mutex
+		dispatchers map[common.DispatcherID]*memDispatcher
+		// changed is closed and replaced at the next change once someone
+		// took it, so a waiter that checks after taking it misses nothing.
+		changed chan struct{}
+		watched bool
+	}
+}
+
+var _ Sink = (*MemorySink)(nil)
+
+// EpochRecord is what a MemorySink received for one dispatcher in one
+// epoch, in application order.
+type EpochRecord struct {
+	Epoch   uint64
+	StartTs common.Ts
+	Rows    []common.Row
+	DDLs    []messaging.DDL
+	// Checkpoints are the Checkpoint calls of the epoch, in order.
+	Checkpoints []common.Ts
+}
+
+type memDispatcher struct {
+	epochs     []*EpochRecord
+	checkpoint common.Ts
+}
+
+// NewMemorySink returns an empty sink.
+func NewMemorySink() *MemorySink {
+	s := &MemorySink{}
+	s.mu.dispatchers = make(map[common.DispatcherID]*memDispatcher)
+	s.mu.changed = make(chan struct{})
+	return s
+}
+
+// currentLocked returns id's latest epoch record, creating the dispatcher (and
+// an epoch-0 record, for a sink used without BeginEpoch) if needed.
+// REQUIRES: s.mu held.
+func (s *MemorySink) currentLocked(id common.DispatcherID) *EpochRecord {
+	d := s.dispatcherLocked(id)
+	if len(d.epochs) == 0 {
+		d.epochs = append(d.epochs, &EpochRecord{})
+	}
+	return d.epochs[len(d.epochs)-1]
+}
+
+func (s *MemorySink) dispatcherLocked(id common.DispatcherID) *memDispatcher {
+	d, ok := s.mu.dispatchers[id]
+	if !ok {
+		d = &memDispatcher{}
+		s.mu.dispatchers[id] = d
+	}
+	return d
+}
+
+// changedLocked wakes the waiters. REQUIRES: s.mu held.
+func (s *MemorySink) changedLocked() {
+	if s.mu.watched {
+		close(s.mu.changed)
+		s.mu.changed = make(chan struct{})
+		s.mu.watched = false
+	}
+}
+
+// BeginEpoch implements Sink: it opens a new epoch record.
+func (s *MemorySink) BeginEpoch(id common.DispatcherID, epoch uint64, startTs common.Ts) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.dispatcherLocked(id)
+	d.epochs = append(d.epochs, &EpochRecord{Epoch: epoch, StartTs: startTs})
+	s.changedLocked()
+	return nil
+}
+
+// ApplyRows implements Sink. The rows are kept, not copied (the Sink
+// contract says nobody modifies them).
+func (s *MemorySink) ApplyRows(id common.DispatcherID, rows []common.Row) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.currentLocked(id)
+	e.Rows = append(e.Rows, rows...)
+	s.changedLocked()
+	return nil
+}
+
+// ApplyDDL implements Sink.
+func (s *MemorySink) ApplyDDL(id common.DispatcherID, ddl *messaging.DDL) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.currentLocked(id)
+	e.DDLs = append(e.DDLs, *ddl)
+	s.changedLocked()
+	return nil
+}
+
+// Checkpoint implements Sink.
+func (s *MemorySink) Checkpoint(id common.DispatcherID, ts common.Ts) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.currentLocked(id)
+	e.Checkpoints = append(e.Checkpoints, ts)
+	d := s.mu.dispatchers[id]
+	d.checkpoint = max(d.checkpoint, ts)
+	s.changedLocked()
+	return nil
+}
+
+// Dispatchers returns the IDs the sink has seen, in no particular order.
+func (s *MemorySink) Dispatchers() []common.DispatcherID {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]common.DispatcherID, 0, len(s.mu.dispatchers))
+	for id := range s.mu.dispatchers {
+		out = append(out, id)
+	}
+	return out
+}
+
+// Epochs returns a copy of id's epoch records, oldest first (nil if none).
+func (s *MemorySink) Epochs(id common.DispatcherID) []EpochRecord {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, ok := s.mu.dispatchers[id]
+	if !ok {
+		return nil
+	}
+	out := make([]EpochRecord, len(d.epochs))
+	for i, e := range d.epochs {
+		out[i] = EpochRecord{Epoch: e.Epoch, StartTs: e.StartTs, Rows: slices.Clone(e.Rows),
+			DDLs: slices.Clone(e.DDLs), Checkpoints: slices.Clone(e.Checkpoints)}
+	}
+	return out
+}
+
+// Applied returns every row applied for id since the start, across epochs,
+// in application order: re-deliveries after a reset appear again.
+func (s *MemorySink) Applied(id common.DispatcherID) []common.Row {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, ok := s.mu.dispatchers[id]
+	if !ok {
+		return nil
+	}
+	var out []common.Row
+	for _, e := range d.epochs {
+		out = append(out, e.Rows...)
+	}
+	return out
+}
+
+// AppliedDDLs returns every DDL applied for id since the start, across
+// epochs, in application order.
+func (s *MemorySink) AppliedDDLs(id common.DispatcherID) []messaging.DDL {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, ok := s.mu.dispatchers[id]
+	if !ok {
+		return nil
+	}
+	var out []messaging.DDL
+	for _, e := range d.epochs {
+		out = append(out, e.DDLs...)
+	}
+	return out
+}
+
+// Deduplicated returns what an idempotent downstream holds for id: the rows
+// applied since the start, one per (commit-ts, key), the latest applied
+// winning, sorted by (commit-ts, start-ts, key), the store's order.
+func (s *MemorySink) Deduplicated(id common.DispatcherID) []common.Row {
+	type rowKey struct {
+		commitTs common.Ts
+		key      string
+	}
+	all := s.Applied(id)
+	idx := make(map[rowKey]int, len(all))
+	out := make([]common.Row, 0, len(all))
+	for _, r := range all {
+		k := rowKey{r.CommitTs, string(r.Key)}
+		if i, ok := idx[k]; ok {
+			out[i] = r
+			continue
+		}
+		idx[k] = len(out)
+		out = append(out, r)
+	}
+	SortRows(out)
+	return out
+}
+
+// SortRows sorts rows by (commit-ts, start-ts, key), the store's order.
+func SortRows(rows []common.Row) {
+	slices.SortFunc(rows, func(a, b common.Row) int {
+		if c := cmp.Compare(a.CommitTs, b.CommitTs); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.StartTs, b.StartTs); c != 0 {
+			return c
+		}
+		return bytes.Compare(a.Key, b.Key)
+	})
+}
+
+// CheckpointOf returns the highest checkpoint applied for id (zero if none).
+func (s *MemorySink) CheckpointOf(id common.DispatcherID) common.Ts {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d, ok := s.mu.dispatchers[id]; ok {
+		return d.checkpoint
+	}
+	return 0
+}
+
+// Changed returns a channel closed at the sink's next change. Take it,
+// check the state, then wait on it: no change is missed.
+func (s *MemorySink) Changed() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mu.watched = true
+	return s.mu.changed
+}
+
+// Wait returns nil once cond holds, checking it now and after every change,
+// or ctx.Err() if ctx ends first. cond runs without the sink's lock held,
+// so it may call the sink's methods.
+func (s *MemorySink) Wait(ctx context.Context, cond func() bool) error {
+	for {
+		changed := s.Changed()
+		if cond() {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		}
+	}
+}
+
+// WaitCheckpoint waits until id's checkpoint reaches ts; see Wait.
+func (s *MemorySink) WaitCheckpoint(ctx context.Context, id common.DispatcherID, ts common.Ts) error {
+	return s.Wait(ctx, func() bool { return s.CheckpointOf(id) >= ts })
+}

@@ -1,0 +1,49 @@
+package eventcollector
+
+import (
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+)
+
+// Sink is where the dispatchers' changes go: the downstream.
+//
+// The collector calls it from its receive goroutine only, one call at a
+// time, so an implementation needs no locking for the collector's sake. Per
+// dispatcher the calls follow its stream: BeginEpoch, then rows and DDLs in
+// commit-ts order (a DDL after the rows of its commit-ts), with Checkpoint
+// whenever a resolved-ts proves everything at or below it was applied; a
+// reset starts over with BeginEpoch of a higher epoch.
+//
+// A call may block (a slow downstream). The collector then stops draining
+// its inbox, the bounded inbox fills and the service's sends are refused:
+// that is the back-pressure path. A call cannot be interrupted; Close waits
+// for the one in flight.
+//
+// An error makes the collector reset the dispatcher: it is re-sent from its
+// last checkpoint in a new epoch, so a sink must tolerate seeing changes
+// above its checkpoint again (apply idempotently, or discard what it had not
+// checkpointed when BeginEpoch comes).
+type Sink interface {
+	// BeginEpoch says that a stream of id starts (its handshake arrived):
+	// what follows has commit-ts above startTs, which is the dispatcher's
+	// last checkpoint (or, in its first epoch, its start-ts). Anything
+	// applied after the last Checkpoint may be delivered again, including
+	// the beginning of a transaction that was cut in the previous epoch.
+	BeginEpoch(id common.DispatcherID, epoch uint64, startTs common.Ts) error
+	// ApplyRows applies rows of id in commit-ts order. They may end with
+	// (or be) a fragment of a transaction split across calls; it is
+	// complete once a later call ends it. rows is never modified afterwards
+	// and the sink may keep it; it must not modify it.
+	ApplyRows(id common.DispatcherID, rows []common.Row) error
+	// ApplyDDL applies a schema change of id, after the rows of its
+	// commit-ts. ddl is never modified afterwards; the sink must not modify
+	// it.
+	ApplyDDL(id common.DispatcherID, ddl *messaging.DDL) error
+	// Checkpoint says everything of id at or below ts has been applied. It
+	// is called at transaction boundaries only and ts strictly increases
+	// per dispatcher. A durable sink persists its rows and the checkpoint
+	// together here: the collector heartbeats ts to the service only after
+	// Checkpoint returned nil, and the store may then discard rows at or
+	// below it.
+	Checkpoint(id common.DispatcherID, ts common.Ts) error
+}
