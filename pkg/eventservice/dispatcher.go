@@ -26,20 +26,22 @@ type DispatcherInfo struct {
 // The notify path touches only the atomics and the current session's
 // scheduling word. Lock order: Service.mu, then dispatcher.mu.
 type dispatcher struct {
-	id     common.DispatcherID
-	span   common.Span
-	target *target
-	worker int
-	svc    *Service
-
+	// The notify path's fields come first, so that a notification touches
+	// one cache line of the dispatcher (and one of its session).
+	svc *Service
+	// session is the current epoch.
+	session atomic.Pointer[session]
 	// received is the largest resolved-ts the store notified; maxCommit its
 	// companion hint. Written only by the notifier (maxCommit first), read
 	// by owners (received first), so a reader that sees a resolved-ts also
 	// sees a max-commit-ts at least as new.
 	received  atomic.Uint64
 	maxCommit atomic.Uint64
+	worker    int
 
-	session atomic.Pointer[session]
+	id     common.DispatcherID
+	span   common.Span
+	target *target
 
 	mu struct {
 		sync.Mutex
@@ -68,14 +70,15 @@ type progress struct {
 
 // session is one epoch of a dispatcher.
 type session struct {
-	d       *dispatcher
-	epoch   uint64
-	startTs common.Ts
-	sched   sched
-
+	// sched and the queue links come first: they are what a notification
+	// and an enqueue touch.
+	sched sched
 	// Preparation-queue links, guarded by the queue's mutex.
-	qprev, qnext *session
 	queued       bool
+	qprev, qnext *session
+	d            *dispatcher
+	epoch        uint64
+	startTs      common.Ts
 
 	// Owner-only state.
 	progress progress

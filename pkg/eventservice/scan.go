@@ -248,7 +248,7 @@ func (b *build) full() bool { return len(b.sc.msgs) >= b.sc.svc.opts.MaxMessages
 
 func (b *build) addRow(r common.Row) {
 	if b.batch == nil {
-		b.batch = &messaging.DMLBatch{Rows: make([]common.Row, 0, min(b.sc.svc.opts.BatchRows, 64))}
+		b.batch = &messaging.DMLBatch{Rows: make([]common.Row, 0, b.sc.svc.opts.BatchRows+b.sc.svc.opts.BatchRows/4)}
 	}
 	b.batch.Rows = append(b.batch.Rows, r)
 	b.batchRows++
@@ -309,29 +309,32 @@ func (b *build) emitDDLs(upTo common.Ts) {
 }
 
 // rowArena copies rows out of the iterator's buffers into shared chunks:
-// one allocation per 64 KiB instead of three per row.
+// one allocation per 256 KiB instead of three per row. A chunk is never
+// reused (messages hold on to it), only dropped when full.
 type rowArena struct{ buf []byte }
 
-const arenaChunk = 64 << 10
+const arenaChunk = 256 << 10
 
 func (a *rowArena) copyRow(r *common.Row) common.Row {
+	n := len(r.Key) + len(r.Value) + len(r.OldValue)
+	if cap(a.buf)-len(a.buf) < n {
+		a.buf = make([]byte, 0, max(arenaChunk, n))
+	}
+	start := len(a.buf)
+	a.buf = append(a.buf, r.Key...)
+	a.buf = append(a.buf, r.Value...)
+	a.buf = append(a.buf, r.OldValue...)
+	b := a.buf[start:len(a.buf):len(a.buf)]
 	out := *r
-	out.Key = a.copy(r.Key)
-	out.Value = a.copy(r.Value)
-	out.OldValue = a.copy(r.OldValue)
+	k, v := len(r.Key), len(r.Value)
+	out.Key = b[:k:k]
+	if r.Value != nil {
+		out.Value = b[k : k+v : k+v]
+	}
+	if r.OldValue != nil {
+		out.OldValue = b[k+v:]
+	}
 	return out
-}
-
-func (a *rowArena) copy(b []byte) []byte {
-	if b == nil {
-		return nil
-	}
-	if cap(a.buf)-len(a.buf) < len(b) {
-		a.buf = make([]byte, 0, max(arenaChunk, len(b)))
-	}
-	n := len(a.buf)
-	a.buf = append(a.buf, b...)
-	return a.buf[n:len(a.buf):len(a.buf)]
 }
 
 // maxDDLsPerTask bounds the DDLs one task emits.
