@@ -54,6 +54,9 @@ type Collector struct {
 
 // hooks let tests observe the goroutines at known points.
 type hooks struct {
+	// afterHandle runs on the receive goroutine after each message was
+	// handled (sink call and reset included).
+	afterHandle func(m messaging.Message)
 	// afterTick runs on the heartbeat goroutine after each round of
 	// heartbeats and reset retries.
 	afterTick func()

@@ -35,6 +35,9 @@ func (c *Collector) runReceive() {
 				break
 			}
 			c.handle(m)
+			if h := c.hooks.afterHandle; h != nil {
+				h(m)
+			}
 		}
 		clear(batch) // do not keep applied messages alive
 	}

@@ -76,8 +76,8 @@ const (
 // verdict is receive's answer.
 type verdict struct {
 	kind   verdictKind
-	reason ResetReason // for verdictReset
-	ts     common.Ts   // for verdictBegin (start-ts) and verdictCheckpoint
+	reason ResetReason    // for verdictReset
+	ts     common.Ts      // for verdictBegin (start-ts) and verdictCheckpoint
 	rows   []common.Row   // for verdictRows
 	ddl    *messaging.DDL // for verdictDDL
 }
