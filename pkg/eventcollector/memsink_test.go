@@ -1,0 +1,93 @@
+package eventcollector
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+)
+
+func TestMemorySinkRecordsPerEpochAndDeduplicates(t *testing.T) {
+	s := NewMemorySink()
+	id := did(1)
+	require.Nil(t, s.Epochs(id))
+	require.Nil(t, s.Applied(id))
+	require.Zero(t, s.CheckpointOf(id))
+
+	require.NoError(t, s.BeginEpoch(id, 1, 10))
+	require.NoError(t, s.ApplyRows(id, []common.Row{row("a", 15, 20), row("b", 21, 30)}))
+	require.NoError(t, s.ApplyDDL(id, &messaging.DDL{CommitTs: 30, Query: "alter"}))
+	require.NoError(t, s.Checkpoint(id, 30))
+	require.NoError(t, s.ApplyRows(id, []common.Row{row("c", 31, 40)}))
+	require.NoError(t, s.BeginEpoch(id, 2, 30))
+	newC := row("c", 31, 40)
+	newC.Value = []byte("again")
+	require.NoError(t, s.ApplyRows(id, []common.Row{newC, row("d", 41, 50)}))
+	require.NoError(t, s.Checkpoint(id, 50))
+
+	ep := s.Epochs(id)
+	require.Len(t, ep, 2)
+	require.Equal(t, EpochRecord{Epoch: 1, StartTs: 10, Rows: []common.Row{row("a", 15, 20), row("b", 21, 30), row("c", 31, 40)},
+		DDLs: []messaging.DDL{{CommitTs: 30, Query: "alter"}}, Checkpoints: []common.Ts{30}}, ep[0])
+	require.Equal(t, uint64(2), ep[1].Epoch)
+	require.Equal(t, []common.Ts{50}, ep[1].Checkpoints)
+	require.Equal(t, []string{"a", "b", "c", "c", "d"}, keys(s.Applied(id)))
+	dedup := s.Deduplicated(id)
+	require.Equal(t, []string{"a", "b", "c", "d"}, keys(dedup))
+	require.Equal(t, []byte("again"), dedup[2].Value, "the latest application wins")
+	require.Equal(t, common.Ts(50), s.CheckpointOf(id))
+	require.Len(t, s.AppliedDDLs(id), 1)
+	require.Equal(t, []common.DispatcherID{id}, s.Dispatchers())
+
+	// Snapshots are copies.
+	ep[0].Rows[0] = row("zzz", 1, 2)
+	require.Equal(t, "a", string(s.Epochs(id)[0].Rows[0].Key))
+
+	// Calls without BeginEpoch land in an epoch-0 record.
+	other := did(2)
+	require.NoError(t, s.ApplyRows(other, []common.Row{row("x", 1, 2)}))
+	require.Equal(t, uint64(0), s.Epochs(other)[0].Epoch)
+}
+
+func TestMemorySinkWaitAndConcurrentReaders(t *testing.T) {
+	s := NewMemorySink()
+	id := did(1)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.ErrorIs(t, s.WaitCheckpoint(ctx, id, 1), context.Canceled)
+
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for range 3 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_ = s.Deduplicated(id)
+				_ = s.Epochs(id)
+				_ = s.CheckpointOf(id)
+			}
+		})
+	}
+	const n = 200
+	wg.Go(func() {
+		_ = s.BeginEpoch(id, 1, 0)
+		for i := 1; i <= n; i++ {
+			ts := common.Ts(i * 10)
+			_ = s.ApplyRows(id, []common.Row{row(fmt.Sprintf("k%03d", i), ts-1, ts)})
+			_ = s.Checkpoint(id, ts)
+		}
+	})
+	require.NoError(t, s.WaitCheckpoint(testCtx(t), id, n*10))
+	close(stop)
+	wg.Wait()
+	require.Len(t, s.Deduplicated(id), n)
+}
