@@ -86,9 +86,10 @@ type verdict struct {
 // collector. It does no I/O, takes no lock and reads no clock; its owner
 // (the Collector, under its mutex) feeds it messages and acts on verdicts.
 //
-// INVARIANT: checkpoint <= resolved once handshaked, and checkpoint never
-// decreases. startTs is the checkpoint at the last reset (or the start-ts
-// given at registration).
+// INVARIANT: checkpoint never decreases, and moves only to a resolved-ts of
+// the current epoch received outside a split transaction. startTs is the
+// checkpoint at the last reset (or the start-ts given at registration); a
+// handshake may start at or below it, never above.
 // INVARIANT: needReset => !handshaked: the service has not yet confirmed
 // the current epoch, so no message of it has been accepted.
 type stream struct {
