@@ -13,14 +13,18 @@
 //   - The current epoch's handshake (seq 1), when none was received yet, is
 //     accepted: the expected seq is 1 and resolved is its start-ts, which
 //     must not exceed the start-ts asked for (rows would be skipped). The
-//     sink hears BeginEpoch.
+//     sink hears BeginEpoch. DML batches and DDLs of the epoch are then
+//     applied in order (Sink.ApplyRows, Sink.ApplyDDL); a batch with
+//     Partial set leaves the epoch inside a split transaction until a batch
+//     without it ends the transaction.
 //   - A protocol violation resets the dispatcher: a message of a higher
 //     epoch (reason epoch), anything before the handshake (before_handshake),
 //     a second handshake (duplicate_handshake), a DML or DDL whose seq is not
 //     expected+1 or a resolved-ts whose seq is above the expected one (gap),
-//     a message messaging.Validate refuses or data out of commit-ts order or
-//     at or below the resolved-ts (invalid). A sink error resets too
-//     (sink_error). A reset moves to a new epoch above every epoch seen,
+//     a message messaging.Validate refuses, a row or DDL out of commit-ts
+//     order or at or below the resolved-ts, a DDL inside a split transaction,
+//     or a handshake above the start-ts asked for (invalid). A sink error
+//     resets too (sink_error). A reset moves to a new epoch above every epoch seen,
 //     with start-ts = the checkpoint, and calls Service.Reset; messages of
 //     older epochs are ignored from then on. The sink sees rows above the
 //     checkpoint again in the new epoch: deduplicate by (commit-ts, key).

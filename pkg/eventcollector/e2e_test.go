@@ -240,6 +240,7 @@ func TestSlowSinkPushesBackOnTheService(t *testing.T) {
 		sink: func(s Sink) Sink { block.Sink = s; return block },
 	})
 	t.Cleanup(block.unblock) // before the stack's cleanup: Close waits for the sink
+	count.inbox = h.inbox
 	id := h.add(1, 10)
 	h.advanceSchema(1000)
 	var rows []common.Row
@@ -263,6 +264,11 @@ func TestSlowSinkPushesBackOnTheService(t *testing.T) {
 	require.LessOrEqual(t, h.inbox.Len(), capacity)
 	require.Equal(t, int64(1), block.calls.Load(), "the collector waits on the sink, not on a buffer")
 	require.Empty(t, h.mem.Applied(id))
+	var taken uint64
+	for _, n := range h.coll.Stats().Messages {
+		taken += n
+	}
+	require.LessOrEqual(t, taken, uint64(2), "at most one drained batch (MaxDrain) left the inbox")
 
 	block.unblock()
 	h.waitCheckpoint(id, 100)
@@ -271,6 +277,7 @@ func TestSlowSinkPushesBackOnTheService(t *testing.T) {
 	require.Equal(t, keys(rows), keys(ep[0].Rows))
 	h.assertExactlyUpstream(id)
 	require.Positive(t, count.busys.Load())
+	require.LessOrEqual(t, count.maxLen.Load(), int64(capacity))
 	require.Zero(t, h.coll.Stats().TotalResets())
 }
 

@@ -264,18 +264,29 @@ func (c *checkingSinkForTest) Checkpoint(id common.DispatcherID, ts common.Ts) e
 }
 
 // countingTransportForTest forwards sends and counts refusals, signalling
-// the first one on busy.
+// the first one on busy; if inbox is set, it records the largest queue
+// length seen after a send.
 type countingTransportForTest struct {
-	inner messaging.Transport
-	sends atomic.Int64
-	busys atomic.Int64
-	busy  chan struct{}
-	once  sync.Once
+	inner  messaging.Transport
+	inbox  *messaging.Inbox
+	sends  atomic.Int64
+	busys  atomic.Int64
+	maxLen atomic.Int64
+	busy   chan struct{}
+	once   sync.Once
 }
 
 func (c *countingTransportForTest) Send(to messaging.Target, msgs []messaging.Message) error {
 	c.sends.Add(1)
 	err := c.inner.Send(to, msgs)
+	if c.inbox != nil {
+		for n := int64(c.inbox.Len()); ; {
+			old := c.maxLen.Load()
+			if n <= old || c.maxLen.CompareAndSwap(old, n) {
+				break
+			}
+		}
+	}
 	if errors.Is(err, messaging.ErrBusy) {
 		c.busys.Add(1)
 		c.once.Do(func() { close(c.busy) })
