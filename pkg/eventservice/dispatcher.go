@@ -50,6 +50,11 @@ type dispatcher struct {
 		// store; storeStart the start-ts of the store registration.
 		checkpoint common.Ts
 		storeStart common.Ts
+		// needRegister asks the next preparation to re-register the
+		// dispatcher in the store from registerTs (set by a reset below
+		// the store's checkpoint); a failure backs off and retries.
+		needRegister bool
+		registerTs   common.Ts
 	}
 }
 

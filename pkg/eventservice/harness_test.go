@@ -220,8 +220,10 @@ func (c *streamCheckerForTest) apply(m messaging.Message) {
 			c.violate("%v: resolved seq %d ahead of %d", hd.Dispatcher, hd.Seq, st.seq)
 		case msg.Ts < st.resolved:
 			c.violate("%v: resolved regressed %v < %v", hd.Dispatcher, msg.Ts, st.resolved)
-		case st.partial:
-			c.violate("%v: resolved %v inside a split transaction", hd.Dispatcher, msg.Ts)
+		case st.partial && msg.Ts >= st.lastCommit:
+			// Inside a split transaction only a resolved-ts below its
+			// commit-ts is true.
+			c.violate("%v: resolved %v inside a split transaction at %v", hd.Dispatcher, msg.Ts, st.lastCommit)
 		default:
 			st.resolved = msg.Ts
 		}

@@ -2,6 +2,7 @@ package eventservice
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -227,9 +228,37 @@ func TestHeartbeatDrivesStoreCheckpoint(t *testing.T) {
 	// does not replay by itself, so the test replays what the upstream
 	// would; the old, idle subscription refuses the repeat.
 	require.NoError(t, h.svc.Reset(id, 2, 15))
+	require.NoError(t, h.up.WaitLive(context.Background(), common.TableSpan(1), 2))
 	require.Equal(t, 2, h.up.SubscribeCount(common.TableSpan(1)))
 	err = h.up.Push(context.Background(), common.TableSpan(1), eventstore.Batch{Rows: []common.Row{row("a", 15, 20)}, ResolvedTs: 40})
 	require.ErrorIs(t, err, eventstore.ErrRowBeforeResolved)
+	es := h.check.waitResolved(id, 40)
+	require.Equal(t, uint64(2), es.epoch)
+	require.Equal(t, []string{"a"}, keys(es.rows))
+}
+
+// TestResetReRegistrationFailureRetries: when the store cannot
+// re-register a reset dispatcher (the upstream refuses the subscription),
+// the new epoch backs off and retries instead of being stranded.
+func TestResetReRegistrationFailureRetries(t *testing.T) {
+	log := newPreparedLog(1)
+	h := newHarness(t, nil, hooks{prepared: log.hook})
+	h.advanceSchema(1 << 40)
+	id := h.register(1, 10)
+	h.push(1, 40, row("a", 15, 20))
+	h.check.waitResolved(id, 40)
+	require.NoError(t, h.svc.Heartbeat(id, 1, 40))
+	boom := errors.New("upstream refuses subscriptions")
+	h.up.SetSubscribeErr(boom)
+	require.NoError(t, h.svc.Reset(id, 2, 15))
+	for out := range log.ch {
+		if out == outcomeBackoff {
+			break // the re-registration failed and the session backed off
+		}
+	}
+	h.up.SetSubscribeErr(nil)
+	require.NoError(t, h.up.WaitLive(context.Background(), common.TableSpan(1), 2))
+	_ = h.up.Push(context.Background(), common.TableSpan(1), eventstore.Batch{Rows: []common.Row{row("a", 15, 20)}, ResolvedTs: 40})
 	es := h.check.waitResolved(id, 40)
 	require.Equal(t, uint64(2), es.epoch)
 	require.Equal(t, []string{"a"}, keys(es.rows))

@@ -231,3 +231,29 @@ func (svc *Service) Stats() Stats {
 	st.NotifyP50, st.NotifyP99, st.NotifyP999, st.NotifyMax = h.Quantile(0.5), h.Quantile(0.99), h.Quantile(0.999), h.Max()
 	return st
 }
+
+// Progress is a cheap snapshot (no walk over dispatchers) for a progress
+// line sampled often.
+type Progress struct {
+	Notifications, Coalesced    uint64
+	PendingPrepare, PendingScan int
+	Resets                      uint64
+	ScannedRows, ScannedBytes   uint64
+}
+
+// Progress returns the counters of Stats that cost O(workers), not
+// O(dispatchers).
+func (svc *Service) Progress() Progress {
+	var p Progress
+	for i := range svc.counters {
+		p.Notifications += svc.counters[i].notifications.Load()
+		p.Coalesced += svc.counters[i].coalesced.Load()
+	}
+	for _, q := range svc.prepQueues {
+		p.PendingPrepare += q.len()
+	}
+	p.PendingScan = int(svc.scanPending.Load())
+	p.Resets = svc.resets.Load()
+	p.ScannedRows, p.ScannedBytes = svc.scannedRows.Load(), svc.scannedBytes.Load()
+	return p
+}

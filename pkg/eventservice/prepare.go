@@ -101,6 +101,9 @@ func (svc *Service) decide(s *session) prepareOutcome {
 	if st, _ := s.sched.load(); st == stateRemoved {
 		return outcomeNothing // reset or removed while queued: send nothing
 	}
+	if !svc.ensureStoreRegistration(d) {
+		return outcomeBackoff
+	}
 	if p.seq == 0 {
 		hs := &messaging.Handshake{Header: messaging.Header{Dispatcher: d.id, Epoch: s.epoch, Seq: 1}, StartTs: s.startTs}
 		if svc.send(d.target.name, []messaging.Message{hs}) != nil {

@@ -128,6 +128,8 @@ func (sc *scanner) scan(s *session) (scanOutcome, common.Ts) {
 	}
 	svc.metrics.scannedRows.Add(float64(b.rows))
 	svc.metrics.scannedBytes.Add(float64(b.bytes))
+	svc.scannedRows.Add(uint64(b.rows))
+	svc.scannedBytes.Add(uint64(b.bytes))
 	if st, _ := s.sched.load(); st == stateRemoved {
 		sc.reset()
 		return scanDone, 0 // the owner's transition discards it; send nothing

@@ -38,6 +38,9 @@ type Service struct {
 	// to enter it).
 	scanPending atomic.Int64
 	resets      atomic.Uint64
+	// scannedRows and scannedBytes count what scans read (also exported
+	// as metrics), for Progress.
+	scannedRows, scannedBytes atomic.Uint64
 
 	mu struct {
 		sync.RWMutex
@@ -208,18 +211,16 @@ func (svc *Service) Reset(id common.DispatcherID, epoch uint64, startTs common.T
 		d.mu.Unlock()
 		return fmt.Errorf("%w: reset to epoch %d, current %d", ErrStaleEpoch, epoch, old.epoch)
 	}
-	reRegister := startTs < d.mu.checkpoint || startTs < d.mu.storeStart
 	s := newSession(d, epoch, startTs)
 	d.session.Store(s)
 	svc.retire(old)
-	if reRegister {
+	if startTs < d.mu.checkpoint || startTs < d.mu.storeStart {
 		// The store may have collected rows above startTs for this
-		// dispatcher: register afresh so the store finds (or subscribes) a
-		// subscription that still holds them.
-		if err := svc.reRegisterLocked(d, startTs); err != nil {
-			d.mu.Unlock()
-			return err
-		}
+		// dispatcher: the new session's first preparation registers it
+		// afresh, so the store finds (or subscribes) a subscription that
+		// still holds them. Doing it there, not here, lets a failure back
+		// off and retry instead of stranding the new epoch.
+		d.mu.needRegister, d.mu.registerTs = true, startTs
 	}
 	d.mu.Unlock()
 	svc.resets.Add(1)
@@ -227,20 +228,31 @@ func (svc *Service) Reset(id common.DispatcherID, epoch uint64, startTs common.T
 	return nil
 }
 
-// reRegisterLocked re-registers d in the store from startTs.
-// REQUIRES: d.mu held.
-func (svc *Service) reRegisterLocked(d *dispatcher, startTs common.Ts) error {
+// ensureStoreRegistration performs a re-registration a reset asked for. It
+// returns false if it failed (the caller backs off; the flag stays).
+// REQUIRES: the caller owns d's current session.
+func (svc *Service) ensureStoreRegistration(d *dispatcher) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.mu.removed || !d.mu.needRegister {
+		return true
+	}
+	// Unregister waits for a callback in flight; the notify path takes no
+	// lock of ours, so holding d.mu here cannot deadlock.
 	if err := svc.opts.Store.UnregisterDispatcher(d.id); err != nil && !errors.Is(err, eventstore.ErrDispatcherNotFound) {
-		return fmt.Errorf("eventservice: reset %v: %w", d.id, err)
+		svc.log.Warn("re-register: unregister failed; retrying", zap.Stringer("dispatcher", d.id), zap.Error(err))
+		return false
 	}
 	// The frontier restarts with the new registration's notifications.
 	d.received.Store(0)
 	d.maxCommit.Store(0)
-	if err := svc.opts.Store.RegisterDispatcher(d.id, d.span, startTs, d.onNotify); err != nil {
-		return fmt.Errorf("eventservice: reset %v: %w", d.id, err)
+	if err := svc.opts.Store.RegisterDispatcher(d.id, d.span, d.mu.registerTs, d.onNotify); err != nil {
+		svc.log.Warn("re-register failed; retrying", zap.Stringer("dispatcher", d.id), zap.Error(err))
+		return false
 	}
-	d.mu.storeStart, d.mu.checkpoint = startTs, startTs
-	return nil
+	d.mu.needRegister = false
+	d.mu.storeStart, d.mu.checkpoint = d.mu.registerTs, d.mu.registerTs
+	return true
 }
 
 // Remove unregisters dispatcher id: its queued and in-flight work is
