@@ -138,15 +138,22 @@ func (sc *scanner) scan(s *session) (scanOutcome, common.Ts) {
 		// Nothing but progress: it goes through the resolved set like the
 		// fast path, so resolved-ts of one seq leave in order.
 		if next.resolved > p.resolved {
+			s.sent.Store(uint64(next.resolved)) // before the pump can deliver it
 			d.target.resolved.Add(d.id, resolvedValue{epoch: s.epoch, seq: next.seq, ts: next.resolved})
 		}
 	} else {
 		if next.resolved > p.resolved {
 			sc.msgs = append(sc.msgs, &messaging.Resolved{Header: sc.header(s, next.seq), Ts: next.resolved})
 		}
+		// sent caps heartbeats. It is raised before the send because the
+		// receiver may apply the messages and heartbeat their checkpoint
+		// before Send even returns here; it is lowered again if the send
+		// fails (a receiver cannot heartbeat what it never got).
+		prevSent := s.sent.Swap(uint64(next.resolved))
 		err := svc.send(d.target.name, sc.msgs)
 		sc.reset()
 		if err != nil {
+			s.sent.Store(prevSent)
 			return scanFailed, 0
 		}
 	}
