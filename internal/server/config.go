@@ -1,0 +1,167 @@
+package server
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"time"
+)
+
+// ErrInvalidConfig wraps every configuration error.
+var ErrInvalidConfig = errors.New("invalid configuration")
+
+// Config is the demo server's configuration; each field is one flag.
+type Config struct {
+	Tables      int
+	Changefeeds int
+	Rate        int
+	TxnRows     int
+	RowBytes    int
+	HotFraction float64
+	DDLInterval time.Duration
+	Duration    time.Duration
+	// DrainTimeout bounds the wait for delivery to catch up after the
+	// upstream stopped (end of Duration or Ctrl-C).
+	DrainTimeout   time.Duration
+	Seed           uint64
+	PrepareWorkers int
+	ScanWorkers    int
+	ScanQueue      int
+	ScanLimitBytes int
+	InboxCapacity  int
+	RefuseRate     float64
+	FailRate       float64
+	DropRate       float64
+	// DataDir keeps the event store (and, with DurableSink, the sink) on
+	// disk; empty means a temporary directory removed at exit.
+	DataDir string
+	// DurableSink applies rows to a pebble sink in DataDir/sink, persisted
+	// with the checkpoints; a restart on the same DataDir resumes from them.
+	DurableSink bool
+	MetricsAddr string
+	JSON        bool
+	LogLevel    string
+	// ProgressInterval is the period of the progress line (0: none).
+	ProgressInterval time.Duration
+}
+
+// DefaultConfig returns the defaults: `make run` uses them, finishing in
+// about 20 seconds on 2 cores with real work (1000 tables).
+func DefaultConfig() Config {
+	return Config{
+		Tables:           1000,
+		Changefeeds:      1,
+		Rate:             20000,
+		TxnRows:          4,
+		RowBytes:         100,
+		HotFraction:      0.5,
+		DDLInterval:      500 * time.Millisecond,
+		Duration:         15 * time.Second,
+		DrainTimeout:     30 * time.Second,
+		Seed:             1,
+		PrepareWorkers:   2,
+		ScanWorkers:      2,
+		ScanQueue:        8,
+		ScanLimitBytes:   1 << 20,
+		InboxCapacity:    8192,
+		MetricsAddr:      "127.0.0.1:0",
+		LogLevel:         "warn",
+		ProgressInterval: time.Second,
+	}
+}
+
+// BindFlags registers every field on fs, with c's values as defaults.
+func (c *Config) BindFlags(fs *flag.FlagSet) {
+	fs.IntVar(&c.Tables, "tables", c.Tables, "number of upstream tables (one dispatcher per table per changefeed)")
+	fs.IntVar(&c.Changefeeds, "changefeeds", c.Changefeeds, "number of changefeeds, each with its own collector and target")
+	fs.IntVar(&c.Rate, "rate", c.Rate, "upstream rows per second, all tables together")
+	fs.IntVar(&c.TxnRows, "txn-rows", c.TxnRows, "rows per transaction")
+	fs.IntVar(&c.RowBytes, "row-bytes", c.RowBytes, "bytes per row value")
+	fs.Float64Var(&c.HotFraction, "hot-fraction", c.HotFraction, "fraction of rows that go to the hot 1% of tables (0 = uniform)")
+	fs.DurationVar(&c.DDLInterval, "ddl-interval", c.DDLInterval, "interval between schema DDLs (0 = none)")
+	fs.DurationVar(&c.Duration, "duration", c.Duration, "how long the upstream produces rows")
+	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "how long to wait for delivery to catch up after the upstream stops")
+	fs.Uint64Var(&c.Seed, "seed", c.Seed, "workload seed (same seed, same rows)")
+	fs.IntVar(&c.PrepareWorkers, "prepare-workers", c.PrepareWorkers, "preparation workers")
+	fs.IntVar(&c.ScanWorkers, "scan-workers", c.ScanWorkers, "scan workers")
+	fs.IntVar(&c.ScanQueue, "scan-queue", c.ScanQueue, "scan channel capacity")
+	fs.IntVar(&c.ScanLimitBytes, "scan-limit-bytes", c.ScanLimitBytes, "bytes one scan task reads before it yields at a transaction boundary")
+	fs.IntVar(&c.InboxCapacity, "inbox-capacity", c.InboxCapacity, "messages a collector's inbox holds before the transport refuses")
+	fs.Float64Var(&c.RefuseRate, "refuse-rate", c.RefuseRate, "fraction of sends the transport refuses as busy (fault injection)")
+	fs.Float64Var(&c.FailRate, "fail-rate", c.FailRate, "fraction of sends the transport fails (fault injection)")
+	fs.Float64Var(&c.DropRate, "drop-rate", c.DropRate, "fraction of sends silently dropped; collectors detect the gap and reset (fault injection)")
+	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the event store (default: a temporary directory, removed at exit)")
+	fs.BoolVar(&c.DurableSink, "durable-sink", c.DurableSink, "apply rows to a durable pebble sink in --data-dir and resume from its checkpoints on restart")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "address serving /metrics and /debug/pprof (loopback; port 0 picks one; empty disables)")
+	fs.BoolVar(&c.JSON, "json", c.JSON, "print one JSON summary on stdout instead of text")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level (debug, info, warn, error); logs go to stderr")
+	fs.DurationVar(&c.ProgressInterval, "progress-interval", c.ProgressInterval, "period of the progress line on stderr (0 = none)")
+}
+
+// Validate reports every invalid field at once.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...))
+	}
+	rangeInt := func(name string, v, lo, hi int) {
+		if v < lo || v > hi {
+			bad("--%s=%d not in [%d, %d]", name, v, lo, hi)
+		}
+	}
+	rangeInt("tables", c.Tables, 1, 10_000_000)
+	rangeInt("changefeeds", c.Changefeeds, 1, 1000)
+	rangeInt("rate", c.Rate, 0, 100_000_000)
+	rangeInt("txn-rows", c.TxnRows, 1, 1_000_000)
+	rangeInt("row-bytes", c.RowBytes, 0, 64<<20)
+	rangeInt("prepare-workers", c.PrepareWorkers, 1, 1024)
+	rangeInt("scan-workers", c.ScanWorkers, 1, 1024)
+	rangeInt("scan-queue", c.ScanQueue, 1, 1<<20)
+	rangeInt("scan-limit-bytes", c.ScanLimitBytes, 1, 1<<30)
+	rangeInt("inbox-capacity", c.InboxCapacity, 64, 1<<24)
+	frac := func(name string, v float64) {
+		if !(v >= 0 && v <= 1) {
+			bad("--%s=%v not in [0, 1]", name, v)
+		}
+	}
+	frac("hot-fraction", c.HotFraction)
+	frac("refuse-rate", c.RefuseRate)
+	frac("fail-rate", c.FailRate)
+	frac("drop-rate", c.DropRate)
+	if c.RefuseRate+c.FailRate+c.DropRate >= 1 {
+		bad("--refuse-rate + --fail-rate + --drop-rate = %v: at least some sends must succeed", c.RefuseRate+c.FailRate+c.DropRate)
+	}
+	if c.Duration <= 0 {
+		bad("--duration=%v must be positive", c.Duration)
+	}
+	if c.DrainTimeout <= 0 {
+		bad("--drain-timeout=%v must be positive", c.DrainTimeout)
+	}
+	if c.DDLInterval < 0 {
+		bad("--ddl-interval=%v must not be negative", c.DDLInterval)
+	}
+	if c.ProgressInterval < 0 {
+		bad("--progress-interval=%v must not be negative", c.ProgressInterval)
+	}
+	if c.DurableSink && c.DataDir == "" {
+		bad("--durable-sink needs --data-dir")
+	}
+	if c.DurableSink && c.Changefeeds != 1 {
+		bad("--durable-sink supports one changefeed (it stores rows per table)")
+	}
+	if c.MetricsAddr != "" {
+		host, _, err := net.SplitHostPort(c.MetricsAddr)
+		if err != nil {
+			bad("--metrics-addr=%q: %v", c.MetricsAddr, err)
+		} else if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			bad("--metrics-addr=%q must be a loopback address (it serves pprof)", c.MetricsAddr)
+		}
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("--log-level=%q: want debug, info, warn or error", c.LogLevel)
+	}
+	return errors.Join(errs...)
+}

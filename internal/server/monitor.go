@@ -1,0 +1,172 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/cdcflow/eventservice/internal/latency"
+	"github.com/cdcflow/eventservice/pkg/common"
+)
+
+// runResult is what the monitor observed.
+type runResult struct {
+	elapsed     time.Duration // from start to delivery complete (or stop)
+	interrupted bool          // ctx was cancelled (Ctrl-C)
+	complete    bool          // every dispatcher reached the upstream's end
+	lag         latency.Histogram
+	peakPending int
+	peakPrepare int
+	peakScan    int
+	lastApplied uint64
+}
+
+const sampleEvery = 100 * time.Millisecond
+
+// monitor samples progress until the workload is delivered, ctx is
+// cancelled, or delivery stalls for DrainTimeout after the upstream ended.
+// After a cancellation it freezes the upstream and gives delivery
+// DrainTimeout to catch up with what was produced.
+func (s *server) monitor(ctx context.Context, stderr io.Writer) *runResult {
+	r := &runResult{}
+	start := time.Now()
+	tick := time.NewTicker(sampleEvery)
+	defer tick.Stop()
+	var lastPrint time.Time
+	var lastRows, lastBytes uint64
+	var drainDeadline time.Time
+	for {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			if !r.interrupted {
+				r.interrupted = true
+				s.gen.Close() // freeze the upstream; deliver what it produced
+				drainDeadline = time.Now().Add(s.cfg.DrainTimeout)
+				fmt.Fprintln(stderr, "interrupted: stopping the upstream and draining delivery")
+			}
+			ctx = context.Background() // a second signal is handled by the caller's context
+			continue
+		}
+		now := time.Now()
+		p := s.svc.Progress()
+		r.peakPrepare = max(r.peakPrepare, p.PendingPrepare)
+		r.peakScan = max(r.peakScan, p.PendingScan)
+		r.peakPending = max(r.peakPending, p.PendingPrepare+p.PendingScan)
+		frontier := s.gen.ResolvedTs()
+		upstreamDone := frontier >= s.meta.EndTs || r.interrupted
+		minCkpt, caughtUp := s.sampleLag(r, now, !upstreamDone)
+		if upstreamDone && drainDeadline.IsZero() {
+			drainDeadline = now.Add(s.cfg.DrainTimeout)
+		}
+		if s.cfg.ProgressInterval > 0 && now.Sub(lastPrint) >= s.cfg.ProgressInterval {
+			applied := s.rowsApplied()
+			dt := now.Sub(lastPrint).Seconds()
+			if lastPrint.IsZero() {
+				dt = now.Sub(start).Seconds()
+			}
+			fmt.Fprintf(stderr, "%5.1fs/%v  rows/s %8.0f  MB/s %6.2f  lag p50 %4dms p99 %5dms  pending prepare %5d scan %3d  coalesced %4.1f%%  resets %d  min-checkpoint lag %s\n",
+				now.Sub(start).Seconds(), s.cfg.Duration, float64(applied-lastRows)/dt, float64(p.ScannedBytes-lastBytes)/dt/1e6,
+				r.lag.Quantile(0.5).Milliseconds(), r.lag.Quantile(0.99).Milliseconds(), p.PendingPrepare, p.PendingScan,
+				100*ratio(p.Coalesced, p.Notifications), s.resets(), lagString(minCkpt, now))
+			lastPrint, lastRows, lastBytes = now, applied, p.ScannedBytes
+		}
+		if upstreamDone && caughtUp {
+			r.complete = true
+			r.elapsed = now.Sub(start)
+			r.lastApplied = s.rowsApplied()
+			return r
+		}
+		if !drainDeadline.IsZero() && now.After(drainDeadline) {
+			fmt.Fprintln(stderr, "drain timeout: delivery did not catch up with the upstream")
+			r.elapsed = now.Sub(start)
+			r.lastApplied = s.rowsApplied()
+			return r
+		}
+	}
+}
+
+// sampleLag records every dispatcher's resolved-ts lag (while the upstream
+// still produces) and reports the minimum checkpoint and whether every
+// dispatcher caught up with what its subscription has committed.
+func (s *server) sampleLag(r *runResult, now time.Time, record bool) (common.Ts, bool) {
+	caughtUp := true
+	var minCkpt common.Ts
+	first := true
+	for _, f := range s.feeds {
+		for _, d := range f.ds {
+			st, err := f.coll.Dispatcher(d.id)
+			if err != nil {
+				caughtUp = false
+				continue
+			}
+			if first || st.Checkpoint < minCkpt {
+				minCkpt = st.Checkpoint
+			}
+			first = false
+			if record {
+				r.lag.Record(st.Checkpoint.Lag(now))
+			}
+			target := s.meta.EndTs
+			if r.interrupted {
+				if ds, err := s.store.Dispatcher(d.id); err == nil {
+					target = ds.ResolvedTs
+				}
+			}
+			if st.Checkpoint < target {
+				caughtUp = false
+			}
+		}
+	}
+	return minCkpt, caughtUp
+}
+
+// finalTargets captures, per dispatcher, the resolved-ts delivery must
+// have reached: the workload's end, or after an interruption what the
+// store had committed when delivery stopped.
+func (s *server) finalTargets(r *runResult) map[common.DispatcherID]common.Ts {
+	out := map[common.DispatcherID]common.Ts{}
+	for _, f := range s.feeds {
+		for _, d := range f.ds {
+			target := s.meta.EndTs
+			if r.interrupted {
+				if ds, err := s.store.Dispatcher(d.id); err == nil {
+					target = ds.ResolvedTs
+				}
+			}
+			out[d.id] = target
+		}
+	}
+	return out
+}
+
+func (s *server) rowsApplied() uint64 {
+	var n uint64
+	for _, f := range s.feeds {
+		n += f.coll.Stats().RowsApplied
+	}
+	return n
+}
+
+func (s *server) resets() uint64 {
+	var n uint64
+	for _, f := range s.feeds {
+		n += f.coll.Stats().TotalResets()
+	}
+	return n
+}
+
+func ratio(a, b uint64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+func lagString(ts common.Ts, now time.Time) string {
+	if ts == 0 {
+		return "-"
+	}
+	return ts.Lag(now).Truncate(time.Millisecond).String()
+}

@@ -1,0 +1,323 @@
+// Package server wires the real parts into the embedded changefeed server
+// that cmd/cdcserver runs and the end-to-end tests drive: the pebble event
+// store fed by the synthetic upstream, the in-memory schema store with
+// scheduled DDLs, the event service, the in-process transport (optionally
+// with injected faults) and one collector per changefeed, then verifies
+// what the collectors received against what the upstream produced.
+//
+// Invariants: Run owns every goroutine it starts and stops them all before
+// it returns; it writes the summary (text or one JSON object) to stdout and
+// everything else (logs, progress) to stderr; nothing is global.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/pingcap/log"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventcollector"
+	"github.com/cdcflow/eventservice/pkg/eventservice"
+	"github.com/cdcflow/eventservice/pkg/eventstore"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+	"github.com/cdcflow/eventservice/pkg/schemastore"
+	"github.com/cdcflow/eventservice/pkg/upstream"
+)
+
+// feed is one changefeed: a target, its collector and its dispatchers.
+type feed struct {
+	target messaging.Target
+	coll   *eventcollector.Collector
+	mem    *eventcollector.MemorySink // nil with a durable sink
+	ds     []dispatcherRef
+}
+
+type dispatcherRef struct {
+	id      common.DispatcherID
+	table   int64
+	startTs common.Ts
+}
+
+// server holds the running parts.
+type server struct {
+	cfg     Config
+	log     *zap.Logger
+	reg     *prometheus.Registry
+	meta    runMeta
+	sched   ddlSchedule
+	dataDir string
+	tmpDir  string
+
+	gen     *upstream.Generator
+	store   *eventstore.Store
+	schema  *schemastore.Memory
+	inproc  *messaging.InProcess
+	faulty  *messaging.Faulty
+	svc     *eventservice.Service
+	durable *DurableSink
+	feeds   []*feed
+
+	metricsLn  net.Listener
+	metricsSrv *http.Server
+	stopSchema chan struct{}
+	wg         sync.WaitGroup
+}
+
+// Run runs the server until the workload is delivered (or ctx is cancelled,
+// e.g. by SIGINT), verifies, writes the summary to stdout and returns it.
+// A configuration error is returned before anything starts.
+func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (Summary, error) {
+	if err := cfg.Validate(); err != nil {
+		return Summary{}, err
+	}
+	s, err := build(cfg, stderr)
+	if err != nil {
+		return Summary{}, err
+	}
+	defer s.cleanup()
+	if err := s.start(); err != nil {
+		s.stop()
+		return Summary{}, err
+	}
+	run := s.monitor(ctx, stderr)
+	finals := s.finalTargets(run)
+	s.stop()
+	sum := s.verify(run, finals)
+	if err := writeSummary(stdout, cfg.JSON, sum); err != nil {
+		return sum, err
+	}
+	return sum, nil
+}
+
+// build creates every part; nothing runs yet.
+func build(cfg Config, stderr io.Writer) (*server, error) {
+	lg, _, err := log.InitLoggerWithWriteSyncer(&log.Config{Level: cfg.LogLevel, Format: "text"}, zapcore.AddSync(stderr), zapcore.AddSync(stderr))
+	if err != nil {
+		return nil, fmt.Errorf("logger: %w", err)
+	}
+	s := &server{cfg: cfg, log: lg.Named("cdcserver"), reg: prometheus.NewRegistry(), stopSchema: make(chan struct{})}
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.dataDir = cfg.DataDir
+	if s.dataDir == "" {
+		if s.tmpDir, err = os.MkdirTemp("", "cdcserver-"); err != nil {
+			return nil, err
+		}
+		s.dataDir = s.tmpDir
+	}
+	var resumed bool
+	if s.meta, resumed, err = loadOrCreateMeta(cfg, common.TsFromTime(time.Now())); err != nil {
+		s.cleanup()
+		return nil, err
+	}
+	s.sched = ddlSchedule{seed: s.meta.Seed, tables: cfg.Tables, interval: cfg.DDLInterval, start: s.meta.StartTs, end: s.meta.EndTs}
+	if err := s.buildParts(resumed); err != nil {
+		s.cleanup()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *server) buildParts(resumed bool) error {
+	cfg := s.cfg
+	var err error
+	s.gen, err = upstream.NewGenerator(upstream.GeneratorOptions{Tables: cfg.Tables, RowsPerSec: cfg.Rate, TxnRows: cfg.TxnRows,
+		RowBytes: cfg.RowBytes, HotFraction: cfg.HotFraction, Seed: s.meta.Seed, StartTs: s.meta.StartTs, EndTs: s.meta.EndTs,
+		Logger: s.log.Named("upstream")})
+	if err != nil {
+		return err
+	}
+	s.store, err = eventstore.Open(eventstore.Options{Dir: filepath.Join(s.dataDir, "eventstore"), Upstream: s.gen,
+		Registerer: s.reg, Logger: s.log})
+	if err != nil {
+		return err
+	}
+	s.schema, err = schemastore.NewMemory(schemastore.MemoryOptions{InitialResolvedTs: s.meta.StartTs, Logger: s.log})
+	if err != nil {
+		return err
+	}
+	s.inproc, err = messaging.NewInProcess(messaging.InProcessOptions{Capacity: cfg.InboxCapacity, Logger: s.log})
+	if err != nil {
+		return err
+	}
+	var tr messaging.Transport = s.inproc
+	if cfg.RefuseRate > 0 || cfg.FailRate > 0 || cfg.DropRate > 0 {
+		s.faulty, err = messaging.NewFaulty(s.inproc, messaging.FaultOptions{Seed: s.meta.Seed, RefuseRate: cfg.RefuseRate,
+			FailRate: cfg.FailRate, DropRate: cfg.DropRate})
+		if err != nil {
+			return err
+		}
+		tr = s.faulty
+	}
+	s.svc, err = eventservice.New(eventservice.Options{Store: s.store, Schema: s.schema, Transport: tr,
+		PrepareWorkers: cfg.PrepareWorkers, ScanWorkers: cfg.ScanWorkers, ScanQueueSize: cfg.ScanQueue,
+		ScanLimitBytes: cfg.ScanLimitBytes, LargeTxnSplitBytes: max(eventservice.DefaultLargeTxnSplitBytes, cfg.ScanLimitBytes),
+		MaxMessagesPerTask: min(eventservice.DefaultMaxMessagesPerTask, cfg.InboxCapacity/4), Registerer: s.reg, Logger: s.log})
+	if err != nil {
+		return err
+	}
+	if cfg.DurableSink {
+		if s.durable, err = OpenDurableSink(filepath.Join(s.dataDir, "sink")); err != nil {
+			return err
+		}
+	}
+	for c := range cfg.Changefeeds {
+		if err := s.buildFeed(c, resumed); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *server) buildFeed(c int, resumed bool) error {
+	f := &feed{target: messaging.Target(fmt.Sprintf("changefeed-%d", c+1))}
+	inbox, err := s.inproc.Register(f.target)
+	if err != nil {
+		return err
+	}
+	var sink eventcollector.Sink
+	if s.durable != nil {
+		sink = s.durable
+	} else {
+		f.mem = eventcollector.NewMemorySink()
+		sink = f.mem
+	}
+	f.coll, err = eventcollector.New(eventcollector.Options{Service: s.svc, Inbox: inbox, Sink: sink, Registerer: s.reg, Logger: s.log})
+	if err != nil {
+		return err
+	}
+	for t := 1; t <= s.cfg.Tables; t++ {
+		ref := dispatcherRef{id: common.DispatcherID{Hi: uint64(c + 1), Lo: uint64(t)}, table: int64(t), startTs: s.meta.StartTs}
+		if s.durable != nil {
+			s.durable.Bind(ref.id, ref.table)
+			if resumed {
+				ckpt, err := s.durable.CheckpointOf(ref.id)
+				if err != nil {
+					return err
+				}
+				ref.startTs = max(ref.startTs, ckpt)
+			}
+		}
+		f.ds = append(f.ds, ref)
+	}
+	s.feeds = append(s.feeds, f)
+	return nil
+}
+
+// start starts every part, registers the dispatchers, then the upstream.
+func (s *server) start() error {
+	if err := s.store.Start(); err != nil {
+		return err
+	}
+	if err := s.svc.Start(); err != nil {
+		return err
+	}
+	for _, f := range s.feeds {
+		if err := f.coll.Start(); err != nil {
+			return err
+		}
+		for _, d := range f.ds {
+			if err := f.coll.AddDispatcher(d.id, common.TableSpan(d.table), d.startTs); err != nil {
+				return fmt.Errorf("add dispatcher of table %d: %w", d.table, err)
+			}
+		}
+	}
+	if err := s.gen.Start(); err != nil {
+		return err
+	}
+	s.wg.Go(func() { driveSchema(s.schema, s.sched, s.gen.ResolvedTs, 10*time.Millisecond, s.stopSchema) })
+	return s.serveMetrics()
+}
+
+// serveMetrics serves /metrics and /debug/pprof on the loopback address.
+func (s *server) serveMetrics() error {
+	if s.cfg.MetricsAddr == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", s.cfg.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("metrics listener: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	s.metricsLn = ln
+	s.metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	s.wg.Go(func() {
+		if err := s.metricsSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Warn("metrics server", zap.Error(err))
+		}
+	})
+	s.log.Info("serving /metrics and /debug/pprof", zap.String("addr", ln.Addr().String()))
+	return nil
+}
+
+// MetricsAddr returns the address /metrics is served on, once started.
+func (s *server) metricsAddr() string {
+	if s.metricsLn == nil {
+		return ""
+	}
+	return s.metricsLn.Addr().String()
+}
+
+// stop stops every part in dependency order: upstream and schema first,
+// then collectors, the service (which unregisters from the store), the
+// store, the transport and the metrics server.
+func (s *server) stop() {
+	close(s.stopSchema)
+	s.gen.Close()
+	for _, f := range s.feeds {
+		if err := f.coll.Close(); err != nil {
+			s.log.Warn("close collector", zap.Error(err))
+		}
+	}
+	if err := s.svc.Close(); err != nil {
+		s.log.Warn("close service", zap.Error(err))
+	}
+	if err := s.store.Close(); err != nil {
+		s.log.Warn("close store", zap.Error(err))
+	}
+	s.inproc.Close()
+	if s.metricsSrv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = s.metricsSrv.Shutdown(ctx)
+		cancel()
+	}
+	s.wg.Wait()
+}
+
+// cleanup releases what build acquired (closing twice is harmless).
+func (s *server) cleanup() {
+	if s.svc != nil {
+		_ = s.svc.Close()
+	}
+	if s.store != nil {
+		_ = s.store.Close()
+	}
+	if s.durable != nil {
+		_ = s.durable.Close()
+		s.durable = nil
+	}
+	if s.tmpDir != "" {
+		_ = os.RemoveAll(s.tmpDir)
+		s.tmpDir = ""
+	}
+}
