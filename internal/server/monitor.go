@@ -170,3 +170,20 @@ func lagString(ts common.Ts, now time.Time) string {
 	}
 	return ts.Lag(now).Truncate(time.Millisecond).String()
 }
+
+// diagnose records the collector's and the service's view of every
+// dispatcher that is behind its final target, while both still run.
+func (s *server) diagnose(finals map[common.DispatcherID]common.Ts) {
+	s.diag = map[common.DispatcherID]string{}
+	for _, f := range s.feeds {
+		for _, d := range f.ds {
+			cs, err := f.coll.Dispatcher(d.id)
+			if err == nil && cs.Checkpoint >= finals[d.id] {
+				continue
+			}
+			ss, serr := s.svc.Inspect(d.id)
+			ds, _ := s.store.Dispatcher(d.id)
+			s.diag[d.id] = fmt.Sprintf("collector %+v (err %v); service %+v (err %v); store %+v", cs, err, ss, serr, ds)
+		}
+	}
+}

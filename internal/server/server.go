@@ -76,6 +76,9 @@ type server struct {
 	metricsSrv *http.Server
 	stopSchema chan struct{}
 	wg         sync.WaitGroup
+	// diag describes, before shutdown, the dispatchers that did not reach
+	// their final resolved-ts.
+	diag map[common.DispatcherID]string
 }
 
 // Run runs the server until the workload is delivered (or ctx is cancelled,
@@ -96,6 +99,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (Summary, er
 	}
 	run := s.monitor(ctx, stderr)
 	finals := s.finalTargets(run)
+	s.diagnose(finals)
 	s.stop()
 	sum := s.verify(run, finals)
 	if err := writeSummary(stdout, cfg.JSON, sum); err != nil {

@@ -115,7 +115,8 @@ func (s *server) verifyDispatcher(sum *Summary, f *feed, d dispatcherRef, final 
 	ckpt := f.mem.CheckpointOf(d.id)
 	if ckpt < final {
 		sum.LostWakeups++
-		sum.problem("%v (table %d): checkpoint %v behind the upstream's final resolved-ts %v", d.id, d.table, ckpt, final)
+		sum.problem("%v (table %d): checkpoint %v behind the upstream's final resolved-ts %v; %s",
+			d.id, d.table, ckpt, final, s.diag[d.id])
 	}
 	for _, ep := range f.mem.Epochs(d.id) {
 		for i := 1; i < len(ep.Rows); i++ {

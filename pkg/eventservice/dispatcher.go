@@ -91,8 +91,39 @@ type session struct {
 
 	// sent is progress.resolved, published for heartbeats and metrics.
 	sent atomic.Uint64
+	// pub is the last progress known delivered to the transport or the
+	// resolved set, as one consistent (ts, seq) pair, and when it changed:
+	// the keepalive loop re-sends it to a collector that has not
+	// acknowledged it (a dropped last message is otherwise undetectable).
+	pub struct {
+		sync.Mutex
+		ts  common.Ts
+		seq uint64
+		at  time.Time
+	}
 	// blockedAt is the schema frontier the session waits to see pass.
 	blockedAt atomic.Uint64
+}
+
+// publish records delivered progress (ts at seq).
+func (s *session) publish(ts common.Ts, seq uint64, now time.Time) {
+	s.pub.Lock()
+	s.pub.ts, s.pub.seq, s.pub.at = ts, seq, now
+	s.pub.Unlock()
+}
+
+// published returns the last delivered progress and when it changed.
+func (s *session) published() (common.Ts, uint64, time.Time) {
+	s.pub.Lock()
+	defer s.pub.Unlock()
+	return s.pub.ts, s.pub.seq, s.pub.at
+}
+
+// touch restarts the keepalive timer of the published progress.
+func (s *session) touch(now time.Time) {
+	s.pub.Lock()
+	s.pub.at = now
+	s.pub.Unlock()
 }
 
 func newSession(d *dispatcher, epoch uint64, startTs common.Ts) *session {

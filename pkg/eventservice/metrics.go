@@ -47,6 +47,7 @@ type metrics struct {
 	sendRefusals     *prometheus.CounterVec
 	sentMessages     prometheus.Counter
 	backoffs         prometheus.Counter
+	keepalives       prometheus.Counter
 	funcs            []prometheus.Collector
 }
 
@@ -79,6 +80,8 @@ func newMetrics(svc *Service) *metrics {
 	m.sentMessages = prometheus.NewCounter(prometheus.CounterOpts{Name: name("sent_messages_total"), Help: "Messages accepted by the transport."})
 	m.backoffs = prometheus.NewCounter(prometheus.CounterOpts{Name: name("backoffs_total"),
 		Help: "Dispatchers backed off after their target refused or failed a send."})
+	m.keepalives = prometheus.NewCounter(prometheus.CounterOpts{Name: name("keepalives_total"),
+		Help: "Resolved-ts re-sent to collectors that had not acknowledged progress for SignalInterval."})
 
 	gauge := func(n, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name(n), Help: help}, f)
@@ -107,7 +110,7 @@ func newMetrics(svc *Service) *metrics {
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return append([]prometheus.Collector{m.notifyDuration, m.prepareOutcomeV, m.scanDuration, m.scannedRows, m.scannedBytes,
-		m.interruptedScans, m.sendRefusals, m.sentMessages, m.backoffs}, m.funcs...)
+		m.interruptedScans, m.sendRefusals, m.sentMessages, m.backoffs, m.keepalives}, m.funcs...)
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {
@@ -256,4 +259,36 @@ func (svc *Service) Progress() Progress {
 	p.Resets = svc.resets.Load()
 	p.ScannedRows, p.ScannedBytes = svc.scannedRows.Load(), svc.scannedBytes.Load()
 	return p
+}
+
+// DispatcherSnapshot describes one dispatcher for diagnostics.
+type DispatcherSnapshot struct {
+	Epoch      uint64
+	StartTs    common.Ts
+	State      string
+	Pending    bool
+	Queued     bool
+	Received   common.Ts // largest resolved-ts notified by the store
+	MaxCommit  common.Ts
+	Sent       common.Ts // progress published downstream
+	BlockedAt  common.Ts
+	NeedsStore bool // a reset's store re-registration is outstanding
+	Checkpoint common.Ts
+	StoreStart common.Ts
+}
+
+// Inspect returns a snapshot of dispatcher id.
+func (svc *Service) Inspect(id common.DispatcherID) (DispatcherSnapshot, error) {
+	d, err := svc.lookup(id)
+	if err != nil {
+		return DispatcherSnapshot{}, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.session.Load()
+	st, pending := s.sched.load()
+	return DispatcherSnapshot{Epoch: s.epoch, StartTs: s.startTs, State: st.String(), Pending: pending,
+		Queued: svc.prepQueues[d.worker].contains(s), Received: common.Ts(d.received.Load()),
+		MaxCommit: common.Ts(d.maxCommit.Load()), Sent: common.Ts(s.sent.Load()), BlockedAt: common.Ts(s.blockedAt.Load()),
+		NeedsStore: d.mu.needRegister, Checkpoint: d.mu.checkpoint, StoreStart: d.mu.storeStart}, nil
 }

@@ -68,6 +68,12 @@ type Options struct {
 	// BackoffBase and BackoffMax bound a dispatcher's exponential back-off
 	// after its target refused or failed a send. Defaults 10ms and 1s.
 	BackoffBase, BackoffMax time.Duration
+	// SignalInterval: a dispatcher whose collector has not acknowledged
+	// (by heartbeat) the progress published this long ago gets it re-sent
+	// as a keepalive resolved-ts. A dropped last message leaves no later
+	// message to reveal the seq gap; the keepalive is that later message.
+	// Default 1s (TiCDC re-sends every 2s; heartbeats come every 200ms).
+	SignalInterval time.Duration
 	// ResolvedBatch is the number of resolved-ts messages sent to a target
 	// per transport call. Default 512.
 	ResolvedBatch int
@@ -91,6 +97,7 @@ const (
 	DefaultBackoffBase        = 10 * time.Millisecond
 	DefaultBackoffMax         = time.Second
 	DefaultResolvedBatch      = 512
+	DefaultSignalInterval     = time.Second
 )
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -114,6 +121,9 @@ func (o Options) EnsureDefaults() Options {
 	}
 	if o.BackoffMax == 0 {
 		o.BackoffMax = DefaultBackoffMax
+	}
+	if o.SignalInterval == 0 {
+		o.SignalInterval = DefaultSignalInterval
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -158,6 +168,9 @@ func (o Options) Validate() error {
 	}
 	if o.BackoffBase <= 0 || o.BackoffMax < o.BackoffBase {
 		bad("BackoffBase %v / BackoffMax %v: need 0 < base <= max", o.BackoffBase, o.BackoffMax)
+	}
+	if o.SignalInterval <= 0 {
+		bad("SignalInterval %v must be positive", o.SignalInterval)
 	}
 	return errors.Join(errs...)
 }

@@ -111,6 +111,7 @@ func (svc *Service) decide(s *session) prepareOutcome {
 		}
 		p.seq = 1
 		s.backoffN = 0
+		s.publish(s.startTs, 1, svc.opts.Clock.Now())
 	}
 	// received before maxCommit: see dispatcher.received.
 	received := common.Ts(d.received.Load())
@@ -136,6 +137,7 @@ func (svc *Service) decide(s *session) prepareOutcome {
 		p.resolved = end
 		s.sent.Store(uint64(end))
 		d.target.resolved.Add(d.id, resolvedValue{epoch: s.epoch, seq: p.seq, ts: end})
+		s.publish(end, p.seq, svc.opts.Clock.Now())
 		if end < received {
 			s.blockedAt.Store(uint64(end))
 			return outcomeSchemaBlocked

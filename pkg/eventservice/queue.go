@@ -103,3 +103,10 @@ func (q *prepareQueue) close() {
 		q.unlinkLocked(q.mu.head)
 	}
 }
+
+// contains reports whether s is queued here.
+func (q *prepareQueue) contains(s *session) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return s.queued
+}

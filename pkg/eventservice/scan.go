@@ -161,6 +161,9 @@ func (sc *scanner) scan(s *session) (scanOutcome, common.Ts) {
 	s.progress = next
 	s.sent.Store(uint64(next.resolved))
 	s.backoffN = 0
+	if next.resolved > p.resolved || next.seq > p.seq {
+		s.publish(next.resolved, next.seq, svc.opts.Clock.Now())
+	}
 	if b.interrupted || trimmed {
 		return scanInterrupted, 0
 	}

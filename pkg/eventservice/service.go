@@ -122,6 +122,7 @@ func (svc *Service) Start() error {
 	}
 	svc.wg.Go(svc.runSchemaRetry)
 	svc.wg.Go(svc.runBackoffTimers)
+	svc.wg.Go(svc.runKeepalive)
 	for _, t := range svc.mu.targets {
 		if err := t.start(); err != nil {
 			return err

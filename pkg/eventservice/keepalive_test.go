@@ -1,0 +1,83 @@
+package eventservice
+
+import (
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/pkg/messaging"
+)
+
+// dropNextDMLForTest silently drops the next send that carries a DMLBatch
+// once armed, like a lossy network: Send reports success.
+type dropNextDMLForTest struct {
+	inner   messaging.Transport
+	armed   atomic.Bool
+	dropped chan struct{}
+}
+
+func (d *dropNextDMLForTest) Send(to messaging.Target, msgs []messaging.Message) error {
+	for _, m := range msgs {
+		if _, ok := m.(*messaging.DMLBatch); ok && d.armed.CompareAndSwap(true, false) {
+			close(d.dropped)
+			return nil
+		}
+	}
+	return d.inner.Send(to, msgs)
+}
+
+// TestKeepaliveRevealsADroppedLastMessage: the last message of a dispatcher
+// is dropped; no later data would reveal the gap, but the keepalive
+// resolved-ts (carrying the current seq) does.
+func TestKeepaliveRevealsADroppedLastMessage(t *testing.T) {
+	drop := &dropNextDMLForTest{dropped: make(chan struct{})}
+	h := newHarness(t, func(o *Options) {
+		o.SignalInterval = 20 * time.Millisecond
+		drop.inner = o.Transport
+		o.Transport = drop
+	}, hooks{})
+	h.advanceSchema(1 << 40)
+	id := h.register(1, 10)
+	h.check.waitResolved(id, 10)
+	drop.armed.Store(true)
+	h.push(1, 40, row("a", 15, 20))
+	<-drop.dropped
+	h.check.waitFor("the gap to show", func() bool {
+		for _, v := range h.check.violations {
+			if strings.Contains(v, "resolved seq 2 ahead of 1") {
+				return true
+			}
+		}
+		return false
+	})
+	require.Positive(t, testutilCounter(h.svc.metrics.keepalives))
+	h.check.mu.Lock()
+	h.check.violations = nil // the gap was the point; a collector would reset here
+	h.check.mu.Unlock()
+}
+
+// TestKeepaliveOnlyForUnacknowledgedProgress drives the keepalive decision
+// directly with explicit times.
+func TestKeepaliveOnlyForUnacknowledgedProgress(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.SignalInterval = time.Hour }, hooks{})
+	h.advanceSchema(1 << 40)
+	id := h.register(1, 10)
+	h.push(1, 40, row("a", 15, 20))
+	h.check.waitResolved(id, 40)
+	d := h.dispatcher(id)
+	_, _, at := d.session.Load().published()
+
+	h.svc.keepalive(d, at.Add(30*time.Minute))
+	require.Zero(t, testutilCounter(h.svc.metrics.keepalives), "published recently")
+	h.svc.keepalive(d, at.Add(time.Hour))
+	require.Equal(t, 1.0, testutilCounter(h.svc.metrics.keepalives), "unacknowledged for an interval")
+	h.svc.keepalive(d, at.Add(90*time.Minute))
+	require.Equal(t, 1.0, testutilCounter(h.svc.metrics.keepalives), "rate-limited to one per interval")
+	require.NoError(t, h.svc.Heartbeat(id, 1, 40))
+	h.svc.keepalive(d, at.Add(5*time.Hour))
+	require.Equal(t, 1.0, testutilCounter(h.svc.metrics.keepalives), "acknowledged: nothing to re-send")
+	h.check.waitResolved(id, 40)
+}
