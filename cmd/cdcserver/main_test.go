@@ -1,0 +1,39 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestBadFlagsExitTwoWithUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"--tables", "0"},
+		{"--refuse-rate", "1.5"},
+		{"--metrics-addr", "0.0.0.0:1"},
+		{"--no-such-flag"},
+		{"stray-argument"},
+	} {
+		var out, errOut bytes.Buffer
+		require.Equal(t, 2, run(args, &out, &errOut), "%v", args)
+		require.Contains(t, errOut.String(), "usage: cdcserver", "%v", args)
+		require.Empty(t, out.String(), "nothing on stdout for %v", args)
+	}
+}
+
+func TestJSONRunVerifiesAndExitsZero(t *testing.T) {
+	var out, errOut bytes.Buffer
+	code := run([]string{"--tables", "10", "--rate", "1000", "--duration", "500ms", "--json", "--metrics-addr", "",
+		"--progress-interval", "0", "--log-level", "error"}, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	var sum map[string]any
+	require.NoError(t, json.Unmarshal(out.Bytes(), &sum), out.String())
+	require.Equal(t, true, sum["verified"])
+	require.Equal(t, 10.0, sum["dispatchers"])
+	require.Equal(t, 0.0, sum["lost_wakeups"])
+}
