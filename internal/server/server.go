@@ -97,6 +97,9 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (Summary, er
 		s.stop()
 		return Summary{}, err
 	}
+	if addr := s.metricsAddr(); addr != "" {
+		fmt.Fprintf(stderr, "serving http://%s/metrics and /debug/pprof\n", addr)
+	}
 	run := s.monitor(ctx, stderr)
 	finals := s.finalTargets(run)
 	s.diagnose(finals)

@@ -133,7 +133,7 @@ func TestMetricsEndpointServesLintCleanMetrics(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, resp.Body.Close())
 	for _, name := range []string{"cdcflow_eventstore_notify_duration_seconds", "cdcflow_eventservice_pending_tasks",
-		"cdcflow_eventcollector_rows_applied_total", "cdcflow_eventservice_resolved_adds_total"} {
+		"cdcflow_eventcollector_rows_applied_total", "cdcflow_eventservice_resolved_set_adds_total"} {
 		require.Contains(t, string(body), name)
 	}
 	resp, err = http.Get("http://" + s.metricsAddr() + "/debug/pprof/")

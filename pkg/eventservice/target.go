@@ -57,7 +57,7 @@ func (svc *Service) targetLocked(name messaging.Target) (*target, error) {
 		BackoffMax:    svc.opts.BackoffMax,
 		Clock:         pendingClock{svc.opts.Clock},
 		Registerer:    svc.opts.Registerer,
-		MetricsPrefix: namespace + "_" + subsystem + "_resolved",
+		MetricsPrefix: namespace + "_" + subsystem + "_resolved_set",
 		ConstLabels:   prometheus.Labels{"target": string(name)},
 		Logger:        svc.log.Named("resolved"),
 		// A new epoch's value must not wait out the old epoch's back-off.
