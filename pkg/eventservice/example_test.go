@@ -17,7 +17,7 @@ import (
 // Example embeds the store, the service and a collector: the README's
 // embedding example, compiled and run as a test.
 func Example() {
-	up := upstream.NewManual() // your eventstore.Upstream in production
+	up := upstream.NewManual()                                    // your eventstore.Upstream in production
 	store, _ := eventstore.Open(eventstore.Options{Upstream: up}) // Dir "": in-memory pebble
 	_ = store.Start()
 	defer store.Close()
