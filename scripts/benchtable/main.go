@@ -3,11 +3,15 @@
 // headline ratios of the project, each computed from medians measured in
 // the same run.
 //
-// Usage: go run ./scripts/benchtable bench.out
+// Usage: go run ./scripts/benchtable bench.out [cdcserver.json]
+//
+// The optional second file is the one JSON object `cdcserver --json` prints;
+// its notify and lag figures are appended to the table.
 package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -30,8 +34,8 @@ func main() {
 }
 
 func run(args []string, out io.Writer) error {
-	if len(args) != 1 {
-		return fmt.Errorf("usage: benchtable <go test -bench output file>")
+	if len(args) != 1 && len(args) != 2 {
+		return fmt.Errorf("usage: benchtable <go test -bench output file> [cdcserver --json output]")
 	}
 	f, err := os.Open(args[0])
 	if err != nil {
@@ -44,6 +48,40 @@ func run(args []string, out io.Writer) error {
 	}
 	printTable(out, results, order)
 	printRatios(out, results)
+	if len(args) == 2 {
+		return printServer(out, args[1])
+	}
+	return nil
+}
+
+// serverRun is the part of cdcserver's JSON summary the table shows.
+type serverRun struct {
+	Verified         bool    `json:"verified"`
+	Dispatchers      int     `json:"dispatchers"`
+	RowsDelivered    int64   `json:"rows_delivered"`
+	RowsPerSec       float64 `json:"rows_per_sec"`
+	PeakPendingTasks int     `json:"peak_pending_tasks"`
+	NotifyNs         struct {
+		P50, P99, Max float64
+	} `json:"notify_ns"`
+	ResolvedLagMs struct {
+		P50, P99, Max float64
+	} `json:"resolved_lag_ms"`
+}
+
+func printServer(out io.Writer, path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var r serverRun
+	if err := json.Unmarshal(b, &r); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	fmt.Fprintf(out, "\ncdcserver saturation run (%d dispatchers, 1 scan worker, scan channel of 1): verified=%v\n", r.Dispatchers, r.Verified)
+	fmt.Fprintf(out, "  notify callback  p50 %.0f ns  p99 %.0f ns  max %.0f ns\n", r.NotifyNs.P50, r.NotifyNs.P99, r.NotifyNs.Max)
+	fmt.Fprintf(out, "  resolved-ts lag  p50 %.1f ms  p99 %.1f ms  max %.1f ms\n", r.ResolvedLagMs.P50, r.ResolvedLagMs.P99, r.ResolvedLagMs.Max)
+	fmt.Fprintf(out, "  rows delivered %d at %.0f rows/s; peak pending tasks %d\n", r.RowsDelivered, r.RowsPerSec, r.PeakPendingTasks)
 	return nil
 }
 

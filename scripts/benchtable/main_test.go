@@ -31,6 +31,17 @@ BenchmarkStoreWrite-2        	10	 100 ns/op	 250.5 MB/s	 2000000 rows/s
 			t.Fatalf("output lacks %q:\n%s", want, s)
 		}
 	}
+	js := filepath.Join(dir, "server.json")
+	if err := os.WriteFile(js, []byte(`{"verified":true,"dispatchers":10000,"notify_ns":{"p50":200,"p99":900,"max":5000},"resolved_lag_ms":{"p50":30,"p99":400,"max":900}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := run([]string{p, js}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "p99 900 ns") || !strings.Contains(out.String(), "p99 400.0 ms") {
+		t.Fatalf("server figures missing:\n%s", out.String())
+	}
 	if err := run(nil, &out); err == nil {
 		t.Fatal("missing argument accepted")
 	}
