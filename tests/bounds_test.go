@@ -1,0 +1,140 @@
+package tests
+
+import (
+	"runtime/metrics"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/pkg/eventservice"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+)
+
+// sampler records, throughout a run, the sizes the architecture promises
+// to bound: the preparation queues, the scan channel, the collector's inbox,
+// the per-target resolved-ts pending sets and the heap. It samples on a
+// ticker; it only measures, nothing waits on it.
+type sampler struct {
+	svc   *eventservice.Service
+	inbox *messaging.Inbox
+	reg   prometheus.Gatherer
+	quit  chan struct{}
+	done  chan struct{}
+
+	mu    sync.Mutex
+	peaks peaks
+}
+
+// peaks are the largest values seen.
+type peaks struct {
+	samples         int
+	prepare, scan   int
+	inbox           int
+	resolvedPending int
+	heapBytes       uint64
+	notifications   uint64
+}
+
+const (
+	sampleEvery = 2 * time.Millisecond
+	// gatherEvery: the Prometheus gather walks every dispatcher, so it runs
+	// one sample in gatherEvery.
+	gatherEvery = 25
+)
+
+func startSampler(h *harness) *sampler {
+	s := &sampler{svc: h.svc, inbox: h.inbox, reg: h.reg, quit: make(chan struct{}), done: make(chan struct{})}
+	go s.run()
+	return s
+}
+
+func (s *sampler) run() {
+	defer close(s.done)
+	t := time.NewTicker(sampleEvery)
+	defer t.Stop()
+	heap := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	for i := 0; ; i++ {
+		select {
+		case <-t.C:
+		case <-s.quit:
+			return
+		}
+		p := s.svc.Progress()
+		n := s.inbox.Len()
+		var pending int
+		if i%gatherEvery == 0 {
+			pending = resolvedPending(s.reg)
+			metrics.Read(heap)
+		}
+		s.mu.Lock()
+		s.peaks.samples++
+		s.peaks.prepare = max(s.peaks.prepare, p.PendingPrepare)
+		s.peaks.scan = max(s.peaks.scan, p.PendingScan)
+		s.peaks.inbox = max(s.peaks.inbox, n)
+		s.peaks.resolvedPending = max(s.peaks.resolvedPending, pending)
+		if heap[0].Value.Kind() == metrics.KindUint64 {
+			s.peaks.heapBytes = max(s.peaks.heapBytes, heap[0].Value.Uint64())
+		}
+		s.peaks.notifications = p.Notifications
+		s.mu.Unlock()
+	}
+}
+
+// stop ends sampling; idempotent.
+func (s *sampler) stop() {
+	select {
+	case <-s.quit:
+	default:
+		close(s.quit)
+	}
+	<-s.done
+}
+
+func (s *sampler) get() peaks {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.peaks
+}
+
+// resolvedPending returns the keys held by the service's resolved-ts
+// pending sets (all targets), from the registry.
+func resolvedPending(g prometheus.Gatherer) int {
+	mfs, err := g.Gather()
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, mf := range mfs {
+		if mf.GetName() != "cdcflow_eventservice_resolved_set_pending_keys" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			n += int(m.GetGauge().GetValue())
+		}
+	}
+	return n
+}
+
+// requireBounded checks the sampled peaks against the bounds of guarantee 7
+// and 2: a dispatcher is in at most one preparation queue entry and one
+// resolved-ts pending key, the scan channel holds at most its capacity plus
+// one session per waiting preparation worker, and the inbox at most its
+// capacity. (The service's PendingScan gauge is decremented by a scan worker
+// just after it took a session from the channel, so it may also count one
+// session per scan worker: that is the bound's last term.) With more notifications than dispatchers, a queue that grew
+// per notification would break the first bound.
+func (h *harness) requireBounded() peaks {
+	h.t.Helper()
+	p := h.samp.get()
+	live := h.peakLive()
+	h.t.Logf("peaks over %d samples: prepare %d, scan %d, inbox %d, resolved pending %d, heap %.1f MiB; notifications %d, dispatchers %d",
+		p.samples, p.prepare, p.scan, p.inbox, p.resolvedPending, float64(p.heapBytes)/(1<<20), p.notifications, live)
+	require.Greater(h.t, p.samples, 10, "the sampler must have run throughout")
+	require.LessOrEqual(h.t, p.prepare, live, "preparation queues hold at most one entry per dispatcher")
+	require.LessOrEqual(h.t, p.resolvedPending, live, "resolved-ts pending sets hold at most one key per dispatcher")
+	require.LessOrEqual(h.t, p.scan, h.svcOpt.ScanQueueSize+h.svcOpt.PrepareWorkers+h.svcOpt.ScanWorkers, "scan channel bound")
+	require.LessOrEqual(h.t, p.inbox, h.cfg.capacity, "inbox bound")
+	return p
+}
