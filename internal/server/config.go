@@ -3,9 +3,10 @@ package server
 import (
 	"errors"
 	"flag"
-	"fmt"
 	"net"
 	"time"
+
+	"github.com/cdcflow/eventservice/internal/optcheck"
 )
 
 // ErrInvalidConfig wraps every configuration error.
@@ -101,67 +102,43 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 
 // Validate reports every invalid field at once.
 func (c Config) Validate() error {
-	var errs []error
-	bad := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...))
+	p := optcheck.New(ErrInvalidConfig)
+	p.IntRange("--tables", c.Tables, 1, 10_000_000)
+	p.IntRange("--changefeeds", c.Changefeeds, 1, 1000)
+	p.IntRange("--rate", c.Rate, 0, 100_000_000)
+	p.IntRange("--txn-rows", c.TxnRows, 1, 1_000_000)
+	p.IntRange("--row-bytes", c.RowBytes, 0, 64<<20)
+	p.IntRange("--prepare-workers", c.PrepareWorkers, 1, 1024)
+	p.IntRange("--scan-workers", c.ScanWorkers, 1, 1024)
+	p.IntRange("--scan-queue", c.ScanQueue, 1, 1<<20)
+	p.IntRange("--scan-limit-bytes", c.ScanLimitBytes, 1, 1<<30)
+	p.IntRange("--inbox-capacity", c.InboxCapacity, 64, 1<<24)
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"--hot-fraction", c.HotFraction}, {"--refuse-rate", c.RefuseRate}, {"--fail-rate", c.FailRate}, {"--drop-rate", c.DropRate}} {
+		p.Require(f.v >= 0 && f.v <= 1, "%s=%v not in [0, 1]", f.name, f.v)
 	}
-	rangeInt := func(name string, v, lo, hi int) {
-		if v < lo || v > hi {
-			bad("--%s=%d not in [%d, %d]", name, v, lo, hi)
-		}
-	}
-	rangeInt("tables", c.Tables, 1, 10_000_000)
-	rangeInt("changefeeds", c.Changefeeds, 1, 1000)
-	rangeInt("rate", c.Rate, 0, 100_000_000)
-	rangeInt("txn-rows", c.TxnRows, 1, 1_000_000)
-	rangeInt("row-bytes", c.RowBytes, 0, 64<<20)
-	rangeInt("prepare-workers", c.PrepareWorkers, 1, 1024)
-	rangeInt("scan-workers", c.ScanWorkers, 1, 1024)
-	rangeInt("scan-queue", c.ScanQueue, 1, 1<<20)
-	rangeInt("scan-limit-bytes", c.ScanLimitBytes, 1, 1<<30)
-	rangeInt("inbox-capacity", c.InboxCapacity, 64, 1<<24)
-	frac := func(name string, v float64) {
-		if !(v >= 0 && v <= 1) {
-			bad("--%s=%v not in [0, 1]", name, v)
-		}
-	}
-	frac("hot-fraction", c.HotFraction)
-	frac("refuse-rate", c.RefuseRate)
-	frac("fail-rate", c.FailRate)
-	frac("drop-rate", c.DropRate)
-	if c.RefuseRate+c.FailRate+c.DropRate >= 1 {
-		bad("--refuse-rate + --fail-rate + --drop-rate = %v: at least some sends must succeed", c.RefuseRate+c.FailRate+c.DropRate)
-	}
-	if c.Duration <= 0 {
-		bad("--duration=%v must be positive", c.Duration)
-	}
-	if c.DrainTimeout <= 0 {
-		bad("--drain-timeout=%v must be positive", c.DrainTimeout)
-	}
-	if c.DDLInterval < 0 {
-		bad("--ddl-interval=%v must not be negative", c.DDLInterval)
-	}
-	if c.ProgressInterval < 0 {
-		bad("--progress-interval=%v must not be negative", c.ProgressInterval)
-	}
-	if c.DurableSink && c.DataDir == "" {
-		bad("--durable-sink needs --data-dir")
-	}
-	if c.DurableSink && c.Changefeeds != 1 {
-		bad("--durable-sink supports one changefeed (it stores rows per table)")
-	}
+	sum := c.RefuseRate + c.FailRate + c.DropRate
+	p.Require(sum < 1, "--refuse-rate + --fail-rate + --drop-rate = %v: at least some sends must succeed", sum)
+	p.Require(c.Duration > 0, "--duration=%v must be positive", c.Duration)
+	p.Require(c.DrainTimeout > 0, "--drain-timeout=%v must be positive", c.DrainTimeout)
+	p.Require(c.DDLInterval >= 0, "--ddl-interval=%v must not be negative", c.DDLInterval)
+	p.Require(c.ProgressInterval >= 0, "--progress-interval=%v must not be negative", c.ProgressInterval)
+	p.Require(!c.DurableSink || c.DataDir != "", "--durable-sink needs --data-dir")
+	p.Require(!c.DurableSink || c.Changefeeds == 1, "--durable-sink supports one changefeed (it stores rows per table)")
 	if c.MetricsAddr != "" {
 		host, _, err := net.SplitHostPort(c.MetricsAddr)
 		if err != nil {
-			bad("--metrics-addr=%q: %v", c.MetricsAddr, err)
+			p.Addf("--metrics-addr=%q: %v", c.MetricsAddr, err)
 		} else if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-			bad("--metrics-addr=%q must be a loopback address (it serves pprof)", c.MetricsAddr)
+			p.Addf("--metrics-addr=%q must be a loopback address (it serves pprof)", c.MetricsAddr)
 		}
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:
-		bad("--log-level=%q: want debug, info, warn or error", c.LogLevel)
+		p.Addf("--log-level=%q: want debug, info, warn or error", c.LogLevel)
 	}
-	return errors.Join(errs...)
+	return p.Err()
 }

@@ -1,14 +1,13 @@
 package eventcollector
 
 import (
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/cdcflow/eventservice/internal/clock"
+	"github.com/cdcflow/eventservice/internal/optcheck"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventservice"
 	"github.com/cdcflow/eventservice/pkg/messaging"
@@ -88,36 +87,19 @@ func (o Options) EnsureDefaults() Options {
 // Validate reports every invalid field, each wrapping ErrInvalidOptions. It
 // expects defaults filled in.
 func (o Options) Validate() error {
-	var errs []error
-	bad := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...))
-	}
-	if o.Service == nil {
-		bad("Service is required")
-	}
-	if o.Inbox == nil {
-		bad("Inbox is required")
-	}
-	if o.Sink == nil {
-		bad("Sink is required")
-	}
+	p := optcheck.New(ErrInvalidOptions)
+	p.Require(o.Service != nil, "Service is required")
+	p.Require(o.Inbox != nil, "Inbox is required")
+	p.Require(o.Sink != nil, "Sink is required")
 	switch {
 	case o.Target == "":
-		bad("Target is empty")
+		p.Addf("Target is empty")
 	case o.Inbox != nil && o.Inbox.Target() != o.Target:
-		bad("Target %q is not the inbox's target %q", o.Target, o.Inbox.Target())
+		p.Addf("Target %q is not the inbox's target %q", o.Target, o.Inbox.Target())
 	}
-	if o.HeartbeatInterval <= 0 {
-		bad("HeartbeatInterval %v is not positive", o.HeartbeatInterval)
-	}
-	if o.MaxDrain < 1 || o.MaxDrain > maxMaxDrain {
-		bad("MaxDrain %d not in [1, %d]", o.MaxDrain, maxMaxDrain)
-	}
-	if o.Clock == nil {
-		bad("Clock is nil")
-	}
-	if o.Logger == nil {
-		bad("Logger is nil")
-	}
-	return errors.Join(errs...)
+	p.Require(o.HeartbeatInterval > 0, "HeartbeatInterval %v is not positive", o.HeartbeatInterval)
+	p.IntRange("MaxDrain", o.MaxDrain, 1, maxMaxDrain)
+	p.Require(o.Clock != nil, "Clock is nil")
+	p.Require(o.Logger != nil, "Logger is nil")
+	return p.Err()
 }

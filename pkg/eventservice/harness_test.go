@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
@@ -54,7 +56,9 @@ func newHarness(t *testing.T, tweak func(*Options), hk hooks, gates ...*gateForT
 	inbox, err := h.inproc.Register(testTarget)
 	require.NoError(t, err)
 	h.tr = &switchableTransportForTest{inner: h.inproc, refused: make(chan struct{}, 1)}
-	opts := Options{Store: h.store, Schema: h.schema, Transport: h.tr, BackoffBase: time.Millisecond, BackoffMax: 5 * time.Millisecond}
+	// zaptest: the service's logs appear only when a test fails.
+	opts := Options{Store: h.store, Schema: h.schema, Transport: h.tr, BackoffBase: time.Millisecond, BackoffMax: 5 * time.Millisecond,
+		Logger: zaptest.NewLogger(t, zaptest.Level(zap.DebugLevel))}
 	if tweak != nil {
 		tweak(&opts)
 	}
@@ -283,6 +287,19 @@ func (c *streamCheckerForTest) waitResolved(id common.DispatcherID, ts common.Ts
 	c.waitFor(fmt.Sprintf("%v resolved %v", id, ts), func() bool {
 		st := c.streams[id]
 		return st != nil && st.resolved >= ts
+	})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.streams[id]
+}
+
+// waitEpochResolved waits until dispatcher id's epoch reached ts (an older
+// epoch that already passed ts does not count).
+func (c *streamCheckerForTest) waitEpochResolved(id common.DispatcherID, epoch uint64, ts common.Ts) *epochStream {
+	c.t.Helper()
+	c.waitFor(fmt.Sprintf("%v epoch %d resolved %v", id, epoch, ts), func() bool {
+		st := c.streams[id]
+		return st != nil && st.epoch == epoch && st.resolved >= ts
 	})
 	c.mu.Lock()
 	defer c.mu.Unlock()

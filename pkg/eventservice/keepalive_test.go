@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
 
@@ -62,13 +63,17 @@ func TestKeepaliveRevealsADroppedLastMessage(t *testing.T) {
 // TestKeepaliveOnlyForUnacknowledgedProgress drives the keepalive decision
 // directly with explicit times.
 func TestKeepaliveOnlyForUnacknowledgedProgress(t *testing.T) {
-	h := newHarness(t, func(o *Options) { o.SignalInterval = time.Hour }, hooks{})
+	scanned := make(chan scanOutcome, 16)
+	h := newHarness(t, func(o *Options) { o.SignalInterval = time.Hour }, hooks{
+		scanned: func(_ *session, out scanOutcome) { scanned <- out },
+	})
 	h.advanceSchema(1 << 40)
 	id := h.register(1, 10)
 	h.push(1, 40, row("a", 15, 20))
-	h.check.waitResolved(id, 40)
+	require.Equal(t, scanDone, <-scanned) // the scan published its progress
 	d := h.dispatcher(id)
-	_, _, at := d.session.Load().published()
+	ts, _, at := d.session.Load().published()
+	require.Equal(t, common.Ts(40), ts)
 
 	h.svc.keepalive(d, at.Add(30*time.Minute))
 	require.Zero(t, testutilCounter(h.svc.metrics.keepalives), "published recently")

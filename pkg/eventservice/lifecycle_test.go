@@ -70,8 +70,7 @@ func TestResetDiscardsOldEpoch(t *testing.T) {
 			for _, g := range gates {
 				g.open()
 			}
-			es := h.check.waitResolved(id, 40)
-			require.Equal(t, uint64(2), es.epoch)
+			es := h.check.waitEpochResolved(id, 2, 40)
 			require.Equal(t, common.Ts(25), es.startTs)
 			require.Equal(t, []string{"b"}, keys(es.rows))
 			h.check.mu.Lock()
@@ -109,8 +108,7 @@ func TestConcurrentResetsHighestEpochWins(t *testing.T) {
 	require.Equal(t, uint64(21), s.epoch)
 	require.Equal(t, common.Ts(31), s.startTs)
 	require.ErrorIs(t, h.svc.Reset(id, 21, 50), ErrStaleEpoch)
-	es := h.check.waitResolved(id, 31)
-	require.Equal(t, uint64(21), es.epoch)
+	h.check.waitEpochResolved(id, 21, 31)
 }
 
 // TestRemoveRacingNotifyAndScan: a dispatcher removed while its scan runs
@@ -136,8 +134,7 @@ func TestRemoveRacingNotifyAndScan(t *testing.T) {
 	require.ErrorIs(t, h.svc.Remove(id), ErrUnknownDispatcher)
 	// Re-register the same ID: a fresh dispatcher, epoch 1 again.
 	require.NoError(t, h.svc.Register(DispatcherInfo{ID: id, Span: common.TableSpan(1), StartTs: 40, Target: testTarget, Epoch: 5}))
-	es := h.check.waitResolved(id, 40)
-	require.Equal(t, uint64(5), es.epoch)
+	h.check.waitEpochResolved(id, 5, 40)
 	h.check.mu.Lock()
 	defer h.check.mu.Unlock()
 	for _, e := range h.check.history[id] {
@@ -232,8 +229,7 @@ func TestHeartbeatDrivesStoreCheckpoint(t *testing.T) {
 	require.Equal(t, 2, h.up.SubscribeCount(common.TableSpan(1)))
 	err = h.up.Push(context.Background(), common.TableSpan(1), eventstore.Batch{Rows: []common.Row{row("a", 15, 20)}, ResolvedTs: 40})
 	require.ErrorIs(t, err, eventstore.ErrRowBeforeResolved)
-	es := h.check.waitResolved(id, 40)
-	require.Equal(t, uint64(2), es.epoch)
+	es := h.check.waitEpochResolved(id, 2, 40)
 	require.Equal(t, []string{"a"}, keys(es.rows))
 }
 
@@ -259,8 +255,7 @@ func TestResetReRegistrationFailureRetries(t *testing.T) {
 	h.up.SetSubscribeErr(nil)
 	require.NoError(t, h.up.WaitLive(context.Background(), common.TableSpan(1), 2))
 	_ = h.up.Push(context.Background(), common.TableSpan(1), eventstore.Batch{Rows: []common.Row{row("a", 15, 20)}, ResolvedTs: 40})
-	es := h.check.waitResolved(id, 40)
-	require.Equal(t, uint64(2), es.epoch)
+	es := h.check.waitEpochResolved(id, 2, 40)
 	require.Equal(t, []string{"a"}, keys(es.rows))
 }
 

@@ -1,13 +1,13 @@
 package eventservice
 
 import (
-	"errors"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cdcflow/eventservice/internal/latency"
+	"github.com/cdcflow/eventservice/internal/promutil"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -114,25 +114,11 @@ func (m *metrics) collectors() []prometheus.Collector {
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {
-	if reg == nil {
-		return nil
-	}
-	var errs []error
-	for _, c := range m.collectors() {
-		if err := reg.Register(c); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+	return promutil.RegisterAll(reg, m.collectors()...)
 }
 
 func (m *metrics) unregister(reg prometheus.Registerer) {
-	if reg == nil {
-		return
-	}
-	for _, c := range m.collectors() {
-		reg.Unregister(c)
-	}
+	promutil.UnregisterAll(reg, m.collectors()...)
 }
 
 func (m *metrics) observeNotify(d time.Duration) {

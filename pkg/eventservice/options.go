@@ -1,14 +1,13 @@
 package eventservice
 
 import (
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/cdcflow/eventservice/internal/clock"
+	"github.com/cdcflow/eventservice/internal/optcheck"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/messaging"
@@ -134,43 +133,20 @@ func (o Options) EnsureDefaults() Options {
 
 // Validate reports every invalid field. It expects defaults filled in.
 func (o Options) Validate() error {
-	var errs []error
-	bad := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...))
-	}
-	if o.Store == nil {
-		bad("Store is required")
-	}
-	if o.Schema == nil {
-		bad("Schema is required")
-	}
-	if o.Transport == nil {
-		bad("Transport is required")
-	}
-	positive := func(name string, v, maxV int) {
-		if v < 1 || v > maxV {
-			bad("%s %d not in [1, %d]", name, v, maxV)
-		}
-	}
-	positive("PrepareWorkers", o.PrepareWorkers, 1024)
-	positive("ScanWorkers", o.ScanWorkers, 1024)
-	positive("ScanQueueSize", o.ScanQueueSize, 1<<20)
-	positive("ScanLimitBytes", o.ScanLimitBytes, 1<<30)
-	positive("ScanLimitRows", o.ScanLimitRows, 1<<24)
-	positive("BatchRows", o.BatchRows, 1<<20)
-	positive("MaxMessagesPerTask", o.MaxMessagesPerTask, 1<<20)
-	positive("ResolvedBatch", o.ResolvedBatch, 1<<20)
-	if o.LargeTxnSplitBytes < o.ScanLimitBytes {
-		bad("LargeTxnSplitBytes %d below ScanLimitBytes %d", o.LargeTxnSplitBytes, o.ScanLimitBytes)
-	}
-	if o.MaxMessagesPerTask < 4 {
-		bad("MaxMessagesPerTask %d below 4 (a task needs room for a batch, a DDL and a resolved-ts)", o.MaxMessagesPerTask)
-	}
-	if o.BackoffBase <= 0 || o.BackoffMax < o.BackoffBase {
-		bad("BackoffBase %v / BackoffMax %v: need 0 < base <= max", o.BackoffBase, o.BackoffMax)
-	}
-	if o.SignalInterval <= 0 {
-		bad("SignalInterval %v must be positive", o.SignalInterval)
-	}
-	return errors.Join(errs...)
+	p := optcheck.New(ErrInvalidOptions)
+	p.Require(o.Store != nil, "Store is required")
+	p.Require(o.Schema != nil, "Schema is required")
+	p.Require(o.Transport != nil, "Transport is required")
+	p.IntRange("PrepareWorkers", o.PrepareWorkers, 1, 1024)
+	p.IntRange("ScanWorkers", o.ScanWorkers, 1, 1024)
+	p.IntRange("ScanQueueSize", o.ScanQueueSize, 1, 1<<20)
+	p.IntRange("ScanLimitBytes", o.ScanLimitBytes, 1, 1<<30)
+	p.IntRange("ScanLimitRows", o.ScanLimitRows, 1, 1<<24)
+	p.IntRange("BatchRows", o.BatchRows, 1, 1<<20)
+	p.IntRange("MaxMessagesPerTask", o.MaxMessagesPerTask, 4, 1<<20) // room for a batch, a DDL and a resolved-ts
+	p.IntRange("ResolvedBatch", o.ResolvedBatch, 1, 1<<20)
+	p.Require(o.LargeTxnSplitBytes >= o.ScanLimitBytes, "LargeTxnSplitBytes %d below ScanLimitBytes %d", o.LargeTxnSplitBytes, o.ScanLimitBytes)
+	p.Require(o.BackoffBase > 0 && o.BackoffMax >= o.BackoffBase, "BackoffBase %v / BackoffMax %v: need 0 < base <= max", o.BackoffBase, o.BackoffMax)
+	p.Require(o.SignalInterval > 0, "SignalInterval %v must be positive", o.SignalInterval)
+	return p.Err()
 }

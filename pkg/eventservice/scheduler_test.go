@@ -1,6 +1,7 @@
 package eventservice
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -46,6 +47,7 @@ func isDispatcher(n uint64) func(*session) bool {
 // waiters.
 type preparedLog struct {
 	mu     sync.Mutex
+	seq    []string // outcomes of the watched dispatcher, in order
 	counts map[common.DispatcherID]int
 	ch     chan prepareOutcome
 	watch  common.DispatcherID
@@ -59,6 +61,9 @@ func newPreparedLog(watch uint64) *preparedLog {
 func (l *preparedLog) hook(s *session, out prepareOutcome) {
 	l.mu.Lock()
 	l.counts[s.d.id]++
+	if s.d.id == l.watch {
+		l.seq = append(l.seq, fmt.Sprintf("%s@sent=%d,recv=%d", outcomeNames[out], s.sent.Load(), s.d.received.Load()))
+	}
 	l.mu.Unlock()
 	if s.d.id == l.watch {
 		l.ch <- out
@@ -72,14 +77,22 @@ func (l *preparedLog) count(n uint64) int {
 }
 
 // storeObserver registers a raw store dispatcher on table n and returns a
-// channel of the resolved-ts it is notified with. The store notifies the
+// channel of the resolved-ts it is notified with. It starts at the
+// service's dispatcher's start-ts (10 in these tests) so that it shares its
+// subscription (an observer from an earlier ts would get a subscription of
+// its own, fed and notified independently). The store notifies the
 // subscribers of a subscription in registration order, so when the
 // observer (registered after the service's dispatcher) sees ts, the
 // service's notifier for that table already returned.
 func storeObserver(t *testing.T, h *harness, n uint64) chan common.Ts {
 	ch := make(chan common.Ts, 1<<12)
 	id := common.DispatcherIDFromUint64(1<<40 + n)
-	require.NoError(t, h.store.RegisterDispatcher(id, common.TableSpan(int64(n)), 0, func(r, _ common.Ts) { ch <- r }))
+	require.NoError(t, h.store.RegisterDispatcher(id, common.TableSpan(int64(n)), 10, func(r, _ common.Ts) { ch <- r }))
+	st, err := h.store.Dispatcher(id)
+	require.NoError(t, err)
+	if svcSt, err := h.store.Dispatcher(common.DispatcherIDFromUint64(n)); err == nil {
+		require.Equal(t, svcSt.SubscriptionID, st.SubscriptionID, "the observer shares the dispatcher's subscription")
+	}
 	return ch
 }
 
@@ -237,7 +250,12 @@ func TestCoalescingWhileScanning(t *testing.T) {
 	// covers (10, 50]; the one follow-up finds nothing left.
 	es := h.check.waitResolved(id, 50)
 	require.Equal(t, []string{"a", "b"}, keys(es.rows))
-	require.Equal(t, outcomeNothing, <-log.ch)
+	out := <-log.ch
+	snap, _ := h.svc.Inspect(id)
+	log.mu.Lock()
+	seq := log.seq
+	log.mu.Unlock()
+	require.Equal(t, outcomeNothing, out, "follow-up outcome %s; %+v; progress %+v; outcomes %v", outcomeNames[out], snap, s.progress, seq)
 	require.Equal(t, before+1, log.count(1), "one follow-up preparation after the scan")
 	state, pending := s.sched.load()
 	require.Equal(t, stateIdle, state)

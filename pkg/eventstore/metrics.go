@@ -1,9 +1,9 @@
 package eventstore
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cdcflow/eventservice/internal/promutil"
 )
 
 // metrics are the store's Prometheus collectors. They are created per Store
@@ -73,23 +73,9 @@ func (m *metrics) collectors() []prometheus.Collector {
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {
-	if reg == nil {
-		return nil
-	}
-	var errs []error
-	for _, c := range m.collectors() {
-		if err := reg.Register(c); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+	return promutil.RegisterAll(reg, m.collectors()...)
 }
 
 func (m *metrics) unregister(reg prometheus.Registerer) {
-	if reg == nil {
-		return
-	}
-	for _, c := range m.collectors() {
-		reg.Unregister(c)
-	}
+	promutil.UnregisterAll(reg, m.collectors()...)
 }

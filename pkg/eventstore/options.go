@@ -1,14 +1,13 @@
 package eventstore
 
 import (
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/cdcflow/eventservice/internal/clock"
+	"github.com/cdcflow/eventservice/internal/optcheck"
 )
 
 // Options configures a Store. The zero value of every field means "use the
@@ -115,39 +114,16 @@ func (o Options) EnsureDefaults() Options {
 // Validate reports every invalid field, each wrapped in ErrInvalidOptions.
 // It expects defaults to be filled in.
 func (o Options) Validate() error {
-	var errs []error
-	bad := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...))
-	}
-	if o.Upstream == nil {
-		bad("Upstream is required")
-	}
-	if o.WriteWorkers < 1 || o.WriteWorkers > 256 {
-		bad("WriteWorkers %d not in [1, 256]", o.WriteWorkers)
-	}
-	if o.WriteQueueSize < 1 {
-		bad("WriteQueueSize %d must be positive", o.WriteQueueSize)
-	}
-	if o.MaxBatchRows < 1 {
-		bad("MaxBatchRows %d must be positive", o.MaxBatchRows)
-	}
-	if o.IdleTTL < 0 {
-		bad("IdleTTL %v must not be negative", o.IdleTTL)
-	}
-	if o.MaintenanceInterval <= 0 {
-		bad("MaintenanceInterval %v must be positive", o.MaintenanceInterval)
-	}
-	if o.GCMinSpan < 0 {
-		bad("GCMinSpan %v must not be negative", o.GCMinSpan)
-	}
-	if o.GCMaxDelay < 0 {
-		bad("GCMaxDelay %v must not be negative", o.GCMaxDelay)
-	}
-	if o.CacheBytes < 0 {
-		bad("CacheBytes %d must not be negative", o.CacheBytes)
-	}
-	if o.MemTableBytes < 1<<20 || o.MemTableBytes > 4<<30 {
-		bad("MemTableBytes %d not in [1 MiB, 4 GiB]", o.MemTableBytes)
-	}
-	return errors.Join(errs...)
+	p := optcheck.New(ErrInvalidOptions)
+	p.Require(o.Upstream != nil, "Upstream is required")
+	p.IntRange("WriteWorkers", o.WriteWorkers, 1, 256)
+	p.IntRange("WriteQueueSize", o.WriteQueueSize, 1, 1<<24)
+	p.IntRange("MaxBatchRows", o.MaxBatchRows, 1, 1<<24)
+	p.Require(o.IdleTTL >= 0, "IdleTTL %v must not be negative", o.IdleTTL)
+	p.Require(o.MaintenanceInterval > 0, "MaintenanceInterval %v must be positive", o.MaintenanceInterval)
+	p.Require(o.GCMinSpan >= 0, "GCMinSpan %v must not be negative", o.GCMinSpan)
+	p.Require(o.GCMaxDelay >= 0, "GCMaxDelay %v must not be negative", o.GCMaxDelay)
+	p.Require(o.CacheBytes >= 0, "CacheBytes %d must not be negative", o.CacheBytes)
+	p.Require(o.MemTableBytes >= 1<<20 && o.MemTableBytes <= 4<<30, "MemTableBytes %d not in [1 MiB, 4 GiB]", o.MemTableBytes)
+	return p.Err()
 }

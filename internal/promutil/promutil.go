@@ -1,0 +1,43 @@
+// Package promutil registers groups of Prometheus collectors on an
+// injected Registerer, all or none.
+//
+// Invariant: RegisterAll either registers every collector or leaves the
+// registerer as it found it; a nil registerer registers nothing.
+package promutil
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// RegisterAll registers cs on reg. On any failure it unregisters those it
+// registered and returns every error joined.
+func RegisterAll(reg prometheus.Registerer, cs ...prometheus.Collector) error {
+	if reg == nil {
+		return nil
+	}
+	var errs []error
+	var done []prometheus.Collector
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		done = append(done, c)
+	}
+	if len(errs) > 0 {
+		UnregisterAll(reg, done...)
+	}
+	return errors.Join(errs...)
+}
+
+// UnregisterAll unregisters cs from reg (nil: nothing).
+func UnregisterAll(reg prometheus.Registerer, cs ...prometheus.Collector) {
+	if reg == nil {
+		return
+	}
+	for _, c := range cs {
+		reg.Unregister(c)
+	}
+}
