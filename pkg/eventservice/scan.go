@@ -123,6 +123,7 @@ func (sc *scanner) scan(s *session) (scanOutcome, common.Ts) {
 		err = cerr
 	}
 	if err != nil {
+		sc.reset() // never let a failed task's messages leak into the next
 		svc.log.Warn("scan failed; retrying later", zap.Stringer("dispatcher", d.id), zap.Error(err))
 		return scanFailed, 0
 	}
