@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"math"
 	"runtime/metrics"
 	"sync"
 	"time"
@@ -39,9 +40,9 @@ type peaks struct {
 
 const (
 	sampleEvery = 2 * time.Millisecond
-	// gatherEvery: the Prometheus gather walks every dispatcher, so it runs
-	// one sample in gatherEvery.
-	gatherEvery = 25
+	// gatherEvery: a Prometheus gather walks every dispatcher several
+	// times, so it runs one sample in gatherEvery (every 250ms).
+	gatherEvery = 125
 )
 
 func startSampler(h *harness) *sampler {
@@ -137,4 +138,49 @@ func (h *harness) requireBounded() peaks {
 	require.LessOrEqual(h.t, p.scan, h.svcOpt.ScanQueueSize+h.svcOpt.PrepareWorkers+h.svcOpt.ScanWorkers, "scan channel bound")
 	require.LessOrEqual(h.t, p.inbox, h.cfg.capacity, "inbox bound")
 	return p
+}
+
+// histogram returns the sample count and sum of the histogram name.
+func histogram(g prometheus.Gatherer, name string) (uint64, float64) {
+	mfs, err := g.Gather()
+	if err != nil {
+		return 0, 0
+	}
+	var n uint64
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			n += m.GetHistogram().GetSampleCount()
+			sum += m.GetHistogram().GetSampleSum()
+		}
+	}
+	return n, sum
+}
+
+// schedLatencies returns the runtime's histogram of how long goroutines
+// waited, runnable, for a CPU (sampled by the runtime).
+func schedLatencies() *metrics.Float64Histogram {
+	s := []metrics.Sample{{Name: "/sched/latencies:seconds"}}
+	metrics.Read(s)
+	return s[0].Value.Float64Histogram()
+}
+
+// maxSchedLatencySince returns the upper bound of the highest bucket that
+// gained samples since before: the longest a goroutine waited for a CPU
+// meanwhile.
+func maxSchedLatencySince(before *metrics.Float64Histogram) time.Duration {
+	after := schedLatencies()
+	var worst float64
+	for i, c := range after.Counts {
+		if i < len(before.Counts) && c > before.Counts[i] {
+			worst = after.Buckets[i+1]
+		}
+	}
+	if math.IsInf(worst, 1) {
+		worst = after.Buckets[len(after.Buckets)-2]
+	}
+	return time.Duration(worst * float64(time.Second))
 }
