@@ -30,6 +30,7 @@ type harnessConfig struct {
 	txnsPerCommitTs int
 	txnRows         int
 	rowBytes        int
+	keysPerTable    int
 	tick            time.Duration
 	// genClock drives the generator's frontier (nil: the real clock).
 	genClock upstream.Clock
@@ -98,7 +99,7 @@ func newHarness(t *testing.T, cfg harnessConfig) *harness {
 	h.start, h.end = workloadSpan(now, cfg.tick, cfg.duration)
 	var err error
 	h.gen, err = upstream.NewGenerator(upstream.GeneratorOptions{Tables: cfg.tables, RowsPerSec: cfg.rate,
-		TxnRows: cfg.txnRows, RowBytes: cfg.rowBytes, TxnsPerCommitTs: cfg.txnsPerCommitTs, Seed: cfg.seed,
+		TxnRows: cfg.txnRows, RowBytes: cfg.rowBytes, TxnsPerCommitTs: cfg.txnsPerCommitTs, KeysPerTable: cfg.keysPerTable, Seed: cfg.seed,
 		Tick: cfg.tick, StartTs: h.start, EndTs: h.end, Clock: cfg.genClock})
 	require.NoError(t, err)
 	h.plan = ddlPlan{gen: h.gen, seed: cfg.seed, tables: cfg.tables, everyTicks: int64(cfg.ddlEveryTicks), tickMs: cfg.tick.Milliseconds()}
