@@ -51,3 +51,9 @@ clean:
 # about 20 seconds on 2 cores) and verifies delivery at the end.
 run:
 	$(GO) run ./cmd/cdcserver $(ARGS)
+
+# soak runs the end-to-end suites at soak sizes (CDCFLOW_SOAK=1 scales every
+# scenario up, see tests/doc.go) and the model test with SOAK_SEEDS seeds.
+SOAK_SEEDS ?= 100
+soak:
+	CDCFLOW_SOAK=1 CDCFLOW_MODEL_SEEDS=$(SOAK_SEEDS) $(GO) test -race -count=1 -run . -timeout 60m -v ./tests/

@@ -46,13 +46,13 @@ func TestModel(t *testing.T) {
 }
 
 // modelSeeds returns CDCFLOW_MODEL_SEED alone if set, else
-// CDCFLOW_MODEL_SEEDS seeds (default 4) from CDCFLOW_MODEL_SEED_BASE
+// CDCFLOW_MODEL_SEEDS seeds (default 5) from CDCFLOW_MODEL_SEED_BASE
 // (default 1).
 func modelSeeds(t *testing.T) []uint64 {
 	if v := envUint(t, envModelSeed, 0); v != 0 {
 		return []uint64{v}
 	}
-	n, base := envUint(t, envModelSeeds, 4), envUint(t, envModelBase, 1)
+	n, base := envUint(t, envModelSeeds, 5), envUint(t, envModelBase, 1)
 	out := make([]uint64, n)
 	for i := range out {
 		out[i] = base + uint64(i)
@@ -88,7 +88,9 @@ const (
 )
 
 func runModel(t *testing.T, seed uint64) {
-	steps := 60 * scale(t)
+	steps := 150 * scale(t)
+	s := &scenario{name: fmt.Sprintf("model seed %d", seed)}
+	report(t, s)
 	m := &model{t: t, rng: rand.New(rand.NewPCG(seed, 0x6d6f64656c)), fake: clock.NewFake(time.UnixMilli(1_900_000_000_000)),
 		counts: map[string]int{}}
 	t.Cleanup(func() {
@@ -136,6 +138,8 @@ func runModel(t *testing.T, seed uint64) {
 	}
 	refused, dropped := m.tr.counts()
 	cs := m.h.coll.Stats()
+	s.dispatchers, s.rows, s.resets = int(m.nextID), int64(m.h.chk.stats().RowsApplied), cs.TotalResets()
+	s.faults = fmtFaults("%d steps: %d lost, %d refused, %d sink errors", steps, dropped, refused, m.counts["sink error"])
 	t.Logf("seed %d: %d steps %v; %d sends refused, %d messages lost; collector resets %v; %d live dispatchers at the end",
 		seed, steps, m.counts, refused, dropped, cs.Resets, live)
 	m.h.requireBounded()

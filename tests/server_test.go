@@ -58,6 +58,33 @@ func requireDelivered(t *testing.T, sum server.Summary, dispatchers int) {
 	require.LessOrEqual(t, sum.PeakPendingPrep, dispatchers)
 }
 
+// TestSaturationServer is the saturation scenario through the whole
+// server: 10k tables, one dispatcher each, one scan worker, a scan channel
+// of one, the pebble store on disk and the server's own verification. The
+// slowest notify callback the store timed must be under 1% of the run plus
+// the longest the Go scheduler kept a goroutine waiting for a CPU meanwhile
+// (see TestSaturation for why), and everything must be delivered.
+func TestSaturationServer(t *testing.T) {
+	cfg := serverConfig(t, 10000, 5000, scaled(t, 3*time.Second))
+	cfg.ScanWorkers, cfg.ScanQueue = 1, 1
+	s := &scenario{name: "saturation (server)", dispatchers: cfg.Tables, faults: "none (1 scan worker, scan channel 1)"}
+	report(t, s)
+	sched := schedLatencies()
+	sum := runServer(t, cfg)
+	schedMax := maxSchedLatencySince(sched)
+	s.rows, s.resets = sum.RowsDelivered, sum.Resets
+	requireDelivered(t, sum, cfg.Tables)
+	require.Zero(t, sum.Resets, "no fault, no reset")
+	require.LessOrEqual(t, sum.PeakPendingScan, cfg.ScanQueue+cfg.PrepareWorkers+cfg.ScanWorkers)
+	require.Greater(t, sum.PeakPendingPrep, 100, "the run must saturate: work waits in the preparation queues")
+	run := time.Duration(sum.ElapsedSec * float64(time.Second))
+	maxNotify := time.Duration(sum.NotifyNs.Max)
+	t.Logf("notify: p50 %.0fns p99 %.0fns max %v over a %v run (%.3f%%); longest wait for a CPU %v",
+		sum.NotifyNs.P50, sum.NotifyNs.P99, maxNotify, run.Round(time.Millisecond), 100*float64(maxNotify)/float64(run), schedMax)
+	require.Greater(t, sum.Notifications, uint64(cfg.Tables))
+	require.Less(t, maxNotify, run/100+schedMax, "the slowest notify is tiny relative to the run")
+}
+
 // TestTransportFaultsServer runs the server with a transport that refuses,
 // fails and silently drops sends at random. Refusals and failures must back
 // the dispatcher off and re-read from the store; drops must be detected by
