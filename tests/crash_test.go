@@ -120,6 +120,7 @@ func TestCrashRestart(t *testing.T) {
 	require.Equal(t, uint64(st.rows), st.wantRows, "the sink holds exactly the upstream's rows")
 	require.Zero(t, sum.Resets)
 	require.Equal(t, last.rowsAbove, sum.RowsApplied, "the final run resumed from the persisted checkpoints")
+	require.LessOrEqual(t, sum.PeakPendingPrep, cfg.Tables, "queues bounded by the dispatchers")
 }
 
 // runCrashChild is the child: the whole server on the durable data dir.

@@ -79,6 +79,8 @@ func TestShutdownUnderLoad(t *testing.T) {
 	case <-time.After(scaled(t, 2*time.Minute)):
 		t.Fatal("Close did not return: shutdown hangs under load")
 	}
+	h.requireClean()
+	h.requireBounded()
 	refused, _ := tr.counts()
 	s.rows = int64(h.chk.stats().RowsApplied)
 	s.faults = fmtFaults("transport refusing all sends: %d refused", refused)
