@@ -123,6 +123,10 @@ func newHarness(t *testing.T, cfg harnessConfig) *harness {
 	if cfg.transport != nil {
 		tr = cfg.transport(tr)
 	}
+	// Short back-off and keepalive periods: faults are injected densely, and
+	// recovery from them should take milliseconds, not the production
+	// seconds. Scenarios that congest thousands of dispatchers restore the
+	// production back-off (svcOpts).
 	h.svcOpt = eventservice.Options{Store: h.store, Schema: h.schema, Transport: tr, Registerer: h.reg,
 		BackoffBase: time.Millisecond, BackoffMax: 20 * time.Millisecond, SignalInterval: 100 * time.Millisecond}
 	if cfg.svcOpts != nil {
