@@ -75,6 +75,10 @@ type scanner struct {
 	ddls  []schemastore.DDL
 	msgs  []messaging.Message
 	arena rowArena
+	// rows collects the current batch's rows; closeBatch copies them into
+	// an exactly sized slice, so a one-row message does not carry room for
+	// BatchRows, and appends never regrow a message's slice.
+	rows []common.Row
 }
 
 func newScanner(svc *Service) *scanner { return &scanner{svc: svc} }
@@ -196,7 +200,6 @@ type build struct {
 	s           *session
 	end         common.Ts
 	next        progress
-	batch       *messaging.DMLBatch
 	batchRows   int
 	ddl         int // index of the next DDL to emit
 	rows, bytes int
@@ -260,23 +263,22 @@ func (b *build) run(it *eventstore.Iterator) (progress, error) {
 func (b *build) full() bool { return len(b.sc.msgs) >= b.sc.svc.opts.MaxMessagesPerTask-3 }
 
 func (b *build) addRow(r common.Row) {
-	if b.batch == nil {
-		b.batch = &messaging.DMLBatch{Rows: make([]common.Row, 0, b.sc.svc.opts.BatchRows+b.sc.svc.opts.BatchRows/4)}
-	}
-	b.batch.Rows = append(b.batch.Rows, r)
+	b.sc.rows = append(b.sc.rows, r)
 	b.batchRows++
 }
 
 // closeBatch ends the current DMLBatch, assigning it the next seq.
 func (b *build) closeBatch(partial bool) {
-	if b.batch == nil {
+	if b.batchRows == 0 {
 		return
 	}
+	rows := make([]common.Row, len(b.sc.rows))
+	copy(rows, b.sc.rows)
+	clear(b.sc.rows) // drop references into the arena
+	b.sc.rows = b.sc.rows[:0]
 	b.next.seq++
-	b.batch.Header = b.sc.header(b.s, b.next.seq)
-	b.batch.Partial = partial
-	b.sc.msgs = append(b.sc.msgs, b.batch)
-	b.batch, b.batchRows = nil, 0
+	b.sc.msgs = append(b.sc.msgs, &messaging.DMLBatch{Header: b.sc.header(b.s, b.next.seq), Rows: rows, Partial: partial})
+	b.batchRows = 0
 }
 
 // interruptAtTxn stops before a transaction, after (lastCommit, lastStart).
@@ -329,18 +331,20 @@ type rowArena struct{ buf []byte }
 const arenaChunk = 256 << 10
 
 func (a *rowArena) copyRow(r *common.Row) common.Row {
-	n := len(r.Key) + len(r.Value) + len(r.OldValue)
-	if cap(a.buf)-len(a.buf) < n {
-		a.buf = make([]byte, 0, max(arenaChunk, n))
+	k, v, o := len(r.Key), len(r.Value), len(r.OldValue)
+	n := k + v + o
+	buf := a.buf // one write of a.buf per row, not three
+	if cap(buf)-len(buf) < n {
+		buf = make([]byte, 0, max(arenaChunk, n))
 	}
-	start := len(a.buf)
-	a.buf = append(a.buf, r.Key...)
-	a.buf = append(a.buf, r.Value...)
-	a.buf = append(a.buf, r.OldValue...)
-	b := a.buf[start:len(a.buf):len(a.buf)]
-	out := *r
-	k, v := len(r.Key), len(r.Value)
-	out.Key = b[:k:k]
+	start := len(buf)
+	buf = buf[:start+n]
+	copy(buf[start:], r.Key)
+	copy(buf[start+k:], r.Value)
+	copy(buf[start+k+v:], r.OldValue)
+	a.buf = buf
+	b := buf[start : start+n : start+n]
+	out := common.Row{Op: r.Op, StartTs: r.StartTs, CommitTs: r.CommitTs, Key: b[:k:k]}
 	if r.Value != nil {
 		out.Value = b[k : k+v : k+v]
 	}

@@ -82,6 +82,10 @@ func (e *benchEnv) fill(b *testing.B, n int) {
 		n -= k
 	}
 	e.waitFor(b, e.next)
+	// Scans compared with each other read the same (flushed) layout.
+	if err := e.s.Flush(); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // BenchmarkStoreWrite pushes 256-row batches of 100-byte rows and waits
