@@ -144,12 +144,17 @@ func BenchmarkNotifyIdle(b *testing.B) {
 	newNotifyBench(b, 100_000, false).run(b)
 }
 
-// BenchmarkNotifyScale: the notify cost at 1k and at 1M dispatchers.
+// BenchmarkNotifyScale: the notify cost at 1k and at 1M dispatchers, with
+// the scan pipeline saturated (the notify path alone: every notification
+// is absorbed) and with the workers running (each notification may also
+// enqueue, competing with the preparation worker on the other core).
 func BenchmarkNotifyScale(b *testing.B) {
-	for _, n := range []int{1_000, 1_000_000} {
-		b.Run(fmt.Sprintf("dispatchers=%d", n), func(b *testing.B) {
-			newNotifyBench(b, n, false).run(b)
-		})
+	for _, mode := range []string{"saturated", "idle"} {
+		for _, n := range []int{1_000, 1_000_000} {
+			b.Run(fmt.Sprintf("mode=%s/dispatchers=%d", mode, n), func(b *testing.B) {
+				newNotifyBench(b, n, mode == "saturated").run(b)
+			})
+		}
 	}
 }
 
@@ -175,8 +180,16 @@ func scanBenchRowsOf() []common.Row {
 
 // BenchmarkScanThroughput: rows from the store through the scheduler to an
 // in-process target whose receiver drains everything. One op delivers all
-// rows to a freshly registered dispatcher.
+// rows to each of n freshly registered dispatchers of the span: with one,
+// a single scan worker does all the work (one owner per dispatcher); with
+// two, both scan workers do, as when many dispatchers catch up at once.
 func BenchmarkScanThroughput(b *testing.B) {
+	for _, n := range []int{1, 2} {
+		b.Run(fmt.Sprintf("dispatchers=%d", n), func(b *testing.B) { benchScanThroughput(b, n) })
+	}
+}
+
+func benchScanThroughput(b *testing.B, n int) {
 	up := upstream.NewManual()
 	store, err := eventstore.Open(eventstore.Options{Upstream: up})
 	if err != nil {
@@ -226,12 +239,15 @@ func BenchmarkScanThroughput(b *testing.B) {
 	b.ResetTimer()
 	delivered := 0
 	for i := 0; i < b.N; i++ {
-		id := common.DispatcherIDFromUint64(uint64(i + 1))
-		if err := svc.Register(DispatcherInfo{ID: id, Span: span, StartTs: 1, Target: "t", Epoch: 1}); err != nil {
-			b.Fatal(err)
+		ids := make([]common.DispatcherID, n)
+		for j := range ids {
+			ids[j] = common.DispatcherIDFromUint64(uint64(i*n + j + 1))
+			if err := svc.Register(DispatcherInfo{ID: ids[j], Span: span, StartTs: 1, Target: "t", Epoch: 1}); err != nil {
+				b.Fatal(err)
+			}
 		}
 		var buf []messaging.Message
-		for done := false; !done; {
+		for done := 0; done < n; {
 			<-inbox.Ready()
 			buf = inbox.Drain(buf[:0], 0)
 			for _, m := range buf {
@@ -239,19 +255,23 @@ func BenchmarkScanThroughput(b *testing.B) {
 				case *messaging.DMLBatch:
 					delivered += len(msg.Rows)
 				case *messaging.Resolved:
-					done = done || msg.Ts >= end
+					if msg.Ts >= end {
+						done++
+					}
 				}
 			}
 			clear(buf)
 		}
 		b.StopTimer()
-		if err := svc.Remove(id); err != nil {
-			b.Fatal(err)
+		for _, id := range ids {
+			if err := svc.Remove(id); err != nil {
+				b.Fatal(err)
+			}
 		}
 		b.StartTimer()
 	}
-	if delivered != b.N*scanBenchRows {
-		b.Fatalf("delivered %d rows, want %d", delivered, b.N*scanBenchRows)
+	if delivered != b.N*n*scanBenchRows {
+		b.Fatalf("delivered %d rows, want %d", delivered, b.N*n*scanBenchRows)
 	}
 	b.ReportMetric(float64(delivered)/b.Elapsed().Seconds(), "rows/s")
 }

@@ -75,11 +75,17 @@ type scanner struct {
 	ddls  []schemastore.DDL
 	msgs  []messaging.Message
 	arena rowArena
-	// rows collects the current batch's rows; closeBatch copies them into
-	// an exactly sized slice, so a one-row message does not carry room for
-	// BatchRows, and appends never regrow a message's slice.
-	rows []common.Row
+	// slab holds the rows of the batches being built: a batch's Rows is a
+	// full-capacity sub-slice of it, so a one-row message costs one row,
+	// not room for BatchRows, and rows are written once. batchStart is
+	// where the current batch begins.
+	slab       []common.Row
+	batchStart int
 }
+
+// slabRows is the size of a row slab (about 384 KiB); like the byte arena,
+// a slab is dropped when full and lives as long as a message uses it.
+const slabRows = 4096
 
 func newScanner(svc *Service) *scanner { return &scanner{svc: svc} }
 
@@ -175,8 +181,10 @@ func (sc *scanner) scan(s *session) (scanOutcome, common.Ts) {
 	return sc.idleOrBlocked(received, schemaTs, next.resolved)
 }
 
-// reset drops the task's messages (the transport owns accepted ones).
+// reset drops the task's messages (the transport owns accepted ones) and
+// any half-built batch.
 func (sc *scanner) reset() {
+	sc.batchStart = len(sc.slab)
 	clear(sc.msgs)
 	sc.msgs = sc.msgs[:0]
 }
@@ -263,7 +271,16 @@ func (b *build) run(it *eventstore.Iterator) (progress, error) {
 func (b *build) full() bool { return len(b.sc.msgs) >= b.sc.svc.opts.MaxMessagesPerTask-3 }
 
 func (b *build) addRow(r common.Row) {
-	b.sc.rows = append(b.sc.rows, r)
+	sc := b.sc
+	if len(sc.slab) == cap(sc.slab) {
+		// Full: the current batch moves to a fresh slab, keeping its rows
+		// contiguous.
+		cur := sc.slab[sc.batchStart:]
+		next := make([]common.Row, len(cur), max(slabRows, 2*len(cur)))
+		copy(next, cur)
+		sc.slab, sc.batchStart = next, 0
+	}
+	sc.slab = append(sc.slab, r)
 	b.batchRows++
 }
 
@@ -272,12 +289,12 @@ func (b *build) closeBatch(partial bool) {
 	if b.batchRows == 0 {
 		return
 	}
-	rows := make([]common.Row, len(b.sc.rows))
-	copy(rows, b.sc.rows)
-	clear(b.sc.rows) // drop references into the arena
-	b.sc.rows = b.sc.rows[:0]
+	sc := b.sc
+	end := len(sc.slab)
+	rows := sc.slab[sc.batchStart:end:end]
+	sc.batchStart = end
 	b.next.seq++
-	b.sc.msgs = append(b.sc.msgs, &messaging.DMLBatch{Header: b.sc.header(b.s, b.next.seq), Rows: rows, Partial: partial})
+	sc.msgs = append(sc.msgs, &messaging.DMLBatch{Header: sc.header(b.s, b.next.seq), Rows: rows, Partial: partial})
 	b.batchRows = 0
 }
 

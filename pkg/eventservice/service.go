@@ -155,7 +155,8 @@ func (svc *Service) Register(info DispatcherInfo) error {
 	d := &dispatcher{id: info.ID, span: info.Span, target: t, worker: info.ID.Index(len(svc.prepQueues)), svc: svc}
 	d.mu.storeStart = info.StartTs
 	d.mu.checkpoint = info.StartTs
-	s := newSession(d, info.Epoch, info.StartTs)
+	s := &d.first
+	s.init(d, info.Epoch, info.StartTs)
 	d.session.Store(s)
 	svc.mu.dispatchers[info.ID] = d
 	svc.mu.Unlock()

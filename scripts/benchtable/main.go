@@ -166,10 +166,12 @@ type ratio struct {
 
 var ratios = []ratio{
 	{"notify saturated / idle (ns/op)", "BenchmarkNotifySaturated", "BenchmarkNotifyIdle", "ns/op", "<= 1.5"},
-	{"notify 1M / 1k dispatchers (ns/op)", "BenchmarkNotifyScale/dispatchers=1000000", "BenchmarkNotifyScale/dispatchers=1000", "ns/op", "<= 2"},
+	{"notify 1M / 1k dispatchers, saturated (ns/op)", "BenchmarkNotifyScale/mode=saturated/dispatchers=1000000", "BenchmarkNotifyScale/mode=saturated/dispatchers=1000", "ns/op", "<= 2"},
+	{"notify 1M / 1k dispatchers, workers running (ns/op)", "BenchmarkNotifyScale/mode=idle/dispatchers=1000000", "BenchmarkNotifyScale/mode=idle/dispatchers=1000", "ns/op", "<= 2"},
 	{"pending set hot key (live, parallel) / blocking chan (parallel)", "BenchmarkAdd/keys=1/producers=parallel/consumer=live", "BenchmarkBaselineBlockingChannel/producers=parallel", "ns/op", "< 1"},
 	{"pending set 100k keys (live, single) / blocking chan (single)", "BenchmarkAdd/keys=100000/producers=single/consumer=live", "BenchmarkBaselineBlockingChannel/producers=single", "ns/op", "-"},
-	{"scheduler scan / raw pebble scan (rows/s)", "BenchmarkScanThroughput", "BenchmarkRawPebbleScanReference", "rows/s", ">= 0.5"},
+	{"scheduler scan, 1 dispatcher / raw pebble scan (rows/s)", "BenchmarkScanThroughput/dispatchers=1", "BenchmarkRawPebbleScanReference", "rows/s", ">= 0.5"},
+	{"scheduler scan, 2 dispatchers / raw pebble scan (rows/s)", "BenchmarkScanThroughput/dispatchers=2", "BenchmarkRawPebbleScanReference", "rows/s", ">= 0.5"},
 	{"store scan / raw pebble scan (rows/s)", "BenchmarkStoreScan", "BenchmarkRawPebbleScan", "rows/s", ">= 0.7"},
 }
 
