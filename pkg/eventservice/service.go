@@ -94,7 +94,6 @@ func New(opts Options) (*Service, error) {
 	svc.backoff = newBackoffTimers(opts.Clock)
 	svc.metrics = newMetrics(svc)
 	if err := svc.metrics.register(opts.Registerer); err != nil {
-		svc.metrics.unregister(opts.Registerer)
 		return nil, fmt.Errorf("eventservice: register metrics: %w", err)
 	}
 	return svc, nil

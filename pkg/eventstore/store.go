@@ -95,7 +95,6 @@ func Open(opts Options) (*Store, error) {
 	}
 	s.db, s.cache = db, cache
 	if err := s.metrics.register(opts.Registerer); err != nil {
-		s.metrics.unregister(opts.Registerer)
 		_ = db.Close()
 		cache.Unref()
 		return nil, fmt.Errorf("eventstore: register metrics: %w", err)

@@ -482,6 +482,11 @@ func TestMetricsRegisterAndLint(t *testing.T) {
 	// A second store cannot register on the same registry: an error, not a panic.
 	_, err := Open(Options{Upstream: &fakeUpstreamForTest{}, Registerer: reg})
 	require.Error(t, err)
+	// The failed Open must not have unregistered the first store's
+	// collectors (Unregister matches by descriptor, not by instance).
+	n, err := testutil.GatherAndCount(reg, "cdcflow_eventstore_rows_written_total")
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
 }
 
 // countRaw counts the stored rows of a subscription, bypassing the
