@@ -148,6 +148,7 @@ type epochStream struct {
 	rows       []common.Row
 	ddls       []*messaging.DDL
 	partial    bool
+	partials   int // DMLBatch messages that ended inside a transaction
 }
 
 // streamCheckerForTest is a strict receiver: it checks every message
@@ -244,6 +245,9 @@ func (c *streamCheckerForTest) apply(m messaging.Message) {
 			st.rows = append(st.rows, r)
 		}
 		st.partial = msg.Partial
+		if msg.Partial {
+			st.partials++
+		}
 	case *messaging.DDL:
 		if hd.Seq != st.seq+1 {
 			c.violate("%v: ddl seq %d after %d", hd.Dispatcher, hd.Seq, st.seq)

@@ -1,6 +1,7 @@
 package eventservice
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -25,8 +26,42 @@ func TestEndToEndRowsDDLsAndResolved(t *testing.T) {
 	require.Equal(t, common.Ts(20), st.ddls[0].CommitTs)
 
 	// Resolved-only advance: the fast path, no scan.
-	before := h.svc.metrics.prepareOutcomes[outcomeScan]
-	_ = before
+	scans := testutilCounter(h.svc.metrics.prepareOutcomes[outcomeScan])
+	fast := testutilCounter(h.svc.metrics.prepareOutcomes[outcomeFastPath])
 	h.push(1, 60)
 	h.check.waitResolved(id, 60)
+	require.Equal(t, scans, testutilCounter(h.svc.metrics.prepareOutcomes[outcomeScan]), "no scan for a resolved-only advance")
+	require.Greater(t, testutilCounter(h.svc.metrics.prepareOutcomes[outcomeFastPath]), fast)
+}
+
+// TestScanLimitsStopAtBoundariesAndSplitLargeTxnsExactly: with tiny task
+// limits, scans stop at transaction boundaries (including between
+// transactions sharing a commit-ts) and split a transaction larger than
+// LargeTxnSplitBytes at a row; the resumes neither repeat nor skip a row,
+// and no resolved-ts at or above a split transaction's commit-ts is sent
+// before its last row (the stream checker enforces that).
+func TestScanLimitsStopAtBoundariesAndSplitLargeTxnsExactly(t *testing.T) {
+	h := newHarness(t, func(o *Options) {
+		o.ScanLimitRows, o.ScanLimitBytes, o.LargeTxnSplitBytes, o.BatchRows = 3, 64, 64, 2
+	}, hooks{})
+	h.advanceSchema(1 << 40)
+	id := h.register(1, 10)
+	var rows []common.Row
+	var want []string
+	add := func(key string, startTs, commitTs common.Ts) {
+		rows = append(rows, row(key, startTs, commitTs))
+		want = append(want, key)
+	}
+	add("t1-a", 11, 20)
+	add("t1-b", 11, 20)
+	add("t2-a", 12, 20) // a second transaction at the same commit-ts
+	for i := range 25 {
+		add(fmt.Sprintf("big-%02d", i), 21, 30) // one transaction of 25 rows
+	}
+	add("t4-a", 31, 40)
+	h.push(1, 50, rows...)
+	es := h.check.waitResolved(id, 50)
+	require.Equal(t, want, keys(es.rows))
+	require.Positive(t, es.partials, "the large transaction was split")
+	require.Positive(t, testutilCounter(h.svc.metrics.interruptedScans))
 }
