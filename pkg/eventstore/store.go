@@ -42,6 +42,11 @@ type Store struct {
 	// notifyLatency records the real time of every notifier callback.
 	notifyLatency latency.Histogram
 
+	// stopWaits, if set (by tests only, before use), runs when an
+	// unregistration finds its dispatcher's callback in flight and is
+	// about to wait for it.
+	stopWaits func()
+
 	mu struct {
 		sync.RWMutex
 		started     bool
@@ -260,7 +265,7 @@ func (s *Store) UnregisterDispatcher(id common.DispatcherID) error {
 	sb.sub.removeSubscriberLocked(sb, s.opts.Clock.Now())
 	sb.sub.mu.Unlock()
 	s.mu.Unlock()
-	sb.stop()
+	sb.stop(s.stopWaits)
 	return nil
 }
 
@@ -379,7 +384,7 @@ func (s *Store) Close() error {
 	// 1. Stop notifications (waiting for a callback in flight): none runs
 	// once Close returns.
 	for _, sb := range subscribers {
-		sb.stop()
+		sb.stop(s.stopWaits)
 	}
 	// 2. End the upstream feeds; pushes already blocked return ErrClosed.
 	for _, sub := range subs {

@@ -228,14 +228,22 @@ func TestNotifyAfterCommitAndMonotonic(t *testing.T) {
 
 func TestUnregisterStopsNotifications(t *testing.T) {
 	env := newTestEnv(t, nil)
-	entered, release := make(chan struct{}), make(chan struct{})
+	waiting := make(chan struct{})
+	env.store.stopWaits = func() { close(waiting) }
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	var releaseOnce sync.Once
+	releaseCallback := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(releaseCallback) // runs before the store's Close, even after a failure
 	var calls int
 	var mu sync.Mutex
 	notifier := func(common.Ts, common.Ts) {
 		mu.Lock()
 		calls++
 		mu.Unlock()
-		entered <- struct{}{}
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
 		<-release
 	}
 	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, notifier))
@@ -243,17 +251,27 @@ func TestUnregisterStopsNotifications(t *testing.T) {
 	push(t, sub, 10)
 	<-entered // a callback is in flight
 	unregistered := make(chan struct{})
+	var unregisterErr error
 	go func() {
-		require.NoError(t, env.store.UnregisterDispatcher(did(1)))
+		unregisterErr = env.store.UnregisterDispatcher(did(1))
 		close(unregistered)
 	}()
+	// Unregister must find the callback running and wait for it: the hook
+	// fires exactly then. An Unregister that did not wait would never fire
+	// it and would return first.
+	select {
+	case <-waiting:
+	case <-unregistered:
+		t.Fatal("Unregister returned while a callback was running")
+	}
 	select {
 	case <-unregistered:
 		t.Fatal("Unregister returned while a callback was running")
 	default:
 	}
-	release <- struct{}{}
+	releaseCallback()
 	<-unregistered
+	require.NoError(t, unregisterErr)
 	push(t, sub, 20)
 	push(t, sub, 30, put("x", 25, 26))
 	// A second dispatcher on the same subscription observes 30, which proves

@@ -58,9 +58,16 @@ func (sb *subscriber) notify(s *Store, resolved, maxCommit common.Ts) {
 	s.metrics.notifications.Inc()
 }
 
-// stop prevents further callbacks, waiting for one in flight.
-func (sb *subscriber) stop() {
-	sb.mu.Lock()
+// stop prevents further callbacks, waiting for one in flight. waiting, if
+// not nil, runs when a callback is in flight and stop is about to wait for
+// it (a test hook: it makes "Unregister waits" observable).
+func (sb *subscriber) stop(waiting func()) {
+	if !sb.mu.TryLock() {
+		if waiting != nil {
+			waiting()
+		}
+		sb.mu.Lock()
+	}
 	sb.mu.stopped = true
 	sb.mu.Unlock()
 }
