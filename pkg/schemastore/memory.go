@@ -90,6 +90,11 @@ func (t *tableHistory) searchAbove(ts common.Ts) int {
 type Memory struct {
 	logger *zap.Logger
 
+	// stopWaits, if set (by tests only, before any cancel), runs when a
+	// cancel finds its subscriber's callback in flight and is about to wait
+	// for it.
+	stopWaits func()
+
 	mu struct {
 		// RWMutex so that the scheduler's many readers do not block each other.
 		sync.RWMutex
@@ -290,7 +295,7 @@ func (m *Memory) Subscribe(fn func(resolvedTs common.Ts)) (cancel func()) {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			s.stop()
+			s.stop(m.stopWaits)
 			m.removeSubscriber(s)
 		})
 	}
@@ -337,8 +342,15 @@ func (s *subscriber) notify(ts common.Ts) {
 }
 
 // stop prevents further calls; it returns after any running call finished.
-func (s *subscriber) stop() {
-	s.mu.Lock()
+// waiting, if not nil, runs when a call is in flight and stop is about to
+// wait for it (a test hook: it makes "cancel waits" observable).
+func (s *subscriber) stop(waiting func()) {
+	if !s.mu.TryLock() {
+		if waiting != nil {
+			waiting()
+		}
+		s.mu.Lock()
+	}
 	s.mu.stopped = true
 	s.mu.Unlock()
 }

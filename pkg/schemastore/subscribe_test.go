@@ -1,7 +1,6 @@
 package schemastore
 
 import (
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -58,7 +57,7 @@ func TestSubscriberSkipsStaleFrontier(t *testing.T) {
 	s.notify(20)
 	s.notify(15)
 	s.notify(21)
-	s.stop()
+	s.stop(nil)
 	s.notify(30)
 	require.Equal(t, []common.Ts{20, 21}, seen)
 }
@@ -67,8 +66,13 @@ func TestSubscriberSkipsStaleFrontier(t *testing.T) {
 // returns the subscriber may free whatever the callback touches.
 func TestCancelWaitsForRunningCallback(t *testing.T) {
 	m := newMemory(t, 0)
+	waiting := make(chan struct{})
+	m.stopWaits = func() { close(waiting) }
 	entered := make(chan struct{})
 	release := make(chan struct{})
+	var releaseOnce sync.Once
+	releaseCallback := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(releaseCallback) // a failed run releases the callback rather than hanging
 	var mu sync.Mutex
 	var events []string
 	record := func(e string) {
@@ -86,29 +90,26 @@ func TestCancelWaitsForRunningCallback(t *testing.T) {
 	go func() { advanced <- m.AdvanceResolvedTs(1) }()
 	<-entered
 
-	var cancelStarted atomic.Bool
 	cancelled := make(chan struct{})
 	go func() {
-		cancelStarted.Store(true)
 		cancel()
 		record("cancel returns")
 		close(cancelled)
 	}()
-	for !cancelStarted.Load() {
-		runtime.Gosched()
+	// cancel must find the callback running and wait for it: the hook fires
+	// exactly then. A cancel that did not wait would never fire it and would
+	// return first.
+	select {
+	case <-waiting:
+	case <-cancelled:
+		t.Fatal("cancel returned while the callback was running")
 	}
-	// A correct cancel cannot return here whatever the scheduling; a cancel
-	// that does not wait returns within these yields on any realistic
-	// scheduler, so the check catches it.
-	for range 10_000 {
-		select {
-		case <-cancelled:
-			t.Fatal("cancel returned while the callback was running")
-		default:
-			runtime.Gosched()
-		}
+	select {
+	case <-cancelled:
+		t.Fatal("cancel returned while the callback was running")
+	default:
 	}
-	close(release)
+	releaseCallback()
 	<-cancelled
 	require.NoError(t, <-advanced)
 	require.Equal(t, []string{"callback returns", "cancel returns"}, events)
