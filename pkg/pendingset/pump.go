@@ -46,6 +46,11 @@ type Pump[K comparable, V any] struct {
 
 	stopOnce, drainOnce sync.Once
 
+	// drainWaits, if set (by tests only, before Drain), runs when Drain has
+	// requested drain mode and is about to wait for the set to settle, the
+	// goroutine to exit or ctx to end.
+	drainWaits func()
+
 	mu struct {
 		sync.Mutex
 		started, stopped bool
@@ -124,6 +129,9 @@ func (p *Pump[K, V]) Drain(ctx context.Context) error {
 		return ErrNotStarted
 	}
 	p.drainOnce.Do(func() { close(p.drainCh) })
+	if p.drainWaits != nil {
+		p.drainWaits()
+	}
 	select {
 	case <-p.quietCh:
 	case <-p.doneCh:

@@ -162,19 +162,22 @@ func TestPumpDrainDeliversQueuedAndInFlight(t *testing.T) {
 }
 
 // Drain-with-deadline mode, failure: with the target down Drain returns
-// ctx.Err() at the deadline, stops the pump and keeps every key.
+// ctx.Err() at the deadline, stops the pump and keeps every key, whether
+// ctx had already ended when Drain was called or ends while Drain waits.
 func TestPumpDrainDeadline(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		ctx  func() (context.Context, context.CancelFunc)
-		want error
+		// cancelWhileWaiting: cancel once Drain is waiting, not before.
+		cancelWhileWaiting bool
+		want               error
 	}{
 		{"expired deadline", func() (context.Context, context.CancelFunc) {
 			return context.WithDeadline(context.Background(), time.Unix(0, 0))
-		}, context.DeadlineExceeded},
+		}, false, context.DeadlineExceeded},
 		{"cancelled while backing off", func() (context.Context, context.CancelFunc) {
 			return context.WithCancel(context.Background())
-		}, context.Canceled},
+		}, true, context.Canceled},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, clk := newTestSet(t, nil)
@@ -184,17 +187,34 @@ func TestPumpDrainDeadline(t *testing.T) {
 				return errConnDown
 			})
 			require.NoError(t, err)
+			waiting := make(chan struct{})
+			p.drainWaits = func() { close(waiting) }
+			t.Cleanup(p.Stop) // a failed run leaves no goroutine behind
 			for k := range 3 {
 				s.Add(k, 1)
 			}
 			require.NoError(t, p.Start())
 			<-calls
-			// The pump is (or is about to be) parked on its backoff timer.
+			// The pump is (or is about to be) parked on its backoff timer,
+			// which the fake clock never fires: the set cannot settle.
 			require.NoError(t, clk.WaitTimers(context.Background(), 1))
 			ctx, cancel := tc.ctx()
+			defer cancel()
 			errc := make(chan error, 1)
 			go func() { errc <- p.Drain(ctx) }()
-			cancel()
+			if tc.cancelWhileWaiting {
+				select {
+				case <-waiting:
+				case err := <-errc:
+					t.Fatalf("Drain returned %v before waiting", err)
+				}
+				select {
+				case err := <-errc:
+					t.Fatalf("Drain returned %v before its context ended", err)
+				default:
+				}
+				cancel()
+			}
 			require.ErrorIs(t, <-errc, tc.want)
 			require.Equal(t, 3, s.Len(), "no key dropped")
 			require.Zero(t, s.InFlight())
