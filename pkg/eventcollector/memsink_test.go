@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/pkg/common"
@@ -61,29 +62,45 @@ func TestMemorySinkWaitAndConcurrentReaders(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, s.WaitCheckpoint(ctx, id, 1), context.Canceled)
 
+	const n = 200
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	for range 3 {
 		wg.Go(func() {
+			// Every snapshot is at least as far along as the previous one.
+			var prevCheckpoint common.Ts
+			prevLen := 0
 			for {
 				select {
 				case <-stop:
 					return
 				default:
 				}
-				_ = s.Deduplicated(id)
-				_ = s.Epochs(id)
-				_ = s.CheckpointOf(id)
+				cp := s.CheckpointOf(id)
+				dedup := s.Deduplicated(id)
+				ep := s.Epochs(id)
+				if !assert.GreaterOrEqual(t, cp, prevCheckpoint, "checkpoint went back") ||
+					!assert.GreaterOrEqual(t, len(dedup), prevLen, "deduplicated rows went back") ||
+					// The row at ts is applied before the checkpoint at ts,
+					// and dedup was read after cp.
+					!assert.GreaterOrEqual(t, len(dedup), int(cp/10), "checkpoint %d ahead of the rows", cp) ||
+					!assert.LessOrEqual(t, len(ep), 1, "one epoch") {
+					return
+				}
+				prevCheckpoint, prevLen = cp, len(dedup)
 			}
 		})
 	}
-	const n = 200
 	wg.Go(func() {
-		_ = s.BeginEpoch(id, 1, 0)
+		if !assert.NoError(t, s.BeginEpoch(id, 1, 0)) {
+			return
+		}
 		for i := 1; i <= n; i++ {
 			ts := common.Ts(i * 10)
-			_ = s.ApplyRows(id, []common.Row{row(fmt.Sprintf("k%03d", i), ts-1, ts)})
-			_ = s.Checkpoint(id, ts)
+			if !assert.NoError(t, s.ApplyRows(id, []common.Row{row(fmt.Sprintf("k%03d", i), ts-1, ts)})) ||
+				!assert.NoError(t, s.Checkpoint(id, ts)) {
+				return
+			}
 		}
 	})
 	require.NoError(t, s.WaitCheckpoint(testCtx(t), id, n*10))
