@@ -29,7 +29,7 @@ type oracle interface {
 // errInjected is the error a checker returns for an injected sink failure.
 var errInjected = errors.New("tests: injected sink failure")
 
-// checker is an eventcollector.Sink that verifies every dispatcher's stream
+// checkerForTest is an eventcollector.Sink that verifies every dispatcher's stream
 // as it is applied, the way a downstream would see it, against an oracle:
 //
 //   - per epoch, rows strictly increase in (commit-ts, start-ts, key), so a
@@ -47,7 +47,7 @@ var errInjected = errors.New("tests: injected sink failure")
 // and a final checkpoint equal to the upstream's final resolved-ts proves
 // every row was delivered. Only the rows since the last checkpoint are kept,
 // so the checker's memory does not grow with the run.
-type checker struct {
+type checkerForTest struct {
 	oracle oracle
 
 	mu struct {
@@ -97,17 +97,17 @@ type dstate struct {
 
 const maxViolations = 20
 
-var _ eventcollector.Sink = (*checker)(nil)
+var _ eventcollector.Sink = (*checkerForTest)(nil)
 
-func newChecker(o oracle) *checker {
-	c := &checker{oracle: o}
+func newCheckerForTest(o oracle) *checkerForTest {
+	c := &checkerForTest{oracle: o}
 	c.mu.ds = make(map[common.DispatcherID]*dstate)
 	c.mu.changed = make(chan struct{})
 	return c
 }
 
 // violationLocked records a broken guarantee. REQUIRES: c.mu held.
-func (c *checker) violationLocked(id common.DispatcherID, format string, args ...any) {
+func (c *checkerForTest) violationLocked(id common.DispatcherID, format string, args ...any) {
 	c.mu.nViolations++
 	if len(c.mu.violations) < maxViolations {
 		c.mu.violations = append(c.mu.violations, fmt.Sprintf("%v: ", id)+fmt.Sprintf(format, args...))
@@ -115,7 +115,7 @@ func (c *checker) violationLocked(id common.DispatcherID, format string, args ..
 }
 
 // violations returns how many guarantees broke and the first few.
-func (c *checker) violations() (int, []string) {
+func (c *checkerForTest) violations() (int, []string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.mu.nViolations, append([]string(nil), c.mu.violations...)
@@ -123,7 +123,7 @@ func (c *checker) violations() (int, []string) {
 
 // bind declares dispatcher id on table from startTs, before it is added to
 // the collector, so its first sink call is expected.
-func (c *checker) bind(id common.DispatcherID, table int64, startTs common.Ts) {
+func (c *checkerForTest) bind(id common.DispatcherID, table int64, startTs common.Ts) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.mu.ds[id]; ok {
@@ -139,7 +139,7 @@ func (c *checker) bind(id common.DispatcherID, table int64, startTs common.Ts) {
 
 // unbind forgets id after its removal: a sink call still in flight is
 // ignored, and waitAll no longer waits for it.
-func (c *checker) unbind(id common.DispatcherID) {
+func (c *checkerForTest) unbind(id common.DispatcherID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	d, ok := c.mu.ds[id]
@@ -154,7 +154,7 @@ func (c *checker) unbind(id common.DispatcherID) {
 }
 
 // failNextRows makes the next ApplyRows of id return an error.
-func (c *checker) failNextRows(id common.DispatcherID) {
+func (c *checkerForTest) failNextRows(id common.DispatcherID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if d, ok := c.mu.ds[id]; ok {
@@ -164,7 +164,7 @@ func (c *checker) failNextRows(id common.DispatcherID) {
 
 // lookupLocked returns id's live state, or nil for a removed instance (a
 // sink call that was in flight at removal). REQUIRES: c.mu held.
-func (c *checker) lookupLocked(id common.DispatcherID) *dstate {
+func (c *checkerForTest) lookupLocked(id common.DispatcherID) *dstate {
 	d, ok := c.mu.ds[id]
 	if !ok {
 		c.violationLocked(id, "sink call for a dispatcher never added")
@@ -177,7 +177,7 @@ func (c *checker) lookupLocked(id common.DispatcherID) *dstate {
 }
 
 // BeginEpoch implements eventcollector.Sink.
-func (c *checker) BeginEpoch(id common.DispatcherID, epoch uint64, startTs common.Ts) error {
+func (c *checkerForTest) BeginEpoch(id common.DispatcherID, epoch uint64, startTs common.Ts) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	d := c.lookupLocked(id)
@@ -197,7 +197,7 @@ func (c *checker) BeginEpoch(id common.DispatcherID, epoch uint64, startTs commo
 }
 
 // ApplyRows implements eventcollector.Sink.
-func (c *checker) ApplyRows(id common.DispatcherID, rows []common.Row) error {
+func (c *checkerForTest) ApplyRows(id common.DispatcherID, rows []common.Row) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	d := c.lookupLocked(id)
@@ -236,7 +236,7 @@ func (c *checker) ApplyRows(id common.DispatcherID, rows []common.Row) error {
 }
 
 // ApplyDDL implements eventcollector.Sink.
-func (c *checker) ApplyDDL(id common.DispatcherID, ddl *messaging.DDL) error {
+func (c *checkerForTest) ApplyDDL(id common.DispatcherID, ddl *messaging.DDL) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	d := c.lookupLocked(id)
@@ -261,7 +261,7 @@ func (c *checker) ApplyDDL(id common.DispatcherID, ddl *messaging.DDL) error {
 
 // Checkpoint implements eventcollector.Sink: it verifies the range
 // (checked, ts] of the epoch against the oracle.
-func (c *checker) Checkpoint(id common.DispatcherID, ts common.Ts) error {
+func (c *checkerForTest) Checkpoint(id common.DispatcherID, ts common.Ts) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	d := c.lookupLocked(id)
@@ -302,7 +302,7 @@ func (c *checker) Checkpoint(id common.DispatcherID, ts common.Ts) error {
 	return nil
 }
 
-func (c *checker) compareRowsLocked(id common.DispatcherID, d *dstate, got, want []common.Row, ts common.Ts) {
+func (c *checkerForTest) compareRowsLocked(id common.DispatcherID, d *dstate, got, want []common.Row, ts common.Ts) {
 	i, j := 0, 0
 	for (i < len(want) || j < len(got)) && c.mu.nViolations < 1000 {
 		switch {
@@ -322,7 +322,7 @@ func (c *checker) compareRowsLocked(id common.DispatcherID, d *dstate, got, want
 	}
 }
 
-func (c *checker) compareDDLsLocked(id common.DispatcherID, d *dstate, got []messaging.DDL, want []schemastore.DDL, ts common.Ts) {
+func (c *checkerForTest) compareDDLsLocked(id common.DispatcherID, d *dstate, got []messaging.DDL, want []schemastore.DDL, ts common.Ts) {
 	if len(got) != len(want) {
 		c.violationLocked(id, "epoch %d checkpoint %v: %d DDLs applied in (%v, %v], want %d", d.epoch, ts, len(got), d.checked, ts, len(want))
 		return
@@ -335,7 +335,7 @@ func (c *checker) compareDDLsLocked(id common.DispatcherID, d *dstate, got []mes
 }
 
 // REQUIRES: c.mu held.
-func (c *checker) doneOneLocked() {
+func (c *checkerForTest) doneOneLocked() {
 	c.mu.remaining--
 	if c.mu.remaining == 0 && c.mu.done != nil {
 		close(c.mu.done)
@@ -345,7 +345,7 @@ func (c *checker) doneOneLocked() {
 
 // waitAll waits until every live dispatcher's checkpoint reached target,
 // or ctx ends. target must not change between calls.
-func (c *checker) waitAll(ctx context.Context, target common.Ts) error {
+func (c *checkerForTest) waitAll(ctx context.Context, target common.Ts) error {
 	c.mu.Lock()
 	if c.mu.target != target {
 		c.mu.target, c.mu.remaining = target, 0
@@ -375,7 +375,7 @@ func (c *checker) waitAll(ctx context.Context, target common.Ts) error {
 
 // wait returns once cond (run without the checker's lock) holds, checking
 // it now and after every checkpoint, or ctx.Err().
-func (c *checker) wait(ctx context.Context, cond func() bool) error {
+func (c *checkerForTest) wait(ctx context.Context, cond func() bool) error {
 	for {
 		c.mu.Lock()
 		c.mu.watched = true
@@ -393,7 +393,7 @@ func (c *checker) wait(ctx context.Context, cond func() bool) error {
 }
 
 // checkpoint returns id's highest confirmed checkpoint.
-func (c *checker) checkpoint(id common.DispatcherID) common.Ts {
+func (c *checkerForTest) checkpoint(id common.DispatcherID) common.Ts {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if d, ok := c.mu.ds[id]; ok {
@@ -404,7 +404,7 @@ func (c *checker) checkpoint(id common.DispatcherID) common.Ts {
 
 // behind returns up to n live dispatchers whose checkpoint is below
 // target, with their state, for failure messages.
-func (c *checker) behind(target common.Ts, n int) []string {
+func (c *checkerForTest) behind(target common.Ts, n int) []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []string
@@ -417,7 +417,7 @@ func (c *checker) behind(target common.Ts, n int) []string {
 }
 
 // stats returns the totals.
-func (c *checker) stats() checkerStats {
+func (c *checkerForTest) stats() checkerStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.mu.stats
@@ -425,7 +425,7 @@ func (c *checker) stats() checkerStats {
 
 // resets returns the epochs begun beyond each instance's first: the resets
 // the downstream observed.
-func (c *checker) resets() uint64 {
+func (c *checkerForTest) resets() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var n uint64

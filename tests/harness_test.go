@@ -66,7 +66,7 @@ type harness struct {
 	svc    *eventservice.Service
 	svcOpt eventservice.Options
 	coll   *eventcollector.Collector
-	chk    *checker
+	chk    *checkerForTest
 	reg    *prometheus.Registry
 	samp   *sampler
 
@@ -135,7 +135,7 @@ func newHarness(t *testing.T, cfg harnessConfig) *harness {
 	h.svc, err = eventservice.New(h.svcOpt)
 	require.NoError(t, err)
 	h.svcOpt = h.svcOpt.EnsureDefaults()
-	h.chk = newChecker(&genOracle{gen: h.gen, ddls: h.ddls, schema: h.schema})
+	h.chk = newCheckerForTest(&genOracle{gen: h.gen, ddls: h.ddls, schema: h.schema})
 	h.coll, err = eventcollector.New(eventcollector.Options{Service: h.svc, Inbox: h.inbox, Sink: h.chk,
 		HeartbeatInterval: cfg.heartbeat, Registerer: h.reg})
 	require.NoError(t, err)

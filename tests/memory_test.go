@@ -29,7 +29,7 @@ func TestBoundedMemoryUnderCongestion(t *testing.T) {
 	dispatchers := 200 * scale(t)
 	s := &scenario{name: "bounded memory (congested)", dispatchers: dispatchers}
 	report(t, s)
-	var tr *switchTransport
+	var tr *switchTransportForTest
 	h := newHarness(t, harnessConfig{
 		seed:      scenarioSeed(t, 17),
 		tables:    dispatchers,
@@ -37,7 +37,7 @@ func TestBoundedMemoryUnderCongestion(t *testing.T) {
 		rowBytes:  200,
 		duration:  scaled(t, 8*time.Second),
 		onDisk:    true,
-		transport: func(inner messaging.Transport) messaging.Transport { tr = newSwitchTransport(inner); return tr },
+		transport: func(inner messaging.Transport) messaging.Transport { tr = newSwitchTransportForTest(inner); return tr },
 		svcOpts: func(o *eventservice.Options) {
 			o.BackoffBase, o.BackoffMax = eventservice.DefaultBackoffBase, eventservice.DefaultBackoffMax
 		},

@@ -73,7 +73,7 @@ type model struct {
 	rng    *rand.Rand
 	h      *harness
 	fake   *clock.Fake
-	tr     *switchTransport
+	tr     *switchTransportForTest
 	ds     []*modelDisp
 	nextID uint64
 	// outage counts the steps left with the transport down.
@@ -106,7 +106,10 @@ func runModel(t *testing.T, seed uint64) {
 		storeOpts: func(o *eventstore.Options) {
 			o.IdleTTL, o.MaintenanceInterval, o.GCMinSpan, o.GCMaxDelay = 10*time.Millisecond, 2*time.Millisecond, time.Millisecond, 2*time.Millisecond
 		},
-		transport: func(inner messaging.Transport) messaging.Transport { m.tr = newSwitchTransport(inner); return m.tr },
+		transport: func(inner messaging.Transport) messaging.Transport {
+			m.tr = newSwitchTransportForTest(inner)
+			return m.tr
+		},
 		svcOpts: func(o *eventservice.Options) {
 			o.ScanWorkers, o.ScanQueueSize, o.ScanLimitRows, o.ScanLimitBytes, o.LargeTxnSplitBytes = 1, 1, 7, 400, 400
 			o.BatchRows, o.MaxMessagesPerTask = 3, 8

@@ -22,14 +22,14 @@ func TestShutdownUnderLoad(t *testing.T) {
 	const dispatchers = 10000 // the count, at every scale
 	s := &scenario{name: "shutdown under load", dispatchers: dispatchers}
 	report(t, s)
-	var tr *switchTransport
+	var tr *switchTransportForTest
 	h := newHarness(t, harnessConfig{
 		seed:      scenarioSeed(t, 13),
 		tables:    dispatchers,
 		rate:      20000,
 		duration:  10 * time.Minute, // never reached: the test closes mid-run
 		onDisk:    true,
-		transport: func(inner messaging.Transport) messaging.Transport { tr = newSwitchTransport(inner); return tr },
+		transport: func(inner messaging.Transport) messaging.Transport { tr = newSwitchTransportForTest(inner); return tr },
 		svcOpts: func(o *eventservice.Options) {
 			// Production back-off: 10k dispatchers retrying a refused
 			// transport every few milliseconds would starve the upstream.

@@ -11,8 +11,8 @@ import (
 // on disk, a synthetic workload with up to 4 transactions per commit-ts and
 // DDLs interleaved at the commit-ts of rows, with a schema frontier that
 // trails the upstream. Every checkpoint is verified against the upstream as
-// it happens (see checker); at the end every dispatcher must have reached
-// the upstream's final resolved-ts, each row applied exactly once (no
+// it happens (see checkerForTest); at the end every dispatcher must have
+// reached the upstream's final resolved-ts, each row applied exactly once (no
 // faults, so no reset may happen), and the queues stayed bounded.
 func TestSteadyState(t *testing.T) {
 	sc := scale(t)

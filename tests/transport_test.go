@@ -10,10 +10,10 @@ import (
 	"github.com/cdcflow/eventservice/pkg/upstream"
 )
 
-// switchTransport wraps a transport with faults a test switches on and
+// switchTransportForTest wraps a transport with faults a test switches on and
 // off: an outage (every send refused with ErrBusy, or failed) and the
 // silent loss of the next message of chosen dispatchers.
-type switchTransport struct {
+type switchTransportForTest struct {
 	inner messaging.Transport
 
 	mu struct {
@@ -25,27 +25,27 @@ type switchTransport struct {
 	}
 }
 
-func newSwitchTransport(inner messaging.Transport) *switchTransport {
-	s := &switchTransport{inner: inner}
+func newSwitchTransportForTest(inner messaging.Transport) *switchTransportForTest {
+	s := &switchTransportForTest{inner: inner}
 	s.mu.drop = map[common.DispatcherID]bool{}
 	return s
 }
 
 // setOutage makes every send fail with err until called with nil.
-func (s *switchTransport) setOutage(err error) {
+func (s *switchTransportForTest) setOutage(err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.mu.outage = err
 }
 
 // dropNext silently loses the next message sent to dispatcher id.
-func (s *switchTransport) dropNext(id common.DispatcherID) {
+func (s *switchTransportForTest) dropNext(id common.DispatcherID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.mu.drop[id] = true
 }
 
-func (s *switchTransport) counts() (refused, dropped int) {
+func (s *switchTransportForTest) counts() (refused, dropped int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.mu.refused, s.mu.dropped
@@ -54,7 +54,7 @@ func (s *switchTransport) counts() (refused, dropped int) {
 // Send implements messaging.Transport. A dropped message is removed from
 // the batch and the rest forwarded; the caller is told the whole batch was
 // accepted, as a lossy network would.
-func (s *switchTransport) Send(target messaging.Target, msgs []messaging.Message) error {
+func (s *switchTransportForTest) Send(target messaging.Target, msgs []messaging.Message) error {
 	s.mu.Lock()
 	if err := s.mu.outage; err != nil {
 		s.mu.refused++

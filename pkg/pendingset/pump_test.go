@@ -17,9 +17,9 @@ type delivery struct {
 	reply chan error
 }
 
-// newSink returns a deliver function that hands every call to the test on
+// newSinkForTest returns a deliver function that hands every call to the test on
 // calls and returns what the test replies, or ctx.Err() once cancelled.
-func newSink() (chan *delivery, DeliverFunc[int, uint64]) {
+func newSinkForTest() (chan *delivery, DeliverFunc[int, uint64]) {
 	calls := make(chan *delivery)
 	return calls, func(ctx context.Context, batch []Entry[int, uint64]) error {
 		d := &delivery{ctx: ctx, batch: batch, reply: make(chan error, 1)}
@@ -40,7 +40,7 @@ func newSink() (chan *delivery, DeliverFunc[int, uint64]) {
 func newTestPump(t *testing.T, edit func(*Options[int, uint64])) (*Set[int, uint64], *Pump[int, uint64], chan *delivery) {
 	t.Helper()
 	s, _ := newTestSet(t, edit)
-	calls, deliver := newSink()
+	calls, deliver := newSinkForTest()
 	p, err := NewPump(s, deliver)
 	require.NoError(t, err)
 	return s, p, calls
@@ -227,7 +227,7 @@ func TestPumpDrainDeadline(t *testing.T) {
 // per-key budget; a success resets the pump's backoff.
 func TestPumpBatchFailureBacksOff(t *testing.T) {
 	s, clk := newTestSet(t, nil)
-	calls, deliver := newSink()
+	calls, deliver := newSinkForTest()
 	p, err := NewPump(s, deliver)
 	require.NoError(t, err)
 	s.Add(1, 1)
@@ -262,7 +262,7 @@ func TestPumpBatchFailureBacksOff(t *testing.T) {
 // Drain reports keys left in quarantine instead of waiting for them.
 func TestPumpPerKeyBackoffAndQuarantine(t *testing.T) {
 	s, clk := newTestSet(t, func(o *Options[int, uint64]) { o.MaxAttempts = 2 })
-	calls, deliver := newSink()
+	calls, deliver := newSinkForTest()
 	p, err := NewPump(s, deliver)
 	require.NoError(t, err)
 	s.Add(1, 1) // poison
