@@ -173,7 +173,11 @@ func (s *server) buildParts(resumed bool) error {
 	s.svc, err = eventservice.New(eventservice.Options{Store: s.store, Schema: s.schema, Transport: tr,
 		PrepareWorkers: cfg.PrepareWorkers, ScanWorkers: cfg.ScanWorkers, ScanQueueSize: cfg.ScanQueue,
 		ScanLimitBytes: cfg.ScanLimitBytes, LargeTxnSplitBytes: max(eventservice.DefaultLargeTxnSplitBytes, cfg.ScanLimitBytes),
-		MaxMessagesPerTask: min(eventservice.DefaultMaxMessagesPerTask, cfg.InboxCapacity/4), Registerer: s.reg, Logger: s.log})
+		// Both batch sizes stay well below the inbox: a batch near its
+		// capacity would be accepted only when the inbox is nearly empty.
+		MaxMessagesPerTask: min(eventservice.DefaultMaxMessagesPerTask, cfg.InboxCapacity/4),
+		ResolvedBatch:      min(eventservice.DefaultResolvedBatch, cfg.InboxCapacity/4),
+		Registerer:         s.reg, Logger: s.log})
 	if err != nil {
 		return err
 	}

@@ -74,8 +74,9 @@ func newMetrics(svc *Service) *metrics {
 	m.interruptedScans = prometheus.NewCounter(prometheus.CounterOpts{Name: name("interrupted_scans_total"),
 		Help: "Scan tasks stopped at a size limit and re-queued for the rest."})
 	m.sendRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{Name: name("send_refusals_total"),
-		Help: "Transport sends refused (busy) or failed (failed)."}, []string{"reason"})
+		Help: "Transport sends refused (busy), larger than the target can ever take (too_large) or failed (failed)."}, []string{"reason"})
 	m.sendRefusals.WithLabelValues("busy")
+	m.sendRefusals.WithLabelValues("too_large")
 	m.sendRefusals.WithLabelValues("failed")
 	m.sentMessages = prometheus.NewCounter(prometheus.CounterOpts{Name: name("sent_messages_total"), Help: "Messages accepted by the transport."})
 	m.backoffs = prometheus.NewCounter(prometheus.CounterOpts{Name: name("backoffs_total"),

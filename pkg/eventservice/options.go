@@ -74,7 +74,10 @@ type Options struct {
 	// Default 1s (TiCDC re-sends every 2s; heartbeats come every 200ms).
 	SignalInterval time.Duration
 	// ResolvedBatch is the number of resolved-ts messages sent to a target
-	// per transport call. Default 512.
+	// per transport call. Default 512. Keep it well below the target's
+	// inbound capacity: a batch the target reports as too large is split,
+	// but a batch near the capacity is accepted only when the target is
+	// nearly empty.
 	ResolvedBatch int
 	// Logger receives the service's logs. Default zap.NewNop().
 	Logger *zap.Logger

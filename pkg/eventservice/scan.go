@@ -1,6 +1,7 @@
 package eventservice
 
 import (
+	"errors"
 	"time"
 
 	"go.uber.org/zap"
@@ -161,10 +162,20 @@ func (sc *scanner) scan(s *session) (scanOutcome, common.Ts) {
 		// before Send even returns here; it is lowered again if the send
 		// fails (a receiver cannot heartbeat what it never got).
 		prevSent := s.sent.Swap(uint64(next.resolved))
+		nmsgs := len(sc.msgs)
 		err := svc.send(d.target.name, sc.msgs)
 		sc.reset()
 		if err != nil {
 			s.sent.Store(prevSent)
+			if errors.Is(err, messaging.ErrBatchTooLarge) {
+				// A configuration error, not congestion: the task's limits
+				// (MaxMessagesPerTask, ScanLimitBytes, LargeTxnSplitBytes)
+				// exceed what the target can ever accept. Retrying cannot
+				// help until they are lowered, so say so loudly.
+				svc.log.Error("scan task larger than the target's capacity; lower the task limits",
+					zap.Stringer("dispatcher", d.id), zap.String("target", string(d.target.name)),
+					zap.Int("messages", nmsgs), zap.Error(err))
+			}
 			return scanFailed, 0
 		}
 	}

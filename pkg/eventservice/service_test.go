@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/messaging"
 	"github.com/cdcflow/eventservice/pkg/schemastore"
 )
 
@@ -64,4 +65,34 @@ func TestScanLimitsStopAtBoundariesAndSplitLargeTxnsExactly(t *testing.T) {
 	require.Equal(t, want, keys(es.rows))
 	require.Positive(t, es.partials, "the large transaction was split")
 	require.Positive(t, testutilCounter(h.svc.metrics.interruptedScans))
+}
+
+// TestResolvedBatchesShrinkToTheTargetsCapacity: a target whose inbox is
+// smaller than ResolvedBatch answers a whole batch with ErrBatchTooLarge;
+// the target's pump sends smaller batches instead of retrying the same one
+// forever, and every dispatcher reaches the final resolved-ts.
+func TestResolvedBatchesShrinkToTheTargetsCapacity(t *testing.T) {
+	small, err := messaging.NewInProcess(messaging.InProcessOptions{Capacity: 8})
+	require.NoError(t, err)
+	defer small.Close()
+	inbox, err := small.Register(testTarget)
+	require.NoError(t, err)
+	h := newHarness(t, func(o *Options) { o.Transport = small }, hooks{})
+	check := newStreamChecker(t, inbox)
+	h.advanceSchema(1 << 40)
+	const n = 40
+	for i := uint64(1); i <= n; i++ {
+		h.register(i, 10)
+	}
+	for i := uint64(1); i <= n; i++ {
+		check.waitResolved(common.DispatcherIDFromUint64(i), 10)
+	}
+	for i := uint64(1); i <= n; i++ {
+		h.push(i, 50) // resolved-only: every advance goes through the resolved set
+	}
+	for i := uint64(1); i <= n; i++ {
+		check.waitResolved(common.DispatcherIDFromUint64(i), 50)
+	}
+	require.Positive(t, testutilCounter(h.svc.metrics.sendRefusals.WithLabelValues("too_large")))
+	check.assertClean()
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 
 	"github.com/cdcflow/eventservice/internal/clock"
 
@@ -41,6 +42,10 @@ type target struct {
 	resolved *pendingset.Set[common.DispatcherID, resolvedValue]
 	pump     *pendingset.Pump[common.DispatcherID, resolvedValue]
 	started  bool
+	// chunk is the most resolved-ts messages one Send carries: ResolvedBatch
+	// until the target reports ErrBatchTooLarge, then halved until batches
+	// fit. Only the pump's goroutine reads or writes it.
+	chunk int
 }
 
 // targetLocked returns the target named name, creating it. REQUIRES:
@@ -49,7 +54,7 @@ func (svc *Service) targetLocked(name messaging.Target) (*target, error) {
 	if t, ok := svc.mu.targets[name]; ok {
 		return t, nil
 	}
-	t := &target{svc: svc, name: name}
+	t := &target{svc: svc, name: name, chunk: svc.opts.ResolvedBatch}
 	set, err := pendingset.New(pendingset.Options[common.DispatcherID, resolvedValue]{
 		Merge:         newerResolved,
 		MaxBatch:      svc.opts.ResolvedBatch,
@@ -96,9 +101,16 @@ func (t *target) stop() {
 // deliver sends one batch of resolved-ts messages. Advances of a
 // dispatcher's older epoch are dropped: the collector would ignore them.
 // A refusal or failure fails the whole batch: every key is kept, no budget
-// is spent, and the pump backs off.
+// is spent, and the pump backs off. A target whose capacity is below the
+// batch (ErrBatchTooLarge) gets smaller sends from then on, so a batch it
+// could never accept is not retried forever. When a later send of a batch
+// is refused, the keys already accepted are delivered and the rest retry
+// per key (RetryKey: no budget spent). Failing the whole batch instead
+// would re-send the accepted keys first on every retry and could keep the
+// others out of a small inbox indefinitely.
 func (t *target) deliver(_ context.Context, batch []pendingset.Entry[common.DispatcherID, resolvedValue]) error {
 	msgs := make([]messaging.Message, 0, len(batch))
+	owners := make([]int, 0, len(batch)) // msgs[j] carries batch[owners[j]]
 	svc := t.svc
 	svc.mu.RLock()
 	for i := range batch {
@@ -111,13 +123,27 @@ func (t *target) deliver(_ context.Context, batch []pendingset.Entry[common.Disp
 			Header: messaging.Header{Dispatcher: e.Key, Epoch: e.Value.epoch, Seq: e.Value.seq},
 			Ts:     e.Value.ts,
 		})
+		owners = append(owners, i)
 	}
 	svc.mu.RUnlock()
-	if len(msgs) == 0 {
-		return nil
-	}
-	if err := svc.send(t.name, msgs); err != nil {
-		return err
+	for sent := 0; sent < len(msgs); {
+		n := min(t.chunk, len(msgs)-sent)
+		err := svc.send(t.name, msgs[sent:sent+n])
+		switch {
+		case err == nil:
+			sent += n
+		case errors.Is(err, messaging.ErrBatchTooLarge) && n > 1:
+			t.chunk = n / 2
+			svc.log.Warn("target cannot take a whole resolved-ts batch; sending smaller batches",
+				zap.String("target", string(t.name)), zap.Int("batch", t.chunk), zap.Error(err))
+		case sent == 0:
+			return err // nothing accepted: the whole batch failed
+		default:
+			for _, i := range owners[sent:] {
+				batch[i].Result = pendingset.RetryKey
+			}
+			return nil
+		}
 	}
 	return nil
 }
@@ -130,6 +156,8 @@ func (svc *Service) send(to messaging.Target, msgs []messaging.Message) error {
 		svc.metrics.sentMessages.Add(float64(len(msgs)))
 	case errors.Is(err, messaging.ErrBusy):
 		svc.metrics.sendRefusals.WithLabelValues("busy").Inc()
+	case errors.Is(err, messaging.ErrBatchTooLarge):
+		svc.metrics.sendRefusals.WithLabelValues("too_large").Inc()
 	default:
 		svc.metrics.sendRefusals.WithLabelValues("failed").Inc()
 	}
