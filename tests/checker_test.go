@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"testing"
+	"time"
 
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventcollector"
@@ -389,6 +391,17 @@ func (c *checkerForTest) wait(ctx context.Context, cond func() bool) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+	}
+}
+
+// waitFor is wait with a timeout that fails t (a hang guard only: no
+// event is ordered by time).
+func (c *checkerForTest) waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := c.wait(ctx, cond); err != nil {
+		t.Fatalf("timed out after %v waiting for: %s", timeout, what)
 	}
 }
 

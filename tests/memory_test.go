@@ -48,7 +48,8 @@ func TestBoundedMemoryUnderCongestion(t *testing.T) {
 		require.NoError(t, h.add(id(1, uint64(i+1)), tables[i], h.start))
 	}
 	h.run()
-	waitCond(t, time.Minute, "data flowing to the collector", func() bool { return h.chk.stats().RowsApplied > 1000 })
+	// Rows are applied before the checkpoint that covers them, which wakes the wait.
+	h.chk.waitFor(t, time.Minute, "data flowing to the collector", func() bool { return h.chk.stats().RowsApplied > 1000 })
 	tr.setOutage(messaging.ErrBusy)
 	waitCond(t, time.Minute, "dispatchers backing off", func() bool {
 		refused, _ := tr.counts()

@@ -267,10 +267,8 @@ func (m *model) step(i int) {
 			require.NoError(m.t, advanceSchema(h.schema, h.plan, h.ddls, max(h.schema.ResolvedTs(), m.frontier())))
 			m.counts["outage"]++
 			m.logStep("%d: transport outage (%v) for %d steps; upstream and schema -> %v", i, err, m.outage, m.frontier())
-			waitCond(m.t, scaled(m.t, 30*time.Second), "a send refused by the outage", func() bool {
-				n, _ := m.tr.counts()
-				return n > refused
-			})
+			// See a send refused by the outage.
+			m.tr.waitRefused(m.t, scaled(m.t, 30*time.Second), refused)
 			return // the outage ends after later steps
 		}
 	case kind < 85:

@@ -115,7 +115,10 @@ func TestSchemaStalls(t *testing.T) {
 }
 
 // waitCond polls cond every few milliseconds until it holds, failing the
-// test after timeout. Only the condition is asserted, never the time.
+// test after timeout. Only the condition is asserted, never the time. It is
+// for conditions on state that signals no change (service stats, metrics,
+// the generator, the inbox length); prefer the checker's waitFor or the
+// transport's waitRefused when the condition is theirs alone.
 func waitCond(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)

@@ -40,7 +40,8 @@ func TestShutdownUnderLoad(t *testing.T) {
 		require.NoError(t, h.add(id(1, uint64(i+1)), int64(i+1), h.start))
 	}
 	h.run()
-	waitCond(t, time.Minute, "data flowing to the collector", func() bool { return h.chk.stats().RowsApplied > 1000 })
+	// Rows are applied before the checkpoint that covers them, which wakes the wait.
+	h.chk.waitFor(t, time.Minute, "data flowing to the collector", func() bool { return h.chk.stats().RowsApplied > 1000 })
 
 	// Congestion: every send refused.
 	tr.setOutage(messaging.ErrBusy)

@@ -1,7 +1,9 @@
 package tests
 
 import (
+	"context"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/cdcflow/eventservice/internal/clock"
@@ -22,12 +24,17 @@ type switchTransportForTest struct {
 		drop   map[common.DispatcherID]bool
 		// counters
 		refused, dropped int
+		// refusedCh is closed and replaced at the next refusal once
+		// watched (waitRefused took it).
+		refusedCh chan struct{}
+		watched   bool
 	}
 }
 
 func newSwitchTransportForTest(inner messaging.Transport) *switchTransportForTest {
 	s := &switchTransportForTest{inner: inner}
 	s.mu.drop = map[common.DispatcherID]bool{}
+	s.mu.refusedCh = make(chan struct{})
 	return s
 }
 
@@ -51,6 +58,30 @@ func (s *switchTransportForTest) counts() (refused, dropped int) {
 	return s.mu.refused, s.mu.dropped
 }
 
+// waitRefused returns once more than n sends were refused, checking at
+// every refusal, or fails t after timeout (a hang guard only: no event is
+// ordered by time).
+func (s *switchTransportForTest) waitRefused(t *testing.T, timeout time.Duration, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for {
+		s.mu.Lock()
+		if s.mu.refused > n {
+			s.mu.Unlock()
+			return
+		}
+		s.mu.watched = true
+		ch := s.mu.refusedCh
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			t.Fatalf("timed out after %v waiting for more than %d refused sends", timeout, n)
+		}
+	}
+}
+
 // Send implements messaging.Transport. A dropped message is removed from
 // the batch and the rest forwarded; the caller is told the whole batch was
 // accepted, as a lossy network would.
@@ -58,6 +89,10 @@ func (s *switchTransportForTest) Send(target messaging.Target, msgs []messaging.
 	s.mu.Lock()
 	if err := s.mu.outage; err != nil {
 		s.mu.refused++
+		if s.mu.watched {
+			close(s.mu.refusedCh)
+			s.mu.refusedCh, s.mu.watched = make(chan struct{}), false
+		}
 		s.mu.Unlock()
 		return err
 	}
