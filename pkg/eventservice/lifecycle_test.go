@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -257,6 +258,81 @@ func TestResetReRegistrationFailureRetries(t *testing.T) {
 	_ = h.up.Push(context.Background(), common.TableSpan(1), eventstore.Batch{Rows: []common.Row{row("a", 15, 20)}, ResolvedTs: 40})
 	es := h.check.waitEpochResolved(id, 2, 40)
 	require.Equal(t, []string{"a"}, keys(es.rows))
+}
+
+// TestCloseRacingReRegistrationLeavesNoStoreRegistration: a reset below
+// the checkpoint makes the new epoch's preparation re-register the
+// dispatcher in the store. If Close unregisters every dispatcher after
+// that preparation checked its session but before it re-registers, the
+// preparation must not register it again: no store registration (and its
+// upstream subscription and rows) outlives Close.
+func TestCloseRacingReRegistrationLeavesNoStoreRegistration(t *testing.T) {
+	for _, stage := range []string{"before the state check", "after the state check"} {
+		t.Run(stage, func(t *testing.T) {
+			var armed atomic.Bool
+			held, release := make(chan struct{}), make(chan struct{})
+			hold := func() {
+				if armed.CompareAndSwap(true, false) {
+					close(held)
+					<-release
+				}
+			}
+			hk := hooks{}
+			if stage == "before the state check" {
+				hk.beforePrepare = func(*session) { hold() }
+			} else {
+				hk.beforeReRegister = func(*dispatcher) { hold() }
+			}
+			unregistered := make(chan struct{})
+			hk.closeUnregistered = func() { close(unregistered) }
+			h := newHarness(t, nil, hk)
+			defer func() {
+				select {
+				case <-release:
+				default:
+					close(release) // a failed run must not leave the worker held
+				}
+			}()
+			h.advanceSchema(1 << 40)
+			id := h.register(1, 10)
+			h.push(1, 40, row("a", 15, 20))
+			h.check.waitResolved(id, 40)
+			require.NoError(t, h.svc.Heartbeat(id, 1, 40))
+			armed.Store(true)
+			require.NoError(t, h.svc.Reset(id, 2, 15)) // below the checkpoint: re-register
+			<-held
+			closed := make(chan error, 1)
+			go func() { closed <- h.svc.Close() }()
+			<-unregistered
+			close(release) // the held preparation now runs, after the unregistration
+			require.NoError(t, <-closed)
+			_, err := h.store.Dispatcher(id)
+			require.ErrorIs(t, err, eventstore.ErrDispatcherNotFound)
+		})
+	}
+}
+
+// TestRemoveAfterFailedReRegistration: a dispatcher whose re-registration
+// failed is not in the store; removing it succeeds all the same.
+func TestRemoveAfterFailedReRegistration(t *testing.T) {
+	log := newPreparedLog(1)
+	h := newHarness(t, nil, hooks{prepared: log.hook})
+	h.advanceSchema(1 << 40)
+	id := h.register(1, 10)
+	h.push(1, 40, row("a", 15, 20))
+	h.check.waitResolved(id, 40)
+	require.NoError(t, h.svc.Heartbeat(id, 1, 40))
+	h.up.SetSubscribeErr(errors.New("upstream refuses subscriptions"))
+	require.NoError(t, h.svc.Reset(id, 2, 15))
+	for out := range log.ch {
+		if out == outcomeBackoff {
+			break // the store no longer knows the dispatcher
+		}
+	}
+	_, err := h.store.Dispatcher(id)
+	require.ErrorIs(t, err, eventstore.ErrDispatcherNotFound)
+	require.NoError(t, h.svc.Remove(id))
+	require.ErrorIs(t, h.svc.Remove(id), ErrUnknownDispatcher)
 }
 
 func TestBadInputGetsTypedErrors(t *testing.T) {

@@ -69,6 +69,12 @@ type hooks struct {
 	// scanChannelFull runs when a preparation worker finds the scan
 	// channel full and is about to wait for room.
 	scanChannelFull func(s *session)
+	// beforeReRegister runs when a preparation is about to re-register
+	// its dispatcher in the store (after the session's state check).
+	beforeReRegister func(d *dispatcher)
+	// closeUnregistered runs in Close once every dispatcher is
+	// unregistered from the store, before the workers are stopped.
+	closeUnregistered func()
 }
 
 // New builds a service. It starts no goroutine: call Start.
@@ -158,20 +164,51 @@ func (svc *Service) Register(info DispatcherInfo) error {
 	s.init(d, info.Epoch, info.StartTs)
 	d.session.Store(s)
 	svc.mu.dispatchers[info.ID] = d
+	// d.mu is taken before d is visible to anyone else and held across the
+	// store registration, so a Remove or Close that finds d waits for it
+	// and then unregisters it: no store registration outlives them.
+	d.mu.Lock()
 	svc.mu.Unlock()
 
-	// Outside Service.mu: the store may call the notifier synchronously.
+	// Outside Service.mu: the store may call the notifier synchronously
+	// (the notify path takes no lock of ours).
 	if err := svc.opts.Store.RegisterDispatcher(d.id, d.span, info.StartTs, d.onNotify); err != nil {
-		svc.mu.Lock()
-		delete(svc.mu.dispatchers, info.ID)
-		svc.mu.Unlock()
+		d.mu.removed = true
 		svc.retire(s)
+		d.mu.Unlock()
+		svc.forget(d)
 		if errors.Is(err, eventstore.ErrClosed) {
 			return fmt.Errorf("%w: %w", ErrClosed, err)
 		}
 		return fmt.Errorf("eventservice: register %v in the store: %w", info.ID, err)
 	}
+	d.mu.Unlock()
 	svc.request(s, false)
+	return nil
+}
+
+// forget deletes d from the dispatcher map if it is still the entry of its
+// ID (a newer dispatcher of the same ID is left alone).
+func (svc *Service) forget(d *dispatcher) {
+	svc.mu.Lock()
+	if svc.mu.dispatchers[d.id] == d {
+		delete(svc.mu.dispatchers, d.id)
+	}
+	svc.mu.Unlock()
+}
+
+// unregisterLocked marks d removed, retires its session and ends its store
+// registration; when it returns the store calls d's notifier no more, and
+// no preparation can register d again (ensureStoreRegistration checks
+// removed under d.mu). A dispatcher the store does not know (a failed
+// re-registration) counts as unregistered. REQUIRES: d.mu held.
+func (svc *Service) unregisterLocked(d *dispatcher) error {
+	d.mu.removed = true
+	svc.retire(d.session.Load())
+	err := svc.opts.Store.UnregisterDispatcher(d.id)
+	if err != nil && !errors.Is(err, eventstore.ErrClosed) && !errors.Is(err, eventstore.ErrDispatcherNotFound) {
+		return err
+	}
 	return nil
 }
 
@@ -233,6 +270,9 @@ func (svc *Service) Reset(id common.DispatcherID, epoch uint64, startTs common.T
 // returns false if it failed (the caller backs off; the flag stays).
 // REQUIRES: the caller owns d's current session.
 func (svc *Service) ensureStoreRegistration(d *dispatcher) bool {
+	if h := svc.hooks.beforeReRegister; h != nil {
+		h(d)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.mu.removed || !d.mu.needRegister {
@@ -265,18 +305,22 @@ func (svc *Service) Remove(id common.DispatcherID) error {
 		return ErrClosed
 	}
 	d, ok := svc.mu.dispatchers[id]
-	if ok {
-		delete(svc.mu.dispatchers, id)
-	}
 	svc.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("%w: %v", ErrUnknownDispatcher, id)
 	}
+	// The store registration ends before the ID leaves the map, so a
+	// Register of the same ID meanwhile gets ErrDispatcherExists instead of
+	// having its fresh store registration ended by this Remove.
 	d.mu.Lock()
-	d.mu.removed = true
-	svc.retire(d.session.Load())
+	if d.mu.removed {
+		d.mu.Unlock()
+		return fmt.Errorf("%w: %v", ErrUnknownDispatcher, id) // a concurrent Remove won
+	}
+	err := svc.unregisterLocked(d)
 	d.mu.Unlock()
-	if err := svc.opts.Store.UnregisterDispatcher(id); err != nil && !errors.Is(err, eventstore.ErrClosed) {
+	svc.forget(d)
+	if err != nil {
 		return fmt.Errorf("eventservice: remove %v: %w", id, err)
 	}
 	return nil
@@ -382,10 +426,16 @@ func (svc *Service) Close() error {
 
 	var errs []error
 	for _, d := range ds {
-		if err := svc.opts.Store.UnregisterDispatcher(d.id); err != nil &&
-			!errors.Is(err, eventstore.ErrClosed) && !errors.Is(err, eventstore.ErrDispatcherNotFound) {
-			errs = append(errs, err)
+		d.mu.Lock() // waits for a Register still registering d in the store
+		if !d.mu.removed {
+			if err := svc.unregisterLocked(d); err != nil {
+				errs = append(errs, err)
+			}
 		}
+		d.mu.Unlock()
+	}
+	if h := svc.hooks.closeUnregistered; h != nil {
+		h()
 	}
 	if svc.schemaCancel != nil {
 		svc.schemaCancel()
