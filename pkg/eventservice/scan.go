@@ -82,11 +82,10 @@ type scanner struct {
 	// where the current batch begins.
 	slab       []common.Row
 	batchStart int
+	// slabGen counts slab replacements, so a task can tell whether the
+	// slab it started in is still the current one.
+	slabGen int
 }
-
-// slabRows is the size of a row slab (about 384 KiB); like the byte arena,
-// a slab is dropped when full and lives as long as a message uses it.
-const slabRows = 4096
 
 func newScanner(svc *Service) *scanner { return &scanner{svc: svc} }
 
@@ -146,6 +145,7 @@ func (sc *scanner) scan(s *session) (scanOutcome, common.Ts) {
 		sc.reset()
 		return scanDone, 0 // the owner's transition discards it; send nothing
 	}
+	sc.compactSmallTask(b)
 	if len(sc.msgs) == 0 {
 		// Nothing but progress: it goes through the resolved set like the
 		// fast path, so resolved-ts of one seq leave in order.
@@ -223,10 +223,11 @@ type build struct {
 	ddl         int // index of the next DDL to emit
 	rows, bytes int
 	interrupted bool
+	mark        rowMemMark // where the task's rows start in the slab and arena
 }
 
 func (sc *scanner) newBuild(s *session, end common.Ts) *build {
-	return &build{sc: sc, s: s, end: end, next: s.progress}
+	return &build{sc: sc, s: s, end: end, next: s.progress, mark: sc.markRowMem()}
 }
 
 // run consumes the iterator and returns the progress the messages reach.
@@ -280,20 +281,6 @@ func (b *build) run(it *eventstore.Iterator) (progress, error) {
 // are bounded separately (maxDDLsPerTask), so a task sends at most
 // MaxMessagesPerTask + 2*maxDDLsPerTask messages.
 func (b *build) full() bool { return len(b.sc.msgs) >= b.sc.svc.opts.MaxMessagesPerTask-3 }
-
-func (b *build) addRow(r common.Row) {
-	sc := b.sc
-	if len(sc.slab) == cap(sc.slab) {
-		// Full: the current batch moves to a fresh slab, keeping its rows
-		// contiguous.
-		cur := sc.slab[sc.batchStart:]
-		next := make([]common.Row, len(cur), max(slabRows, 2*len(cur)))
-		copy(next, cur)
-		sc.slab, sc.batchStart = next, 0
-	}
-	sc.slab = append(sc.slab, r)
-	b.batchRows++
-}
 
 // closeBatch ends the current DMLBatch, assigning it the next seq.
 func (b *build) closeBatch(partial bool) {
@@ -349,37 +336,6 @@ func (b *build) emitDDLs(upTo common.Ts) {
 			TableID: dl.TableID, CommitTs: dl.CommitTs, Query: dl.Query})
 		b.ddl++
 	}
-}
-
-// rowArena copies rows out of the iterator's buffers into shared chunks:
-// one allocation per 256 KiB instead of three per row. A chunk is never
-// reused (messages hold on to it), only dropped when full.
-type rowArena struct{ buf []byte }
-
-const arenaChunk = 256 << 10
-
-func (a *rowArena) copyRow(r *common.Row) common.Row {
-	k, v, o := len(r.Key), len(r.Value), len(r.OldValue)
-	n := k + v + o
-	buf := a.buf // one write of a.buf per row, not three
-	if cap(buf)-len(buf) < n {
-		buf = make([]byte, 0, max(arenaChunk, n))
-	}
-	start := len(buf)
-	buf = buf[:start+n]
-	copy(buf[start:], r.Key)
-	copy(buf[start+k:], r.Value)
-	copy(buf[start+k+v:], r.OldValue)
-	a.buf = buf
-	b := buf[start : start+n : start+n]
-	out := common.Row{Op: r.Op, StartTs: r.StartTs, CommitTs: r.CommitTs, Key: b[:k:k]}
-	if r.Value != nil {
-		out.Value = b[k : k+v : k+v]
-	}
-	if r.OldValue != nil {
-		out.OldValue = b[k+v:]
-	}
-	return out
 }
 
 // maxDDLsPerTask bounds the DDLs one task emits.
