@@ -56,5 +56,5 @@ func (svc *Service) keepalive(d *dispatcher, now time.Time) {
 	}
 	s.touch(now)
 	svc.metrics.keepalives.Inc()
-	d.target.resolved.Add(d.id, resolvedValue{epoch: s.epoch, seq: seq, ts: ts})
+	d.target.resolved.Add(d.id, resolvedValue{s: s, epoch: s.epoch, seq: seq, ts: ts})
 }

@@ -136,7 +136,7 @@ func (svc *Service) decide(s *session) prepareOutcome {
 	if maxCommit <= p.resolved && lastDDL <= p.resolved {
 		p.resolved = end
 		s.sent.Store(uint64(end))
-		d.target.resolved.Add(d.id, resolvedValue{epoch: s.epoch, seq: p.seq, ts: end})
+		d.target.resolved.Add(d.id, resolvedValue{s: s, epoch: s.epoch, seq: p.seq, ts: end})
 		s.publish(end, p.seq, svc.opts.Clock.Now())
 		if end < received {
 			s.blockedAt.Store(uint64(end))

@@ -69,10 +69,18 @@ func (b *blockedSet) takeReady(frontier common.Ts, dst []*session) []*session {
 // park puts s, which just entered schemaBlocked waiting for the frontier to
 // pass at, into the blocked set. It then reads the frontier again: an
 // advance that happened between the owner's decision and the insertion
-// would otherwise ring a doorbell before s was there to be found.
+// would otherwise ring a doorbell before s was there to be found. It also
+// reads s's state again: a retire between the owner's transition and the
+// insertion removed s from the set before it was there, and a removed
+// session left in the set would stay until the frontier passes at, which
+// for a dropped table may be never.
 func (svc *Service) park(s *session, at common.Ts) {
 	s.blockedAt.Store(uint64(at))
 	svc.blocked.add(s)
+	if st, _ := s.sched.load(); st == stateRemoved {
+		svc.blocked.remove(s)
+		return
+	}
 	if svc.opts.Schema.ResolvedTs() > at {
 		svc.blocked.remove(s)
 		svc.unblock(s)

@@ -151,7 +151,7 @@ func (sc *scanner) scan(s *session) (scanOutcome, common.Ts) {
 		// fast path, so resolved-ts of one seq leave in order.
 		if next.resolved > p.resolved {
 			s.sent.Store(uint64(next.resolved)) // before the pump can deliver it
-			d.target.resolved.Add(d.id, resolvedValue{epoch: s.epoch, seq: next.seq, ts: next.resolved})
+			d.target.resolved.Add(d.id, resolvedValue{s: s, epoch: s.epoch, seq: next.seq, ts: next.resolved})
 		}
 	} else {
 		if next.resolved > p.resolved {

@@ -96,3 +96,31 @@ func TestResolvedBatchesShrinkToTheTargetsCapacity(t *testing.T) {
 	require.Positive(t, testutilCounter(h.svc.metrics.sendRefusals.WithLabelValues("too_large")))
 	check.assertClean()
 }
+
+// TestQueuedResolvedOfARemovedDispatcherIsNotDelivered: a resolved-ts
+// advance still queued for a removed dispatcher must not be delivered to,
+// nor win a merge against, a new dispatcher registered under the same ID
+// and epoch (its collector would take it for its own progress and skip
+// rows below it).
+func TestQueuedResolvedOfARemovedDispatcherIsNotDelivered(t *testing.T) {
+	h := newHarness(t, nil, hooks{})
+	h.advanceSchema(1 << 40)
+	id := h.register(1, 10)
+	h.check.waitResolved(id, 10)
+	old := resolvedValue{s: h.dispatcher(id).session.Load(), epoch: 1, seq: 1, ts: 500}
+	require.NoError(t, h.svc.Remove(id))
+	// The new incarnation reports to a target of its own, so the strict
+	// stream checker of testTarget does not see a second handshake of
+	// epoch 1 (a collector would start a new stream for it).
+	_, err := h.inproc.Register("other")
+	require.NoError(t, err)
+	require.NoError(t, h.svc.Register(DispatcherInfo{ID: id, Span: common.TableSpan(1), StartTs: 300, Target: "other", Epoch: 1}))
+	fresh := resolvedValue{s: h.dispatcher(id).session.Load(), epoch: 1, seq: 1, ts: 300}
+
+	h.svc.mu.RLock()
+	require.False(t, h.svc.currentLocked(id, old), "the removed dispatcher's advance is dropped")
+	require.True(t, h.svc.currentLocked(id, fresh))
+	h.svc.mu.RUnlock()
+	require.Equal(t, fresh, newerResolved(old, fresh))
+	require.Equal(t, fresh, newerResolved(fresh, old), "a retired session's late add does not win")
+}

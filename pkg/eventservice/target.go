@@ -16,17 +16,41 @@ import (
 	"github.com/cdcflow/eventservice/pkg/pendingset"
 )
 
-// resolvedValue is a dispatcher's pending resolved-ts advance.
+// resolvedValue is a dispatcher's pending resolved-ts advance. s is the
+// session that produced it: the key (the dispatcher ID) can outlive a
+// session through Reset, and even a dispatcher through Remove and a new
+// Register of the same ID, possibly with the same epoch.
 type resolvedValue struct {
+	s     *session
 	epoch uint64
 	seq   uint64
 	ts    common.Ts
 }
 
-// newerResolved keeps the newer of two pending advances: a higher epoch
-// wins, then a higher ts (whose seq is at least as new).
+// live reports whether v's session has not been retired.
+func (v resolvedValue) live() bool {
+	st, _ := v.s.sched.load()
+	return st != stateRemoved
+}
+
+// newerResolved keeps the newer of two pending advances. Of two sessions,
+// the live one wins (a retired session's owner may still add after the
+// new session did), then the higher epoch; within a session, the higher ts
+// (whose seq is at least as new).
 func newerResolved(old, fresh resolvedValue) resolvedValue {
-	if fresh.epoch > old.epoch || (fresh.epoch == old.epoch && fresh.ts >= old.ts) {
+	if old.s != fresh.s {
+		switch oldLive, freshLive := old.live(), fresh.live(); {
+		case freshLive && !oldLive:
+			return fresh
+		case oldLive && !freshLive:
+			return old
+		case fresh.epoch >= old.epoch:
+			return fresh
+		default:
+			return old
+		}
+	}
+	if fresh.ts >= old.ts {
 		return fresh
 	}
 	return old
@@ -65,8 +89,8 @@ func (svc *Service) targetLocked(name messaging.Target) (*target, error) {
 		MetricsPrefix: namespace + "_" + subsystem + "_resolved_set",
 		ConstLabels:   prometheus.Labels{"target": string(name)},
 		Logger:        svc.log.Named("resolved"),
-		// A new epoch's value must not wait out the old epoch's back-off.
-		Bypass: func(waiting, fresh resolvedValue) bool { return fresh.epoch > waiting.epoch },
+		// A new session's value must not wait out the old one's back-off.
+		Bypass: func(waiting, fresh resolvedValue) bool { return fresh.s != waiting.s && fresh.live() },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("eventservice: target %q: %w", name, err)
@@ -98,8 +122,11 @@ func (t *target) stop() {
 	t.resolved.Unregister()
 }
 
-// deliver sends one batch of resolved-ts messages. Advances of a
-// dispatcher's older epoch are dropped: the collector would ignore them.
+// deliver sends one batch of resolved-ts messages. Advances of a session
+// that is no longer its dispatcher's current one are dropped: an older
+// epoch's would be ignored by the collector, and a removed dispatcher's
+// could be taken for progress of a new dispatcher registered under the
+// same ID and epoch.
 // A refusal or failure fails the whole batch: every key is kept, no budget
 // is spent, and the pump backs off. A target whose capacity is below the
 // batch (ErrBatchTooLarge) gets smaller sends from then on, so a batch it
@@ -115,8 +142,7 @@ func (t *target) deliver(_ context.Context, batch []pendingset.Entry[common.Disp
 	svc.mu.RLock()
 	for i := range batch {
 		e := &batch[i]
-		d, ok := svc.mu.dispatchers[e.Key]
-		if !ok || d.session.Load().epoch != e.Value.epoch {
+		if !svc.currentLocked(e.Key, e.Value) {
 			continue
 		}
 		msgs = append(msgs, &messaging.Resolved{
@@ -146,6 +172,13 @@ func (t *target) deliver(_ context.Context, batch []pendingset.Entry[common.Disp
 		}
 	}
 	return nil
+}
+
+// currentLocked reports whether v was produced by the current, live
+// session of dispatcher id. REQUIRES: svc.mu held (read).
+func (svc *Service) currentLocked(id common.DispatcherID, v resolvedValue) bool {
+	d, ok := svc.mu.dispatchers[id]
+	return ok && d.session.Load() == v.s && v.live()
 }
 
 // send hands msgs to the transport, counting refusals and failures.
