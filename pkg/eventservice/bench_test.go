@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -58,7 +60,18 @@ func newNotifyBench(b *testing.B, n int, saturate bool) *notifyBench {
 	}
 	release := make(chan struct{})
 	full := make(chan struct{}, 1)
+	// Without saturation every registered dispatcher is prepared exactly
+	// once (its handshake) before measuring; handshaken tells when.
+	handshaken := make(chan struct{})
+	var preparations atomic.Int64
 	hk := hooks{}
+	if !saturate {
+		hk.prepared = func(*session, prepareOutcome) {
+			if preparations.Add(1) == int64(n) {
+				close(handshaken)
+			}
+		}
+	}
 	if saturate {
 		hk.beforeScan = func(*session) { <-release }
 		hk.scanChannelFull = func(*session) {
@@ -100,10 +113,7 @@ func newNotifyBench(b *testing.B, n int, saturate bool) *notifyBench {
 		}
 		<-full
 	} else {
-		// Let the workers hand-shake everyone before measuring.
-		for svc.Stats().PendingPrepare > 0 {
-			time.Sleep(time.Millisecond) // setup only, outside the timed region
-		}
+		<-handshaken // the workers hand-shook everyone; now measure
 	}
 	return nb
 }
@@ -215,7 +225,14 @@ func benchScanThroughput(b *testing.B, n int) {
 	rows := scanBenchRowsOf()
 	end := rows[len(rows)-1].CommitTs
 	span := common.TableSpan(1)
-	if err := store.RegisterDispatcher(common.DispatcherIDFromUint64(1<<50), span, 0, func(common.Ts, common.Ts) {}); err != nil {
+	loaded := make(chan struct{})
+	var loadedOnce sync.Once
+	keeper := func(resolved, _ common.Ts) {
+		if resolved >= end {
+			loadedOnce.Do(func() { close(loaded) })
+		}
+	}
+	if err := store.RegisterDispatcher(common.DispatcherIDFromUint64(1<<50), span, 0, keeper); err != nil {
 		b.Fatal(err)
 	}
 	for i := 0; i < len(rows); i += 4096 {
@@ -227,9 +244,7 @@ func benchScanThroughput(b *testing.B, n int) {
 			b.Fatal(err)
 		}
 	}
-	for st, _ := store.Dispatcher(common.DispatcherIDFromUint64(1 << 50)); st.ResolvedTs < end; st, _ = store.Dispatcher(common.DispatcherIDFromUint64(1 << 50)) {
-		time.Sleep(time.Millisecond) // setup only
-	}
+	<-loaded // every row is committed (the store notifies after commit)
 	// Both this and the raw reference scan flushed sstables, so they read
 	// the same layout (memtable flushes are otherwise timing-dependent).
 	if err := store.Flush(); err != nil {

@@ -157,18 +157,22 @@ type epochStream struct {
 // below a resolved-ts already received, DDLs after the rows of their
 // commit-ts) and records what each dispatcher received.
 type streamCheckerForTest struct {
-	t          *testing.T
-	inbox      *messaging.Inbox
-	mu         sync.Mutex
-	streams    map[common.DispatcherID]*epochStream
-	history    map[common.DispatcherID][]*epochStream
+	t       *testing.T
+	inbox   *messaging.Inbox
+	mu      sync.Mutex
+	streams map[common.DispatcherID]*epochStream
+	history map[common.DispatcherID][]*epochStream
+	// stale counts handshakes, DMLs and DDLs of an older epoch that arrived
+	// after a newer epoch's handshake (a collector ignores them; tests that
+	// hold the old epoch's work across a reset assert there are none).
+	stale      map[common.DispatcherID]int
 	violations []string
 	buf        []messaging.Message
 }
 
 func newStreamChecker(t *testing.T, inbox *messaging.Inbox) *streamCheckerForTest {
 	return &streamCheckerForTest{t: t, inbox: inbox, streams: map[common.DispatcherID]*epochStream{},
-		history: map[common.DispatcherID][]*epochStream{}}
+		history: map[common.DispatcherID][]*epochStream{}, stale: map[common.DispatcherID]int{}}
 }
 
 func (c *streamCheckerForTest) violate(format string, args ...any) {
@@ -195,6 +199,8 @@ func (c *streamCheckerForTest) apply(m messaging.Message) {
 		if st != nil && hs.Epoch <= st.epoch {
 			if hs.Epoch == st.epoch {
 				c.violate("%v: second handshake in epoch %d", hd.Dispatcher, hs.Epoch)
+			} else {
+				c.stale[hd.Dispatcher]++
 			}
 			return
 		}
@@ -209,6 +215,8 @@ func (c *streamCheckerForTest) apply(m messaging.Message) {
 	if st == nil || hd.Epoch < st.epoch {
 		if st == nil {
 			c.violate("%v: %v before any handshake", hd.Dispatcher, m.Kind())
+		} else if m.Kind() != messaging.KindResolved {
+			c.stale[hd.Dispatcher]++
 		}
 		return // a stale epoch's leftovers are ignored, as a collector would
 	}

@@ -25,7 +25,22 @@ func TestResetDiscardsOldEpoch(t *testing.T) {
 	for _, stage := range []string{"queued", "preparing", "scanning"} {
 		t.Run(stage, func(t *testing.T) {
 			var prepGate, scanGate *gateForTest
-			hk := hooks{}
+			// oldDone is told when the old epoch's owner (a preparation or
+			// a scan held across the reset) finishes with it.
+			oldDone := make(chan struct{}, 1)
+			isOld := func(s *session) bool { return s.d.id == common.DispatcherIDFromUint64(1) && s.epoch == 1 }
+			signal := func(s *session) {
+				if isOld(s) {
+					select {
+					case oldDone <- struct{}{}:
+					default:
+					}
+				}
+			}
+			hk := hooks{
+				prepared: func(s *session, _ prepareOutcome) { signal(s) },
+				scanned:  func(s *session, _ scanOutcome) { signal(s) },
+			}
 			switch stage {
 			case "queued":
 				prepGate = newGate(isDispatcher(99)) // a blocker ahead in the queue
@@ -68,15 +83,27 @@ func TestResetDiscardsOldEpoch(t *testing.T) {
 			st, _ := old.sched.load()
 			require.Equal(t, stateRemoved, st)
 			require.False(t, old.queued, "a reset session leaves its queue at once")
+			select {
+			case <-oldDone: // an earlier owner's signal (the preparation before a held scan)
+			default:
+			}
 			for _, g := range gates {
 				g.open()
 			}
 			es := h.check.waitEpochResolved(id, 2, 40)
 			require.Equal(t, common.Ts(25), es.startTs)
 			require.Equal(t, []string{"b"}, keys(es.rows))
+			if stage != "queued" {
+				// The held owner has finished with the old session, so
+				// whatever it was going to send is in the inbox now.
+				<-oldDone
+			}
+			h.check.drain()
 			h.check.mu.Lock()
 			hist := h.check.history[id]
+			stale := h.check.stale[id]
 			h.check.mu.Unlock()
+			require.Zero(t, stale, "nothing of the old epoch arrived after the new handshake")
 			for _, e := range hist {
 				if e.epoch == 1 {
 					require.Empty(t, e.rows, "the old epoch's scan was discarded")
@@ -96,27 +123,50 @@ func TestConcurrentResetsHighestEpochWins(t *testing.T) {
 	h := newHarness(t, nil, hooks{})
 	id := h.register(1, 10)
 	var wg sync.WaitGroup
+	errs := make([]error, 22)
 	for e := uint64(2); e <= 21; e++ {
-		wg.Go(func() {
-			err := h.svc.Reset(id, e, common.Ts(10+e))
-			if err != nil {
-				require.ErrorIs(t, err, ErrStaleEpoch)
-			}
-		})
+		wg.Go(func() { errs[e] = h.svc.Reset(id, e, common.Ts(10+e)) })
 	}
 	wg.Wait()
+	for e, err := range errs {
+		if err != nil {
+			require.ErrorIs(t, err, ErrStaleEpoch, "epoch %d", e)
+		}
+	}
 	s := h.dispatcher(id).session.Load()
 	require.Equal(t, uint64(21), s.epoch)
 	require.Equal(t, common.Ts(31), s.startTs)
 	require.ErrorIs(t, h.svc.Reset(id, 21, 50), ErrStaleEpoch)
 	h.check.waitEpochResolved(id, 21, 31)
+
+	// The same, in a fixed order: a lower epoch arriving after a higher one
+	// is refused and changes nothing.
+	require.NoError(t, h.svc.Reset(id, 30, 40))
+	for e := uint64(22); e < 30; e++ {
+		require.ErrorIs(t, h.svc.Reset(id, e, 45), ErrStaleEpoch)
+	}
+	s = h.dispatcher(id).session.Load()
+	require.Equal(t, uint64(30), s.epoch)
+	require.Equal(t, common.Ts(40), s.startTs)
+	h.check.waitEpochResolved(id, 30, 40)
 }
 
 // TestRemoveRacingNotifyAndScan: a dispatcher removed while its scan runs
-// sends nothing afterwards; its notifier is inert; the ID can be reused.
+// and while the store's callback fires sends nothing afterwards; after
+// Remove returns its notifier is inert (nothing is queued, the session
+// stays removed); the ID can be reused.
 func TestRemoveRacingNotifyAndScan(t *testing.T) {
 	scanGate := newGate(isDispatcher(1))
-	h := newHarness(t, nil, hooks{beforeScan: scanGate.hook}, scanGate)
+	scanDone := make(chan struct{}, 1)
+	hk := hooks{beforeScan: scanGate.hook, scanned: func(s *session, _ scanOutcome) {
+		if s.d.id == common.DispatcherIDFromUint64(1) && s.epoch == 1 {
+			select {
+			case scanDone <- struct{}{}:
+			default:
+			}
+		}
+	}}
+	h := newHarness(t, nil, hk, scanGate)
 	h.advanceSchema(1 << 40)
 	id := h.register(1, 10)
 	h.check.waitResolved(id, 10)
@@ -131,9 +181,22 @@ func TestRemoveRacingNotifyAndScan(t *testing.T) {
 	})
 	require.NoError(t, h.svc.Remove(id))
 	wg.Wait()
+	old := d.session.Load()
+	for range 1000 {
+		d.onNotify(50, 45) // after Remove: inert
+	}
+	st, _ := old.sched.load()
+	require.Equal(t, stateRemoved, st)
+	require.False(t, old.queued)
+	require.Zero(t, h.svc.Stats().PendingPrepare, "a removed dispatcher's notifications queue nothing")
+	select {
+	case <-scanDone: // an earlier scan's signal
+	default:
+	}
 	scanGate.open()
+	<-scanDone // the held scan finished with the removed session
 	require.ErrorIs(t, h.svc.Remove(id), ErrUnknownDispatcher)
-	// Re-register the same ID: a fresh dispatcher, epoch 1 again.
+	// Re-register the same ID: a fresh dispatcher (any epoch; 5 here).
 	require.NoError(t, h.svc.Register(DispatcherInfo{ID: id, Span: common.TableSpan(1), StartTs: 40, Target: testTarget, Epoch: 5}))
 	h.check.waitEpochResolved(id, 5, 40)
 	h.check.mu.Lock()
@@ -141,6 +204,7 @@ func TestRemoveRacingNotifyAndScan(t *testing.T) {
 	for _, e := range h.check.history[id] {
 		require.Empty(t, e.rows, "the removed dispatcher's scan sent nothing")
 	}
+	require.Zero(t, h.check.stale[id], "nothing of the removed epoch arrived after the new handshake")
 }
 
 // TestNoLostWakeupAfterRefusals: the target refuses every send while data
