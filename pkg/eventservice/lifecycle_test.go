@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/pkg/common"
@@ -531,3 +533,38 @@ func (h *harness) dispatcherOrNew(id common.DispatcherID) *dispatcher {
 }
 
 var _ = schemastore.DDL{}
+
+// TestTargetWithoutDispatchersIsStopped: a target's pump, pending set and
+// metrics live as long as it has dispatchers; its last Remove stops it,
+// and a later Register of that target starts a fresh one that delivers.
+func TestTargetWithoutDispatchersIsStopped(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	h := newHarness(t, func(o *Options) { o.Registerer = reg }, hooks{})
+	h.advanceSchema(1 << 40)
+	targets := func() int {
+		h.svc.mu.RLock()
+		defer h.svc.mu.RUnlock()
+		return len(h.svc.mu.targets)
+	}
+	series := func() int {
+		n, err := testutil.GatherAndCount(reg, "cdcflow_eventservice_resolved_set_adds_total")
+		require.NoError(t, err)
+		return n
+	}
+	a, b := h.register(1, 10), h.register(2, 10)
+	h.check.waitResolved(a, 10)
+	h.check.waitResolved(b, 10)
+	require.Equal(t, 1, targets())
+	require.Equal(t, 1, series())
+	require.NoError(t, h.svc.Remove(a))
+	require.Equal(t, 1, targets(), "the target still has a dispatcher")
+	require.NoError(t, h.svc.Remove(b))
+	require.Zero(t, targets(), "the last Remove stops the target")
+	require.Zero(t, series(), "and unregisters its metrics")
+
+	c := h.register(3, 10)
+	h.push(3, 30, row("x", 15, 20))
+	es := h.check.waitResolved(c, 30)
+	require.Equal(t, []string{"x"}, keys(es.rows))
+	require.Equal(t, 1, targets())
+}

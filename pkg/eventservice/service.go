@@ -157,6 +157,7 @@ func (svc *Service) Register(info DispatcherInfo) error {
 		svc.mu.Unlock()
 		return err
 	}
+	t.dispatchers++
 	d := &dispatcher{id: info.ID, span: info.Span, target: t, worker: info.ID.Index(len(svc.prepQueues)), svc: svc}
 	d.mu.storeStart = info.StartTs
 	d.mu.checkpoint = info.StartTs
@@ -188,13 +189,26 @@ func (svc *Service) Register(info DispatcherInfo) error {
 }
 
 // forget deletes d from the dispatcher map if it is still the entry of its
-// ID (a newer dispatcher of the same ID is left alone).
+// ID (a newer dispatcher of the same ID is left alone). The last
+// dispatcher of a target takes the target with it: its pump is stopped
+// (outside Service.mu, which a delivery in flight takes) and its metrics
+// unregistered. Close stops the targets that remain.
 func (svc *Service) forget(d *dispatcher) {
+	var idle *target
 	svc.mu.Lock()
 	if svc.mu.dispatchers[d.id] == d {
 		delete(svc.mu.dispatchers, d.id)
+		t := d.target
+		t.dispatchers--
+		if t.dispatchers == 0 && !svc.mu.closed && svc.mu.targets[t.name] == t {
+			delete(svc.mu.targets, t.name)
+			idle = t
+		}
 	}
 	svc.mu.Unlock()
+	if idle != nil {
+		idle.stop()
+	}
 }
 
 // unregisterLocked marks d removed, retires its session and ends its store

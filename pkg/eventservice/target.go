@@ -66,6 +66,10 @@ type target struct {
 	resolved *pendingset.Set[common.DispatcherID, resolvedValue]
 	pump     *pendingset.Pump[common.DispatcherID, resolvedValue]
 	started  bool
+	// dispatchers counts the registered dispatchers of this target, under
+	// Service.mu; the target is stopped and forgotten when it drops to 0,
+	// so targets that come and go do not pile up pumps and metrics.
+	dispatchers int
 	// chunk is the most resolved-ts messages one Send carries: ResolvedBatch
 	// until the target reports ErrBatchTooLarge, then halved until batches
 	// fit. Only the pump's goroutine reads or writes it.
