@@ -427,6 +427,9 @@ func TestBadInputGetsTypedErrors(t *testing.T) {
 	for _, f := range []string{"Store", "Schema", "Transport", "PrepareWorkers", "LargeTxnSplitBytes", "MaxMessagesPerTask", "BackoffBase"} {
 		require.Contains(t, err.Error(), f)
 	}
+	_, err = New(Options{Store: h.store, Schema: h.schema, Transport: h.tr, LargeTxnSplitBytes: 2 << 30})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	require.Contains(t, err.Error(), "LargeTxnSplitBytes")
 
 	h.close()
 	require.ErrorIs(t, h.svc.Register(DispatcherInfo{ID: common.DispatcherIDFromUint64(2), Span: common.TableSpan(2), Target: testTarget, Epoch: 1}), ErrClosed)

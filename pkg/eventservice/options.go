@@ -55,7 +55,7 @@ type Options struct {
 	ScanLimitRows  int
 	// LargeTxnSplitBytes: a transaction larger than this may be split at a
 	// row once the task limit is reached, with an exact row cursor.
-	// Default 4 MiB; it must be at least ScanLimitBytes.
+	// Default 4 MiB; it must be at least ScanLimitBytes and at most 1 GiB.
 	LargeTxnSplitBytes int
 	// BatchRows is the number of rows after which a DMLBatch message is
 	// closed at the next transaction boundary. Default 256.
@@ -149,6 +149,8 @@ func (o Options) Validate() error {
 	p.IntRange("MaxMessagesPerTask", o.MaxMessagesPerTask, 4, 1<<20) // room for a batch, a DDL and a resolved-ts
 	p.IntRange("ResolvedBatch", o.ResolvedBatch, 1, 1<<20)
 	p.Require(o.LargeTxnSplitBytes >= o.ScanLimitBytes, "LargeTxnSplitBytes %d below ScanLimitBytes %d", o.LargeTxnSplitBytes, o.ScanLimitBytes)
+	// Above this a large transaction would be read into memory whole.
+	p.IntRange("LargeTxnSplitBytes", o.LargeTxnSplitBytes, 1, 1<<30)
 	p.Require(o.BackoffBase > 0 && o.BackoffMax >= o.BackoffBase, "BackoffBase %v / BackoffMax %v: need 0 < base <= max", o.BackoffBase, o.BackoffMax)
 	p.Require(o.SignalInterval > 0, "SignalInterval %v must be positive", o.SignalInterval)
 	return p.Err()
