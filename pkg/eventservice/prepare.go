@@ -123,7 +123,9 @@ func (svc *Service) decide(s *session) prepareOutcome {
 	}
 	if end <= p.resolved {
 		if received > p.resolved && schemaTs <= p.resolved {
-			s.blockedAt.Store(uint64(schemaTs))
+			// Wait for the frontier to pass what was already delivered:
+			// any earlier advance could not let this dispatcher move.
+			s.blockedAt.Store(uint64(p.resolved))
 			return outcomeSchemaBlocked
 		}
 		return outcomeNothing

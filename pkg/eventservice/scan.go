@@ -204,7 +204,7 @@ func (sc *scanner) reset() {
 // holds data back.
 func (sc *scanner) idleOrBlocked(received, schemaTs, resolved common.Ts) (scanOutcome, common.Ts) {
 	if received > resolved && schemaTs <= resolved {
-		return scanBlocked, schemaTs
+		return scanBlocked, resolved // nothing moves until the frontier passes resolved
 	}
 	return scanDone, 0
 }
