@@ -1,6 +1,10 @@
 package eventservice
 
-import "time"
+import (
+	"time"
+
+	"github.com/cdcflow/eventservice/internal/clock"
+)
 
 // runKeepalive re-sends, every SignalInterval, the published progress of
 // dispatchers whose collector has not acknowledged it by heartbeat for a
@@ -9,8 +13,7 @@ import "time"
 // forever: the keepalive's resolved-ts carries the current seq, the
 // collector sees the gap and resets. Acknowledged dispatchers cost one
 // comparison per interval.
-func (svc *Service) runKeepalive() {
-	t := svc.opts.Clock.NewTicker(svc.opts.SignalInterval)
+func (svc *Service) runKeepalive(t clock.Ticker) {
 	defer t.Stop()
 	var ds []*dispatcher
 	for {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
@@ -35,17 +36,22 @@ func (d *dropNextDMLForTest) Send(to messaging.Target, msgs []messaging.Message)
 // resolved-ts (carrying the current seq) does.
 func TestKeepaliveRevealsADroppedLastMessage(t *testing.T) {
 	drop := &dropNextDMLForTest{dropped: make(chan struct{})}
+	fc := clock.NewFake(time.Unix(1_000_000, 0))
+	scanned := make(chan struct{}, 16)
 	h := newHarness(t, func(o *Options) {
-		o.SignalInterval = 20 * time.Millisecond
+		o.Clock = fc
 		drop.inner = o.Transport
 		o.Transport = drop
-	}, hooks{})
+	}, hooks{scanned: func(*session, scanOutcome) { scanned <- struct{}{} }})
 	h.advanceSchema(1 << 40)
 	id := h.register(1, 10)
 	h.check.waitResolved(id, 10)
 	drop.armed.Store(true)
 	h.push(1, 40, row("a", 15, 20))
 	<-drop.dropped
+	<-scanned // the scan published the progress its lost message carried
+	require.Zero(t, testutilCounter(h.svc.metrics.keepalives))
+	fc.Advance(h.svc.opts.SignalInterval) // one keepalive interval, unacknowledged
 	h.check.waitFor("the gap to show", func() bool {
 		for _, v := range h.check.violations {
 			if strings.Contains(v, "resolved seq 2 ahead of 1") {

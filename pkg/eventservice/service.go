@@ -127,7 +127,10 @@ func (svc *Service) Start() error {
 	}
 	svc.wg.Go(svc.runSchemaRetry)
 	svc.wg.Go(svc.runBackoffTimers)
-	svc.wg.Go(svc.runKeepalive)
+	// The ticker exists before Start returns, so a test's fake clock can be
+	// advanced right away.
+	keepaliveTicker := svc.opts.Clock.NewTicker(svc.opts.SignalInterval)
+	svc.wg.Go(func() { svc.runKeepalive(keepaliveTicker) })
 	for _, t := range svc.mu.targets {
 		if err := t.start(); err != nil {
 			return err
