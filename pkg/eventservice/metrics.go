@@ -168,14 +168,12 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 // Stats is a snapshot of the service's state, for tests, the demo server's
 // progress line and the metrics above.
 type Stats struct {
-	Dispatchers    int
-	Notifications  uint64
-	Coalesced      uint64
-	PendingPrepare int
-	PendingScan    int
-	SchemaBlocked  int
-	BackingOff     int
-	Resets         uint64
+	// Progress holds the counters that cost O(workers): notifications,
+	// coalesced ones, pending tasks, resets and scanned rows and bytes.
+	Progress
+	Dispatchers   int
+	SchemaBlocked int
+	BackingOff    int
 	// States counts dispatchers by scan state.
 	States [numStates]int
 	// MinReceived and MinSent are the smallest received (from the store)
@@ -188,17 +186,8 @@ type Stats struct {
 
 // Stats returns a snapshot; it walks every dispatcher (O(n)).
 func (svc *Service) Stats() Stats {
-	var st Stats
-	for i := range svc.counters {
-		st.Notifications += svc.counters[i].notifications.Load()
-		st.Coalesced += svc.counters[i].coalesced.Load()
-	}
-	for _, q := range svc.prepQueues {
-		st.PendingPrepare += q.len()
-	}
-	st.PendingScan = int(svc.scanPending.Load())
+	st := Stats{Progress: svc.Progress()}
 	st.SchemaBlocked = svc.blocked.len()
-	st.Resets = svc.resets.Load()
 	svc.mu.RLock()
 	st.Dispatchers = len(svc.mu.dispatchers)
 	first := true
