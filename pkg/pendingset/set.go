@@ -172,8 +172,9 @@ func (s *Set[K, V]) ring() {
 }
 
 // Doorbell returns the capacity-one channel that receives a token when a
-// key becomes ready. After taking a token a consumer must Drain until Drain
-// returns nothing: one token may stand for many keys. Keys that become due
+// key becomes ready in an empty ready FIFO, or Complete re-queues keys.
+// After taking a token a consumer must Drain until Drain returns nothing:
+// one token may stand for many keys, including keys added while it drains. Keys that become due
 // after a backoff do not ring it; wake at NextDue for those (Pump does).
 func (s *Set[K, V]) Doorbell() <-chan struct{} { return s.doorbell }
 
@@ -192,6 +193,14 @@ func (s *Set[K, V]) Doorbell() <-chan struct{} { return s.doorbell }
 func (s *Set[K, V]) Add(k K, v V) {
 	s.mu.Lock()
 	s.mu.stats.Adds++
+	// The doorbell rings only when the ready FIFO goes from empty to
+	// non-empty: while it holds keys, either a token is waiting or the
+	// consumer has taken one and, by the Doorbell contract, drains until
+	// Drain returns nothing, which includes this key. Ringing on every
+	// insertion would make each Add wake a consumer parked on the channel
+	// (a goroutine hand-off per key when keys are many and the consumer
+	// keeps up).
+	wasEmpty := s.mu.head == none
 	i, ok := s.mu.index[k]
 	if !ok || s.mu.nodes[i].state == stateIdle {
 		if ok {
@@ -200,10 +209,12 @@ func (s *Set[K, V]) Add(k K, v V) {
 			s.insertLocked(k, v, s.stampLocked())
 		}
 		s.mu.Unlock()
-		s.ring()
+		if wasEmpty {
+			s.ring()
+		}
 		return
 	}
-	ring := s.mergeLocked(i, v)
+	ring := s.mergeLocked(i, v) && wasEmpty
 	s.mu.Unlock()
 	if ring {
 		s.ring()
