@@ -571,3 +571,57 @@ func TestTargetWithoutDispatchersIsStopped(t *testing.T) {
 	require.Equal(t, []string{"x"}, keys(es.rows))
 	require.Equal(t, 1, targets())
 }
+
+// blockResolvedForTest holds the first Resolved-only send (the target's
+// pump delivering) until released, once armed.
+type blockResolvedForTest struct {
+	inner    messaging.Transport
+	armed    atomic.Bool
+	blocked  chan struct{}
+	release  chan struct{}
+	released sync.Once
+}
+
+func (b *blockResolvedForTest) Send(to messaging.Target, msgs []messaging.Message) error {
+	if _, ok := msgs[0].(*messaging.Resolved); ok && b.armed.CompareAndSwap(true, false) {
+		close(b.blocked)
+		<-b.release
+	}
+	return b.inner.Send(to, msgs)
+}
+
+func (b *blockResolvedForTest) unblock() { b.released.Do(func() { close(b.release) }) }
+
+// TestRegisterWhileTheLastRemoveStopsItsTarget: the last Remove of a
+// target stops its pump, which waits for a delivery in flight; a Register
+// of the same target meanwhile gets a fresh target (its metrics register:
+// the old ones are already gone) and works, and Close waits for the old
+// pump.
+func TestRegisterWhileTheLastRemoveStopsItsTarget(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	tr := &blockResolvedForTest{blocked: make(chan struct{}), release: make(chan struct{})}
+	stopping := make(chan messaging.Target, 1)
+	h := newHarness(t, func(o *Options) {
+		o.Registerer = reg
+		tr.inner = o.Transport
+		o.Transport = tr
+	}, hooks{targetStopping: func(name messaging.Target) { stopping <- name }})
+	defer tr.unblock() // a failed run must not leave the pump held
+	h.advanceSchema(1 << 40)
+	a := h.register(1, 10)
+	h.check.waitResolved(a, 10)
+	tr.armed.Store(true)
+	h.push(1, 30) // resolved-only: the pump delivers it, and blocks
+	<-tr.blocked
+
+	removed := make(chan error, 1)
+	go func() { removed <- h.svc.Remove(a) }()
+	require.Equal(t, testTarget, <-stopping) // the old pump is being stopped
+	b := h.register(2, 10)                   // same target, meanwhile
+	tr.unblock()
+	require.NoError(t, <-removed)
+	h.check.waitResolved(b, 10)
+	h.push(2, 40, row("y", 15, 20))
+	es := h.check.waitResolved(b, 40)
+	require.Equal(t, []string{"y"}, keys(es.rows))
+}

@@ -29,6 +29,8 @@ type Service struct {
 	closing    chan struct{} // closed when workers must stop
 	closed     atomic.Bool   // set first thing in Close: the notify gate
 	wg         sync.WaitGroup
+	// stopping counts targets being stopped by forget; Close waits for them.
+	stopping sync.WaitGroup
 
 	counters []workerCounters // indexed by preparation worker
 	blocked  *blockedSet
@@ -69,9 +71,14 @@ type hooks struct {
 	// scanChannelFull runs when a preparation worker finds the scan
 	// channel full and is about to wait for room.
 	scanChannelFull func(s *session)
-	// beforeReRegister runs when a preparation is about to re-register
-	// its dispatcher in the store (after the session's state check).
+	// beforeReRegister runs at every preparation's re-registration check,
+	// after the session's state check and before taking the dispatcher's
+	// lock (most preparations then find nothing to re-register).
 	beforeReRegister func(d *dispatcher)
+	// targetStopping runs when forget is about to stop the pump of a
+	// target whose last dispatcher was removed (the target is already out
+	// of the map and its metrics unregistered).
+	targetStopping func(name messaging.Target)
 	// closeUnregistered runs in Close once every dispatcher is
 	// unregistered from the store, before the workers are stopped.
 	closeUnregistered func()
@@ -208,9 +215,21 @@ func (svc *Service) forget(d *dispatcher) {
 			idle = t
 		}
 	}
+	if idle != nil {
+		// The metrics go now, under Service.mu like their registration in
+		// targetLocked, so a Register of the same target right after this
+		// can register its own; the pump is stopped outside the lock (a
+		// delivery in flight takes it), and Close waits for that.
+		idle.resolved.Unregister()
+		svc.stopping.Add(1)
+	}
 	svc.mu.Unlock()
 	if idle != nil {
-		idle.stop()
+		if h := svc.hooks.targetStopping; h != nil {
+			h(idle.name)
+		}
+		idle.pump.Stop()
+		svc.stopping.Done()
 	}
 }
 
@@ -462,6 +481,7 @@ func (svc *Service) Close() error {
 		q.close()
 	}
 	svc.wg.Wait()
+	svc.stopping.Wait() // pumps of targets whose last dispatcher was removed
 	for _, t := range targets {
 		t.stop()
 	}
