@@ -46,5 +46,12 @@
 //   - Lifecycle: a reset or remove retires the session (unlinked from every
 //     queue; an owner discards its results); Close gates notifications,
 //     unregisters from the store (waiting for in-flight callbacks), stops
-//     the workers, then the pumps. No goroutine survives it.
+//     the workers, then the pumps. No goroutine survives it. A dispatcher's
+//     store registration is made and ended under its lock, after which it
+//     is marked removed, so none outlives Remove or Close. A target lives
+//     while it has dispatchers.
+//   - Bounded memory: queues are bounded by dispatchers, the scan channel
+//     by its size, a task by its limits, pending resolved-ts by dispatchers
+//     per target; a small task's rows own their memory, so a message
+//     waiting at a slow target pins at most about 8 times its rows.
 package eventservice
