@@ -75,6 +75,9 @@ func (b *blockedSet) takeReady(frontier common.Ts, dst []*session) []*session {
 // session left in the set would stay until the frontier passes at, which
 // for a dropped table may be never.
 func (svc *Service) park(s *session, at common.Ts) {
+	if h := svc.hooks.beforePark; h != nil {
+		h(s)
+	}
 	s.blockedAt.Store(uint64(at))
 	svc.blocked.add(s)
 	if st, _ := s.sched.load(); st == stateRemoved {

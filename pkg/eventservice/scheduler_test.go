@@ -291,6 +291,48 @@ func TestSchemaBlockedRetriesWithoutNotify(t *testing.T) {
 	require.Equal(t, notifications, h.svc.Stats().Notifications, "no store notification was needed")
 }
 
+// TestRemovedWhileParkingLeavesTheBlockedSet: a dispatcher removed after
+// its owner moved it to schemaBlocked but before the owner put it into the
+// blocked set (Remove's own removal from the set finds nothing there) does
+// not stay in the set, where it would wait for a frontier that may never
+// come (a dropped table).
+func TestRemovedWhileParkingLeavesTheBlockedSet(t *testing.T) {
+	held, release := make(chan struct{}), make(chan struct{})
+	parked := make(chan struct{}, 1)
+	var once sync.Once
+	h := newHarness(t, nil, hooks{
+		beforePark: func(*session) {
+			once.Do(func() {
+				close(held)
+				<-release
+			})
+		},
+		// prepared runs after the preparation's transition, park included.
+		prepared: func(_ *session, out prepareOutcome) {
+			if out == outcomeSchemaBlocked {
+				select {
+				case parked <- struct{}{}:
+				default:
+				}
+			}
+		},
+	})
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	id := h.register(1, 10)
+	h.push(1, 40, row("a", 15, 20)) // the schema frontier is at 1: blocked
+	<-held
+	require.NoError(t, h.svc.Remove(id))
+	close(release)
+	<-parked // the owner finished parking the removed session
+	require.Zero(t, h.svc.blocked.len(), "the removed session left the blocked set")
+}
+
 // TestFastPathNeverSkipsRowsSharingACommitTs: with one row per scan task,
 // scans stop between transactions that share a commit-ts; every row is
 // still delivered exactly once.

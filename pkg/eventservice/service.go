@@ -79,6 +79,9 @@ type hooks struct {
 	// target whose last dispatcher was removed (the target is already out
 	// of the map and its metrics unregistered).
 	targetStopping func(name messaging.Target)
+	// beforePark runs when an owner that moved s to schemaBlocked is about
+	// to put it into the blocked set.
+	beforePark func(s *session)
 	// closeUnregistered runs in Close once every dispatcher is
 	// unregistered from the store, before the workers are stopped.
 	closeUnregistered func()
