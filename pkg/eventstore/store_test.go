@@ -358,7 +358,11 @@ func TestGCCoalescesSmallRanges(t *testing.T) {
 }
 
 func TestIdleSubscriptionEndsAfterTTL(t *testing.T) {
-	env := newTestEnv(t, nil)
+	// One write worker: the ended subscription's deletion, queued by
+	// maintain, is then processed before the new subscription's push, so
+	// waiting for that push's notification orders the row count after the
+	// deletion. (With several workers the two may run on different ones.)
+	env := newTestEnv(t, func(o *Options) { o.WriteWorkers = 1 })
 	span := common.TableSpan(1)
 	r := newRecorder()
 	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 0, r.notify))
