@@ -307,18 +307,11 @@ func TestResetReRegistrationFailureRetries(t *testing.T) {
 	log := newPreparedLog(1)
 	h := newHarness(t, nil, hooks{prepared: log.hook})
 	h.advanceSchema(1 << 40)
-	id := h.register(1, 10)
-	h.push(1, 40, row("a", 15, 20))
-	h.check.waitResolved(id, 40)
-	require.NoError(t, h.svc.Heartbeat(id, 1, 40))
+	id := h.deliveredAndCheckpointed()
 	boom := errors.New("upstream refuses subscriptions")
 	h.up.SetSubscribeErr(boom)
 	require.NoError(t, h.svc.Reset(id, 2, 15))
-	for out := range log.ch {
-		if out == outcomeBackoff {
-			break // the re-registration failed and the session backed off
-		}
-	}
+	log.waitFor(outcomeBackoff) // the re-registration failed and the session backed off
 	h.up.SetSubscribeErr(nil)
 	require.NoError(t, h.up.WaitLive(context.Background(), common.TableSpan(1), 2))
 	_ = h.up.Push(context.Background(), common.TableSpan(1), eventstore.Batch{Rows: []common.Row{row("a", 15, 20)}, ResolvedTs: 40})
@@ -360,10 +353,7 @@ func TestCloseRacingReRegistrationLeavesNoStoreRegistration(t *testing.T) {
 				}
 			}()
 			h.advanceSchema(1 << 40)
-			id := h.register(1, 10)
-			h.push(1, 40, row("a", 15, 20))
-			h.check.waitResolved(id, 40)
-			require.NoError(t, h.svc.Heartbeat(id, 1, 40))
+			id := h.deliveredAndCheckpointed()
 			armed.Store(true)
 			require.NoError(t, h.svc.Reset(id, 2, 15)) // below the checkpoint: re-register
 			<-held
@@ -384,17 +374,10 @@ func TestRemoveAfterFailedReRegistration(t *testing.T) {
 	log := newPreparedLog(1)
 	h := newHarness(t, nil, hooks{prepared: log.hook})
 	h.advanceSchema(1 << 40)
-	id := h.register(1, 10)
-	h.push(1, 40, row("a", 15, 20))
-	h.check.waitResolved(id, 40)
-	require.NoError(t, h.svc.Heartbeat(id, 1, 40))
+	id := h.deliveredAndCheckpointed()
 	h.up.SetSubscribeErr(errors.New("upstream refuses subscriptions"))
 	require.NoError(t, h.svc.Reset(id, 2, 15))
-	for out := range log.ch {
-		if out == outcomeBackoff {
-			break // the store no longer knows the dispatcher
-		}
-	}
+	log.waitFor(outcomeBackoff) // the store no longer knows the dispatcher
 	_, err := h.store.Dispatcher(id)
 	require.ErrorIs(t, err, eventstore.ErrDispatcherNotFound)
 	require.NoError(t, h.svc.Remove(id))
@@ -624,4 +607,16 @@ func TestRegisterWhileTheLastRemoveStopsItsTarget(t *testing.T) {
 	h.push(2, 40, row("y", 15, 20))
 	es := h.check.waitResolved(b, 40)
 	require.Equal(t, []string{"y"}, keys(es.rows))
+}
+
+// deliveredAndCheckpointed registers dispatcher 1 from 10, delivers one row
+// and resolved-ts 40 to it, and acknowledges 40 by heartbeat: a reset to a
+// start-ts below 40 then has to re-register it in the store.
+func (h *harness) deliveredAndCheckpointed() common.DispatcherID {
+	h.t.Helper()
+	id := h.register(1, 10)
+	h.push(1, 40, row("a", 15, 20))
+	h.check.waitResolved(id, 40)
+	require.NoError(h.t, h.svc.Heartbeat(id, 1, 40))
+	return id
 }

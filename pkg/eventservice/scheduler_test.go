@@ -70,6 +70,15 @@ func (l *preparedLog) hook(s *session, out prepareOutcome) {
 	}
 }
 
+// waitFor waits until the watched dispatcher's preparation ends with out.
+func (l *preparedLog) waitFor(out prepareOutcome) {
+	for got := range l.ch {
+		if got == out {
+			return
+		}
+	}
+}
+
 func (l *preparedLog) count(n uint64) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -232,11 +241,7 @@ func TestCoalescingWhileScanning(t *testing.T) {
 	obs := storeObserver(t, h, 1)
 	h.push(1, 30, row("a", 15, 20))
 	s := <-scanGate.held
-	for out := range log.ch { // up to the preparation that queued the held scan
-		if out == outcomeScan {
-			break
-		}
-	}
+	log.waitFor(outcomeScan) // up to the preparation that queued the held scan
 	before := log.count(1)
 	h.push(1, 50, row("b", 35, 40))
 	waitTs(obs, 50)
@@ -272,11 +277,7 @@ func TestSchemaBlockedRetriesWithoutNotify(t *testing.T) {
 	obs := storeObserver(t, h, 1)
 	h.push(1, 40, row("a", 15, 20), row("b", 21, 30))
 	waitTs(obs, 40)
-	for out := range log.ch {
-		if out == outcomeSchemaBlocked {
-			break
-		}
-	}
+	log.waitFor(outcomeSchemaBlocked)
 	require.Equal(t, 1, h.svc.Stats().SchemaBlocked)
 	notifications := h.svc.Stats().Notifications
 
