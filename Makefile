@@ -7,7 +7,7 @@ BENCHTIME ?= 1s
 COUNT     ?= 5
 FUZZTIME  ?= 10s
 
-.PHONY: all build test vet fmt-check bench fuzz soak run clean
+.PHONY: all build test vet fmt-check tidy-check bench fuzz soak run clean
 
 all: build
 
@@ -18,10 +18,15 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 
+# tidy-check fails when `go mod tidy` would change go.mod or go.sum (a
+# direct import marked indirect, a missing or stale sum).
+tidy-check:
+	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
+
 vet:
 	$(GO) vet $(PKGS)
 
-test: fmt-check vet
+test: fmt-check tidy-check vet
 	$(GO) test -race -timeout 20m $(PKGS)
 
 # bench runs every benchmark with -benchmem, COUNT times, then cdcserver in

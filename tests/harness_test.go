@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventcollector"
 	"github.com/cdcflow/eventservice/pkg/eventservice"
@@ -33,7 +34,7 @@ type harnessConfig struct {
 	keysPerTable    int
 	tick            time.Duration
 	// genClock drives the generator's frontier (nil: the real clock).
-	genClock upstream.Clock
+	genClock clock.Clock
 	// ddlEveryTicks plans a DDL every that many ticks (0: none).
 	ddlEveryTicks int
 	// manualSchema: the test moves the schema frontier itself; otherwise

@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/cdcflow/eventservice/internal/clock"
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventservice"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
@@ -101,7 +101,7 @@ func runModel(t *testing.T, seed uint64) {
 	})
 	m.h = newHarness(t, harnessConfig{
 		seed: seed, tables: modelTables, rate: 4800, txnRows: 8, rowBytes: 64, txnsPerCommitTs: 3, keysPerTable: 64,
-		tick: modelTick, duration: time.Duration(steps+20) * modelTick, genClock: genClock{m.fake}, manualSchema: true,
+		tick: modelTick, duration: time.Duration(steps+20) * modelTick, genClock: m.fake, manualSchema: true,
 		capacity: 64, heartbeat: 10 * time.Millisecond,
 		storeOpts: func(o *eventstore.Options) {
 			o.IdleTTL, o.MaintenanceInterval, o.GCMinSpan, o.GCMaxDelay = 10*time.Millisecond, 2*time.Millisecond, time.Millisecond, 2*time.Millisecond

@@ -6,10 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cdcflow/eventservice/internal/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
-	"github.com/cdcflow/eventservice/pkg/upstream"
 )
 
 // switchTransportForTest wraps a transport with faults a test switches on and
@@ -114,9 +112,3 @@ func (s *switchTransportForTest) Send(target messaging.Target, msgs []messaging.
 	}
 	return s.inner.Send(target, keep)
 }
-
-// genClock adapts the fake clock to upstream.Clock, so a test moves the
-// generator's frontier by advancing time.
-type genClock struct{ *clock.Fake }
-
-func (c genClock) NewTicker(d time.Duration) upstream.Ticker { return c.Fake.NewTicker(d) }

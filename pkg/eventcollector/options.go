@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/cdcflow/eventservice/internal/clock"
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/internal/optcheck"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventservice"
@@ -88,9 +88,10 @@ func (o Options) EnsureDefaults() Options {
 // expects defaults filled in.
 func (o Options) Validate() error {
 	p := optcheck.New(ErrInvalidOptions)
-	p.Require(o.Service != nil, "Service is required")
-	p.Require(o.Inbox != nil, "Inbox is required")
-	p.Require(o.Sink != nil, "Sink is required")
+	p.Required("Service", o.Service)
+	p.Required("Inbox", o.Inbox)
+	p.Required("Sink", o.Sink)
+	p.NotTypedNil("Registerer", o.Registerer)
 	switch {
 	case o.Target == "":
 		p.Addf("Target is empty")
@@ -99,7 +100,7 @@ func (o Options) Validate() error {
 	}
 	p.Require(o.HeartbeatInterval > 0, "HeartbeatInterval %v is not positive", o.HeartbeatInterval)
 	p.IntRange("MaxDrain", o.MaxDrain, 1, maxMaxDrain)
-	p.Require(o.Clock != nil, "Clock is nil")
+	p.Required("Clock", o.Clock)
 	p.Require(o.Logger != nil, "Logger is nil")
 	return p.Err()
 }

@@ -3,7 +3,7 @@ package eventservice
 import (
 	"time"
 
-	"github.com/cdcflow/eventservice/internal/clock"
+	"github.com/cdcflow/eventservice/pkg/clock"
 )
 
 // runKeepalive re-sends, every SignalInterval, the published progress of

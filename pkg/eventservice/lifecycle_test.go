@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/messaging"
@@ -408,6 +409,14 @@ func TestBadInputGetsTypedErrors(t *testing.T) {
 	_, err = New(Options{PrepareWorkers: -1, ScanLimitBytes: 10, LargeTxnSplitBytes: 5, MaxMessagesPerTask: 2, BackoffBase: -1})
 	require.ErrorIs(t, err, ErrInvalidOptions)
 	for _, f := range []string{"Store", "Schema", "Transport", "PrepareWorkers", "LargeTxnSplitBytes", "MaxMessagesPerTask", "BackoffBase"} {
+		require.Contains(t, err.Error(), f)
+	}
+	// A typed nil passes a plain != nil check and used to panic in Register
+	// while it held the dispatcher's lock (and Close then hung).
+	_, err = New(Options{Store: (*eventstore.Store)(nil), Schema: h.schema, Transport: (*messaging.InProcess)(nil),
+		Clock: (*clock.Fake)(nil), Registerer: (*prometheus.Registry)(nil)})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	for _, f := range []string{"Store is a nil *eventstore.Store", "Transport is a nil *messaging.InProcess", "Clock is a nil", "Registerer is a nil"} {
 		require.Contains(t, err.Error(), f)
 	}
 	_, err = New(Options{Store: h.store, Schema: h.schema, Transport: h.tr, LargeTxnSplitBytes: 2 << 30})

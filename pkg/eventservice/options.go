@@ -6,8 +6,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/cdcflow/eventservice/internal/clock"
 	"github.com/cdcflow/eventservice/internal/optcheck"
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/messaging"
@@ -137,9 +137,11 @@ func (o Options) EnsureDefaults() Options {
 // Validate reports every invalid field. It expects defaults filled in.
 func (o Options) Validate() error {
 	p := optcheck.New(ErrInvalidOptions)
-	p.Require(o.Store != nil, "Store is required")
-	p.Require(o.Schema != nil, "Schema is required")
-	p.Require(o.Transport != nil, "Transport is required")
+	p.Required("Store", o.Store)
+	p.Required("Schema", o.Schema)
+	p.Required("Transport", o.Transport)
+	p.NotTypedNil("Clock", o.Clock)
+	p.NotTypedNil("Registerer", o.Registerer)
 	p.IntRange("PrepareWorkers", o.PrepareWorkers, 1, 1024)
 	p.IntRange("ScanWorkers", o.ScanWorkers, 1, 1024)
 	p.IntRange("ScanQueueSize", o.ScanQueueSize, 1, 1<<20)

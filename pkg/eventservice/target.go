@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
-
-	"github.com/cdcflow/eventservice/internal/clock"
 
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
@@ -88,7 +85,7 @@ func (svc *Service) targetLocked(name messaging.Target) (*target, error) {
 		MaxBatch:      svc.opts.ResolvedBatch,
 		BackoffBase:   svc.opts.BackoffBase,
 		BackoffMax:    svc.opts.BackoffMax,
-		Clock:         pendingClock{svc.opts.Clock},
+		Clock:         svc.opts.Clock,
 		Registerer:    svc.opts.Registerer,
 		MetricsPrefix: namespace + "_" + subsystem + "_resolved_set",
 		ConstLabels:   prometheus.Labels{"target": string(name)},
@@ -199,14 +196,4 @@ func (svc *Service) send(to messaging.Target, msgs []messaging.Message) error {
 		svc.metrics.sendRefusals.WithLabelValues("failed").Inc()
 	}
 	return err
-}
-
-// pendingClock adapts the service's clock to pendingset.Clock.
-type pendingClock struct{ c clock.Clock }
-
-func (p pendingClock) Now() time.Time { return p.c.Now() }
-
-func (p pendingClock) NewTimer(d time.Duration) (<-chan time.Time, func() bool) {
-	t := p.c.NewTimer(d)
-	return t.C(), t.Stop
 }

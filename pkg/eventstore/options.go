@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/cdcflow/eventservice/internal/clock"
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/internal/optcheck"
 )
 
@@ -115,7 +115,9 @@ func (o Options) EnsureDefaults() Options {
 // It expects defaults to be filled in.
 func (o Options) Validate() error {
 	p := optcheck.New(ErrInvalidOptions)
-	p.Require(o.Upstream != nil, "Upstream is required")
+	p.Required("Upstream", o.Upstream)
+	p.NotTypedNil("Clock", o.Clock)
+	p.NotTypedNil("Registerer", o.Registerer)
 	p.IntRange("WriteWorkers", o.WriteWorkers, 1, 256)
 	p.IntRange("WriteQueueSize", o.WriteQueueSize, 1, 1<<24)
 	p.IntRange("MaxBatchRows", o.MaxBatchRows, 1, 1<<24)

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -447,6 +448,10 @@ func TestOptionsValidationReportsEveryField(t *testing.T) {
 		"MaintenanceInterval", "GCMinSpan", "GCMaxDelay", "CacheBytes", "MemTableBytes"} {
 		require.Contains(t, err.Error(), field)
 	}
+	_, err = Open(Options{Upstream: (*fakeUpstreamForTest)(nil), Clock: (*clock.Fake)(nil)})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	require.Contains(t, err.Error(), "Upstream is a nil *eventstore.fakeUpstreamForTest")
+	require.Contains(t, err.Error(), "Clock is a nil *clock.Fake")
 }
 
 func TestDiskDirIsResetAndForeignDirRefused(t *testing.T) {

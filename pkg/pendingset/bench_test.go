@@ -5,8 +5,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/cdcflow/eventservice/pkg/pendingset"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cdcflow/eventservice/pkg/pendingset"
 )
 
 // dispatcherID and resolved mirror the first user: key = dispatcher ID (a

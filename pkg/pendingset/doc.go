@@ -55,5 +55,6 @@
 // delivered, bounded by its context (unlike client-go's drain, which
 // forgets queued items). Add keeps working after either; it just records.
 //
-// Test support: package pendingsettest has a FakeClock for Options.Clock.
+// Test support: clock.Fake (package pkg/clock, the module's one clock) drives
+// Options.Clock in tests.
 package pendingset

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/pendingset"
-	"github.com/cdcflow/eventservice/pkg/pendingset/pendingsettest"
 )
 
 // Example reproduces seed 001's scenario on a fake sink that takes 4 ms per
@@ -54,7 +54,7 @@ func Example() {
 	fifoRate := float64(len(updates)) / fifoElapsed.Seconds()
 
 	// The pending set, pumped in batches, against the same sink.
-	clk := pendingsettest.NewFakeClock(start)
+	clk := clock.NewFake(start)
 	set, err := pendingset.New(pendingset.Options[dispatcherID, resolved]{Merge: newer, Clock: clk})
 	if err != nil {
 		panic(err)

@@ -4,9 +4,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cdcflow/eventservice/pkg/pendingset/pendingsettest"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/cdcflow/eventservice/pkg/clock"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -20,9 +21,9 @@ func maxMerge(old, new uint64) uint64 { return max(old, new) }
 
 // newTestSet returns a Set[int, uint64] with a fake clock, no jitter
 // (Rand returns 0) and maxMerge; edit adjusts the options first.
-func newTestSet(t testing.TB, edit func(*Options[int, uint64])) (*Set[int, uint64], *pendingsettest.FakeClock) {
+func newTestSet(t testing.TB, edit func(*Options[int, uint64])) (*Set[int, uint64], *clock.Fake) {
 	t.Helper()
-	clk := pendingsettest.NewFakeClock(t0)
+	clk := clock.NewFake(t0)
 	o := Options[int, uint64]{
 		Merge: maxMerge,
 		Clock: clk,

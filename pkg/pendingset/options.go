@@ -9,6 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/pkg/clock"
 )
 
 // Defaults applied by EnsureDefaults to zero-valued fields.
@@ -72,7 +74,7 @@ type Options[K comparable, V any] struct {
 	Bypass func(waiting, fresh V) bool
 
 	// Clock supplies time. Default: the real clock.
-	Clock Clock
+	Clock clock.Clock
 
 	// Registerer receives the set's metrics. Nil registers nothing; Stats
 	// works either way.
@@ -112,7 +114,7 @@ func (o Options[K, V]) EnsureDefaults() Options[K, V] {
 		o.QuarantineRetry = DefaultQuarantineRetry
 	}
 	if o.Clock == nil {
-		o.Clock = realClock{}
+		o.Clock = clock.Real{}
 	}
 	if o.MetricsPrefix == "" {
 		o.MetricsPrefix = DefaultMetricsPrefix

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/pkg/clock"
 )
 
 // DeliverFunc sends one batch to the target. Returning a non-nil error
@@ -158,7 +160,7 @@ func (p *Pump[K, V]) Drain(ctx context.Context) error {
 // doorbell, the next backoff deadline, a drain request or Stop.
 func (p *Pump[K, V]) run(ctx context.Context) {
 	defer close(p.doneCh)
-	clock := p.set.opts.Clock
+	clk := p.set.opts.Clock
 	var batch []Entry[K, V]
 	failures := 0 // consecutive whole-batch failures
 	draining := false
@@ -199,9 +201,10 @@ func (p *Pump[K, V]) run(ctx context.Context) {
 			}
 		}
 		var timerC <-chan time.Time
-		var stopTimer func() bool
+		var timer clock.Timer
 		if due, ok := p.set.NextDue(); ok {
-			timerC, stopTimer = clock.NewTimer(max(due.Sub(clock.Now()), 0))
+			timer = clk.NewTimer(max(due.Sub(clk.Now()), 0))
+			timerC = timer.C()
 		}
 		stop := false
 		select {
@@ -212,8 +215,8 @@ func (p *Pump[K, V]) run(ctx context.Context) {
 		case <-drainC:
 			draining, drainC = true, nil
 		}
-		if stopTimer != nil {
-			stopTimer()
+		if timer != nil {
+			timer.Stop()
 		}
 		if stop {
 			return
@@ -223,12 +226,12 @@ func (p *Pump[K, V]) run(ctx context.Context) {
 
 // sleep waits d or until Stop, and reports whether it was not stopped.
 func (p *Pump[K, V]) sleep(d time.Duration) bool {
-	c, stop := p.set.opts.Clock.NewTimer(d)
+	t := p.set.opts.Clock.NewTimer(d)
 	select {
-	case <-c:
+	case <-t.C():
 		return true
 	case <-p.stopCh:
-		stop()
+		t.Stop()
 		return false
 	}
 }

@@ -197,7 +197,7 @@ func TestPumpDrainDeadline(t *testing.T) {
 			<-calls
 			// The pump is (or is about to be) parked on its backoff timer,
 			// which the fake clock never fires: the set cannot settle.
-			require.NoError(t, clk.WaitTimers(context.Background(), 1))
+			require.NoError(t, clk.WaitWaiters(context.Background(), 1))
 			ctx, cancel := tc.ctx()
 			defer cancel()
 			errc := make(chan error, 1)
@@ -240,8 +240,8 @@ func TestPumpBatchFailureBacksOff(t *testing.T) {
 		d := <-calls
 		require.Zero(t, d.batch[0].Attempts, "batch failures spend no budget")
 		d.reply <- errConnDown
-		require.NoError(t, clk.WaitTimers(ctx, 1))
-		got, ok := clk.NextTimer()
+		require.NoError(t, clk.WaitWaiters(ctx, 1))
+		got, ok := clk.NextDue()
 		require.True(t, ok)
 		require.Equal(t, wantDelay, got)
 		clk.Advance(got)
@@ -273,8 +273,8 @@ func TestPumpPerKeyBackoffAndQuarantine(t *testing.T) {
 	require.Equal(t, []int{1, 2}, keysOf(d.batch))
 	setResults(d.batch, FailedKey, 1)
 	d.reply <- nil
-	require.NoError(t, clk.WaitTimers(context.Background(), 1))
-	due, _ := clk.NextTimer()
+	require.NoError(t, clk.WaitWaiters(context.Background(), 1))
+	due, _ := clk.NextDue()
 	require.Equal(t, DefaultBackoffBase, due)
 	clk.Advance(due)
 	d = <-calls

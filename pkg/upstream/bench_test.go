@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -16,7 +17,7 @@ func BenchmarkGeneratorRows(b *testing.B) {
 			b.Run(fmt.Sprintf("rowBytes=%d/txnRows=%d", rowBytes, txnRows), func(b *testing.B) {
 				g, err := NewGenerator(GeneratorOptions{
 					Tables: 1, RowsPerSec: 1_000_000, TxnRows: txnRows, RowBytes: rowBytes,
-					TxnsPerCommitTs: 4, Seed: 1, StartTs: common.TsFromTime(t0), Clock: newFakeClockForTest(t0),
+					TxnsPerCommitTs: 4, Seed: 1, StartTs: common.TsFromTime(t0), Clock: clock.NewFake(t0),
 				})
 				if err != nil {
 					b.Fatal(err)
@@ -41,7 +42,7 @@ func BenchmarkGeneratorRows(b *testing.B) {
 // BenchmarkGeneratorRowCount measures the cheap count over an hour of a
 // 1000-table workload (one table), the cost of sizing an oracle range.
 func BenchmarkGeneratorRowCount(b *testing.B) {
-	g, err := NewGenerator(GeneratorOptions{Seed: 1, StartTs: common.TsFromTime(t0), Clock: newFakeClockForTest(t0)})
+	g, err := NewGenerator(GeneratorOptions{Seed: 1, StartTs: common.TsFromTime(t0), Clock: clock.NewFake(t0)})
 	if err != nil {
 		b.Fatal(err)
 	}

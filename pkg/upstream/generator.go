@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 )
@@ -38,7 +39,7 @@ type Generator struct {
 	opts  GeneratorOptions // defaulted; StartTs resolved
 	w     *workload
 	log   *zap.Logger
-	clock Clock
+	clock clock.Clock
 
 	// ctx is the generator's lifetime: Close cancels it, which stops the
 	// driver and cancels every in-flight Push (subscription contexts derive

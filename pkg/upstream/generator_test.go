@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 )
@@ -18,11 +19,11 @@ const testTick = 10 * time.Millisecond
 
 // feedOptions: 3 tables of 20 rows per tick each (10 two-row transactions),
 // pushed in chunks of 7 rows.
-func feedOptions(clock Clock) GeneratorOptions {
+func feedOptions(clk clock.Clock) GeneratorOptions {
 	return GeneratorOptions{
 		Tables: 3, RowsPerSec: 6000, TxnRows: 2, RowBytes: 8, TxnsPerCommitTs: 3,
 		KeysPerTable: 1000, Seed: 9, PushRowsMax: 7,
-		StartTs: common.TsFromTime(t0), Clock: clock,
+		StartTs: common.TsFromTime(t0), Clock: clk,
 	}
 }
 
@@ -56,7 +57,7 @@ func requireFeed(t *testing.T, sink *recordingSinkForTest, want []common.Row, f 
 }
 
 func TestGeneratorFeedsExactRowsInChunks(t *testing.T) {
-	clock := newFakeClockForTest(t0.Add(time.Second + 5*time.Millisecond))
+	clock := clock.NewFake(t0.Add(time.Second + 5*time.Millisecond))
 	g := newTestGenerator(t, feedOptions(clock))
 	whole, partial, other := newRecordingSinkForTest(), newRecordingSinkForTest(), newRecordingSinkForTest()
 	startTs := tsAt(300, 1)
@@ -109,7 +110,7 @@ func TestGeneratorFeedsExactRowsInChunks(t *testing.T) {
 // at most one chunk, so a fresh subscription is served while an old one is
 // still catching up.
 func TestGeneratorCatchUpDoesNotStarveOthers(t *testing.T) {
-	clock := newFakeClockForTest(t0.Add(time.Second))
+	clock := clock.NewFake(t0.Add(time.Second))
 	g := newTestGenerator(t, feedOptions(clock))
 	f := frontierAt(clock.Now(), testTick)
 	old, fresh := newRecordingSinkForTest(), newRecordingSinkForTest()
@@ -137,7 +138,7 @@ func TestGeneratorCatchUpDoesNotStarveOthers(t *testing.T) {
 
 // TestGeneratorSparseCatchUp crosses more empty ticks than one pass scans.
 func TestGeneratorSparseCatchUp(t *testing.T) {
-	clock := newFakeClockForTest(t0.Add(10 * time.Minute))
+	clock := clock.NewFake(t0.Add(10 * time.Minute))
 	o := feedOptions(clock)
 	o.RowsPerSec, o.TxnRows = 3, 1 // one row per table per second
 	g := newTestGenerator(t, o)
@@ -154,7 +155,7 @@ func TestGeneratorSparseCatchUp(t *testing.T) {
 }
 
 func TestGeneratorEndTs(t *testing.T) {
-	clock := newFakeClockForTest(t0.Add(100 * time.Millisecond))
+	clock := clock.NewFake(t0.Add(100 * time.Millisecond))
 	o := feedOptions(clock)
 	o.EndTs = tsAt(250, 3) // inside a tick
 	g := newTestGenerator(t, o)
@@ -187,7 +188,7 @@ func TestGeneratorEndTs(t *testing.T) {
 }
 
 func TestGeneratorFutureStartTs(t *testing.T) {
-	clock := newFakeClockForTest(t0.Add(100 * time.Millisecond))
+	clock := clock.NewFake(t0.Add(100 * time.Millisecond))
 	g := newTestGenerator(t, feedOptions(clock))
 	w := watchPasses(g)
 	sink := newRecordingSinkForTest()
@@ -204,7 +205,7 @@ func TestGeneratorFutureStartTs(t *testing.T) {
 }
 
 func TestGeneratorFrontierIsMonotonic(t *testing.T) {
-	clock := newFakeClockForTest(t0.Add(200 * time.Millisecond))
+	clock := clock.NewFake(t0.Add(200 * time.Millisecond))
 	g := newTestGenerator(t, feedOptions(clock))
 	w := watchPasses(g)
 	sink := newRecordingSinkForTest()
@@ -217,11 +218,13 @@ func TestGeneratorFrontierIsMonotonic(t *testing.T) {
 
 	n := w.passes()
 	clock.Set(t0.Add(-time.Hour)) // the clock jumps back
+	clock.Advance(testTick)        // the next tick reads it
 	w.waitIdle(t, n, f)
 	require.Equal(t, f, g.ResolvedTs())
 	require.Len(t, sink.batches(), batches)
 
 	clock.Set(t0.Add(300 * time.Millisecond))
+	clock.Advance(testTick)
 	f2 := frontierAt(clock.Now(), testTick)
 	sink.waitResolved(t, f2)
 	requireFeed(t, sink, g.Rows(1, 0, f2), f2, 7)
@@ -229,7 +232,7 @@ func TestGeneratorFrontierIsMonotonic(t *testing.T) {
 
 func TestGeneratorRetriesAfterSinkError(t *testing.T) {
 	errBoom := errors.New("boom")
-	clock := newFakeClockForTest(t0.Add(200 * time.Millisecond))
+	clock := clock.NewFake(t0.Add(200 * time.Millisecond))
 	g := newTestGenerator(t, feedOptions(clock))
 	sink := newRecordingSinkForTest()
 	failed := make(chan struct{}, 2)
@@ -258,7 +261,7 @@ func TestGeneratorRetriesAfterSinkError(t *testing.T) {
 }
 
 func TestGeneratorStopsFeedingClosedSink(t *testing.T) {
-	clock := newFakeClockForTest(t0.Add(200 * time.Millisecond))
+	clock := clock.NewFake(t0.Add(200 * time.Millisecond))
 	g := newTestGenerator(t, feedOptions(clock))
 	w := watchPasses(g)
 	sink := newRecordingSinkForTest()
@@ -297,7 +300,7 @@ func blockingSinkForTest() (*recordingSinkForTest, <-chan struct{}, <-chan error
 }
 
 func TestGeneratorCloseWhileSinkBlocks(t *testing.T) {
-	clock := newFakeClockForTest(t0.Add(200 * time.Millisecond))
+	clock := clock.NewFake(t0.Add(200 * time.Millisecond))
 	g := newTestGenerator(t, feedOptions(clock))
 	sink, entered, returned := blockingSinkForTest()
 	_, err := g.Subscribe(common.TableSpan(1), 0, sink)
@@ -311,7 +314,7 @@ func TestGeneratorCloseWhileSinkBlocks(t *testing.T) {
 }
 
 func TestGeneratorSubscriptionCloseWhileSinkBlocks(t *testing.T) {
-	clock := newFakeClockForTest(t0.Add(200 * time.Millisecond))
+	clock := clock.NewFake(t0.Add(200 * time.Millisecond))
 	g := newTestGenerator(t, feedOptions(clock))
 	w := watchPasses(g)
 	blocked, entered, returned := blockingSinkForTest()
@@ -338,7 +341,7 @@ func TestGeneratorSubscriptionCloseWhileSinkBlocks(t *testing.T) {
 }
 
 func TestGeneratorStatsLag(t *testing.T) {
-	clock := newFakeClockForTest(t0.Add(200 * time.Millisecond))
+	clock := clock.NewFake(t0.Add(200 * time.Millisecond))
 	g := newTestGenerator(t, feedOptions(clock))
 	w := watchPasses(g)
 	stuck := newRecordingSinkForTest()
@@ -363,7 +366,7 @@ func TestGeneratorStatsLag(t *testing.T) {
 }
 
 func TestGeneratorLifecycleErrors(t *testing.T) {
-	clock := newFakeClockForTest(t0)
+	clock := clock.NewFake(t0)
 	g := newTestGenerator(t, feedOptions(clock))
 	sink := newRecordingSinkForTest()
 

@@ -19,63 +19,6 @@ const waitTimeout = 20 * time.Second
 // t0 is a tick-aligned wall-clock instant the tests start from.
 var t0 = time.UnixMilli(1_700_000_000_000)
 
-// fakeClockForTest is a Clock that moves only when told to. Advance and Set
-// deliver one tick to every ticker (dropped if one is still pending, like
-// time.Ticker).
-type fakeClockForTest struct {
-	mu struct {
-		sync.Mutex
-		now     time.Time
-		tickers []*fakeTickerForTest
-	}
-}
-
-type fakeTickerForTest struct {
-	ch      chan time.Time
-	stopped atomic.Bool
-}
-
-func (t *fakeTickerForTest) C() <-chan time.Time { return t.ch }
-func (t *fakeTickerForTest) Stop()               { t.stopped.Store(true) }
-
-func newFakeClockForTest(now time.Time) *fakeClockForTest {
-	c := &fakeClockForTest{}
-	c.mu.now = now
-	return c
-}
-
-func (c *fakeClockForTest) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.mu.now
-}
-
-func (c *fakeClockForTest) NewTicker(time.Duration) Ticker {
-	t := &fakeTickerForTest{ch: make(chan time.Time, 1)}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.mu.tickers = append(c.mu.tickers, t)
-	return t
-}
-
-func (c *fakeClockForTest) Advance(d time.Duration) { c.Set(c.Now().Add(d)) }
-
-func (c *fakeClockForTest) Set(now time.Time) {
-	c.mu.Lock()
-	c.mu.now = now
-	tickers := slices.Clone(c.mu.tickers)
-	c.mu.Unlock()
-	for _, t := range tickers {
-		if t.stopped.Load() {
-			continue
-		}
-		select {
-		case t.ch <- now:
-		default:
-		}
-	}
-}
-
 // recordingSinkForTest is an eventstore.Sink test double that records every
 // accepted batch. pushHook, if set (before use), runs first; when it returns
 // an error the batch is not recorded.

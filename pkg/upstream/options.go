@@ -8,6 +8,8 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/internal/optcheck"
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -76,7 +78,7 @@ type GeneratorOptions struct {
 	// sink, so a catch-up is chunked. Default 1024.
 	PushRowsMax int
 	// Clock is the time source. Default: the real clock.
-	Clock Clock
+	Clock clock.Clock
 	// Logger receives push failures. Default zap.NewNop().
 	Logger *zap.Logger
 }
@@ -113,7 +115,7 @@ func (o GeneratorOptions) WithDefaults() GeneratorOptions {
 		o.PushRowsMax = DefaultPushRowsMax
 	}
 	if o.Clock == nil {
-		o.Clock = realClock{}
+		o.Clock = clock.Real{}
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -129,6 +131,9 @@ func (o GeneratorOptions) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...))
+	}
+	if o.Clock != nil && optcheck.IsNil(o.Clock) {
+		bad("Clock is a nil %T (leave it unset for the default)", o.Clock)
 	}
 	if d.Tables < 0 {
 		bad("Tables %d is negative", d.Tables)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -95,7 +96,7 @@ func TestOptionsValidateCrossFieldRules(t *testing.T) {
 }
 
 func TestNewGeneratorEndTsBeforeDefaultStart(t *testing.T) {
-	clock := newFakeClockForTest(t0)
+	clock := clock.NewFake(t0)
 	_, err := NewGenerator(GeneratorOptions{Clock: clock, EndTs: common.TsFromTime(t0.Add(-time.Second))})
 	require.ErrorIs(t, err, ErrInvalidOptions)
 	require.True(t, errors.Is(err, ErrInvalidOptions))

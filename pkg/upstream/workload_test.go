@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -27,7 +28,7 @@ func busyOptions(seed uint64) GeneratorOptions {
 		KeysPerTable:    500,
 		Seed:            seed,
 		StartTs:         common.TsFromTime(t0),
-		Clock:           newFakeClockForTest(t0),
+		Clock:           clock.NewFake(t0),
 	}
 }
 
@@ -200,7 +201,7 @@ func TestLongRunRates(t *testing.T) {
 	const seconds = 60
 	o := GeneratorOptions{
 		Tables: 50, RowsPerSec: 10000, TxnRows: 4, HotFraction: 0.8, HotTables: 5,
-		Seed: 11, StartTs: common.TsFromTime(t0), Clock: newFakeClockForTest(t0),
+		Seed: 11, StartTs: common.TsFromTime(t0), Clock: clock.NewFake(t0),
 	}
 	g := newTestGenerator(t, o)
 	end := o.StartTs + common.ComposeTs(seconds*1000, 0)
@@ -229,7 +230,7 @@ func TestLongRunRates(t *testing.T) {
 
 func TestDefaultStartTsComesFromClock(t *testing.T) {
 	now := t0.Add(1234 * time.Millisecond)
-	g := newTestGenerator(t, GeneratorOptions{Clock: newFakeClockForTest(now)})
+	g := newTestGenerator(t, GeneratorOptions{Clock: clock.NewFake(now)})
 	require.Equal(t, frontierAt(now, DefaultTick), g.Options().StartTs)
 	require.Equal(t, g.Options().StartTs, g.ResolvedTs())
 	// The resolved options rebuild the same workload.
