@@ -6,8 +6,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/internal/optcheck"
+	"github.com/cdcflow/eventservice/pkg/clock"
 )
 
 // Options configures a Store. The zero value of every field means "use the

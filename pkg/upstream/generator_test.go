@@ -218,7 +218,7 @@ func TestGeneratorFrontierIsMonotonic(t *testing.T) {
 
 	n := w.passes()
 	clock.Set(t0.Add(-time.Hour)) // the clock jumps back
-	clock.Advance(testTick)        // the next tick reads it
+	clock.Advance(testTick)       // the next tick reads it
 	w.waitIdle(t, n, f)
 	require.Equal(t, f, g.ResolvedTs())
 	require.Len(t, sink.batches(), batches)
