@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"context"
 	"errors"
 	"math/rand/v2"
 	"testing"
@@ -10,8 +11,8 @@ import (
 
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventcollector"
-	"github.com/cdcflow/eventservice/pkg/eventservice"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
+	"github.com/cdcflow/eventservice/pkg/messaging"
 )
 
 // churnSlot is one dispatcher position; each (re-)add is a new instance
@@ -92,10 +93,11 @@ func TestChurn(t *testing.T) {
 			if rng.IntN(2) == 0 {
 				startTs = sl.startTs // below the store's checkpoint: a new registration
 			}
-			switch err := h.svc.Reset(did, snap.Epoch+1, startTs); {
+			req := messaging.ResetRequest{Dispatcher: did, Registration: snap.Registration, Epoch: snap.Epoch + 1, StartTs: startTs}
+			switch err := h.svc.Reset(context.Background(), req); {
 			case err == nil:
 				resets++
-			case errors.Is(err, eventservice.ErrStaleEpoch):
+			case errors.Is(err, messaging.ErrStaleEpoch):
 				staleResets++ // the collector's own reset won the race
 			default:
 				require.NoError(t, err)

@@ -156,7 +156,7 @@ func id(gen, n uint64) common.DispatcherID { return common.DispatcherID{Hi: gen,
 // first sink call is expected).
 func (h *harness) add(did common.DispatcherID, table int64, startTs common.Ts) error {
 	h.chk.bind(did, table, startTs)
-	if err := h.coll.AddDispatcher(did, common.TableSpan(table), startTs); err != nil {
+	if err := h.coll.AddDispatcher(context.Background(), did, common.TableSpan(table), startTs); err != nil {
 		h.chk.unbind(did)
 		return err
 	}
@@ -169,7 +169,7 @@ func (h *harness) add(did common.DispatcherID, table int64, startTs common.Ts) e
 
 // remove removes dispatcher id from the collector (and the service).
 func (h *harness) remove(did common.DispatcherID) error {
-	err := h.coll.RemoveDispatcher(did)
+	err := h.coll.RemoveDispatcher(context.Background(), did)
 	h.chk.unbind(did)
 	h.mu.Lock()
 	h.mu.live--

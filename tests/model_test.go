@@ -241,8 +241,8 @@ func (m *model) step(i int) {
 		cs, err := h.coll.Dispatcher(d.id)
 		require.NoError(m.t, err)
 		start := m.between(d.start, cs.Checkpoint)
-		err = h.svc.Reset(d.id, snap.Epoch+1, start)
-		if err != nil && !errors.Is(err, eventservice.ErrStaleEpoch) {
+		err = h.svc.Reset(context.Background(), messaging.ResetRequest{Dispatcher: d.id, Registration: snap.Registration, Epoch: snap.Epoch + 1, StartTs: start})
+		if err != nil && !errors.Is(err, messaging.ErrStaleEpoch) {
 			require.NoError(m.t, err)
 		}
 		m.counts["reset"]++

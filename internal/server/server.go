@@ -242,7 +242,7 @@ func (s *server) start() error {
 			return err
 		}
 		for _, d := range f.ds {
-			if err := f.coll.AddDispatcher(d.id, common.TableSpan(d.table), d.startTs); err != nil {
+			if err := f.coll.AddDispatcher(context.Background(), d.id, common.TableSpan(d.table), d.startTs); err != nil {
 				return fmt.Errorf("add dispatcher of table %d: %w", d.table, err)
 			}
 		}

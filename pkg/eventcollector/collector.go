@@ -1,15 +1,16 @@
 package eventcollector
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 
 	"go.uber.org/zap"
 
 	"github.com/cdcflow/eventservice/pkg/common"
-	"github.com/cdcflow/eventservice/pkg/eventservice"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
 
@@ -31,6 +32,11 @@ type Collector struct {
 	metrics *metrics
 	cnt     counters
 	closing chan struct{} // closed by Close: the goroutines stop
+	// ctx is cancelled by Close: it ends the control-plane calls the
+	// goroutines make on their own.
+	ctx    context.Context
+	cancel context.CancelFunc
+	regs   registrationSource
 
 	wg sync.WaitGroup
 
@@ -43,13 +49,23 @@ type Collector struct {
 		sync.Mutex
 		started, closed bool
 		dispatchers     map[common.DispatcherID]*dispatcher
+		// inSink is the dispatcher whose sink call is in progress (set
+		// with the verdict that asks for it, under mu, so a
+		// RemoveDispatcher either sees it or prevents it); sinkDone, if
+		// a RemoveDispatcher waits for that call, is closed when it ends.
+		inSink   *dispatcher
+		sinkDone chan struct{}
 	}
 
 	// hooks are set by tests before Start; nil in production.
 	hooks hooks
 
-	// hbBuf is the heartbeat goroutine's scratch list.
-	hbBuf []heartbeat
+	// hbBuf is the heartbeat goroutine's scratch lists: cps[i] is the
+	// checkpoint of ds[i].
+	hbBuf struct {
+		cps []messaging.DispatcherCheckpoint
+		ds  []*dispatcher
+	}
 }
 
 // hooks let tests observe the goroutines at known points.
@@ -60,13 +76,20 @@ type hooks struct {
 	// afterTick runs on the heartbeat goroutine after each round of
 	// heartbeats and reset retries.
 	afterTick func()
+	// registration, if set, chooses AddDispatcher's registration ID
+	// instead of the random source, so crafted messages can carry it.
+	registration func(id common.DispatcherID) messaging.RegistrationID
 }
 
-// dispatcher is the collector's state of one dispatcher. Every field but
-// id is guarded by Collector.mu.
+// dispatcher is the collector's state of one registration of a
+// dispatcher. Every field but id, reg and span is guarded by Collector.mu.
 type dispatcher struct {
 	id common.DispatcherID
-	st stream
+	// reg is the registration's identity: only messages carrying it are
+	// applied.
+	reg  messaging.RegistrationID
+	span common.Span
+	st   stream
 	// removed: dropped by RemoveDispatcher (or a failed AddDispatcher); a
 	// goroutine that looked it up before must discard its results.
 	removed bool
@@ -97,6 +120,7 @@ const (
 	ignoreStaleEpoch        ignoreReason = iota // an epoch older than the current one
 	ignoreStaleResolved                         // a resolved-ts overtaken by later messages
 	ignoreUnknownDispatcher                     // not (or no longer) one of ours
+	ignoreStaleRegistration                     // of another registration of the ID (one removed before)
 	numIgnoreReasons
 )
 
@@ -106,6 +130,8 @@ func (r ignoreReason) String() string {
 		return "stale_epoch"
 	case ignoreStaleResolved:
 		return "stale_resolved"
+	case ignoreStaleRegistration:
+		return "stale_registration"
 	default:
 		return "unknown_dispatcher"
 	}
@@ -124,6 +150,8 @@ func New(opts Options) (*Collector, error) {
 		log:     opts.Logger.Named("eventcollector").With(zap.String("target", string(opts.Target))),
 		closing: make(chan struct{}),
 	}
+	c.regs.seed()
+	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.mu.dispatchers = make(map[common.DispatcherID]*dispatcher)
 	c.metrics = newMetrics(c)
 	if err := c.metrics.register(opts.Registerer); err != nil {
@@ -169,17 +197,23 @@ func (c *Collector) Close() error {
 	c.mu.closed = true
 	c.mu.Unlock()
 	close(c.closing)
+	c.cancel()
 	c.wg.Wait()
 	c.metrics.unregister(c.opts.Registerer)
 	return nil
 }
 
-// AddDispatcher adds dispatcher id reading span from startTs (exclusive) and
-// registers it with the service in epoch 1. The collector's state exists
-// before the service can send anything for it; if registration fails it is
-// dropped again and the service's error is returned (wrapped). Errors:
-// ErrInvalidArgument, ErrDispatcherExists, ErrClosed, or the service's.
-func (c *Collector) AddDispatcher(id common.DispatcherID, span common.Span, startTs common.Ts) error {
+// AddDispatcher adds dispatcher id reading span from startTs (exclusive):
+// it registers a new registration of id (an identity no earlier
+// registration of id shares) with the service, whose stream starts at
+// epoch 1. The collector's state exists before the service can send
+// anything for it, and only messages of this registration are applied; if
+// registration fails it is dropped again and the service's error is
+// returned (wrapped). A dispatcher removed before may be added again (a
+// table that moves back): messages of its earlier registration still in
+// flight are ignored. Errors: ErrInvalidArgument, ErrDispatcherExists,
+// ErrClosed, or the service's (messaging's control-plane sentinels).
+func (c *Collector) AddDispatcher(ctx context.Context, id common.DispatcherID, span common.Span, startTs common.Ts) error {
 	var errs []error
 	if id.IsZero() {
 		errs = append(errs, fmt.Errorf("%w: zero dispatcher id", ErrInvalidArgument))
@@ -201,11 +235,16 @@ func (c *Collector) AddDispatcher(id common.DispatcherID, span common.Span, star
 		c.mu.Unlock()
 		return fmt.Errorf("%w: %v", ErrDispatcherExists, id)
 	}
-	d := &dispatcher{id: id, st: newStream(startTs), lastHeartbeat: startTs}
+	reg := c.regs.next()
+	if h := c.hooks.registration; h != nil {
+		reg = h(id)
+	}
+	d := &dispatcher{id: id, reg: reg, span: span, st: newStream(startTs), lastHeartbeat: startTs}
 	c.mu.dispatchers[id] = d
 	c.mu.Unlock()
 
-	err := c.opts.Service.Register(eventservice.DispatcherInfo{ID: id, Span: span, StartTs: startTs, Target: c.opts.Target, Epoch: 1})
+	err := c.opts.Service.Register(ctx, messaging.RegisterRequest{Dispatcher: id, Registration: d.reg, Span: span,
+		StartTs: startTs, Target: c.opts.Target})
 	if err != nil {
 		c.mu.Lock()
 		d.removed = true
@@ -213,17 +252,23 @@ func (c *Collector) AddDispatcher(id common.DispatcherID, span common.Span, star
 		c.mu.Unlock()
 		return fmt.Errorf("eventcollector: register %v: %w", id, err)
 	}
-	c.log.Debug("dispatcher added", zap.Stringer("dispatcher", id), zap.Stringer("startTs", startTs))
+	c.log.Debug("dispatcher added", zap.Stringer("dispatcher", id), zap.Stringer("registration", d.reg),
+		zap.Stringer("startTs", startTs))
 	return nil
 }
 
-// RemoveDispatcher removes dispatcher id from the service, then drops its
-// state: later messages for it are ignored and no sink call for it starts
-// after RemoveDispatcher returns (one in flight may still finish). The state
-// is dropped even if the service fails; a service that does not know id
-// (eventservice.ErrUnknownDispatcher) is not an error. Errors:
-// ErrUnknownDispatcher (not ours), ErrClosed, or the service's.
-func (c *Collector) RemoveDispatcher(id common.DispatcherID) error {
+// RemoveDispatcher ends dispatcher id's registration at the service, then
+// drops its state. When it returns, (1) no send of the registration is in
+// progress at the service and none will start (the service's Remove is a
+// fence), (2) no sink call for it is in progress and none will start: a
+// call in flight is waited for, bounded by ctx (an error wrapping
+// ctx.Err() then says the state is dropped but the call still runs).
+// Messages of the registration that arrive later are ignored. The state is
+// dropped even if the service fails; a service that no longer has the
+// registration (messaging.ErrUnknownDispatcher or ErrStaleRegistration) is
+// not an error. Errors: ErrUnknownDispatcher (not ours), ErrClosed, or the
+// service's.
+func (c *Collector) RemoveDispatcher(ctx context.Context, id common.DispatcherID) error {
 	c.adminMu.Lock()
 	defer c.adminMu.Unlock()
 	c.mu.Lock()
@@ -236,20 +281,36 @@ func (c *Collector) RemoveDispatcher(id common.DispatcherID) error {
 	if !ok {
 		return fmt.Errorf("%w: %v", ErrUnknownDispatcher, id)
 	}
-	err := c.opts.Service.Remove(id)
+	err := c.opts.Service.Remove(ctx, messaging.RemoveRequest{Dispatcher: id, Registration: d.reg})
 	c.mu.Lock()
 	d.removed = true
 	delete(c.mu.dispatchers, id)
+	var inSink chan struct{}
+	if c.mu.inSink == d {
+		if c.mu.sinkDone == nil {
+			c.mu.sinkDone = make(chan struct{})
+		}
+		inSink = c.mu.sinkDone
+	}
 	c.mu.Unlock()
-	if err != nil && !errors.Is(err, eventservice.ErrUnknownDispatcher) {
+	if inSink != nil {
+		select {
+		case <-inSink:
+		case <-ctx.Done():
+			return fmt.Errorf("eventcollector: remove %v: a sink call is still in flight: %w", id, ctx.Err())
+		}
+	}
+	if err != nil && !errors.Is(err, messaging.ErrUnknownDispatcher) && !errors.Is(err, messaging.ErrStaleRegistration) {
 		return fmt.Errorf("eventcollector: remove %v: %w", id, err)
 	}
-	c.log.Debug("dispatcher removed", zap.Stringer("dispatcher", id))
+	c.log.Debug("dispatcher removed", zap.Stringer("dispatcher", id), zap.Stringer("registration", d.reg))
 	return nil
 }
 
 // DispatcherStatus is a snapshot of one dispatcher's receive state.
 type DispatcherStatus struct {
+	// Registration is the current registration's identity.
+	Registration messaging.RegistrationID
 	// Epoch is the current epoch (possibly not yet acknowledged by the
 	// service: see PendingReset).
 	Epoch uint64
@@ -278,7 +339,7 @@ func (c *Collector) Dispatcher(id common.DispatcherID) (DispatcherStatus, error)
 		return DispatcherStatus{}, fmt.Errorf("%w: %v", ErrUnknownDispatcher, id)
 	}
 	s := &d.st
-	return DispatcherStatus{Epoch: s.epoch, StartTs: s.startTs, Checkpoint: s.checkpoint, Resolved: s.resolved,
+	return DispatcherStatus{Registration: d.reg, Epoch: s.epoch, StartTs: s.startTs, Checkpoint: s.checkpoint, Resolved: s.resolved,
 		Resets: s.resets, Handshaked: s.handshaked, PendingReset: s.needReset, LastHeartbeat: d.lastHeartbeat}, nil
 }
 
@@ -297,10 +358,13 @@ type Stats struct {
 	// UnknownIgnored counts messages of dispatchers the collector does not
 	// have (removed ones).
 	UnknownIgnored uint64
+	// StaleRegistrationIgnored counts messages of an earlier registration
+	// of a dispatcher the collector has (removed and added again).
+	StaleRegistrationIgnored uint64
 	// PendingResets is the number of dispatchers whose current epoch the
 	// service has not yet acknowledged.
 	PendingResets int
-	// Heartbeats counts heartbeats the service accepted.
+	// Heartbeats counts checkpoints the service accepted.
 	Heartbeats uint64
 	// MinCheckpoint is the smallest checkpoint over dispatchers; zero when
 	// there are none.
@@ -328,6 +392,7 @@ func (c *Collector) Stats() Stats {
 	}
 	st.StaleIgnored = c.cnt.ignored[ignoreStaleEpoch].Load() + c.cnt.ignored[ignoreStaleResolved].Load()
 	st.UnknownIgnored = c.cnt.ignored[ignoreUnknownDispatcher].Load()
+	st.StaleRegistrationIgnored = c.cnt.ignored[ignoreStaleRegistration].Load()
 	st.Heartbeats = c.cnt.serviceCalls[callHeartbeat][resultOK].Load()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -352,5 +417,28 @@ func (c *Collector) isClosing() bool {
 		return true
 	default:
 		return false
+	}
+}
+
+// registrationSource hands out registration IDs: a random 64-bit base
+// drawn at New, then one more per registration. Within a collector they
+// never repeat (2^64 registrations); across collectors and restarts, the
+// random base makes a collision of two registrations of the same
+// dispatcher ID about as likely as guessing a 64-bit number. Choosing the
+// identity here rather than at the service lets the collector recognise
+// the registration's first message however early it arrives, and keeps
+// identities unique across service restarts, which a service-side counter
+// would not.
+type registrationSource struct{ n atomic.Uint64 }
+
+// seed draws the random base.
+func (r *registrationSource) seed() { r.n.Store(rand.Uint64()) }
+
+// next returns a fresh registration ID (never zero).
+func (r *registrationSource) next() messaging.RegistrationID {
+	for {
+		if id := messaging.RegistrationID(r.n.Add(1)); !id.IsZero() {
+			return id
+		}
 	}
 }

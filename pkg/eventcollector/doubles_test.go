@@ -10,7 +10,6 @@ import (
 
 	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
-	"github.com/cdcflow/eventservice/pkg/eventservice"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
 
@@ -43,37 +42,42 @@ type heartbeatCallForTest struct {
 	checkpoint common.Ts
 }
 
-// recordingServiceForTest is a ServiceAPI test double: it records every call
-// and answers with the errors the test queued (nil when none).
+// recordingServiceForTest is a messaging.ControlPlane test double: it
+// records every call and answers with the errors the test queued (nil when
+// none). A heartbeat entry is answered with the code of the next queued
+// heartbeat error (CodeOK when none).
 type recordingServiceForTest struct {
 	resetCh     chan resetCallForTest
 	heartbeatCh chan heartbeatCallForTest
 
 	mu            sync.Mutex
-	registers     []eventservice.DispatcherInfo
-	removes       []common.DispatcherID
+	registers     []messaging.RegisterRequest
+	removes       []messaging.RemoveRequest
 	resets        []resetCallForTest
 	heartbeats    []heartbeatCallForTest
+	heartbeatReqs int
 	registerErr   error
 	removeErr     error
 	resetErrs     []error // consumed in order by Reset
-	heartbeatErrs []error // consumed in order by Heartbeat
+	heartbeatErrs []error // consumed in order by heartbeat entries
 }
+
+var _ messaging.ControlPlane = (*recordingServiceForTest)(nil)
 
 func newRecordingService() *recordingServiceForTest {
 	return &recordingServiceForTest{resetCh: make(chan resetCallForTest, 256), heartbeatCh: make(chan heartbeatCallForTest, 256)}
 }
 
-func (s *recordingServiceForTest) Register(info eventservice.DispatcherInfo) error {
+func (s *recordingServiceForTest) Register(_ context.Context, req messaging.RegisterRequest) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.registers = append(s.registers, info)
+	s.registers = append(s.registers, req)
 	return s.registerErr
 }
 
-func (s *recordingServiceForTest) Reset(id common.DispatcherID, epoch uint64, startTs common.Ts) error {
+func (s *recordingServiceForTest) Reset(_ context.Context, req messaging.ResetRequest) error {
 	s.mu.Lock()
-	c := resetCallForTest{id, epoch, startTs}
+	c := resetCallForTest{req.Dispatcher, req.Epoch, req.StartTs}
 	s.resets = append(s.resets, c)
 	var err error
 	if len(s.resetErrs) > 0 {
@@ -84,24 +88,31 @@ func (s *recordingServiceForTest) Reset(id common.DispatcherID, epoch uint64, st
 	return err
 }
 
-func (s *recordingServiceForTest) Remove(id common.DispatcherID) error {
+func (s *recordingServiceForTest) Remove(_ context.Context, req messaging.RemoveRequest) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.removes = append(s.removes, id)
+	s.removes = append(s.removes, req)
 	return s.removeErr
 }
 
-func (s *recordingServiceForTest) Heartbeat(id common.DispatcherID, epoch uint64, checkpoint common.Ts) error {
+func (s *recordingServiceForTest) Heartbeat(_ context.Context, req messaging.HeartbeatRequest) (messaging.HeartbeatReply, error) {
+	reply := messaging.HeartbeatReply{Codes: make([]messaging.Code, len(req.Checkpoints))}
+	calls := make([]heartbeatCallForTest, len(req.Checkpoints))
 	s.mu.Lock()
-	c := heartbeatCallForTest{id, epoch, checkpoint}
-	s.heartbeats = append(s.heartbeats, c)
-	var err error
-	if len(s.heartbeatErrs) > 0 {
-		err, s.heartbeatErrs = s.heartbeatErrs[0], s.heartbeatErrs[1:]
+	s.heartbeatReqs++
+	for i, cp := range req.Checkpoints {
+		calls[i] = heartbeatCallForTest{cp.Dispatcher, cp.Epoch, cp.Ts}
+		if len(s.heartbeatErrs) > 0 {
+			reply.Codes[i] = messaging.CodeOf(s.heartbeatErrs[0])
+			s.heartbeatErrs = s.heartbeatErrs[1:]
+		}
 	}
+	s.heartbeats = append(s.heartbeats, calls...)
 	s.mu.Unlock()
-	s.heartbeatCh <- c
-	return err
+	for _, c := range calls {
+		s.heartbeatCh <- c
+	}
+	return reply, nil
 }
 
 func (s *recordingServiceForTest) resetCalls() []resetCallForTest {
@@ -156,6 +167,7 @@ func newCrafted(t *testing.T, wrap func(Sink) Sink, tweak func(*Options)) *craft
 	}
 	h.coll, err = New(opts)
 	require.NoError(t, err)
+	h.coll.hooks.registration = craftedReg
 	h.coll.hooks.afterHandle = func(m messaging.Message) {
 		select {
 		case h.handled <- m:
@@ -211,8 +223,14 @@ func (h *craftedForTest) status(id common.DispatcherID) DispatcherStatus {
 
 // Crafted messages.
 
+// craftedReg is the registration the crafted collector gives dispatcher id
+// (hooks.registration), so crafted messages can carry it.
+func craftedReg(id common.DispatcherID) messaging.RegistrationID {
+	return messaging.RegistrationID(id.Lo<<8 | 1)
+}
+
 func hdr(id common.DispatcherID, epoch, seq uint64) messaging.Header {
-	return messaging.Header{Dispatcher: id, Epoch: epoch, Seq: seq}
+	return messaging.Header{Dispatcher: id, Registration: craftedReg(id), Epoch: epoch, Seq: seq}
 }
 
 func handshake(id common.DispatcherID, epoch uint64, startTs common.Ts) *messaging.Handshake {

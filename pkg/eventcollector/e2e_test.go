@@ -1,6 +1,7 @@
 package eventcollector
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -394,18 +395,26 @@ func TestRemoveDispatcherUnregistersFromTheService(t *testing.T) {
 	h.advanceSchema(1000)
 	h.push(1, 30, row("a", 15, 20))
 	h.waitCheckpoint(a, 30)
-	require.NoError(t, h.coll.RemoveDispatcher(a))
-	require.ErrorIs(t, h.coll.RemoveDispatcher(a), ErrUnknownDispatcher)
-	_, err := h.store.Dispatcher(a)
+	st, err := h.coll.Dispatcher(a)
+	require.NoError(t, err)
+	require.NoError(t, h.coll.RemoveDispatcher(context.Background(), a))
+	require.ErrorIs(t, h.coll.RemoveDispatcher(context.Background(), a), ErrUnknownDispatcher)
+	_, err = h.store.Dispatcher(a)
 	require.ErrorIs(t, err, eventstore.ErrDispatcherNotFound)
-	require.ErrorIs(t, h.svc.Heartbeat(a, 1, 30), eventservice.ErrUnknownDispatcher)
+	reply, err := h.svc.Heartbeat(context.Background(), messaging.HeartbeatRequest{Checkpoints: []messaging.DispatcherCheckpoint{
+		{Dispatcher: a, Registration: st.Registration, Epoch: 1, Ts: 30}}})
+	require.NoError(t, err)
+	require.Equal(t, []messaging.Code{messaging.CodeUnknownDispatcher}, reply.Codes)
 
 	// The other dispatcher is unaffected; a removed one can be added again.
 	h.push(2, 40, row("x", 15, 20))
 	h.waitCheckpoint(b, 40)
-	require.NoError(t, h.coll.AddDispatcher(a, common.TableSpan(1), 30))
-	require.ErrorIs(t, h.coll.AddDispatcher(a, common.TableSpan(1), 30), ErrDispatcherExists)
+	require.NoError(t, h.coll.AddDispatcher(context.Background(), a, common.TableSpan(1), 30))
+	require.ErrorIs(t, h.coll.AddDispatcher(context.Background(), a, common.TableSpan(1), 30), ErrDispatcherExists)
 	h.push(1, 60, row("b", 45, 50))
 	h.waitCheckpoint(a, 60)
+	again, err := h.coll.Dispatcher(a)
+	require.NoError(t, err)
+	require.NotEqual(t, st.Registration, again.Registration, "a new registration, a new identity")
 	require.Equal(t, []string{"a", "b"}, keys(h.mem.Applied(a)))
 }

@@ -45,7 +45,7 @@ func Example() {
 	must(coll.Start())
 
 	id := common.DispatcherIDFromUint64(1)
-	must(coll.AddDispatcher(id, common.TableSpan(1), 10))
+	must(coll.AddDispatcher(context.Background(), id, common.TableSpan(1), 10))
 	must(schema.AdvanceResolvedTs(1000)) // the service never reads beyond it
 	must(up.Push(ctx, common.TableSpan(1), eventstore.Batch{ResolvedTs: 50, Rows: []common.Row{
 		{Op: common.OpPut, Key: []byte("a"), Value: []byte("1"), StartTs: 15, CommitTs: 20},

@@ -1,21 +1,14 @@
 package eventcollector
 
 import (
-	"errors"
+	"context"
+	"fmt"
 
 	"go.uber.org/zap"
 
 	"github.com/cdcflow/eventservice/pkg/clock"
-	"github.com/cdcflow/eventservice/pkg/common"
-	"github.com/cdcflow/eventservice/pkg/eventservice"
+	"github.com/cdcflow/eventservice/pkg/messaging"
 )
-
-// heartbeat is one checkpoint to report.
-type heartbeat struct {
-	d          *dispatcher
-	epoch      uint64
-	checkpoint common.Ts
-}
 
 // runHeartbeats is the heartbeat goroutine. It is separate from the
 // receive goroutine so that a blocked sink does not stop checkpoints
@@ -36,10 +29,12 @@ func (c *Collector) runHeartbeats(t clock.Ticker) {
 }
 
 // tick retries the resets the service has not acknowledged, then reports
-// every checkpoint that advanced since the service last accepted one.
+// every checkpoint that advanced since the service last accepted one, in
+// batched heartbeats of at most messaging.MaxHeartbeatCheckpoints.
 func (c *Collector) tick() {
 	var resets []*dispatcher
-	hbs := c.hbBuf[:0]
+	cps := c.hbBuf.cps[:0]
+	ds := c.hbBuf.ds[:0]
 	c.mu.Lock()
 	for _, d := range c.mu.dispatchers {
 		switch {
@@ -50,7 +45,8 @@ func (c *Collector) tick() {
 				resets = append(resets, d)
 			}
 		case d.st.checkpoint > d.lastHeartbeat:
-			hbs = append(hbs, heartbeat{d: d, epoch: d.st.epoch, checkpoint: d.st.checkpoint})
+			cps = append(cps, messaging.DispatcherCheckpoint{Dispatcher: d.id, Registration: d.reg, Epoch: d.st.epoch, Ts: d.st.checkpoint})
+			ds = append(ds, d)
 		}
 	}
 	c.mu.Unlock()
@@ -61,28 +57,55 @@ func (c *Collector) tick() {
 		}
 		c.resetService(d)
 	}
-	for i := range hbs {
-		hb := &hbs[i]
-		if c.isClosing() {
-			break
-		}
-		err := c.opts.Service.Heartbeat(hb.d.id, hb.epoch, hb.checkpoint)
-		switch {
-		case err == nil:
+	for i := 0; i < len(cps) && !c.isClosing(); i += messaging.MaxHeartbeatCheckpoints {
+		end := min(i+messaging.MaxHeartbeatCheckpoints, len(cps))
+		c.heartbeat(cps[i:end], ds[i:end])
+	}
+	clear(ds) // drop the dispatcher pointers
+	c.hbBuf.cps, c.hbBuf.ds = cps[:0], ds[:0]
+}
+
+// heartbeat sends one batch of checkpoints (cps[i] of ds[i]) and records
+// what the service accepted.
+func (c *Collector) heartbeat(cps []messaging.DispatcherCheckpoint, ds []*dispatcher) {
+	ctx, cancel := context.WithTimeout(c.ctx, c.opts.RequestTimeout)
+	reply, err := c.opts.Service.Heartbeat(ctx, messaging.HeartbeatRequest{Checkpoints: cps})
+	cancel()
+	if err == nil && len(reply.Codes) != len(cps) {
+		err = errBadHeartbeatReply(len(reply.Codes), len(cps))
+	}
+	if err != nil {
+		c.cnt.serviceCalls[callHeartbeat][resultError].Add(uint64(len(cps)))
+		c.log.Warn("heartbeat failed; retrying at the next tick", zap.Int("checkpoints", len(cps)), zap.Error(err))
+		return
+	}
+	failed, firstBad := 0, -1
+	c.mu.Lock()
+	for i, code := range reply.Codes {
+		switch code {
+		case messaging.CodeOK:
 			c.cnt.serviceCalls[callHeartbeat][resultOK].Add(1)
-			c.mu.Lock()
 			// The service keeps a dispatcher's checkpoint across epochs,
 			// so it counts even if a reset happened meanwhile.
-			hb.d.lastHeartbeat = max(hb.d.lastHeartbeat, hb.checkpoint)
-			c.mu.Unlock()
-		case errors.Is(err, eventservice.ErrStaleEpoch):
+			ds[i].lastHeartbeat = max(ds[i].lastHeartbeat, cps[i].Ts)
+		case messaging.CodeStaleEpoch:
 			// A reset is in flight; the next tick reports to the new epoch.
 			c.cnt.serviceCalls[callHeartbeat][resultStale].Add(1)
 		default:
 			c.cnt.serviceCalls[callHeartbeat][resultError].Add(1)
-			c.log.Warn("heartbeat failed; retrying at the next tick", zap.Stringer("dispatcher", hb.d.id), zap.Error(err))
+			if failed++; firstBad < 0 {
+				firstBad = i
+			}
 		}
 	}
-	clear(hbs) // drop the dispatcher pointers
-	c.hbBuf = hbs[:0]
+	c.mu.Unlock()
+	if failed > 0 {
+		c.log.Warn("heartbeat entries refused; retrying at the next tick", zap.Int("refused", failed),
+			zap.Stringer("first", cps[firstBad].Dispatcher), zap.Stringer("code", reply.Codes[firstBad]))
+	}
+}
+
+// errBadHeartbeatReply: a reply whose codes do not match the request.
+func errBadHeartbeatReply(got, want int) error {
+	return fmt.Errorf("%w: heartbeat reply has %d codes for %d checkpoints", messaging.ErrInternal, got, want)
 }

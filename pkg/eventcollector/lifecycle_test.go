@@ -1,6 +1,7 @@
 package eventcollector
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -48,8 +49,8 @@ func TestLifecycle(t *testing.T) {
 	require.NoError(t, h.coll.Close())
 	require.NoError(t, h.coll.Close(), "idempotent")
 	require.ErrorIs(t, h.coll.Start(), ErrClosed)
-	require.ErrorIs(t, h.coll.AddDispatcher(did(1), common.TableSpan(1), 10), ErrClosed)
-	require.ErrorIs(t, h.coll.RemoveDispatcher(did(1)), ErrClosed)
+	require.ErrorIs(t, h.coll.AddDispatcher(context.Background(), did(1), common.TableSpan(1), 10), ErrClosed)
+	require.ErrorIs(t, h.coll.RemoveDispatcher(context.Background(), did(1)), ErrClosed)
 
 	// Close without Start.
 	inbox, err := h.inproc.Register("never-started")
@@ -61,19 +62,19 @@ func TestLifecycle(t *testing.T) {
 
 func TestAddAndRemoveDispatcherErrors(t *testing.T) {
 	h := newCrafted(t, nil, nil)
-	err := h.coll.AddDispatcher(common.DispatcherID{}, common.Span{TableID: -1}, 10)
+	err := h.coll.AddDispatcher(context.Background(), common.DispatcherID{}, common.Span{TableID: -1}, 10)
 	require.ErrorIs(t, err, ErrInvalidArgument)
 	require.Contains(t, err.Error(), "zero dispatcher id")
 	require.ErrorIs(t, err, common.ErrInvalidSpan)
 
-	require.NoError(t, h.coll.AddDispatcher(did(1), common.TableSpan(1), 10))
-	require.ErrorIs(t, h.coll.AddDispatcher(did(1), common.TableSpan(1), 10), ErrDispatcherExists)
+	require.NoError(t, h.coll.AddDispatcher(context.Background(), did(1), common.TableSpan(1), 10))
+	require.ErrorIs(t, h.coll.AddDispatcher(context.Background(), did(1), common.TableSpan(1), 10), ErrDispatcherExists)
 
 	// A refused registration leaves no state behind.
 	h.svc.mu.Lock()
 	h.svc.registerErr = eventservice.ErrClosed
 	h.svc.mu.Unlock()
-	require.ErrorIs(t, h.coll.AddDispatcher(did(2), common.TableSpan(2), 10), eventservice.ErrClosed)
+	require.ErrorIs(t, h.coll.AddDispatcher(context.Background(), did(2), common.TableSpan(2), 10), eventservice.ErrClosed)
 	_, err = h.coll.Dispatcher(did(2))
 	require.ErrorIs(t, err, ErrUnknownDispatcher)
 	require.Equal(t, 1, h.coll.Stats().Dispatchers)
@@ -82,19 +83,19 @@ func TestAddAndRemoveDispatcherErrors(t *testing.T) {
 	h.svc.registerErr = nil
 	h.svc.mu.Unlock()
 
-	require.ErrorIs(t, h.coll.RemoveDispatcher(did(3)), ErrUnknownDispatcher)
+	require.ErrorIs(t, h.coll.RemoveDispatcher(context.Background(), did(3)), ErrUnknownDispatcher)
 	// The service not knowing the dispatcher is not an error: it is gone.
 	h.svc.mu.Lock()
-	h.svc.removeErr = eventservice.ErrUnknownDispatcher
+	h.svc.removeErr = messaging.ErrUnknownDispatcher
 	h.svc.mu.Unlock()
-	require.NoError(t, h.coll.RemoveDispatcher(did(1)))
+	require.NoError(t, h.coll.RemoveDispatcher(context.Background(), did(1)))
 	// Another failure is reported, and the state is dropped all the same.
-	require.NoError(t, h.coll.AddDispatcher(did(1), common.TableSpan(1), 10))
+	require.NoError(t, h.coll.AddDispatcher(context.Background(), did(1), common.TableSpan(1), 10))
 	boom := errors.New("remove failed")
 	h.svc.mu.Lock()
 	h.svc.removeErr = boom
 	h.svc.mu.Unlock()
-	require.ErrorIs(t, h.coll.RemoveDispatcher(did(1)), boom)
+	require.ErrorIs(t, h.coll.RemoveDispatcher(context.Background(), did(1)), boom)
 	require.Zero(t, h.coll.Stats().Dispatchers)
 }
 
@@ -106,7 +107,7 @@ func TestCloseWaitsForTheSinkCallInFlightOnly(t *testing.T) {
 	h := newCrafted(t, func(s Sink) Sink { block.Sink = s; return block }, nil)
 	t.Cleanup(block.unblock)
 	id := did(1)
-	require.NoError(t, h.coll.AddDispatcher(id, common.TableSpan(1), 10))
+	require.NoError(t, h.coll.AddDispatcher(context.Background(), id, common.TableSpan(1), 10))
 	require.NoError(t, h.inproc.Send(testTarget, []messaging.Message{handshake(id, 1, 10),
 		dml(id, 1, 2, false, row("a", 15, 20)), dml(id, 1, 3, false, row("b", 21, 25)), resolved(id, 1, 3, 30)}))
 	<-block.entered
@@ -128,8 +129,9 @@ func TestInboxClosedBeforeStartIsDrained(t *testing.T) {
 	sink := NewMemorySink()
 	c, err := New(Options{Service: newRecordingService(), Inbox: inbox, Sink: sink})
 	require.NoError(t, err)
+	c.hooks.registration = craftedReg
 	id := did(1)
-	require.NoError(t, c.AddDispatcher(id, common.TableSpan(1), 10))
+	require.NoError(t, c.AddDispatcher(context.Background(), id, common.TableSpan(1), 10))
 	require.NoError(t, inproc.Send(testTarget, []messaging.Message{handshake(id, 1, 10),
 		dml(id, 1, 2, false, row("a", 15, 20)), resolved(id, 1, 2, 30)}))
 	inproc.Close()

@@ -1,6 +1,7 @@
 package eventcollector
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -19,7 +20,7 @@ func TestMetricsLintValuesAndRegistration(t *testing.T) {
 	h := newCrafted(t, nil, func(o *Options) { o.Registerer = reg })
 	start := common.TsFromTime(t0.Add(-5 * time.Second))
 	id := did(1)
-	require.NoError(t, h.coll.AddDispatcher(id, common.TableSpan(1), start))
+	require.NoError(t, h.coll.AddDispatcher(context.Background(), id, common.TableSpan(1), start))
 	h.deliver(handshake(id, 1, start), dml(id, 1, 2, false, row("a", start+1, start+2), row("b", start+1, start+2)),
 		resolved(id, 1, 2, common.TsFromTime(t0.Add(-3*time.Second))), resolved(id, 1, 1, start+1), dml(id, 1, 4, false, row("c", start+3, start+4)))
 	h.svc.nextReset(t)
@@ -39,9 +40,10 @@ cdcflow_eventcollector_checkpoint_lag_seconds{target="collector-test"} 3
 # HELP cdcflow_eventcollector_dispatchers Dispatchers of the collector.
 # TYPE cdcflow_eventcollector_dispatchers gauge
 cdcflow_eventcollector_dispatchers{target="collector-test"} 1
-# HELP cdcflow_eventcollector_ignored_messages_total Messages ignored: of an older epoch, a resolved-ts overtaken by later messages, or of an unknown dispatcher.
+# HELP cdcflow_eventcollector_ignored_messages_total Messages ignored: of an older epoch, a resolved-ts overtaken by later messages, of an earlier registration of the dispatcher, or of an unknown dispatcher.
 # TYPE cdcflow_eventcollector_ignored_messages_total counter
 cdcflow_eventcollector_ignored_messages_total{reason="stale_epoch",target="collector-test"} 0
+cdcflow_eventcollector_ignored_messages_total{reason="stale_registration",target="collector-test"} 0
 cdcflow_eventcollector_ignored_messages_total{reason="stale_resolved",target="collector-test"} 1
 cdcflow_eventcollector_ignored_messages_total{reason="unknown_dispatcher",target="collector-test"} 1
 # HELP cdcflow_eventcollector_messages_received_total Messages received from the inbox, by kind.

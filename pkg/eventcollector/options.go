@@ -8,29 +8,16 @@ import (
 
 	"github.com/cdcflow/eventservice/internal/optcheck"
 	"github.com/cdcflow/eventservice/pkg/clock"
-	"github.com/cdcflow/eventservice/pkg/common"
-	"github.com/cdcflow/eventservice/pkg/eventservice"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
-
-// ServiceAPI is what a collector needs of the event service; the
-// *eventservice.Service implements it. It is declared here, on the consumer
-// side, so tests can stand in a recording double.
-type ServiceAPI interface {
-	Register(info eventservice.DispatcherInfo) error
-	Reset(id common.DispatcherID, epoch uint64, startTs common.Ts) error
-	Remove(id common.DispatcherID) error
-	Heartbeat(id common.DispatcherID, epoch uint64, checkpoint common.Ts) error
-}
-
-var _ ServiceAPI = (*eventservice.Service)(nil)
 
 // Options configures a Collector. Zero fields take the documented defaults;
 // New validates and reports every bad field at once.
 type Options struct {
-	// Service is the event service the dispatchers register with.
-	// Required.
-	Service ServiceAPI
+	// Service is the event service's control plane, which the dispatchers
+	// register with (in-process: the *eventservice.Service itself; across
+	// processes: a client of a network transport). Required.
+	Service messaging.ControlPlane
 	// Inbox is the collector's receiving end (messaging.InProcess.Register).
 	// Required. The collector is its only reader.
 	Inbox *messaging.Inbox
@@ -48,6 +35,12 @@ type Options struct {
 	// inbox lock, small next to the inbox capacity, so a slow sink leaves the
 	// messages in the bounded inbox, where they push back on the service.
 	MaxDrain int
+	// RequestTimeout bounds each control-plane call the collector makes on
+	// its own (reset retries, heartbeats); AddDispatcher and
+	// RemoveDispatcher use their caller's context. Default 10s: an
+	// in-process call never comes near it; a network call to a dead peer
+	// gives up and is retried at the next heartbeat tick.
+	RequestTimeout time.Duration
 	// Clock drives heartbeats and the checkpoint-lag gauge. Default the
 	// real clock.
 	Clock clock.Clock
@@ -62,6 +55,7 @@ type Options struct {
 const (
 	DefaultHeartbeatInterval = 200 * time.Millisecond
 	DefaultMaxDrain          = 256
+	DefaultRequestTimeout    = 10 * time.Second
 	// maxMaxDrain bounds MaxDrain: a drained batch is held in memory.
 	maxMaxDrain = 1 << 20
 )
@@ -76,6 +70,9 @@ func (o Options) EnsureDefaults() Options {
 	}
 	if o.MaxDrain == 0 {
 		o.MaxDrain = DefaultMaxDrain
+	}
+	if o.RequestTimeout == 0 {
+		o.RequestTimeout = DefaultRequestTimeout
 	}
 	o.Clock = clock.OrReal(o.Clock)
 	if o.Logger == nil {
@@ -100,6 +97,7 @@ func (o Options) Validate() error {
 	}
 	p.Require(o.HeartbeatInterval > 0, "HeartbeatInterval %v is not positive", o.HeartbeatInterval)
 	p.IntRange("MaxDrain", o.MaxDrain, 1, maxMaxDrain)
+	p.Require(o.RequestTimeout > 0, "RequestTimeout %v is not positive", o.RequestTimeout)
 	p.Required("Clock", o.Clock)
 	p.Require(o.Logger != nil, "Logger is nil")
 	return p.Err()

@@ -1,12 +1,12 @@
 package eventcollector
 
 import (
+	"context"
 	"errors"
 	"time"
 
 	"go.uber.org/zap"
 
-	"github.com/cdcflow/eventservice/pkg/eventservice"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
 
@@ -57,13 +57,24 @@ func (c *Collector) handle(m messaging.Message) {
 	h := m.MessageHeader()
 	c.mu.Lock()
 	d := c.mu.dispatchers[h.Dispatcher]
-	if d == nil {
+	switch {
+	case d == nil:
 		c.mu.Unlock()
 		c.cnt.ignored[ignoreUnknownDispatcher].Add(1)
+		return
+	case h.Registration != d.reg:
+		// An earlier registration of the ID (removed and added again):
+		// its messages may still be in flight and must never touch the
+		// new registration's stream.
+		c.mu.Unlock()
+		c.cnt.ignored[ignoreStaleRegistration].Add(1)
 		return
 	}
 	v := d.st.receive(m, verr != nil)
 	epoch := d.st.epoch
+	if v.kind.callsSink() {
+		c.mu.inSink = d // under the verdict's lock: see Collector.mu.inSink
+	}
 	c.mu.Unlock()
 
 	switch v.kind {
@@ -106,6 +117,11 @@ func (c *Collector) apply(d *dispatcher, epoch uint64, v verdict) {
 	c.metrics.observeSink(op, time.Since(start))
 
 	c.mu.Lock()
+	c.mu.inSink = nil
+	if c.mu.sinkDone != nil {
+		close(c.mu.sinkDone) // a RemoveDispatcher waits for this call
+		c.mu.sinkDone = nil
+	}
 	if d.removed || d.st.epoch != epoch {
 		// Removed meanwhile; nothing else changes the epoch while the
 		// receive goroutine is in the sink.
@@ -158,7 +174,9 @@ func (c *Collector) resetService(d *dispatcher) {
 		epoch, startTs := d.st.epoch, d.st.startTs
 		c.mu.Unlock()
 
-		err := c.opts.Service.Reset(d.id, epoch, startTs)
+		ctx, cancel := context.WithTimeout(c.ctx, c.opts.RequestTimeout)
+		err := c.opts.Service.Reset(ctx, messaging.ResetRequest{Dispatcher: d.id, Registration: d.reg, Epoch: epoch, StartTs: startTs})
+		cancel()
 
 		c.mu.Lock()
 		d.resetting = false
@@ -171,7 +189,7 @@ func (c *Collector) resetService(d *dispatcher) {
 			// Otherwise a message of a newer service epoch moved ours
 			// meanwhile: loop to reset to it (needReset is still set).
 			c.mu.Unlock()
-		case errors.Is(err, eventservice.ErrStaleEpoch):
+		case errors.Is(err, messaging.ErrStaleEpoch):
 			c.cnt.serviceCalls[callReset][resultStale].Add(1)
 			if !d.st.needReset {
 				c.mu.Unlock() // a handshake of ours arrived meanwhile

@@ -1,6 +1,7 @@
 package eventcollector
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -8,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/pkg/common"
-	"github.com/cdcflow/eventservice/pkg/eventservice"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
 
@@ -17,7 +17,7 @@ import (
 func (h *craftedForTest) addAndHandshake(n uint64, startTs common.Ts) common.DispatcherID {
 	h.t.Helper()
 	id := did(n)
-	require.NoError(h.t, h.coll.AddDispatcher(id, common.TableSpan(int64(n)), startTs))
+	require.NoError(h.t, h.coll.AddDispatcher(context.Background(), id, common.TableSpan(int64(n)), startTs))
 	h.deliver(handshake(id, 1, startTs))
 	return id
 }
@@ -25,18 +25,18 @@ func (h *craftedForTest) addAndHandshake(n uint64, startTs common.Ts) common.Dis
 func TestAddDispatcherRegistersEpochOneWithTarget(t *testing.T) {
 	h := newCrafted(t, nil, nil)
 	id := did(1)
-	require.NoError(t, h.coll.AddDispatcher(id, common.TableSpan(1), 10))
+	require.NoError(t, h.coll.AddDispatcher(context.Background(), id, common.TableSpan(1), 10))
 	h.svc.mu.Lock()
-	require.Equal(t, []eventservice.DispatcherInfo{{ID: id, Span: common.TableSpan(1), StartTs: 10, Target: testTarget, Epoch: 1}}, h.svc.registers)
+	require.Equal(t, []messaging.RegisterRequest{{Dispatcher: id, Registration: craftedReg(id), Span: common.TableSpan(1), StartTs: 10, Target: testTarget}}, h.svc.registers)
 	h.svc.mu.Unlock()
 	st := h.status(id)
-	require.Equal(t, DispatcherStatus{Epoch: 1, StartTs: 10, Checkpoint: 10, Resolved: 10, LastHeartbeat: 10}, st)
+	require.Equal(t, DispatcherStatus{Registration: craftedReg(id), Epoch: 1, StartTs: 10, Checkpoint: 10, Resolved: 10, LastHeartbeat: 10}, st)
 }
 
 func TestDataBeforeHandshakeResets(t *testing.T) {
 	h := newCrafted(t, nil, nil)
 	id := did(1)
-	require.NoError(t, h.coll.AddDispatcher(id, common.TableSpan(1), 10))
+	require.NoError(t, h.coll.AddDispatcher(context.Background(), id, common.TableSpan(1), 10))
 	h.deliver(dml(id, 1, 2, false, row("a", 15, 20)))
 	require.Equal(t, resetCallForTest{id, 2, 10}, h.svc.nextReset(t))
 	require.Equal(t, uint64(1), h.coll.Stats().Resets[ResetBeforeHandshake])
@@ -56,7 +56,7 @@ func TestDataBeforeHandshakeResets(t *testing.T) {
 
 	// A resolved-ts before the handshake resets as well.
 	id2 := did(2)
-	require.NoError(t, h.coll.AddDispatcher(id2, common.TableSpan(2), 5))
+	require.NoError(t, h.coll.AddDispatcher(context.Background(), id2, common.TableSpan(2), 5))
 	h.deliver(resolved(id2, 1, 1, 8))
 	require.Equal(t, resetCallForTest{id2, 2, 5}, h.svc.nextReset(t))
 	require.Equal(t, uint64(2), h.coll.Stats().Resets[ResetBeforeHandshake])
@@ -182,7 +182,7 @@ func TestInvalidMessagesReset(t *testing.T) {
 	t.Run("handshake above the requested start-ts", func(t *testing.T) {
 		h := newCrafted(t, nil, nil)
 		id := did(1)
-		require.NoError(t, h.coll.AddDispatcher(id, common.TableSpan(1), 10))
+		require.NoError(t, h.coll.AddDispatcher(context.Background(), id, common.TableSpan(1), 10))
 		h.deliver(handshake(id, 1, 11))
 		require.Equal(t, resetCallForTest{id, 2, 10}, h.svc.nextReset(t))
 		require.Equal(t, uint64(1), h.coll.Stats().Resets[ResetInvalid])
@@ -233,7 +233,7 @@ func (f *failingSinkForTest) ApplyRows(id common.DispatcherID, rows []common.Row
 func TestResetStaleEpochGoesAboveAndRetriesOnce(t *testing.T) {
 	h := newCrafted(t, nil, nil)
 	id := h.addAndHandshake(1, 10)
-	stale := fmt.Errorf("%w: reset to epoch 2, current 2", eventservice.ErrStaleEpoch)
+	stale := fmt.Errorf("%w: reset to epoch 2, current 2", messaging.ErrStaleEpoch)
 	h.svc.mu.Lock()
 	h.svc.resetErrs = []error{stale}
 	h.svc.mu.Unlock()
@@ -315,7 +315,7 @@ func TestHeartbeatsReportAdvancedCheckpoints(t *testing.T) {
 
 	// A stale-epoch answer is not an acknowledgement: reported again.
 	h.svc.mu.Lock()
-	h.svc.heartbeatErrs = []error{fmt.Errorf("%w: heartbeat", eventservice.ErrStaleEpoch)}
+	h.svc.heartbeatErrs = []error{fmt.Errorf("%w: heartbeat", messaging.ErrStaleEpoch)}
 	h.svc.mu.Unlock()
 	h.deliver(resolved(b, 1, 1, 25))
 	h.tick()
@@ -330,13 +330,13 @@ func TestHeartbeatsReportAdvancedCheckpoints(t *testing.T) {
 func TestRemovedDispatcherMessagesIgnored(t *testing.T) {
 	h := newCrafted(t, nil, nil)
 	id := h.addAndHandshake(1, 10)
-	require.NoError(t, h.coll.RemoveDispatcher(id))
+	require.NoError(t, h.coll.RemoveDispatcher(context.Background(), id))
 	h.deliver(dml(id, 1, 2, false, row("a", 15, 20)))
 	require.Equal(t, uint64(1), h.coll.Stats().UnknownIgnored)
 	require.Empty(t, h.sink.Applied(id))
 	_, err := h.coll.Dispatcher(id)
 	require.ErrorIs(t, err, ErrUnknownDispatcher)
 	h.svc.mu.Lock()
-	require.Equal(t, []common.DispatcherID{id}, h.svc.removes)
+	require.Equal(t, []messaging.RemoveRequest{{Dispatcher: id, Registration: craftedReg(id)}}, h.svc.removes)
 	h.svc.mu.Unlock()
 }

@@ -117,7 +117,7 @@ func (h *stackForTest) close() {
 func (h *stackForTest) add(n uint64, startTs common.Ts) common.DispatcherID {
 	h.t.Helper()
 	id := did(n)
-	require.NoError(h.t, h.coll.AddDispatcher(id, common.TableSpan(int64(n)), startTs))
+	require.NoError(h.t, h.coll.AddDispatcher(context.Background(), id, common.TableSpan(int64(n)), startTs))
 	return id
 }
 

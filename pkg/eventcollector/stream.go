@@ -73,6 +73,16 @@ const (
 	verdictReset
 )
 
+// callsSink reports whether the verdict asks for a sink call.
+func (k verdictKind) callsSink() bool {
+	switch k {
+	case verdictBegin, verdictRows, verdictDDL, verdictCheckpoint:
+		return true
+	default:
+		return false
+	}
+}
+
 // verdict is receive's answer.
 type verdict struct {
 	kind   verdictKind

@@ -92,7 +92,8 @@ func newNotifyBench(b *testing.B, n int, saturate bool) *notifyBench {
 	}
 	for i := range n {
 		id := common.DispatcherIDFromUint64(uint64(i + 1))
-		if err := svc.Register(DispatcherInfo{ID: id, Span: common.TableSpan(int64(i + 1)), StartTs: 10, Target: "t", Epoch: 1}); err != nil {
+		if err := svc.Register(context.Background(), messaging.RegisterRequest{Dispatcher: id, Registration: 1,
+			Span: common.TableSpan(int64(i + 1)), StartTs: 10, Target: "t"}); err != nil {
 			b.Fatal(err)
 		}
 		nb.ds[i] = svc.mu.dispatchers[id]
@@ -257,7 +258,8 @@ func benchScanThroughput(b *testing.B, n int) {
 		ids := make([]common.DispatcherID, n)
 		for j := range ids {
 			ids[j] = common.DispatcherIDFromUint64(uint64(i*n + j + 1))
-			if err := svc.Register(DispatcherInfo{ID: ids[j], Span: span, StartTs: 1, Target: "t", Epoch: 1}); err != nil {
+			if err := svc.Register(context.Background(), messaging.RegisterRequest{Dispatcher: ids[j], Registration: 1,
+				Span: span, StartTs: 1, Target: "t"}); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -279,7 +281,7 @@ func benchScanThroughput(b *testing.B, n int) {
 		}
 		b.StopTimer()
 		for _, id := range ids {
-			if err := svc.Remove(id); err != nil {
+			if err := svc.Remove(context.Background(), messaging.RemoveRequest{Dispatcher: id, Registration: 1}); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -10,21 +10,15 @@ import (
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
 
-// DispatcherInfo describes a dispatcher at registration.
-type DispatcherInfo struct {
-	ID      common.DispatcherID
-	Span    common.Span
-	StartTs common.Ts
-	Target  messaging.Target
-	// Epoch is the first epoch; it must be at least 1.
-	Epoch uint64
-}
-
-// dispatcher is one registered dispatcher, for its whole life. Its epochs
-// are sessions; the current one is swapped atomically on reset.
+// dispatcher is one registration of a dispatcher ID, for its whole life
+// (Register to Remove): a later registration of the same ID is another
+// dispatcher. Its epochs are sessions; the current one is swapped
+// atomically on reset.
 //
 // The notify path touches only the atomics and the current session's
-// scheduling word. Lock order: Service.mu, then dispatcher.mu.
+// scheduling word. Lock order: Service.mu, then dispatcher.mu; sendMu and
+// target.deliverMu are taken with neither held (target.deliverMu, then
+// Service.mu read, in the pump).
 type dispatcher struct {
 	// The notify path's fields come first, so that a notification touches
 	// one cache line of the dispatcher (and one of its session).
@@ -46,8 +40,19 @@ type dispatcher struct {
 	first session
 
 	id     common.DispatcherID
+	reg    messaging.RegistrationID
 	span   common.Span
 	target *target
+	// registeredAt is the start-ts of the Register request, to recognise
+	// a repeated request.
+	registeredAt common.Ts
+
+	// sendMu is held by an owner (a preparation or scan worker) from its
+	// check that its session is not retired through its transport send, so
+	// that Remove, which takes it once after retiring the session, returns
+	// only when no send of this registration is in progress (the fence).
+	// Sends never block, so it is held for one transport call at most.
+	sendMu sync.Mutex
 
 	mu struct {
 		sync.Mutex

@@ -35,7 +35,7 @@ func Example() {
 	defer coll.Close()
 
 	id := common.DispatcherIDFromUint64(1)
-	_ = coll.AddDispatcher(id, common.TableSpan(42), 100)
+	_ = coll.AddDispatcher(context.Background(), id, common.TableSpan(42), 100)
 
 	// The upstream commits two transactions sharing commit-ts 110, then a
 	// DDL at 120 and a row after it; the schema store knows up to 200.

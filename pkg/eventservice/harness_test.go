@@ -38,13 +38,17 @@ type harness struct {
 	check  *streamCheckerForTest
 	gates  []*gateForTest
 	closed bool
+	// regs is each dispatcher's current registration; nextReg numbers
+	// them (a fresh one per Register, as a collector does).
+	regs    map[common.DispatcherID]messaging.RegistrationID
+	nextReg messaging.RegistrationID
 }
 
 // newHarness starts a harness. gates are opened before the service is
 // closed, so a failing test cannot leave a worker held forever.
 func newHarness(t *testing.T, tweak func(*Options), hk hooks, gates ...*gateForTest) *harness {
 	t.Helper()
-	h := &harness{t: t, up: upstream.NewManual(), gates: gates}
+	h := &harness{t: t, up: upstream.NewManual(), gates: gates, regs: map[common.DispatcherID]messaging.RegistrationID{}}
 	var err error
 	h.store, err = eventstore.Open(eventstore.Options{Upstream: h.up})
 	require.NoError(t, err)
@@ -85,12 +89,63 @@ func (h *harness) close() {
 	h.check.assertClean()
 }
 
-// register registers dispatcher n on table n from startTs, epoch 1.
+// register registers dispatcher n on table n from startTs with testTarget.
 func (h *harness) register(n uint64, startTs common.Ts) common.DispatcherID {
 	h.t.Helper()
 	id := common.DispatcherIDFromUint64(n)
-	require.NoError(h.t, h.svc.Register(DispatcherInfo{ID: id, Span: common.TableSpan(int64(n)), StartTs: startTs, Target: testTarget, Epoch: 1}))
+	require.NoError(h.t, h.registerOn(id, int64(n), startTs, testTarget))
 	return id
+}
+
+// registerOn registers id on table from startTs with target, as a new
+// registration (the stream checker follows it from now on).
+func (h *harness) registerOn(id common.DispatcherID, table int64, startTs common.Ts, target messaging.Target) error {
+	h.nextReg++
+	reg := h.nextReg
+	undo := func() {}
+	if target == testTarget {
+		undo = h.check.expect(id, reg)
+	}
+	err := h.svc.Register(context.Background(), messaging.RegisterRequest{Dispatcher: id, Registration: reg,
+		Span: common.TableSpan(table), StartTs: startTs, Target: target})
+	if err != nil {
+		undo()
+		return err
+	}
+	h.regs[id] = reg
+	return nil
+}
+
+// reset resets id's current registration to epoch from startTs.
+func (h *harness) reset(id common.DispatcherID, epoch uint64, startTs common.Ts) error {
+	return h.svc.Reset(context.Background(), messaging.ResetRequest{Dispatcher: id, Registration: h.regOf(id), Epoch: epoch, StartTs: startTs})
+}
+
+// remove removes id's current registration.
+func (h *harness) remove(id common.DispatcherID) error {
+	return h.svc.Remove(context.Background(), messaging.RemoveRequest{Dispatcher: id, Registration: h.regOf(id)})
+}
+
+// heartbeat reports one checkpoint of id's current registration and
+// returns the outcome of that entry (or of the call).
+func (h *harness) heartbeat(id common.DispatcherID, epoch uint64, ts common.Ts) error {
+	reply, err := h.svc.Heartbeat(context.Background(), messaging.HeartbeatRequest{Checkpoints: []messaging.DispatcherCheckpoint{
+		{Dispatcher: id, Registration: h.regOf(id), Epoch: epoch, Ts: ts}}})
+	if err != nil {
+		return err
+	}
+	require.Len(h.t, reply.Codes, 1)
+	return reply.Codes[0].Err()
+}
+
+// regOf returns id's current registration (1 for an ID never registered,
+// which no test registration uses... except the first: tests asking about
+// unknown IDs get ErrUnknownDispatcher before the registration matters).
+func (h *harness) regOf(id common.DispatcherID) messaging.RegistrationID {
+	if r, ok := h.regs[id]; ok {
+		return r
+	}
+	return 1
 }
 
 // push pushes rows and a resolved-ts for table n; the schema frontier is
@@ -165,14 +220,46 @@ type streamCheckerForTest struct {
 	// stale counts handshakes, DMLs and DDLs of an older epoch that arrived
 	// after a newer epoch's handshake (a collector ignores them; tests that
 	// hold the old epoch's work across a reset assert there are none).
-	stale      map[common.DispatcherID]int
+	stale map[common.DispatcherID]int
+	// current is each dispatcher's current registration (expect); a
+	// message of another registration is counted in staleReg and
+	// otherwise ignored, as a collector does.
+	current    map[common.DispatcherID]messaging.RegistrationID
+	staleReg   map[common.DispatcherID]int
 	violations []string
 	buf        []messaging.Message
 }
 
 func newStreamChecker(t *testing.T, inbox *messaging.Inbox) *streamCheckerForTest {
 	return &streamCheckerForTest{t: t, inbox: inbox, streams: map[common.DispatcherID]*epochStream{},
-		history: map[common.DispatcherID][]*epochStream{}, stale: map[common.DispatcherID]int{}}
+		history: map[common.DispatcherID][]*epochStream{}, stale: map[common.DispatcherID]int{},
+		current: map[common.DispatcherID]messaging.RegistrationID{}, staleReg: map[common.DispatcherID]int{}}
+}
+
+// expect makes reg id's current registration: its stream starts afresh
+// (messages already in the inbox are applied first, to the one before).
+// The returned function goes back to the one before (a Register that
+// failed).
+func (c *streamCheckerForTest) expect(id common.DispatcherID, reg messaging.RegistrationID) (undo func()) {
+	c.drain()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	prevReg, hadReg := c.current[id]
+	prevStream, hadStream := c.streams[id]
+	c.current[id] = reg
+	delete(c.streams, id)
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if !hadReg {
+			delete(c.current, id)
+		} else {
+			c.current[id] = prevReg
+		}
+		if hadStream {
+			c.streams[id] = prevStream
+		}
+	}
 }
 
 func (c *streamCheckerForTest) violate(format string, args ...any) {
@@ -194,6 +281,10 @@ func (c *streamCheckerForTest) drain() int {
 
 func (c *streamCheckerForTest) apply(m messaging.Message) {
 	hd := m.MessageHeader()
+	if hd.Registration != c.current[hd.Dispatcher] {
+		c.staleReg[hd.Dispatcher]++
+		return
+	}
 	st := c.streams[hd.Dispatcher]
 	if hs, ok := m.(*messaging.Handshake); ok {
 		if st != nil && hs.Epoch <= st.epoch {

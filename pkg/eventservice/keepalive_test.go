@@ -87,7 +87,7 @@ func TestKeepaliveOnlyForUnacknowledgedProgress(t *testing.T) {
 	require.Equal(t, 1.0, testutilCounter(h.svc.metrics.keepalives), "unacknowledged for an interval")
 	h.svc.keepalive(d, at.Add(90*time.Minute))
 	require.Equal(t, 1.0, testutilCounter(h.svc.metrics.keepalives), "rate-limited to one per interval")
-	require.NoError(t, h.svc.Heartbeat(id, 1, 40))
+	require.NoError(t, h.heartbeat(id, 1, 40))
 	h.svc.keepalive(d, at.Add(5*time.Hour))
 	require.Equal(t, 1.0, testutilCounter(h.svc.metrics.keepalives), "acknowledged: nothing to re-send")
 	h.check.waitResolved(id, 40)

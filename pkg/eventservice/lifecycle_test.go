@@ -82,7 +82,7 @@ func TestResetDiscardsOldEpoch(t *testing.T) {
 				require.Equal(t, statePrepareQueued, st)
 			}
 			old := h.dispatcher(id).session.Load()
-			require.NoError(t, h.svc.Reset(id, 2, 25))
+			require.NoError(t, h.reset(id, 2, 25))
 			st, _ := old.sched.load()
 			require.Equal(t, stateRemoved, st)
 			require.False(t, old.queued, "a reset session leaves its queue at once")
@@ -120,7 +120,7 @@ func TestResetDiscardsOldEpoch(t *testing.T) {
 }
 
 // TestConcurrentResetsHighestEpochWins: of concurrent resets, the highest
-// epoch is the one that stays; lower ones get ErrStaleEpoch or are
+// epoch is the one that stays; lower ones get messaging.ErrStaleEpoch or are
 // superseded.
 func TestConcurrentResetsHighestEpochWins(t *testing.T) {
 	h := newHarness(t, nil, hooks{})
@@ -128,25 +128,25 @@ func TestConcurrentResetsHighestEpochWins(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, 22)
 	for e := uint64(2); e <= 21; e++ {
-		wg.Go(func() { errs[e] = h.svc.Reset(id, e, common.Ts(10+e)) })
+		wg.Go(func() { errs[e] = h.reset(id, e, common.Ts(10+e)) })
 	}
 	wg.Wait()
 	for e, err := range errs {
 		if err != nil {
-			require.ErrorIs(t, err, ErrStaleEpoch, "epoch %d", e)
+			require.ErrorIs(t, err, messaging.ErrStaleEpoch, "epoch %d", e)
 		}
 	}
 	s := h.dispatcher(id).session.Load()
 	require.Equal(t, uint64(21), s.epoch)
 	require.Equal(t, common.Ts(31), s.startTs)
-	require.ErrorIs(t, h.svc.Reset(id, 21, 50), ErrStaleEpoch)
+	require.ErrorIs(t, h.reset(id, 21, 50), messaging.ErrStaleEpoch)
 	h.check.waitEpochResolved(id, 21, 31)
 
 	// The same, in a fixed order: a lower epoch arriving after a higher one
 	// is refused and changes nothing.
-	require.NoError(t, h.svc.Reset(id, 30, 40))
+	require.NoError(t, h.reset(id, 30, 40))
 	for e := uint64(22); e < 30; e++ {
-		require.ErrorIs(t, h.svc.Reset(id, e, 45), ErrStaleEpoch)
+		require.ErrorIs(t, h.reset(id, e, 45), messaging.ErrStaleEpoch)
 	}
 	s = h.dispatcher(id).session.Load()
 	require.Equal(t, uint64(30), s.epoch)
@@ -182,7 +182,7 @@ func TestRemoveRacingNotifyAndScan(t *testing.T) {
 			d.onNotify(40, 20) // the store's callback racing the removal
 		}
 	})
-	require.NoError(t, h.svc.Remove(id))
+	require.NoError(t, h.remove(id))
 	wg.Wait()
 	old := d.session.Load()
 	for range 1000 {
@@ -198,10 +198,10 @@ func TestRemoveRacingNotifyAndScan(t *testing.T) {
 	}
 	scanGate.open()
 	<-scanDone // the held scan finished with the removed session
-	require.ErrorIs(t, h.svc.Remove(id), ErrUnknownDispatcher)
+	require.ErrorIs(t, h.remove(id), messaging.ErrUnknownDispatcher)
 	// Re-register the same ID: a fresh dispatcher (any epoch; 5 here).
-	require.NoError(t, h.svc.Register(DispatcherInfo{ID: id, Span: common.TableSpan(1), StartTs: 40, Target: testTarget, Epoch: 5}))
-	h.check.waitEpochResolved(id, 5, 40)
+	require.NoError(t, h.registerOn(id, 1, 40, testTarget))
+	h.check.waitEpochResolved(id, 1, 40)
 	h.check.mu.Lock()
 	defer h.check.mu.Unlock()
 	for _, e := range h.check.history[id] {
@@ -252,8 +252,7 @@ func TestCongestedTargetSlowsOnlyItsOwnDispatchers(t *testing.T) {
 	require.NoError(t, err)
 	h.tr.refuseOnly(busy)
 	for i := uint64(1); i <= 10; i++ {
-		require.NoError(t, h.svc.Register(DispatcherInfo{ID: common.DispatcherIDFromUint64(100 + i), Span: common.TableSpan(int64(100 + i)),
-			StartTs: 10, Target: busy, Epoch: 1}))
+		require.NoError(t, h.registerOn(common.DispatcherIDFromUint64(100+i), int64(100+i), 10, busy))
 		h.push(100+i, 40, row("x", 15, 20))
 	}
 	ids := make([]common.DispatcherID, 10)
@@ -276,23 +275,23 @@ func TestHeartbeatDrivesStoreCheckpoint(t *testing.T) {
 	id := h.register(1, 10)
 	h.push(1, 40, row("a", 15, 20))
 	h.check.waitResolved(id, 40)
-	require.NoError(t, h.svc.Heartbeat(id, 1, 30))
+	require.NoError(t, h.heartbeat(id, 1, 30))
 	st, err := h.store.Dispatcher(id)
 	require.NoError(t, err)
 	require.Equal(t, common.Ts(30), st.Checkpoint)
-	require.NoError(t, h.svc.Heartbeat(id, 1, 20), "a lower checkpoint is ignored")
-	require.NoError(t, h.svc.Heartbeat(id, 1, 1000), "capped at what was sent")
+	require.NoError(t, h.heartbeat(id, 1, 20), "a lower checkpoint is ignored")
+	require.NoError(t, h.heartbeat(id, 1, 1000), "capped at what was sent")
 	st, _ = h.store.Dispatcher(id)
 	require.Equal(t, common.Ts(40), st.Checkpoint)
-	require.ErrorIs(t, h.svc.Heartbeat(id, 2, 40), ErrStaleEpoch)
-	require.ErrorIs(t, h.svc.Heartbeat(common.DispatcherIDFromUint64(9), 1, 40), ErrUnknownDispatcher)
+	require.ErrorIs(t, h.heartbeat(id, 2, 40), messaging.ErrStaleEpoch)
+	require.ErrorIs(t, h.heartbeat(common.DispatcherIDFromUint64(9), 1, 40), messaging.ErrUnknownDispatcher)
 
 	// A reset below the store checkpoint re-registers in the store, which
 	// subscribes the span afresh from the new start-ts (the old
 	// subscription may have collected those rows). The manual upstream
 	// does not replay by itself, so the test replays what the upstream
 	// would; the old, idle subscription refuses the repeat.
-	require.NoError(t, h.svc.Reset(id, 2, 15))
+	require.NoError(t, h.reset(id, 2, 15))
 	require.NoError(t, h.up.WaitLive(context.Background(), common.TableSpan(1), 2))
 	require.Equal(t, 2, h.up.SubscribeCount(common.TableSpan(1)))
 	err = h.up.Push(context.Background(), common.TableSpan(1), eventstore.Batch{Rows: []common.Row{row("a", 15, 20)}, ResolvedTs: 40})
@@ -311,7 +310,7 @@ func TestResetReRegistrationFailureRetries(t *testing.T) {
 	id := h.deliveredAndCheckpointed()
 	boom := errors.New("upstream refuses subscriptions")
 	h.up.SetSubscribeErr(boom)
-	require.NoError(t, h.svc.Reset(id, 2, 15))
+	require.NoError(t, h.reset(id, 2, 15))
 	log.waitFor(outcomeBackoff) // the re-registration failed and the session backed off
 	h.up.SetSubscribeErr(nil)
 	require.NoError(t, h.up.WaitLive(context.Background(), common.TableSpan(1), 2))
@@ -356,7 +355,7 @@ func TestCloseRacingReRegistrationLeavesNoStoreRegistration(t *testing.T) {
 			h.advanceSchema(1 << 40)
 			id := h.deliveredAndCheckpointed()
 			armed.Store(true)
-			require.NoError(t, h.svc.Reset(id, 2, 15)) // below the checkpoint: re-register
+			require.NoError(t, h.reset(id, 2, 15)) // below the checkpoint: re-register
 			<-held
 			closed := make(chan error, 1)
 			go func() { closed <- h.svc.Close() }()
@@ -377,35 +376,61 @@ func TestRemoveAfterFailedReRegistration(t *testing.T) {
 	h.advanceSchema(1 << 40)
 	id := h.deliveredAndCheckpointed()
 	h.up.SetSubscribeErr(errors.New("upstream refuses subscriptions"))
-	require.NoError(t, h.svc.Reset(id, 2, 15))
+	require.NoError(t, h.reset(id, 2, 15))
 	log.waitFor(outcomeBackoff) // the store no longer knows the dispatcher
 	_, err := h.store.Dispatcher(id)
 	require.ErrorIs(t, err, eventstore.ErrDispatcherNotFound)
-	require.NoError(t, h.svc.Remove(id))
-	require.ErrorIs(t, h.svc.Remove(id), ErrUnknownDispatcher)
+	require.NoError(t, h.remove(id))
+	require.ErrorIs(t, h.remove(id), messaging.ErrUnknownDispatcher)
 }
 
 func TestBadInputGetsTypedErrors(t *testing.T) {
 	h := newHarness(t, nil, hooks{})
-	good := DispatcherInfo{ID: common.DispatcherIDFromUint64(1), Span: common.TableSpan(1), StartTs: 1, Target: testTarget, Epoch: 1}
-	bad := []DispatcherInfo{
-		{Span: common.TableSpan(1), Target: testTarget, Epoch: 1},
-		{ID: good.ID, Span: common.Span{TableID: 1, StartKey: []byte("b"), EndKey: []byte("a")}, Target: testTarget, Epoch: 1},
-		{ID: good.ID, Span: common.TableSpan(1), Epoch: 1},
-		{ID: good.ID, Span: common.TableSpan(1), Target: testTarget},
+	ctx := context.Background()
+	good := messaging.RegisterRequest{Dispatcher: common.DispatcherIDFromUint64(1), Registration: 7, Span: common.TableSpan(1), StartTs: 1, Target: testTarget}
+	bad := []messaging.RegisterRequest{
+		{Registration: 7, Span: common.TableSpan(1), Target: testTarget},
+		{Dispatcher: good.Dispatcher, Span: common.TableSpan(1), Target: testTarget},
+		{Dispatcher: good.Dispatcher, Registration: 7, Span: common.Span{TableID: 1, StartKey: []byte("b"), EndKey: []byte("a")}, Target: testTarget},
+		{Dispatcher: good.Dispatcher, Registration: 7, Span: common.TableSpan(1)},
 	}
-	for _, info := range bad {
-		require.ErrorIs(t, h.svc.Register(info), ErrInvalidArgument, "%+v", info)
+	for _, req := range bad {
+		require.ErrorIs(t, h.svc.Register(ctx, req), messaging.ErrInvalidRequest, "%+v", req)
 	}
-	err := h.svc.Register(DispatcherInfo{Span: common.Span{TableID: -1}})
+	err := h.svc.Register(ctx, messaging.RegisterRequest{Span: common.Span{TableID: -1}})
 	require.ErrorIs(t, err, common.ErrInvalidSpan, "every problem is reported, joined")
-	require.ErrorIs(t, err, ErrInvalidArgument)
-	require.NoError(t, h.svc.Register(good))
-	require.ErrorIs(t, h.svc.Register(good), ErrDispatcherExists)
+	require.ErrorIs(t, err, messaging.ErrInvalidRequest)
+	h.check.expect(good.Dispatcher, good.Registration)
+	require.NoError(t, h.svc.Register(ctx, good))
+	h.regs[good.Dispatcher] = good.Registration
+	require.NoError(t, h.svc.Register(ctx, good), "a repeated request is accepted")
+	other := good
+	other.Registration = 8
+	require.ErrorIs(t, h.svc.Register(ctx, other), messaging.ErrDispatcherExists)
+	other = good
+	other.StartTs = 2
+	require.ErrorIs(t, h.svc.Register(ctx, other), messaging.ErrDispatcherExists, "the same registration asking for something else")
 	unknown := common.DispatcherIDFromUint64(42)
-	require.ErrorIs(t, h.svc.Reset(unknown, 2, 1), ErrUnknownDispatcher)
-	require.ErrorIs(t, h.svc.Remove(unknown), ErrUnknownDispatcher)
-	require.ErrorIs(t, h.svc.Reset(good.ID, 1, 1), ErrStaleEpoch)
+	require.ErrorIs(t, h.reset(unknown, 2, 1), messaging.ErrUnknownDispatcher)
+	require.ErrorIs(t, h.remove(unknown), messaging.ErrUnknownDispatcher)
+	require.ErrorIs(t, h.svc.Reset(ctx, messaging.ResetRequest{Dispatcher: good.Dispatcher, Registration: good.Registration, Epoch: 1}), messaging.ErrInvalidRequest)
+	require.NoError(t, h.reset(good.Dispatcher, 2, 1))
+	require.ErrorIs(t, h.reset(good.Dispatcher, 2, 1), messaging.ErrStaleEpoch)
+	stale := messaging.ResetRequest{Dispatcher: good.Dispatcher, Registration: 8, Epoch: 9}
+	require.ErrorIs(t, h.svc.Reset(ctx, stale), messaging.ErrStaleRegistration, "another registration's reset changes nothing")
+	require.ErrorIs(t, h.svc.Remove(ctx, messaging.RemoveRequest{Dispatcher: good.Dispatcher, Registration: 8}), messaging.ErrStaleRegistration)
+	reply, err := h.svc.Heartbeat(ctx, messaging.HeartbeatRequest{Checkpoints: []messaging.DispatcherCheckpoint{
+		{Dispatcher: good.Dispatcher, Registration: good.Registration, Epoch: 2, Ts: 1},
+		{Dispatcher: good.Dispatcher, Registration: 8, Epoch: 2, Ts: 1},
+		{Dispatcher: good.Dispatcher, Registration: good.Registration, Epoch: 1, Ts: 1},
+		{Dispatcher: unknown, Registration: 1, Epoch: 1, Ts: 1},
+		{Registration: 1, Epoch: 1, Ts: 1},
+	}})
+	require.NoError(t, err)
+	require.Equal(t, []messaging.Code{messaging.CodeOK, messaging.CodeStaleRegistration, messaging.CodeStaleEpoch,
+		messaging.CodeUnknownDispatcher, messaging.CodeInvalidRequest}, reply.Codes, "each entry judged on its own")
+	_, err = h.svc.Heartbeat(ctx, messaging.HeartbeatRequest{Checkpoints: make([]messaging.DispatcherCheckpoint, messaging.MaxHeartbeatCheckpoints+1)})
+	require.ErrorIs(t, err, messaging.ErrInvalidRequest)
 	_, err = New(Options{PrepareWorkers: -1, ScanLimitBytes: 10, LargeTxnSplitBytes: 5, MaxMessagesPerTask: 2, BackoffBase: -1})
 	require.ErrorIs(t, err, ErrInvalidOptions)
 	for _, f := range []string{"Store", "Schema", "Transport", "PrepareWorkers", "LargeTxnSplitBytes", "MaxMessagesPerTask", "BackoffBase"} {
@@ -424,13 +449,16 @@ func TestBadInputGetsTypedErrors(t *testing.T) {
 	require.Contains(t, err.Error(), "LargeTxnSplitBytes")
 
 	h.close()
-	require.ErrorIs(t, h.svc.Register(DispatcherInfo{ID: common.DispatcherIDFromUint64(2), Span: common.TableSpan(2), Target: testTarget, Epoch: 1}), ErrClosed)
-	require.ErrorIs(t, h.svc.Reset(good.ID, 3, 1), ErrClosed)
-	require.ErrorIs(t, h.svc.Remove(good.ID), ErrClosed)
-	require.ErrorIs(t, h.svc.Heartbeat(good.ID, 1, 1), ErrClosed)
+	err = h.svc.Register(ctx, messaging.RegisterRequest{Dispatcher: common.DispatcherIDFromUint64(2), Registration: 1, Span: common.TableSpan(2), Target: testTarget})
+	require.ErrorIs(t, err, ErrClosed)
+	require.ErrorIs(t, err, messaging.ErrClosed, "a control-plane error a network can carry")
+	require.Equal(t, messaging.CodeClosed, messaging.CodeOf(err))
+	require.ErrorIs(t, h.reset(good.Dispatcher, 3, 1), ErrClosed)
+	require.ErrorIs(t, h.remove(good.Dispatcher), ErrClosed)
+	require.ErrorIs(t, h.heartbeat(good.Dispatcher, 1, 1), ErrClosed)
 	require.ErrorIs(t, h.svc.Start(), ErrClosed)
 	require.NoError(t, h.svc.Close(), "Close is idempotent")
-	require.False(t, h.svc.prepQueues[0].push(newSession(h.dispatcherOrNew(good.ID), 9, 1)), "nothing is enqueued after Close")
+	require.False(t, h.svc.prepQueues[0].push(newSession(h.dispatcherOrNew(good.Dispatcher), 9, 1)), "nothing is enqueued after Close")
 }
 
 // TestCloseUnderLoadWithCongestedTransport: thousands of dispatchers, the
@@ -509,7 +537,7 @@ func TestStressNotifyRacesPreparation(t *testing.T) {
 		for range 40 {
 			i := r.IntN(n)
 			epochs[i]++
-			require.NoError(t, h.svc.Reset(ids[i], epochs[i]+1, 10))
+			require.NoError(t, h.reset(ids[i], epochs[i]+1, 10))
 		}
 	})
 	wg.Wait()
@@ -551,9 +579,9 @@ func TestTargetWithoutDispatchersIsStopped(t *testing.T) {
 	h.check.waitResolved(b, 10)
 	require.Equal(t, 1, targets())
 	require.Equal(t, 1, series())
-	require.NoError(t, h.svc.Remove(a))
+	require.NoError(t, h.remove(a))
 	require.Equal(t, 1, targets(), "the target still has a dispatcher")
-	require.NoError(t, h.svc.Remove(b))
+	require.NoError(t, h.remove(b))
 	require.Zero(t, targets(), "the last Remove stops the target")
 	require.Zero(t, series(), "and unregisters its metrics")
 
@@ -585,32 +613,32 @@ func (b *blockResolvedForTest) Send(to messaging.Target, msgs []messaging.Messag
 func (b *blockResolvedForTest) unblock() { b.released.Do(func() { close(b.release) }) }
 
 // TestRegisterWhileTheLastRemoveStopsItsTarget: the last Remove of a
-// target stops its pump, which waits for a delivery in flight; a Register
-// of the same target meanwhile gets a fresh target (its metrics register:
-// the old ones are already gone) and works, and Close waits for the old
-// pump.
+// target stops its pump (held here, in the targetStopping hook); a
+// Register of the same target meanwhile gets a fresh target (its metrics
+// register: the old ones are already gone) and works, and Close waits for
+// the old pump.
 func TestRegisterWhileTheLastRemoveStopsItsTarget(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
-	tr := &blockResolvedForTest{blocked: make(chan struct{}), release: make(chan struct{})}
 	stopping := make(chan messaging.Target, 1)
-	h := newHarness(t, func(o *Options) {
-		o.Registerer = reg
-		tr.inner = o.Transport
-		o.Transport = tr
-	}, hooks{targetStopping: func(name messaging.Target) { stopping <- name }})
-	defer tr.unblock() // a failed run must not leave the pump held
+	proceed := make(chan struct{})
+	var proceedOnce sync.Once
+	release := func() { proceedOnce.Do(func() { close(proceed) }) }
+	h := newHarness(t, func(o *Options) { o.Registerer = reg }, hooks{targetStopping: func(name messaging.Target) {
+		stopping <- name
+		<-proceed
+	}})
+	defer release() // a failed run must not leave Remove held
 	h.advanceSchema(1 << 40)
 	a := h.register(1, 10)
 	h.check.waitResolved(a, 10)
-	tr.armed.Store(true)
-	h.push(1, 30) // resolved-only: the pump delivers it, and blocks
-	<-tr.blocked
+	h.push(1, 30) // resolved-only: the pump delivers it
+	h.check.waitResolved(a, 30)
 
 	removed := make(chan error, 1)
-	go func() { removed <- h.svc.Remove(a) }()
+	go func() { removed <- h.remove(a) }()
 	require.Equal(t, testTarget, <-stopping) // the old pump is being stopped
 	b := h.register(2, 10)                   // same target, meanwhile
-	tr.unblock()
+	release()
 	require.NoError(t, <-removed)
 	h.check.waitResolved(b, 10)
 	h.push(2, 40, row("y", 15, 20))
@@ -626,6 +654,6 @@ func (h *harness) deliveredAndCheckpointed() common.DispatcherID {
 	id := h.register(1, 10)
 	h.push(1, 40, row("a", 15, 20))
 	h.check.waitResolved(id, 40)
-	require.NoError(h.t, h.svc.Heartbeat(id, 1, 40))
+	require.NoError(h.t, h.heartbeat(id, 1, 40))
 	return id
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/cdcflow/eventservice/internal/latency"
 	"github.com/cdcflow/eventservice/internal/promutil"
 	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/messaging"
 )
 
 const (
@@ -239,23 +240,24 @@ func (svc *Service) Progress() Progress {
 
 // DispatcherSnapshot describes one dispatcher for diagnostics.
 type DispatcherSnapshot struct {
-	Epoch      uint64
-	StartTs    common.Ts
-	State      string
-	Pending    bool
-	Queued     bool
-	Received   common.Ts // largest resolved-ts notified by the store
-	MaxCommit  common.Ts
-	Sent       common.Ts // progress published downstream
-	BlockedAt  common.Ts
-	NeedsStore bool // a reset's store re-registration is outstanding
-	Checkpoint common.Ts
-	StoreStart common.Ts
+	Registration messaging.RegistrationID
+	Epoch        uint64
+	StartTs      common.Ts
+	State        string
+	Pending      bool
+	Queued       bool
+	Received     common.Ts // largest resolved-ts notified by the store
+	MaxCommit    common.Ts
+	Sent         common.Ts // progress published downstream
+	BlockedAt    common.Ts
+	NeedsStore   bool // a reset's store re-registration is outstanding
+	Checkpoint   common.Ts
+	StoreStart   common.Ts
 }
 
-// Inspect returns a snapshot of dispatcher id.
+// Inspect returns a snapshot of the registration of dispatcher id.
 func (svc *Service) Inspect(id common.DispatcherID) (DispatcherSnapshot, error) {
-	d, err := svc.lookup(id)
+	d, err := svc.lookupID(id)
 	if err != nil {
 		return DispatcherSnapshot{}, err
 	}
@@ -263,7 +265,7 @@ func (svc *Service) Inspect(id common.DispatcherID) (DispatcherSnapshot, error) 
 	defer d.mu.Unlock()
 	s := d.session.Load()
 	st, pending := s.sched.load()
-	return DispatcherSnapshot{Epoch: s.epoch, StartTs: s.startTs, State: st.String(), Pending: pending,
+	return DispatcherSnapshot{Registration: d.reg, Epoch: s.epoch, StartTs: s.startTs, State: st.String(), Pending: pending,
 		Queued: svc.prepQueues[d.worker].contains(s), Received: common.Ts(d.received.Load()),
 		MaxCommit: common.Ts(d.maxCommit.Load()), Sent: common.Ts(s.sent.Load()), BlockedAt: common.Ts(s.blockedAt.Load()),
 		NeedsStore: d.mu.needRegister, Checkpoint: d.mu.checkpoint, StoreStart: d.mu.storeStart}, nil

@@ -1,6 +1,8 @@
 package eventservice
 
 import (
+	"errors"
+
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
@@ -105,8 +107,11 @@ func (svc *Service) decide(s *session) prepareOutcome {
 		return outcomeBackoff
 	}
 	if p.seq == 0 {
-		hs := &messaging.Handshake{Header: messaging.Header{Dispatcher: d.id, Epoch: s.epoch, Seq: 1}, StartTs: s.startTs}
-		if svc.send(d.target.name, []messaging.Message{hs}) != nil {
+		hs := &messaging.Handshake{Header: messaging.Header{Dispatcher: d.id, Registration: d.reg, Epoch: s.epoch, Seq: 1}, StartTs: s.startTs}
+		switch err := svc.sendOwned(s, []messaging.Message{hs}); {
+		case errors.Is(err, errRetired):
+			return outcomeNothing // the transition discards it
+		case err != nil:
 			return outcomeBackoff
 		}
 		p.seq = 1

@@ -141,10 +141,6 @@ func (sc *scanner) scan(s *session) (scanOutcome, common.Ts) {
 	svc.metrics.scannedBytes.Add(float64(b.bytes))
 	svc.scannedRows.Add(uint64(b.rows))
 	svc.scannedBytes.Add(uint64(b.bytes))
-	if st, _ := s.sched.load(); st == stateRemoved {
-		sc.reset()
-		return scanDone, 0 // the owner's transition discards it; send nothing
-	}
 	sc.compactSmallTask(b)
 	if len(sc.msgs) == 0 {
 		// Nothing but progress: it goes through the resolved set like the
@@ -163,10 +159,13 @@ func (sc *scanner) scan(s *session) (scanOutcome, common.Ts) {
 		// fails (a receiver cannot heartbeat what it never got).
 		prevSent := s.sent.Swap(uint64(next.resolved))
 		nmsgs := len(sc.msgs)
-		err := svc.send(d.target.name, sc.msgs)
+		err := svc.sendOwned(s, sc.msgs)
 		sc.reset()
 		if err != nil {
 			s.sent.Store(prevSent)
+			if errors.Is(err, errRetired) {
+				return scanDone, 0 // the owner's transition discards it
+			}
 			if errors.Is(err, messaging.ErrBatchTooLarge) {
 				// A configuration error, not congestion: the task's limits
 				// (MaxMessagesPerTask, ScanLimitBytes, LargeTxnSplitBytes)
@@ -210,7 +209,7 @@ func (sc *scanner) idleOrBlocked(received, schemaTs, resolved common.Ts) (scanOu
 }
 
 func (sc *scanner) header(s *session, seq uint64) messaging.Header {
-	return messaging.Header{Dispatcher: s.d.id, Epoch: s.epoch, Seq: seq}
+	return messaging.Header{Dispatcher: s.d.id, Registration: s.d.reg, Epoch: s.epoch, Seq: seq}
 }
 
 // build accumulates the messages of one scan task.

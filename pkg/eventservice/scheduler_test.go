@@ -328,7 +328,7 @@ func TestRemovedWhileParkingLeavesTheBlockedSet(t *testing.T) {
 	id := h.register(1, 10)
 	h.push(1, 40, row("a", 15, 20)) // the schema frontier is at 1: blocked
 	<-held
-	require.NoError(t, h.svc.Remove(id))
+	require.NoError(t, h.remove(id))
 	close(release)
 	<-parked // the owner finished parking the removed session
 	require.Zero(t, h.svc.blocked.len(), "the removed session left the blocked set")

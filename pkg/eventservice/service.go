@@ -82,6 +82,9 @@ type hooks struct {
 	// beforePark runs when an owner that moved s to schemaBlocked is about
 	// to put it into the blocked set.
 	beforePark func(s *session)
+	// beforeFence runs in Remove after the registration was retired and
+	// unregistered from the store, before it waits for sends in flight.
+	beforeFence func(d *dispatcher)
 	// closeUnregistered runs in Close once every dispatcher is
 	// unregistered from the store, before the workers are stopped.
 	closeUnregistered func()
@@ -149,58 +152,6 @@ func (svc *Service) Start() error {
 	return nil
 }
 
-// Register adds a dispatcher and starts its first epoch: the handshake and
-// progress up to the store's resolved-ts follow without waiting for a
-// notification.
-func (svc *Service) Register(info DispatcherInfo) error {
-	if err := validateInfo(info); err != nil {
-		return err
-	}
-	svc.mu.Lock()
-	if svc.mu.closed {
-		svc.mu.Unlock()
-		return ErrClosed
-	}
-	if _, ok := svc.mu.dispatchers[info.ID]; ok {
-		svc.mu.Unlock()
-		return fmt.Errorf("%w: %v", ErrDispatcherExists, info.ID)
-	}
-	t, err := svc.targetLocked(info.Target)
-	if err != nil {
-		svc.mu.Unlock()
-		return err
-	}
-	t.dispatchers++
-	d := &dispatcher{id: info.ID, span: info.Span, target: t, worker: info.ID.Index(len(svc.prepQueues)), svc: svc}
-	d.mu.storeStart = info.StartTs
-	d.mu.checkpoint = info.StartTs
-	s := &d.first
-	s.init(d, info.Epoch, info.StartTs)
-	d.session.Store(s)
-	svc.mu.dispatchers[info.ID] = d
-	// d.mu is taken before d is visible to anyone else and held across the
-	// store registration, so a Remove or Close that finds d waits for it
-	// and then unregisters it: no store registration outlives them.
-	d.mu.Lock()
-	svc.mu.Unlock()
-
-	// Outside Service.mu: the store may call the notifier synchronously
-	// (the notify path takes no lock of ours).
-	if err := svc.opts.Store.RegisterDispatcher(d.id, d.span, info.StartTs, d.onNotify); err != nil {
-		d.mu.removed = true
-		svc.retire(s)
-		d.mu.Unlock()
-		svc.forget(d)
-		if errors.Is(err, eventstore.ErrClosed) {
-			return fmt.Errorf("%w: %w", ErrClosed, err)
-		}
-		return fmt.Errorf("eventservice: register %v in the store: %w", info.ID, err)
-	}
-	d.mu.Unlock()
-	svc.request(s, false)
-	return nil
-}
-
 // forget deletes d from the dispatcher map if it is still the entry of its
 // ID (a newer dispatcher of the same ID is left alone). The last
 // dispatcher of a target takes the target with it: its pump is stopped
@@ -236,75 +187,6 @@ func (svc *Service) forget(d *dispatcher) {
 	}
 }
 
-// unregisterLocked marks d removed, retires its session and ends its store
-// registration; when it returns the store calls d's notifier no more, and
-// no preparation can register d again (ensureStoreRegistration checks
-// removed under d.mu). A dispatcher the store does not know (a failed
-// re-registration) counts as unregistered. REQUIRES: d.mu held.
-func (svc *Service) unregisterLocked(d *dispatcher) error {
-	d.mu.removed = true
-	svc.retire(d.session.Load())
-	err := svc.opts.Store.UnregisterDispatcher(d.id)
-	if err != nil && !errors.Is(err, eventstore.ErrClosed) && !errors.Is(err, eventstore.ErrDispatcherNotFound) {
-		return err
-	}
-	return nil
-}
-
-func validateInfo(info DispatcherInfo) error {
-	var errs []error
-	if info.ID.IsZero() {
-		errs = append(errs, fmt.Errorf("%w: zero dispatcher id", ErrInvalidArgument))
-	}
-	if err := info.Span.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidArgument, err))
-	}
-	if info.Target == "" {
-		errs = append(errs, fmt.Errorf("%w: empty target", ErrInvalidArgument))
-	}
-	if info.Epoch == 0 {
-		errs = append(errs, fmt.Errorf("%w: epoch must be at least 1", ErrInvalidArgument))
-	}
-	return errors.Join(errs...)
-}
-
-// Reset starts a new epoch of dispatcher id from startTs: the old epoch's
-// queued and in-flight work is cancelled and its results discarded, and the
-// new epoch begins with a handshake. An epoch that is not newer than the
-// current one is refused with ErrStaleEpoch, so among concurrent resets the
-// highest epoch wins.
-func (svc *Service) Reset(id common.DispatcherID, epoch uint64, startTs common.Ts) error {
-	d, err := svc.lookup(id)
-	if err != nil {
-		return err
-	}
-	d.mu.Lock()
-	if d.mu.removed {
-		d.mu.Unlock()
-		return fmt.Errorf("%w: %v", ErrUnknownDispatcher, id)
-	}
-	old := d.session.Load()
-	if epoch <= old.epoch {
-		d.mu.Unlock()
-		return fmt.Errorf("%w: reset to epoch %d, current %d", ErrStaleEpoch, epoch, old.epoch)
-	}
-	s := newSession(d, epoch, startTs)
-	d.session.Store(s)
-	svc.retire(old)
-	if startTs < d.mu.checkpoint || startTs < d.mu.storeStart {
-		// The store may have collected rows above startTs for this
-		// dispatcher: the new session's first preparation registers it
-		// afresh, so the store finds (or subscribes) a subscription that
-		// still holds them. Doing it there, not here, lets a failure back
-		// off and retry instead of stranding the new epoch.
-		d.mu.needRegister, d.mu.registerTs = true, startTs
-	}
-	d.mu.Unlock()
-	svc.resets.Add(1)
-	svc.request(s, false)
-	return nil
-}
-
 // ensureStoreRegistration performs a re-registration a reset asked for. It
 // returns false if it failed (the caller backs off; the flag stays).
 // REQUIRES: the caller owns d's current session.
@@ -335,36 +217,6 @@ func (svc *Service) ensureStoreRegistration(d *dispatcher) bool {
 	return true
 }
 
-// Remove unregisters dispatcher id: its queued and in-flight work is
-// cancelled, and when Remove returns the store calls its notifier no more.
-func (svc *Service) Remove(id common.DispatcherID) error {
-	svc.mu.Lock()
-	if svc.mu.closed {
-		svc.mu.Unlock()
-		return ErrClosed
-	}
-	d, ok := svc.mu.dispatchers[id]
-	svc.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("%w: %v", ErrUnknownDispatcher, id)
-	}
-	// The store registration ends before the ID leaves the map, so a
-	// Register of the same ID meanwhile gets ErrDispatcherExists instead of
-	// having its fresh store registration ended by this Remove.
-	d.mu.Lock()
-	if d.mu.removed {
-		d.mu.Unlock()
-		return fmt.Errorf("%w: %v", ErrUnknownDispatcher, id) // a concurrent Remove won
-	}
-	err := svc.unregisterLocked(d)
-	d.mu.Unlock()
-	svc.forget(d)
-	if err != nil {
-		return fmt.Errorf("eventservice: remove %v: %w", id, err)
-	}
-	return nil
-}
-
 // retire removes session s: it leaves every queue and set it is in, and an
 // owner that holds it discards its results.
 func (svc *Service) retire(s *session) {
@@ -374,47 +226,6 @@ func (svc *Service) retire(s *session) {
 	}
 	svc.prepQueues[s.d.worker].unlink(s)
 	svc.blocked.remove(s)
-}
-
-// Heartbeat records a collector's checkpoint for dispatcher id in epoch.
-// Checkpoints only move forward, are capped at what was sent, and drive the
-// store's GC. A heartbeat of another epoch is refused with ErrStaleEpoch.
-func (svc *Service) Heartbeat(id common.DispatcherID, epoch uint64, checkpoint common.Ts) error {
-	d, err := svc.lookup(id)
-	if err != nil {
-		return err
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.mu.removed {
-		return fmt.Errorf("%w: %v", ErrUnknownDispatcher, id)
-	}
-	s := d.session.Load()
-	if s.epoch != epoch {
-		return fmt.Errorf("%w: heartbeat of epoch %d, current %d", ErrStaleEpoch, epoch, s.epoch)
-	}
-	checkpoint = min(checkpoint, common.Ts(s.sent.Load()))
-	if checkpoint <= d.mu.checkpoint {
-		return nil
-	}
-	d.mu.checkpoint = checkpoint
-	if err := svc.opts.Store.UpdateCheckpoint(id, checkpoint); err != nil {
-		return fmt.Errorf("eventservice: heartbeat %v: %w", id, err)
-	}
-	return nil
-}
-
-func (svc *Service) lookup(id common.DispatcherID) (*dispatcher, error) {
-	svc.mu.RLock()
-	defer svc.mu.RUnlock()
-	if svc.mu.closed {
-		return nil, ErrClosed
-	}
-	d, ok := svc.mu.dispatchers[id]
-	if !ok {
-		return nil, fmt.Errorf("%w: %v", ErrUnknownDispatcher, id)
-	}
-	return d, nil
 }
 
 // request asks for preparation of s. It is O(1), lock-free except for the

@@ -79,6 +79,7 @@ func TestResolvedBatchesShrinkToTheTargetsCapacity(t *testing.T) {
 	require.NoError(t, err)
 	h := newHarness(t, func(o *Options) { o.Transport = small }, hooks{})
 	check := newStreamChecker(t, inbox)
+	h.check = check // testTarget's messages go to this inbox
 	h.advanceSchema(1 << 40)
 	const n = 40
 	for i := uint64(1); i <= n; i++ {
@@ -108,13 +109,13 @@ func TestQueuedResolvedOfARemovedDispatcherIsNotDelivered(t *testing.T) {
 	id := h.register(1, 10)
 	h.check.waitResolved(id, 10)
 	old := resolvedValue{s: h.dispatcher(id).session.Load(), epoch: 1, seq: 1, ts: 500}
-	require.NoError(t, h.svc.Remove(id))
+	require.NoError(t, h.remove(id))
 	// The new incarnation reports to a target of its own, so the strict
 	// stream checker of testTarget does not see a second handshake of
 	// epoch 1 (a collector would start a new stream for it).
 	_, err := h.inproc.Register("other")
 	require.NoError(t, err)
-	require.NoError(t, h.svc.Register(DispatcherInfo{ID: id, Span: common.TableSpan(1), StartTs: 300, Target: "other", Epoch: 1}))
+	require.NoError(t, h.registerOn(id, 1, 300, "other"))
 	fresh := resolvedValue{s: h.dispatcher(id).session.Load(), epoch: 1, seq: 1, ts: 300}
 
 	h.svc.mu.RLock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -67,6 +68,11 @@ type target struct {
 	// Service.mu; the target is stopped and forgotten when it drops to 0,
 	// so targets that come and go do not pile up pumps and metrics.
 	dispatchers int
+	// deliverMu is held by the pump from the filtering of a batch (live
+	// sessions only) through its sends, so that Remove's fence, which
+	// takes it once after retiring the session, waits for a delivery in
+	// flight that may carry the removed registration's resolved-ts.
+	deliverMu sync.Mutex
 	// chunk is the most resolved-ts messages one Send carries: ResolvedBatch
 	// until the target reports ErrBatchTooLarge, then halved until batches
 	// fit. Only the pump's goroutine reads or writes it.
@@ -137,6 +143,8 @@ func (t *target) stop() {
 // would re-send the accepted keys first on every retry and could keep the
 // others out of a small inbox indefinitely.
 func (t *target) deliver(_ context.Context, batch []pendingset.Entry[common.DispatcherID, resolvedValue]) error {
+	t.deliverMu.Lock()
+	defer t.deliverMu.Unlock()
 	msgs := make([]messaging.Message, 0, len(batch))
 	owners := make([]int, 0, len(batch)) // msgs[j] carries batch[owners[j]]
 	svc := t.svc
@@ -147,7 +155,7 @@ func (t *target) deliver(_ context.Context, batch []pendingset.Entry[common.Disp
 			continue
 		}
 		msgs = append(msgs, &messaging.Resolved{
-			Header: messaging.Header{Dispatcher: e.Key, Epoch: e.Value.epoch, Seq: e.Value.seq},
+			Header: messaging.Header{Dispatcher: e.Key, Registration: e.Value.s.d.reg, Epoch: e.Value.epoch, Seq: e.Value.seq},
 			Ts:     e.Value.ts,
 		})
 		owners = append(owners, i)
@@ -180,6 +188,22 @@ func (t *target) deliver(_ context.Context, batch []pendingset.Entry[common.Disp
 func (svc *Service) currentLocked(id common.DispatcherID, v resolvedValue) bool {
 	d, ok := svc.mu.dispatchers[id]
 	return ok && d.session.Load() == v.s && v.live()
+}
+
+// errRetired: an owner's session was retired (reset or removed) before its
+// send; nothing was sent.
+var errRetired = errors.New("eventservice: session retired")
+
+// sendOwned sends msgs of s, which the caller owns, unless s was retired,
+// holding s.d.sendMu from the check through the send: Remove's fence.
+func (svc *Service) sendOwned(s *session, msgs []messaging.Message) error {
+	d := s.d
+	d.sendMu.Lock()
+	defer d.sendMu.Unlock()
+	if st, _ := s.sched.load(); st == stateRemoved {
+		return errRetired
+	}
+	return svc.send(d.target.name, msgs)
 }
 
 // send hands msgs to the transport, counting refusals and failures.

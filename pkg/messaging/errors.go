@@ -26,4 +26,25 @@ var (
 	ErrInvalidMessage = errors.New("messaging: invalid message")
 	// ErrInvalidOptions: options failed validation.
 	ErrInvalidOptions = errors.New("messaging: invalid options")
+
+	// Control-plane errors (ControlPlane; each has a Code).
+
+	// ErrInvalidRequest: a control-plane request that fails its Validate.
+	ErrInvalidRequest = errors.New("messaging: invalid request")
+	// ErrUnavailable: the other side cannot take the request now (not
+	// started, unreachable); retry later.
+	ErrUnavailable = errors.New("messaging: unavailable")
+	// ErrDispatcherExists: Register of a dispatcher ID that has another live
+	// registration.
+	ErrDispatcherExists = errors.New("messaging: dispatcher already registered")
+	// ErrUnknownDispatcher: the dispatcher ID has no registration.
+	ErrUnknownDispatcher = errors.New("messaging: unknown dispatcher")
+	// ErrStaleRegistration: the dispatcher ID's registration is not the
+	// request's; nothing changed.
+	ErrStaleRegistration = errors.New("messaging: stale registration")
+	// ErrStaleEpoch: a reset to an epoch that is not above the current one,
+	// or a checkpoint of an epoch that is not the current one.
+	ErrStaleEpoch = errors.New("messaging: stale epoch")
+	// ErrInternal: the other side failed for a reason of its own.
+	ErrInternal = errors.New("messaging: internal error")
 )

@@ -40,7 +40,10 @@ func (k Kind) String() string {
 // stream. Messages embed it, so m.Seq etc. read directly.
 type Header struct {
 	Dispatcher common.DispatcherID
-	// Epoch is the dispatcher's reset generation, starting at 1.
+	// Registration is the registration the message belongs to; a receiver
+	// applies only messages of its current registration of Dispatcher.
+	Registration RegistrationID
+	// Epoch is the registration's reset generation, starting at 1.
 	Epoch uint64
 	// Seq is the message's position within the epoch; see the package doc.
 	Seq uint64
@@ -68,7 +71,7 @@ type Message interface {
 
 // Approximate wire sizes used by Size.
 const (
-	headerSize  = 16 + 8 + 8 // dispatcher, epoch, seq
+	headerSize  = 16 + 8 + 8 + 8 // dispatcher, registration, epoch, seq
 	tsSize      = 8
 	rowOverhead = 1 + 2*tsSize // op, start-ts, commit-ts
 )
@@ -186,7 +189,7 @@ func (m *DDL) nonNil() bool       { return m != nil }
 func (m *Resolved) nonNil() bool  { return m != nil }
 
 // Validate checks what can be checked of m on its own: a non-nil message,
-// a non-zero dispatcher, Epoch >= 1, Seq 1 for a Handshake, Seq >= 2 for a
+// a non-zero dispatcher and registration, Epoch >= 1, Seq 1 for a Handshake, Seq >= 2 for a
 // DMLBatch or DDL (they follow the handshake), Seq >= 1 for a Resolved; a
 // DMLBatch has rows, each with a valid op and a non-zero commit-ts, in
 // commit-ts order; a DDL has a non-negative table and a non-zero commit-ts.
@@ -198,11 +201,14 @@ func Validate(m Message) error {
 	}
 	h := m.MessageHeader()
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s for dispatcher %s epoch %d seq %d: %s",
-			ErrInvalidMessage, m.Kind(), h.Dispatcher, h.Epoch, h.Seq, fmt.Sprintf(format, args...))
+		return fmt.Errorf("%w: %s for dispatcher %s registration %s epoch %d seq %d: %s",
+			ErrInvalidMessage, m.Kind(), h.Dispatcher, h.Registration, h.Epoch, h.Seq, fmt.Sprintf(format, args...))
 	}
 	if h.Dispatcher.IsZero() {
 		return bad("zero dispatcher id")
+	}
+	if h.Registration.IsZero() {
+		return bad("zero registration id")
 	}
 	if h.Epoch == 0 {
 		return bad("zero epoch")

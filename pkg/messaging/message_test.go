@@ -13,7 +13,9 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var testDispatcher = common.DispatcherIDFromUint64(1)
 
-func hdr(seq uint64) Header { return Header{Dispatcher: testDispatcher, Epoch: 1, Seq: seq} }
+func hdr(seq uint64) Header {
+	return Header{Dispatcher: testDispatcher, Registration: 5, Epoch: 1, Seq: seq}
+}
 
 func row(commit common.Ts, key string) common.Row {
 	return common.Row{Op: common.OpPut, Key: []byte(key), Value: []byte("v"), StartTs: commit - 1, CommitTs: commit}
@@ -37,13 +39,13 @@ func TestHeaderIsPromoted(t *testing.T) {
 }
 
 func TestSize(t *testing.T) {
-	require.Equal(t, 40, (&Handshake{}).Size())
-	require.Equal(t, 40, (&Resolved{}).Size())
-	require.Equal(t, 32+16+5, (&DDL{Query: "hello"}).Size())
-	require.Equal(t, 33, (&DMLBatch{}).Size())
+	require.Equal(t, 48, (&Handshake{}).Size())
+	require.Equal(t, 48, (&Resolved{}).Size())
+	require.Equal(t, 40+16+5, (&DDL{Query: "hello"}).Size())
+	require.Equal(t, 41, (&DMLBatch{}).Size())
 	b := &DMLBatch{Rows: []common.Row{row(5, "ab"), row(6, "c")}}
 	// Each row: 17 bytes of fixed fields plus key and value.
-	require.Equal(t, 33+(17+3)+(17+2), b.Size())
+	require.Equal(t, 41+(17+3)+(17+2), b.Size())
 }
 
 func TestDMLBatchCommitTsHelpers(t *testing.T) {
@@ -83,8 +85,9 @@ func TestValidate(t *testing.T) {
 	for name, m := range map[string]Message{
 		"nil":                   nil,
 		"typed nil":             nilBatch,
-		"zero dispatcher":       &Resolved{Header: Header{Epoch: 1, Seq: 1}},
-		"zero epoch":            &Resolved{Header: Header{Dispatcher: testDispatcher, Seq: 1}},
+		"zero dispatcher":       &Resolved{Header: Header{Registration: 5, Epoch: 1, Seq: 1}},
+		"zero registration":     &Resolved{Header: Header{Dispatcher: testDispatcher, Epoch: 1, Seq: 1}},
+		"zero epoch":            &Resolved{Header: Header{Dispatcher: testDispatcher, Registration: 5, Seq: 1}},
 		"handshake seq 2":       &Handshake{Header: hdr(2)},
 		"resolved seq 0":        &Resolved{Header: hdr(0), Ts: 1},
 		"dml at seq 1":          &DMLBatch{Header: hdr(1), Rows: []common.Row{row(11, "a")}},

@@ -1,0 +1,309 @@
+package eventservice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventstore"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+)
+
+// The service's side of the control plane: Service implements
+// messaging.ControlPlane. Errors wrap messaging's control-plane sentinels
+// (so a network transport can carry them as a messaging.Code) and, where
+// the service has a sentinel of its own (ErrClosed, ErrNotStarted), that
+// one too (ErrClosed).
+var _ messaging.ControlPlane = (*Service)(nil)
+
+// Register adds a dispatcher registration and starts its first epoch: the
+// handshake and progress up to the store's resolved-ts follow without
+// waiting for a notification. Repeating the current registration's request
+// is accepted (a retried request); any other registration of a registered
+// ID is refused with messaging.ErrDispatcherExists. A Register before Start
+// is accepted: its work waits in the queues until the workers start (an
+// embedder may register what it recovered, then start).
+func (svc *Service) Register(_ context.Context, req messaging.RegisterRequest) error {
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	d, s, err := svc.addDispatcher(req)
+	if d == nil {
+		return err
+	}
+	if err := svc.registerInStore(d, s, req.StartTs); err != nil {
+		svc.forget(d)
+		return err
+	}
+	svc.request(s, false)
+	return nil
+}
+
+// addDispatcher creates and maps the dispatcher of req, with d.mu held (so
+// a Remove or Close that finds it waits for its store registration). It
+// returns a nil dispatcher with the error to return (nil for a repeated
+// request).
+func (svc *Service) addDispatcher(req messaging.RegisterRequest) (*dispatcher, *session, error) {
+	svc.mu.Lock()
+	defer svc.mu.Unlock()
+	if svc.mu.closed {
+		return nil, nil, closedError("register")
+	}
+	if d, ok := svc.mu.dispatchers[req.Dispatcher]; ok {
+		if d.reg == req.Registration && d.span.Equal(req.Span) && d.target.name == req.Target && d.registeredAt == req.StartTs {
+			return nil, nil, nil // the same request again
+		}
+		return nil, nil, fmt.Errorf("%w: %v (registration %v, asked %v)", messaging.ErrDispatcherExists, req.Dispatcher, d.reg, req.Registration)
+	}
+	t, err := svc.targetLocked(req.Target)
+	if err != nil {
+		return nil, nil, err
+	}
+	t.dispatchers++
+	d := &dispatcher{id: req.Dispatcher, reg: req.Registration, span: req.Span, target: t,
+		worker: req.Dispatcher.Index(len(svc.prepQueues)), svc: svc, registeredAt: req.StartTs}
+	d.mu.storeStart = req.StartTs
+	d.mu.checkpoint = req.StartTs
+	s := &d.first
+	s.init(d, 1, req.StartTs)
+	d.session.Store(s)
+	svc.mu.dispatchers[req.Dispatcher] = d
+	// d.mu is taken before d is visible to anyone else and held across the
+	// store registration (registerInStore releases it).
+	d.mu.Lock()
+	return d, s, nil
+}
+
+// registerInStore registers d in the store and releases d.mu (held by
+// addDispatcher), by defer: a store that panics must not leave d locked
+// for every later Remove and Close. On failure d is marked removed and its
+// session retired; the caller forgets it.
+func (svc *Service) registerInStore(d *dispatcher, s *session, startTs common.Ts) error {
+	defer d.mu.Unlock()
+	// Outside Service.mu: the store may call the notifier synchronously
+	// (the notify path takes no lock of ours).
+	err := svc.opts.Store.RegisterDispatcher(d.id, d.span, startTs, d.onNotify)
+	if err == nil {
+		return nil
+	}
+	d.mu.removed = true
+	svc.retire(s)
+	if errors.Is(err, eventstore.ErrClosed) {
+		return fmt.Errorf("%w: %w: %w", ErrClosed, messaging.ErrClosed, err)
+	}
+	return fmt.Errorf("%w: register %v in the store: %w", messaging.ErrInternal, d.id, err)
+}
+
+// Reset starts epoch req.Epoch of the registration from req.StartTs: the
+// old epoch's queued and in-flight work is cancelled and its results
+// discarded, and the new epoch begins with a handshake. An epoch that is
+// not newer than the current one is refused with messaging.ErrStaleEpoch,
+// so among concurrent resets the highest epoch wins.
+func (svc *Service) Reset(_ context.Context, req messaging.ResetRequest) error {
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	d, err := svc.lookup(req.Dispatcher, req.Registration)
+	if err != nil {
+		return err
+	}
+	s, err := svc.resetLocked(d, req)
+	if err != nil {
+		return err
+	}
+	svc.resets.Add(1)
+	svc.request(s, false)
+	return nil
+}
+
+func (svc *Service) resetLocked(d *dispatcher, req messaging.ResetRequest) (*session, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.mu.removed {
+		return nil, fmt.Errorf("%w: %v", messaging.ErrUnknownDispatcher, d.id)
+	}
+	old := d.session.Load()
+	if req.Epoch <= old.epoch {
+		return nil, fmt.Errorf("%w: reset to epoch %d, current %d", messaging.ErrStaleEpoch, req.Epoch, old.epoch)
+	}
+	s := newSession(d, req.Epoch, req.StartTs)
+	d.session.Store(s)
+	svc.retire(old)
+	if req.StartTs < d.mu.checkpoint || req.StartTs < d.mu.storeStart {
+		// The store may have collected rows above StartTs for this
+		// dispatcher: the new session's first preparation registers it
+		// afresh, so the store finds (or subscribes) a subscription that
+		// still holds them. Doing it there, not here, lets a failure back
+		// off and retry instead of stranding the new epoch.
+		d.mu.needRegister, d.mu.registerTs = true, req.StartTs
+	}
+	return s, nil
+}
+
+// Remove ends the registration: its queued and in-flight work is
+// cancelled, and when Remove returns (1) the store calls its notifier no
+// more and (2) no send of the registration is in progress and none will
+// start: Remove waits for the owner of its session and for its target's
+// resolved-ts delivery in flight (the fence). Sends never block, so the
+// wait is bounded by one transport call.
+func (svc *Service) Remove(_ context.Context, req messaging.RemoveRequest) error {
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	d, err := svc.lookup(req.Dispatcher, req.Registration)
+	if err != nil {
+		return err
+	}
+	// The store registration ends before the ID leaves the map, so a
+	// Register of the same ID meanwhile gets ErrDispatcherExists instead of
+	// having its fresh store registration ended by this Remove.
+	if err := svc.unregister(d); err != nil {
+		return err
+	}
+	svc.fence(d)
+	svc.forget(d)
+	return nil
+}
+
+// unregister marks d removed and ends its store registration, unless a
+// concurrent Remove or Close did. Store errors other than "closed" and
+// "not found" are returned; d is removed either way.
+func (svc *Service) unregister(d *dispatcher) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.mu.removed {
+		return fmt.Errorf("%w: %v", messaging.ErrUnknownDispatcher, d.id) // a concurrent Remove won
+	}
+	if err := svc.unregisterLocked(d); err != nil {
+		return fmt.Errorf("%w: remove %v: %w", messaging.ErrInternal, d.id, err)
+	}
+	return nil
+}
+
+// fence waits until no send of d, which is removed (its sessions retired),
+// is in progress. An owner checks, under d.sendMu, that its session is not
+// retired before it sends; the pump filters out retired sessions under
+// t.deliverMu. Taking each lock once, after the retirement, therefore
+// waits for the one send that may have passed its check before it, and
+// every later one sees the retirement and sends nothing.
+func (svc *Service) fence(d *dispatcher) {
+	if h := svc.hooks.beforeFence; h != nil {
+		h(d)
+	}
+	d.sendMu.Lock()
+	d.sendMu.Unlock() //nolint:staticcheck // an empty critical section is the fence
+	d.target.deliverMu.Lock()
+	d.target.deliverMu.Unlock() //nolint:staticcheck // likewise
+}
+
+// unregisterLocked marks d removed, retires its session and ends its store
+// registration; when it returns the store calls d's notifier no more, and
+// no preparation can register d again (ensureStoreRegistration checks
+// removed under d.mu). A dispatcher the store does not know (a failed
+// re-registration) counts as unregistered. REQUIRES: d.mu held.
+func (svc *Service) unregisterLocked(d *dispatcher) error {
+	d.mu.removed = true
+	svc.retire(d.session.Load())
+	err := svc.opts.Store.UnregisterDispatcher(d.id)
+	if err != nil && !errors.Is(err, eventstore.ErrClosed) && !errors.Is(err, eventstore.ErrDispatcherNotFound) {
+		return err
+	}
+	return nil
+}
+
+// Heartbeat records many dispatchers' checkpoints. Each entry is judged on
+// its own (HeartbeatReply.Codes): a checkpoint only moves forward, is
+// capped at what was sent, and drives the store's GC; an entry of another
+// epoch is refused with CodeStaleEpoch, one of another registration with
+// CodeStaleRegistration. The call itself fails only for a bad request or
+// a closed service.
+func (svc *Service) Heartbeat(_ context.Context, req messaging.HeartbeatRequest) (messaging.HeartbeatReply, error) {
+	if err := req.Validate(); err != nil {
+		return messaging.HeartbeatReply{}, err
+	}
+	ds := make([]*dispatcher, len(req.Checkpoints))
+	svc.mu.RLock()
+	if svc.mu.closed {
+		svc.mu.RUnlock()
+		return messaging.HeartbeatReply{}, closedError("heartbeat")
+	}
+	for i := range req.Checkpoints {
+		ds[i] = svc.mu.dispatchers[req.Checkpoints[i].Dispatcher]
+	}
+	svc.mu.RUnlock()
+	reply := messaging.HeartbeatReply{Codes: make([]messaging.Code, len(req.Checkpoints))}
+	for i := range req.Checkpoints {
+		cp := &req.Checkpoints[i]
+		err := svc.checkpoint(ds[i], cp)
+		reply.Codes[i] = messaging.CodeOf(err)
+		if reply.Codes[i] == messaging.CodeInternal {
+			svc.log.Warn("heartbeat: checkpoint not recorded", zap.Stringer("dispatcher", cp.Dispatcher), zap.Error(err))
+		}
+	}
+	return reply, nil
+}
+
+// checkpoint records one heartbeat entry for d (nil: not registered).
+func (svc *Service) checkpoint(d *dispatcher, cp *messaging.DispatcherCheckpoint) error {
+	switch {
+	case cp.Dispatcher.IsZero() || cp.Registration.IsZero():
+		return fmt.Errorf("%w: zero dispatcher or registration", messaging.ErrInvalidRequest)
+	case d == nil:
+		return fmt.Errorf("%w: %v", messaging.ErrUnknownDispatcher, cp.Dispatcher)
+	case d.reg != cp.Registration:
+		return fmt.Errorf("%w: %v registration %v, current %v", messaging.ErrStaleRegistration, cp.Dispatcher, cp.Registration, d.reg)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.mu.removed {
+		return fmt.Errorf("%w: %v", messaging.ErrUnknownDispatcher, d.id)
+	}
+	s := d.session.Load()
+	if s.epoch != cp.Epoch {
+		return fmt.Errorf("%w: checkpoint of epoch %d, current %d", messaging.ErrStaleEpoch, cp.Epoch, s.epoch)
+	}
+	ts := min(cp.Ts, common.Ts(s.sent.Load()))
+	if ts <= d.mu.checkpoint {
+		return nil
+	}
+	d.mu.checkpoint = ts
+	if err := svc.opts.Store.UpdateCheckpoint(d.id, ts); err != nil {
+		return fmt.Errorf("%w: checkpoint %v: %w", messaging.ErrInternal, d.id, err)
+	}
+	return nil
+}
+
+// lookup returns the dispatcher of id if its registration is reg.
+func (svc *Service) lookup(id common.DispatcherID, reg messaging.RegistrationID) (*dispatcher, error) {
+	d, err := svc.lookupID(id)
+	if err != nil {
+		return nil, err
+	}
+	if d.reg != reg {
+		return nil, fmt.Errorf("%w: %v registration %v, current %v", messaging.ErrStaleRegistration, id, reg, d.reg)
+	}
+	return d, nil
+}
+
+// lookupID returns the dispatcher registered under id, whatever its
+// registration (for diagnostics).
+func (svc *Service) lookupID(id common.DispatcherID) (*dispatcher, error) {
+	svc.mu.RLock()
+	defer svc.mu.RUnlock()
+	if svc.mu.closed {
+		return nil, closedError("lookup")
+	}
+	d, ok := svc.mu.dispatchers[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: %v", messaging.ErrUnknownDispatcher, id)
+	}
+	return d, nil
+}
+
+// closedError is the error of a control-plane call on a closed service.
+func closedError(op string) error {
+	return fmt.Errorf("%w: %w: %s", ErrClosed, messaging.ErrClosed, op)
+}
