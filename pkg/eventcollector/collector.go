@@ -76,6 +76,9 @@ type hooks struct {
 	// afterTick runs on the heartbeat goroutine after each round of
 	// heartbeats and reset retries.
 	afterTick func()
+	// removeWaitsForSink runs in RemoveDispatcher when it is about to wait
+	// for the dispatcher's sink call in flight.
+	removeWaitsForSink func(id common.DispatcherID)
 	// registration, if set, chooses AddDispatcher's registration ID
 	// instead of the random source, so crafted messages can carry it.
 	registration func(id common.DispatcherID) messaging.RegistrationID
@@ -294,6 +297,9 @@ func (c *Collector) RemoveDispatcher(ctx context.Context, id common.DispatcherID
 	}
 	c.mu.Unlock()
 	if inSink != nil {
+		if h := c.hooks.removeWaitsForSink; h != nil {
+			h(id)
+		}
 		select {
 		case <-inSink:
 		case <-ctx.Done():
