@@ -1,0 +1,61 @@
+package tests
+
+import (
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+const module = "github.com/cdcflow/eventservice"
+
+// TestPackageDependenciesFollowTheArchitecture checks the one-way arrows of
+// the architecture with `go list -deps`: above all that the collector
+// meets the service only through pkg/messaging's control plane (it must
+// not link the service, the store or pebble), so it can live in another
+// process.
+func TestPackageDependenciesFollowTheArchitecture(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	for _, rule := range []struct {
+		pkg       string
+		forbidden []string
+	}{
+		{"pkg/eventcollector", []string{"pkg/eventservice", "pkg/eventstore", "pkg/pendingset", "pkg/schemastore", "pkg/upstream",
+			"github.com/cockroachdb/pebble"}},
+		{"pkg/messaging", []string{"pkg/eventstore", "pkg/eventservice", "pkg/eventcollector", "github.com/cockroachdb/pebble"}},
+		{"pkg/eventservice", []string{"pkg/eventcollector"}},
+		{"pkg/eventstore", []string{"pkg/eventservice", "pkg/eventcollector"}},
+		{"pkg/schemastore", []string{"pkg/eventservice", "pkg/eventcollector"}},
+		{"pkg/upstream", []string{"pkg/eventservice", "pkg/eventcollector"}},
+		// pendingset is a standalone primitive: the module's one clock is
+		// all it takes from the project.
+		{"pkg/pendingset", []string{"pkg/common", "pkg/messaging", "pkg/eventstore", "pkg/eventservice", "internal/"}},
+		{"pkg/common", []string{module + "/"}},
+		{"pkg/clock", []string{module + "/"}},
+	} {
+		out, err := exec.Command(goTool, "list", "-deps", module+"/"+rule.pkg).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		deps := strings.Fields(string(out))
+		for _, dep := range deps {
+			if dep == module+"/"+rule.pkg {
+				continue
+			}
+			for _, f := range rule.forbidden {
+				if !strings.Contains(f, ".") {
+					f = module + "/" + f
+				}
+				require.False(t, strings.HasPrefix(dep, f), "%s depends on %s (forbidden: %s)", rule.pkg, dep, f)
+			}
+		}
+		if rule.pkg == "pkg/eventcollector" {
+			require.True(t, slices.Contains(deps, module+"/pkg/messaging"), "the collector speaks messaging's protocol")
+		}
+	}
+}
