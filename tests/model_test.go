@@ -26,8 +26,11 @@ import (
 // future commit-ts (often one shared with rows), reset a dispatcher through
 // the service (from a start-ts at or below the collector's checkpoint),
 // lose the next message of a dispatcher, start a transport outage (busy or
-// failed) lasting a few steps, fail the sink once, remove a dispatcher, add
-// one from a past or present start-ts. The service runs with tiny scan and
+// failed) lasting a few steps, fail the sink once, move a dispatcher
+// (remove it and add the same ID again from its checkpoint, a new
+// registration, while messages of the old one may still be queued), remove
+// a dispatcher, add one (a new ID or a removed one again) from a past or
+// present start-ts. The service runs with tiny scan and
 // batch limits, one scan worker and a scan channel of one, so scans are
 // interrupted, transactions split and queues contended.
 //
@@ -174,6 +177,52 @@ func (m *model) live() []*modelDisp {
 	return out
 }
 
+// move moves d away and back: it removes d and adds the same ID again from
+// its checkpoint, a new registration, while messages of the old one may
+// still be queued. Half the time a send of d is in flight, held in the
+// transport, when the removal starts, and released while Remove runs
+// (before or after it reaches its fence): Remove must wait for it, and its
+// messages must not reach the new registration.
+func (m *model) move(i int, d *modelDisp) {
+	h := m.h
+	inFlight := m.outage == 0 && m.frontier() < h.end && m.rng.IntN(2) == 0
+	if inFlight {
+		// Quiescent (check ran after the last step), so nothing of d is in
+		// flight; new progress makes d send, and that send is held.
+		held, release := m.tr.holdNext(d.id)
+		defer release()
+		m.fake.Advance(modelTick)
+		require.NoError(m.t, advanceSchema(h.schema, h.plan, h.ddls, max(h.schema.ResolvedTs(), m.frontier())))
+		select {
+		case <-held:
+		case <-time.After(scaled(m.t, 30*time.Second)): // a hang guard, not synchronisation
+			m.t.Fatalf("no send of %v after new progress", d.id)
+		}
+		removed := make(chan error, 1)
+		go func() { removed <- h.remove(d.id) }()
+		release()
+		require.NoError(m.t, <-removed)
+	} else {
+		require.NoError(m.t, h.remove(d.id))
+	}
+	start := max(d.start, h.chk.checkpoint(d.id))
+	require.NoError(m.t, h.add(d.id, d.table, start))
+	d.start = start
+	m.counts["move"]++
+	m.logStep("%d: move %v (a send in flight: %v): removed and added again from its checkpoint %v", i, d.id, inFlight, start)
+}
+
+// removed returns the dispatchers removed and not added again.
+func (m *model) removed() []*modelDisp {
+	var out []*modelDisp
+	for _, d := range m.ds {
+		if !d.live {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
 func (m *model) pick() *modelDisp {
 	l := m.live()
 	return l[m.rng.IntN(len(l))]
@@ -276,6 +325,8 @@ func (m *model) step(i int) {
 		h.chk.failNextRows(d.id)
 		m.counts["sink error"]++
 		m.logStep("%d: fail the next rows of %v at the sink", i, d.id)
+	case kind < 88:
+		m.move(i, m.pick())
 	case kind < 90:
 		if len(m.live()) > 2 {
 			d := m.pick()
@@ -294,6 +345,14 @@ func (m *model) step(i int) {
 				start = min(m.frontier(), h.schema.ResolvedTs())
 			default:
 				start = m.between(h.start, min(m.frontier(), h.schema.ResolvedTs()))
+			}
+			if dead := m.removed(); len(dead) > 0 && m.rng.IntN(2) == 0 {
+				d := dead[m.rng.IntN(len(dead))] // an ID removed earlier comes back
+				d.start, d.live = start, true
+				require.NoError(m.t, h.add(d.id, d.table, start))
+				m.counts["re-add"]++
+				m.logStep("%d: re-add %v table %d from %v", i, d.id, d.table, start)
+				break
 			}
 			m.addDispatcher(start)
 			m.counts["add"]++

@@ -11,8 +11,9 @@ import (
 )
 
 // switchTransportForTest wraps a transport with faults a test switches on and
-// off: an outage (every send refused with ErrBusy, or failed) and the
-// silent loss of the next message of chosen dispatchers.
+// off: an outage (every send refused with ErrBusy, or failed), the silent
+// loss of the next message of chosen dispatchers, and a send held in
+// flight.
 type switchTransportForTest struct {
 	inner messaging.Transport
 
@@ -20,6 +21,10 @@ type switchTransportForTest struct {
 		sync.Mutex
 		outage error
 		drop   map[common.DispatcherID]bool
+		// hold, if set, is the dispatcher whose next send is held until
+		// release is closed; held is closed when it is.
+		hold          common.DispatcherID
+		held, release chan struct{}
 		// counters
 		refused, dropped int
 		// refusedCh is closed and replaced at the next refusal once
@@ -48,6 +53,34 @@ func (s *switchTransportForTest) dropNext(id common.DispatcherID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.mu.drop[id] = true
+}
+
+// holdNext holds the next send carrying a message of id (before it reaches
+// the inner transport) until the returned release is called; held is
+// closed once a send is held.
+func (s *switchTransportForTest) holdNext(id common.DispatcherID) (held <-chan struct{}, release func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mu.hold, s.mu.held, s.mu.release = id, make(chan struct{}), make(chan struct{})
+	rel := s.mu.release
+	var once sync.Once
+	return s.mu.held, func() { once.Do(func() { close(rel) }) }
+}
+
+// holdLocked reports, and disarms, a hold that msgs trigger.
+// REQUIRES: s.mu held.
+func (s *switchTransportForTest) holdLocked(msgs []messaging.Message) (held, release chan struct{}) {
+	if s.mu.hold.IsZero() {
+		return nil, nil
+	}
+	for _, m := range msgs {
+		if m.MessageHeader().Dispatcher == s.mu.hold {
+			held, release = s.mu.held, s.mu.release
+			s.mu.hold, s.mu.held, s.mu.release = common.DispatcherID{}, nil, nil
+			return held, release
+		}
+	}
+	return nil, nil
 }
 
 func (s *switchTransportForTest) counts() (refused, dropped int) {
@@ -93,6 +126,12 @@ func (s *switchTransportForTest) Send(target messaging.Target, msgs []messaging.
 		}
 		s.mu.Unlock()
 		return err
+	}
+	if held, release := s.holdLocked(msgs); held != nil {
+		s.mu.Unlock()
+		close(held)
+		<-release
+		s.mu.Lock()
 	}
 	keep := msgs
 	if len(s.mu.drop) > 0 {
