@@ -29,6 +29,7 @@
 //	TestSaturationServer              the same through the server, 10k tables
 //	TestTransportFaults               delays, refusals, failures, drops and sink errors (stack)
 //	TestTransportFaultsServer         refusals, failures and drops (server)
+//	TestMovesServer                   tables moving away and back every 20 ms, with refusals and drops (server)
 //	TestChurn                         seeded removes, re-adds from past start-ts, resets while data flows
 //	TestSchemaStalls                  schema frontier stalls; parked dispatchers catch up with no notify
 //	TestCrashRestart                  child server on a durable sink, SIGKILLed at seeded points, restarted

@@ -104,6 +104,25 @@ func TestTransportFaultsServer(t *testing.T) {
 	require.Positive(t, sum.Resets, "dropped messages must lead to resets through the seq check")
 }
 
+// TestMovesServer runs the server with tables moving away and back every
+// 20 ms (--move-interval: a dispatcher removed and added again under the
+// same ID from its checkpoint, a new registration) over a transport that
+// refuses and drops: every row must still arrive, each epoch of each
+// registration in order and without duplicates.
+func TestMovesServer(t *testing.T) {
+	cfg := serverConfig(t, 500, 6000, scaled(t, 3*time.Second))
+	cfg.MoveInterval = 20 * time.Millisecond
+	cfg.RefuseRate, cfg.DropRate = 0.2, 0.01
+	cfg.Seed = scenarioSeed(t, 11)
+	s := &scenario{name: "table moves (server)", dispatchers: cfg.Tables}
+	report(t, s)
+	sum := runServer(t, cfg)
+	s.rows, s.resets = sum.RowsDelivered, sum.Resets
+	s.faults = fmtFaults("%d moves, refuse/drop %.0f/%.0f%%: %d injected", sum.Moves, 100*cfg.RefuseRate, 100*cfg.DropRate, sum.FaultsInjected)
+	requireDelivered(t, sum, cfg.Tables)
+	require.Greater(t, sum.Moves, int64(50), "tables moved throughout the run")
+}
+
 func tail(s string, n int) string {
 	if len(s) <= n {
 		return s

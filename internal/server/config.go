@@ -34,6 +34,10 @@ type Config struct {
 	RefuseRate     float64
 	FailRate       float64
 	DropRate       float64
+	// MoveInterval, if positive, moves a random table every interval: its
+	// dispatcher is removed and added again under the same ID from its
+	// last checkpoint (a new registration).
+	MoveInterval time.Duration
 	// DataDir keeps the event store (and, with DurableSink, the sink) on
 	// disk; empty means a temporary directory removed at exit.
 	DataDir string
@@ -92,6 +96,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.RefuseRate, "refuse-rate", c.RefuseRate, "fraction of sends the transport refuses as busy (fault injection)")
 	fs.Float64Var(&c.FailRate, "fail-rate", c.FailRate, "fraction of sends the transport fails (fault injection)")
 	fs.Float64Var(&c.DropRate, "drop-rate", c.DropRate, "fraction of sends silently dropped; collectors detect the gap and reset (fault injection)")
+	fs.DurationVar(&c.MoveInterval, "move-interval", c.MoveInterval, "every interval, remove a random table's dispatcher and add it again under the same ID from its last checkpoint, as when a table moves between nodes (0 = off)")
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the event store (default: a temporary directory, removed at exit)")
 	fs.BoolVar(&c.DurableSink, "durable-sink", c.DurableSink, "apply rows to a durable pebble sink in --data-dir and resume from its checkpoints on restart")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "address serving /metrics and /debug/pprof (loopback; port 0 picks one; empty disables)")
@@ -124,6 +129,7 @@ func (c Config) Validate() error {
 	p.Require(c.Duration > 0, "--duration=%v must be positive", c.Duration)
 	p.Require(c.DrainTimeout > 0, "--drain-timeout=%v must be positive", c.DrainTimeout)
 	p.Require(c.DDLInterval >= 0, "--ddl-interval=%v must not be negative", c.DDLInterval)
+	p.Require(c.MoveInterval >= 0, "--move-interval=%v must not be negative", c.MoveInterval)
 	p.Require(c.ProgressInterval >= 0, "--progress-interval=%v must not be negative", c.ProgressInterval)
 	p.Require(!c.DurableSink || c.DataDir != "", "--durable-sink needs --data-dir")
 	p.Require(!c.DurableSink || c.Changefeeds == 1, "--durable-sink supports one changefeed (it stores rows per table)")

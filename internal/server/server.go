@@ -71,6 +71,7 @@ type server struct {
 	svc     *eventservice.Service
 	durable *DurableSink
 	feeds   []*feed
+	mover   *mover // nil unless --move-interval
 
 	metricsLn  net.Listener
 	metricsSrv *http.Server
@@ -250,6 +251,10 @@ func (s *server) start() error {
 	if err := s.gen.Start(); err != nil {
 		return err
 	}
+	if s.cfg.MoveInterval > 0 {
+		s.mover = newMover(s)
+		go s.mover.run(s.cfg.MoveInterval)
+	}
 	s.wg.Go(func() { driveSchema(s.schema, s.sched, s.gen.ResolvedTs, 10*time.Millisecond, s.stopSchema) })
 	return s.serveMetrics()
 }
@@ -289,10 +294,13 @@ func (s *server) metricsAddr() string {
 	return s.metricsLn.Addr().String()
 }
 
-// stop stops every part in dependency order: upstream and schema first,
-// then collectors, the service (which unregisters from the store), the
+// stop stops every part in dependency order: the mover, upstream and schema
+// first, then collectors, the service (which unregisters from the store), the
 // store, the transport and the metrics server.
 func (s *server) stop() {
+	if s.mover != nil {
+		s.mover.close() // before the collectors close: a move calls them
+	}
 	close(s.stopSchema)
 	s.gen.Close()
 	for _, f := range s.feeds {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -31,12 +32,12 @@ func smallConfig() Config {
 
 func TestConfigValidateReportsEveryField(t *testing.T) {
 	c := Config{Tables: 0, Changefeeds: 0, Rate: -1, TxnRows: 0, RowBytes: -1, HotFraction: 2, RefuseRate: 0.6, FailRate: 0.6,
-		DropRate: 2, Duration: 0, DrainTimeout: 0, DDLInterval: -1, ProgressInterval: -1, PrepareWorkers: 0, ScanWorkers: 0,
+		DropRate: 2, Duration: 0, DrainTimeout: 0, DDLInterval: -1, MoveInterval: -1, ProgressInterval: -1, PrepareWorkers: 0, ScanWorkers: 0,
 		ScanQueue: 0, ScanLimitBytes: 0, InboxCapacity: 1, DurableSink: true, MetricsAddr: "0.0.0.0:9090", LogLevel: "loud"}
 	err := c.Validate()
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	for _, flag := range []string{"--tables", "--changefeeds", "--rate", "--txn-rows", "--row-bytes", "--hot-fraction",
-		"--refuse-rate + --fail-rate", "--drop-rate", "--duration", "--drain-timeout", "--ddl-interval", "--progress-interval",
+		"--refuse-rate + --fail-rate", "--drop-rate", "--duration", "--drain-timeout", "--ddl-interval", "--move-interval", "--progress-interval",
 		"--prepare-workers", "--scan-workers", "--scan-queue", "--scan-limit-bytes", "--inbox-capacity", "--durable-sink needs",
 		"loopback", "--log-level"} {
 		require.Contains(t, err.Error(), flag)
@@ -102,6 +103,17 @@ func TestRunWithFaultsResetsAndRecovers(t *testing.T) {
 	require.Positive(t, sum.FaultsInjected)
 	require.Positive(t, sum.Resets, "drops are detected by the seq check")
 	require.Contains(t, out.String(), "VERIFIED")
+}
+
+func TestRunWithMovesVerifies(t *testing.T) {
+	cfg := smallConfig()
+	cfg.MoveInterval = 10 * time.Millisecond
+	var out bytes.Buffer
+	sum, err := Run(context.Background(), cfg, &out, io.Discard)
+	require.NoError(t, err)
+	require.True(t, sum.Verified, "%v", sum.Problems)
+	require.Positive(t, sum.Moves)
+	require.Contains(t, out.String(), fmt.Sprintf("moves %d", sum.Moves))
 }
 
 func TestRunInterruptedStillVerifies(t *testing.T) {

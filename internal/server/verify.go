@@ -34,6 +34,7 @@ type Summary struct {
 	DDLsUpstream     int       `json:"ddls_upstream"`
 	DDLsDelivered    int       `json:"ddls_delivered"`
 	Resets           uint64    `json:"resets"`
+	Moves            int64     `json:"moves"`
 	LostWakeups      int       `json:"lost_wakeups"`
 	OrderViolations  int       `json:"order_violations"`
 	Duplicates       int       `json:"duplicates"`
@@ -81,6 +82,9 @@ func (s *server) verify(r *runResult, finals map[common.DispatcherID]common.Ts) 
 		sum.FaultsInjected = fs.Refused + fs.Failed + fs.Dropped
 	}
 	sum.Resets = s.resets()
+	if s.mover != nil {
+		sum.Moves = s.mover.moves.Load()
+	}
 	for _, f := range s.feeds {
 		for _, d := range f.ds {
 			sum.Dispatchers++
@@ -284,13 +288,13 @@ func writeSummary(w io.Writer, asJSON bool, s Summary) error {
   dispatchers        %d (%d tables x %d changefeeds)
   rows               upstream %d, delivered %d (applied %d incl. re-deliveries), %.0f rows/s over %.1fs
   DDLs               upstream %d, delivered %d
-  resets             %d   faults injected %d
+  resets             %d   faults injected %d   moves %d
   lost wakeups       %d   order violations %d   duplicates %d   missing %d   unexpected %d   DDL mismatches %d
   notify callback    p50 %.0f ns   p99 %.0f ns   max %.0f ns   (%d notifications, %.1f%% coalesced)
   resolved-ts lag    p50 %.1f ms   p99 %.1f ms   max %.1f ms
   peak pending tasks %d (prepare %d, scan %d)
 `, verdict, s.Dispatchers, s.Tables, s.Changefeeds, s.RowsUpstream, s.RowsDelivered, s.RowsApplied, s.RowsPerSec, s.ElapsedSec,
-		s.DDLsUpstream, s.DDLsDelivered, s.Resets, s.FaultsInjected, s.LostWakeups, s.OrderViolations, s.Duplicates,
+		s.DDLsUpstream, s.DDLsDelivered, s.Resets, s.FaultsInjected, s.Moves, s.LostWakeups, s.OrderViolations, s.Duplicates,
 		s.MissingRows, s.UnexpectedRows, s.DDLMismatches, s.NotifyNs.P50, s.NotifyNs.P99, s.NotifyNs.Max, s.Notifications,
 		100*s.CoalescedRatio, s.ResolvedLagMs.P50, s.ResolvedLagMs.P99, s.ResolvedLagMs.Max, s.PeakPendingTasks,
 		s.PeakPendingPrep, s.PeakPendingScan)
