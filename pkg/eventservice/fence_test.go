@@ -9,7 +9,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/messaging"
+	"github.com/cdcflow/eventservice/pkg/schemastore"
 )
 
 // holdSendForTest holds, once armed, the first Send that carries a message
@@ -180,4 +182,34 @@ func TestStaleControlRequestsChangeNothing(t *testing.T) {
 	require.Equal(t, h.regOf(id), snap.Registration)
 	require.Equal(t, uint64(1), snap.Epoch)
 	require.Equal(t, common.Ts(10), snap.Checkpoint, "the stale heartbeat moved nothing")
+}
+
+// panickingStoreForTest is an EventStore whose RegisterDispatcher panics
+// (the embedder's store is the edge this test is about).
+type panickingStoreForTest struct{ nopStoreForBench }
+
+func (panickingStoreForTest) RegisterDispatcher(common.DispatcherID, common.Span, common.Ts, eventstore.Notifier) error {
+	panic("store bug")
+}
+
+// TestAPanickingStoreLeavesNoLockHeld: a store that panics inside
+// RegisterDispatcher must not leave the dispatcher's lock held (it was
+// unlocked by hand after the call, so a panic skipped it, and Close then
+// hung on it).
+func TestAPanickingStoreLeavesNoLockHeld(t *testing.T) {
+	schema, err := schemastore.NewMemory(schemastore.MemoryOptions{InitialResolvedTs: 1})
+	require.NoError(t, err)
+	svc, err := New(Options{Store: panickingStoreForTest{}, Schema: schema, Transport: acceptAllForBench{}})
+	require.NoError(t, err)
+	require.NoError(t, svc.Start())
+	id := common.DispatcherIDFromUint64(1)
+	require.Panics(t, func() {
+		_ = svc.Register(context.Background(), messaging.RegisterRequest{Dispatcher: id, Registration: 1, Span: common.TableSpan(1), Target: "t"})
+	})
+	svc.mu.RLock()
+	d := svc.mu.dispatchers[id]
+	svc.mu.RUnlock()
+	require.True(t, d.mu.TryLock(), "the dispatcher's lock was released by defer")
+	d.mu.Unlock()
+	require.NoError(t, svc.Close())
 }

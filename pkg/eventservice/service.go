@@ -246,6 +246,18 @@ func (svc *Service) request(s *session, fromNotify bool) {
 	}
 }
 
+// unregisterOnClose ends d's store registration unless a Remove did. d.mu
+// (which waits for a Register still registering d in the store) is
+// released by defer: the store is the embedder's code.
+func (svc *Service) unregisterOnClose(d *dispatcher) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.mu.removed {
+		return nil
+	}
+	return svc.unregisterLocked(d)
+}
+
 // enqueue pushes s onto its preparation queue after a transition asked for
 // it.
 func (svc *Service) enqueue(s *session) { svc.prepQueues[s.d.worker].push(s) }
@@ -276,13 +288,9 @@ func (svc *Service) Close() error {
 
 	var errs []error
 	for _, d := range ds {
-		d.mu.Lock() // waits for a Register still registering d in the store
-		if !d.mu.removed {
-			if err := svc.unregisterLocked(d); err != nil {
-				errs = append(errs, err)
-			}
+		if err := svc.unregisterOnClose(d); err != nil {
+			errs = append(errs, err)
 		}
-		d.mu.Unlock()
 	}
 	if h := svc.hooks.closeUnregistered; h != nil {
 		h()

@@ -175,37 +175,44 @@ func (s *Store) RegisterDispatcher(id common.DispatcherID, span common.Span, sta
 	}
 	span = common.Span{TableID: span.TableID, StartKey: cloneKey(span.StartKey), EndKey: cloneKey(span.EndKey)}
 	sb := &subscriber{id: id, startTs: startTs, notifier: notifier, checkpoint: startTs}
-
-	s.mu.Lock()
-	if s.mu.closed || s.isClosing() {
-		s.mu.Unlock()
-		return ErrClosed
+	resolved, maxCommit, err := s.addSubscriber(sb, span)
+	if err != nil {
+		return err
 	}
-	if _, ok := s.mu.dispatchers[id]; ok {
-		s.mu.Unlock()
-		return fmt.Errorf("%w: %v", ErrDispatcherExists, id)
-	}
-	sub := s.findSharableLocked(span, startTs)
-	if sub == nil {
-		var err error
-		if sub, err = s.subscribeLocked(span, startTs); err != nil {
-			s.mu.Unlock()
-			return err
-		}
-	}
-	sb.sub = sub
-	sub.mu.Lock()
-	sub.addSubscriberLocked(sb)
-	resolved, maxCommit := sub.mu.resolved, sub.mu.maxCommit
-	sub.mu.Unlock()
-	s.mu.dispatchers[id] = sb
-	s.metrics.dispatchers.Set(float64(len(s.mu.dispatchers)))
-	s.mu.Unlock()
 
 	// The write worker may have advanced before sb was published; catch up
 	// here so a registration never waits for the next advance.
 	sb.notify(s, resolved, maxCommit)
 	return nil
+}
+
+// addSubscriber attaches sb to a subscription of span (an existing one that
+// still holds its rows, or a new one subscribed at the upstream) and maps
+// it, returning the subscription's progress. s.mu is released by defer:
+// Upstream.Subscribe is the embedder's code and may panic.
+func (s *Store) addSubscriber(sb *subscriber, span common.Span) (resolved, maxCommit common.Ts, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.closed || s.isClosing() {
+		return 0, 0, ErrClosed
+	}
+	if _, ok := s.mu.dispatchers[sb.id]; ok {
+		return 0, 0, fmt.Errorf("%w: %v", ErrDispatcherExists, sb.id)
+	}
+	sub := s.findSharableLocked(span, sb.startTs)
+	if sub == nil {
+		if sub, err = s.subscribeLocked(span, sb.startTs); err != nil {
+			return 0, 0, err
+		}
+	}
+	sb.sub = sub
+	sub.mu.Lock()
+	sub.addSubscriberLocked(sb)
+	resolved, maxCommit = sub.mu.resolved, sub.mu.maxCommit
+	sub.mu.Unlock()
+	s.mu.dispatchers[sb.id] = sb
+	s.metrics.dispatchers.Set(float64(len(s.mu.dispatchers)))
+	return resolved, maxCommit, nil
 }
 
 // findSharableLocked returns a live subscription of exactly span that still

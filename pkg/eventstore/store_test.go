@@ -535,3 +535,26 @@ func countRaw(t *testing.T, s *Store, sub *fakeSubForTest) int {
 	}
 	return n
 }
+
+// panickingUpstreamForTest panics in Subscribe (the embedder's upstream is
+// the edge this test is about).
+type panickingUpstreamForTest struct{}
+
+func (panickingUpstreamForTest) Subscribe(common.Span, common.Ts, Sink) (Subscription, error) {
+	panic("upstream bug")
+}
+
+// TestAPanickingUpstreamLeavesNoLockHeld: Store.mu is released by defer
+// around Upstream.Subscribe, so a panicking upstream does not wedge every
+// later registration and Close.
+func TestAPanickingUpstreamLeavesNoLockHeld(t *testing.T) {
+	s, err := Open(Options{Upstream: panickingUpstreamForTest{}})
+	require.NoError(t, err)
+	require.NoError(t, s.Start())
+	require.Panics(t, func() {
+		_ = s.RegisterDispatcher(common.DispatcherIDFromUint64(1), common.TableSpan(1), 1, func(common.Ts, common.Ts) {})
+	})
+	require.True(t, s.mu.TryLock(), "Store.mu was released by defer")
+	s.mu.Unlock()
+	require.NoError(t, s.Close())
+}

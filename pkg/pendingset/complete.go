@@ -36,10 +36,31 @@ func (s *Set[K, V]) Complete(batch []Entry[K, V], err error) error {
 	if len(batch) == 0 {
 		return nil
 	}
-	var stale, invalid int
-	ring := false
+	stale, invalid, ring, now := s.complete(batch, err)
+	if ring {
+		s.ring()
+	}
+	if s.metrics != nil {
+		s.metrics.observeComplete(batch, now)
+	}
+	var errs []error
+	if stale > 0 {
+		errs = append(errs, fmt.Errorf("%w: %d of %d entries skipped", ErrNotInFlight, stale, len(batch)))
+	}
+	if invalid > 0 {
+		errs = append(errs, fmt.Errorf("%w: %d of %d entries kept as RetryKey", ErrInvalidResult, invalid, len(batch)))
+	}
+	return errors.Join(errs...)
+}
+
+// complete is Complete under the lock, released by defer: Merge and the
+// clock are the user's code and may panic. It reports the entries that were
+// not in flight and those with an unknown Result, whether the doorbell
+// must ring, and the time it read.
+func (s *Set[K, V]) complete(batch []Entry[K, V], err error) (stale, invalid int, ring bool, now int64) {
 	s.mu.Lock()
-	now := s.nowLocked()
+	defer s.mu.Unlock()
+	now = s.nowLocked()
 	if err != nil {
 		s.mu.stats.BatchFailures++
 		// Walk backwards, prepending, so the batch keeps its order at the head.
@@ -76,21 +97,7 @@ func (s *Set[K, V]) Complete(batch []Entry[K, V], err error) error {
 			}
 		}
 	}
-	s.mu.Unlock()
-	if ring {
-		s.ring()
-	}
-	if s.metrics != nil {
-		s.metrics.observeComplete(batch, now)
-	}
-	var errs []error
-	if stale > 0 {
-		errs = append(errs, fmt.Errorf("%w: %d of %d entries skipped", ErrNotInFlight, stale, len(batch)))
-	}
-	if invalid > 0 {
-		errs = append(errs, fmt.Errorf("%w: %d of %d entries kept as RetryKey", ErrInvalidResult, invalid, len(batch)))
-	}
-	return errors.Join(errs...)
+	return stale, invalid, ring, now
 }
 
 // inFlightLocked returns e's node if e is the current in-flight entry of

@@ -191,7 +191,17 @@ func (s *Set[K, V]) Doorbell() <-chan struct{} { return s.doorbell }
 // ready at once only if Options.Bypass says so. Add is valid at any time,
 // including after a Pump stopped; the key then simply waits in the set.
 func (s *Set[K, V]) Add(k K, v V) {
+	if s.add(k, v) {
+		s.ring()
+	}
+}
+
+// add is Add under the lock, released by defer: Merge, Bypass and the
+// clock are the user's code and may panic. It reports whether the doorbell
+// must ring.
+func (s *Set[K, V]) add(k K, v V) (ring bool) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.mu.stats.Adds++
 	// The doorbell rings only when the ready FIFO goes from empty to
 	// non-empty: while it holds keys, either a token is waiting or the
@@ -208,17 +218,31 @@ func (s *Set[K, V]) Add(k K, v V) {
 		} else {
 			s.insertLocked(k, v, s.stampLocked())
 		}
-		s.mu.Unlock()
-		if wasEmpty {
-			s.ring()
-		}
-		return
+		return wasEmpty
 	}
-	ring := s.mergeLocked(i, v) && wasEmpty
-	s.mu.Unlock()
-	if ring {
-		s.ring()
+	return s.mergeLocked(i, v) && wasEmpty
+}
+
+// drain is Drain under the lock (released by defer: the clock is the
+// user's code).
+func (s *Set[K, V]) drain(limit int, dst []Entry[K, V]) ([]Entry[K, V], int64) {
+	start := len(dst)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.nowLocked()
+	s.promoteDueLocked(now)
+	s.mu.token++
+	tok := s.mu.token
+	for len(dst)-start < limit && s.mu.head != none {
+		dst = append(dst, s.popReadyLocked(tok, now))
 	}
+	s.mu.stats.Drains++
+	got := len(dst) - start
+	if got == 0 {
+		s.mu.stats.EmptyDrains++
+	}
+	s.mu.stats.Drained += uint64(got)
+	return dst, now
 }
 
 // mergeLocked merges v into held node i and reports whether the key became
@@ -261,21 +285,7 @@ func (s *Set[K, V]) Drain(limit int, dst []Entry[K, V]) []Entry[K, V] {
 		limit = s.opts.MaxBatch
 	}
 	start := len(dst)
-	s.mu.Lock()
-	now := s.nowLocked()
-	s.promoteDueLocked(now)
-	s.mu.token++
-	tok := s.mu.token
-	for len(dst)-start < limit && s.mu.head != none {
-		dst = append(dst, s.popReadyLocked(tok, now))
-	}
-	s.mu.stats.Drains++
-	got := len(dst) - start
-	if got == 0 {
-		s.mu.stats.EmptyDrains++
-	}
-	s.mu.stats.Drained += uint64(got)
-	s.mu.Unlock()
+	dst, now := s.drain(limit, dst)
 	if s.metrics != nil {
 		s.metrics.observeDrain(dst[start:], now)
 	}

@@ -1,6 +1,7 @@
 package pendingset
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -240,4 +241,35 @@ func TestIdleSlotsAreReusedOldestFirst(t *testing.T) {
 	require.Equal(t, uint64(5), valuesOf(b)[0])
 	require.NoError(t, s.Complete(b, nil))
 	checkInvariants(t, s)
+}
+
+// TestAPanickingMergeLeavesTheSetUsable: Merge is the user's code and runs
+// under the set's lock; the lock is released by defer, so a Merge that
+// panics (in Add, or merging back in Complete) does not wedge every later
+// call.
+func TestAPanickingMergeLeavesTheSetUsable(t *testing.T) {
+	boom := true
+	s, _ := newTestSet(t, func(o *Options[int, uint64]) {
+		o.Merge = func(old, fresh uint64) uint64 {
+			if boom {
+				panic("merge bug")
+			}
+			return max(old, fresh)
+		}
+	})
+	s.Add(1, 1)
+	require.Panics(t, func() { s.Add(1, 2) }, "a merge into a held key")
+	require.True(t, s.mu.TryLock(), "Add released the lock")
+	s.mu.Unlock()
+
+	batch := s.Drain(0, nil)
+	require.Len(t, batch, 1)
+	s.Add(1, 3) // in flight: the first add is kept aside, no merge
+	require.Panics(t, func() { _ = s.Complete(batch, errors.New("down")) }, "a merge back of the failed value")
+	require.True(t, s.mu.TryLock(), "Complete released the lock")
+	s.mu.Unlock()
+
+	boom = false
+	s.Add(2, 5)
+	require.NotEmpty(t, s.Drain(0, nil), "the set still works")
 }
