@@ -31,13 +31,15 @@ test: fmt-check tidy-check vet
 
 # bench runs every benchmark with -benchmem, COUNT times, then cdcserver in
 # its saturation configuration (10k tables, one scan worker, a scan channel of
-# one), and prints one table of medians, the headline ratios and the server's
-# notify p99 and lag (scripts/benchtable).
+# one), prints one table of medians, the headline ratios and the server's
+# notify p99 and lag (scripts/benchtable), and rewrites the generated blocks
+# of README.md (headline) and docs/benchmarks.md (table) with them.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count $(COUNT) -benchtime $(BENCHTIME) $(PKGS) | tee bench.out
 	$(GO) run ./cmd/cdcserver --tables 10000 --scan-workers 1 --scan-queue 1 --duration 15s \
 		--progress-interval 0 --metrics-addr "" --json > bench_server.json
 	$(GO) run ./scripts/benchtable bench.out bench_server.json
+	$(GO) run ./scripts/benchtable -update bench.out bench_server.json
 
 # fuzz runs each fuzz target for FUZZTIME.
 fuzz:

@@ -6,10 +6,27 @@
 // resolved-ts proves rows applied, and heartbeats checkpoints to the service
 // (which drive the store's GC).
 //
+// It meets the service only through messaging.ControlPlane (register,
+// reset, remove, batched heartbeats: plain requests, typed errors), never
+// as Go calls into the service: it depends on pkg/messaging and pkg/common
+// alone, so it can live in another process.
+//
+// Registrations: every AddDispatcher is a new registration of the ID, with
+// an identity (messaging.RegistrationID) the collector chooses, a random
+// 64-bit base plus a counter, so no earlier registration of the ID shares
+// it. Only messages carrying the current registration are applied; others
+// (a table that moved away and back, whose old messages are still queued)
+// are ignored and counted (reason stale_registration). RemoveDispatcher
+// returns once the service's Remove (a fence: no send of the registration
+// in progress or to come) returned and the dispatcher's sink call in
+// flight, if any, ended.
+//
 // Receive rules, per dispatcher (the stream type; mirrors the strict checker
 // of the service's tests, but reacts instead of recording):
-//   - A message of an epoch below the current one is stale: ignored and
-//     counted. So is a message of a dispatcher the collector does not have.
+//   - A message of another registration of the dispatcher is ignored and
+//     counted, whatever its epoch and seq. A message of an epoch below the
+//     current one is stale: ignored and counted. So is a message of a
+//     dispatcher the collector does not have.
 //   - The current epoch's handshake (seq 1), when none was received yet, is
 //     accepted: the expected seq is 1 and resolved is its start-ts, which
 //     must not exceed the start-ts asked for (rows would be skipped). The
@@ -25,7 +42,7 @@
 //     order or at or below the resolved-ts, a DDL inside a split transaction,
 //     or a handshake above the start-ts asked for (invalid). A sink error
 //     resets too (sink_error). A reset moves to a new epoch above every epoch seen,
-//     with start-ts = the checkpoint, and calls Service.Reset; messages of
+//     with start-ts = the checkpoint, and calls the service's Reset; messages of
 //     older epochs are ignored from then on. The sink sees rows above the
 //     checkpoint again in the new epoch: deduplicate by (commit-ts, key).
 //   - A resolved-ts whose seq is below the expected one is stale (rows with
@@ -34,15 +51,17 @@
 //     DML batch ended inside a split transaction, the sink's Checkpoint is
 //     called with it and, once that returned nil, it is the dispatcher's
 //     checkpoint. Checkpoints only move forward.
-//   - If Service.Reset says the epoch is stale (a concurrent reset won), the
+//   - If the service's Reset says the epoch is stale (a concurrent reset won), the
 //     local epoch goes one above and the reset is retried once; any other
 //     failure keeps the dispatcher marked, and every heartbeat tick retries
 //     until the service acknowledges (its Reset succeeds, or the new epoch's
 //     handshake arrives). A recovery is never lost.
 //
-// Heartbeats: every HeartbeatInterval, each dispatcher whose checkpoint
-// advanced since the service last accepted one is reported with its epoch;
-// a stale-epoch answer is ignored (a reset is in flight) and the next tick
+// Heartbeats: every HeartbeatInterval, every dispatcher whose checkpoint
+// advanced since the service last accepted one is reported, with its
+// registration and epoch, in one batched call (several past
+// messaging.MaxHeartbeatCheckpoints); the service answers entry by entry. A
+// stale-epoch answer is ignored (a reset is in flight) and the next tick
 // reports again. Heartbeats run on their own goroutine, so a blocked sink
 // does not hold back checkpoints already confirmed.
 //
@@ -56,6 +75,6 @@
 // Lifecycle: New starts nothing; Start starts the receive and heartbeat
 // goroutines; Close stops them, waiting for a sink call in flight (it cannot
 // be interrupted; the loop checks for Close between messages). No goroutine
-// survives Close. Errors wrap the sentinels in errors.go (or the service's
-// errors); test with errors.Is.
+// survives Close. Errors wrap the sentinels in errors.go (or messaging's
+// control-plane sentinels); test with errors.Is.
 package eventcollector

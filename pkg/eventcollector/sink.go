@@ -12,7 +12,10 @@ import (
 // dispatcher the calls follow its stream: BeginEpoch, then rows and DDLs in
 // commit-ts order (a DDL after the rows of its commit-ts), with Checkpoint
 // whenever a resolved-ts proves everything at or below it was applied; a
-// reset starts over with BeginEpoch of a higher epoch.
+// reset starts over with BeginEpoch of a higher epoch. A dispatcher removed
+// and added again (a new registration) starts over with BeginEpoch of epoch
+// 1 from the start-ts it was added with; no call of the earlier
+// registration comes after RemoveDispatcher returned.
 //
 // A call may block (a slow downstream). The collector then stops draining
 // its inbox, the bounded inbox fills and the service's sends are refused:

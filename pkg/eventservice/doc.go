@@ -43,13 +43,27 @@
 //   - Schema frontier: rows are never read beyond the schema store's
 //     resolved-ts; a session held by it parks and is re-queued when the
 //     frontier passes, without a store notification.
+//   - Control plane: the service implements messaging.ControlPlane
+//     (Register, Reset, Remove, batched Heartbeat); its errors wrap
+//     messaging's sentinels, which a network carries as codes.
+//   - Registrations are identities: a dispatcher is one registration of an
+//     ID (Register to Remove), named by the collector's RegistrationID in
+//     every message header and control request. Requests of another
+//     registration change nothing (messaging.ErrStaleRegistration).
+//   - Remove is a fence: when it returns, no send of the registration is in
+//     progress and none will start. Owners send under the dispatcher's
+//     sendMu after checking the session is live, the pump under the
+//     target's deliverMu after filtering out retired sessions; Remove takes
+//     each once after retiring the session. Sends never block, so the wait
+//     is one transport call at most.
 //   - Lifecycle: a reset or remove retires the session (unlinked from every
 //     queue; an owner discards its results); Close gates notifications,
 //     unregisters from the store (waiting for in-flight callbacks), stops
 //     the workers, then the pumps. No goroutine survives it. A dispatcher's
 //     store registration is made and ended under its lock, after which it
 //     is marked removed, so none outlives Remove or Close. A target lives
-//     while it has dispatchers.
+//     while it has dispatchers. Locks held across the embedder's code (the
+//     store) are released by defer.
 //   - Bounded memory: queues are bounded by dispatchers, the scan channel
 //     by its size, a task by its limits, pending resolved-ts by dispatchers
 //     per target; a small task's rows own their memory, so a message

@@ -1,11 +1,17 @@
 // Package messaging defines the messages the event service sends to event
 // collectors (Handshake, DMLBatch, DDL, Resolved), the Transport they travel
 // over, an in-process Transport (InProcess) and a fault-injecting wrapper
-// (Faulty) for tests and the demo server.
+// (Faulty) for tests and the demo server; and the control plane the other
+// way (ControlPlane: Register, Reset, Remove and a batched Heartbeat), whose
+// requests and replies are plain values and whose errors map to a Code, so
+// that a collector can live in another process.
 //
 // Message semantics (enforced by the sender and checked by the receiver, not
 // by the transport):
-//   - Every message names its dispatcher and the dispatcher's epoch. Each
+//   - Every message names its dispatcher, the dispatcher's registration (a
+//     RegistrationID no earlier registration of the ID shares: a receiver
+//     applies only its current registration's messages) and the epoch
+//     within the registration, starting at 1. Each
 //     epoch starts with a Handshake at Seq 1; every later DMLBatch and DDL
 //     increments Seq by one; a Resolved carries the current Seq without
 //     incrementing it. A receiver that sees a gap, a stale epoch or data
@@ -26,6 +32,13 @@
 //   - Messages are passed by pointer, never copied: after a successful Send
 //     the sender must not modify them. The msgs slice itself is not retained.
 //   - Nothing here starts a goroutine or holds package-level state.
+//
+// Control-plane invariants: every request has a Validate (ErrInvalidRequest);
+// a reply's errors are ErrInvalidRequest, ErrClosed, ErrUnavailable,
+// ErrDispatcherExists, ErrUnknownDispatcher, ErrStaleRegistration,
+// ErrStaleEpoch or ErrInternal, and CodeOf / Code.Err map each to a wire code
+// and back; a heartbeat carries at most MaxHeartbeatCheckpoints entries and
+// is answered entry by entry.
 //
 // Every error wraps one of the sentinels in errors.go; test with errors.Is.
 package messaging

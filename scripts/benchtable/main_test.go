@@ -50,3 +50,46 @@ BenchmarkStoreWrite-2        	10	 100 ns/op	 250.5 MB/s	 2000000 rows/s
 		t.Fatal("missing argument accepted")
 	}
 }
+
+func TestUpdateRewritesOnlyTheGeneratedBlocks(t *testing.T) {
+	dir := t.TempDir()
+	bench := filepath.Join(dir, "bench.out")
+	in := "BenchmarkNotifySaturated-2 100 60.0 ns/op\nBenchmarkNotifyIdle-2 100 120.0 ns/op\n"
+	readme := filepath.Join(dir, "README.md")
+	doc := filepath.Join(dir, "benchmarks.md")
+	for p, body := range map[string]string{
+		bench:  in,
+		readme: "intro\n<!-- benchtable:headline -->\nstale 9.99\n<!-- /benchtable:headline -->\noutro\n",
+		doc:    "how to read\n<!-- benchtable:table -->\nstale\n<!-- /benchtable:table -->\nrows explained\n",
+	} {
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out bytes.Buffer
+	if err := run([]string{"-update", "-readme", readme, "-doc", doc, bench}, &out); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := os.ReadFile(readme)
+	d, _ := os.ReadFile(doc)
+	for _, c := range []struct {
+		got, want string
+	}{{string(r), "intro\n"}, {string(r), "0.50"}, {string(r), "\noutro\n"}, {string(d), "BenchmarkNotifyIdle"},
+		{string(d), "rows explained"}, {string(d), "medians of 1 runs"}} {
+		if !strings.Contains(c.got, c.want) {
+			t.Fatalf("lacks %q:\n%s", c.want, c.got)
+		}
+	}
+	if strings.Contains(string(r), "stale") || strings.Contains(string(d), "stale") {
+		t.Fatalf("old block content kept:\n%s\n%s", r, d)
+	}
+	if strings.Contains(string(r), "BenchmarkNotifyIdle ") {
+		t.Fatal("the README restates the table")
+	}
+	if err := os.WriteFile(doc, []byte("no markers\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := run([]string{"-update", "-readme", readme, "-doc", doc, bench}, &out); err == nil {
+		t.Fatal("a document without its block accepted")
+	}
+}
