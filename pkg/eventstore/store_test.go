@@ -230,7 +230,10 @@ func TestNotifyAfterCommitAndMonotonic(t *testing.T) {
 func TestUnregisterStopsNotifications(t *testing.T) {
 	env := newTestEnv(t, nil)
 	waiting := make(chan struct{})
-	env.store.stopWaits = func() { close(waiting) }
+	var waitingOnce sync.Once
+	// Idempotent: Close at cleanup may find the second dispatcher's
+	// callback in flight too and fire the hook again.
+	env.store.stopWaits = func() { waitingOnce.Do(func() { close(waiting) }) }
 	entered, release := make(chan struct{}, 1), make(chan struct{})
 	var releaseOnce sync.Once
 	releaseCallback := func() { releaseOnce.Do(func() { close(release) }) }
