@@ -85,14 +85,13 @@ type hooks struct {
 }
 
 // dispatcher is the collector's state of one registration of a
-// dispatcher. Every field but id, reg and span is guarded by Collector.mu.
+// dispatcher. Every field but id and reg is guarded by Collector.mu.
 type dispatcher struct {
 	id common.DispatcherID
 	// reg is the registration's identity: only messages carrying it are
 	// applied.
-	reg  messaging.RegistrationID
-	span common.Span
-	st   stream
+	reg messaging.RegistrationID
+	st  stream
 	// removed: dropped by RemoveDispatcher (or a failed AddDispatcher); a
 	// goroutine that looked it up before must discard its results.
 	removed bool
@@ -242,7 +241,7 @@ func (c *Collector) AddDispatcher(ctx context.Context, id common.DispatcherID, s
 	if h := c.hooks.registration; h != nil {
 		reg = h(id)
 	}
-	d := &dispatcher{id: id, reg: reg, span: span, st: newStream(startTs), lastHeartbeat: startTs}
+	d := &dispatcher{id: id, reg: reg, st: newStream(startTs), lastHeartbeat: startTs}
 	c.mu.dispatchers[id] = d
 	c.mu.Unlock()
 
