@@ -3,11 +3,15 @@ package eventstore
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -180,4 +184,81 @@ func BenchmarkRawPebbleScan(b *testing.B) {
 	sec := b.Elapsed().Seconds()
 	b.ReportMetric(float64(b.N*benchScanRows)/sec, "rows/s")
 	b.ReportMetric(float64(bytes)/sec/1e6, "MB/s")
+}
+
+// BenchmarkNewIteratorAfterGC measures what a scan pays to start (open an
+// iterator on a live subscription and read its first row) once `gcd`
+// other subscriptions had their rows garbage-collected: their range
+// tombstones sit in the memtable. GC writes a round's tombstones in one
+// batch, so pebble fragments them once and every iterator afterwards reads
+// the cached fragments; the figure to compare is the ratio between 1k and
+// 100k GC'd subscriptions (target: within 2x).
+func BenchmarkNewIteratorAfterGC(b *testing.B) {
+	for _, gcd := range []int{1000, 100_000} {
+		b.Run(fmt.Sprintf("gcd=%d", gcd), func(b *testing.B) { benchNewIteratorAfterGC(b, gcd) })
+	}
+}
+
+func benchNewIteratorAfterGC(b *testing.B, gcd int) {
+	up := &fakeUpstreamForTest{}
+	clk := clock.NewFake(time.UnixMilli(1_700_000_000_000))
+	s, err := Open(Options{Upstream: up, Clock: clk, MaintenanceInterval: time.Hour, GCMinSpan: time.Millisecond})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = s.Close() })
+	ts := func(ms int64) common.Ts { return common.ComposeTs(1_700_000_000_000+ms, 0) }
+	// Each dispatcher's notifier counts down once it saw every row
+	// committed (checkpoints are capped at the committed resolved-ts).
+	var committed sync.WaitGroup
+	committed.Add(gcd + 1)
+	notifier := func() Notifier {
+		var once sync.Once
+		return func(r, _ common.Ts) {
+			if r >= ts(30) {
+				once.Do(committed.Done)
+			}
+		}
+	}
+	row := func(k string, commit common.Ts) common.Row {
+		return common.Row{Op: common.OpPut, Key: []byte(k), Value: make([]byte, benchRowBytes), StartTs: commit - 1, CommitTs: commit}
+	}
+	// Dispatcher 0 is the live one; 1..gcd get two rows each, then a
+	// checkpoint above both, so a GC round deletes them.
+	for i := 0; i <= gcd; i++ {
+		if err := s.RegisterDispatcher(did(uint64(i+1)), common.TableSpan(int64(i+1)), 0, notifier()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, sub := range up.subs() {
+		if err := sub.sink.Push(context.Background(), Batch{Rows: []common.Row{row("a", ts(10)), row("b", ts(20))}, ResolvedTs: ts(30)}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	committed.Wait()
+	for i := 1; i <= gcd; i++ {
+		if err := s.UpdateCheckpoint(did(uint64(i+1)), ts(30)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	s.maintain()
+	if got := testutil.ToFloat64(s.metrics.gcRangesDeleted); got != float64(gcd) {
+		b.Fatalf("%v ranges deleted, want %d", got, gcd)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		it, err := s.NewIterator(did(1), ScanRange{Start: 0, End: ts(30)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if !it.Next() {
+			b.Fatal("no first row")
+		}
+		if err := it.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -19,6 +19,7 @@ type metrics struct {
 	resolvedLag     prometheus.Histogram
 	rejectedRows    *prometheus.CounterVec
 	gcRangesDeleted prometheus.Counter
+	gcRounds        prometheus.Counter
 	subsRemoved     prometheus.Counter
 }
 
@@ -59,6 +60,7 @@ func newMetrics() *metrics {
 		rejectedRows: prometheus.NewCounterVec(prometheus.CounterOpts(opts("rejected_rows_total",
 			"Rows refused at Push, by reason (before_resolved, outside_span, invalid).")), []string{"reason"}),
 		gcRangesDeleted: prometheus.NewCounter(prometheus.CounterOpts(opts("gc_ranges_deleted_total", "Range deletions issued by checkpoint GC."))),
+		gcRounds:        prometheus.NewCounter(prometheus.CounterOpts(opts("gc_rounds_total", "Checkpoint GC rounds that deleted ranges, each written as one pebble batch."))),
 		subsRemoved:     prometheus.NewCounter(prometheus.CounterOpts(opts("subscriptions_removed_total", "Idle subscriptions ended and deleted."))),
 	}
 	for _, r := range []string{rejectBeforeResolved, rejectOutsideSpan, rejectInvalid} {
@@ -69,7 +71,7 @@ func newMetrics() *metrics {
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.rowsWritten, m.bytesWritten, m.writeBatch, m.notifyDuration, m.notifications,
-		m.subscriptions, m.dispatchers, m.resolvedLag, m.rejectedRows, m.gcRangesDeleted, m.subsRemoved}
+		m.subscriptions, m.dispatchers, m.resolvedLag, m.rejectedRows, m.gcRangesDeleted, m.gcRounds, m.subsRemoved}
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {

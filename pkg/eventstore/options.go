@@ -48,6 +48,14 @@ type Options struct {
 	// GCMaxDelay: a pending GC range is deleted after waiting this long even
 	// if it is smaller than GCMinSpan. Default 30s.
 	GCMaxDelay time.Duration
+	// GCInterval: the deletions due are written together, in one pebble
+	// batch, at most once per GCInterval. Pebble re-fragments a memtable's
+	// range tombstones once per batch that adds some, and every new
+	// iterator reads them, so few large batches are cheap where a
+	// tombstone per subscription written on its own taxes every scan.
+	// Default 1s; a value at or below MaintenanceInterval runs a round at
+	// every maintenance tick.
+	GCInterval time.Duration
 	// CacheBytes is pebble's block cache size. Default 64 MiB.
 	CacheBytes int64
 	// MemTableBytes is pebble's memtable size. Default 64 MiB.
@@ -71,6 +79,7 @@ const (
 	DefaultMaintenanceInterval = 100 * time.Millisecond
 	DefaultGCMinSpan           = 5 * time.Second
 	DefaultGCMaxDelay          = 30 * time.Second
+	DefaultGCInterval          = time.Second
 	DefaultCacheBytes          = 64 << 20
 	DefaultMemTableBytes       = 64 << 20
 )
@@ -94,6 +103,9 @@ func (o Options) EnsureDefaults() Options {
 	}
 	if o.GCMinSpan == 0 {
 		o.GCMinSpan = DefaultGCMinSpan
+	}
+	if o.GCInterval == 0 {
+		o.GCInterval = DefaultGCInterval
 	}
 	if o.GCMaxDelay == 0 {
 		o.GCMaxDelay = DefaultGCMaxDelay
@@ -125,6 +137,7 @@ func (o Options) Validate() error {
 	p.Require(o.MaintenanceInterval > 0, "MaintenanceInterval %v must be positive", o.MaintenanceInterval)
 	p.Require(o.GCMinSpan >= 0, "GCMinSpan %v must not be negative", o.GCMinSpan)
 	p.Require(o.GCMaxDelay >= 0, "GCMaxDelay %v must not be negative", o.GCMaxDelay)
+	p.Require(o.GCInterval >= 0, "GCInterval %v must not be negative", o.GCInterval)
 	p.Require(o.CacheBytes >= 0, "CacheBytes %d must not be negative", o.CacheBytes)
 	p.Require(o.MemTableBytes >= 1<<20 && o.MemTableBytes <= 4<<30, "MemTableBytes %d not in [1 MiB, 4 GiB]", o.MemTableBytes)
 	return p.Err()

@@ -42,6 +42,9 @@ type Store struct {
 	// notifyLatency records the real time of every notifier callback.
 	notifyLatency latency.Histogram
 
+	// maint schedules GC and idle expiry (see maintenance.go).
+	maint maintenance
+
 	// stopWaits, if set (by tests only, before use), runs when an
 	// unregistration finds its dispatcher's callback in flight and is
 	// about to wait for it.
@@ -208,6 +211,7 @@ func (s *Store) addSubscriber(sb *subscriber, span common.Span) (resolved, maxCo
 	sb.sub = sub
 	sub.mu.Lock()
 	sub.addSubscriberLocked(sb)
+	s.noteGCLocked(sub, s.opts.Clock.Now())
 	resolved, maxCommit = sub.mu.resolved, sub.mu.maxCommit
 	sub.mu.Unlock()
 	s.mu.dispatchers[sb.id] = sb
@@ -268,8 +272,12 @@ func (s *Store) UnregisterDispatcher(id common.DispatcherID) error {
 	}
 	delete(s.mu.dispatchers, id)
 	s.metrics.dispatchers.Set(float64(len(s.mu.dispatchers)))
+	now := s.opts.Clock.Now()
 	sb.sub.mu.Lock()
-	sb.sub.removeSubscriberLocked(sb, s.opts.Clock.Now())
+	if sb.sub.removeSubscriberLocked(sb, now) {
+		s.scheduleIdleLocked(sb.sub, now)
+	}
+	s.noteGCLocked(sb.sub, now)
 	sb.sub.mu.Unlock()
 	s.mu.Unlock()
 	sb.stop(s.stopWaits)
@@ -297,6 +305,7 @@ func (s *Store) UpdateCheckpoint(id common.DispatcherID, ts common.Ts) error {
 	if ts > sb.checkpoint {
 		sb.checkpoint = ts
 		sub.recomputeGCLocked()
+		s.noteGCLocked(sub, s.opts.Clock.Now())
 	}
 	return nil
 }

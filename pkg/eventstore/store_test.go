@@ -445,10 +445,10 @@ func TestCloseDuringWrites(t *testing.T) {
 
 func TestOptionsValidationReportsEveryField(t *testing.T) {
 	_, err := Open(Options{WriteWorkers: -1, WriteQueueSize: -1, MaxBatchRows: -1, IdleTTL: -1,
-		MaintenanceInterval: -1, GCMinSpan: -1, GCMaxDelay: -1, CacheBytes: -1, MemTableBytes: 10})
+		MaintenanceInterval: -1, GCMinSpan: -1, GCMaxDelay: -1, GCInterval: -1, CacheBytes: -1, MemTableBytes: 10})
 	require.ErrorIs(t, err, ErrInvalidOptions)
 	for _, field := range []string{"Upstream", "WriteWorkers", "WriteQueueSize", "MaxBatchRows", "IdleTTL",
-		"MaintenanceInterval", "GCMinSpan", "GCMaxDelay", "CacheBytes", "MemTableBytes"} {
+		"MaintenanceInterval", "GCMinSpan", "GCMaxDelay", "GCInterval", "CacheBytes", "MemTableBytes"} {
 		require.Contains(t, err.Error(), field)
 	}
 	_, err = Open(Options{Upstream: (*fakeUpstreamForTest)(nil), Clock: (*clock.Fake)(nil)})
@@ -560,4 +560,46 @@ func TestAPanickingUpstreamLeavesNoLockHeld(t *testing.T) {
 	require.True(t, s.mu.TryLock(), "Store.mu was released by defer")
 	s.mu.Unlock()
 	require.NoError(t, s.Close())
+}
+
+// TestGCRoundIsOneBatchAndFollowsChange: a GC round writes every due
+// deletion in one pebble batch (a tombstone per subscription written on
+// its own made every new iterator re-fragment all of them), and only
+// subscriptions whose checkpoint moved are scheduled at all: maintenance
+// never walks the population.
+func TestGCRoundIsOneBatchAndFollowsChange(t *testing.T) {
+	env := newTestEnv(t, func(o *Options) { o.GCMinSpan = time.Millisecond })
+	const n = 50
+	ms := func(n int64) common.Ts { return common.ComposeTs(n, 0) }
+	rs := make([]*recorder, n)
+	for i := range n {
+		rs[i] = newRecorder()
+		require.NoError(t, env.store.RegisterDispatcher(did(uint64(i+1)), common.TableSpan(int64(i+1)), 0, rs[i].notify))
+	}
+	for i, sub := range env.up.subs() {
+		push(t, sub, ms(30), put("a", ms(5), ms(10)))
+		rs[i].waitResolved(t, ms(30))
+	}
+	env.store.maint.mu.Lock()
+	require.Zero(t, env.store.maint.mu.delay.Len(), "no checkpoint moved: nothing scheduled")
+	env.store.maint.mu.Unlock()
+
+	for i := range 3 {
+		require.NoError(t, env.store.UpdateCheckpoint(did(uint64(i+1)), ms(20)))
+	}
+	env.store.maint.mu.Lock()
+	require.Equal(t, 3, env.store.maint.mu.delay.Len(), "only the subscriptions whose checkpoint moved")
+	require.Len(t, env.store.maint.mu.ripe, 3)
+	env.store.maint.mu.Unlock()
+	for i := 3; i < n; i++ {
+		require.NoError(t, env.store.UpdateCheckpoint(did(uint64(i+1)), ms(20)))
+	}
+	env.store.maintain()
+	require.Equal(t, float64(n), testutil.ToFloat64(env.store.metrics.gcRangesDeleted))
+	require.Equal(t, 1.0, testutil.ToFloat64(env.store.metrics.gcRounds), "one batch for the whole round")
+	for _, sub := range env.up.subs() {
+		require.Zero(t, countRaw(t, env.store, sub), "the row below the checkpoint is gone")
+	}
+	env.store.maintain()
+	require.Equal(t, 1.0, testutil.ToFloat64(env.store.metrics.gcRounds), "nothing pending: no round")
 }

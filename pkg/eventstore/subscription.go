@@ -112,7 +112,11 @@ type subscription struct {
 		// gcTarget is the minimum checkpoint of the subscribers; rows below
 		// it may be deleted. gcDone is how far deletion went.
 		gcTarget, gcDone common.Ts
-		gcPendingSince   time.Time
+		// gcPendingSince is when [gcDone, gcTarget) became pending (zero:
+		// nothing pending, or taken by a GC round); gcRipe: it is in the
+		// ripe list (see maintenance).
+		gcPendingSince time.Time
+		gcRipe         bool
 		// idleSince is when the last subscriber left; zero while it has any.
 		idleSince time.Time
 		removed   bool
@@ -134,8 +138,9 @@ func (sub *subscription) addSubscriberLocked(sb *subscriber) {
 	sub.recomputeGCLocked()
 }
 
-// removeSubscriberLocked unpublishes sb. REQUIRES: sub.mu held.
-func (sub *subscription) removeSubscriberLocked(sb *subscriber, now time.Time) {
+// removeSubscriberLocked unpublishes sb and reports whether sub became
+// idle. REQUIRES: sub.mu held.
+func (sub *subscription) removeSubscriberLocked(sb *subscriber, now time.Time) (idle bool) {
 	next := make([]*subscriber, 0, len(sub.mu.subscribers))
 	for _, x := range sub.mu.subscribers {
 		if x != sb {
@@ -147,6 +152,7 @@ func (sub *subscription) removeSubscriberLocked(sb *subscriber, now time.Time) {
 		sub.mu.idleSince = now
 	}
 	sub.recomputeGCLocked()
+	return len(next) == 0
 }
 
 // recomputeGCLocked derives the GC target from the subscribers'

@@ -237,6 +237,7 @@ var ratios = []ratio{
 	{"scheduler scan, 1 dispatcher / raw pebble scan (rows/s)", "BenchmarkScanThroughput/dispatchers=1", "BenchmarkRawPebbleScanReference", "rows/s", ">= 0.5"},
 	{"scheduler scan, 2 dispatchers / raw pebble scan (rows/s)", "BenchmarkScanThroughput/dispatchers=2", "BenchmarkRawPebbleScanReference", "rows/s", ">= 0.5"},
 	{"store scan / raw pebble scan (rows/s)", "BenchmarkStoreScan", "BenchmarkRawPebbleScan", "rows/s", ">= 0.7"},
+	{"new iterator + first row, 100k / 1k GC'd subscriptions (ns/op)", "BenchmarkNewIteratorAfterGC/gcd=100000", "BenchmarkNewIteratorAfterGC/gcd=1000", "ns/op", "<= 2"},
 }
 
 func printRatios(out io.Writer, results map[string]samples) {
