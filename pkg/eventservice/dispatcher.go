@@ -114,13 +114,18 @@ type session struct {
 	}
 	// blockedAt is the schema frontier the session waits to see pass.
 	blockedAt atomic.Uint64
+	// kaGen is the keepalive generation whose list holds the session (see
+	// keepaliveSet).
+	kaGen atomic.Uint64
 }
 
-// publish records delivered progress (ts at seq).
+// publish records delivered progress (ts at seq) and has the keepalive
+// loop look at the session an interval later.
 func (s *session) publish(ts common.Ts, seq uint64, now time.Time) {
 	s.pub.Lock()
 	s.pub.ts, s.pub.seq, s.pub.at = ts, seq, now
 	s.pub.Unlock()
+	s.d.svc.kaSet.note(s)
 }
 
 // published returns the last delivered progress and when it changed.
@@ -135,6 +140,7 @@ func (s *session) touch(now time.Time) {
 	s.pub.Lock()
 	s.pub.at = now
 	s.pub.Unlock()
+	s.d.svc.kaSet.note(s)
 }
 
 func newSession(d *dispatcher, epoch uint64, startTs common.Ts) *session {

@@ -1,60 +1,118 @@
 package eventservice
 
 import (
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cdcflow/eventservice/pkg/clock"
 )
 
+// keepaliveSet tracks the sessions that published progress, so that the
+// keepalive loop looks only at them, never at every dispatcher. A session
+// enters the current generation's list once, when it publishes (or is
+// touched by a keepalive); each SignalInterval the loop swaps in a new
+// generation and examines the previous list. A session examined there is
+// dropped when it published again since (it is in the new list), when it
+// is retired, or when its collector acknowledged its progress; it is
+// carried over when its progress is still younger than SignalInterval;
+// otherwise it gets a keepalive, which touches it into the new list. The
+// work per interval is thus the number of sessions that published in the
+// interval before, plus the unacknowledged ones: it follows change.
+type keepaliveSet struct {
+	// gen is the current generation; a session whose kaGen equals it is in
+	// cur. Written under mu only.
+	gen atomic.Uint64
+	mu  struct {
+		sync.Mutex
+		cur []*session
+	}
+}
+
+// note puts s into the current generation's list unless it is there.
+func (k *keepaliveSet) note(s *session) {
+	if s.kaGen.Load() == k.gen.Load() {
+		return
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	g := k.gen.Load()
+	if s.kaGen.Load() == g {
+		return
+	}
+	s.kaGen.Store(g)
+	k.mu.cur = append(k.mu.cur, s)
+}
+
+// swap starts a new generation and returns the previous list; spare is
+// reused for the new one.
+func (k *keepaliveSet) swap(spare []*session) []*session {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	prev := k.mu.cur
+	k.mu.cur = spare[:0]
+	k.gen.Add(1)
+	return prev
+}
+
+// len returns the size of the current list.
+func (k *keepaliveSet) len() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.mu.cur)
+}
+
 // runKeepalive re-sends, every SignalInterval, the published progress of
-// dispatchers whose collector has not acknowledged it by heartbeat for a
-// whole interval. If the last message of a dispatcher was dropped, no later
+// sessions whose collector has not acknowledged it by heartbeat for a whole
+// interval. If the last message of a dispatcher was dropped, no later
 // message would ever reveal the seq gap and the collector would wait
 // forever: the keepalive's resolved-ts carries the current seq, the
-// collector sees the gap and resets. Acknowledged dispatchers cost one
-// comparison per interval.
+// collector sees the gap and resets.
 func (svc *Service) runKeepalive(t clock.Ticker) {
 	defer t.Stop()
-	var ds []*dispatcher
+	var prev, spare []*session
 	for {
 		select {
 		case <-t.C():
 		case <-svc.closing:
 			return
 		}
-		ds = svc.snapshotDispatchers(ds[:0])
+		prev = svc.kaSet.swap(spare)
 		now := svc.opts.Clock.Now()
-		for _, d := range ds {
-			svc.keepalive(d, now)
+		gen := svc.kaSet.gen.Load()
+		for _, s := range prev {
+			if s.kaGen.Load() != gen {
+				svc.keepalive(s, now)
+			}
 		}
-		clear(ds)
+		if h := svc.hooks.keepaliveRound; h != nil {
+			h(len(prev))
+		}
+		clear(prev)
+		spare = prev[:0]
 	}
 }
 
-func (svc *Service) snapshotDispatchers(dst []*dispatcher) []*dispatcher {
-	svc.mu.RLock()
-	defer svc.mu.RUnlock()
-	for _, d := range svc.mu.dispatchers {
-		dst = append(dst, d)
-	}
-	return dst
-}
-
-// keepalive re-sends d's published progress if it is unacknowledged and
-// older than SignalInterval.
-func (svc *Service) keepalive(d *dispatcher, now time.Time) {
-	s := d.session.Load()
-	ts, seq, at := s.published()
-	if seq == 0 || now.Sub(at) < svc.opts.SignalInterval {
+// keepalive examines s, which published progress in an earlier interval:
+// a keepalive if that progress is unacknowledged and SignalInterval old,
+// a carry-over into the current list if it is younger.
+func (svc *Service) keepalive(s *session, now time.Time) {
+	if st, _ := s.sched.load(); st == stateRemoved {
 		return
 	}
+	ts, seq, at := s.published()
+	if seq == 0 {
+		return
+	}
+	if now.Sub(at) < svc.opts.SignalInterval {
+		svc.kaSet.note(s) // look again next interval
+		return
+	}
+	d := s.d
 	d.mu.Lock()
 	acked := d.mu.checkpoint >= ts && !d.mu.needRegister
 	d.mu.Unlock()
-	if acked {
-		return
-	}
-	if st, _ := s.sched.load(); st == stateRemoved {
+	if acked || d.session.Load() != s {
 		return
 	}
 	s.touch(now)

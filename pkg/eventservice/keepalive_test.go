@@ -81,14 +81,45 @@ func TestKeepaliveOnlyForUnacknowledgedProgress(t *testing.T) {
 	ts, _, at := d.session.Load().published()
 	require.Equal(t, common.Ts(40), ts)
 
-	h.svc.keepalive(d, at.Add(30*time.Minute))
+	h.svc.keepalive(d.session.Load(), at.Add(30*time.Minute))
 	require.Zero(t, testutilCounter(h.svc.metrics.keepalives), "published recently")
-	h.svc.keepalive(d, at.Add(time.Hour))
+	h.svc.keepalive(d.session.Load(), at.Add(time.Hour))
 	require.Equal(t, 1.0, testutilCounter(h.svc.metrics.keepalives), "unacknowledged for an interval")
-	h.svc.keepalive(d, at.Add(90*time.Minute))
+	h.svc.keepalive(d.session.Load(), at.Add(90*time.Minute))
 	require.Equal(t, 1.0, testutilCounter(h.svc.metrics.keepalives), "rate-limited to one per interval")
 	require.NoError(t, h.heartbeat(id, 1, 40))
-	h.svc.keepalive(d, at.Add(5*time.Hour))
+	h.svc.keepalive(d.session.Load(), at.Add(5*time.Hour))
 	require.Equal(t, 1.0, testutilCounter(h.svc.metrics.keepalives), "acknowledged: nothing to re-send")
 	h.check.waitResolved(id, 40)
+}
+
+// TestKeepaliveFollowsChange: the keepalive loop examines only sessions
+// that published progress in the interval before (or still wait for an
+// acknowledgement), never every dispatcher: once every collector
+// acknowledged and nothing moves, a round examines nothing.
+func TestKeepaliveFollowsChange(t *testing.T) {
+	fc := clock.NewFake(time.Unix(1_000_000, 0))
+	rounds := make(chan int, 16)
+	h := newHarness(t, func(o *Options) { o.Clock = fc }, hooks{keepaliveRound: func(n int) { rounds <- n }})
+	h.advanceSchema(1 << 40)
+	const n = 100
+	ids := make([]common.DispatcherID, n)
+	for i := range ids {
+		ids[i] = h.register(uint64(i+1), 10)
+	}
+	for _, id := range ids {
+		h.check.waitResolved(id, 10) // each published its handshake
+		require.NoError(t, h.heartbeat(id, 1, 10))
+	}
+	fc.Advance(h.svc.opts.SignalInterval)
+	require.Equal(t, n, <-rounds, "the round after the handshakes examines those that published")
+	require.Zero(t, testutilCounter(h.svc.metrics.keepalives), "all acknowledged")
+	fc.Advance(h.svc.opts.SignalInterval)
+	require.Zero(t, <-rounds, "nothing published, nothing unacknowledged: nothing examined")
+
+	h.push(1, 40, row("a", 15, 20)) // one dispatcher moves
+	h.check.waitResolved(ids[0], 40)
+	fc.Advance(h.svc.opts.SignalInterval)
+	require.Equal(t, 1, <-rounds)
+	require.Equal(t, 1.0, testutilCounter(h.svc.metrics.keepalives), "its progress is unacknowledged")
 }

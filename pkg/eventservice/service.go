@@ -35,6 +35,7 @@ type Service struct {
 	counters []workerCounters // indexed by preparation worker
 	blocked  *blockedSet
 	backoff  *backoffTimers
+	kaSet    keepaliveSet
 
 	// scanPending counts sessions in scanQueued (in the channel or waiting
 	// to enter it).
@@ -85,6 +86,9 @@ type hooks struct {
 	// beforeFence runs in Remove after the registration was retired and
 	// unregistered from the store, before it waits for sends in flight.
 	beforeFence func(d *dispatcher)
+	// keepaliveRound runs after each keepalive round with the number of
+	// sessions it examined.
+	keepaliveRound func(examined int)
 	// closeUnregistered runs in Close once every dispatcher is
 	// unregistered from the store, before the workers are stopped.
 	closeUnregistered func()
@@ -110,6 +114,7 @@ func New(opts Options) (*Service, error) {
 		svc.prepQueues[i] = newPrepareQueue()
 	}
 	svc.blocked = newBlockedSet()
+	svc.kaSet.gen.Store(1) // a new session's kaGen, 0, is in no list
 	svc.backoff = newBackoffTimers(opts.Clock)
 	svc.metrics = newMetrics(svc)
 	if err := svc.metrics.register(opts.Registerer); err != nil {
