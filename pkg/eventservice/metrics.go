@@ -92,20 +92,23 @@ func newMetrics(svc *Service) *metrics {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name(n), Help: help}, f)
 	}
 	m.funcs = []prometheus.Collector{
-		counter("notifications_total", "Store notifications received.", func() float64 { return float64(svc.Stats().Notifications) }),
+		// These read Progress, O(workers); only walkCollector walks the
+		// dispatchers, once per scrape.
+		counter("notifications_total", "Store notifications received.", func() float64 { return float64(svc.Progress().Notifications) }),
 		counter("coalesced_notifications_total", "Notifications absorbed by queued work or recorded as a pending follow-up.",
-			func() float64 { return float64(svc.Stats().Coalesced) }),
-		gauge("pending_prepare_tasks", "Sessions in the preparation queues.", func() float64 { return float64(svc.Stats().PendingPrepare) }),
-		gauge("pending_scan_tasks", "Sessions handed to (or waiting for) the scan channel.", func() float64 { return float64(svc.Stats().PendingScan) }),
+			func() float64 { return float64(svc.Progress().Coalesced) }),
+		gauge("pending_prepare_tasks", "Sessions in the preparation queues.", func() float64 { return float64(svc.Progress().PendingPrepare) }),
+		gauge("pending_scan_tasks", "Sessions handed to (or waiting for) the scan channel.", func() float64 { return float64(svc.Progress().PendingScan) }),
 		gauge("pending_tasks", "Preparation plus scan tasks pending.", func() float64 {
-			st := svc.Stats()
-			return float64(st.PendingPrepare + st.PendingScan)
+			p := svc.Progress()
+			return float64(p.PendingPrepare + p.PendingScan)
 		}),
 		gauge("schema_blocked_dispatchers", "Dispatchers parked until the schema frontier advances.", func() float64 { return float64(svc.blocked.len()) }),
 		counter("resets_total", "Dispatcher resets accepted.", func() float64 { return float64(svc.resets.Load()) }),
-		&stateCollector{svc: svc, desc: prometheus.NewDesc(name("dispatchers"), "Dispatchers by scan state.", []string{"state"}, nil)},
-		&lagCollector{svc: svc, desc: prometheus.NewDesc(name("resolved_lag_seconds"),
-			"Physical lag of the slowest dispatcher's resolved-ts: received from the store, or sent downstream.", []string{"kind"}, nil)},
+		&walkCollector{svc: svc,
+			states: prometheus.NewDesc(name("dispatchers"), "Dispatchers by scan state.", []string{"state"}, nil),
+			lag: prometheus.NewDesc(name("resolved_lag_seconds"),
+				"Physical lag of the slowest dispatcher's resolved-ts: received from the store, or sent downstream.", []string{"kind"}, nil)},
 	}
 	return m
 }
@@ -128,33 +131,25 @@ func (m *metrics) observeNotify(d time.Duration) {
 	m.notifyDuration.Observe(d.Seconds())
 }
 
-// stateCollector counts dispatchers by state at scrape time, so the notify
-// path pays nothing for it.
-type stateCollector struct {
-	svc  *Service
-	desc *prometheus.Desc
+// walkCollector reports, at scrape time, what needs a walk over the
+// dispatchers: their count by scan state and the resolved-ts lag of the
+// slowest. One walk serves both, so a scrape costs one pass (the notify
+// path pays nothing for either).
+type walkCollector struct {
+	svc         *Service
+	states, lag *prometheus.Desc
 }
 
-func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *walkCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.states
+	ch <- c.lag
+}
 
-func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	counts := c.svc.Stats().States
+func (c *walkCollector) Collect(ch chan<- prometheus.Metric) {
+	w := c.svc.walk()
 	for st := range numStates {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(counts[st]), st.String())
+		ch <- prometheus.MustNewConstMetric(c.states, prometheus.GaugeValue, float64(w.states[st]), st.String())
 	}
-}
-
-// lagCollector reports the received and sent resolved-ts lag of the
-// slowest dispatcher at scrape time.
-type lagCollector struct {
-	svc  *Service
-	desc *prometheus.Desc
-}
-
-func (c *lagCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
-	st := c.svc.Stats()
 	now := c.svc.opts.Clock.Now()
 	lag := func(ts common.Ts) float64 {
 		if ts == 0 {
@@ -162,8 +157,38 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		return ts.Lag(now).Seconds()
 	}
-	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, lag(st.MinReceived), "received")
-	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, lag(st.MinSent), "sent")
+	ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, lag(w.minReceived), "received")
+	ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, lag(w.minSent), "sent")
+}
+
+// walkResult is what one pass over the dispatchers finds.
+type walkResult struct {
+	dispatchers          int
+	states               [numStates]int
+	minReceived, minSent common.Ts
+}
+
+// walk makes one pass over the dispatchers, under Service.mu (read): O(n).
+func (svc *Service) walk() walkResult {
+	var w walkResult
+	svc.mu.RLock()
+	defer svc.mu.RUnlock()
+	w.dispatchers = len(svc.mu.dispatchers)
+	first := true
+	for _, d := range svc.mu.dispatchers {
+		s := d.session.Load()
+		state, _ := s.sched.load()
+		w.states[state]++
+		rec, sent := common.Ts(d.received.Load()), common.Ts(s.sent.Load())
+		if first || rec < w.minReceived {
+			w.minReceived = rec
+		}
+		if first || sent < w.minSent {
+			w.minSent = sent
+		}
+		first = false
+	}
+	return w
 }
 
 // Stats is a snapshot of the service's state, for tests, the demo server's
@@ -185,27 +210,12 @@ type Stats struct {
 	NotifyP50, NotifyP99, NotifyP999, NotifyMax time.Duration
 }
 
-// Stats returns a snapshot; it walks every dispatcher (O(n)).
+// Stats returns a snapshot; it walks every dispatcher once (O(n)).
 func (svc *Service) Stats() Stats {
 	st := Stats{Progress: svc.Progress()}
 	st.SchemaBlocked = svc.blocked.len()
-	svc.mu.RLock()
-	st.Dispatchers = len(svc.mu.dispatchers)
-	first := true
-	for _, d := range svc.mu.dispatchers {
-		s := d.session.Load()
-		state, _ := s.sched.load()
-		st.States[state]++
-		rec, sent := common.Ts(d.received.Load()), common.Ts(s.sent.Load())
-		if first || rec < st.MinReceived {
-			st.MinReceived = rec
-		}
-		if first || sent < st.MinSent {
-			st.MinSent = sent
-		}
-		first = false
-	}
-	svc.mu.RUnlock()
+	w := svc.walk()
+	st.Dispatchers, st.States, st.MinReceived, st.MinSent = w.dispatchers, w.states, w.minReceived, w.minSent
 	st.BackingOff = st.States[stateBackingOff]
 	h := &svc.metrics.notifyLatency
 	st.NotifyP50, st.NotifyP99, st.NotifyP999, st.NotifyMax = h.Quantile(0.5), h.Quantile(0.99), h.Quantile(0.999), h.Max()
