@@ -58,6 +58,9 @@ type Store struct {
 		dispatchers map[common.DispatcherID]*subscriber
 		subsBySpan  map[string][]*subscription
 		subs        map[uint64]*subscription
+		// subscribing marks the spans a registration is subscribing at the
+		// upstream (outside the lock); the channel closes when it is done.
+		subscribing map[string]chan struct{}
 	}
 }
 
@@ -71,6 +74,7 @@ func Open(opts Options) (*Store, error) {
 	s.mu.dispatchers = make(map[common.DispatcherID]*subscriber)
 	s.mu.subsBySpan = make(map[string][]*subscription)
 	s.mu.subs = make(map[uint64]*subscription)
+	s.mu.subscribing = make(map[string]chan struct{})
 	s.queues = make([]chan writeEvent, opts.WriteWorkers)
 	for i := range s.queues {
 		s.queues[i] = make(chan writeEvent, opts.WriteQueueSize)
@@ -191,32 +195,131 @@ func (s *Store) RegisterDispatcher(id common.DispatcherID, span common.Span, sta
 
 // addSubscriber attaches sb to a subscription of span (an existing one that
 // still holds its rows, or a new one subscribed at the upstream) and maps
-// it, returning the subscription's progress. s.mu is released by defer:
-// Upstream.Subscribe is the embedder's code and may panic.
+// it, returning the subscription's progress. Store.mu is never held across
+// Upstream.Subscribe (the embedder's code, which may be slow or panic):
+// the span is marked as being subscribed, other registrations of it wait
+// for that mark (outside the lock) and then look again, and the new
+// subscription is published under the lock afterwards.
 func (s *Store) addSubscriber(sb *subscriber, span common.Span) (resolved, maxCommit common.Ts, err error) {
+	for {
+		sub, wait, err := s.attachOrReserve(sb, span)
+		switch {
+		case err != nil:
+			return 0, 0, err
+		case sub != nil:
+			resolved, maxCommit = sub.progress()
+			return resolved, maxCommit, nil
+		case wait != nil:
+			select { // another registration is subscribing the span
+			case <-wait:
+				continue
+			case <-s.closing:
+				return 0, 0, ErrClosed
+			}
+		}
+		// This registration reserved the span: it subscribes.
+		if sub, err = s.subscribeReserved(sb, span); err != nil {
+			return 0, 0, err
+		}
+		resolved, maxCommit = sub.progress()
+		return resolved, maxCommit, nil
+	}
+}
+
+// attachOrReserve attaches sb to a sharable subscription of span if there
+// is one (returning it); else, if another registration is subscribing the
+// span, returns the channel that closes when it is done; else reserves the
+// span for this registration (all nil).
+func (s *Store) attachOrReserve(sb *subscriber, span common.Span) (*subscription, <-chan struct{}, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mu.closed || s.isClosing() {
-		return 0, 0, ErrClosed
+		return nil, nil, ErrClosed
 	}
 	if _, ok := s.mu.dispatchers[sb.id]; ok {
-		return 0, 0, fmt.Errorf("%w: %v", ErrDispatcherExists, sb.id)
+		return nil, nil, fmt.Errorf("%w: %v", ErrDispatcherExists, sb.id)
 	}
-	sub := s.findSharableLocked(span, sb.startTs)
-	if sub == nil {
-		if sub, err = s.subscribeLocked(span, sb.startTs); err != nil {
-			return 0, 0, err
-		}
+	if sub := s.findSharableLocked(span, sb.startTs); sub != nil {
+		s.attachLocked(sb, sub)
+		return sub, nil, nil
 	}
+	key := span.Key()
+	if ch, ok := s.mu.subscribing[key]; ok {
+		return nil, ch, nil
+	}
+	s.mu.subscribing[key] = make(chan struct{})
+	return nil, nil, nil
+}
+
+// attachLocked attaches sb to sub and maps it. REQUIRES: s.mu held.
+func (s *Store) attachLocked(sb *subscriber, sub *subscription) {
 	sb.sub = sub
 	sub.mu.Lock()
 	sub.addSubscriberLocked(sb)
 	s.noteGCLocked(sub, s.opts.Clock.Now())
-	resolved, maxCommit = sub.mu.resolved, sub.mu.maxCommit
 	sub.mu.Unlock()
 	s.mu.dispatchers[sb.id] = sb
 	s.metrics.dispatchers.Set(float64(len(s.mu.dispatchers)))
-	return resolved, maxCommit, nil
+}
+
+// subscribeReserved subscribes span at the upstream, without Store.mu, for
+// sb, whose registration reserved it, publishes the subscription with sb
+// attached, and only then releases the reservation (by defer: the upstream
+// may panic), so the registrations waiting for it find the subscription.
+func (s *Store) subscribeReserved(sb *subscriber, span common.Span) (*subscription, error) {
+	key := span.Key()
+	startTs := sb.startTs
+	defer func() {
+		s.mu.Lock()
+		close(s.mu.subscribing[key])
+		delete(s.mu.subscribing, key)
+		s.mu.Unlock()
+	}()
+	s.mu.Lock()
+	s.mu.nextSubID++
+	id := s.mu.nextSubID
+	s.mu.Unlock()
+	sub := &subscription{id: id, span: span, startTs: startTs, pushedResolved: startTs}
+	sub.worker = int(common.DispatcherIDFromUint64(sub.id).Hash() % uint64(len(s.queues)))
+	sub.mu.resolved = startTs
+	sub.mu.lowWatermark = startTs
+	sub.mu.gcTarget = startTs
+	up, err := s.opts.Upstream.Subscribe(span, startTs, sink{s: s, sub: sub})
+	if err != nil {
+		return nil, fmt.Errorf("eventstore: subscribe %v at upstream: %w", span, err)
+	}
+	sub.upstream = up
+	if err := s.publishSubscription(sb, sub); err != nil {
+		return nil, err
+	}
+	return sub, nil
+}
+
+// publishSubscription makes sub, just subscribed, visible and attaches sb
+// to it. If the store closed meanwhile, or sb's ID was registered by a
+// concurrent call, the subscription is ended instead.
+func (s *Store) publishSubscription(sb *subscriber, sub *subscription) error {
+	s.mu.Lock()
+	var err error
+	switch _, exists := s.mu.dispatchers[sb.id]; {
+	case s.mu.closed || s.isClosing():
+		err = ErrClosed
+	case exists:
+		err = fmt.Errorf("%w: %v", ErrDispatcherExists, sb.id)
+	}
+	if err != nil {
+		s.mu.Unlock()
+		sub.upstream.Close()
+		return err
+	}
+	defer s.mu.Unlock()
+	key := sub.span.Key()
+	s.mu.subsBySpan[key] = append(s.mu.subsBySpan[key], sub)
+	s.mu.subs[sub.id] = sub
+	s.metrics.subscriptions.Set(float64(len(s.mu.subs)))
+	s.log.Debug("subscribed", zap.Uint64("sub", sub.id), zap.Stringer("span", sub.span), zap.Uint64("startTs", uint64(sub.startTs)))
+	s.attachLocked(sb, sub)
+	return nil
 }
 
 // findSharableLocked returns a live subscription of exactly span that still
@@ -231,28 +334,6 @@ func (s *Store) findSharableLocked(span common.Span, startTs common.Ts) *subscri
 		}
 	}
 	return nil
-}
-
-// subscribeLocked creates a subscription and subscribes it at the upstream.
-// REQUIRES: s.mu held.
-func (s *Store) subscribeLocked(span common.Span, startTs common.Ts) (*subscription, error) {
-	s.mu.nextSubID++
-	sub := &subscription{id: s.mu.nextSubID, span: span, startTs: startTs, pushedResolved: startTs}
-	sub.worker = int(common.DispatcherIDFromUint64(sub.id).Hash() % uint64(len(s.queues)))
-	sub.mu.resolved = startTs
-	sub.mu.lowWatermark = startTs
-	sub.mu.gcTarget = startTs
-	up, err := s.opts.Upstream.Subscribe(span, startTs, sink{s: s, sub: sub})
-	if err != nil {
-		return nil, fmt.Errorf("eventstore: subscribe %v at upstream: %w", span, err)
-	}
-	sub.upstream = up
-	key := span.Key()
-	s.mu.subsBySpan[key] = append(s.mu.subsBySpan[key], sub)
-	s.mu.subs[sub.id] = sub
-	s.metrics.subscriptions.Set(float64(len(s.mu.subs)))
-	s.log.Debug("subscribed", zap.Uint64("sub", sub.id), zap.Stringer("span", span), zap.Uint64("startTs", uint64(startTs)))
-	return sub, nil
 }
 
 // UnregisterDispatcher removes dispatcher id. When it returns, its notifier

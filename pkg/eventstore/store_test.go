@@ -603,3 +603,56 @@ func TestGCRoundIsOneBatchAndFollowsChange(t *testing.T) {
 	env.store.maintain()
 	require.Equal(t, 1.0, testutil.ToFloat64(env.store.metrics.gcRounds), "nothing pending: no round")
 }
+
+// holdingUpstreamForTest holds its first Subscribe until released (the
+// embedder's upstream is the edge this test is about).
+type holdingUpstreamForTest struct {
+	fakeUpstreamForTest
+	entered, release chan struct{}
+	once             sync.Once
+}
+
+func (h *holdingUpstreamForTest) Subscribe(span common.Span, startTs common.Ts, sink Sink) (Subscription, error) {
+	first := false
+	h.once.Do(func() { first = true })
+	if first {
+		close(h.entered)
+		<-h.release
+	}
+	return h.fakeUpstreamForTest.Subscribe(span, startTs, sink)
+}
+
+// TestRegistrationDoesNotHoldTheStoreLockAcrossSubscribe: while the
+// upstream takes its time subscribing a span, the store lock is free
+// (heartbeats, other registrations and scans go on), and a second
+// registration of the same span waits for that subscription and shares it
+// instead of subscribing twice.
+func TestRegistrationDoesNotHoldTheStoreLockAcrossSubscribe(t *testing.T) {
+	up := &holdingUpstreamForTest{entered: make(chan struct{}), release: make(chan struct{})}
+	s, err := Open(Options{Upstream: up})
+	require.NoError(t, err)
+	require.NoError(t, s.Start())
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	var released sync.Once
+	release := func() { released.Do(func() { close(up.release) }) }
+	t.Cleanup(release)
+
+	first := make(chan error, 1)
+	go func() { first <- s.RegisterDispatcher(did(1), common.TableSpan(1), 0, newRecorder().notify) }()
+	<-up.entered // Subscribe of table 1 is in progress
+	require.True(t, s.mu.TryLock(), "Store.mu is free while the upstream subscribes")
+	s.mu.Unlock()
+	require.NoError(t, s.RegisterDispatcher(did(9), common.TableSpan(9), 0, newRecorder().notify), "another span registers meanwhile")
+
+	second := make(chan error, 1)
+	go func() { second <- s.RegisterDispatcher(did(2), common.TableSpan(1), 0, newRecorder().notify) }()
+	release()
+	require.NoError(t, <-first)
+	require.NoError(t, <-second)
+	a, err := s.Dispatcher(did(1))
+	require.NoError(t, err)
+	b, err := s.Dispatcher(did(2))
+	require.NoError(t, err)
+	require.Equal(t, a.SubscriptionID, b.SubscriptionID, "one subscription for the span")
+	require.Len(t, up.subs(), 2, "tables 1 and 9, each subscribed once")
+}

@@ -123,6 +123,13 @@ type subscription struct {
 	}
 }
 
+// progress returns the committed resolved-ts and max commit-ts.
+func (sub *subscription) progress() (resolved, maxCommit common.Ts) {
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	return sub.mu.resolved, sub.mu.maxCommit
+}
+
 func (sub *subscription) isRemoved() bool {
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
