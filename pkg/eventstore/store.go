@@ -283,7 +283,10 @@ func (s *Store) subscribeReserved(sb *subscriber, span common.Span) (*subscripti
 	sub.worker = int(common.DispatcherIDFromUint64(sub.id).Hash() % uint64(len(s.queues)))
 	sub.mu.resolved = startTs
 	sub.mu.lowWatermark = startTs
-	sub.mu.gcTarget = startTs
+	// Nothing at or below startTs is ever written (Push refuses it), so
+	// there is nothing to collect there: a new subscription has no
+	// pending GC range (no heap entry, no tombstone).
+	sub.mu.gcTarget, sub.mu.gcDone = startTs, startTs
 	up, err := s.opts.Upstream.Subscribe(span, startTs, sink{s: s, sub: sub})
 	if err != nil {
 		return nil, fmt.Errorf("eventstore: subscribe %v at upstream: %w", span, err)

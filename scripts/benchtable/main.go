@@ -27,6 +27,7 @@ import (
 	"os"
 	"regexp"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -191,7 +192,7 @@ func median(v []float64) float64 {
 var unitOrder = []string{"ns/op", "rows/s", "MB/s", "p50-ns", "p999-ns", "B/op", "allocs/op"}
 
 func printTable(out io.Writer, results map[string]samples, order []string) {
-	fmt.Fprintf(out, "\n%-70s %12s %14s %9s %8s %9s %10s %9s  runs\n", "benchmark (median)", "ns/op", "rows/s", "MB/s", "p50-ns", "p999-ns", "B/op", "allocs/op")
+	fmt.Fprintf(out, "\n%-70s %12s %14s %9s %8s %9s %10s %9s  runs  other\n", "benchmark (median)", "ns/op", "rows/s", "MB/s", "p50-ns", "p999-ns", "B/op", "allocs/op")
 	for _, name := range order {
 		s := results[name]
 		fmt.Fprintf(out, "%-70s", name)
@@ -204,7 +205,19 @@ func printTable(out io.Writer, results map[string]samples, order []string) {
 				fmt.Fprintf(out, " %*s", width(u), "-")
 			}
 		}
-		fmt.Fprintf(out, "  %d\n", runs)
+		fmt.Fprintf(out, "  %4d", runs)
+		// Units of b.ReportMetric the columns do not name, in name order.
+		var other []string
+		for u := range s {
+			if !slices.Contains(unitOrder, u) {
+				other = append(other, u)
+			}
+		}
+		sort.Strings(other)
+		for _, u := range other {
+			fmt.Fprintf(out, "  %s %s", format(median(s[u])), u)
+		}
+		fmt.Fprintln(out)
 	}
 }
 
@@ -250,6 +263,9 @@ func printRatios(out io.Writer, results map[string]samples) {
 			continue
 		}
 		fmt.Fprintf(out, "%-66s %10.2f %8s\n", r.label, median(n)/median(d), r.target)
+	}
+	if f, ok := results["BenchmarkIdleFootprint/dispatchers=1000000"]["B/dispatcher"]; ok {
+		fmt.Fprintf(out, "%-66s %10s %8s\n", "idle footprint, 1M dispatchers, service + store (B/dispatcher)", format(median(f)), "<= 1024")
 	}
 	if w, ok := results["BenchmarkStoreWrite"]; ok {
 		fmt.Fprintf(out, "%-66s %10s\n", "store write rows/s", format(median(w["rows/s"])))

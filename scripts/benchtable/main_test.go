@@ -19,6 +19,7 @@ BenchmarkNotifySaturated-2   	100	  70.0 ns/op	 800 p999-ns	 0 B/op	 0 allocs/op
 BenchmarkNotifySaturated-2   	100	  90.0 ns/op	 800 p999-ns	 0 B/op	 0 allocs/op
 BenchmarkNotifyIdle-2        	100	 140.0 ns/op	 900 p999-ns	 0 B/op	 0 allocs/op
 BenchmarkStoreWrite-2        	10	 100 ns/op	 250.5 MB/s	 2000000 rows/s
+BenchmarkIdleFootprint/dispatchers=10-2	1	 5 ns/op	 981.0 B/dispatcher	 7393 ns/register
 `
 	dir := t.TempDir()
 	p := filepath.Join(dir, "bench.out")
@@ -30,7 +31,8 @@ BenchmarkStoreWrite-2        	10	 100 ns/op	 250.5 MB/s	 2000000 rows/s
 		t.Fatal(err)
 	}
 	s := out.String()
-	for _, want := range []string{"BenchmarkNotifySaturated", "notify saturated / idle (ns/op)", "0.50", "2000000", "250"} {
+	for _, want := range []string{"BenchmarkNotifySaturated", "notify saturated / idle (ns/op)", "0.50", "2000000", "250",
+		"981 B/dispatcher  7393 ns/register"} {
 		if !strings.Contains(s, want) {
 			t.Fatalf("output lacks %q:\n%s", want, s)
 		}
