@@ -99,6 +99,9 @@ type session struct {
 	// Owner-only state.
 	progress progress
 	backoffN int
+	// refusedBusy: the owner's last send was refused as busy (set by
+	// sendOwned, consumed by backOff).
+	refusedBusy bool
 
 	// sent is progress.resolved, published for heartbeats and metrics.
 	sent atomic.Uint64

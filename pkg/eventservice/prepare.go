@@ -2,6 +2,7 @@ package eventservice
 
 import (
 	"errors"
+	"time"
 
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
@@ -155,10 +156,23 @@ func (svc *Service) decide(s *session) prepareOutcome {
 }
 
 // backOff parks s until its back-off delay expires. REQUIRES: s owned.
+// A send refused as busy waits for the target to have room again when the
+// transport can say so (roomWatch); anything else waits out a timed
+// back-off.
 func (svc *Service) backOff(s *session) {
-	delay := svc.backoffDelay(s) // while still the owner of backoffN
+	busy := s.refusedBusy
+	s.refusedBusy = false
+	room := s.d.target.room
+	var delay time.Duration
+	if !busy || room == nil {
+		delay = svc.backoffDelay(s) // while still the owner of backoffN
+	}
 	if act, _ := s.sched.fire(evBackoff); act == actArmBackoff {
 		svc.metrics.backoffs.Inc()
+		if busy && room != nil {
+			room.wait(s)
+			return
+		}
 		svc.backoff.arm(s, delay)
 	}
 }

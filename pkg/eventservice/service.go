@@ -187,7 +187,7 @@ func (svc *Service) forget(d *dispatcher) {
 		if h := svc.hooks.targetStopping; h != nil {
 			h(idle.name)
 		}
-		idle.pump.Stop()
+		idle.stopWorkers()
 		svc.stopping.Done()
 	}
 }

@@ -73,6 +73,9 @@ type target struct {
 	// takes it once after retiring the session, waits for a delivery in
 	// flight that may carry the removed registration's resolved-ts.
 	deliverMu sync.Mutex
+	// room wakes refused senders when the target has room again; nil when
+	// the transport cannot tell (then back-offs are timed).
+	room *roomWatch
 	// chunk is the most resolved-ts messages one Send carries: ResolvedBatch
 	// until the target reports ErrBatchTooLarge, then halved until batches
 	// fit. Only the pump's goroutine reads or writes it.
@@ -103,6 +106,9 @@ func (svc *Service) targetLocked(name messaging.Target) (*target, error) {
 		return nil, fmt.Errorf("eventservice: target %q: %w", name, err)
 	}
 	t.resolved = set
+	if rn, ok := svc.opts.Transport.(messaging.RoomNotifier); ok {
+		t.room = newRoomWatch(rn)
+	}
 	if t.pump, err = pendingset.NewPump(set, t.deliver); err != nil {
 		set.Unregister()
 		return nil, fmt.Errorf("eventservice: target %q: %w", name, err)
@@ -121,11 +127,22 @@ func (t *target) start() error {
 		return nil
 	}
 	t.started = true
+	if t.room != nil {
+		go t.room.run(t)
+	}
 	return t.pump.Start()
 }
 
-func (t *target) stop() {
+// stopWorkers stops the pump and the room watcher and waits for both.
+func (t *target) stopWorkers() {
 	t.pump.Stop()
+	if t.room != nil && t.started {
+		t.room.close()
+	}
+}
+
+func (t *target) stop() {
+	t.stopWorkers()
 	t.resolved.Unregister()
 }
 
@@ -172,15 +189,29 @@ func (t *target) deliver(_ context.Context, batch []pendingset.Entry[common.Disp
 			svc.log.Warn("target cannot take a whole resolved-ts batch; sending smaller batches",
 				zap.String("target", string(t.name)), zap.Int("batch", t.chunk), zap.Error(err))
 		case sent == 0:
-			return err // nothing accepted: the whole batch failed
+			return t.refused(err) // nothing accepted: the whole batch failed
 		default:
 			for _, i := range owners[sent:] {
 				batch[i].Result = pendingset.RetryKey
 			}
+			_ = t.refused(err)
 			return nil
 		}
 	}
 	return nil
+}
+
+// refused handles a refused resolved-ts send: a busy target is routine
+// back-pressure (pendingset.ErrBusy: logged at debug), and the pump is
+// woken when the target has room again.
+func (t *target) refused(err error) error {
+	if !errors.Is(err, messaging.ErrBusy) {
+		return err
+	}
+	if t.room != nil {
+		t.room.ring()
+	}
+	return fmt.Errorf("%w: %w", pendingset.ErrBusy, err)
 }
 
 // currentLocked reports whether v was produced by the current, live
@@ -203,7 +234,9 @@ func (svc *Service) sendOwned(s *session, msgs []messaging.Message) error {
 	if st, _ := s.sched.load(); st == stateRemoved {
 		return errRetired
 	}
-	return svc.send(d.target.name, msgs)
+	err := svc.send(d.target.name, msgs)
+	s.refusedBusy = errors.Is(err, messaging.ErrBusy)
+	return err
 }
 
 // send hands msgs to the transport, counting refusals and failures.

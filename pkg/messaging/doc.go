@@ -26,7 +26,9 @@
 //     in the order they were accepted (FIFO per target).
 //   - Send never blocks on a full queue: it refuses with ErrBusy, the normal
 //     back-pressure signal; the caller keeps its progress, backs off and
-//     retries. A batch that could never fit fails with ErrBatchTooLarge.
+//     retries. A transport that implements RoomNotifier (InProcess does)
+//     also says when a refused target has room again, so the caller can
+//     wait for that instead of guessing. A batch that could never fit fails with ErrBatchTooLarge.
 //   - Memory is bounded: an InProcess inbox holds at most Capacity messages
 //     (and, if set, MaxBytes approximate bytes).
 //   - Messages are passed by pointer, never copied: after a successful Send

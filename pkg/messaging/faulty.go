@@ -78,7 +78,10 @@ type Faulty struct {
 	}
 }
 
-var _ Transport = (*Faulty)(nil)
+var (
+	_ Transport    = (*Faulty)(nil)
+	_ RoomNotifier = (*Faulty)(nil)
+)
 
 // NewFaulty wraps inner. Errors wrap ErrInvalidOptions (nil inner, rates out
 // of range or summing above 1).
@@ -152,6 +155,16 @@ func (f *Faulty) Send(target Target, msgs []Message) error {
 	default:
 		return f.inner.Send(target, msgs)
 	}
+}
+
+// Room implements RoomNotifier by asking the inner transport; an inner
+// transport without it, like an injected refusal, has room at once (the
+// refusal was a fault, not a full queue).
+func (f *Faulty) Room(target Target) <-chan struct{} {
+	if rn, ok := f.inner.(RoomNotifier); ok {
+		return rn.Room(target)
+	}
+	return closedRoom()
 }
 
 // Stats returns a snapshot of the counters.

@@ -69,7 +69,39 @@ type Inbox struct {
 		head, n int
 		bytes   int
 		state   inboxState
+		// room, if not nil, is closed (and reset) once the queue is at or
+		// below half its bounds: a refused sender waits on it (Room).
+		room chan struct{}
 	}
+}
+
+// closedRoom returns a closed channel: Room's answer when there is room
+// already.
+func closedRoom() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}
+
+// Room returns a channel closed once the inbox has room again: at once if
+// it is at or below half its bounds (or no longer open), otherwise at the
+// Drain that brings it there. See RoomNotifier.
+func (in *Inbox) Room() <-chan struct{} {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.mu.state != inboxOpen || in.hasRoomLocked() {
+		return closedRoom()
+	}
+	if in.mu.room == nil {
+		in.mu.room = make(chan struct{})
+	}
+	return in.mu.room
+}
+
+// hasRoomLocked reports whether the queue is at or below half its bounds:
+// enough room for a refused sender to be worth waking. REQUIRES: in.mu held.
+func (in *Inbox) hasRoomLocked() bool {
+	return 2*in.mu.n <= in.capacity && (in.maxBytes <= 0 || 2*in.mu.bytes <= in.maxBytes)
 }
 
 func newInbox(target Target, capacity, maxBytes int) *Inbox {
@@ -167,6 +199,10 @@ func (in *Inbox) drain(dst []Message, limit int) ([]Message, int, inboxState) {
 		}
 	}
 	in.mu.n -= k
+	if in.mu.room != nil && in.hasRoomLocked() {
+		close(in.mu.room)
+		in.mu.room = nil
+	}
 	return dst, in.mu.n, in.mu.state
 }
 
@@ -258,4 +294,8 @@ func (in *Inbox) shut(state inboxState) {
 	}
 	in.mu.state = state
 	close(in.done)
+	if in.mu.room != nil {
+		close(in.mu.room) // senders waiting for room learn it is gone
+		in.mu.room = nil
+	}
 }

@@ -69,7 +69,10 @@ type InProcess struct {
 	mu sync.Mutex
 }
 
-var _ Transport = (*InProcess)(nil)
+var (
+	_ Transport    = (*InProcess)(nil)
+	_ RoomNotifier = (*InProcess)(nil)
+)
 
 // NewInProcess returns an open transport with no targets. Invalid options
 // return an error wrapping ErrInvalidOptions.
@@ -154,6 +157,16 @@ func (p *InProcess) Send(target Target, msgs []Message) error {
 		return fmt.Errorf("%w: %q", ErrUnknownTarget, target)
 	}
 	return in.enqueue(msgs)
+}
+
+// Room implements RoomNotifier: the target inbox's Room, or a closed
+// channel for a target that is not (or no longer) registered.
+func (p *InProcess) Room(target Target) <-chan struct{} {
+	reg := p.reg.Load()
+	if in := reg.inboxes[target]; in != nil && !reg.closed {
+		return in.Room()
+	}
+	return closedRoom()
 }
 
 // Close makes further Sends, Registers and Unregisters fail with ErrClosed

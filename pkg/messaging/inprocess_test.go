@@ -374,3 +374,36 @@ func TestSendDoesNotAllocate(t *testing.T) {
 		require.Zero(t, allocs, "refusal, maxBytes %d", maxBytes)
 	}
 }
+
+// TestRoomWakesARefusedSender: a sender refused by a full inbox gets a
+// channel that closes when the receiver drains the inbox to half its
+// capacity (not before), at once when there is room already, and when the
+// target goes away.
+func TestRoomWakesARefusedSender(t *testing.T) {
+	p, ins := newTransport(t, InProcessOptions{Capacity: 4}, "a")
+	in := ins[0]
+	require.NoError(t, p.Send("a", resN(1, 4)))
+	require.Equal(t, ErrBusy, p.Send("a", resN(5, 1)))
+	room := p.Room("a")
+	isClosed := func(c <-chan struct{}) bool {
+		select {
+		case <-c:
+			return true
+		default:
+			return false
+		}
+	}
+	require.False(t, isClosed(room), "full: no room")
+	in.Drain(nil, 1)
+	require.False(t, isClosed(room), "3 of 4: not yet")
+	in.Drain(nil, 1)
+	require.True(t, isClosed(room), "2 of 4: half, room")
+	require.True(t, isClosed(p.Room("a")), "room now: closed at once")
+	require.True(t, isClosed(p.Room("nobody")), "an unknown target: closed at once (Send says why)")
+
+	require.NoError(t, p.Send("a", resN(7, 2)))
+	room = p.Room("a")
+	require.False(t, isClosed(room))
+	require.NoError(t, p.Unregister("a"))
+	require.True(t, isClosed(room), "the target went away")
+}

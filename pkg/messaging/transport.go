@@ -20,3 +20,17 @@ type Target string
 type Transport interface {
 	Send(target Target, msgs []Message) error
 }
+
+// RoomNotifier is implemented by a Transport that can tell a sender it
+// refused (ErrBusy) when the target has room again, so the sender waits
+// for that instead of guessing a back-off: a busy target then costs a
+// wakeup, not a timer.
+type RoomNotifier interface {
+	// Room returns a channel that is closed once target has room again:
+	// at once if it has room now or is gone (unknown, unregistered,
+	// closed: the next Send says why), otherwise when its receiver has
+	// drained it down to half its capacity. Each call may return a new
+	// channel; a receiver that drains between a refusal and Room is seen,
+	// so no wakeup is lost.
+	Room(target Target) <-chan struct{}
+}

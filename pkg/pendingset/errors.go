@@ -24,6 +24,11 @@ var (
 	// ErrStopped: the pump was stopped; it cannot be started again, and a
 	// Drain interrupted by Stop reports it.
 	ErrStopped = errors.New("pendingset: pump stopped")
+	// ErrBusy: a DeliverFunc wraps it to say its target refused the batch
+	// for routine back-pressure (it is full for now). The batch fails as a
+	// whole like any error, but the pump logs it at debug, not warn: a busy
+	// target is the normal state of a fast producer.
+	ErrBusy = errors.New("pendingset: target busy")
 	// ErrQuarantined: a drain finished while keys were still quarantined;
 	// they stay in the set, undelivered.
 	ErrQuarantined = errors.New("pendingset: keys left in quarantine")

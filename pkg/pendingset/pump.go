@@ -2,6 +2,7 @@ package pendingset
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -37,6 +38,7 @@ type Pump[K comparable, V any] struct {
 	log     *zap.Logger
 
 	stopCh  chan struct{} // closed by Stop: exit now
+	wakeCh  chan struct{} // Wake's token: end a back-off wait early
 	drainCh chan struct{} // closed by Drain: exit once settled
 	quietCh chan struct{} // closed by the goroutine when drain mode settled
 	doneCh  chan struct{} // closed when the goroutine exits
@@ -71,6 +73,7 @@ func NewPump[K comparable, V any](s *Set[K, V], deliver DeliverFunc[K, V]) (*Pum
 		deliver: deliver,
 		log:     s.log.Named("pump"),
 		stopCh:  make(chan struct{}),
+		wakeCh:  make(chan struct{}, 1),
 		drainCh: make(chan struct{}),
 		quietCh: make(chan struct{}),
 		doneCh:  make(chan struct{}),
@@ -182,11 +185,19 @@ func (p *Pump[K, V]) run(ctx context.Context) {
 			clear(batch) // drop references to keys and values
 			if err == nil {
 				failures = 0
+				select { // a Wake meant for a back-off that did not happen
+				case <-p.wakeCh:
+				default:
+				}
 				continue
 			}
 			failures++
 			d := p.set.backoff(failures)
-			p.log.Warn("batch delivery failed; backing off", zap.Error(err),
+			logf := p.log.Warn
+			if errors.Is(err, ErrBusy) {
+				logf = p.log.Debug // routine back-pressure
+			}
+			logf("batch delivery failed; backing off", zap.Error(err),
 				zap.Int("consecutive_failures", failures), zap.Duration("backoff", d))
 			if !p.sleep(d) {
 				return
@@ -224,15 +235,30 @@ func (p *Pump[K, V]) run(ctx context.Context) {
 	}
 }
 
-// sleep waits d or until Stop, and reports whether it was not stopped.
+// sleep waits d, or until Wake or Stop, and reports whether it was not
+// stopped.
 func (p *Pump[K, V]) sleep(d time.Duration) bool {
 	t := p.set.opts.Clock.NewTimer(d)
 	select {
 	case <-t.C():
 		return true
+	case <-p.wakeCh:
+		t.Stop()
+		return true
 	case <-p.stopCh:
 		t.Stop()
 		return false
+	}
+}
+
+// Wake ends the pump's current back-off wait after a whole-batch failure,
+// so the batch is retried at once: the caller learned that the target has
+// room again (messaging.RoomNotifier, say). It never blocks; a Wake while
+// the pump is not backing off ends its next back-off wait at once.
+func (p *Pump[K, V]) Wake() {
+	select {
+	case p.wakeCh <- struct{}{}:
+	default:
 	}
 }
 

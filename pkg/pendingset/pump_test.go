@@ -2,6 +2,7 @@ package pendingset
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -256,6 +257,26 @@ func TestPumpBatchFailureBacksOff(t *testing.T) {
 	st := s.Stats()
 	require.Equal(t, uint64(4), st.BatchFailures)
 	require.Zero(t, st.KeyFailures)
+}
+
+// TestPumpWakeEndsABackoff: a batch refused as busy backs the pump off;
+// Wake (the target has room again) retries it at once, without the clock
+// moving.
+func TestPumpWakeEndsABackoff(t *testing.T) {
+	s, clk := newTestSet(t, nil)
+	calls, deliver := newSinkForTest()
+	p, err := NewPump(s, deliver)
+	require.NoError(t, err)
+	s.Add(1, 1)
+	require.NoError(t, p.Start())
+	defer p.Stop()
+	(<-calls).reply <- fmt.Errorf("%w: inbox full", ErrBusy)
+	require.NoError(t, clk.WaitWaiters(context.Background(), 1)) // backing off
+	p.Wake()
+	d := <-calls // retried with no clock advance
+	require.Equal(t, uint64(1), d.batch[0].Value)
+	d.reply <- nil
+	require.Equal(t, uint64(1), s.Stats().BatchFailures)
 }
 
 // The pump wakes at a backing-off key's deadline without any Add, and
