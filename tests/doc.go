@@ -35,6 +35,7 @@
 //	TestCrashRestart                  child server on a durable sink, SIGKILLed at seeded points, restarted
 //	TestModel                         seeded model of the whole scheduler, checked after every step
 //	TestShutdownUnderLoad             Close with 10k dispatchers, congested transport, writes in flight
+//	TestScale                         200k dispatchers: footprint, and 3 rounds of advances to all of them
 //	TestBoundedMemoryUnderCongestion  heap outside pebble vs bytes written while every send is refused
 //
 // TestMain runs goleak: no goroutine may survive the package.
