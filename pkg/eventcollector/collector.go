@@ -49,6 +49,11 @@ type Collector struct {
 		sync.Mutex
 		started, closed bool
 		dispatchers     map[common.DispatcherID]*dispatcher
+		// due lists the dispatchers the next heartbeat tick must look at:
+		// a checkpoint to report, or a reset to retry (dispatcher.due
+		// says whether one is listed). Ticks cost what changed, never a
+		// walk over every dispatcher.
+		due []*dispatcher
 		// inSink is the dispatcher whose sink call is in progress (set
 		// with the verdict that asks for it, under mu, so a
 		// RemoveDispatcher either sees it or prevents it); sinkDone, if
@@ -63,8 +68,9 @@ type Collector struct {
 	// hbBuf is the heartbeat goroutine's scratch lists: cps[i] is the
 	// checkpoint of ds[i].
 	hbBuf struct {
-		cps []messaging.DispatcherCheckpoint
-		ds  []*dispatcher
+		cps   []messaging.DispatcherCheckpoint
+		ds    []*dispatcher
+		spare []*dispatcher // the due list's next backing array
 	}
 }
 
@@ -95,6 +101,8 @@ type dispatcher struct {
 	// removed: dropped by RemoveDispatcher (or a failed AddDispatcher); a
 	// goroutine that looked it up before must discard its results.
 	removed bool
+	// due: listed in Collector.mu.due.
+	due bool
 	// resetting: a Service.Reset call for it is in flight; another caller
 	// leaves the reset to it.
 	resetting bool
@@ -413,6 +421,14 @@ func (c *Collector) Stats() Stats {
 		first = false
 	}
 	return st
+}
+
+// dueLocked lists d for the next heartbeat tick, once. REQUIRES: c.mu held.
+func (c *Collector) dueLocked(d *dispatcher) {
+	if !d.due && !d.removed {
+		d.due = true
+		c.mu.due = append(c.mu.due, d)
+	}
 }
 
 // isClosing reports whether Close was called.

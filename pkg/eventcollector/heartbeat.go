@@ -30,13 +30,21 @@ func (c *Collector) runHeartbeats(t clock.Ticker) {
 
 // tick retries the resets the service has not acknowledged, then reports
 // every checkpoint that advanced since the service last accepted one, in
-// batched heartbeats of at most messaging.MaxHeartbeatCheckpoints.
+// batched heartbeats of at most messaging.MaxHeartbeatCheckpoints. It looks
+// only at the dispatchers listed due (a checkpoint advanced, a reset or a
+// report to retry), never at every dispatcher.
 func (c *Collector) tick() {
 	var resets []*dispatcher
 	cps := c.hbBuf.cps[:0]
 	ds := c.hbBuf.ds[:0]
 	c.mu.Lock()
-	for _, d := range c.mu.dispatchers {
+	due := c.mu.due
+	c.mu.due = c.hbBuf.spare[:0]
+	for _, d := range due {
+		d.due = false
+		if d.removed {
+			continue
+		}
 		switch {
 		case d.st.needReset:
 			// The service is at an older epoch: a heartbeat would be
@@ -49,6 +57,8 @@ func (c *Collector) tick() {
 			ds = append(ds, d)
 		}
 	}
+	clear(due)
+	c.hbBuf.spare = due[:0]
 	c.mu.Unlock()
 
 	for _, d := range resets {
@@ -77,6 +87,11 @@ func (c *Collector) heartbeat(cps []messaging.DispatcherCheckpoint, ds []*dispat
 	if err != nil {
 		c.cnt.serviceCalls[callHeartbeat][resultError].Add(uint64(len(cps)))
 		c.log.Warn("heartbeat failed; retrying at the next tick", zap.Int("checkpoints", len(cps)), zap.Error(err))
+		c.mu.Lock()
+		for _, d := range ds {
+			c.dueLocked(d)
+		}
+		c.mu.Unlock()
 		return
 	}
 	failed, firstBad := 0, -1
@@ -91,8 +106,10 @@ func (c *Collector) heartbeat(cps []messaging.DispatcherCheckpoint, ds []*dispat
 		case messaging.CodeStaleEpoch:
 			// A reset is in flight; the next tick reports to the new epoch.
 			c.cnt.serviceCalls[callHeartbeat][resultStale].Add(1)
+			c.dueLocked(ds[i])
 		default:
 			c.cnt.serviceCalls[callHeartbeat][resultError].Add(1)
+			c.dueLocked(ds[i])
 			if failed++; firstBad < 0 {
 				firstBad = i
 			}

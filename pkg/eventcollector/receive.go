@@ -138,6 +138,11 @@ func (c *Collector) apply(d *dispatcher, epoch uint64, v verdict) {
 	if v.kind == verdictCheckpoint {
 		d.st.checkpointed(v.ts)
 	}
+	if d.st.checkpoint > d.lastHeartbeat {
+		// A checkpoint to report: a new one, or one a reset kept back
+		// until this epoch's handshake acknowledged the reset.
+		c.dueLocked(d)
+	}
 	c.mu.Unlock()
 }
 
@@ -185,6 +190,9 @@ func (c *Collector) resetService(d *dispatcher) {
 			c.cnt.serviceCalls[callReset][resultOK].Add(1)
 			if d.st.epoch == epoch {
 				d.st.needReset = false
+				if d.st.checkpoint > d.lastHeartbeat {
+					c.dueLocked(d) // the checkpoint it could not report meanwhile
+				}
 			}
 			// Otherwise a message of a newer service epoch moved ours
 			// meanwhile: loop to reset to it (needReset is still set).
@@ -203,12 +211,16 @@ func (c *Collector) resetService(d *dispatcher) {
 				d.st.bumpEpoch()
 				giveUp, staleRetried = staleRetried, true
 			}
+			if giveUp {
+				c.dueLocked(d) // the next tick retries
+			}
 			c.mu.Unlock()
 			if giveUp {
 				return
 			}
 		default:
 			c.cnt.serviceCalls[callReset][resultError].Add(1)
+			c.dueLocked(d) // the next tick retries
 			c.mu.Unlock()
 			c.log.Warn("reset failed; retrying at the next heartbeat", zap.Stringer("dispatcher", d.id),
 				zap.Uint64("epoch", epoch), zap.Error(err))

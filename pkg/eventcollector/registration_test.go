@@ -143,3 +143,28 @@ func TestHeartbeatsAreBatched(t *testing.T) {
 	}
 	require.Equal(t, 1, stale, "the refused entry is reported again at the next tick")
 }
+
+// TestHeartbeatTicksFollowChange: a heartbeat tick looks only at the
+// dispatchers whose checkpoint advanced (or that have a reset or report to
+// retry), never at every dispatcher: with 1000 dispatchers and one moving,
+// a tick reports one checkpoint and then lists nothing.
+func TestHeartbeatTicksFollowChange(t *testing.T) {
+	h := newCrafted(t, nil, nil)
+	for i := uint64(1); i <= 1000; i++ {
+		h.addAndHandshake(i, 10)
+	}
+	h.tick()
+	h.coll.mu.Lock()
+	require.Empty(t, h.coll.mu.due, "nothing moved: nothing listed")
+	h.coll.mu.Unlock()
+	h.deliver(resolved(did(7), 1, 1, 20))
+	h.coll.mu.Lock()
+	require.Len(t, h.coll.mu.due, 1)
+	h.coll.mu.Unlock()
+	h.tick()
+	require.Equal(t, heartbeatCallForTest{did(7), 1, 20}, <-h.svc.heartbeatCh)
+	h.coll.mu.Lock()
+	require.Empty(t, h.coll.mu.due, "reported: nothing listed")
+	h.coll.mu.Unlock()
+	require.Empty(t, h.svc.heartbeatCh)
+}
