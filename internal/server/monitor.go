@@ -20,6 +20,8 @@ type runResult struct {
 	peakPrepare int
 	peakScan    int
 	lastApplied uint64
+	// lagCursor is where recordLag continues.
+	lagCursor int
 }
 
 const sampleEvery = 100 * time.Millisecond
@@ -36,6 +38,10 @@ func (s *server) monitor(ctx context.Context, stderr io.Writer) *runResult {
 	var lastPrint time.Time
 	var lastRows, lastBytes uint64
 	var drainDeadline time.Time
+	// minCkpt and caughtUp are the last full check's (checkAll).
+	var minCkpt common.Ts
+	var caughtUp bool
+	var lastFull time.Time
 	for {
 		select {
 		case <-tick.C:
@@ -56,7 +62,13 @@ func (s *server) monitor(ctx context.Context, stderr io.Writer) *runResult {
 		r.peakPending = max(r.peakPending, p.PendingPrepare+p.PendingScan)
 		frontier := s.gen.ResolvedTs()
 		upstreamDone := frontier >= s.meta.EndTs || r.interrupted
-		minCkpt, caughtUp := s.sampleLag(r, now, !upstreamDone)
+		if !upstreamDone {
+			s.recordLag(r, now)
+		}
+		if len(s.feeds)*s.cfg.Tables <= maxLagSamples || now.Sub(lastFull) >= time.Second {
+			minCkpt, caughtUp = s.checkAll(r)
+			lastFull = now
+		}
 		if upstreamDone && drainDeadline.IsZero() {
 			drainDeadline = now.Add(s.cfg.DrainTimeout)
 		}
@@ -87,10 +99,32 @@ func (s *server) monitor(ctx context.Context, stderr io.Writer) *runResult {
 	}
 }
 
-// sampleLag records every dispatcher's resolved-ts lag (while the upstream
-// still produces) and reports the minimum checkpoint and whether every
-// dispatcher caught up with what its subscription has committed.
-func (s *server) sampleLag(r *runResult, now time.Time, record bool) (common.Ts, bool) {
+// maxLagSamples bounds the dispatchers whose lag one sample records, and
+// the population up to which every sample also checks them all: beyond it
+// the lag is sampled round-robin and the full check (minimum checkpoint,
+// caught up) runs once a second, so the monitor's cost per sample stays
+// bounded whatever the number of dispatchers.
+const maxLagSamples = 10_000
+
+// recordLag records the resolved-ts lag of up to maxLagSamples
+// dispatchers, continuing round-robin from where the last sample stopped.
+func (s *server) recordLag(r *runResult, now time.Time) {
+	total := len(s.feeds) * s.cfg.Tables
+	n := min(total, maxLagSamples)
+	for range n {
+		f := s.feeds[r.lagCursor/s.cfg.Tables]
+		d := f.ds[r.lagCursor%s.cfg.Tables]
+		r.lagCursor = (r.lagCursor + 1) % total
+		if st, err := f.coll.Dispatcher(d.id); err == nil {
+			r.lag.Record(st.Checkpoint.Lag(now))
+		}
+	}
+}
+
+// checkAll reports the minimum checkpoint over every dispatcher and
+// whether each caught up with what its subscription has committed: one
+// walk, O(dispatchers).
+func (s *server) checkAll(r *runResult) (common.Ts, bool) {
 	caughtUp := true
 	var minCkpt common.Ts
 	first := true
@@ -105,9 +139,6 @@ func (s *server) sampleLag(r *runResult, now time.Time, record bool) (common.Ts,
 				minCkpt = st.Checkpoint
 			}
 			first = false
-			if record {
-				r.lag.Record(st.Checkpoint.Lag(now))
-			}
 			target := s.meta.EndTs
 			if r.interrupted {
 				if ds, err := s.store.Dispatcher(d.id); err == nil {
@@ -144,7 +175,7 @@ func (s *server) finalTargets(r *runResult) map[common.DispatcherID]common.Ts {
 func (s *server) rowsApplied() uint64 {
 	var n uint64
 	for _, f := range s.feeds {
-		n += f.coll.Stats().RowsApplied
+		n += f.coll.Counters().RowsApplied
 	}
 	return n
 }
@@ -152,7 +183,7 @@ func (s *server) rowsApplied() uint64 {
 func (s *server) resets() uint64 {
 	var n uint64
 	for _, f := range s.feeds {
-		n += f.coll.Stats().TotalResets()
+		n += f.coll.Counters().TotalResets()
 	}
 	return n
 }

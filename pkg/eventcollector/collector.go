@@ -393,8 +393,29 @@ func (s Stats) TotalResets() uint64 {
 	return n
 }
 
-// Stats returns a snapshot; it walks every dispatcher (O(n)).
+// Stats returns a snapshot; it walks every dispatcher (O(n)) for
+// PendingResets and MinCheckpoint. Counters is the O(1) part.
 func (c *Collector) Stats() Stats {
+	st := c.Counters()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	first := true
+	for _, d := range c.mu.dispatchers {
+		if d.st.needReset {
+			st.PendingResets++
+		}
+		if first || d.st.checkpoint < st.MinCheckpoint {
+			st.MinCheckpoint = d.st.checkpoint
+		}
+		first = false
+	}
+	return st
+}
+
+// Counters returns the part of Stats that needs no walk over dispatchers
+// (PendingResets and MinCheckpoint are left zero): cheap enough for a
+// progress line sampled often at any number of dispatchers.
+func (c *Collector) Counters() Stats {
 	var st Stats
 	for i := range st.Messages {
 		st.Messages[i] = c.cnt.received[i].Load()
@@ -408,18 +429,8 @@ func (c *Collector) Stats() Stats {
 	st.StaleRegistrationIgnored = c.cnt.ignored[ignoreStaleRegistration].Load()
 	st.Heartbeats = c.cnt.serviceCalls[callHeartbeat][resultOK].Load()
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	st.Dispatchers = len(c.mu.dispatchers)
-	first := true
-	for _, d := range c.mu.dispatchers {
-		if d.st.needReset {
-			st.PendingResets++
-		}
-		if first || d.st.checkpoint < st.MinCheckpoint {
-			st.MinCheckpoint = d.st.checkpoint
-		}
-		first = false
-	}
+	c.mu.Unlock()
 	return st
 }
 
