@@ -2,19 +2,14 @@ package eventservice
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
-	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/messaging"
-	"github.com/cdcflow/eventservice/pkg/schemastore"
 )
 
 // holdSendForTest holds, once armed, the first Send that carries a message
@@ -185,73 +180,4 @@ func TestStaleControlRequestsChangeNothing(t *testing.T) {
 	require.Equal(t, h.regOf(id), snap.Registration)
 	require.Equal(t, uint64(1), snap.Epoch)
 	require.Equal(t, common.Ts(10), snap.Checkpoint, "the stale heartbeat moved nothing")
-}
-
-// panickingStoreForTest is an EventStore whose RegisterDispatcher panics
-// (the embedder's store is the edge this test is about).
-type panickingStoreForTest struct{ nopStoreForBench }
-
-func (panickingStoreForTest) RegisterDispatcher(common.DispatcherID, common.Span, common.Ts, eventstore.Notifier) error {
-	panic("store bug")
-}
-
-// TestAPanickingStoreLeavesNoLockHeld: a store that panics inside
-// RegisterDispatcher must not leave the dispatcher's lock held (it was
-// unlocked by hand after the call, so a panic skipped it, and Close then
-// hung on it).
-func TestAPanickingStoreLeavesNoLockHeld(t *testing.T) {
-	schema, err := schemastore.NewMemory(schemastore.MemoryOptions{InitialResolvedTs: 1})
-	require.NoError(t, err)
-	svc, err := New(Options{Store: panickingStoreForTest{}, Schema: schema, Transport: acceptAllForBench{}})
-	require.NoError(t, err)
-	require.NoError(t, svc.Start())
-	id := common.DispatcherIDFromUint64(1)
-	require.Panics(t, func() {
-		_ = svc.Register(context.Background(), messaging.RegisterRequest{Dispatcher: id, Registration: 1, Span: common.TableSpan(1), Target: "t"})
-	})
-	svc.mu.RLock()
-	d := svc.mu.dispatchers[id]
-	svc.mu.RUnlock()
-	require.True(t, d.mu.TryLock(), "the dispatcher's lock was released by defer")
-	d.mu.Unlock()
-	require.NoError(t, svc.Close())
-}
-
-// TestABusyTargetWakesItsSendersWhenItHasRoom: with an inbox far smaller
-// than the data, sends are refused as busy; the refused sessions and the
-// resolved-ts pump wait for the inbox to have room (the transport's room
-// signal), not for a back-off timer: the clock here is fake and never
-// moves, so a timed back-off would never end, yet every row arrives as the
-// receiver drains.
-func TestABusyTargetWakesItsSendersWhenItHasRoom(t *testing.T) {
-	small, err := messaging.NewInProcess(messaging.InProcessOptions{Capacity: 8})
-	require.NoError(t, err)
-	defer small.Close()
-	inbox, err := small.Register(testTarget)
-	require.NoError(t, err)
-	fc := clock.NewFake(time.Unix(1_000_000, 0))
-	h := newHarness(t, func(o *Options) {
-		o.Transport, o.Clock = small, fc
-		o.BatchRows, o.MaxMessagesPerTask, o.ResolvedBatch = 1, 4, 2
-	}, hooks{})
-	h.check = newStreamChecker(t, inbox)
-	h.advanceSchema(1 << 40)
-	const n = 6
-	ids := make([]common.DispatcherID, n)
-	for i := range ids {
-		ids[i] = h.register(uint64(i+1), 10) // 6 handshakes: the inbox is nearly full
-	}
-	for i := range ids {
-		var rows []common.Row
-		for k := range 10 {
-			rows = append(rows, row(fmt.Sprintf("k%d", k), common.Ts(11+2*k), common.Ts(12+2*k)))
-		}
-		h.push(uint64(i+1), 40, rows...)
-	}
-	for _, id := range ids {
-		es := h.check.waitResolved(id, 40) // drains the inbox as it waits
-		require.Len(t, es.rows, 10)
-	}
-	require.Positive(t, testutilCounter(h.svc.metrics.sendRefusals.WithLabelValues("busy")), "the inbox did refuse")
-	require.Zero(t, h.svc.backoff.len(), "no refused sender waited on a timer")
 }

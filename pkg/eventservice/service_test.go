@@ -1,12 +1,14 @@
 package eventservice
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 	"github.com/cdcflow/eventservice/pkg/schemastore"
 )
@@ -124,4 +126,34 @@ func TestQueuedResolvedOfARemovedDispatcherIsNotDelivered(t *testing.T) {
 	h.svc.mu.RUnlock()
 	require.Equal(t, fresh, newerResolved(old, fresh))
 	require.Equal(t, fresh, newerResolved(fresh, old), "a retired session's late add does not win")
+}
+
+// panickingStoreForTest is an EventStore whose RegisterDispatcher panics
+// (the embedder's store is the edge this test is about).
+type panickingStoreForTest struct{ nopStoreForBench }
+
+func (panickingStoreForTest) RegisterDispatcher(common.DispatcherID, common.Span, common.Ts, eventstore.Notifier) error {
+	panic("store bug")
+}
+
+// TestAPanickingStoreLeavesNoLockHeld: a store that panics inside
+// RegisterDispatcher must not leave the dispatcher's lock held (it was
+// unlocked by hand after the call, so a panic skipped it, and Close then
+// hung on it).
+func TestAPanickingStoreLeavesNoLockHeld(t *testing.T) {
+	schema, err := schemastore.NewMemory(schemastore.MemoryOptions{InitialResolvedTs: 1})
+	require.NoError(t, err)
+	svc, err := New(Options{Store: panickingStoreForTest{}, Schema: schema, Transport: acceptAllForBench{}})
+	require.NoError(t, err)
+	require.NoError(t, svc.Start())
+	id := common.DispatcherIDFromUint64(1)
+	require.Panics(t, func() {
+		_ = svc.Register(context.Background(), messaging.RegisterRequest{Dispatcher: id, Registration: 1, Span: common.TableSpan(1), Target: "t"})
+	})
+	svc.mu.RLock()
+	d := svc.mu.dispatchers[id]
+	svc.mu.RUnlock()
+	require.True(t, d.mu.TryLock(), "the dispatcher's lock was released by defer")
+	d.mu.Unlock()
+	require.NoError(t, svc.Close())
 }
