@@ -165,10 +165,9 @@ func (t *target) deliver(_ context.Context, batch []pendingset.Entry[common.Disp
 	msgs := make([]messaging.Message, 0, len(batch))
 	owners := make([]int, 0, len(batch)) // msgs[j] carries batch[owners[j]]
 	svc := t.svc
-	svc.mu.RLock()
 	for i := range batch {
 		e := &batch[i]
-		if !svc.currentLocked(e.Key, e.Value) {
+		if !e.Value.current() {
 			continue
 		}
 		msgs = append(msgs, &messaging.Resolved{
@@ -177,7 +176,6 @@ func (t *target) deliver(_ context.Context, batch []pendingset.Entry[common.Disp
 		})
 		owners = append(owners, i)
 	}
-	svc.mu.RUnlock()
 	for sent := 0; sent < len(msgs); {
 		n := min(t.chunk, len(msgs)-sent)
 		err := svc.send(t.name, msgs[sent:sent+n])
@@ -214,11 +212,12 @@ func (t *target) refused(err error) error {
 	return fmt.Errorf("%w: %w", pendingset.ErrBusy, err)
 }
 
-// currentLocked reports whether v was produced by the current, live
-// session of dispatcher id. REQUIRES: svc.mu held (read).
-func (svc *Service) currentLocked(id common.DispatcherID, v resolvedValue) bool {
-	d, ok := svc.mu.dispatchers[id]
-	return ok && d.session.Load() == v.s && v.live()
+// current reports whether v was produced by the current, live session of
+// its dispatcher. No map lookup is needed: a removed dispatcher's sessions
+// are all retired (not live), and a later registration of the same ID is
+// another dispatcher, whose sessions v.s is not.
+func (v resolvedValue) current() bool {
+	return v.s.d.session.Load() == v.s && v.live()
 }
 
 // errRetired: an owner's session was retired (reset or removed) before its
