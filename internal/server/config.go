@@ -21,7 +21,10 @@ type Config struct {
 	RowBytes    int
 	HotFraction float64
 	DDLInterval time.Duration
-	Duration    time.Duration
+	// ResolvedInterval is how often each table's resolved-ts advances at
+	// the upstream (the generator's tick, 10ms, means every tick).
+	ResolvedInterval time.Duration
+	Duration         time.Duration
 	// DrainTimeout bounds the wait for delivery to catch up after the
 	// upstream stopped (end of Duration or Ctrl-C).
 	DrainTimeout   time.Duration
@@ -62,6 +65,7 @@ func DefaultConfig() Config {
 		RowBytes:         100,
 		HotFraction:      0.5,
 		DDLInterval:      500 * time.Millisecond,
+		ResolvedInterval: 10 * time.Millisecond,
 		Duration:         18 * time.Second,
 		DrainTimeout:     30 * time.Second,
 		Seed:             1,
@@ -85,6 +89,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.RowBytes, "row-bytes", c.RowBytes, "bytes per row value")
 	fs.Float64Var(&c.HotFraction, "hot-fraction", c.HotFraction, "fraction of rows that go to the hot 1% of tables (0 = uniform)")
 	fs.DurationVar(&c.DDLInterval, "ddl-interval", c.DDLInterval, "interval between schema DDLs (0 = none)")
+	fs.DurationVar(&c.ResolvedInterval, "resolved-interval", c.ResolvedInterval, "how often each table's resolved-ts advances at the upstream, as a real upstream's does (10ms, the generator's tick, means every tick)")
 	fs.DurationVar(&c.Duration, "duration", c.Duration, "how long the upstream produces rows")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "how long to wait for delivery to catch up after the upstream stops")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "workload seed (same seed, same rows)")
@@ -130,6 +135,7 @@ func (c Config) Validate() error {
 	p.Require(c.DrainTimeout > 0, "--drain-timeout=%v must be positive", c.DrainTimeout)
 	p.Require(c.DDLInterval >= 0, "--ddl-interval=%v must not be negative", c.DDLInterval)
 	p.Require(c.MoveInterval >= 0, "--move-interval=%v must not be negative", c.MoveInterval)
+	p.Require(c.ResolvedInterval >= 0, "--resolved-interval=%v must not be negative", c.ResolvedInterval)
 	p.Require(c.ProgressInterval >= 0, "--progress-interval=%v must not be negative", c.ProgressInterval)
 	p.Require(!c.DurableSink || c.DataDir != "", "--durable-sink needs --data-dir")
 	p.Require(!c.DurableSink || c.Changefeeds == 1, "--durable-sink supports one changefeed (it stores rows per table)")

@@ -32,6 +32,11 @@ type genSub struct {
 
 	// Driver-owned: only the driver goroutine reads or writes these.
 	//
+	// lastResolved is the last resolved-ts pushed (or lo), for
+	// ResolvedInterval; stagger is the subscription's offset of its
+	// interval boundaries, in ms.
+	lastResolved common.Ts
+	stagger      int64
 	// cur is the position of the next row to push: row cur.idx of the
 	// (filtered) rows of tick cur.tick. It moves only when the sink has
 	// accepted everything before it, so a failed push is retried from
@@ -141,6 +146,19 @@ func (s *genSub) tickRows(tg *tickGen, k int64) []common.Row {
 	return s.cache
 }
 
+// resolvedDue reports whether s's resolved-ts may advance to f: every tick
+// without ResolvedInterval; otherwise once f's physical time crosses the
+// next of s's (staggered) interval boundaries, and always at the
+// workload's end, so a run can finish.
+func (g *Generator) resolvedDue(s *genSub, f common.Ts) bool {
+	iv := g.opts.ResolvedInterval.Milliseconds()
+	if iv <= 0 || f >= g.w.endTs {
+		return true
+	}
+	last := max(s.lastResolved, s.lo)
+	return (f.PhysicalMs()+s.stagger)/iv > (last.PhysicalMs()+s.stagger)/iv
+}
+
 // feed pushes the next chunk of s's rows with commit-ts <= f: at most
 // PushRowsMax rows, carrying ResolvedTs f if the chunk reaches f. It reports
 // whether s has work left below f that the next pass can do right away.
@@ -180,16 +198,22 @@ func (g *Generator) feed(s *genSub, f common.Ts, tg *tickGen) (more bool) {
 		s.cur = cur
 		return true
 	}
+	advance := reached && g.resolvedDue(s, f)
+	if len(rows) == 0 && !advance {
+		s.cur = cur // nothing to push until the next resolved boundary
+		return false
+	}
 	b := eventstore.Batch{Rows: rows}
-	if reached {
+	if advance {
 		b.ResolvedTs = f
 	}
 	err := s.guard.push(nil, b)
 	switch {
 	case err == nil:
 		s.cur = cur
-		if reached {
+		if advance {
 			s.resolved.Store(uint64(f))
+			s.lastResolved = f
 		}
 		s.rowsPushed.Add(uint64(len(rows)))
 		s.batches.Add(1)

@@ -396,3 +396,35 @@ func TestGeneratorLifecycleErrors(t *testing.T) {
 	g2.Close()
 	require.ErrorIs(t, g2.Start(), ErrClosed)
 }
+
+// TestGeneratorResolvedInterval: with ResolvedInterval, rows still arrive
+// every tick but a subscription's resolved-ts advances once per interval
+// (and at EndTs), and the rows delivered are the same.
+func TestGeneratorResolvedInterval(t *testing.T) {
+	clock := clock.NewFake(t0.Add(100 * time.Millisecond))
+	o := feedOptions(clock)
+	o.ResolvedInterval = 100 * time.Millisecond
+	o.EndTs = tsAt(1000, 0)
+	g := newTestGenerator(t, o)
+	w := watchPasses(g)
+	sink := newRecordingSinkForTest()
+	_, err := g.Subscribe(common.TableSpan(1), 0, sink)
+	require.NoError(t, err)
+	require.NoError(t, g.Start())
+	for range 60 { // 600 ms, tick by tick
+		n := w.passes()
+		clock.Advance(testTick)
+		w.waitIdle(t, n, frontierAt(clock.Now(), testTick))
+	}
+	var advances int
+	for _, b := range sink.batches() {
+		if b.ResolvedTs != 0 {
+			advances++
+		}
+	}
+	require.LessOrEqual(t, advances, 7, "one advance per 100 ms, not per 10 ms tick")
+	require.GreaterOrEqual(t, advances, 5)
+	clock.Advance(time.Second)
+	sink.waitResolved(t, o.EndTs)
+	requireFeed(t, sink, g.Rows(1, 0, o.EndTs), o.EndTs, 7)
+}

@@ -77,6 +77,14 @@ type GeneratorOptions struct {
 	// PushRowsMax is the largest number of rows in one Batch pushed to a
 	// sink, so a catch-up is chunked. Default 1024.
 	PushRowsMax int
+	// ResolvedInterval is how often one subscription's resolved-ts
+	// advances, as a real upstream's does (TiKV advances it about once a
+	// second; TiCDC's event store asks for AdvanceIntervalInMs). Rows are
+	// still pushed every tick; a push carries a resolved-ts only when the
+	// subscription's interval boundary (staggered by table, so the
+	// advances spread over the interval) has passed, and always at EndTs.
+	// Default 0: every tick.
+	ResolvedInterval time.Duration
 	// Clock is the time source. Default: the real clock.
 	Clock clock.Clock
 	// Logger receives push failures. Default zap.NewNop().
@@ -131,6 +139,9 @@ func (o GeneratorOptions) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...))
+	}
+	if o.ResolvedInterval < 0 {
+		bad("ResolvedInterval %v is negative", o.ResolvedInterval)
 	}
 	if o.Clock != nil && optcheck.IsNil(o.Clock) {
 		bad("Clock is a nil %T (leave it unset for the default)", o.Clock)
