@@ -146,7 +146,7 @@ func (s *server) buildParts(resumed bool) error {
 	s.gen, err = upstream.NewGenerator(upstream.GeneratorOptions{Tables: cfg.Tables, RowsPerSec: cfg.Rate, TxnRows: cfg.TxnRows,
 		RowBytes: cfg.RowBytes, HotFraction: cfg.HotFraction, Seed: s.meta.Seed, StartTs: s.meta.StartTs, EndTs: s.meta.EndTs,
 		ResolvedInterval: cfg.ResolvedInterval,
-		Logger: s.log.Named("upstream")})
+		Logger:           s.log.Named("upstream")})
 	if err != nil {
 		return err
 	}
