@@ -84,7 +84,9 @@ type testEnv struct {
 	clk   *clock.Fake
 }
 
-func newTestEnv(t *testing.T, tweak func(*Options)) *testEnv {
+// newTestEnv starts a store on a fake clock; hooks, if given, run on it
+// before Start (to set test hooks).
+func newTestEnv(t *testing.T, tweak func(*Options), hooks ...func(*Store)) *testEnv {
 	t.Helper()
 	env := &testEnv{up: &fakeUpstreamForTest{}, clk: clock.NewFake(time.UnixMilli(1_700_000_000_000))}
 	opts := Options{Upstream: env.up, Clock: env.clk, MaintenanceInterval: time.Hour, IdleTTL: time.Second}
@@ -93,6 +95,9 @@ func newTestEnv(t *testing.T, tweak func(*Options)) *testEnv {
 	}
 	s, err := Open(opts)
 	require.NoError(t, err)
+	for _, h := range hooks {
+		h(s)
+	}
 	require.NoError(t, s.Start())
 	env.store = s
 	t.Cleanup(func() { require.NoError(t, s.Close()) })

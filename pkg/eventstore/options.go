@@ -48,6 +48,13 @@ type Options struct {
 	// GCMaxDelay: a pending GC range is deleted after waiting this long even
 	// if it is smaller than GCMinSpan. Default 30s.
 	GCMaxDelay time.Duration
+	// NotifyInterval is the minimum interval between two resolved-ts
+	// notifications of one subscription's dispatchers: an advance within
+	// it is held back and the latest one is notified when it is up (never
+	// lost). Real upstreams advance resolved-ts on such a cadence (TiCDC's
+	// event store subscribes with AdvanceIntervalInMs). Default 0: every
+	// advance is notified at once.
+	NotifyInterval time.Duration
 	// GCInterval: the deletions due are written together, in one pebble
 	// batch, at most once per GCInterval. Pebble re-fragments a memtable's
 	// range tombstones once per batch that adds some, and every new
@@ -138,6 +145,7 @@ func (o Options) Validate() error {
 	p.Require(o.GCMinSpan >= 0, "GCMinSpan %v must not be negative", o.GCMinSpan)
 	p.Require(o.GCMaxDelay >= 0, "GCMaxDelay %v must not be negative", o.GCMaxDelay)
 	p.Require(o.GCInterval >= 0, "GCInterval %v must not be negative", o.GCInterval)
+	p.Require(o.NotifyInterval >= 0, "NotifyInterval %v must not be negative", o.NotifyInterval)
 	p.Require(o.CacheBytes >= 0, "CacheBytes %d must not be negative", o.CacheBytes)
 	p.Require(o.MemTableBytes >= 1<<20 && o.MemTableBytes <= 4<<30, "MemTableBytes %d not in [1 MiB, 4 GiB]", o.MemTableBytes)
 	return p.Err()

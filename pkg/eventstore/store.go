@@ -44,6 +44,16 @@ type Store struct {
 
 	// maint schedules GC and idle expiry (see maintenance.go).
 	maint maintenance
+	// throttle holds back notifications within NotifyInterval.
+	throttle notifyThrottle
+
+	// published, if set (by tests only, before use), runs on the write
+	// worker after each resolved-ts advance was committed and published
+	// (notified, or held back by NotifyInterval).
+	published func(resolved common.Ts)
+	// throttleArmed, if set (by tests only, before Start), runs when the
+	// throttle's flusher armed its timer for wait.
+	throttleArmed func(wait time.Duration)
 
 	// stopWaits, if set (by tests only, before use), runs when an
 	// unregistration finds its dispatcher's callback in flight and is
@@ -71,6 +81,7 @@ func Open(opts Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{opts: opts, log: opts.Logger.Named("eventstore"), metrics: newMetrics(), closing: make(chan struct{})}
+	s.throttle.doorbell = make(chan struct{}, 1)
 	s.mu.dispatchers = make(map[common.DispatcherID]*subscriber)
 	s.mu.subsBySpan = make(map[string][]*subscription)
 	s.mu.subs = make(map[uint64]*subscription)
@@ -152,6 +163,9 @@ func (s *Store) Start() error {
 		s.wg.Go(func() { s.runWriter(i) })
 	}
 	s.wg.Go(s.runMaintenance)
+	if s.opts.NotifyInterval > 0 {
+		s.wg.Go(s.runThrottle)
+	}
 	return nil
 }
 

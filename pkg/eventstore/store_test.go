@@ -656,3 +656,41 @@ func TestRegistrationDoesNotHoldTheStoreLockAcrossSubscribe(t *testing.T) {
 	require.Equal(t, a.SubscriptionID, b.SubscriptionID, "one subscription for the span")
 	require.Len(t, up.subs(), 2, "tables 1 and 9, each subscribed once")
 }
+
+// TestNotifyIntervalHoldsBackButNeverLosesTheLastAdvance: with a
+// NotifyInterval, advances within it are not notified one by one; the
+// latest is notified once the interval is up, with no further push.
+func TestNotifyIntervalHoldsBackButNeverLosesTheLastAdvance(t *testing.T) {
+	armed := make(chan time.Duration, 16)
+	published := make(chan common.Ts, 16)
+	env := newTestEnv(t, func(o *Options) { o.NotifyInterval = 100 * time.Millisecond }, func(s *Store) {
+		s.published = func(ts common.Ts) { published <- ts }
+		s.throttleArmed = func(d time.Duration) {
+			select { // never block the flusher (Close waits for it)
+			case armed <- d:
+			default:
+			}
+		}
+	})
+	r := newRecorder()
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r.notify))
+	sub := env.up.last(t, common.TableSpan(1))
+	push(t, sub, 10)
+	require.Equal(t, common.Ts(10), r.next(t).resolved, "the first advance is notified at once")
+	require.Equal(t, common.Ts(10), <-published)
+	push(t, sub, 20)
+	push(t, sub, 30, put("a", 25, 26))
+	require.Equal(t, common.Ts(20), <-published) // committed and held back
+	require.Equal(t, common.Ts(30), <-published)
+	require.Empty(t, r.ch, "advances within the interval are held back")
+	for d := range armed { // the flusher armed its timer for the held advance
+		if d <= 100*time.Millisecond {
+			break
+		}
+	}
+	env.clk.Advance(100 * time.Millisecond)
+	n := r.next(t)
+	require.Equal(t, common.Ts(30), n.resolved, "the latest advance, once the interval is up")
+	require.Equal(t, common.Ts(26), n.maxCommit)
+	require.Empty(t, r.ch)
+}

@@ -117,6 +117,11 @@ type subscription struct {
 		// ripe list (see maintenance).
 		gcPendingSince time.Time
 		gcRipe         bool
+		// notifiedAt is when the subscribers were last told of an advance;
+		// notifyHeld: an advance is held back by NotifyInterval and the
+		// throttle will notify it (see throttle.go).
+		notifiedAt time.Time
+		notifyHeld bool
 		// idleSince is when the last subscriber left; zero while it has any.
 		idleSince time.Time
 		removed   bool

@@ -120,11 +120,17 @@ func (s *Store) publish(ev writeEvent, now time.Time) {
 		return
 	}
 	sub.mu.resolved = ev.resolved
+	held := s.throttledLocked(sub, now) // then the throttle notifies the latest later
 	subscribers, mc := sub.mu.subscribers, sub.mu.maxCommit
 	sub.mu.Unlock()
 	s.metrics.resolvedLag.Observe(ev.resolved.Lag(now).Seconds())
-	for _, sb := range subscribers {
-		sb.notify(s, ev.resolved, mc)
+	if !held {
+		for _, sb := range subscribers {
+			sb.notify(s, ev.resolved, mc)
+		}
+	}
+	if h := s.published; h != nil {
+		h(ev.resolved)
 	}
 }
 
