@@ -39,6 +39,19 @@ type stackForTest struct {
 	coll   *Collector
 	ticks  chan struct{}
 	done   chan struct{}
+	// handled is closed and replaced after each message the collector
+	// handled (its state is updated by then).
+	handled struct {
+		sync.Mutex
+		ch chan struct{}
+	}
+}
+
+// handledCh returns the channel closed after the next handled message.
+func (h *stackForTest) handledCh() <-chan struct{} {
+	h.handled.Lock()
+	defer h.handled.Unlock()
+	return h.handled.ch
 }
 
 type stackConfig struct {
@@ -90,6 +103,13 @@ func newStack(t *testing.T, cfg stackConfig) *stackForTest {
 	}
 	h.coll, err = New(copts)
 	require.NoError(t, err)
+	h.handled.ch = make(chan struct{})
+	h.coll.hooks.afterHandle = func(messaging.Message) {
+		h.handled.Lock()
+		close(h.handled.ch)
+		h.handled.ch = make(chan struct{})
+		h.handled.Unlock()
+	}
 	h.coll.hooks.afterTick = func() {
 		select {
 		case h.ticks <- struct{}{}:
@@ -135,10 +155,25 @@ func (h *stackForTest) advanceSchema(ts common.Ts) {
 	require.NoError(h.t, h.schema.AdvanceResolvedTs(ts))
 }
 
+// waitCheckpoint waits until the sink confirmed ts for id and the collector
+// recorded it (it does so after the sink call returns, so the sink alone
+// can be seen ahead of the collector's state).
 func (h *stackForTest) waitCheckpoint(id common.DispatcherID, ts common.Ts) {
 	h.t.Helper()
-	err := h.mem.WaitCheckpoint(testCtx(h.t), id, ts)
+	ctx := testCtx(h.t)
+	err := h.mem.WaitCheckpoint(ctx, id, ts)
 	require.NoError(h.t, err, "checkpoint of %v: %v, want %v; stats %+v", id, h.mem.CheckpointOf(id), ts, h.coll.Stats())
+	for {
+		ch := h.handledCh()
+		if st, err := h.coll.Dispatcher(id); err == nil && st.Checkpoint >= ts {
+			return
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			h.t.Fatalf("the collector did not record checkpoint %v of %v", ts, id)
+		}
+	}
 }
 
 // tick advances the collector's clock one heartbeat interval and waits for
