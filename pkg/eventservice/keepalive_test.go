@@ -100,15 +100,23 @@ func TestKeepaliveOnlyForUnacknowledgedProgress(t *testing.T) {
 func TestKeepaliveFollowsChange(t *testing.T) {
 	fc := clock.NewFake(time.Unix(1_000_000, 0))
 	rounds := make(chan int, 16)
-	h := newHarness(t, func(o *Options) { o.Clock = fc }, hooks{keepaliveRound: func(n int) { rounds <- n }})
-	h.advanceSchema(1 << 40)
 	const n = 100
+	// The hooks run after a worker's transition, which follows its
+	// publish: a message seen by the checker may not be published yet.
+	prepared, scanned := make(chan struct{}, n), make(chan struct{}, n)
+	h := newHarness(t, func(o *Options) { o.Clock = fc }, hooks{keepaliveRound: func(n int) { rounds <- n },
+		prepared: func(*session, prepareOutcome) { signal(prepared) },
+		scanned:  func(*session, scanOutcome) { signal(scanned) }})
+	h.advanceSchema(1 << 40)
 	ids := make([]common.DispatcherID, n)
 	for i := range ids {
 		ids[i] = h.register(uint64(i+1), 10)
 	}
+	for range n {
+		<-prepared // each published its handshake
+	}
 	for _, id := range ids {
-		h.check.waitResolved(id, 10) // each published its handshake
+		h.check.waitResolved(id, 10)
 		require.NoError(t, h.heartbeat(id, 1, 10))
 	}
 	fc.Advance(h.svc.opts.SignalInterval)
@@ -118,8 +126,17 @@ func TestKeepaliveFollowsChange(t *testing.T) {
 	require.Zero(t, <-rounds, "nothing published, nothing unacknowledged: nothing examined")
 
 	h.push(1, 40, row("a", 15, 20)) // one dispatcher moves
+	<-scanned                       // its scan published the progress
 	h.check.waitResolved(ids[0], 40)
 	fc.Advance(h.svc.opts.SignalInterval)
 	require.Equal(t, 1, <-rounds)
 	require.Equal(t, 1.0, testutilCounter(h.svc.metrics.keepalives), "its progress is unacknowledged")
+}
+
+// signal sends on ch without blocking a worker (extra signals are dropped).
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
 }
