@@ -1,11 +1,11 @@
 package eventservice
 
 import (
-	"container/heap"
 	"math/rand/v2"
 	"sync"
 	"time"
 
+	"github.com/cdcflow/eventservice/internal/dueheap"
 	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
@@ -121,28 +121,10 @@ type backoffTimers struct {
 	clk clock.Clock
 	mu  struct {
 		sync.Mutex
-		h backoffHeap
+		h dueheap.Heap[*session]
 	}
 	doorbell chan struct{} // the earliest deadline changed
-}
-
-type backoffEntry struct {
-	due time.Time
-	s   *session
-}
-
-type backoffHeap []backoffEntry
-
-func (h backoffHeap) Len() int           { return len(h) }
-func (h backoffHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
-func (h backoffHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *backoffHeap) Push(x any)        { *h = append(*h, x.(backoffEntry)) }
-func (h *backoffHeap) Pop() any {
-	old := *h
-	e := old[len(old)-1]
-	old[len(old)-1] = backoffEntry{}
-	*h = old[:len(old)-1]
-	return e
+	scratch  []dueheap.Entry[*session]
 }
 
 func newBackoffTimers(clk clock.Clock) *backoffTimers {
@@ -154,10 +136,10 @@ func newBackoffTimers(clk clock.Clock) *backoffTimers {
 // live sessions plus those removed within the last BackoffMax.
 func (b *backoffTimers) arm(s *session, d time.Duration) {
 	b.mu.Lock()
-	heap.Push(&b.mu.h, backoffEntry{due: b.clk.Now().Add(d), s: s})
-	first := b.mu.h[0].s == s
+	b.mu.h.Push(b.clk.Now().Add(d), s)
+	first, _ := b.mu.h.Peek()
 	b.mu.Unlock()
-	if first {
+	if first.Item == s {
 		select {
 		case b.doorbell <- struct{}{}:
 		default:
@@ -168,20 +150,24 @@ func (b *backoffTimers) arm(s *session, d time.Duration) {
 func (b *backoffTimers) len() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return len(b.mu.h)
+	return b.mu.h.Len()
 }
 
 // due pops the entries due at now and returns the delay to the next one.
+// Only the timer goroutine calls it (it owns scratch).
 func (b *backoffTimers) due(now time.Time, dst []*session) ([]*session, time.Duration, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for len(b.mu.h) > 0 && !b.mu.h[0].due.After(now) {
-		dst = append(dst, heap.Pop(&b.mu.h).(backoffEntry).s)
+	b.scratch = b.mu.h.PopDue(now, b.scratch[:0])
+	for _, e := range b.scratch {
+		dst = append(dst, e.Item)
 	}
-	if len(b.mu.h) == 0 {
+	clear(b.scratch)
+	next, ok := b.mu.h.Peek()
+	if !ok {
 		return dst, 0, false
 	}
-	return dst, b.mu.h[0].due.Sub(now), true
+	return dst, next.Due.Sub(now), true
 }
 
 // backoffDelay is the owner's next back-off delay: BackoffBase doubled per

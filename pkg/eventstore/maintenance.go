@@ -1,13 +1,13 @@
 package eventstore
 
 import (
-	"container/heap"
 	"sync"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/internal/dueheap"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -43,42 +43,19 @@ type maintenance struct {
 		// delay holds, per subscription with a pending range, an entry due
 		// GCMaxDelay after the range became pending (token: its
 		// gcPendingSince). Stale entries are skipped when popped.
-		delay dueHeap
+		delay dueheap.Heap[dueEntry]
 		// idle holds an entry per subscription that lost its last
 		// dispatcher, due at idleSince + IdleTTL.
-		idle dueHeap
+		idle dueheap.Heap[dueEntry]
 	}
 }
 
-// dueEntry is a subscription scheduled at due.
+// dueEntry is a subscription scheduled at a time, with the state (token)
+// it was scheduled for: gcPendingSince for the delay heap, idleSince for
+// the idle heap. An entry whose token no longer matches is stale.
 type dueEntry struct {
-	due time.Time
-	sub *subscription
-	// token is the state the entry was pushed for (gcPendingSince for the
-	// delay heap); an entry whose token no longer matches is stale.
+	sub   *subscription
 	token time.Time
-}
-
-type dueHeap []dueEntry
-
-func (h dueHeap) Len() int           { return len(h) }
-func (h dueHeap) Less(i, j int) bool { return h[i].due.Before(h[j].due) }
-func (h dueHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *dueHeap) Push(x any)        { *h = append(*h, x.(dueEntry)) }
-func (h *dueHeap) Pop() any {
-	old := *h
-	e := old[len(old)-1]
-	old[len(old)-1] = dueEntry{}
-	*h = old[:len(old)-1]
-	return e
-}
-
-// popDue removes and appends to dst the entries of h due at now.
-func (h *dueHeap) popDue(now time.Time, dst []dueEntry) []dueEntry {
-	for h.Len() > 0 && !(*h)[0].due.After(now) {
-		dst = append(dst, heap.Pop(h).(dueEntry))
-	}
-	return dst
 }
 
 // noteGCLocked schedules sub's pending GC range, if it has one: a delay
@@ -93,7 +70,7 @@ func (s *Store) noteGCLocked(sub *subscription, now time.Time) {
 	if sub.mu.gcPendingSince.IsZero() {
 		sub.mu.gcPendingSince = now
 		m.mu.Lock()
-		heap.Push(&m.mu.delay, dueEntry{due: now.Add(s.opts.GCMaxDelay), sub: sub, token: now})
+		m.mu.delay.Push(now.Add(s.opts.GCMaxDelay), dueEntry{sub: sub, token: now})
 		m.mu.Unlock()
 	}
 	if !sub.mu.gcRipe && gcSpan(sub.mu.gcDone, sub.mu.gcTarget) >= s.opts.GCMinSpan {
@@ -114,7 +91,7 @@ func gcSpan(from, to common.Ts) time.Duration {
 func (s *Store) scheduleIdleLocked(sub *subscription, now time.Time) {
 	m := &s.maint
 	m.mu.Lock()
-	heap.Push(&m.mu.idle, dueEntry{due: now.Add(s.opts.IdleTTL), sub: sub, token: now})
+	m.mu.idle.Push(now.Add(s.opts.IdleTTL), dueEntry{sub: sub, token: now})
 	m.mu.Unlock()
 }
 
@@ -150,13 +127,13 @@ func (s *Store) maintain() {
 // expireDue expires the subscriptions whose idle entry is due.
 func (s *Store) expireDue(now time.Time) {
 	s.maint.mu.Lock()
-	due := s.maint.mu.idle.popDue(now, nil)
+	due := s.maint.mu.idle.PopDue(now, nil)
 	s.maint.mu.Unlock()
 	for _, e := range due {
 		if s.isClosing() {
 			return
 		}
-		s.expireIfIdle(e.sub, now)
+		s.expireIfIdle(e.Item.sub, now)
 	}
 }
 
@@ -175,7 +152,7 @@ func (s *Store) collectGarbage(now time.Time) {
 	m.mu.Lock()
 	ripe := m.mu.ripe
 	m.mu.ripe = nil
-	due := m.mu.delay.popDue(now, nil)
+	due := m.mu.delay.PopDue(now, nil)
 	m.mu.Unlock()
 	if len(ripe) == 0 && len(due) == 0 {
 		return
@@ -199,7 +176,7 @@ func (s *Store) collectGarbage(now time.Time) {
 		take(sub, false, time.Time{})
 	}
 	for _, e := range due {
-		take(e.sub, true, e.token)
+		take(e.Item.sub, true, e.Item.token)
 	}
 	if len(dels) == 0 {
 		return

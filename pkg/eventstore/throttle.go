@@ -1,9 +1,10 @@
 package eventstore
 
 import (
-	"container/heap"
 	"sync"
 	"time"
+
+	"github.com/cdcflow/eventservice/internal/dueheap"
 )
 
 // notifyThrottle holds back the resolved-ts notifications of a subscription
@@ -21,7 +22,7 @@ type notifyThrottle struct {
 	doorbell chan struct{} // the earliest due time may have changed
 	mu       struct {
 		sync.Mutex
-		due dueHeap
+		due dueheap.Heap[*subscription]
 	}
 }
 
@@ -29,10 +30,10 @@ type notifyThrottle struct {
 // sub.mu.notifyHeld newly set.
 func (t *notifyThrottle) schedule(sub *subscription, due time.Time) {
 	t.mu.Lock()
-	heap.Push(&t.mu.due, dueEntry{due: due, sub: sub})
-	first := t.mu.due[0].sub == sub
+	t.mu.due.Push(due, sub)
+	first, _ := t.mu.due.Peek()
 	t.mu.Unlock()
-	if first {
+	if first.Item == sub {
 		select {
 		case t.doorbell <- struct{}{}:
 		default:
@@ -66,18 +67,16 @@ func (s *Store) runThrottle() {
 	t := &s.throttle
 	timer := s.opts.Clock.NewTimer(time.Hour)
 	defer timer.Stop()
-	var due []dueEntry
+	var due []dueheap.Entry[*subscription]
 	for {
 		now := s.opts.Clock.Now()
 		t.mu.Lock()
-		due = t.mu.due.popDue(now, due[:0])
-		wait, ok := time.Hour, false
-		if t.mu.due.Len() > 0 {
-			wait, ok = t.mu.due[0].due.Sub(now), true
-		}
+		due = t.mu.due.PopDue(now, due[:0])
+		next, ok := t.mu.due.Peek()
+		wait := next.Due.Sub(now)
 		t.mu.Unlock()
 		for _, e := range due {
-			s.flushNotify(e.sub, now)
+			s.flushNotify(e.Item, now)
 		}
 		clear(due)
 		if !ok {
