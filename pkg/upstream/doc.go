@@ -20,10 +20,17 @@
 // subscription's start-ts, or on other tables. StartTs and EndTs only cut:
 // the workload is the rows with commit-ts in (StartTs, EndTs].
 //
-// Within a tick, table T writes n transactions, where n is the integer part
-// of its expected count (RowsPerSec*Tick/TxnRows times the table's share)
-// plus one with probability equal to the fractional part, so long-run rates
-// match RowsPerSec and HotFraction. Every transaction has exactly TxnRows
+// Within a tick, table T writes n transactions. Let e be its expected count
+// (RowsPerSec*Tick/TxnRows times the table's share). A dense table (e >= 1)
+// writes the integer part of e plus one with probability equal to the
+// fractional part. A sparse table (e < 1) writes one transaction in a tick
+// with probability e, independently per tick; the ticks with a transaction
+// are drawn as geometric gaps, block by block (block b holds ceil(1/e)
+// ticks, at most 65,536, and is seeded by (Seed, T, b)), which is the same
+// process but lets the next tick with rows be found in O(1 + blocks
+// skipped): Rows, RowCount and the driver cost what the rows cost, not the
+// number of ticks, which is what a million mostly idle tables need. Either
+// way long-run rates match RowsPerSec and HotFraction. Every transaction has exactly TxnRows
 // rows with distinct keys; transaction j (from 0) has start-ts base+1+j, and
 // transactions are grouped, in order, into groups of 1..TxnsPerCommitTs that
 // share a commit-ts: group i commits at base+n+1+i, where base is the tick's

@@ -47,5 +47,5 @@ func ExampleGenerator_Rows() {
 	end := start + common.ComposeTs(1000, 0)
 	rows := g.Rows(3, start, end)
 	fmt.Println(len(rows), g.RowCount(3, start, end), rows[0].CommitTs > start)
-	// Output: 304 304 true
+	// Output: 312 312 true
 }

@@ -3,7 +3,6 @@ package upstream
 import (
 	"context"
 	"errors"
-	"slices"
 	"sync/atomic"
 
 	"go.uber.org/zap"
@@ -12,10 +11,10 @@ import (
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 )
 
-// maxTicksPerPass bounds how many ticks one subscription may scan in one
-// driver pass, so a catch-up over a long, sparse range (mostly empty ticks)
-// does not starve the other subscriptions. Rows are bounded by PushRowsMax.
-const maxTicksPerPass = 1 << 14
+// scheduleHorizon bounds how far ahead the driver looks for a
+// subscription's next tick with rows when it files it for later: a table
+// with no rows for that long is looked at again then.
+const scheduleHorizon = 1 << 20
 
 // genSub is one subscription to a Generator.
 type genSub struct {
@@ -71,26 +70,18 @@ func (s *genSub) Close() {
 	g := s.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.mu.subs = slices.DeleteFunc(g.mu.subs, func(o *genSub) bool { return o == s })
+	delete(g.mu.subs, s.id)
 }
 
 // run is the driver: on every tick (or kick) it advances the frontier and
-// feeds every subscription, looping without waiting while a catch-up has
-// work left.
+// feeds the subscriptions that are due, looping without waiting while a
+// catch-up has work left.
 func (g *Generator) run() {
 	t := g.clock.NewTicker(g.opts.Tick)
 	defer t.Stop()
 	tg := newTickGen(g.w)
 	for {
-		for {
-			info := g.pass(tg)
-			if g.passHookForTesting != nil {
-				g.passHookForTesting(info)
-			}
-			if !info.more || g.ctx.Err() != nil {
-				break
-			}
-		}
+		g.feedDue(tg)
 		select {
 		case <-g.ctx.Done():
 			return
@@ -100,23 +91,125 @@ func (g *Generator) run() {
 	}
 }
 
-// pass advances the frontier and gives every live subscription one bounded
-// slice of work, in creation order.
-func (g *Generator) pass(tg *tickGen) passInfo {
+// feedDue advances the frontier, moves the subscriptions whose due tick has
+// elapsed (and new ones) to the ready list, and feeds the ready list in
+// rounds: each round gives each ready subscription one bounded chunk, so a
+// catch-up does not starve the others. A subscription that is done until a
+// later tick is filed in that tick's bucket, so a pass costs what is due,
+// not the number of subscriptions.
+func (g *Generator) feedDue(tg *tickGen) {
 	f := g.advanceFrontier()
+	last := g.w.tickOf(f)
 	g.mu.Lock()
-	subs := slices.Clone(g.mu.subs)
+	added := g.mu.added
+	g.mu.added = nil
 	g.mu.Unlock()
-	info := passInfo{frontier: f}
-	for _, s := range subs {
-		if g.ctx.Err() != nil {
-			return info
+	sc := &g.sched
+	sc.ready = append(sc.ready, added...)
+	if last > sc.done {
+		if last-sc.done <= int64(len(sc.buckets)) {
+			for k := sc.done + 1; k <= last; k++ {
+				sc.takeBucket(k)
+			}
+		} else { // a long jump (catch-up from far back): visit the buckets, not the ticks
+			for k := range sc.buckets {
+				if k <= last {
+					sc.takeBucket(k)
+				}
+			}
 		}
-		if g.feed(s, f, tg) {
-			info.more = true
+		sc.done = last
+	}
+	for {
+		round := sc.ready
+		sc.ready = sc.spare[:0]
+		for _, s := range round {
+			if g.ctx.Err() != nil {
+				return
+			}
+			g.schedule(s, g.feed(s, f, tg), last)
+		}
+		clear(round)
+		sc.spare = round
+		if g.passHookForTesting != nil {
+			g.passHookForTesting(passInfo{frontier: f, more: len(sc.ready) > 0})
+		}
+		if len(sc.ready) == 0 {
+			return
 		}
 	}
-	return info
+}
+
+// takeBucket moves the subscriptions filed under tick k to the ready list.
+func (sc *schedule) takeBucket(k int64) {
+	if b, ok := sc.buckets[k]; ok {
+		sc.ready = append(sc.ready, b...)
+		delete(sc.buckets, k)
+	}
+}
+
+// feedResult is what feed leaves a subscription waiting for.
+type feedResult int
+
+const (
+	// feedMore: work is left below the frontier; feed again next round.
+	feedMore feedResult = iota
+	// feedWait: everything below the frontier is pushed; wait for the next
+	// tick with rows or the next resolved-ts boundary.
+	feedWait
+	// feedRetry: the push failed; retry on the next tick.
+	feedRetry
+	// feedStop: the subscription or its sink is closed; drop it.
+	feedStop
+)
+
+// schedule files s according to what feed returned; last is the last
+// elapsed tick.
+func (g *Generator) schedule(s *genSub, r feedResult, last int64) {
+	sc := &g.sched
+	var due int64
+	switch r {
+	case feedStop:
+		return
+	case feedMore:
+		sc.ready = append(sc.ready, s)
+		return
+	case feedRetry:
+		due = last + 1
+	case feedWait:
+		due = g.nextDue(s, last)
+		if due < 0 {
+			return // resolved at EndTs: nothing more, ever
+		}
+	}
+	if due <= sc.done {
+		sc.ready = append(sc.ready, s)
+		return
+	}
+	sc.buckets[due] = append(sc.buckets[due], s)
+}
+
+// nextDue returns the first tick after last whose end gives s something to
+// do: a tick with rows, its next resolved-ts boundary, or the workload's
+// end; -1 when s has reached the end.
+func (g *Generator) nextDue(s *genSub, last int64) int64 {
+	w := g.w
+	if common.Ts(s.resolved.Load()) >= w.endTs {
+		return -1
+	}
+	due := last + 1 // ResolvedInterval 0: every tick
+	if iv := g.opts.ResolvedInterval.Milliseconds(); iv > 0 {
+		// The first tick k whose frontier, (k+1)*tickMs-1 ms, crosses the
+		// boundary after the last resolved-ts (see resolvedDue).
+		prev := max(s.lastResolved, s.lo).PhysicalMs()
+		boundary := ((prev+s.stagger)/iv+1)*iv - s.stagger // first ms of the next interval
+		due = max(due, (boundary+1+w.tickMs-1)/w.tickMs-1)
+		limit := min(due-1, last+scheduleHorizon)
+		if k, _, ok := w.nextTick(s.span.TableID, max(s.cur.tick, last+1), limit); ok {
+			due = k
+		}
+	}
+	return min(due, w.tickOf(w.endTs))
 }
 
 // advanceFrontier moves the frontier to the end of the last fully elapsed
@@ -140,7 +233,11 @@ func (s *genSub) tickRows(tg *tickGen, k int64) []common.Row {
 	}
 	// Reusing the cache's backing array is safe: batches hold copies of
 	// the Row structs, and every tick gets fresh key and value bytes.
-	s.cache = tg.appendTick(s.cache[:0], s.span.TableID, k, s.lo, s.g.w.endTs, s.filter)
+	s.cache = s.cache[:0]
+	if k, n, ok := s.g.w.nextTick(s.span.TableID, k, k); ok {
+		s.g.ticksGeneratedForTesting.Add(1)
+		s.cache = tg.appendTick(s.cache, s.span.TableID, k, n, s.lo, s.g.w.endTs, s.filter)
+	}
 	s.cacheTick, s.cacheOK = k, true
 	s.g.rowsGenerated.Add(uint64(len(s.cache)))
 	return s.cache
@@ -160,27 +257,31 @@ func (g *Generator) resolvedDue(s *genSub, f common.Ts) bool {
 }
 
 // feed pushes the next chunk of s's rows with commit-ts <= f: at most
-// PushRowsMax rows, carrying ResolvedTs f if the chunk reaches f. It reports
-// whether s has work left below f that the next pass can do right away.
-func (g *Generator) feed(s *genSub, f common.Ts, tg *tickGen) (more bool) {
-	if s.sinkClosed.Load() || f <= common.Ts(s.resolved.Load()) {
-		return false
+// PushRowsMax rows, carrying ResolvedTs f if the chunk reaches f and s's
+// resolved-ts is due. It only visits ticks with rows.
+func (g *Generator) feed(s *genSub, f common.Ts, tg *tickGen) feedResult {
+	if s.sinkClosed.Load() || s.guard.isClosed() {
+		return feedStop
+	}
+	if f <= common.Ts(s.resolved.Load()) {
+		return feedWait
 	}
 	lastTick := g.w.tickOf(f)
 	cur := s.cur
 	var rows []common.Row
 	reached := false
-	for scanned := 0; ; {
+	for {
 		if cur.tick > lastTick {
 			reached = true
 			break
 		}
 		tr := s.tickRows(tg, cur.tick)
 		if cur.idx >= len(tr) {
-			cur = cursor{tick: cur.tick + 1}
-			if scanned++; scanned >= maxTicksPerPass {
-				break
+			k, _, ok := g.w.nextTick(s.span.TableID, cur.tick+1, lastTick)
+			if !ok {
+				k = lastTick + 1
 			}
+			cur = cursor{tick: k}
 			continue
 		}
 		if tr[cur.idx].CommitTs > f {
@@ -193,15 +294,10 @@ func (g *Generator) feed(s *genSub, f common.Ts, tg *tickGen) (more bool) {
 		rows = append(rows, tr[cur.idx])
 		cur.idx++
 	}
-	if len(rows) == 0 && !reached {
-		// Only empty ticks were scanned: nothing to push, nothing skipped.
-		s.cur = cur
-		return true
-	}
 	advance := reached && g.resolvedDue(s, f)
 	if len(rows) == 0 && !advance {
 		s.cur = cur // nothing to push until the next resolved boundary
-		return false
+		return feedWait
 	}
 	b := eventstore.Batch{Rows: rows}
 	if advance {
@@ -219,16 +315,19 @@ func (g *Generator) feed(s *genSub, f common.Ts, tg *tickGen) (more bool) {
 		s.batches.Add(1)
 		g.rowsPushed.Add(uint64(len(rows)))
 		g.batches.Add(1)
-		return !reached
+		if reached {
+			return feedWait
+		}
+		return feedMore
 	case errors.Is(err, errSubscriptionClosed):
-		return false
+		return feedStop
 	case errors.Is(err, eventstore.ErrClosed):
 		// The store is closing for good: stop feeding this sink.
 		s.sinkClosed.Store(true)
 		g.log.Debug("sink closed, feed stopped", zap.Uint64("subscription", s.id), zap.Stringer("span", s.span))
-		return false
+		return feedStop
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return false
+		return feedStop
 	default:
 		// Retry from s.cur on the next tick. Drop the cache: the sink may
 		// own rows of the failed batch now, so the retry gets fresh bytes.
@@ -238,6 +337,6 @@ func (g *Generator) feed(s *genSub, f common.Ts, tg *tickGen) (more bool) {
 		g.log.Warn("push failed, will retry",
 			zap.Uint64("subscription", s.id), zap.Stringer("span", s.span),
 			zap.Stringer("resolvedTs", common.Ts(s.resolved.Load())), zap.Int("rows", len(rows)), zap.Error(err))
-		return false
+		return feedRetry
 	}
 }

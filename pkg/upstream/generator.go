@@ -1,8 +1,10 @@
 package upstream
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -27,10 +29,15 @@ import (
 //     pushes a subscription's rows in order, each exactly once: its cursor
 //     moves only after the sink accepted a batch.
 //
-// The driver serves subscriptions one after the other, each pass giving
-// each at most one chunk. A sink that blocks (back-pressure) therefore holds
-// up all of them until it returns or Close cancels it; the store's write
-// queue is shared, so that back-pressure is global anyway.
+// The driver keeps each subscription either in a ready list or filed under
+// the tick it waits for (its next tick with rows or its next resolved-ts
+// boundary), so a tick costs what is due, not the number of subscriptions:
+// a million idle tables with a 1 s resolved interval cost a million pushes
+// per second, not a hundred million visits. Ready subscriptions are served
+// one after the other, each round giving each at most one chunk. A sink
+// that blocks (back-pressure) therefore holds up all of them until it
+// returns or Close cancels it; the store's write queue is shared, so that
+// back-pressure is global anyway.
 //
 // Lock order: Generator.mu is never held while a sink is called. A
 // subscription's sinkGuard.mu is held across its sink call and may be taken
@@ -54,6 +61,9 @@ type Generator struct {
 	// passHookForTesting, if set before Start, is called by the driver at
 	// the end of every pass.
 	passHookForTesting func(passInfo)
+	// ticksGeneratedForTesting counts the ticks whose rows the driver
+	// generated.
+	ticksGeneratedForTesting atomic.Int64
 
 	// Single-word counters, read by Stats without a lock.
 	rowsGenerated atomic.Uint64
@@ -61,20 +71,36 @@ type Generator struct {
 	batches       atomic.Uint64
 	pushErrors    atomic.Uint64
 
+	// sched is the driver's: only the driver goroutine touches it.
+	sched schedule
+
 	mu struct {
 		sync.Mutex
 		started, closed bool
-		// subs holds the live subscriptions in creation order, which is
-		// the order the driver serves them in.
-		subs     []*genSub
+		// subs holds the live subscriptions by ID (IDs grow in creation
+		// order).
+		subs map[uint64]*genSub
+		// added holds subscriptions the driver has not scheduled yet.
+		added    []*genSub
 		nextID   uint64
 		frontier common.Ts
 	}
 }
 
+// schedule is the driver's timing wheel: buckets[k] holds the
+// subscriptions that have nothing to do until tick k has elapsed; ready
+// holds those to feed now. done is the last tick whose bucket was taken.
+type schedule struct {
+	done    int64
+	buckets map[int64][]*genSub
+	ready   []*genSub
+	spare   []*genSub
+}
+
 var _ eventstore.Upstream = (*Generator)(nil)
 
-// passInfo describes one driver pass, for tests.
+// passInfo describes one round of the driver over its ready list, for
+// tests.
 type passInfo struct {
 	frontier common.Ts
 	// more is true when some subscription has work left below frontier.
@@ -108,6 +134,9 @@ func NewGenerator(opts GeneratorOptions) (*Generator, error) {
 		kick:   make(chan struct{}, 1),
 	}
 	g.mu.frontier = o.StartTs
+	g.mu.subs = make(map[uint64]*genSub)
+	g.sched.done = g.w.tickOf(o.StartTs)
+	g.sched.buckets = make(map[int64][]*genSub)
 	return g, nil
 }
 
@@ -117,8 +146,9 @@ func (g *Generator) Options() GeneratorOptions { return g.opts }
 
 // Rows returns exactly the rows of table tableID with commit-ts in
 // (start, end], in (commit-ts, start-ts, key) order; nil for a table outside
-// 1..Tables or an empty range. Its cost is proportional to the number of
-// ticks in the range (clamped to the workload's (StartTs, EndTs]).
+// 1..Tables or an empty range. Its cost is proportional to the rows, plus
+// one per tick of a dense table or per block of a sparse one (see the
+// package doc), in the range clamped to the workload's (StartTs, EndTs].
 func (g *Generator) Rows(tableID int64, start, end common.Ts) []common.Row {
 	return g.w.rows(tableID, start, end, nil)
 }
@@ -182,7 +212,8 @@ func (g *Generator) Subscribe(span common.Span, startTs common.Ts, sink eventsto
 	}
 	g.mu.nextID++
 	s.id = g.mu.nextID
-	g.mu.subs = append(g.mu.subs, s)
+	g.mu.subs[s.id] = s
+	g.mu.added = append(g.mu.added, s)
 	g.mu.Unlock()
 
 	select {
@@ -263,8 +294,9 @@ type SubscriptionStats struct {
 func (g *Generator) Stats() Stats {
 	g.mu.Lock()
 	frontier := g.mu.frontier
-	subs := slices.Clone(g.mu.subs)
+	subs := slices.Collect(maps.Values(g.mu.subs))
 	g.mu.Unlock()
+	slices.SortFunc(subs, func(a, b *genSub) int { return cmp.Compare(a.id, b.id) })
 	st := Stats{
 		Frontier:      frontier,
 		RowsGenerated: g.rowsGenerated.Load(),

@@ -58,6 +58,10 @@ func (g *sinkGuard) push(ctx context.Context, b eventstore.Batch) error {
 	return g.sink.Push(pctx, b)
 }
 
+// isClosed reports whether close has begun (or the parent context ended),
+// without waiting for an in-flight push.
+func (g *sinkGuard) isClosed() bool { return g.ctx.Err() != nil }
+
 // close marks the guard closed and waits for an in-flight push. It reports
 // whether this call was the one that closed it.
 func (g *sinkGuard) close() bool {

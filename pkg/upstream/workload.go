@@ -19,7 +19,41 @@ const (
 	saltSeed  = 0x9e3779b97f4a7c15
 	saltCount = 0xd1b54a32d192ed03
 	saltPCG   = 0x8cb92ba72f3d8dd7
+	saltBlock = 0x2545f4914f6cdd1d
+	saltGap   = 0xa0761d6478bd642f
 )
+
+// maxBlockTicks caps the block length of a sparse table (see tableClass).
+// At the default 10 ms tick it is about 11 minutes.
+const maxBlockTicks = 1 << 16
+
+// tableClass is what the row function needs to know about a table's rate.
+type tableClass struct {
+	// txns is the expected number of transactions per tick.
+	txns float64
+	// Sparse tables (txns < 1) write one transaction in a tick with
+	// probability txns. Their ticks with rows are drawn block by block:
+	// block b holds ticks [b*block, (b+1)*block), and a walk of geometric
+	// gaps seeded by (Seed, table, b) lists the ticks of b that have rows.
+	// The gaps of a Bernoulli process are geometric and memoryless, so
+	// this is exactly the per-tick coin flip, but finding the next tick
+	// with rows costs O(1 + blocks skipped) instead of O(ticks skipped).
+	// block is ceil(1/txns) (capped), so a block holds about one
+	// transaction and a random access walks about one gap.
+	sparse bool
+	block  int64
+	logQ   float64 // log(1 - txns), the denominator of a geometric draw
+}
+
+func newTableClass(txns float64) tableClass {
+	c := tableClass{txns: txns}
+	if txns > 0 && txns < 1 {
+		c.sparse = true
+		c.block = min(int64(math.Ceil(1/txns)), maxBlockTicks)
+		c.logQ = math.Log1p(-txns)
+	}
+	return c
+}
 
 // workload is the immutable description of the synthetic data: the row
 // function of the determinism contract. It holds no state, so any number of
@@ -33,9 +67,9 @@ type workload struct {
 	keysPerTable    uint64
 	txnsPerCommitTs int
 	tickMs          int64
-	// hotTxns and coldTxns are the expected transactions per tick of one
-	// hot or one cold table. Equal when the workload is uniform.
-	hotTxns, coldTxns float64
+	// hot and cold describe the rate of one hot or one cold table. Equal
+	// when the workload is uniform.
+	hot, cold tableClass
 	// startTs and endTs bound the workload: rows have commit-ts in
 	// (startTs, endTs]; endTs is math.MaxUint64 when unbounded.
 	startTs, endTs common.Ts
@@ -60,11 +94,11 @@ func newWorkload(o GeneratorOptions) *workload {
 	}
 	txnsPerTick := float64(o.RowsPerSec) * float64(w.tickMs) / 1000 / float64(o.TxnRows)
 	if o.HotFraction == 0 || o.HotTables == o.Tables {
-		w.hotTxns = txnsPerTick / float64(o.Tables)
-		w.coldTxns = w.hotTxns
+		w.hot = newTableClass(txnsPerTick / float64(o.Tables))
+		w.cold = w.hot
 	} else {
-		w.hotTxns = txnsPerTick * o.HotFraction / float64(o.HotTables)
-		w.coldTxns = txnsPerTick * (1 - o.HotFraction) / float64(o.Tables-o.HotTables)
+		w.hot = newTableClass(txnsPerTick * o.HotFraction / float64(o.HotTables))
+		w.cold = newTableClass(txnsPerTick * (1 - o.HotFraction) / float64(o.Tables-o.HotTables))
 	}
 	return w
 }
@@ -102,22 +136,77 @@ func (w *workload) tickHash(table, tick int64) uint64 {
 	return mix64(h + uint64(tick))
 }
 
-// txnCount returns how many transactions table writes in tick k: the integer
-// part of the expected count plus one with probability equal to its
-// fractional part, so the long-run mean is exact.
-func (w *workload) txnCount(table, tick int64, h uint64) int {
-	e := w.hotTxns
+func (w *workload) class(table int64) *tableClass {
 	if table > w.hotTables {
-		e = w.coldTxns
+		return &w.cold
 	}
-	n := int(e)
-	if frac := e - float64(n); frac > 0 {
+	return &w.hot
+}
+
+// denseCount returns how many transactions a dense table (txns >= 1)
+// writes in the tick whose hash is h: the integer part of the expected
+// count plus one with probability equal to its fractional part, so the
+// long-run mean is exact.
+func denseCount(c *tableClass, h uint64) int {
+	n := int(c.txns)
+	if frac := c.txns - float64(n); frac > 0 {
 		u := float64(mix64(h^saltCount)>>11) * 0x1p-53
 		if u < frac {
 			n++
 		}
 	}
 	return n
+}
+
+// nextTick returns the first tick in [from, limit] in which table writes
+// transactions, and how many; ok is false when there is none. Its cost is
+// O(1) for a dense table and O(1 + blocks skipped) for a sparse one, which
+// is what makes generating and verifying a million mostly idle tables cost
+// what their rows cost.
+func (w *workload) nextTick(table, from, limit int64) (tick int64, n int, ok bool) {
+	if from > limit {
+		return 0, 0, false
+	}
+	c := w.class(table)
+	if !c.sparse {
+		if c.txns <= 0 {
+			return 0, 0, false
+		}
+		return from, denseCount(c, w.tickHash(table, from)), true
+	}
+	for b := from / c.block; b*c.block <= limit; b++ {
+		if t, found := w.blockTick(table, b, from, c); found {
+			if t > limit {
+				return 0, 0, false
+			}
+			return t, 1, true
+		}
+	}
+	return 0, 0, false
+}
+
+// blockTick walks the gaps of block b of a sparse table and returns its
+// first tick with rows at or after from.
+func (w *workload) blockTick(table, b, from int64, c *tableClass) (int64, bool) {
+	h := mix64(w.seed ^ saltBlock)
+	h = mix64(h + uint64(table))
+	h = mix64(h + uint64(b))
+	base, end := b*c.block, (b+1)*c.block
+	pos := base - 1
+	for i := uint64(1); ; i++ {
+		u := float64(mix64(h+i*saltGap)>>11) * 0x1p-53 // uniform in [0, 1)
+		gap := math.Log1p(-u) / c.logQ                 // geometric: failures before a success
+		if gap >= float64(end-pos) {
+			return 0, false
+		}
+		pos += 1 + int64(gap)
+		if pos >= end {
+			return 0, false
+		}
+		if pos >= from {
+			return pos, true
+		}
+	}
 }
 
 // tickGen generates ticks. It owns reusable scratch and a PRNG that is
@@ -144,12 +233,11 @@ func newTickGen(w *workload) *tickGen {
 // start-ts < commit-ts, both increase within the tick, and everything stays
 // inside the tick (Validate guarantees 2n+2 timestamps fit). The group sizes
 // are drawn first so RowCount can place commit-ts without generating rows.
-func (g *tickGen) plan(table, tick int64) (n int) {
+func (g *tickGen) plan(table, tick int64, n int) {
 	h := g.w.tickHash(table, tick)
-	n = g.w.txnCount(table, tick, h)
 	g.groups = g.groups[:0]
 	if n == 0 {
-		return 0
+		return
 	}
 	g.pcg.Seed(h, mix64(h^saltPCG))
 	for left := n; left > 0; {
@@ -158,18 +246,17 @@ func (g *tickGen) plan(table, tick int64) (n int) {
 		g.groups = append(g.groups, size)
 		left -= size
 	}
-	return n
 }
 
-// countInRange returns the number of rows of (table, tick) with commit-ts
-// in (lo, hi].
-func (g *tickGen) countInRange(table, tick int64, lo, hi common.Ts) int {
+// countInRange returns the number of rows of (table, tick), which writes n
+// transactions, with commit-ts in (lo, hi].
+func (g *tickGen) countInRange(table, tick int64, n int, lo, hi common.Ts) int {
 	base := g.w.tickBase(tick)
 	if base > lo && base+common.Ts(g.w.tickMs<<common.LogicalBits)-1 <= hi {
 		// The whole tick is inside the range: the count alone suffices.
-		return g.w.txnCount(table, tick, g.w.tickHash(table, tick)) * g.w.txnRows
+		return n * g.w.txnRows
 	}
-	n := g.plan(table, tick)
+	g.plan(table, tick, n)
 	rows := 0
 	for i, size := range g.groups {
 		if c := base + common.Ts(n+1+i); c > lo && c <= hi {
@@ -179,13 +266,13 @@ func (g *tickGen) countInRange(table, tick int64, lo, hi common.Ts) int {
 	return rows
 }
 
-// appendTick appends to dst the rows of (table, tick) with commit-ts in
-// (lo, hi] and, if span is not nil, key inside span, in (commit-ts,
+// appendTick appends to dst the rows of (table, tick), which writes n
+// transactions, with commit-ts in (lo, hi] and, if span is not nil, key inside span, in (commit-ts,
 // start-ts, key) order. The draws are the same whatever the filter, so a
 // filtered tick is always a subsequence of the unfiltered one.
-func (g *tickGen) appendTick(dst []common.Row, table, tick int64, lo, hi common.Ts, span *common.Span) []common.Row {
+func (g *tickGen) appendTick(dst []common.Row, table, tick int64, n int, lo, hi common.Ts, span *common.Span) []common.Row {
 	w := g.w
-	n := g.plan(table, tick)
+	g.plan(table, tick, n)
 	if n == 0 {
 		return dst
 	}
@@ -325,8 +412,9 @@ func (w *workload) rows(table int64, start, end common.Ts, span *common.Span) []
 		return nil
 	}
 	out := make([]common.Row, 0, capacity)
-	for k, last := w.tickOf(lo), w.tickOf(hi); k <= last; k++ {
-		out = g.appendTick(out, table, k, lo, hi, span)
+	last := w.tickOf(hi)
+	for k, n, ok := w.nextTick(table, w.tickOf(lo), last); ok; k, n, ok = w.nextTick(table, k+1, last) {
+		out = g.appendTick(out, table, k, n, lo, hi, span)
 	}
 	return out
 }
@@ -340,8 +428,9 @@ func (w *workload) rowCount(table int64, start, end common.Ts) int {
 	}
 	g := newTickGen(w)
 	total := 0
-	for k, last := w.tickOf(lo), w.tickOf(hi); k <= last; k++ {
-		total += g.countInRange(table, k, lo, hi)
+	last := w.tickOf(hi)
+	for k, n, ok := w.nextTick(table, w.tickOf(lo), last); ok; k, n, ok = w.nextTick(table, k+1, last) {
+		total += g.countInRange(table, k, n, lo, hi)
 	}
 	return total
 }
