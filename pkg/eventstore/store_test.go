@@ -333,7 +333,7 @@ func TestGCCoalescesSmallRanges(t *testing.T) {
 	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r.notify))
 	sub := env.up.last(t, common.TableSpan(1))
 	base := common.ComposeTs(1_700_000_000_000, 0)
-	push(t, sub, base)
+	push(t, sub, base, put("k", base-2, base-1))
 	r.waitResolved(t, base)
 	require.NoError(t, env.store.UpdateCheckpoint(did(1), base))
 	env.store.maintain() // first GC from zero deletes everything below base
@@ -342,7 +342,11 @@ func TestGCCoalescesSmallRanges(t *testing.T) {
 	// Checkpoints advancing by 1s at a time are held back until the range
 	// spans 5s of physical time...
 	ms := int64(1_700_000_000_000)
-	push(t, sub, common.ComposeTs(ms+60_000, 0))
+	var rows []common.Row
+	for at := ms + 100; at < ms+60_000; at += 100 {
+		rows = append(rows, put("k", common.ComposeTs(at, 0), common.ComposeTs(at, 1)))
+	}
+	push(t, sub, common.ComposeTs(ms+60_000, 0), rows...)
 	r.waitResolved(t, common.ComposeTs(ms+60_000, 0))
 	for i := int64(1); i <= 4; i++ {
 		require.NoError(t, env.store.UpdateCheckpoint(did(1), common.ComposeTs(ms+i*1000, 0)))
@@ -359,6 +363,34 @@ func TestGCCoalescesSmallRanges(t *testing.T) {
 	env.clk.Advance(30 * time.Second)
 	env.store.maintain()
 	require.Equal(t, 3.0, testutil.ToFloat64(env.store.metrics.gcRangesDeleted))
+}
+
+// TestGCSkipsRangesWithoutRows: checkpoints of a subscription that wrote no
+// rows move its GC mark without a range deletion (a million idle tables
+// must not fill the memtable with tombstones every iterator pays for); once
+// it writes rows, their range is deleted.
+func TestGCSkipsRangesWithoutRows(t *testing.T) {
+	env := newTestEnv(t, func(o *Options) { o.GCMinSpan = time.Second })
+	r := newRecorder()
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r.notify))
+	sub := env.up.last(t, common.TableSpan(1))
+	ms := int64(1_700_000_000_000)
+	at := func(d int64) common.Ts { return common.ComposeTs(ms+d, 0) }
+	for i := int64(1); i <= 10; i++ {
+		push(t, sub, at(i*1000))
+		r.waitResolved(t, at(i*1000))
+		require.NoError(t, env.store.UpdateCheckpoint(did(1), at(i*1000)))
+		env.store.maintain()
+	}
+	require.Zero(t, testutil.ToFloat64(env.store.metrics.gcRangesDeleted), "no rows, no tombstones")
+
+	push(t, sub, at(20_000), put("k", at(15_000), at(15_000)+1))
+	r.waitResolved(t, at(20_000))
+	require.Equal(t, 1, countRaw(t, env.store, sub))
+	require.NoError(t, env.store.UpdateCheckpoint(did(1), at(20_000)))
+	env.store.maintain()
+	require.Equal(t, 1.0, testutil.ToFloat64(env.store.metrics.gcRangesDeleted))
+	require.Zero(t, countRaw(t, env.store, sub), "the written row's range was deleted")
 }
 
 func TestIdleSubscriptionEndsAfterTTL(t *testing.T) {
