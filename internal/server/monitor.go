@@ -20,9 +20,31 @@ type runResult struct {
 	peakPrepare int
 	peakScan    int
 	lastApplied uint64
-	// lagCursor is where recordLag continues.
-	lagCursor int
+	// lagCursor is where recordLag continues; sweepMin is the minimum
+	// checkpoint seen since the cursor last wrapped, lastSweepMin that of
+	// the last complete sweep (what the progress line shows until the
+	// upstream ends).
+	lagCursor    int
+	sweepMin     common.Ts
+	lastSweepMin common.Ts
+	// behind lists the dispatchers not yet seen caught up (indexes into
+	// feeds and their ds), built at the first check after the upstream
+	// ended; each check visits only them, so the drain costs what is left.
+	behind behindList
+	// warm is set once every dispatcher's checkpoint passed liveFrom (it
+	// caught up with what the upstream produced while dispatchers were
+	// being registered), after warmup; lag is recorded from then on.
+	warm       bool
+	warmup     time.Duration
+	warmBehind behindList
 }
+
+type behindList struct {
+	refs  []behindRef
+	built bool
+}
+
+type behindRef struct{ feed, ds int }
 
 const sampleEvery = 100 * time.Millisecond
 
@@ -38,10 +60,9 @@ func (s *server) monitor(ctx context.Context, stderr io.Writer) *runResult {
 	var lastPrint time.Time
 	var lastRows, lastBytes uint64
 	var drainDeadline time.Time
-	// minCkpt and caughtUp are the last full check's (checkAll).
+	// minCkpt and caughtUp are the last check's (checkBehind).
 	var minCkpt common.Ts
 	var caughtUp bool
-	var lastFull time.Time
 	for {
 		select {
 		case <-tick.C:
@@ -62,12 +83,21 @@ func (s *server) monitor(ctx context.Context, stderr io.Writer) *runResult {
 		r.peakPending = max(r.peakPending, p.PendingPrepare+p.PendingScan)
 		frontier := s.gen.ResolvedTs()
 		upstreamDone := frontier >= s.meta.EndTs || r.interrupted
-		if !upstreamDone {
+		switch {
+		case !upstreamDone && !r.warm:
+			// Catching up with the rows produced during registration: the
+			// steady state, whose lag is recorded, starts after it.
+			var warm bool
+			minCkpt, warm = s.sweepBehind(&r.warmBehind, func(dispatcherRef) common.Ts { return s.liveFrom })
+			if warm {
+				r.warm, r.warmup = true, now.Sub(start)
+			}
+		case !upstreamDone:
 			s.recordLag(r, now)
-		}
-		if len(s.feeds)*s.cfg.Tables <= maxLagSamples || now.Sub(lastFull) >= time.Second {
-			minCkpt, caughtUp = s.checkAll(r)
-			lastFull = now
+			minCkpt = r.lastSweepMin
+		default:
+			// No dispatcher can be caught up before the upstream ends.
+			minCkpt, caughtUp = s.sweepBehind(&r.behind, func(d dispatcherRef) common.Ts { return s.finalTarget(r, d) })
 		}
 		if upstreamDone && drainDeadline.IsZero() {
 			drainDeadline = now.Add(s.cfg.DrainTimeout)
@@ -99,58 +129,76 @@ func (s *server) monitor(ctx context.Context, stderr io.Writer) *runResult {
 	}
 }
 
-// maxLagSamples bounds the dispatchers whose lag one sample records, and
-// the population up to which every sample also checks them all: beyond it
-// the lag is sampled round-robin and the full check (minimum checkpoint,
-// caught up) runs once a second, so the monitor's cost per sample stays
-// bounded whatever the number of dispatchers.
+// maxLagSamples bounds the dispatchers whose lag one sample records: beyond
+// it the lag is sampled round-robin (a sweep of a million dispatchers takes
+// ten seconds), so the monitor's cost per sample stays bounded whatever
+// the number of dispatchers, and the collectors' locks are taken 100k times
+// a second at most.
 const maxLagSamples = 10_000
 
 // recordLag records the resolved-ts lag of up to maxLagSamples
-// dispatchers, continuing round-robin from where the last sample stopped.
+// dispatchers, continuing round-robin from where the last sample stopped,
+// and the minimum checkpoint of each complete sweep.
 func (s *server) recordLag(r *runResult, now time.Time) {
 	total := len(s.feeds) * s.cfg.Tables
 	n := min(total, maxLagSamples)
 	for range n {
 		f := s.feeds[r.lagCursor/s.cfg.Tables]
 		d := f.ds[r.lagCursor%s.cfg.Tables]
-		r.lagCursor = (r.lagCursor + 1) % total
 		if st, err := f.coll.Dispatcher(d.id); err == nil {
 			r.lag.Record(st.Checkpoint.Lag(now))
+			if r.sweepMin == 0 || st.Checkpoint < r.sweepMin {
+				r.sweepMin = st.Checkpoint
+			}
+		}
+		if r.lagCursor = (r.lagCursor + 1) % total; r.lagCursor == 0 {
+			r.lastSweepMin, r.sweepMin = r.sweepMin, 0
 		}
 	}
 }
 
-// checkAll reports the minimum checkpoint over every dispatcher and
-// whether each caught up with what its subscription has committed: one
-// walk, O(dispatchers).
-func (s *server) checkAll(r *runResult) (common.Ts, bool) {
-	caughtUp := true
-	var minCkpt common.Ts
-	first := true
-	for _, f := range s.feeds {
-		for _, d := range f.ds {
-			st, err := f.coll.Dispatcher(d.id)
-			if err != nil {
-				caughtUp = false
-				continue
-			}
-			if first || st.Checkpoint < minCkpt {
-				minCkpt = st.Checkpoint
-			}
-			first = false
-			target := s.meta.EndTs
-			if r.interrupted {
-				if ds, err := s.store.Dispatcher(d.id); err == nil {
-					target = ds.ResolvedTs
-				}
-			}
-			if st.Checkpoint < target {
-				caughtUp = false
+// sweepBehind visits the dispatchers of l not yet caught up (every one,
+// the first time) and drops those whose checkpoint reached target. It
+// reports the minimum checkpoint of those still behind and whether none is.
+func (s *server) sweepBehind(l *behindList, target func(dispatcherRef) common.Ts) (common.Ts, bool) {
+	if !l.built {
+		l.built = true
+		for fi, f := range s.feeds {
+			for di := range f.ds {
+				l.refs = append(l.refs, behindRef{feed: fi, ds: di})
 			}
 		}
 	}
-	return minCkpt, caughtUp
+	var minCkpt common.Ts
+	kept := l.refs[:0]
+	for _, ref := range l.refs {
+		f := s.feeds[ref.feed]
+		d := f.ds[ref.ds]
+		st, err := f.coll.Dispatcher(d.id)
+		if err != nil { // being moved: look again next time
+			kept = append(kept, ref)
+			continue
+		}
+		if st.Checkpoint < target(d) {
+			kept = append(kept, ref)
+			if minCkpt == 0 || st.Checkpoint < minCkpt {
+				minCkpt = st.Checkpoint
+			}
+		}
+	}
+	l.refs = kept
+	return minCkpt, len(kept) == 0
+}
+
+// finalTarget is the resolved-ts delivery must reach for d: the workload's
+// end, or after an interruption what the store had committed.
+func (s *server) finalTarget(r *runResult, d dispatcherRef) common.Ts {
+	if r.interrupted {
+		if ds, err := s.store.Dispatcher(d.id); err == nil {
+			return ds.ResolvedTs
+		}
+	}
+	return s.meta.EndTs
 }
 
 // finalTargets captures, per dispatcher, the resolved-ts delivery must
@@ -160,13 +208,7 @@ func (s *server) finalTargets(r *runResult) map[common.DispatcherID]common.Ts {
 	out := map[common.DispatcherID]common.Ts{}
 	for _, f := range s.feeds {
 		for _, d := range f.ds {
-			target := s.meta.EndTs
-			if r.interrupted {
-				if ds, err := s.store.Dispatcher(d.id); err == nil {
-					target = ds.ResolvedTs
-				}
-			}
-			out[d.id] = target
+			out[d.id] = s.finalTarget(r, d)
 		}
 	}
 	return out
@@ -202,12 +244,17 @@ func lagString(ts common.Ts, now time.Time) string {
 	return ts.Lag(now).Truncate(time.Millisecond).String()
 }
 
-// diagnose records the collector's and the service's view of every
-// dispatcher that is behind its final target, while both still run.
+// diagnose records the collector's and the service's view of the first
+// maxProblems dispatchers behind their final target (the ones the summary
+// reports, in the same order), while both still run: a run where a million
+// lag must not build a million descriptions.
 func (s *server) diagnose(finals map[common.DispatcherID]common.Ts) {
 	s.diag = map[common.DispatcherID]string{}
 	for _, f := range s.feeds {
 		for _, d := range f.ds {
+			if len(s.diag) >= maxProblems {
+				return
+			}
 			cs, err := f.coll.Dispatcher(d.id)
 			if err == nil && cs.Checkpoint >= finals[d.id] {
 				continue

@@ -64,6 +64,9 @@ type server struct {
 	tmpDir  string
 
 	gen     *upstream.Generator
+	// liveFrom is when the upstream started, after registration: a
+	// dispatcher is warm once its checkpoint passed it (see monitor).
+	liveFrom common.Ts
 	store   *eventstore.Store
 	schema  *schemastore.Memory
 	inproc  *messaging.InProcess
@@ -132,7 +135,6 @@ func build(cfg Config, stderr io.Writer) (*server, error) {
 		s.cleanup()
 		return nil, err
 	}
-	s.sched = ddlSchedule{seed: s.meta.Seed, tables: cfg.Tables, interval: cfg.DDLInterval, start: s.meta.StartTs, end: s.meta.EndTs}
 	if err := s.buildParts(resumed); err != nil {
 		s.cleanup()
 		return nil, err
@@ -249,6 +251,16 @@ func (s *server) start() error {
 			}
 		}
 	}
+	if s.meta.EndTs == 0 { // fresh: the run's clock starts now
+		if err := s.meta.endAfter(s.cfg, time.Now()); err != nil {
+			return err
+		}
+		if err := s.gen.SetEndTs(s.meta.EndTs); err != nil {
+			return err
+		}
+	}
+	s.liveFrom = common.TsFromTime(time.Now())
+	s.sched = ddlSchedule{seed: s.meta.Seed, tables: s.cfg.Tables, interval: s.cfg.DDLInterval, start: s.meta.StartTs, end: s.meta.EndTs}
 	if err := s.gen.Start(); err != nil {
 		return err
 	}

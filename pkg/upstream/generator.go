@@ -223,6 +223,25 @@ func (g *Generator) Subscribe(span common.Span, startTs common.Ts, sink eventsto
 	return s, nil
 }
 
+// SetEndTs bounds the workload at end, for a caller that learns its end
+// only after subscribing (cdcserver starts a run's clock once its
+// dispatchers are registered). It must be called before Start and not
+// concurrently with Rows, SpanRows or RowCount; it fails with
+// ErrAlreadyStarted after Start and ErrInvalidOptions unless end is after
+// StartTs and no later than an EndTs already set.
+func (g *Generator) SetEndTs(end common.Ts) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.mu.started || g.mu.closed {
+		return ErrAlreadyStarted
+	}
+	if end <= g.opts.StartTs || end > g.w.endTs {
+		return fmt.Errorf("%w: EndTs %v is not in (StartTs %v, %v]", ErrInvalidOptions, end, g.opts.StartTs, g.w.endTs)
+	}
+	g.opts.EndTs, g.w.endTs = end, end
+	return nil
+}
+
 // Start starts the driver goroutine. It fails with ErrAlreadyStarted on a
 // second call and ErrClosed after Close.
 func (g *Generator) Start() error {
