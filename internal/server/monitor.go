@@ -39,10 +39,20 @@ type runResult struct {
 	warmBehind behindList
 }
 
+// behindList is a shrinking list of dispatchers not yet caught up with a
+// target; sweepBehind visits at most maxSweep of them per call, from a
+// cursor, so a sample costs a bounded number of collector lookups.
 type behindList struct {
-	refs  []behindRef
-	built bool
+	refs   []behindRef
+	built  bool
+	cursor int
+	// minCkpt is the minimum checkpoint seen in the current pass.
+	minCkpt common.Ts
 }
+
+// maxSweep bounds the dispatchers one sweepBehind call looks at: a million
+// are covered in two seconds, at half a million lookups a second.
+const maxSweep = 50_000
 
 type behindRef struct{ feed, ds int }
 
@@ -157,9 +167,10 @@ func (s *server) recordLag(r *runResult, now time.Time) {
 	}
 }
 
-// sweepBehind visits the dispatchers of l not yet caught up (every one,
-// the first time) and drops those whose checkpoint reached target. It
-// reports the minimum checkpoint of those still behind and whether none is.
+// sweepBehind visits up to maxSweep dispatchers of l (all of them are in
+// it at first), continuing where the last call stopped, and drops those
+// whose checkpoint reached target. It reports the minimum checkpoint seen
+// in the current pass over the list and whether the list is empty.
 func (s *server) sweepBehind(l *behindList, target func(dispatcherRef) common.Ts) (common.Ts, bool) {
 	if !l.built {
 		l.built = true
@@ -169,25 +180,28 @@ func (s *server) sweepBehind(l *behindList, target func(dispatcherRef) common.Ts
 			}
 		}
 	}
-	var minCkpt common.Ts
-	kept := l.refs[:0]
-	for _, ref := range l.refs {
+	if l.cursor >= len(l.refs) {
+		l.cursor, l.minCkpt = 0, 0
+	}
+	end := min(len(l.refs), l.cursor+maxSweep)
+	kept := l.cursor
+	for _, ref := range l.refs[l.cursor:end] {
 		f := s.feeds[ref.feed]
 		d := f.ds[ref.ds]
 		st, err := f.coll.Dispatcher(d.id)
-		if err != nil { // being moved: look again next time
-			kept = append(kept, ref)
-			continue
+		if err == nil && st.Checkpoint >= target(d) {
+			continue // caught up: dropped
 		}
-		if st.Checkpoint < target(d) {
-			kept = append(kept, ref)
-			if minCkpt == 0 || st.Checkpoint < minCkpt {
-				minCkpt = st.Checkpoint
-			}
+		// Behind, or being moved (look again next time).
+		l.refs[kept] = ref
+		kept++
+		if err == nil && (l.minCkpt == 0 || st.Checkpoint < l.minCkpt) {
+			l.minCkpt = st.Checkpoint
 		}
 	}
-	l.refs = kept
-	return minCkpt, len(kept) == 0
+	l.refs = append(l.refs[:kept], l.refs[end:]...)
+	l.cursor = kept
+	return l.minCkpt, len(l.refs) == 0
 }
 
 // finalTarget is the resolved-ts delivery must reach for d: the workload's

@@ -97,15 +97,19 @@ func (svc *Service) runKeepalive(t clock.Ticker) {
 // a keepalive if that progress is unacknowledged and SignalInterval old,
 // a carry-over into the current list if it is younger.
 func (svc *Service) keepalive(s *session, now time.Time) {
-	if st, _ := s.sched.load(); st == stateRemoved {
+	st, _ := s.sched.load()
+	if st == stateRemoved {
 		return
 	}
 	ts, seq, at := s.published()
 	if seq == 0 {
 		return
 	}
-	if now.Sub(at) < svc.opts.SignalInterval {
-		svc.kaSet.note(s) // look again next interval
+	if now.Sub(at) < svc.opts.SignalInterval || st != stateIdle {
+		// Young progress, or work in the pipeline that will publish anew
+		// (under overload acknowledgements lag, and a keepalive then would
+		// only add to the load): look again next interval.
+		svc.kaSet.note(s)
 		return
 	}
 	d := s.d
