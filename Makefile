@@ -7,7 +7,7 @@ BENCHTIME ?= 1s
 COUNT     ?= 5
 FUZZTIME  ?= 10s
 
-.PHONY: all build test vet fmt-check tidy-check bench fuzz soak run clean
+.PHONY: all build test vet fmt-check tidy-check bench scale fuzz soak run clean
 
 all: build
 
@@ -41,6 +41,19 @@ bench:
 	$(GO) run ./scripts/benchtable bench.out bench_server.json
 	$(GO) run ./scripts/benchtable -update bench.out bench_server.json
 
+# scale runs cdcserver at the sizes of the scale work (10k tables with the
+# defaults; 100k and 1M tables with a 1 s resolved interval) and writes one
+# table of them into docs/benchmarks.md (scripts/benchtable -scale). A run
+# that fails verification still lands in the table, marked. About 5 minutes.
+SCALE_FLAGS = --progress-interval 0 --metrics-addr= --json
+scale:
+	$(GO) build -o bin/cdcserver ./cmd/cdcserver
+	-bin/cdcserver --tables 10000 --duration 20s $(SCALE_FLAGS) > scale-10k.json
+	-bin/cdcserver --tables 100000 --rate 10000 --ddl-interval 0 --resolved-interval 1s --duration 10s $(SCALE_FLAGS) > scale-100k.json
+	-bin/cdcserver --tables 1000000 --resolved-interval 1s --rate 20000 --ddl-interval 0 --duration 30s $(SCALE_FLAGS) > scale-1m.json
+	$(GO) run ./scripts/benchtable -scale -update scale-10k.json scale-100k.json scale-1m.json
+	$(GO) run ./scripts/benchtable -scale scale-10k.json scale-100k.json scale-1m.json
+
 # fuzz runs each fuzz target for FUZZTIME.
 fuzz:
 	@set -e; for pkg in $$($(GO) list $(PKGS)); do \
@@ -52,7 +65,7 @@ fuzz:
 
 clean:
 	$(GO) clean -testcache
-	rm -f bench.out bench_server.json
+	rm -f bench.out bench_server.json scale-*.json bin/cdcserver
 
 # run starts the embedded changefeed server with its defaults (1000 tables,
 # about 20 seconds on 2 cores) and verifies delivery at the end.

@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/cdcflow/eventservice/internal/server"
@@ -45,6 +46,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
+	cfg.Flags = strings.Join(args, " ")
 	// The first SIGINT/SIGTERM stops the upstream and drains; the server
 	// still verifies and prints its summary.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -52,6 +52,9 @@ type Config struct {
 	LogLevel    string
 	// ProgressInterval is the period of the progress line (0: none).
 	ProgressInterval time.Duration
+	// Flags is the command line as given, echoed in the summary so that a
+	// figure names the run that produced it (cmd/cdcserver sets it).
+	Flags string
 }
 
 // DefaultConfig returns the defaults: `make run` uses them, finishing in

@@ -21,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/pingcap/log"
@@ -63,18 +64,19 @@ type server struct {
 	dataDir string
 	tmpDir  string
 
-	gen     *upstream.Generator
+	gen   *upstream.Generator
+	began time.Time
 	// liveFrom is when the upstream started, after registration: a
 	// dispatcher is warm once its checkpoint passed it (see monitor).
 	liveFrom common.Ts
-	store   *eventstore.Store
-	schema  *schemastore.Memory
-	inproc  *messaging.InProcess
-	faulty  *messaging.Faulty
-	svc     *eventservice.Service
-	durable *DurableSink
-	feeds   []*feed
-	mover   *mover // nil unless --move-interval
+	store    *eventstore.Store
+	schema   *schemastore.Memory
+	inproc   *messaging.InProcess
+	faulty   *messaging.Faulty
+	svc      *eventservice.Service
+	durable  *DurableSink
+	feeds    []*feed
+	mover    *mover // nil unless --move-interval
 
 	metricsLn  net.Listener
 	metricsSrv *http.Server
@@ -109,6 +111,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (Summary, er
 	s.diagnose(finals)
 	s.stop()
 	sum := s.verify(run, finals)
+	sum.WallSec, sum.PeakRSSMB, sum.Flags = time.Since(s.began).Seconds(), peakRSSMB(), cfg.Flags
 	if err := writeSummary(stdout, cfg.JSON, sum); err != nil {
 		return sum, err
 	}
@@ -121,7 +124,7 @@ func build(cfg Config, stderr io.Writer) (*server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("logger: %w", err)
 	}
-	s := &server{cfg: cfg, log: lg.Named("cdcserver"), reg: prometheus.NewRegistry(), stopSchema: make(chan struct{})}
+	s := &server{cfg: cfg, log: lg.Named("cdcserver"), reg: prometheus.NewRegistry(), stopSchema: make(chan struct{}), began: time.Now()}
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.dataDir = cfg.DataDir
 	if s.dataDir == "" {
@@ -352,4 +355,14 @@ func (s *server) cleanup() {
 		_ = os.RemoveAll(s.tmpDir)
 		s.tmpDir = ""
 	}
+}
+
+// peakRSSMB is the process's peak resident set size in MB (Linux reports
+// ru_maxrss in KiB); 0 where getrusage fails.
+func peakRSSMB() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return float64(ru.Maxrss) / 1024
 }

@@ -21,41 +21,47 @@ type Quantiles struct {
 
 // Summary is the run's verdict; with --json it is printed as one object.
 type Summary struct {
-	Verified         bool      `json:"verified"`
-	Interrupted      bool      `json:"interrupted"`
-	Complete         bool      `json:"complete"`
-	Dispatchers      int       `json:"dispatchers"`
-	Tables           int       `json:"tables"`
-	Changefeeds      int       `json:"changefeeds"`
-	RowsUpstream     int64     `json:"rows_upstream"`
-	RowsDelivered    int64     `json:"rows_delivered"`
-	RowsApplied      uint64    `json:"rows_applied"`
-	RowsPerSec       float64   `json:"rows_per_sec"`
-	DDLsUpstream     int       `json:"ddls_upstream"`
-	DDLsDelivered    int       `json:"ddls_delivered"`
-	Resets           uint64    `json:"resets"`
-	Moves            int64     `json:"moves"`
-	LostWakeups      int       `json:"lost_wakeups"`
-	OrderViolations  int       `json:"order_violations"`
-	Duplicates       int       `json:"duplicates"`
-	MissingRows      int       `json:"missing_rows"`
-	UnexpectedRows   int       `json:"unexpected_rows"`
-	DDLMismatches    int       `json:"ddl_mismatches"`
-	NotifyNs         Quantiles `json:"notify_ns"`
-	ResolvedLagMs    Quantiles `json:"resolved_lag_ms"`
+	Verified        bool      `json:"verified"`
+	Interrupted     bool      `json:"interrupted"`
+	Complete        bool      `json:"complete"`
+	Dispatchers     int       `json:"dispatchers"`
+	Tables          int       `json:"tables"`
+	Changefeeds     int       `json:"changefeeds"`
+	RowsUpstream    int64     `json:"rows_upstream"`
+	RowsDelivered   int64     `json:"rows_delivered"`
+	RowsApplied     uint64    `json:"rows_applied"`
+	RowsPerSec      float64   `json:"rows_per_sec"`
+	DDLsUpstream    int       `json:"ddls_upstream"`
+	DDLsDelivered   int       `json:"ddls_delivered"`
+	Resets          uint64    `json:"resets"`
+	Moves           int64     `json:"moves"`
+	LostWakeups     int       `json:"lost_wakeups"`
+	OrderViolations int       `json:"order_violations"`
+	Duplicates      int       `json:"duplicates"`
+	MissingRows     int       `json:"missing_rows"`
+	UnexpectedRows  int       `json:"unexpected_rows"`
+	DDLMismatches   int       `json:"ddl_mismatches"`
+	NotifyNs        Quantiles `json:"notify_ns"`
+	ResolvedLagMs   Quantiles `json:"resolved_lag_ms"`
 	// WarmupSec is how long, after the upstream started, the dispatchers
 	// took to catch up with the rows produced while they were registered;
 	// ResolvedLagMs is sampled after it (0: not reached).
 	WarmupSec float64 `json:"warmup_sec"`
-	PeakPendingTasks int       `json:"peak_pending_tasks"`
-	PeakPendingPrep  int       `json:"peak_pending_prepare"`
-	PeakPendingScan  int       `json:"peak_pending_scan"`
-	CoalescedRatio   float64   `json:"coalesced_ratio"`
-	Notifications    uint64    `json:"notifications"`
-	FaultsInjected   uint64    `json:"faults_injected"`
-	ElapsedSec       float64   `json:"elapsed_sec"`
-	MetricsAddr      string    `json:"metrics_addr,omitempty"`
-	Problems         []string  `json:"problems,omitempty"`
+	// WallSec is the whole run, registration and verification included;
+	// PeakRSSMB the process's peak resident set (getrusage), so a scale
+	// figure carries its memory; Flags the command line.
+	WallSec          float64  `json:"wall_sec"`
+	PeakRSSMB        float64  `json:"peak_rss_mb"`
+	Flags            string   `json:"flags"`
+	PeakPendingTasks int      `json:"peak_pending_tasks"`
+	PeakPendingPrep  int      `json:"peak_pending_prepare"`
+	PeakPendingScan  int      `json:"peak_pending_scan"`
+	CoalescedRatio   float64  `json:"coalesced_ratio"`
+	Notifications    uint64   `json:"notifications"`
+	FaultsInjected   uint64   `json:"faults_injected"`
+	ElapsedSec       float64  `json:"elapsed_sec"`
+	MetricsAddr      string   `json:"metrics_addr,omitempty"`
+	Problems         []string `json:"problems,omitempty"`
 }
 
 const maxProblems = 20
@@ -297,11 +303,12 @@ func writeSummary(w io.Writer, asJSON bool, s Summary) error {
   notify callback    p50 %.0f ns   p99 %.0f ns   max %.0f ns   (%d notifications, %.1f%% coalesced)
   resolved-ts lag    p50 %.1f ms   p99 %.1f ms   max %.1f ms   (after a %.1fs warm-up)
   peak pending tasks %d (prepare %d, scan %d)
+  wall               %.1fs (registration and verification included), peak RSS %.0f MB
 `, verdict, s.Dispatchers, s.Tables, s.Changefeeds, s.RowsUpstream, s.RowsDelivered, s.RowsApplied, s.RowsPerSec, s.ElapsedSec,
 		s.DDLsUpstream, s.DDLsDelivered, s.Resets, s.FaultsInjected, s.Moves, s.LostWakeups, s.OrderViolations, s.Duplicates,
 		s.MissingRows, s.UnexpectedRows, s.DDLMismatches, s.NotifyNs.P50, s.NotifyNs.P99, s.NotifyNs.Max, s.Notifications,
 		100*s.CoalescedRatio, s.ResolvedLagMs.P50, s.ResolvedLagMs.P99, s.ResolvedLagMs.Max, s.WarmupSec, s.PeakPendingTasks,
-		s.PeakPendingPrep, s.PeakPendingScan)
+		s.PeakPendingPrep, s.PeakPendingScan, s.WallSec, s.PeakRSSMB)
 	if err != nil {
 		return err
 	}

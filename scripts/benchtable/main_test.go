@@ -95,3 +95,32 @@ func TestUpdateRewritesOnlyTheGeneratedBlocks(t *testing.T) {
 		t.Fatal("a document without its block accepted")
 	}
 }
+
+func TestScaleTable(t *testing.T) {
+	dir := t.TempDir()
+	js := filepath.Join(dir, "1m.json")
+	if err := os.WriteFile(js, []byte(`{"verified":true,"dispatchers":1000000,"rows_per_sec":20000,"resolved_lag_ms":{"p50":500,"p99":1006.5,"max":1700},
+		"warmup_sec":1.5,"wall_sec":60,"peak_rss_mb":1024,"flags":"--tables 1000000 --progress-interval 0 --json --metrics-addr= --resolved-interval 1s"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	doc := filepath.Join(dir, "benchmarks.md")
+	if err := os.WriteFile(doc, []byte("a\n<!-- benchtable:scale -->\nstale\n<!-- /benchtable:scale -->\nb\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := run([]string{"-scale", "-update", "-doc", doc, js}, &out); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := os.ReadFile(doc)
+	for _, want := range []string{"--tables 1000000 --resolved-interval 1s", "1006.5", "1.5s", "1024", " 1074\n", "make scale", "\nb\n"} {
+		if !strings.Contains(string(d), want) {
+			t.Fatalf("scale block lacks %q:\n%s", want, d)
+		}
+	}
+	if strings.Contains(string(d), "stale") {
+		t.Fatalf("old block kept:\n%s", d)
+	}
+	if err := run([]string{"-scale"}, &out); err == nil {
+		t.Fatal("-scale without runs accepted")
+	}
+}
