@@ -93,7 +93,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.HotFraction, "hot-fraction", c.HotFraction, "fraction of rows that go to the hot 1% of tables (0 = uniform)")
 	fs.DurationVar(&c.DDLInterval, "ddl-interval", c.DDLInterval, "interval between schema DDLs (0 = none)")
 	fs.DurationVar(&c.ResolvedInterval, "resolved-interval", c.ResolvedInterval, "how often each table's resolved-ts advances at the upstream, as a real upstream's does (10ms, the generator's tick, means every tick)")
-	fs.DurationVar(&c.Duration, "duration", c.Duration, "how long the upstream produces rows")
+	fs.DurationVar(&c.Duration, "duration", c.Duration, "how long the upstream produces rows, from when every dispatcher is registered")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "how long to wait for delivery to catch up after the upstream stops")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "workload seed (same seed, same rows)")
 	fs.IntVar(&c.PrepareWorkers, "prepare-workers", c.PrepareWorkers, "preparation workers")

@@ -167,18 +167,10 @@ func (d *dispatcher) onNotify(resolved, maxCommit common.Ts) {
 	if svc.closed.Load() {
 		return
 	}
-	sample := svc.notifySample(d.worker)
-	var start time.Time
-	if sample {
-		start = time.Now()
-	}
 	storeMax(&d.maxCommit, uint64(maxCommit)) // before received: see the field comment
 	storeMax(&d.received, uint64(resolved))
 	if s := d.session.Load(); s != nil {
 		svc.request(s, true)
-	}
-	if sample {
-		svc.metrics.observeNotify(time.Since(start))
 	}
 }
 

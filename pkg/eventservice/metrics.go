@@ -2,11 +2,9 @@ package eventservice
 
 import (
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/cdcflow/eventservice/internal/latency"
 	"github.com/cdcflow/eventservice/internal/promutil"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
@@ -15,10 +13,6 @@ import (
 const (
 	namespace = "cdcflow"
 	subsystem = "eventservice"
-
-	// notifySampleMask: one notification in 16 is timed, so measuring the
-	// notify path costs it ~2 ns on average instead of ~40.
-	notifySampleMask = 15
 )
 
 // workerCounters are the notify path's counters for one preparation worker,
@@ -30,15 +24,9 @@ type workerCounters struct {
 	_             [112]byte
 }
 
-func (svc *Service) notifySample(worker int) bool {
-	return svc.counters[worker].notifications.Load()&notifySampleMask == 0
-}
-
 // metrics are the service's Prometheus collectors, per instance.
 type metrics struct {
 	svc              *Service
-	notifyLatency    latency.Histogram
-	notifyDuration   prometheus.Histogram
 	prepareOutcomes  [numOutcomes]prometheus.Counter
 	prepareOutcomeV  *prometheus.CounterVec
 	scanDuration     prometheus.Histogram
@@ -55,10 +43,6 @@ type metrics struct {
 func newMetrics(svc *Service) *metrics {
 	name := func(n string) string { return prometheus.BuildFQName(namespace, subsystem, n) }
 	m := &metrics{svc: svc}
-	m.notifyDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name: name("notify_duration_seconds"), Help: "Real time spent in the store's notify callback (sampled 1 in 16).",
-		Buckets: prometheus.ExponentialBuckets(25e-9, 2, 16),
-	})
 	m.prepareOutcomeV = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: name("prepare_outcomes_total"),
 		Help: "Preparations by outcome: nothing, fast_path (progress without a scan), scan, schema_blocked, backoff.",
@@ -114,7 +98,7 @@ func newMetrics(svc *Service) *metrics {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return append([]prometheus.Collector{m.notifyDuration, m.prepareOutcomeV, m.scanDuration, m.scannedRows, m.scannedBytes,
+	return append([]prometheus.Collector{m.prepareOutcomeV, m.scanDuration, m.scannedRows, m.scannedBytes,
 		m.interruptedScans, m.sendRefusals, m.sentMessages, m.backoffs, m.keepalives}, m.funcs...)
 }
 
@@ -124,11 +108,6 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 
 func (m *metrics) unregister(reg prometheus.Registerer) {
 	promutil.UnregisterAll(reg, m.collectors()...)
-}
-
-func (m *metrics) observeNotify(d time.Duration) {
-	m.notifyLatency.Record(d)
-	m.notifyDuration.Observe(d.Seconds())
 }
 
 // walkCollector reports, at scrape time, what needs a walk over the
@@ -205,9 +184,6 @@ type Stats struct {
 	// MinReceived and MinSent are the smallest received (from the store)
 	// and sent (downstream) resolved-ts over dispatchers; zero when none.
 	MinReceived, MinSent common.Ts
-	// NotifyP50, NotifyP99, NotifyP999 and NotifyMax describe the sampled
-	// real duration of the notify callback.
-	NotifyP50, NotifyP99, NotifyP999, NotifyMax time.Duration
 }
 
 // Stats returns a snapshot; it walks every dispatcher once (O(n)).
@@ -217,8 +193,6 @@ func (svc *Service) Stats() Stats {
 	w := svc.walk()
 	st.Dispatchers, st.States, st.MinReceived, st.MinSent = w.dispatchers, w.states, w.minReceived, w.minSent
 	st.BackingOff = st.States[stateBackingOff]
-	h := &svc.metrics.notifyLatency
-	st.NotifyP50, st.NotifyP99, st.NotifyP999, st.NotifyMax = h.Quantile(0.5), h.Quantile(0.99), h.Quantile(0.999), h.Max()
 	return st
 }
 

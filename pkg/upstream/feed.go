@@ -27,7 +27,7 @@ type genSub struct {
 	// lo is max(startTs, workload StartTs): rows at or below it are never
 	// pushed.
 	lo    common.Ts
-	guard *sinkGuard
+	guard sinkGuard
 
 	// Driver-owned: only the driver goroutine reads or writes these.
 	//
@@ -303,7 +303,11 @@ func (g *Generator) feed(s *genSub, f common.Ts, tg *tickGen) feedResult {
 	if advance {
 		b.ResolvedTs = f
 	}
-	err := s.guard.push(nil, b)
+	if g.pushCtx.Err() != nil && g.ctx.Err() == nil {
+		// A Close cancelled the last push's context: take a fresh one.
+		g.pushCtx, g.pushCancel = context.WithCancel(g.ctx)
+	}
+	err := s.guard.push(g.pushCtx, g.pushCancel, b)
 	switch {
 	case err == nil:
 		s.cur = cur

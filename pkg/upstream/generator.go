@@ -71,8 +71,13 @@ type Generator struct {
 	batches       atomic.Uint64
 	pushErrors    atomic.Uint64
 
-	// sched is the driver's: only the driver goroutine touches it.
-	sched schedule
+	// sched and pushCtx are the driver's: only the driver goroutine
+	// touches them. pushCtx (a child of ctx) is the context of every push;
+	// a subscription's Close cancels it when that subscription's push is in
+	// flight, and the driver then makes a new one.
+	sched      schedule
+	pushCtx    context.Context
+	pushCancel context.CancelFunc
 
 	mu struct {
 		sync.Mutex
@@ -133,6 +138,7 @@ func NewGenerator(opts GeneratorOptions) (*Generator, error) {
 		cancel: cancel,
 		kick:   make(chan struct{}, 1),
 	}
+	g.pushCtx, g.pushCancel = context.WithCancel(ctx)
 	g.mu.frontier = o.StartTs
 	g.mu.subs = make(map[uint64]*genSub)
 	g.sched.done = g.w.tickOf(o.StartTs)
@@ -193,8 +199,8 @@ func (g *Generator) Subscribe(span common.Span, startTs common.Ts, sink eventsto
 		span:    cloneSpan(span),
 		startTs: startTs,
 		lo:      max(startTs, g.w.startTs),
-		guard:   newSinkGuard(g.ctx, sink),
 	}
+	s.guard.sink = sink
 	if !isWholeTable(span) {
 		s.filter = &s.span
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 )
@@ -17,13 +18,20 @@ var errSubscriptionClosed = errors.New("upstream: subscription closed")
 //
 // A push holds mu for the duration of the sink call, and close takes mu to
 // set closed, so a concurrent push either completes before close returns or
-// is refused. close cancels ctx before taking mu, so a sink that blocks
+// is refused. close first cancels the push in flight, if any, through the
+// cancel function the pusher registered, so a sink that blocks
 // (back-pressure) but honours its context returns promptly and close stays
-// bounded.
+// bounded. The guard holds no context of its own: a million subscriptions
+// must not cost a million contexts, and the generator's one driver pushes
+// with one reusable context.
 type sinkGuard struct {
-	sink   eventstore.Sink
-	ctx    context.Context
-	cancel context.CancelFunc
+	sink eventstore.Sink
+	// closing is set when close begins; push checks it after registering
+	// its cancel function (under cmu), so either push sees it or close sees
+	// the cancel function.
+	closing atomic.Bool
+	cmu     sync.Mutex
+	cancel  context.CancelFunc // of the push in flight; guarded by cmu
 
 	mu struct {
 		sync.Mutex
@@ -31,41 +39,42 @@ type sinkGuard struct {
 	}
 }
 
-func newSinkGuard(parent context.Context, sink eventstore.Sink) *sinkGuard {
-	ctx, cancel := context.WithCancel(parent)
-	return &sinkGuard{sink: sink, ctx: ctx, cancel: cancel}
-}
+func newSinkGuard(sink eventstore.Sink) *sinkGuard { return &sinkGuard{sink: sink} }
 
-// push calls the sink with a context that is cancelled when either ctx (may
-// be nil) or the guard's own context is. It returns errSubscriptionClosed,
-// without calling the sink, once close has started.
-func (g *sinkGuard) push(ctx context.Context, b eventstore.Batch) error {
+// isClosed reports whether close has begun, without waiting for an
+// in-flight push.
+func (g *sinkGuard) isClosed() bool { return g.closing.Load() }
+
+// push calls the sink with ctx, which cancel cancels (close calls it if the
+// push is in flight). It returns errSubscriptionClosed, without calling the
+// sink, once close has started.
+func (g *sinkGuard) push(ctx context.Context, cancel context.CancelFunc, b eventstore.Batch) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	// A cancelled guard context means close has begun: start no new sink
-	// call, even if close has not taken mu yet.
-	if g.mu.closed || g.ctx.Err() != nil {
+	g.cmu.Lock()
+	g.cancel = cancel
+	closing := g.closing.Load()
+	g.cmu.Unlock()
+	defer func() {
+		g.cmu.Lock()
+		g.cancel = nil
+		g.cmu.Unlock()
+	}()
+	if g.mu.closed || closing {
 		return errSubscriptionClosed
 	}
-	pctx := g.ctx
-	if ctx != nil {
-		var cancel context.CancelFunc
-		pctx, cancel = context.WithCancel(ctx)
-		defer cancel()
-		stop := context.AfterFunc(g.ctx, cancel)
-		defer stop()
-	}
-	return g.sink.Push(pctx, b)
+	return g.sink.Push(ctx, b)
 }
 
-// isClosed reports whether close has begun (or the parent context ended),
-// without waiting for an in-flight push.
-func (g *sinkGuard) isClosed() bool { return g.ctx.Err() != nil }
-
-// close marks the guard closed and waits for an in-flight push. It reports
-// whether this call was the one that closed it.
+// close marks the guard closed, cancels the push in flight and waits for it.
+// It reports whether this call was the one that closed it.
 func (g *sinkGuard) close() bool {
-	g.cancel()
+	g.closing.Store(true)
+	g.cmu.Lock()
+	if g.cancel != nil {
+		g.cancel()
+	}
+	g.cmu.Unlock()
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	first := !g.mu.closed

@@ -86,7 +86,7 @@ func (m *Manual) Subscribe(span common.Span, startTs common.Ts, sink eventstore.
 		id:      m.mu.nextID,
 		span:    cloneSpan(span),
 		startTs: startTs,
-		guard:   newSinkGuard(context.Background(), sink),
+		guard:   newSinkGuard(sink),
 		live:    true,
 	}
 	m.mu.subs = append(m.mu.subs, s)
@@ -141,7 +141,9 @@ func (m *Manual) Push(ctx context.Context, span common.Span, b eventstore.Batch)
 	var errs []error
 	for _, s := range targets {
 		copied := eventstore.Batch{Rows: cloneRows(b.Rows), ResolvedTs: b.ResolvedTs}
-		err := s.guard.push(ctx, copied)
+		pctx, cancel := context.WithCancel(ctx)
+		err := s.guard.push(pctx, cancel, copied)
+		cancel()
 		if errors.Is(err, errSubscriptionClosed) {
 			continue
 		}
