@@ -134,6 +134,10 @@ func (s *server) verifyDispatcher(sum *Summary, f *feed, d dispatcherRef, final 
 			d.id, d.table, ckpt, final, s.diag[d.id])
 	}
 	for _, ep := range f.mem.Epochs(d.id) {
+		if ep.CheckpointRegressions > 0 {
+			sum.OrderViolations += ep.CheckpointRegressions
+			sum.problem("%v epoch %d: %d checkpoints not above the previous one", d.id, ep.Epoch, ep.CheckpointRegressions)
+		}
 		for i := 1; i < len(ep.Rows); i++ {
 			switch c := compareRows(&ep.Rows[i-1], &ep.Rows[i]); {
 			case c == 0:

@@ -41,7 +41,7 @@ func TestEndToEndRowsDDLsCheckpointsAndHeartbeats(t *testing.T) {
 			want[j] = fmt.Sprintf("t%d-%s", n, want[j])
 		}
 		require.Equal(t, want, keys(ep[0].Rows), "every row once, in order")
-		require.Equal(t, common.Ts(100), ep[0].Checkpoints[len(ep[0].Checkpoints)-1])
+		require.Equal(t, common.Ts(100), ep[0].LastCheckpoint)
 		h.assertExactlyUpstream(id)
 	}
 	require.Equal(t, []common.Ts{25}, ddlTs(h.mem.AppliedDDLs(ids[0])))

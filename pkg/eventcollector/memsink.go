@@ -38,8 +38,15 @@ type EpochRecord struct {
 	StartTs common.Ts
 	Rows    []common.Row
 	DDLs    []messaging.DDL
-	// Checkpoints are the Checkpoint calls of the epoch, in order.
-	Checkpoints []common.Ts
+	// Checkpoints counts the Checkpoint calls of the epoch and
+	// LastCheckpoint is the latest. CheckpointRegressions counts the calls
+	// whose ts was not above the dispatcher's previous checkpoint (in any
+	// epoch), which a collector must never make. Counted rather than
+	// listed: a dispatcher checkpoints up to a hundred times a second, and
+	// a list held every one for the whole run.
+	Checkpoints           int
+	LastCheckpoint        common.Ts
+	CheckpointRegressions int
 }
 
 type memDispatcher struct {
@@ -119,9 +126,16 @@ func (s *MemorySink) ApplyDDL(id common.DispatcherID, ddl *messaging.DDL) error 
 func (s *MemorySink) Checkpoint(id common.DispatcherID, ts common.Ts) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.currentLocked(id)
-	e.Checkpoints = append(e.Checkpoints, ts)
-	d := s.mu.dispatchers[id]
+	d := s.dispatcherLocked(id)
+	if len(d.epochs) == 0 {
+		d.epochs = append(d.epochs, &EpochRecord{})
+	}
+	e := d.epochs[len(d.epochs)-1]
+	e.Checkpoints++
+	e.LastCheckpoint = ts
+	if ts <= d.checkpoint {
+		e.CheckpointRegressions++
+	}
 	d.checkpoint = max(d.checkpoint, ts)
 	s.changedLocked()
 	return nil
@@ -149,7 +163,8 @@ func (s *MemorySink) Epochs(id common.DispatcherID) []EpochRecord {
 	out := make([]EpochRecord, len(d.epochs))
 	for i, e := range d.epochs {
 		out[i] = EpochRecord{Epoch: e.Epoch, StartTs: e.StartTs, Rows: slices.Clone(e.Rows),
-			DDLs: slices.Clone(e.DDLs), Checkpoints: slices.Clone(e.Checkpoints)}
+			DDLs: slices.Clone(e.DDLs), Checkpoints: e.Checkpoints, LastCheckpoint: e.LastCheckpoint,
+			CheckpointRegressions: e.CheckpointRegressions}
 	}
 	return out
 }

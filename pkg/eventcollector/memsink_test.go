@@ -34,9 +34,12 @@ func TestMemorySinkRecordsPerEpochAndDeduplicates(t *testing.T) {
 	ep := s.Epochs(id)
 	require.Len(t, ep, 2)
 	require.Equal(t, EpochRecord{Epoch: 1, StartTs: 10, Rows: []common.Row{row("a", 15, 20), row("b", 21, 30), row("c", 31, 40)},
-		DDLs: []messaging.DDL{{CommitTs: 30, Query: "alter"}}, Checkpoints: []common.Ts{30}}, ep[0])
+		DDLs: []messaging.DDL{{CommitTs: 30, Query: "alter"}}, Checkpoints: 1, LastCheckpoint: 30}, ep[0])
 	require.Equal(t, uint64(2), ep[1].Epoch)
-	require.Equal(t, []common.Ts{50}, ep[1].Checkpoints)
+	require.Equal(t, 1, ep[1].Checkpoints)
+	require.Equal(t, common.Ts(50), ep[1].LastCheckpoint)
+	require.NoError(t, s.Checkpoint(id, 50))
+	require.Equal(t, 1, s.Epochs(id)[1].CheckpointRegressions, "a checkpoint not above the last one is counted")
 	require.Equal(t, []string{"a", "b", "c", "c", "d"}, keys(s.Applied(id)))
 	dedup := s.Deduplicated(id)
 	require.Equal(t, []string{"a", "b", "c", "d"}, keys(dedup))
@@ -107,4 +110,12 @@ func TestMemorySinkWaitAndConcurrentReaders(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	require.Len(t, s.Deduplicated(id), n)
+}
+
+// requireOneCheckpoint asserts that the epoch got exactly one Checkpoint
+// call, at ts.
+func requireOneCheckpoint(t *testing.T, e EpochRecord, ts common.Ts) {
+	t.Helper()
+	require.Equal(t, 1, e.Checkpoints, "checkpoint calls")
+	require.Equal(t, ts, e.LastCheckpoint)
 }
