@@ -93,6 +93,55 @@ func TestKeepaliveOnlyForUnacknowledgedProgress(t *testing.T) {
 	h.check.waitResolved(id, 40)
 }
 
+// TestKeepaliveWaitsWhileWorkIsInThePipeline: unacknowledged progress gets
+// no keepalive while the session is being scanned (that work publishes
+// anew; under overload acknowledgements lag and keepalives only added
+// load); once it is idle again and still unacknowledged, it does.
+func TestKeepaliveWaitsWhileWorkIsInThePipeline(t *testing.T) {
+	scanned := make(chan scanOutcome, 16)
+	inScan, release := make(chan struct{}), make(chan struct{})
+	var hold atomic.Bool
+	h := newHarness(t, func(o *Options) { o.SignalInterval = time.Hour }, hooks{
+		scanned: func(_ *session, out scanOutcome) { scanned <- out },
+		beforeScan: func(*session) {
+			if hold.CompareAndSwap(true, false) {
+				close(inScan)
+				<-release
+			}
+		},
+	})
+	// Registered after the harness's: runs first, so a failed assertion
+	// does not leave the scan worker held while the service closes.
+	var released atomic.Bool
+	unhold := func() {
+		if released.CompareAndSwap(false, true) {
+			close(release)
+		}
+	}
+	t.Cleanup(unhold)
+	h.advanceSchema(1 << 40)
+	id := h.register(1, 10)
+	h.push(1, 40, row("a", 15, 20))
+	require.Equal(t, scanDone, <-scanned)
+	d := h.dispatcher(id)
+	s := d.session.Load()
+	_, _, at := s.published()
+
+	hold.Store(true)
+	h.push(1, 60, row("b", 45, 50))
+	<-inScan // the session is scanning, its progress (40) unacknowledged
+	h.svc.keepalive(s, at.Add(2*time.Hour))
+	require.Zero(t, testutilCounter(h.svc.metrics.keepalives), "work in the pipeline will publish anew")
+	require.Equal(t, h.svc.kaSet.gen.Load(), s.kaGen.Load(), "looked at again next interval")
+
+	unhold()
+	require.Equal(t, scanDone, <-scanned)
+	_, _, at = s.published()
+	h.svc.keepalive(s, at.Add(2*time.Hour))
+	require.Equal(t, 1.0, testutilCounter(h.svc.metrics.keepalives), "idle and unacknowledged for an interval")
+	h.check.waitResolved(id, 60)
+}
+
 // TestKeepaliveFollowsChange: the keepalive loop examines only sessions
 // that published progress in the interval before (or still wait for an
 // acknowledgement), never every dispatcher: once every collector

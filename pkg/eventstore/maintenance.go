@@ -80,8 +80,8 @@ func (s *Store) noteGCLocked(sub *subscription, now time.Time) {
 		return
 	}
 	m := &s.maint
-	if sub.mu.gcPendingSince.IsZero() {
-		sub.mu.gcPendingSince = now
+	if sub.mu.gcPendingSince == 0 {
+		sub.mu.gcPendingSince = stampOf(now)
 		m.mu.Lock()
 		m.mu.delay.Push(now.Add(s.opts.GCMaxDelay), dueEntry{sub: sub, token: now})
 		m.mu.Unlock()
@@ -174,15 +174,15 @@ func (s *Store) collectGarbage(now time.Time) {
 	take := func(sub *subscription, delayed bool, token time.Time) {
 		sub.mu.Lock()
 		defer sub.mu.Unlock()
-		if delayed && !sub.mu.gcPendingSince.Equal(token) {
+		if delayed && sub.mu.gcPendingSince != stampOf(token) {
 			return // stale: that range was deleted (or is pending anew)
 		}
 		sub.mu.gcRipe = false
 		from, to := sub.mu.gcDone, sub.mu.gcTarget
-		if sub.mu.removed || to <= from || sub.mu.gcPendingSince.IsZero() {
+		if sub.mu.removed || to <= from || sub.mu.gcPendingSince == 0 {
 			return
 		}
-		sub.mu.gcPendingSince = time.Time{}
+		sub.mu.gcPendingSince = 0
 		dels = append(dels, gcDeletion{sub: sub, from: from, to: to})
 	}
 	for _, sub := range ripe {
@@ -229,8 +229,8 @@ func (s *Store) gcFailed(dels []gcDeletion, now time.Time, err error) {
 			s.maint.mu.ripe = append(s.maint.mu.ripe, d.sub)
 			s.maint.mu.Unlock()
 		}
-		if d.sub.mu.gcPendingSince.IsZero() {
-			d.sub.mu.gcPendingSince = now
+		if d.sub.mu.gcPendingSince == 0 {
+			d.sub.mu.gcPendingSince = stampOf(now)
 		}
 		d.sub.mu.Unlock()
 	}
@@ -241,7 +241,7 @@ func (s *Store) gcFailed(dels []gcDeletion, now time.Time, err error) {
 func (s *Store) expireIfIdle(sub *subscription, now time.Time) {
 	s.mu.Lock()
 	sub.mu.Lock()
-	idle := !sub.mu.removed && !sub.mu.idleSince.IsZero() && now.Sub(sub.mu.idleSince) >= s.opts.IdleTTL
+	idle := !sub.mu.removed && sub.mu.idleSince != 0 && now.Sub(sub.mu.idleSince.time()) >= s.opts.IdleTTL
 	if idle {
 		// Marked under s.mu, so RegisterDispatcher can no longer pick it.
 		sub.mu.removed = true

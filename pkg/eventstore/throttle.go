@@ -53,12 +53,12 @@ func (s *Store) throttledLocked(sub *subscription, now time.Time) bool {
 	if sub.mu.notifyHeld {
 		return true // already scheduled: the flush notifies the latest
 	}
-	if next := sub.mu.notifiedAt.Add(iv); now.Before(next) {
+	if next := sub.mu.notifiedAt.time().Add(iv); sub.mu.notifiedAt != 0 && now.Before(next) {
 		sub.mu.notifyHeld = true
 		s.throttle.schedule(sub, next)
 		return true
 	}
-	sub.mu.notifiedAt = now
+	sub.mu.notifiedAt = stampOf(now)
 	return false
 }
 
@@ -101,7 +101,7 @@ func (s *Store) runThrottle() {
 func (s *Store) flushNotify(sub *subscription, now time.Time) {
 	sub.mu.Lock()
 	sub.mu.notifyHeld = false
-	sub.mu.notifiedAt = now
+	sub.mu.notifiedAt = stampOf(now)
 	resolved, mc, subscribers := sub.mu.resolved, sub.mu.maxCommit, sub.mu.subscribers
 	sub.mu.Unlock()
 	for _, sb := range subscribers {
