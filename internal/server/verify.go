@@ -45,8 +45,11 @@ type Summary struct {
 	ResolvedLagMs   Quantiles `json:"resolved_lag_ms"`
 	// WarmupSec is how long, after the upstream started, the dispatchers
 	// took to catch up with the rows produced while they were registered;
-	// ResolvedLagMs is sampled after it (0: not reached).
+	// ResolvedLagMs is sampled after it. Warm is false when some
+	// dispatcher was still catching up when the upstream ended: then no
+	// lag was sampled (the system did not keep up at all).
 	WarmupSec float64 `json:"warmup_sec"`
+	Warm      bool    `json:"warm"`
 	// WallSec is the whole run, registration and verification included;
 	// PeakRSSMB the process's peak resident set (getrusage), so a scale
 	// figure carries its memory; Flags the command line.
@@ -80,7 +83,7 @@ func (s *Summary) problem(format string, args ...any) {
 func (s *server) verify(r *runResult, finals map[common.DispatcherID]common.Ts) Summary {
 	sum := Summary{Interrupted: r.interrupted, Complete: r.complete, Tables: s.cfg.Tables, Changefeeds: s.cfg.Changefeeds,
 		ElapsedSec: r.elapsed.Seconds(), PeakPendingTasks: r.peakPending, PeakPendingPrep: r.peakPrepare,
-		PeakPendingScan: r.peakScan, RowsApplied: r.lastApplied, MetricsAddr: s.metricsAddr(), WarmupSec: r.warmup.Seconds()}
+		PeakPendingScan: r.peakScan, RowsApplied: r.lastApplied, MetricsAddr: s.metricsAddr(), WarmupSec: r.warmup.Seconds(), Warm: r.warm}
 	st := s.store.Stats()
 	sum.NotifyNs = Quantiles{float64(st.NotifyP50.Nanoseconds()), float64(st.NotifyP99.Nanoseconds()), float64(st.NotifyMax.Nanoseconds())}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -298,6 +301,10 @@ func writeSummary(w io.Writer, asJSON bool, s Summary) error {
 	if !s.Verified {
 		verdict = "VERIFICATION FAILED"
 	}
+	warmup := fmt.Sprintf("after a %.1fs warm-up", s.WarmupSec)
+	if !s.Warm {
+		warmup = "not sampled: the dispatchers never caught up with the registration period"
+	}
 	_, err := fmt.Fprintf(w, `%s
   dispatchers        %d (%d tables x %d changefeeds)
   rows               upstream %d, delivered %d (applied %d incl. re-deliveries), %.0f rows/s over %.1fs
@@ -305,13 +312,13 @@ func writeSummary(w io.Writer, asJSON bool, s Summary) error {
   resets             %d   faults injected %d   moves %d
   lost wakeups       %d   order violations %d   duplicates %d   missing %d   unexpected %d   DDL mismatches %d
   notify callback    p50 %.0f ns   p99 %.0f ns   max %.0f ns   (%d notifications, %.1f%% coalesced)
-  resolved-ts lag    p50 %.1f ms   p99 %.1f ms   max %.1f ms   (after a %.1fs warm-up)
+  resolved-ts lag    p50 %.1f ms   p99 %.1f ms   max %.1f ms   (%s)
   peak pending tasks %d (prepare %d, scan %d)
   wall               %.1fs (registration and verification included), peak RSS %.0f MB
 `, verdict, s.Dispatchers, s.Tables, s.Changefeeds, s.RowsUpstream, s.RowsDelivered, s.RowsApplied, s.RowsPerSec, s.ElapsedSec,
 		s.DDLsUpstream, s.DDLsDelivered, s.Resets, s.FaultsInjected, s.Moves, s.LostWakeups, s.OrderViolations, s.Duplicates,
 		s.MissingRows, s.UnexpectedRows, s.DDLMismatches, s.NotifyNs.P50, s.NotifyNs.P99, s.NotifyNs.Max, s.Notifications,
-		100*s.CoalescedRatio, s.ResolvedLagMs.P50, s.ResolvedLagMs.P99, s.ResolvedLagMs.Max, s.WarmupSec, s.PeakPendingTasks,
+		100*s.CoalescedRatio, s.ResolvedLagMs.P50, s.ResolvedLagMs.P99, s.ResolvedLagMs.Max, warmup, s.PeakPendingTasks,
 		s.PeakPendingPrep, s.PeakPendingScan, s.WallSec, s.PeakRSSMB)
 	if err != nil {
 		return err

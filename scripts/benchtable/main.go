@@ -151,6 +151,7 @@ type serverRun struct {
 type scaleRun struct {
 	serverRun
 	WarmupSec float64 `json:"warmup_sec"`
+	Warm      bool    `json:"warm"`
 	WallSec   float64 `json:"wall_sec"`
 	PeakRSSMB float64 `json:"peak_rss_mb"`
 	Flags     string  `json:"flags"`
@@ -176,8 +177,13 @@ func printScale(out io.Writer, paths []string) error {
 		if r.Dispatchers > 0 {
 			perDispatcher = r.PeakRSSMB * (1 << 20) / float64(r.Dispatchers)
 		}
-		fmt.Fprintf(out, "%-92s %9v %8.0f %10.1f %9.1f %9.1f %8.1fs %8.1f %8.0f %12.0f\n", workloadFlags(r.Flags), r.Verified, r.RowsPerSec,
-			r.ResolvedLagMs.P50, r.ResolvedLagMs.P99, r.ResolvedLagMs.Max, r.WarmupSec, r.WallSec, r.PeakRSSMB, perDispatcher)
+		p50, p99, pmax, warm := fmt.Sprintf("%.1f", r.ResolvedLagMs.P50), fmt.Sprintf("%.1f", r.ResolvedLagMs.P99),
+			fmt.Sprintf("%.1f", r.ResolvedLagMs.Max), fmt.Sprintf("%.1fs", r.WarmupSec)
+		if !r.Warm { // never caught up with the registration period: no lag sampled
+			p50, p99, pmax, warm = "-", "-", "-", "never"
+		}
+		fmt.Fprintf(out, "%-92s %9v %8.0f %10s %9s %9s %9s %8.1f %8.0f %12.0f\n", workloadFlags(r.Flags), r.Verified, r.RowsPerSec,
+			p50, p99, pmax, warm, r.WallSec, r.PeakRSSMB, perDispatcher)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -100,7 +101,7 @@ func TestScaleTable(t *testing.T) {
 	dir := t.TempDir()
 	js := filepath.Join(dir, "1m.json")
 	if err := os.WriteFile(js, []byte(`{"verified":true,"dispatchers":1000000,"rows_per_sec":20000,"resolved_lag_ms":{"p50":500,"p99":1006.5,"max":1700},
-		"warmup_sec":1.5,"wall_sec":60,"peak_rss_mb":1024,"flags":"--tables 1000000 --progress-interval 0 --json --metrics-addr= --resolved-interval 1s"}`), 0o644); err != nil {
+		"warmup_sec":1.5,"warm":true,"wall_sec":60,"peak_rss_mb":1024,"flags":"--tables 1000000 --progress-interval 0 --json --metrics-addr= --resolved-interval 1s"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	doc := filepath.Join(dir, "benchmarks.md")
@@ -119,6 +120,17 @@ func TestScaleTable(t *testing.T) {
 	}
 	if strings.Contains(string(d), "stale") {
 		t.Fatalf("old block kept:\n%s", d)
+	}
+	cold := filepath.Join(dir, "cold.json")
+	if err := os.WriteFile(cold, []byte(`{"verified":true,"dispatchers":1000000,"warm":false,"flags":"--tables 1000000"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := run([]string{"-scale", cold}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if f := strings.Fields(out.String()); !slices.Equal(f[len(f)-7:len(f)-3], []string{"-", "-", "-", "never"}) {
+		t.Fatalf("a run that never warmed up shows lag figures:\n%s", out.String())
 	}
 	if err := run([]string{"-scale"}, &out); err == nil {
 		t.Fatal("-scale without runs accepted")
