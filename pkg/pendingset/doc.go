@@ -28,7 +28,10 @@
 //     Merge(failed, added meanwhile), so a retry neither duplicates nor
 //     loses a newer value.
 //   - Whole-batch failures spend no per-key budget; per-key failures spend
-//     one attempt each. The attempt count survives merges and adds and is
+//     one attempt each. A whole-batch failure that wraps ErrPermanent, or
+//     the Options.BisectAfter-th in a row (ErrBusy excepted), is not
+//     retried whole: the pump bisects the batch until the failing entries
+//     stand alone, so one bad key cannot wedge the pump. The attempt count survives merges and adds and is
 //     reset only by success. After MaxAttempts a key is quarantined, never
 //     dropped: counted, listed by QuarantinedKeys, and re-admitted every
 //     QuarantineRetry for one more attempt.

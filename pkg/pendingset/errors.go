@@ -1,6 +1,9 @@
 package pendingset
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Sentinel errors. Every error this package returns wraps one of these, so
 // callers test with errors.Is.
@@ -29,7 +32,22 @@ var (
 	// whole like any error, but the pump logs it at debug, not warn: a busy
 	// target is the normal state of a fast producer.
 	ErrBusy = errors.New("pendingset: target busy")
+	// ErrPermanent: a DeliverFunc wraps it (see Permanent) to say that its
+	// whole-batch failure will not go away by retrying the same batch:
+	// something in the batch is bad (a payload over the target's limit,
+	// say). The pump then bisects the batch to isolate the bad keys, which
+	// spend budget and end in quarantine, and delivers every other key.
+	ErrPermanent = errors.New("pendingset: permanent batch failure")
 	// ErrQuarantined: a drain finished while keys were still quarantined;
 	// they stay in the set, undelivered.
 	ErrQuarantined = errors.New("pendingset: keys left in quarantine")
 )
+
+// Permanent marks err as a permanent whole-batch failure: the returned
+// error wraps both err and ErrPermanent. Nil stays nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrPermanent, err)
+}

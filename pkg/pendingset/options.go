@@ -21,6 +21,7 @@ const (
 	DefaultJitter          = 0.2
 	DefaultMaxAttempts     = 10
 	DefaultQuarantineRetry = 30 * time.Second
+	DefaultBisectAfter     = 8
 	DefaultMetricsPrefix   = "pendingset"
 )
 
@@ -63,6 +64,17 @@ type Options[K comparable, V any] struct {
 	// QuarantineRetry is how long a quarantined key waits before it is
 	// re-admitted for one more attempt. Default 30s.
 	QuarantineRetry time.Duration
+
+	// BisectAfter is the number of consecutive whole-batch failures (other
+	// than ErrBusy) after which the pump stops retrying the batch as a
+	// whole and bisects it, as it always does at once for a failure that
+	// wraps ErrPermanent: each half is delivered on its own, recursively,
+	// so one bad key cannot wedge the pump. A key that still fails alone
+	// gets RetryKey (no budget) after repeated failures, FailedKey (budget,
+	// then quarantine) after a permanent one. Default 8; negative turns
+	// bisection of repeated failures off (permanent ones are still
+	// bisected).
+	BisectAfter int
 
 	// Bypass, if set, decides whether a fresh value may skip the remaining
 	// backoff of a key that failed: it is called with the value that waits
@@ -112,6 +124,9 @@ func (o Options[K, V]) EnsureDefaults() Options[K, V] {
 	}
 	if o.QuarantineRetry == 0 {
 		o.QuarantineRetry = DefaultQuarantineRetry
+	}
+	if o.BisectAfter == 0 {
+		o.BisectAfter = DefaultBisectAfter
 	}
 	if o.Clock == nil {
 		o.Clock = clock.Real{}

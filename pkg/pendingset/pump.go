@@ -176,12 +176,7 @@ func (p *Pump[K, V]) run(ctx context.Context) {
 		}
 		batch = p.set.Drain(0, batch[:0])
 		if len(batch) > 0 {
-			err := p.deliver(ctx, batch)
-			if cerr := p.set.Complete(batch, err); cerr != nil {
-				// Only a deliverer that set an unknown Result or overwrote
-				// whole entries gets here.
-				p.log.Error("completing a batch", zap.Error(cerr))
-			}
+			err := p.deliverBatch(ctx, batch, failures)
 			clear(batch) // drop references to keys and values
 			if err == nil {
 				failures = 0
@@ -235,6 +230,85 @@ func (p *Pump[K, V]) run(ctx context.Context) {
 	}
 }
 
+// deliverBatch delivers batch and completes it. A whole-batch failure that
+// is permanent, or the BisectAfter-th in a row (busy targets excepted), is
+// not retried as a whole: the batch is bisected (isolate). It returns the
+// error the pump backs off for: nil when every part was completed one way
+// or another, the whole-batch error of a part that was merged back
+// otherwise.
+func (p *Pump[K, V]) deliverBatch(ctx context.Context, batch []Entry[K, V], failures int) error {
+	err := p.deliver(ctx, batch)
+	if err == nil || ctx.Err() != nil || !p.bisects(err, failures+1) {
+		p.complete(batch, err)
+		return err
+	}
+	return p.isolate(ctx, batch, err)
+}
+
+// bisects reports whether a whole-batch failure err, the n-th in a row,
+// is bisected rather than retried as a whole.
+func (p *Pump[K, V]) bisects(err error, n int) bool {
+	if errors.Is(err, ErrPermanent) {
+		return true
+	}
+	after := p.set.opts.BisectAfter
+	return after > 0 && n >= after && !errors.Is(err, ErrBusy)
+}
+
+// isolate handles batch, whose delivery failed with cause: a single entry
+// is completed as FailedKey (permanent cause) or RetryKey; a larger batch
+// is split in two halves, each delivered on its own and, if it fails in a
+// way that bisects, isolated in turn. Every other key is delivered, and a
+// half that fails transiently (or as busy) merges back as a whole. A
+// permanent batch of n entries with k bad keys costs O(k log n) deliveries.
+func (p *Pump[K, V]) isolate(ctx context.Context, batch []Entry[K, V], cause error) error {
+	if len(batch) == 1 {
+		if errors.Is(cause, ErrPermanent) {
+			batch[0].Result = FailedKey
+		} else {
+			batch[0].Result = RetryKey
+		}
+		p.log.Warn("a key fails on its own; isolated from its batch", zap.Stringer("result", batch[0].Result), zap.Error(cause))
+		p.complete(batch, nil)
+		return nil
+	}
+	p.set.noteBisection()
+	mid := len(batch) / 2
+	var errs []error
+	for _, half := range [][]Entry[K, V]{batch[:mid], batch[mid:]} {
+		if err := ctx.Err(); err != nil {
+			p.complete(half, err) // stopping: merge back
+			errs = append(errs, err)
+			continue
+		}
+		for i := range half {
+			half[i].Result = Delivered // the failed attempt may have set some
+		}
+		err := p.deliver(ctx, half)
+		switch {
+		case err == nil:
+			p.complete(half, nil)
+		case ctx.Err() == nil && (errors.Is(err, ErrPermanent) || (!errors.Is(cause, ErrPermanent) && !errors.Is(err, ErrBusy))):
+			// Still failing the way that bisects: look closer.
+			if ierr := p.isolate(ctx, half, err); ierr != nil {
+				errs = append(errs, ierr)
+			}
+		default:
+			p.complete(half, err) // transient: merge back and back off
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// complete completes batch, logging what only a misbehaving deliverer
+// causes (an unknown Result, overwritten entries).
+func (p *Pump[K, V]) complete(batch []Entry[K, V], err error) {
+	if cerr := p.set.Complete(batch, err); cerr != nil {
+		p.log.Error("completing a batch", zap.Error(cerr))
+	}
+}
+
 // sleep waits d, or until Wake or Stop, and reports whether it was not
 // stopped.
 func (p *Pump[K, V]) sleep(d time.Duration) bool {
@@ -260,6 +334,13 @@ func (p *Pump[K, V]) Wake() {
 	case p.wakeCh <- struct{}{}:
 	default:
 	}
+}
+
+// noteBisection counts a failing batch split in two.
+func (s *Set[K, V]) noteBisection() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mu.stats.Bisections++
 }
 
 // backoff is the delay after the n-th consecutive whole-batch failure.

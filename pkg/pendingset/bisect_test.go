@@ -1,0 +1,140 @@
+package pendingset
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// refusingTargetForTest fails a whole batch with failure whenever it holds
+// the bad key, like a pg_notify statement with one payload over the 8000
+// byte limit, and records the keys of the batches it accepts.
+type refusingTargetForTest struct {
+	bad     int
+	failure func(call int) error
+	mu      sync.Mutex
+	calls   int
+	got     []int
+}
+
+func (r *refusingTargetForTest) deliver(_ context.Context, batch []Entry[int, uint64]) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls++
+	for _, e := range batch {
+		if e.Key == r.bad {
+			return r.failure(r.calls)
+		}
+	}
+	for _, e := range batch {
+		r.got = append(r.got, e.Key)
+	}
+	return nil
+}
+
+// TestPermanentBatchFailureIsolatesTheBadKey: one bad key among 2,000
+// fails its whole batch permanently; the pump bisects instead of retrying
+// the batch forever: every other key is delivered exactly once, the bad one
+// is quarantined and reported, and Drain returns.
+func TestPermanentBatchFailureIsolatesTheBadKey(t *testing.T) {
+	s, _ := newTestSet(t, func(o *Options[int, uint64]) { o.MaxAttempts = 1 })
+	target := &refusingTargetForTest{bad: 1234, failure: func(int) error {
+		return Permanent(errors.New("payload string too long"))
+	}}
+	p, err := NewPump(s, target.deliver)
+	require.NoError(t, err)
+	for k := range 2000 {
+		s.Add(k, 1)
+	}
+	require.NoError(t, p.Start())
+	// Bounded, so that a pump wedged by the bad key fails the test.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.ErrorIs(t, p.Drain(ctx), ErrQuarantined)
+
+	want := slices.DeleteFunc(seq(2000), func(k int) bool { return k == 1234 })
+	got := slices.Clone(target.got)
+	slices.Sort(got)
+	require.Equal(t, want, got, "every other key delivered, each once")
+	require.Equal(t, []int{1234}, s.QuarantinedKeys(nil))
+	st := s.Stats()
+	require.Equal(t, uint64(1), st.KeyFailures)
+	// 4 batches of 512; the bad one costs 2 deliveries per level of a
+	// 512-entry bisection (9 levels), not one per key.
+	require.LessOrEqual(t, target.calls, 4+2*9)
+	require.Equal(t, uint64(9), st.Bisections)
+}
+
+// TestRepeatedBatchFailureIsBisectedWithoutSpendingBudget: a transient
+// whole-batch failure that repeats BisectAfter times is bisected too; the
+// key that keeps failing alone is retried later without spending budget
+// (an outage must not quarantine), and the others are delivered.
+func TestRepeatedBatchFailureIsBisectedWithoutSpendingBudget(t *testing.T) {
+	s, clk := newTestSet(t, func(o *Options[int, uint64]) { o.BisectAfter = 2 })
+	target := &refusingTargetForTest{bad: 7, failure: func(int) error { return errors.New("connection reset") }}
+	p, err := NewPump(s, target.deliver)
+	require.NoError(t, err)
+	for k := range 16 {
+		s.Add(k, 1)
+	}
+	require.NoError(t, p.Start())
+	t.Cleanup(p.Stop)
+	// First failure: the whole batch backs off. Second: bisected.
+	require.NoError(t, clk.WaitWaiters(context.Background(), 1))
+	clk.Advance(DefaultBackoffBase)
+	require.NoError(t, clk.WaitWaiters(context.Background(), 1)) // key 7's own backoff
+	target.mu.Lock()
+	got := slices.Clone(target.got)
+	target.mu.Unlock()
+	slices.Sort(got)
+	require.Equal(t, slices.DeleteFunc(seq(16), func(k int) bool { return k == 7 }), got)
+	st := s.Stats()
+	require.Zero(t, st.KeyFailures, "no budget spent")
+	require.Positive(t, st.KeyRetries)
+	require.Equal(t, 1, s.Len())
+	require.Empty(t, s.QuarantinedKeys(nil))
+}
+
+// TestBusyTargetIsNeverBisected: routine back-pressure (ErrBusy) repeats
+// as long as the target is full; splitting the batch would not help, so
+// the batch is retried whole.
+func TestBusyTargetIsNeverBisected(t *testing.T) {
+	s, clk := newTestSet(t, func(o *Options[int, uint64]) { o.BisectAfter = 2 })
+	target := &refusingTargetForTest{bad: -1}
+	busy := 3
+	deliver := func(ctx context.Context, batch []Entry[int, uint64]) error {
+		if busy > 0 {
+			busy--
+			return ErrBusy
+		}
+		return target.deliver(ctx, batch)
+	}
+	p, err := NewPump(s, deliver)
+	require.NoError(t, err)
+	for k := range 16 {
+		s.Add(k, 1)
+	}
+	require.NoError(t, p.Start())
+	for range 3 {
+		require.NoError(t, clk.WaitWaiters(context.Background(), 1))
+		due, _ := clk.NextDue()
+		clk.Advance(due)
+	}
+	require.NoError(t, p.Drain(context.Background()))
+	require.Zero(t, s.Stats().Bisections)
+	require.Equal(t, 1, target.calls, "one whole batch once the target had room")
+	require.Len(t, target.got, 16)
+}
+
+func seq(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
