@@ -138,3 +138,34 @@ func seq(n int) []int {
 	}
 	return out
 }
+
+// TestDrainBoundedByBytes: with Size and MaxBatchBytes a batch stops before
+// the entry that would take it over the byte bound (one oversized entry
+// still goes, alone), and the count bound still applies.
+func TestDrainBoundedByBytes(t *testing.T) {
+	s, _ := newTestSet(t, func(o *Options[int, uint64]) {
+		o.Size = func(_ int, v uint64) int { return int(v) }
+		o.MaxBatchBytes = 1000
+		o.MaxBatch = 3
+		o.Merge = func(_, v uint64) uint64 { return v }
+	})
+	sizes := []uint64{300, 300, 300, 900, 100, 5000, 10, 10, 10, 10}
+	for k, v := range sizes {
+		s.Add(k, v)
+	}
+	var batches [][]int
+	for {
+		b := s.Drain(0, nil)
+		if len(b) == 0 {
+			break
+		}
+		batches = append(batches, keysOf(b))
+		require.NoError(t, s.Complete(b, nil))
+	}
+	require.Equal(t, [][]int{{0, 1, 2}, {3, 4}, {5}, {6, 7, 8}, {9}}, batches)
+
+	_, err := New(Options[int, uint64]{Merge: maxMerge, MaxBatchBytes: 10})
+	require.ErrorIs(t, err, ErrInvalidOptions, "MaxBatchBytes without Size")
+	_, err = New(Options[int, uint64]{Merge: maxMerge, Size: func(int, uint64) int { return 1 }})
+	require.ErrorIs(t, err, ErrInvalidOptions, "Size without MaxBatchBytes")
+}

@@ -39,6 +39,15 @@ type Options[K comparable, V any] struct {
 	// is given max <= 0. Default 512.
 	MaxBatch int
 
+	// Size and MaxBatchBytes bound a batch by bytes as well as by count:
+	// Drain stops before the entry that would take the batch's summed Size
+	// over MaxBatchBytes (a batch always holds at least one entry, however
+	// large). Size runs under the set's lock: it must be fast and must not
+	// call the Set. Both unset (the default) means count only; setting one
+	// without the other is invalid.
+	Size          func(key K, v V) int
+	MaxBatchBytes int
+
 	// BackoffBase and BackoffMax bound the exponential backoff: the n-th
 	// consecutive failure waits BackoffBase*2^(n-1), capped at BackoffMax.
 	// It applies per key (per-key failures) and to the pump (whole-batch
@@ -155,6 +164,12 @@ func (o Options[K, V]) Validate() error {
 	}
 	if o.MaxBatch < 0 {
 		bad("MaxBatch %d is negative", o.MaxBatch)
+	}
+	if o.MaxBatchBytes < 0 {
+		bad("MaxBatchBytes %d is negative", o.MaxBatchBytes)
+	}
+	if (o.Size == nil) != (o.MaxBatchBytes == 0) {
+		bad("Size and MaxBatchBytes go together (Size set: %v, MaxBatchBytes %d)", o.Size != nil, o.MaxBatchBytes)
 	}
 	if o.BackoffBase < 0 {
 		bad("BackoffBase %v is negative", o.BackoffBase)

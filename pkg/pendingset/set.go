@@ -233,7 +233,16 @@ func (s *Set[K, V]) drain(limit int, dst []Entry[K, V]) ([]Entry[K, V], int64) {
 	s.promoteDueLocked(now)
 	s.mu.token++
 	tok := s.mu.token
+	bytes := 0
 	for len(dst)-start < limit && s.mu.head != none {
+		if s.opts.Size != nil {
+			n := &s.mu.nodes[s.mu.head]
+			size := s.opts.Size(n.key, n.val)
+			if len(dst) > start && bytes+size > s.opts.MaxBatchBytes {
+				break // the rest goes in the next batch
+			}
+			bytes += size
+		}
 		dst = append(dst, s.popReadyLocked(tok, now))
 	}
 	s.mu.stats.Drains++
@@ -278,7 +287,8 @@ func (s *Set[K, V]) mergeLocked(i int32, v V) (becameReady bool) {
 // or quarantine has expired are first appended to the ready FIFO. Every
 // returned entry must later be passed to Complete; until then its key is
 // never handed out again (an Add marks it dirty instead). Drain returns
-// fewer than limit entries only when nothing else is ready. A deliverer
+// fewer than limit entries only when nothing else is ready or the next
+// entry would take the batch over Options.MaxBatchBytes. A deliverer
 // reads Key, Value and Attempts and sets Result; nothing else.
 func (s *Set[K, V]) Drain(limit int, dst []Entry[K, V]) []Entry[K, V] {
 	if limit <= 0 {
