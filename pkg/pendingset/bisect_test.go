@@ -169,3 +169,51 @@ func TestDrainBoundedByBytes(t *testing.T) {
 	_, err = New(Options[int, uint64]{Merge: maxMerge, Size: func(int, uint64) int { return 1 }})
 	require.ErrorIs(t, err, ErrInvalidOptions, "Size without MaxBatchBytes")
 }
+
+// TestDeliveryTimeoutFailsTheBatchAsAWhole: a delivery that hangs past
+// DeliveryTimeout (on the set's clock) is cancelled; the error wraps
+// ErrDeliveryTimeout, the batch merges back, and the retry delivers it.
+func TestDeliveryTimeoutFailsTheBatchAsAWhole(t *testing.T) {
+	const timeout = 5 * time.Second
+	s, clk := newTestSet(t, func(o *Options[int, uint64]) { o.DeliveryTimeout = timeout })
+	var calls int
+	var mu sync.Mutex
+	var got []int
+	deliver := func(ctx context.Context, batch []Entry[int, uint64]) error {
+		mu.Lock()
+		calls++
+		first := calls == 1
+		mu.Unlock()
+		if first {
+			<-ctx.Done() // a target that never answers
+			return ctx.Err()
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, keysOf(batch)...)
+		return nil
+	}
+	p, err := NewPump(s, deliver)
+	require.NoError(t, err)
+
+	// The deadline on its own, through the pump's delivery call.
+	s.Add(1, 1)
+	s.Add(2, 1)
+	batch := s.Drain(0, nil)
+	errc := make(chan error, 1)
+	go func() { errc <- p.deliverOnce(context.Background(), batch) }()
+	wctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, clk.WaitWaiters(wctx, 1), "the delivery arms a deadline timer")
+	clk.Advance(timeout)
+	err = <-errc
+	require.ErrorIs(t, err, ErrDeliveryTimeout)
+	require.ErrorIs(t, err, context.Canceled)
+	require.NoError(t, s.Complete(batch, err))
+	require.Equal(t, uint64(1), s.Stats().BatchFailures)
+
+	// The retry, through the running pump, delivers both keys.
+	require.NoError(t, p.Start())
+	require.NoError(t, p.Drain(context.Background()))
+	require.ElementsMatch(t, []int{1, 2}, got)
+}

@@ -38,6 +38,9 @@ var (
 	// say). The pump then bisects the batch to isolate the bad keys, which
 	// spend budget and end in quarantine, and delivers every other key.
 	ErrPermanent = errors.New("pendingset: permanent batch failure")
+	// ErrDeliveryTimeout: a delivery ran past Options.DeliveryTimeout; the
+	// batch failed as a whole (kept, retried after the pump's backoff).
+	ErrDeliveryTimeout = errors.New("pendingset: delivery timed out")
 	// ErrQuarantined: a drain finished while keys were still quarantined;
 	// they stay in the set, undelivered.
 	ErrQuarantined = errors.New("pendingset: keys left in quarantine")

@@ -74,6 +74,12 @@ type Options[K comparable, V any] struct {
 	// re-admitted for one more attempt. Default 30s.
 	QuarantineRetry time.Duration
 
+	// DeliveryTimeout bounds one call of the pump's DeliverFunc: its
+	// context is cancelled after this long (on Clock), and the batch fails
+	// as a whole, wrapping ErrDeliveryTimeout. Zero, the default, means no
+	// bound beyond the pump's lifetime.
+	DeliveryTimeout time.Duration
+
 	// BisectAfter is the number of consecutive whole-batch failures (other
 	// than ErrBusy) after which the pump stops retrying the batch as a
 	// whole and bisects it, as it always does at once for a failure that
@@ -164,6 +170,9 @@ func (o Options[K, V]) Validate() error {
 	}
 	if o.MaxBatch < 0 {
 		bad("MaxBatch %d is negative", o.MaxBatch)
+	}
+	if o.DeliveryTimeout < 0 {
+		bad("DeliveryTimeout %v is negative", o.DeliveryTimeout)
 	}
 	if o.MaxBatchBytes < 0 {
 		bad("MaxBatchBytes %d is negative", o.MaxBatchBytes)

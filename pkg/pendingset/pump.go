@@ -237,12 +237,42 @@ func (p *Pump[K, V]) run(ctx context.Context) {
 // or another, the whole-batch error of a part that was merged back
 // otherwise.
 func (p *Pump[K, V]) deliverBatch(ctx context.Context, batch []Entry[K, V], failures int) error {
-	err := p.deliver(ctx, batch)
+	err := p.deliverOnce(ctx, batch)
 	if err == nil || ctx.Err() != nil || !p.bisects(err, failures+1) {
 		p.complete(batch, err)
 		return err
 	}
 	return p.isolate(ctx, batch, err)
+}
+
+// deliverOnce calls deliver, bounded by Options.DeliveryTimeout when it is
+// set: a timer on the set's clock cancels the call's context, and the
+// failure then wraps ErrDeliveryTimeout.
+func (p *Pump[K, V]) deliverOnce(ctx context.Context, batch []Entry[K, V]) error {
+	d := p.set.opts.DeliveryTimeout
+	if d <= 0 {
+		return p.deliver(ctx, batch)
+	}
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	t := p.set.opts.Clock.NewTimer(d)
+	done := make(chan struct{})
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		select {
+		case <-t.C():
+			cancel()
+		case <-done:
+			t.Stop()
+		}
+	})
+	err := p.deliver(dctx, batch)
+	close(done)
+	watch.Wait()
+	if err != nil && ctx.Err() == nil && dctx.Err() != nil {
+		return fmt.Errorf("%w after %v: %w", ErrDeliveryTimeout, d, err)
+	}
+	return err
 }
 
 // bisects reports whether a whole-batch failure err, the n-th in a row,
@@ -284,7 +314,7 @@ func (p *Pump[K, V]) isolate(ctx context.Context, batch []Entry[K, V], cause err
 		for i := range half {
 			half[i].Result = Delivered // the failed attempt may have set some
 		}
-		err := p.deliver(ctx, half)
+		err := p.deliverOnce(ctx, half)
 		switch {
 		case err == nil:
 			p.complete(half, nil)
