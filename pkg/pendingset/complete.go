@@ -86,7 +86,7 @@ func (s *Set[K, V]) complete(batch []Entry[K, V], err error) (stale, invalid int
 			}
 			switch e.Result {
 			case Delivered:
-				ring = s.deliveredLocked(i) || ring
+				ring = s.deliveredLocked(i, e.Value) || ring
 			case FailedKey:
 				ring = s.retryLocked(i, e, now, true) || ring
 			case RetryKey:
@@ -135,9 +135,13 @@ func (s *Set[K, V]) mergeBackLocked(i int32, e *Entry[K, V]) {
 
 // deliveredLocked settles a delivered key and reports whether it was queued
 // again. REQUIRES: s.mu held; i in flight.
-func (s *Set[K, V]) deliveredLocked(i int32) (requeued bool) {
+func (s *Set[K, V]) deliveredLocked(i int32, v V) (requeued bool) {
 	s.mu.stats.Delivered++
+	s.noteDeliveredLocked(i, v)
 	n := &s.mu.nodes[i]
+	if n.dirty && s.supersededLocked(i, n.val) {
+		n.dirty = false // added while in flight, but older than what went out
+	}
 	if !n.dirty {
 		s.idleLocked(i)
 		return false

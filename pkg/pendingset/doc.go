@@ -24,6 +24,9 @@
 //   - A key is never in two batches at once. An Add while its value is in
 //     flight causes exactly one more delivery after Complete, not one per
 //     Add.
+//   - With Options.Supersedes, newest wins across deliveries too: a value
+//     added after (or while) a newer one was delivered is dropped, not
+//     delivered after it.
 //   - A failed delivery merges back idempotently: the retried value is
 //     Merge(failed, added meanwhile), so a retry neither duplicates nor
 //     loses a newer value.

@@ -30,6 +30,9 @@ type Stats struct {
 	KeyFailures, KeyRetries uint64
 	// Bypasses counts backoffs cut short by Options.Bypass.
 	Bypasses uint64
+	// Superseded counts values dropped because the key's last delivered
+	// value supersedes them (Options.Supersedes).
+	Superseded uint64
 	// Bisections counts failing batches the pump split in two to isolate
 	// the keys that fail (see Options.BisectAfter and ErrPermanent).
 	Bisections uint64

@@ -116,6 +116,9 @@ func (s *Set[K, V]) insertLocked(k K, v V, since int64) {
 	if i != none {
 		s.unidleLocked(i)
 		delete(s.mu.index, s.mu.nodes[i].key)
+		if int(i) < len(s.mu.delivered) {
+			s.mu.delivered[i] = lastDelivered[V]{} // another key's slot now
+		}
 	} else {
 		i = int32(len(s.mu.nodes))
 		s.mu.nodes = append(s.mu.nodes, node[K, V]{state: stateIdle})

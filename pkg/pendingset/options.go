@@ -39,6 +39,16 @@ type Options[K comparable, V any] struct {
 	// is given max <= 0. Default 512.
 	MaxBatch int
 
+	// Supersedes, if set, makes the newest value win across deliveries, for
+	// keys with several writers ("newest wins" by version or phase): the
+	// set keeps the value last delivered for each key (while the key keeps
+	// its slot), and a value v added after it, or while it was in flight,
+	// is delivered only if Supersedes(v, delivered) is true; otherwise it
+	// is dropped (Stats.Superseded). Merge still combines undelivered
+	// values. Nil, the default, delivers every value added after a
+	// delivery, whatever its age. Runs under the set's lock.
+	Supersedes func(v, delivered V) bool
+
 	// Size and MaxBatchBytes bound a batch by bytes as well as by count:
 	// Drain stops before the entry that would take the batch's summed Size
 	// over MaxBatchBytes (a batch always holds at least one entry, however

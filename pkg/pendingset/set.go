@@ -97,6 +97,10 @@ type Set[K comparable, V any] struct {
 		sync.Mutex
 		index      map[K]int32
 		nodes      []node[K, V]
+		// delivered holds, per node, the value last delivered for its key
+		// (Options.Supersedes set only; nil otherwise, so the sets that do
+		// not use it pay nothing). Reset when the slot changes keys.
+		delivered []lastDelivered[V]
 		head, tail int32 // the ready FIFO
 		idleHead   int32 // the idle list, oldest first
 		idleTail   int32
@@ -213,6 +217,9 @@ func (s *Set[K, V]) add(k K, v V) (ring bool) {
 	wasEmpty := s.mu.head == none
 	i, ok := s.mu.index[k]
 	if !ok || s.mu.nodes[i].state == stateIdle {
+		if ok && s.supersededLocked(i, v) {
+			return false
+		}
 		if ok {
 			s.reviveLocked(i, v, s.stampLocked())
 		} else {
@@ -300,4 +307,36 @@ func (s *Set[K, V]) Drain(limit int, dst []Entry[K, V]) []Entry[K, V] {
 		s.metrics.observeDrain(dst[start:], now)
 	}
 	return dst
+}
+
+// lastDelivered is the value last delivered for a node's key.
+type lastDelivered[V any] struct {
+	v  V
+	ok bool
+}
+
+// supersededLocked reports, and counts, whether v is not to be delivered
+// because the key's last delivered value supersedes it (Options.Supersedes).
+// REQUIRES: s.mu held.
+func (s *Set[K, V]) supersededLocked(i int32, v V) bool {
+	if s.opts.Supersedes == nil || int(i) >= len(s.mu.delivered) {
+		return false
+	}
+	if last := &s.mu.delivered[i]; last.ok && !s.opts.Supersedes(v, last.v) {
+		s.mu.stats.Superseded++
+		return true
+	}
+	return false
+}
+
+// noteDeliveredLocked records v as node i's last delivered value.
+// REQUIRES: s.mu held.
+func (s *Set[K, V]) noteDeliveredLocked(i int32, v V) {
+	if s.opts.Supersedes == nil {
+		return
+	}
+	for int(i) >= len(s.mu.delivered) {
+		s.mu.delivered = append(s.mu.delivered, lastDelivered[V]{})
+	}
+	s.mu.delivered[i] = lastDelivered[V]{v: v, ok: true}
 }
