@@ -105,10 +105,13 @@ func (svc *Service) keepalive(s *session, now time.Time) {
 	if seq == 0 {
 		return
 	}
-	if now.Sub(at) < svc.opts.SignalInterval || st != stateIdle {
-		// Young progress, or work in the pipeline that will publish anew
-		// (under overload acknowledgements lag, and a keepalive then would
-		// only add to the load): look again next interval.
+	if now.Sub(at) < svc.opts.SignalInterval || inPipeline(st) {
+		// Young progress, or a preparation or scan under way that will
+		// publish anew or return the session to rest (under overload
+		// acknowledgements lag, and a keepalive then would only add to the
+		// load): look again next interval. A session parked (schema
+		// blocked, backing off) is not skipped: it may stay parked for
+		// good, and its last message may be the lost one.
 		svc.kaSet.note(s)
 		return
 	}
@@ -122,4 +125,14 @@ func (svc *Service) keepalive(s *session, now time.Time) {
 	s.touch(now)
 	svc.metrics.keepalives.Inc()
 	d.target.resolved.Add(d.id, resolvedValue{s: s, epoch: s.epoch, seq: seq, ts: ts})
+}
+
+// inPipeline reports whether a session in state st is being prepared or
+// scanned, or queued for it: states it leaves on its own, soon.
+func inPipeline(st scanState) bool {
+	switch st {
+	case statePrepareQueued, statePreparing, stateScanQueued, stateScanning:
+		return true
+	}
+	return false
 }

@@ -142,6 +142,32 @@ func TestKeepaliveWaitsWhileWorkIsInThePipeline(t *testing.T) {
 	h.check.waitResolved(id, 60)
 }
 
+// TestKeepaliveReachesAParkedSession: a session parked at the schema
+// frontier may stay parked for good, and its last message may be the lost
+// one, so unacknowledged progress gets its keepalive there (the model test
+// found this when parked sessions were skipped like scanning ones).
+func TestKeepaliveReachesAParkedSession(t *testing.T) {
+	blocked := make(chan struct{}, 16)
+	h := newHarness(t, func(o *Options) { o.SignalInterval = time.Hour }, hooks{
+		prepared: func(_ *session, out prepareOutcome) {
+			if out == outcomeSchemaBlocked {
+				blocked <- struct{}{}
+			}
+		},
+	})
+	h.advanceSchema(30)
+	id := h.register(1, 10)
+	h.push(1, 40) // resolved beyond the schema frontier: sent up to 30, then parked
+	<-blocked
+	s := h.dispatcher(id).session.Load()
+	st, _ := s.sched.load()
+	require.Equal(t, stateSchemaBlocked, st)
+	ts, _, at := s.published()
+	require.Equal(t, common.Ts(30), ts)
+	h.svc.keepalive(s, at.Add(2*time.Hour))
+	require.Equal(t, 1.0, testutilCounter(h.svc.metrics.keepalives), "parked and unacknowledged: keepalive")
+}
+
 // TestKeepaliveFollowsChange: the keepalive loop examines only sessions
 // that published progress in the interval before (or still wait for an
 // acknowledgement), never every dispatcher: once every collector
