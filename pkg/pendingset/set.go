@@ -95,12 +95,12 @@ type Set[K comparable, V any] struct {
 
 	mu struct {
 		sync.Mutex
-		index      map[K]int32
-		nodes      []node[K, V]
+		index map[K]int32
+		nodes []node[K, V]
 		// delivered holds, per node, the value last delivered for its key
 		// (Options.Supersedes set only; nil otherwise, so the sets that do
 		// not use it pay nothing). Reset when the slot changes keys.
-		delivered []lastDelivered[V]
+		delivered  []lastDelivered[V]
 		head, tail int32 // the ready FIFO
 		idleHead   int32 // the idle list, oldest first
 		idleTail   int32
