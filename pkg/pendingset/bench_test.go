@@ -2,6 +2,8 @@ package pendingset_test
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 
@@ -188,4 +190,45 @@ func BenchmarkDrainComplete(b *testing.B) {
 		batch = s.Drain(0, batch[:0])
 		_ = s.Complete(batch, nil)
 	}
+}
+
+// BenchmarkAddShuffled is Add on a real key stream: 100k keys visited in a
+// fixed random order (BenchmarkAdd visits them in insertion order, which
+// walks the node slice sequentially and hides its cache misses), with the
+// consumer stalled or live. Issue 12 compares it with client-go's
+// workqueue on the same stream.
+func BenchmarkAddShuffled(b *testing.B) {
+	for _, live := range []bool{false, true} {
+		name := map[bool]string{false: "keys=100000/consumer=stalled", true: "keys=100000/consumer=live"}[live]
+		b.Run(name, func(b *testing.B) { benchAddShuffled(b, 100_000, live) })
+	}
+}
+
+func benchAddShuffled(b *testing.B, keys int, live bool) {
+	s := newBenchSet(b)
+	ks := benchKeys(keys)
+	for _, k := range ks { // warm the map and the node slice in insertion order
+		s.Add(k, resolved{})
+	}
+	stream := slices.Clone(ks)
+	rand.New(rand.NewPCG(1, 2)).Shuffle(len(stream), func(i, j int) { stream[i], stream[j] = stream[j], stream[i] })
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	if live {
+		wg.Go(func() { consume(s, stop) })
+	} else {
+		<-s.Doorbell()
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	j := 0
+	for i := range b.N {
+		s.Add(stream[j], resolved{Epoch: 1, Seq: uint64(i), ResolvedTs: uint64(i)})
+		if j++; j == keys {
+			j = 0
+		}
+	}
+	b.StopTimer()
+	close(stop)
+	wg.Wait()
 }
