@@ -217,3 +217,46 @@ func TestDeliveryTimeoutFailsTheBatchAsAWhole(t *testing.T) {
 	require.NoError(t, p.Drain(context.Background()))
 	require.ElementsMatch(t, []int{1, 2}, got)
 }
+
+// TestSeveralBatchesInFlight: with MaxInFlight 3 the pump hands three
+// batches to the deliverer at once, with disjoint keys; a key added again
+// while in flight goes out once more only after its batch completed; Stop
+// with batches in flight cancels them and keeps their keys.
+func TestSeveralBatchesInFlight(t *testing.T) {
+	s, _ := newTestSet(t, func(o *Options[int, uint64]) { o.MaxInFlight, o.MaxBatch = 3, 10 })
+	calls, deliver := newSinkForTest()
+	p, err := NewPump(s, deliver)
+	require.NoError(t, err)
+	t.Cleanup(p.Stop) // a failed assertion must not leave deliveries parked
+	for k := range 40 {
+		s.Add(k, 1)
+	}
+	require.NoError(t, p.Start())
+	var held []*delivery
+	seen := map[int]bool{}
+	for range 3 { // three at once: none is answered yet
+		d := <-calls
+		held = append(held, d)
+		for _, k := range keysOf(d.batch) {
+			require.False(t, seen[k], "key %d in two batches in flight", k)
+			seen[k] = true
+		}
+	}
+	require.Len(t, seen, 30)
+	s.Add(0, 2) // key 0 is in flight: it waits for its batch
+	// The three deliveries arrive in any order: complete the one with key 0.
+	i := slices.IndexFunc(held, func(d *delivery) bool { return slices.Contains(keysOf(d.batch), 0) })
+	require.GreaterOrEqual(t, i, 0)
+	held[i].reply <- nil
+	d := <-calls // the slot freed: the next batch, keys 30..39 then 0 again
+	require.Equal(t, []int{30, 31, 32, 33, 34, 35, 36, 37, 38, 39}, keysOf(d.batch))
+	d.reply <- nil
+	d = <-calls
+	require.Equal(t, []int{0}, keysOf(d.batch))
+	require.Equal(t, uint64(2), d.batch[0].Value)
+	// Stop with three batches in flight (two held, one new): all cancelled,
+	// their keys kept.
+	p.Stop()
+	require.Equal(t, 21, s.Len(), "the two other held batches (20 keys) and key 0 were in flight: kept")
+	require.Equal(t, 3, int(s.Stats().BatchFailures), "the three cancelled batches merged back")
+}

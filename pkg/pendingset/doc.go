@@ -39,7 +39,9 @@
 //     dropped: counted, listed by QuarantinedKeys, and re-admitted every
 //     QuarantineRetry for one more attempt.
 //   - The Set starts no goroutine and arms no timer. Only Pump.Start starts
-//     a goroutine (exactly one); Stop and Drain end it.
+//     a goroutine (exactly one; with Options.MaxInFlight n > 1 it starts one
+//     per batch in flight, at most n at once, which deliver concurrently
+//     with disjoint keys); Stop and Drain end them all.
 //   - Nothing is global: metrics go to the Registerer in Options, never
 //     with a key as a label value; the logger and the clock are injected.
 //

@@ -84,6 +84,13 @@ type Options[K comparable, V any] struct {
 	// re-admitted for one more attempt. Default 30s.
 	QuarantineRetry time.Duration
 
+	// MaxInFlight is how many batches the pump delivers at once. One, the
+	// default, keeps delivery on the pump's goroutine; more start up to
+	// MaxInFlight delivery goroutines (the DeliverFunc then runs
+	// concurrently with itself), which lifts the cap of MaxBatch per round
+	// trip. Batches in flight hold disjoint keys, so per-key order holds.
+	MaxInFlight int
+
 	// DeliveryTimeout bounds one call of the pump's DeliverFunc: its
 	// context is cancelled after this long (on Clock), and the batch fails
 	// as a whole, wrapping ErrDeliveryTimeout. Zero, the default, means no
@@ -150,6 +157,9 @@ func (o Options[K, V]) EnsureDefaults() Options[K, V] {
 	if o.QuarantineRetry == 0 {
 		o.QuarantineRetry = DefaultQuarantineRetry
 	}
+	if o.MaxInFlight == 0 {
+		o.MaxInFlight = 1
+	}
 	if o.BisectAfter == 0 {
 		o.BisectAfter = DefaultBisectAfter
 	}
@@ -180,6 +190,9 @@ func (o Options[K, V]) Validate() error {
 	}
 	if o.MaxBatch < 0 {
 		bad("MaxBatch %d is negative", o.MaxBatch)
+	}
+	if o.MaxInFlight < 0 {
+		bad("MaxInFlight %d is negative", o.MaxInFlight)
 	}
 	if o.DeliveryTimeout < 0 {
 		bad("DeliveryTimeout %v is negative", o.DeliveryTimeout)

@@ -20,7 +20,9 @@ import (
 // cancelled: Stop waits for it.
 type DeliverFunc[K comparable, V any] func(ctx context.Context, batch []Entry[K, V]) error
 
-// Pump runs the drain-deliver-complete loop of one Set on one goroutine.
+// Pump runs the drain-deliver-complete loop of one Set on one goroutine
+// (delivering from up to Options.MaxInFlight goroutines of its own when
+// that is above one).
 // NewPump starts nothing; Start starts the goroutine; Stop or Drain stops
 // it. A set normally has one pump; several are safe (Drain never hands a
 // key to two of them) but share one doorbell.
@@ -160,46 +162,90 @@ func (p *Pump[K, V]) Drain(ctx context.Context) error {
 
 // run is the pump's goroutine: drain a batch, deliver it, complete it; back
 // off after a whole-batch failure; when nothing is ready, wait for the
-// doorbell, the next backoff deadline, a drain request or Stop.
+// doorbell, the next backoff deadline, a drain request or Stop. With
+// Options.MaxInFlight n > 1 it hands up to n batches at once to delivery
+// goroutines it starts and waits for before it exits; batches in flight
+// hold disjoint keys (Drain never hands out a key in flight), so each key's
+// deliveries stay in order.
 func (p *Pump[K, V]) run(ctx context.Context) {
 	defer close(p.doneCh)
 	clk := p.set.opts.Clock
-	var batch []Entry[K, V]
+	n := p.set.opts.MaxInFlight
+	var workers sync.WaitGroup
+	defer workers.Wait() // after Stop's cancel: they finish promptly
+	results := make(chan flight[K, V], n)
+	var spare [][]Entry[K, V]
+	inflight := 0
 	failures := 0 // consecutive whole-batch failures
 	draining := false
 	drainC := (<-chan struct{})(p.drainCh)
+	// settle records a delivery's outcome and reports whether the pump
+	// must back off (false: stopped during the back-off).
+	settle := func(err error) bool {
+		if err == nil {
+			failures = 0
+			select { // a Wake meant for a back-off that did not happen
+			case <-p.wakeCh:
+			default:
+			}
+			return true
+		}
+		failures++
+		d := p.set.backoff(failures)
+		logf := p.log.Warn
+		if errors.Is(err, ErrBusy) {
+			logf = p.log.Debug // routine back-pressure
+		}
+		logf("batch delivery failed; backing off", zap.Error(err),
+			zap.Int("consecutive_failures", failures), zap.Duration("backoff", d))
+		return p.sleep(d)
+	}
 	for {
 		select {
 		case <-p.stopCh:
 			return
 		default:
 		}
-		batch = p.set.Drain(0, batch[:0])
-		if len(batch) > 0 {
-			err := p.deliverBatch(ctx, batch, failures)
-			clear(batch) // drop references to keys and values
-			if err == nil {
-				failures = 0
-				select { // a Wake meant for a back-off that did not happen
-				case <-p.wakeCh:
-				default:
+		// Outcomes of concurrent deliveries that finished.
+		for collected := true; collected && inflight > 0; {
+			select {
+			case f := <-results:
+				inflight--
+				spare = append(spare, f.batch)
+				if !settle(f.err) {
+					return
 				}
+			default:
+				collected = false
+			}
+		}
+		if inflight < n {
+			var batch []Entry[K, V]
+			if k := len(spare); k > 0 {
+				batch, spare = spare[k-1], spare[:k-1]
+			}
+			batch = p.set.Drain(0, batch[:0])
+			if len(batch) > 0 {
+				if n == 1 {
+					err := p.deliverBatch(ctx, batch, failures)
+					clear(batch) // drop references to keys and values
+					spare = append(spare, batch)
+					if !settle(err) {
+						return
+					}
+					continue
+				}
+				inflight++
+				workers.Go(func() {
+					err := p.deliverBatch(ctx, batch, failures)
+					clear(batch)
+					results <- flight[K, V]{batch: batch, err: err}
+				})
 				continue
 			}
-			failures++
-			d := p.set.backoff(failures)
-			logf := p.log.Warn
-			if errors.Is(err, ErrBusy) {
-				logf = p.log.Debug // routine back-pressure
-			}
-			logf("batch delivery failed; backing off", zap.Error(err),
-				zap.Int("consecutive_failures", failures), zap.Duration("backoff", d))
-			if !p.sleep(d) {
-				return
-			}
-			continue
+			spare = append(spare, batch)
 		}
-		if draining {
+		if draining && inflight == 0 {
 			if ok, q := p.set.settled(); ok {
 				p.leftQuarantined = q
 				close(p.quietCh)
@@ -208,16 +254,28 @@ func (p *Pump[K, V]) run(ctx context.Context) {
 		}
 		var timerC <-chan time.Time
 		var timer clock.Timer
-		if due, ok := p.set.NextDue(); ok {
+		if due, ok := p.set.NextDue(); ok && inflight < n {
 			timer = clk.NewTimer(max(due.Sub(clk.Now()), 0))
 			timerC = timer.C()
+		}
+		var doorbell <-chan struct{}
+		if inflight < n {
+			doorbell = p.set.doorbell
+		}
+		var resultC <-chan flight[K, V]
+		if inflight > 0 {
+			resultC = results
 		}
 		stop := false
 		select {
 		case <-p.stopCh:
 			stop = true
-		case <-p.set.doorbell:
+		case <-doorbell:
 		case <-timerC:
+		case f := <-resultC:
+			inflight--
+			spare = append(spare, f.batch)
+			stop = !settle(f.err)
 		case <-drainC:
 			draining, drainC = true, nil
 		}
@@ -228,6 +286,12 @@ func (p *Pump[K, V]) run(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// flight is the outcome of one concurrent delivery.
+type flight[K comparable, V any] struct {
+	batch []Entry[K, V]
+	err   error
 }
 
 // deliverBatch delivers batch and completes it. A whole-batch failure that
