@@ -1,0 +1,201 @@
+package pgnotify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/pkg/clock"
+	"github.com/cdcflow/eventservice/pkg/pendingset"
+)
+
+// MaxPayloadBytes is the largest payload PostgreSQL's NOTIFY accepts: it
+// must be shorter than 8000 bytes (in the default configuration).
+const MaxPayloadBytes = 7999
+
+// maxChannelBytes is PostgreSQL's identifier limit (NAMEDATALEN - 1).
+const maxChannelBytes = 63
+
+// notifySQL sends a whole batch in one statement.
+const notifySQL = "SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) AS t(c, p)"
+
+// Sentinel errors; every error the package returns wraps one of them.
+var (
+	ErrInvalidOptions  = errors.New("pgnotify: invalid options")
+	ErrPayloadTooLarge = errors.New("pgnotify: payload too large")
+	ErrInvalidChannel  = errors.New("pgnotify: invalid channel")
+	ErrClosed          = errors.New("pgnotify: publisher closed")
+)
+
+// Options configure a Publisher.
+type Options struct {
+	// DSN is the connection string (pgx syntax). Required.
+	DSN string
+	// MaxBatch is the most notifications in one statement. Default 512.
+	MaxBatch int
+	// Logger defaults to zap.NewNop(); Registerer (nil: no metrics) gets
+	// the pending set's metrics under the prefix "pgnotify"; Clock defaults
+	// to the real clock.
+	Logger     *zap.Logger
+	Registerer prometheus.Registerer
+	Clock      clock.Clock
+}
+
+type pubKey struct{ channel, key string }
+
+// Publisher is a non-blocking pg_notify publisher. Create with New, then
+// Start; Close ends it.
+type Publisher struct {
+	opts   Options
+	log    *zap.Logger
+	set    *pendingset.Set[pubKey, string]
+	pump   *pendingset.Pump[pubKey, string]
+	closed atomic.Bool
+
+	// conn is the pump goroutine's connection (nil until needed, and after
+	// a failure); mu guards it against Close.
+	mu   sync.Mutex
+	conn *pgx.Conn
+}
+
+// New validates opts and builds a publisher. It starts nothing.
+func New(opts Options) (*Publisher, error) {
+	if opts.DSN == "" {
+		return nil, fmt.Errorf("%w: DSN is required", ErrInvalidOptions)
+	}
+	if _, err := pgx.ParseConfig(opts.DSN); err != nil {
+		return nil, fmt.Errorf("%w: DSN: %v", ErrInvalidOptions, err)
+	}
+	if opts.MaxBatch < 0 {
+		return nil, fmt.Errorf("%w: MaxBatch %d is negative", ErrInvalidOptions, opts.MaxBatch)
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	p := &Publisher{opts: opts, log: opts.Logger.Named("pgnotify")}
+	set, err := pendingset.New(pendingset.Options[pubKey, string]{
+		Merge:         func(_, newer string) string { return newer }, // newest payload wins
+		MaxBatch:      opts.MaxBatch,
+		Clock:         opts.Clock,
+		Registerer:    opts.Registerer,
+		MetricsPrefix: "pgnotify",
+		Logger:        opts.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
+	p.set = set
+	if p.pump, err = pendingset.NewPump(set, p.deliver); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Start starts the pump.
+func (p *Publisher) Start() error {
+	if p.closed.Load() {
+		return ErrClosed
+	}
+	return p.pump.Start()
+}
+
+// Publish records payload as the newest notification for (channel, key)
+// and returns at once; it never blocks.
+func (p *Publisher) Publish(channel, key, payload string) error {
+	if p.closed.Load() {
+		return ErrClosed
+	}
+	if len(payload) > MaxPayloadBytes {
+		return fmt.Errorf("%w: %d bytes on channel %q, at most %d", ErrPayloadTooLarge, len(payload), channel, MaxPayloadBytes)
+	}
+	if channel == "" || len(channel) > maxChannelBytes || strings.IndexByte(channel, 0) >= 0 {
+		return fmt.Errorf("%w: %q (1 to %d bytes, no NUL)", ErrInvalidChannel, channel, maxChannelBytes)
+	}
+	p.set.Add(pubKey{channel, key}, payload)
+	return nil
+}
+
+// Pending is the number of (channel, key) pairs not yet delivered.
+func (p *Publisher) Pending() int { return p.set.Len() }
+
+// Close stops publishing. With drain it first delivers what is pending
+// (bounded by ctx); without, it stops at once and pending notifications
+// are dropped with the process. Idempotent.
+func (p *Publisher) Close(ctx context.Context, drain bool) error {
+	if !p.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	var err error
+	if drain {
+		if err = p.pump.Drain(ctx); errors.Is(err, pendingset.ErrNotStarted) {
+			err = nil
+		}
+	} else {
+		p.pump.Stop()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn != nil {
+		_ = p.conn.Close(ctx)
+		p.conn = nil
+	}
+	return err
+}
+
+// deliver sends one batch in one statement, connecting first if needed.
+func (p *Publisher) deliver(ctx context.Context, batch []pendingset.Entry[pubKey, string]) error {
+	conn, err := p.connection(ctx)
+	if err != nil {
+		return fmt.Errorf("pgnotify: connect: %w", err)
+	}
+	channels := make([]string, len(batch))
+	payloads := make([]string, len(batch))
+	for i := range batch {
+		channels[i], payloads[i] = batch[i].Key.channel, batch[i].Value
+	}
+	if _, err := conn.Exec(ctx, notifySQL, channels, payloads); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "22023" { // invalid_parameter_value: a payload the server refuses
+			return pendingset.Permanent(err)
+		}
+		if conn.IsClosed() || !errors.As(err, &pgErr) {
+			p.dropConnection(conn) // the connection is gone: reconnect next time
+		}
+		return err
+	}
+	return nil
+}
+
+func (p *Publisher) connection(ctx context.Context) (*pgx.Conn, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn != nil && !p.conn.IsClosed() {
+		return p.conn, nil
+	}
+	conn, err := pgx.Connect(ctx, p.opts.DSN)
+	if err != nil {
+		return nil, err
+	}
+	p.conn = conn
+	return conn, nil
+}
+
+func (p *Publisher) dropConnection(conn *pgx.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn == conn {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second) // a dead peer must not hold the pump
+		defer cancel()
+		_ = conn.Close(ctx)
+		p.conn = nil
+	}
+}

@@ -1,0 +1,135 @@
+package pgnotify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/cdcflow/eventservice/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// listenForTest listens on channel, records the newest payload per key
+// ("key=payload" notifications) and closes done once want keys have the
+// payload final.
+type listenForTest struct {
+	final string
+	want  int
+	done  chan struct{}
+
+	mu      sync.Mutex
+	newest  map[string]string
+	atFinal int
+	count   int
+}
+
+func listen(t *testing.T, dsn, channel, final string, want int) (*listenForTest, context.CancelFunc) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize())
+	require.NoError(t, err)
+	l := &listenForTest{final: final, want: want, done: make(chan struct{}), newest: map[string]string{}}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			n, err := conn.WaitForNotification(ctx)
+			if err != nil {
+				return
+			}
+			k, v, _ := strings.Cut(n.Payload, "=")
+			l.mu.Lock()
+			if v == l.final && l.newest[k] != l.final {
+				if l.atFinal++; l.atFinal == l.want {
+					close(l.done)
+				}
+			}
+			l.newest[k] = v
+			l.count++
+			l.mu.Unlock()
+		}
+	})
+	stop := func() {
+		cancel()
+		wg.Wait()
+		_ = conn.Close(context.Background())
+	}
+	t.Cleanup(stop)
+	return l, stop
+}
+
+// TestEveryKeysNewestPayloadArrives: 1,000 keys, five versions each, with a
+// real server and a real listener; Close drains, and every key's newest
+// payload has arrived, in far fewer notifications than publishes.
+func TestEveryKeysNewestPayloadArrives(t *testing.T) {
+	srv := pgtest.Start(t)
+	const keys, versions = 1000, 5
+	l, stopListening := listen(t, srv.DSN, "state", fmt.Sprint(versions), keys)
+	p, err := New(Options{DSN: srv.DSN})
+	require.NoError(t, err)
+	require.NoError(t, p.Start())
+	for v := 1; v <= versions; v++ {
+		for k := range keys {
+			require.NoError(t, p.Publish("state", fmt.Sprint(k), fmt.Sprintf("%d=%d", k, v)))
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, p.Close(ctx, true))
+	// NOTIFY is delivered at commit, in order: every key's last version
+	// reaches the listener.
+	select {
+	case <-l.done:
+	case <-ctx.Done():
+		t.Fatalf("only %d of %d keys reached their newest payload", l.atFinal, keys)
+	}
+	stopListening()
+	for k := range keys {
+		require.Equal(t, fmt.Sprint(versions), l.newest[fmt.Sprint(k)], "key %d ends at its newest payload", k)
+	}
+	require.LessOrEqual(t, l.count, keys*versions)
+	require.Zero(t, p.Pending())
+}
+
+// TestBadInputIsATypedError: a payload PostgreSQL would refuse and a bad
+// channel fail at Publish, with sentinels, and nothing is queued.
+func TestBadInputIsATypedError(t *testing.T) {
+	p, err := New(Options{DSN: "postgres://postgres@127.0.0.1:1/postgres"})
+	require.NoError(t, err)
+	require.ErrorIs(t, p.Publish("c", "k", strings.Repeat("x", MaxPayloadBytes+1)), ErrPayloadTooLarge)
+	require.NoError(t, p.Publish("c", "k", strings.Repeat("x", MaxPayloadBytes)))
+	require.ErrorIs(t, p.Publish("", "k", "v"), ErrInvalidChannel)
+	require.ErrorIs(t, p.Publish(strings.Repeat("c", 64), "k", "v"), ErrInvalidChannel)
+	require.Equal(t, 1, p.Pending())
+	require.NoError(t, p.Close(context.Background(), false))
+	require.ErrorIs(t, p.Publish("c", "k", "v"), ErrClosed)
+
+	_, err = New(Options{})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	_, err = New(Options{DSN: "postgres://x", MaxBatch: -1})
+	require.True(t, errors.Is(err, ErrInvalidOptions))
+}
+
+// TestPublishNeverWaitsForTheDatabase: with the server unreachable,
+// Publish keeps returning and coalescing; the pending keys are kept while
+// the pump fails to connect and retries.
+func TestPublishNeverWaitsForTheDatabase(t *testing.T) {
+	p, err := New(Options{DSN: "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=1"})
+	require.NoError(t, err)
+	require.NoError(t, p.Start())
+	for i := range 100_000 { // a Publish that waited for the database would hang here
+		require.NoError(t, p.Publish("c", fmt.Sprint(i%100), "v"))
+	}
+	require.Equal(t, 100, p.Pending(), "coalesced per key, kept while the database is unreachable")
+	require.NoError(t, p.Close(context.Background(), false))
+}
