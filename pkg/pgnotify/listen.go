@@ -1,0 +1,116 @@
+package pgnotify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/pkg/clock"
+)
+
+// ListenOptions configure Listen.
+type ListenOptions struct {
+	// DSN is the connection string (pgx syntax). Required.
+	DSN string
+	// Channels are LISTENed to after every (re)connect. At least one.
+	Channels []string
+	// OnConnect runs after every successful (re)connect and LISTEN, before
+	// any notification is handed out: NOTIFY is not durable, so a listener
+	// that was away re-reads the state it follows here. An error drops the
+	// connection and retries after the back-off.
+	OnConnect func(ctx context.Context) error
+	// OnNotify receives each notification, in order. Required.
+	OnNotify func(channel, payload string)
+	// RetryBase and RetryMax bound the reconnect back-off (doubling).
+	// Defaults 50ms and 5s.
+	RetryBase, RetryMax time.Duration
+	// Logger defaults to zap.NewNop(); Clock (the back-off's) to the real
+	// clock.
+	Logger *zap.Logger
+	Clock  clock.Clock
+}
+
+// Listen listens until ctx ends, reconnecting with back-off whenever the
+// connection is lost; it returns ctx.Err(), or an ErrInvalidOptions error at
+// once for bad options. It runs on the caller's goroutine.
+func Listen(ctx context.Context, o ListenOptions) error {
+	if o.DSN == "" || len(o.Channels) == 0 || o.OnNotify == nil {
+		return fmt.Errorf("%w: Listen needs DSN, Channels and OnNotify", ErrInvalidOptions)
+	}
+	for _, c := range o.Channels {
+		if c == "" || len(c) > maxChannelBytes {
+			return fmt.Errorf("%w: channel %q", ErrInvalidChannel, c)
+		}
+	}
+	if o.RetryBase <= 0 {
+		o.RetryBase = 50 * time.Millisecond
+	}
+	if o.RetryMax <= 0 {
+		o.RetryMax = 5 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
+	}
+	log := o.Logger.Named("pgnotify.listen")
+	delay := o.RetryBase
+	for {
+		err := listenOnce(ctx, o)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if errors.Is(err, errHealthy) {
+			delay = o.RetryBase // it ran fine before it broke
+		}
+		log.Warn("listener connection lost; reconnecting", zap.Duration("in", delay), zap.Error(err))
+		t := o.Clock.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C():
+		}
+		delay = min(2*delay, o.RetryMax)
+	}
+}
+
+// errHealthy wraps the error that ended a connection which had been
+// listening (as opposed to one that failed to set up).
+var errHealthy = errors.New("pgnotify: connection was listening")
+
+// listenOnce connects, LISTENs, runs OnConnect and hands out notifications
+// until the connection fails or ctx ends.
+func listenOnce(ctx context.Context, o ListenOptions) error {
+	conn, err := pgx.Connect(ctx, o.DSN)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second) // a dead peer must not hold us
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	for _, c := range o.Channels {
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{c}.Sanitize()); err != nil {
+			return err
+		}
+	}
+	if o.OnConnect != nil {
+		if err := o.OnConnect(ctx); err != nil {
+			return fmt.Errorf("OnConnect: %w", err)
+		}
+	}
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return fmt.Errorf("%w: %w", errHealthy, err)
+		}
+		o.OnNotify(n.Channel, n.Payload)
+	}
+}

@@ -1,0 +1,98 @@
+package pgnotify
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/internal/pgtest"
+)
+
+// killBackends terminates the server connections whose application_name
+// is app, as a crashed network or a restarted pooler would.
+func killBackends(t *testing.T, dsn, app string) {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	var n int
+	require.NoError(t, admin.QueryRow(ctx,
+		"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&n))
+	require.Positive(t, n, "a backend of %s to kill", app)
+}
+
+// TestListenReReadsAfterEveryReconnect: the listener's connection is
+// killed; Listen reconnects, LISTENs again and calls OnConnect again (the
+// re-read NOTIFY's non-durability requires) before handing out the
+// notifications that follow.
+func TestListenReReadsAfterEveryReconnect(t *testing.T) {
+	srv := pgtest.Start(t)
+	connected := make(chan int, 4)
+	got := make(chan string, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	connects := 0
+	wg.Go(func() {
+		_ = Listen(ctx, ListenOptions{DSN: srv.DSN + "&application_name=listener", Channels: []string{"state"},
+			OnConnect: func(context.Context) error { connects++; connected <- connects; return nil },
+			OnNotify:  func(_, payload string) { got <- payload }})
+	})
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	require.Equal(t, 1, <-connected)
+
+	p, err := New(Options{DSN: srv.DSN})
+	require.NoError(t, err)
+	require.NoError(t, p.Start())
+	require.NoError(t, p.Publish("state", "a", "before"))
+	require.Equal(t, "before", <-got)
+
+	killBackends(t, srv.DSN, "listener")
+	require.Equal(t, 2, <-connected, "reconnected and re-read")
+	require.NoError(t, p.Publish("state", "a", "after"))
+	require.Equal(t, "after", <-got)
+	closeCtx, done := context.WithTimeout(context.Background(), time.Minute)
+	defer done()
+	require.NoError(t, p.Close(closeCtx, true))
+}
+
+// TestPublisherSurvivesAKilledConnection: the publisher's connection is
+// killed between two rounds of publishes; the failed statement keeps its
+// batch, the pump reconnects, and every key's newest payload still
+// arrives.
+func TestPublisherSurvivesAKilledConnection(t *testing.T) {
+	srv := pgtest.Start(t)
+	const keys = 500
+	first, stopFirst := listen(t, srv.DSN, "state", "1", keys)
+	l, stopListening := listen(t, srv.DSN, "state", "2", keys)
+	p, err := New(Options{DSN: srv.DSN + "&application_name=publisher", MaxBatch: 50})
+	require.NoError(t, err)
+	require.NoError(t, p.Start())
+	for k := range keys {
+		require.NoError(t, p.Publish("state", fmt.Sprint(k), fmt.Sprintf("%d=1", k)))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	select { // the first round is out: the publisher holds an idle connection
+	case <-first.done:
+	case <-ctx.Done():
+		t.Fatal("the first round did not arrive")
+	}
+	stopFirst()
+	killBackends(t, srv.DSN, "publisher")
+	for k := range keys {
+		require.NoError(t, p.Publish("state", fmt.Sprint(k), fmt.Sprintf("%d=2", k)))
+	}
+	require.NoError(t, p.Close(ctx, true))
+	select {
+	case <-l.done:
+	case <-ctx.Done():
+		t.Fatal("not every key's newest payload arrived after the connection was killed")
+	}
+	stopListening()
+}
