@@ -4,6 +4,9 @@
 // loopback port, in a temporary directory that is removed when the test
 // ends. A test that cannot start the server fails; it never skips.
 //
+// StartProxy puts a loopback TCP proxy in front of a server that can delay
+// traffic (a slow link) and reset every connection (a network fault).
+//
 // Invariants: every server Start creates is stopped (pg_ctl stop -m
 // immediate) and its directory removed by the test's cleanup; nothing is
 // shared between tests or left behind.

@@ -96,3 +96,41 @@ func TestPublisherSurvivesAKilledConnection(t *testing.T) {
 	}
 	stopListening()
 }
+
+// TestPublisherLosesNothingWhenTheNetworkResets: the publisher talks to the
+// server through a proxy that resets every connection right after a round
+// of publishes (statements in flight or about to be): failed statements
+// keep their batches, the pump reconnects, every key's newest payload
+// arrives.
+func TestPublisherLosesNothingWhenTheNetworkResets(t *testing.T) {
+	srv := pgtest.Start(t)
+	proxy := pgtest.StartProxy(t, srv.Addr, 0)
+	const keys = 500
+	first, stopFirst := listen(t, srv.DSN, "state", "1", keys)
+	l, stopListening := listen(t, srv.DSN, "state", "2", keys)
+	p, err := New(Options{DSN: "postgres://postgres@" + proxy.Addr + "/postgres?sslmode=disable", MaxBatch: 50})
+	require.NoError(t, err)
+	require.NoError(t, p.Start())
+	for k := range keys {
+		require.NoError(t, p.Publish("state", fmt.Sprint(k), fmt.Sprintf("%d=1", k)))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	select {
+	case <-first.done:
+	case <-ctx.Done():
+		t.Fatal("the first round did not arrive")
+	}
+	stopFirst()
+	for k := range keys {
+		require.NoError(t, p.Publish("state", fmt.Sprint(k), fmt.Sprintf("%d=2", k)))
+	}
+	proxy.Reset()
+	require.NoError(t, p.Close(ctx, true))
+	select {
+	case <-l.done:
+	case <-ctx.Done():
+		t.Fatal("not every key's newest payload arrived after the reset")
+	}
+	stopListening()
+}
