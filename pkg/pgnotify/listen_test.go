@@ -73,27 +73,15 @@ func TestPublisherSurvivesAKilledConnection(t *testing.T) {
 	p, err := New(Options{DSN: srv.DSN + "&application_name=publisher", MaxBatch: 50})
 	require.NoError(t, err)
 	require.NoError(t, p.Start())
-	for k := range keys {
-		require.NoError(t, p.Publish("state", fmt.Sprint(k), fmt.Sprintf("%d=1", k)))
-	}
+	publishRound(t, p, keys, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	select { // the first round is out: the publisher holds an idle connection
-	case <-first.done:
-	case <-ctx.Done():
-		t.Fatal("the first round did not arrive")
-	}
+	waitListener(ctx, t, first, "the first round") // out: the publisher holds an idle connection
 	stopFirst()
 	killBackends(t, srv.DSN, "publisher")
-	for k := range keys {
-		require.NoError(t, p.Publish("state", fmt.Sprint(k), fmt.Sprintf("%d=2", k)))
-	}
+	publishRound(t, p, keys, 2)
 	require.NoError(t, p.Close(ctx, true))
-	select {
-	case <-l.done:
-	case <-ctx.Done():
-		t.Fatal("not every key's newest payload arrived after the connection was killed")
-	}
+	waitListener(ctx, t, l, "every key's newest payload after the connection was killed")
 	stopListening()
 }
 
@@ -111,26 +99,33 @@ func TestPublisherLosesNothingWhenTheNetworkResets(t *testing.T) {
 	p, err := New(Options{DSN: "postgres://postgres@" + proxy.Addr + "/postgres?sslmode=disable", MaxBatch: 50})
 	require.NoError(t, err)
 	require.NoError(t, p.Start())
-	for k := range keys {
-		require.NoError(t, p.Publish("state", fmt.Sprint(k), fmt.Sprintf("%d=1", k)))
-	}
+	publishRound(t, p, keys, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	select {
-	case <-first.done:
-	case <-ctx.Done():
-		t.Fatal("the first round did not arrive")
-	}
+	waitListener(ctx, t, first, "the first round")
 	stopFirst()
-	for k := range keys {
-		require.NoError(t, p.Publish("state", fmt.Sprint(k), fmt.Sprintf("%d=2", k)))
-	}
+	publishRound(t, p, keys, 2)
 	proxy.Reset()
 	require.NoError(t, p.Close(ctx, true))
+	waitListener(ctx, t, l, "every key's newest payload after the reset")
+	stopListening()
+}
+
+// publishRound publishes version v ("key=v") of keys 0..keys-1.
+func publishRound(t *testing.T, p *Publisher, keys, v int) {
+	t.Helper()
+	for k := range keys {
+		require.NoError(t, p.Publish("state", fmt.Sprint(k), fmt.Sprintf("%d=%d", k, v)))
+	}
+}
+
+// waitListener waits until l saw its final payload for every key, or ctx
+// ends (a failure).
+func waitListener(ctx context.Context, t *testing.T, l *listenForTest, what string) {
+	t.Helper()
 	select {
 	case <-l.done:
 	case <-ctx.Done():
-		t.Fatal("not every key's newest payload arrived after the reset")
+		t.Fatalf("%s did not arrive", what)
 	}
-	stopListening()
 }

@@ -88,11 +88,7 @@ func TestEveryKeysNewestPayloadArrives(t *testing.T) {
 	require.NoError(t, p.Close(ctx, true))
 	// NOTIFY is delivered at commit, in order: every key's last version
 	// reaches the listener.
-	select {
-	case <-l.done:
-	case <-ctx.Done():
-		t.Fatalf("only %d of %d keys reached their newest payload", l.atFinal, keys)
-	}
+	waitListener(ctx, t, l, "every key's newest payload")
 	stopListening()
 	for k := range keys {
 		require.Equal(t, fmt.Sprint(versions), l.newest[fmt.Sprint(k)], "key %d ends at its newest payload", k)
