@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/internal/pgtest"
@@ -96,7 +98,8 @@ func TestPublisherLosesNothingWhenTheNetworkResets(t *testing.T) {
 	const keys = 500
 	first, stopFirst := listen(t, srv.DSN, "state", "1", keys)
 	l, stopListening := listen(t, srv.DSN, "state", "2", keys)
-	p, err := New(Options{DSN: "postgres://postgres@" + proxy.Addr + "/postgres?sslmode=disable", MaxBatch: 50})
+	reg := prometheus.NewRegistry()
+	p, err := New(Options{DSN: "postgres://postgres@" + proxy.Addr + "/postgres?sslmode=disable", MaxBatch: 50, Registerer: reg})
 	require.NoError(t, err)
 	require.NoError(t, p.Start())
 	publishRound(t, p, keys, 1)
@@ -109,6 +112,15 @@ func TestPublisherLosesNothingWhenTheNetworkResets(t *testing.T) {
 	require.NoError(t, p.Close(ctx, true))
 	waitListener(ctx, t, l, "every key's newest payload after the reset")
 	stopListening()
+	// The metrics tell the story: a first connection, then one per reset
+	// that a statement met; a clean scrape.
+	require.GreaterOrEqual(t, testutil.ToFloat64(p.connects), 1.0)
+	if testutil.ToFloat64(p.statementErrors.WithLabelValues("connection")) > 0 {
+		require.GreaterOrEqual(t, testutil.ToFloat64(p.connects), 2.0, "reconnected after a lost connection")
+	}
+	problems, err := testutil.GatherAndLint(reg)
+	require.NoError(t, err)
+	require.Empty(t, problems)
 }
 
 // publishRound publishes version v ("key=v") of keys 0..keys-1.

@@ -48,6 +48,9 @@ type Options struct {
 	Logger     *zap.Logger
 	Registerer prometheus.Registerer
 	Clock      clock.Clock
+	// ConstLabels are attached to every metric, so that several publishers
+	// can share a Registerer.
+	ConstLabels prometheus.Labels
 }
 
 type pubKey struct{ channel, key string }
@@ -60,6 +63,12 @@ type Publisher struct {
 	set    *pendingset.Set[pubKey, string]
 	pump   *pendingset.Pump[pubKey, string]
 	closed atomic.Bool
+
+	// connects counts connections made; statementErrors failed statements
+	// by class (connection, rejected, other). The pending set's metrics
+	// (prefix pgnotify_) count adds, deliveries and their durations.
+	connects        prometheus.Counter
+	statementErrors *prometheus.CounterVec
 
 	// conn is the pump goroutine's connection (nil until needed, and after
 	// a failure); mu guards it against Close.
@@ -81,17 +90,32 @@ func New(opts Options) (*Publisher, error) {
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
-	p := &Publisher{opts: opts, log: opts.Logger.Named("pgnotify")}
+	p := &Publisher{opts: opts, log: opts.Logger.Named("pgnotify"),
+		connects: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgnotify_connects_total",
+			Help: "Connections the publisher opened (the first, and one after each lost connection).", ConstLabels: opts.ConstLabels}),
+		statementErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgnotify_statement_errors_total",
+			Help:        "Failed notify statements, by class: connection (lost; batch retried), rejected (the server refused an entry; bisected), other.",
+			ConstLabels: opts.ConstLabels}, []string{"class"}),
+	}
 	set, err := pendingset.New(pendingset.Options[pubKey, string]{
 		Merge:         func(_, newer string) string { return newer }, // newest payload wins
 		MaxBatch:      opts.MaxBatch,
 		Clock:         opts.Clock,
 		Registerer:    opts.Registerer,
 		MetricsPrefix: "pgnotify",
+		ConstLabels:   opts.ConstLabels,
 		Logger:        opts.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
+	if opts.Registerer != nil {
+		for _, c := range []prometheus.Collector{p.connects, p.statementErrors} {
+			if err := opts.Registerer.Register(c); err != nil {
+				set.Unregister()
+				return nil, err
+			}
+		}
 	}
 	p.set = set
 	if p.pump, err = pendingset.NewPump(set, p.deliver); err != nil {
@@ -142,6 +166,11 @@ func (p *Publisher) Close(ctx context.Context, drain bool) error {
 	} else {
 		p.pump.Stop()
 	}
+	if r := p.opts.Registerer; r != nil { // a new publisher may take the names
+		r.Unregister(p.connects)
+		r.Unregister(p.statementErrors)
+		p.set.Unregister()
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.conn != nil {
@@ -165,11 +194,15 @@ func (p *Publisher) deliver(ctx context.Context, batch []pendingset.Entry[pubKey
 	if _, err := conn.Exec(ctx, notifySQL, channels, payloads); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "22023" { // invalid_parameter_value: a payload the server refuses
+			p.statementErrors.WithLabelValues("rejected").Inc()
 			return pendingset.Permanent(err)
 		}
 		if conn.IsClosed() || !errors.As(err, &pgErr) {
+			p.statementErrors.WithLabelValues("connection").Inc()
 			p.dropConnection(conn) // the connection is gone: reconnect next time
+			return err
 		}
+		p.statementErrors.WithLabelValues("other").Inc()
 		return err
 	}
 	return nil
@@ -185,6 +218,7 @@ func (p *Publisher) connection(ctx context.Context) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.connects.Inc()
 	p.conn = conn
 	return conn, nil
 }
