@@ -77,17 +77,24 @@ func BenchmarkAdd(b *testing.B) {
 				name := fmt.Sprintf("keys=%d/producers=%s/consumer=%s", keys,
 					map[bool]string{false: "single", true: "parallel"}[parallel],
 					map[bool]string{false: "stalled", true: "live"}[live])
-				b.Run(name, func(b *testing.B) { benchAdd(b, keys, parallel, live) })
+				b.Run(name, func(b *testing.B) { benchAdd(b, keys, parallel, live, false) })
 			}
 		}
 	}
 }
 
-func benchAdd(b *testing.B, keys int, parallel, live bool) {
+// benchAdd adds to keys keys, from one producer or in parallel, with the
+// consumer stalled or live; shuffled visits them in a fixed random order
+// instead of insertion order (single producer).
+func benchAdd(b *testing.B, keys int, parallel, live, shuffled bool) {
 	s := newBenchSet(b)
 	ks := benchKeys(keys)
 	for _, k := range ks { // warm the map and the node slice
 		s.Add(k, resolved{})
+	}
+	if shuffled {
+		ks = slices.Clone(ks)
+		rand.New(rand.NewPCG(1, 2)).Shuffle(len(ks), func(i, j int) { ks[i], ks[j] = ks[j], ks[i] })
 	}
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
@@ -200,35 +207,6 @@ func BenchmarkDrainComplete(b *testing.B) {
 func BenchmarkAddShuffled(b *testing.B) {
 	for _, live := range []bool{false, true} {
 		name := map[bool]string{false: "keys=100000/consumer=stalled", true: "keys=100000/consumer=live"}[live]
-		b.Run(name, func(b *testing.B) { benchAddShuffled(b, 100_000, live) })
+		b.Run(name, func(b *testing.B) { benchAdd(b, 100_000, false, live, true) })
 	}
-}
-
-func benchAddShuffled(b *testing.B, keys int, live bool) {
-	s := newBenchSet(b)
-	ks := benchKeys(keys)
-	for _, k := range ks { // warm the map and the node slice in insertion order
-		s.Add(k, resolved{})
-	}
-	stream := slices.Clone(ks)
-	rand.New(rand.NewPCG(1, 2)).Shuffle(len(stream), func(i, j int) { stream[i], stream[j] = stream[j], stream[i] })
-	var wg sync.WaitGroup
-	stop := make(chan struct{})
-	if live {
-		wg.Go(func() { consume(s, stop) })
-	} else {
-		<-s.Doorbell()
-	}
-	b.ReportAllocs()
-	b.ResetTimer()
-	j := 0
-	for i := range b.N {
-		s.Add(stream[j], resolved{Epoch: 1, Seq: uint64(i), ResolvedTs: uint64(i)})
-		if j++; j == keys {
-			j = 0
-		}
-	}
-	b.StopTimer()
-	close(stop)
-	wg.Wait()
 }
