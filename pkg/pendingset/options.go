@@ -41,8 +41,11 @@ type Options[K comparable, V any] struct {
 
 	// Supersedes, if set, makes the newest value win across deliveries, for
 	// keys with several writers ("newest wins" by version or phase): the
-	// set keeps the value last delivered for each key (while the key keeps
-	// its slot), and a value v added after it, or while it was in flight,
+	// set keeps the value last delivered for each key while the key keeps
+	// its slot (a delivered key's idle slot is reused, oldest first, only
+	// when a key never seen before needs one; the key then forgets what it
+	// delivered, which bounds memory by the keys held, as without the
+	// option), and a value v added after it, or while it was in flight,
 	// is delivered only if Supersedes(v, delivered) is true; otherwise it
 	// is dropped (Stats.Superseded). Merge still combines undelivered
 	// values. Nil, the default, delivers every value added after a
