@@ -112,8 +112,7 @@ func (s *Set[K, V]) inFlightLocked(e *Entry[K, V]) (int32, bool) {
 	if e.token == 0 || i < 0 || int(i) >= len(s.mu.nodes) {
 		return none, false
 	}
-	n := &s.mu.nodes[i]
-	if n.state != stateInFlight || n.token != e.token {
+	if s.mu.hot[i].state != stateInFlight || s.mu.nodes[i].token != e.token {
 		return none, false
 	}
 	return i, true
@@ -123,7 +122,7 @@ func (s *Set[K, V]) inFlightLocked(e *Entry[K, V]) (int32, bool) {
 // under any value added while it was in flight (which is newer). The
 // earliest add time is the entry's. REQUIRES: s.mu held; i in flight.
 func (s *Set[K, V]) mergeBackLocked(i int32, e *Entry[K, V]) {
-	n := &s.mu.nodes[i]
+	n := &s.mu.hot[i]
 	if n.dirty {
 		n.val = s.opts.Merge(e.Value, n.val)
 	} else {
@@ -138,7 +137,7 @@ func (s *Set[K, V]) mergeBackLocked(i int32, e *Entry[K, V]) {
 func (s *Set[K, V]) deliveredLocked(i int32, v V) (requeued bool) {
 	s.mu.stats.Delivered++
 	s.noteDeliveredLocked(i, v)
-	n := &s.mu.nodes[i]
+	n := &s.mu.hot[i]
 	if n.dirty && s.supersededLocked(i, n.val) {
 		n.dirty = false // added while in flight, but older than what went out
 	}
@@ -147,7 +146,9 @@ func (s *Set[K, V]) deliveredLocked(i int32, v V) (requeued bool) {
 		return false
 	}
 	// val and since already describe the dirty value.
-	n.dirty, n.attempts, n.transient = false, 0, 0
+	n.dirty = false
+	c := &s.mu.nodes[i]
+	c.attempts, c.transient = 0, 0
 	s.readyLocked(i, false)
 	return true
 }
@@ -156,9 +157,10 @@ func (s *Set[K, V]) deliveredLocked(i int32, v V) (requeued bool) {
 // transient retry and reports whether the key became ready at once.
 // REQUIRES: s.mu held; i in flight.
 func (s *Set[K, V]) retryLocked(i int32, e *Entry[K, V], now int64, budget bool) (ready bool) {
-	n := &s.mu.nodes[i]
-	bypass := n.dirty && s.opts.Bypass != nil && s.opts.Bypass(e.Value, n.val)
+	h := &s.mu.hot[i]
+	bypass := h.dirty && s.opts.Bypass != nil && s.opts.Bypass(e.Value, h.val)
 	s.mergeBackLocked(i, e)
+	n := &s.mu.nodes[i]
 	var streak int32
 	if budget {
 		s.mu.stats.KeyFailures++
@@ -228,7 +230,7 @@ func (s *Set[K, V]) promoteDueLocked(now int64) {
 		if n.due > now {
 			return
 		}
-		if n.state == stateQuarantined {
+		if s.mu.hot[i].state == stateQuarantined {
 			s.mu.stats.Readmissions++
 		}
 		s.readyLocked(i, false) // also pops i off the heap
@@ -276,8 +278,8 @@ func (s *Set[K, V]) QuarantinedKeys(dst []K) []K {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, i := range s.mu.heap {
-		if n := &s.mu.nodes[i]; n.state == stateQuarantined {
-			dst = append(dst, n.key)
+		if s.mu.hot[i].state == stateQuarantined {
+			dst = append(dst, s.mu.nodes[i].key)
 		}
 	}
 	return dst

@@ -73,16 +73,17 @@ func checkInvariants[K comparable, V any](t testing.TB, s *Set[K, V]) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var count [numStates]int
+	require.Equal(t, len(s.mu.nodes), len(s.mu.hot), "hot and cold slices differ in length")
 	for i := range s.mu.nodes {
-		n := &s.mu.nodes[i]
-		count[n.state]++
+		n, h := &s.mu.nodes[i], &s.mu.hot[i]
+		count[h.state]++
 		j, ok := s.mu.index[n.key]
-		require.True(t, ok, "node %d (%v) has no index entry", i, n.state)
+		require.True(t, ok, "node %d (%v) has no index entry", i, h.state)
 		require.Equal(t, int32(i), j, "index points elsewhere")
-		inHeap := n.state == stateBackoff || n.state == stateQuarantined
-		require.Equal(t, inHeap, n.heapIdx != none, "node %d %v heapIdx %d", i, n.state, n.heapIdx)
-		require.True(t, !n.dirty || n.state == stateInFlight, "dirty outside in-flight")
-		if n.state == stateIdle {
+		inHeap := h.state == stateBackoff || h.state == stateQuarantined
+		require.Equal(t, inHeap, n.heapIdx != none, "node %d %v heapIdx %d", i, h.state, n.heapIdx)
+		require.True(t, !h.dirty || h.state == stateInFlight, "dirty outside in-flight")
+		if h.state == stateIdle {
 			require.Zero(t, n.attempts, "idle node keeps attempts")
 		}
 	}
@@ -91,8 +92,8 @@ func checkInvariants[K comparable, V any](t testing.TB, s *Set[K, V]) {
 	require.LessOrEqual(t, len(s.mu.nodes), max(s.mu.maxLen, 0), "nodes beyond the peak held")
 
 	ready, last := 0, none
-	for i := s.mu.head; i != none; i = s.mu.nodes[i].next {
-		require.Equal(t, stateReady, s.mu.nodes[i].state, "non-ready node in FIFO")
+	for i := s.mu.head; i != none; i = s.mu.hot[i].next {
+		require.Equal(t, stateReady, s.mu.hot[i].state, "non-ready node in FIFO")
 		ready++
 		last = i
 		require.LessOrEqual(t, ready, len(s.mu.nodes), "FIFO cycle")
@@ -100,16 +101,19 @@ func checkInvariants[K comparable, V any](t testing.TB, s *Set[K, V]) {
 	require.Equal(t, count[stateReady], ready, "FIFO length")
 	require.Equal(t, last, s.mu.tail, "FIFO tail")
 
-	idle, prev := 0, none
-	for i := s.mu.idleHead; i != none; i = s.mu.nodes[i].next {
-		require.Equal(t, stateIdle, s.mu.nodes[i].state, "non-idle node on the idle list")
-		require.Equal(t, prev, s.mu.nodes[i].prev, "idle prev link")
-		idle++
-		prev = i
-		require.LessOrEqual(t, idle, len(s.mu.nodes), "idle list cycle")
+	// Every idle node has exactly one live idle queue entry, and the queue
+	// stays within its compaction bound.
+	live := make(map[int32]int)
+	for _, e := range s.mu.idle[s.mu.idleHead:] {
+		if s.idleLiveLocked(e) {
+			live[e.idx]++
+		}
 	}
-	require.Equal(t, count[stateIdle], idle, "idle list length")
-	require.Equal(t, prev, s.mu.idleTail, "idle tail")
+	require.Len(t, live, count[stateIdle], "idle nodes without a live queue entry")
+	for i, c := range live {
+		require.Equal(t, 1, c, "node %d has %d live idle entries", i, c)
+	}
+	require.LessOrEqual(t, len(s.mu.idle)-s.mu.idleHead, len(s.mu.nodes)+len(s.mu.nodes)/2+64, "idle queue beyond its bound")
 
 	require.Equal(t, count[stateBackoff]+count[stateQuarantined], len(s.mu.heap), "heap size")
 	for j, i := range s.mu.heap {

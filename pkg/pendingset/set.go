@@ -96,15 +96,18 @@ type Set[K comparable, V any] struct {
 	mu struct {
 		sync.Mutex
 		index map[K]int32
-		nodes []node[K, V]
+		nodes []node[K]
+		hot   []hot[V] // parallel to nodes
 		// delivered holds, per node, the value last delivered for its key
 		// (Options.Supersedes set only; nil otherwise, so the sets that do
 		// not use it pay nothing). Reset when the slot changes keys.
 		delivered  []lastDelivered[V]
 		head, tail int32 // the ready FIFO
-		idleHead   int32 // the idle list, oldest first
-		idleTail   int32
-		heap       []int32
+		// idle is the idle queue, oldest first from idle[idleHead]; it
+		// also holds stale entries (see idleEntry).
+		idle     []idleEntry
+		idleHead int
+		heap     []int32
 		count      [numStates]int
 		token      uint64 // last drain token handed out
 		stampSeq   uint64 // insertions considered for timestamping
@@ -129,7 +132,7 @@ func New[K comparable, V any](o Options[K, V]) (*Set[K, V], error) {
 	}
 	s.mu.index = make(map[K]int32)
 	s.mu.token = rand.Uint64() >> 1 // random start, far from wrapping to 0
-	s.mu.head, s.mu.tail, s.mu.idleHead, s.mu.idleTail = none, none, none, none
+	s.mu.head, s.mu.tail = none, none
 	if o.Registerer != nil {
 		m := newMetrics(s)
 		if err := o.Registerer.Register(m); err != nil {
@@ -216,7 +219,7 @@ func (s *Set[K, V]) add(k K, v V) (ring bool) {
 	// keeps up).
 	wasEmpty := s.mu.head == none
 	i, ok := s.mu.index[k]
-	if !ok || s.mu.nodes[i].state == stateIdle {
+	if !ok || s.mu.hot[i].state == stateIdle {
 		if ok && s.supersededLocked(i, v) {
 			return false
 		}
@@ -243,8 +246,8 @@ func (s *Set[K, V]) drain(limit int, dst []Entry[K, V]) ([]Entry[K, V], int64) {
 	bytes := 0
 	for len(dst)-start < limit && s.mu.head != none {
 		if s.opts.Size != nil {
-			n := &s.mu.nodes[s.mu.head]
-			size := s.opts.Size(n.key, n.val)
+			i := s.mu.head
+			size := s.opts.Size(s.mu.nodes[i].key, s.mu.hot[i].val)
 			if len(dst) > start && bytes+size > s.opts.MaxBatchBytes {
 				break // the rest goes in the next batch
 			}
@@ -264,7 +267,7 @@ func (s *Set[K, V]) drain(limit int, dst []Entry[K, V]) ([]Entry[K, V], int64) {
 // mergeLocked merges v into held node i and reports whether the key became
 // ready (so the doorbell must ring). REQUIRES: s.mu held.
 func (s *Set[K, V]) mergeLocked(i int32, v V) (becameReady bool) {
-	n := &s.mu.nodes[i]
+	n := &s.mu.hot[i]
 	switch n.state {
 	case stateInFlight:
 		if !n.dirty {
