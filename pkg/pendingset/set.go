@@ -108,11 +108,11 @@ type Set[K comparable, V any] struct {
 		idle     []idleEntry
 		idleHead int
 		heap     []int32
-		count      [numStates]int
-		token      uint64 // last drain token handed out
-		stampSeq   uint64 // insertions considered for timestamping
-		maxLen     int    // high-water mark of keys held (not idle)
-		stats      Stats  // counters; gauges are filled in by Stats()
+		count    [numStates]int
+		token    uint64 // last drain token handed out
+		stampSeq uint64 // insertions considered for timestamping
+		maxLen   int    // high-water mark of keys held (not idle)
+		stats    Stats  // counters; gauges are filled in by Stats()
 	}
 }
 
