@@ -71,8 +71,7 @@ func (s *Set[K, V]) complete(batch []Entry[K, V], err error) (stale, invalid int
 				stale++
 				continue
 			}
-			s.mergeBackLocked(i, e)
-			s.readyLocked(i, true)
+			s.readyLocked(i, s.mergeBackLocked(i, e), true)
 			s.mu.stats.BatchRetries++
 			ring = true
 		}
@@ -112,7 +111,7 @@ func (s *Set[K, V]) inFlightLocked(e *Entry[K, V]) (int32, bool) {
 	if e.token == 0 || i < 0 || int(i) >= len(s.mu.nodes) {
 		return none, false
 	}
-	if s.mu.hot[i].state != stateInFlight || s.mu.nodes[i].token != e.token {
+	if s.mu.nodes[i].token != e.token || s.slotLocked(i).state != stateInFlight {
 		return none, false
 	}
 	return i, true
@@ -120,16 +119,18 @@ func (s *Set[K, V]) inFlightLocked(e *Entry[K, V]) (int32, bool) {
 
 // mergeBackLocked puts a failed entry's value back into its node, merged
 // under any value added while it was in flight (which is newer). The
-// earliest add time is the entry's. REQUIRES: s.mu held; i in flight.
-func (s *Set[K, V]) mergeBackLocked(i int32, e *Entry[K, V]) {
-	n := &s.mu.hot[i]
+// earliest add time is the entry's. It returns the node's slot.
+// REQUIRES: s.mu held; i in flight.
+func (s *Set[K, V]) mergeBackLocked(i int32, e *Entry[K, V]) *slot[K, V] {
+	n := s.slotLocked(i)
 	if n.dirty {
 		n.val = s.opts.Merge(e.Value, n.val)
 	} else {
 		n.val = e.Value
 	}
 	n.dirty = false
-	n.since = e.since
+	s.setSinceLocked(i, n, e.since)
+	return n
 }
 
 // deliveredLocked settles a delivered key and reports whether it was queued
@@ -137,19 +138,19 @@ func (s *Set[K, V]) mergeBackLocked(i int32, e *Entry[K, V]) {
 func (s *Set[K, V]) deliveredLocked(i int32, v V) (requeued bool) {
 	s.mu.stats.Delivered++
 	s.noteDeliveredLocked(i, v)
-	n := &s.mu.hot[i]
+	n := s.slotLocked(i)
 	if n.dirty && s.supersededLocked(i, n.val) {
 		n.dirty = false // added while in flight, but older than what went out
 	}
 	if !n.dirty {
-		s.idleLocked(i)
+		s.idleLocked(i, n)
 		return false
 	}
 	// val and since already describe the dirty value.
 	n.dirty = false
 	c := &s.mu.nodes[i]
 	c.attempts, c.transient = 0, 0
-	s.readyLocked(i, false)
+	s.readyLocked(i, n, false)
 	return true
 }
 
@@ -157,9 +158,9 @@ func (s *Set[K, V]) deliveredLocked(i int32, v V) (requeued bool) {
 // transient retry and reports whether the key became ready at once.
 // REQUIRES: s.mu held; i in flight.
 func (s *Set[K, V]) retryLocked(i int32, e *Entry[K, V], now int64, budget bool) (ready bool) {
-	h := &s.mu.hot[i]
+	h := s.slotLocked(i)
 	bypass := h.dirty && s.opts.Bypass != nil && s.opts.Bypass(e.Value, h.val)
-	s.mergeBackLocked(i, e)
+	h = s.mergeBackLocked(i, e)
 	n := &s.mu.nodes[i]
 	var streak int32
 	if budget {
@@ -168,8 +169,8 @@ func (s *Set[K, V]) retryLocked(i int32, e *Entry[K, V], now int64, budget bool)
 		streak = n.attempts
 		if int(n.attempts) >= s.opts.MaxAttempts {
 			s.mu.stats.Quarantines++
-			s.waitLocked(i, stateQuarantined, now+int64(s.opts.QuarantineRetry))
-			s.log.Warn("key quarantined", zap.Any("key", n.key), zap.Int32("attempts", n.attempts),
+			s.waitLocked(i, h, stateQuarantined, now+int64(s.opts.QuarantineRetry))
+			s.log.Warn("key quarantined", zap.Any("key", h.key), zap.Int32("attempts", n.attempts),
 				zap.Duration("retry_in", s.opts.QuarantineRetry))
 			return false
 		}
@@ -180,10 +181,10 @@ func (s *Set[K, V]) retryLocked(i int32, e *Entry[K, V], now int64, budget bool)
 	}
 	if bypass {
 		s.mu.stats.Bypasses++
-		s.readyLocked(i, false)
+		s.readyLocked(i, h, false)
 		return true
 	}
-	s.waitLocked(i, stateBackoff, now+int64(s.backoffLocked(int(streak))))
+	s.waitLocked(i, h, stateBackoff, now+int64(s.backoffLocked(int(streak))))
 	return false
 }
 
@@ -230,10 +231,11 @@ func (s *Set[K, V]) promoteDueLocked(now int64) {
 		if n.due > now {
 			return
 		}
-		if s.mu.hot[i].state == stateQuarantined {
+		sl := s.slotLocked(i)
+		if sl.state == stateQuarantined {
 			s.mu.stats.Readmissions++
 		}
-		s.readyLocked(i, false) // also pops i off the heap
+		s.readyLocked(i, sl, false) // also pops i off the heap
 	}
 }
 
@@ -278,8 +280,8 @@ func (s *Set[K, V]) QuarantinedKeys(dst []K) []K {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, i := range s.mu.heap {
-		if s.mu.hot[i].state == stateQuarantined {
-			dst = append(dst, s.mu.nodes[i].key)
+		if sl := s.slotLocked(i); sl.state == stateQuarantined {
+			dst = append(dst, sl.key)
 		}
 	}
 	return dst

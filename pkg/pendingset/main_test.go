@@ -73,13 +73,34 @@ func checkInvariants[K comparable, V any](t testing.TB, s *Set[K, V]) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var count [numStates]int
-	require.Equal(t, len(s.mu.nodes), len(s.mu.hot), "hot and cold slices differ in length")
+	// The index: every occupied slot belongs to the node that points at it,
+	// is reachable from its home without crossing an empty position, and
+	// its key is found there.
+	require.Zero(t, len(s.mu.slots)&(len(s.mu.slots)-1), "table size %d not a power of two", len(s.mu.slots))
+	used := 0
+	for p := range s.mu.slots {
+		sl := &s.mu.slots[p]
+		if sl.ref == 0 {
+			continue
+		}
+		used++
+		i := sl.ref - 1
+		require.Less(t, int(i), len(s.mu.nodes), "slot %d refers past the nodes", p)
+		require.Equal(t, int32(p), s.mu.nodes[i].slot, "node %d does not point back at slot %d", i, p)
+		mask := int32(len(s.mu.slots) - 1)
+		for q := s.homeLocked(sl.key); q != int32(p); q = (q + 1) & mask {
+			require.NotZero(t, s.mu.slots[q].ref, "slot %d unreachable: empty position %d on its probe path", p, q)
+		}
+		fp, ok := s.findLocked(sl.key)
+		require.True(t, ok && fp == int32(p), "key of slot %d not found there", p)
+	}
+	require.Equal(t, s.mu.used, used, "used slot count")
+	require.Equal(t, len(s.mu.nodes), used, "a slot per node")
+	require.LessOrEqual(t, used*maxLoadDen, len(s.mu.slots)*maxLoadNum, "table over its maximum load")
 	for i := range s.mu.nodes {
-		n, h := &s.mu.nodes[i], &s.mu.hot[i]
+		n := &s.mu.nodes[i]
+		h := s.slotLocked(int32(i))
 		count[h.state]++
-		j, ok := s.mu.index[n.key]
-		require.True(t, ok, "node %d (%v) has no index entry", i, h.state)
-		require.Equal(t, int32(i), j, "index points elsewhere")
 		inHeap := h.state == stateBackoff || h.state == stateQuarantined
 		require.Equal(t, inHeap, n.heapIdx != none, "node %d %v heapIdx %d", i, h.state, n.heapIdx)
 		require.True(t, !h.dirty || h.state == stateInFlight, "dirty outside in-flight")
@@ -88,15 +109,17 @@ func checkInvariants[K comparable, V any](t testing.TB, s *Set[K, V]) {
 		}
 	}
 	require.Equal(t, s.mu.count, count, "state counts")
-	require.Equal(t, len(s.mu.index), len(s.mu.nodes), "index size")
 	require.LessOrEqual(t, len(s.mu.nodes), max(s.mu.maxLen, 0), "nodes beyond the peak held")
 
 	ready, last := 0, none
-	for i := s.mu.head; i != none; i = s.mu.hot[i].next {
-		require.Equal(t, stateReady, s.mu.hot[i].state, "non-ready node in FIFO")
+	for i := s.mu.head; i != none; i = s.mu.nodes[i].next {
+		require.Equal(t, stateReady, s.slotLocked(i).state, "non-ready node in FIFO")
 		ready++
 		last = i
 		require.LessOrEqual(t, ready, len(s.mu.nodes), "FIFO cycle")
+		if i == s.mu.tail {
+			break
+		}
 	}
 	require.Equal(t, count[stateReady], ready, "FIFO length")
 	require.Equal(t, last, s.mu.tail, "FIFO tail")

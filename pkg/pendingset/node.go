@@ -56,48 +56,38 @@ func (s state) String() string {
 // none is the null node index.
 const none int32 = -1
 
-// A key's slot is split in two parallel slices, both addressed by the
-// same int32 node index: hot holds what Add reads and writes (the value,
-// the state, the ready FIFO link), node the rest (the key, retry and
-// delivery bookkeeping). With 100k keys visited in random order the
-// key's map entry is one cache miss; a 72-byte node was a second, and the
-// larger of the two (a 7 MB array against a 1.6 MB one). Adding to a key
-// that is already pending now touches the map and one small hot slot.
+// node is a key's bookkeeping outside the index: where its slot is, its
+// link in the ready FIFO, and its retry and delivery state. Nodes live in
+// Set.mu.nodes and are addressed by int32 index, which never changes while
+// the key is held (slots move, nodes do not), so entries, the ready FIFO,
+// the idle queue and the due heap refer to nodes; the FIFO and the heap
+// are intrusive and the idle queue is a slice of indexes, so nothing
+// allocates once the slices have grown to the peak number of distinct
+// keys held. Without pointers in K and V the slices are not even scanned
+// by the GC.
 //
-// The ready FIFO and the due heap are intrusive and the idle list is a
-// queue of node indexes, so nothing allocates once the slices have grown
-// to the peak number of distinct keys held. Without pointers in K and V
-// the slices are not even scanned by the GC.
-//
-// INVARIANT: every node's key is in the index, pointing at it, and the
-// node is in exactly one of: the idle queue (stateIdle; exactly one live
-// entry), the ready FIFO (stateReady), the due heap (stateBackoff,
-// stateQuarantined), or none of them (stateInFlight). The slices only
-// grow when no node is idle, so len(nodes) == len(hot) == len(index) <=
-// peak number of keys held at once.
-type hot[V any] struct {
-	// val is the undelivered value. Valid in ready, backoff and quarantined,
-	// and in flight when dirty; zeroed otherwise so it pins no memory.
-	val V
-	// since is when the earliest add merged into val happened (clock
+// INVARIANT: every node owns exactly one slot of the index (slot[ref-1]
+// is the node) and is in exactly one of: the idle queue (stateIdle;
+// exactly one live entry), the ready FIFO (stateReady), the due heap
+// (stateBackoff, stateQuarantined), or none of them (stateInFlight). The
+// node slice only grows when no node is idle, so len(nodes) == number of
+// slots used <= peak number of keys held at once.
+type node struct {
+	// since is when the earliest add merged into the value happened (clock
 	// nanoseconds since Set.base), for the first-add-to-drain latency;
-	// noStamp when that add was not sampled.
+	// valid only while the slot is stamped.
 	since int64
-	// next links the ready FIFO.
-	next  int32
-	state state
-	// dirty: in flight, and a newer value has been added to val.
-	dirty bool
-}
-
-// node is the cold part of a key's slot (see hot).
-type node[K comparable] struct {
-	key K
 	// due is when a backing-off or quarantined key becomes ready again.
 	due int64
 	// token identifies the Drain call that handed the node out, so a stale
 	// or repeated Complete cannot complete a later delivery.
 	token uint64
+	// slot is the position of the node's slot in the index.
+	slot int32
+	// next links the ready FIFO. It is only meaningful while the node is
+	// in the FIFO and not its tail, so appending a node writes its
+	// predecessor only, not the node itself.
+	next int32
 	// attempts counts budgeted (per-key) failures since the last success.
 	attempts int32
 	// transient counts unbudgeted per-key retries since the last success;
@@ -106,7 +96,9 @@ type node[K comparable] struct {
 	// heapIdx is the node's position in the due heap, or none.
 	heapIdx int32
 	// idleGen counts the node's moves to idle; the idle queue entry that
-	// carries the current count is the live one (see idleEntry).
+	// carries the current count is the live one (see idleEntry). It is
+	// never reset, not even when the node changes keys, so an old entry
+	// cannot come back to life.
 	idleGen uint32
 }
 
@@ -119,86 +111,84 @@ type idleEntry struct {
 	gen uint32
 }
 
-// --- transitions. REQUIRES: s.mu held for all of them. ---
+// --- transitions. REQUIRES: s.mu held for all of them. sl is always the
+// node's own slot, passed in so that the hot path need not read the node
+// to find it. ---
 
-// setStateLocked moves node i to state to, keeping the counts exact.
-func (s *Set[K, V]) setStateLocked(i int32, to state) {
-	h := &s.mu.hot[i]
-	s.mu.count[h.state]--
+// setStateLocked moves the key of slot sl to state to, keeping the counts
+// exact.
+func (s *Set[K, V]) setStateLocked(sl *slot[K, V], to state) {
+	s.mu.count[sl.state]--
 	s.mu.count[to]++
-	h.state = to
+	sl.state = to
 }
 
 // heldLocked is the number of keys held (not idle).
 func (s *Set[K, V]) heldLocked() int { return len(s.mu.nodes) - s.mu.count[stateIdle] }
 
-// insertLocked gives a key that is not mapped a node, repurposing the
-// longest-idle one if any (its key is forgotten) and growing the slices
-// otherwise, and makes it ready at the FIFO's tail. absent -> ready.
+// insertLocked gives a key that is not held a node and a slot, repurposing
+// the longest-idle node if any (its key is forgotten) and growing the node
+// slice otherwise, and makes it ready at the FIFO's tail. absent -> ready.
 func (s *Set[K, V]) insertLocked(k K, v V, since int64) {
 	i, ok := s.popIdleLocked()
 	if ok {
-		delete(s.mu.index, s.mu.nodes[i].key)
+		s.dropSlotLocked(s.mu.nodes[i].slot)
 		if int(i) < len(s.mu.delivered) {
-			s.mu.delivered[i] = lastDelivered[V]{} // another key's slot now
+			s.mu.delivered[i] = lastDelivered[V]{} // another key's node now
 		}
 		n := &s.mu.nodes[i]
-		n.key, n.due, n.token, n.attempts, n.transient = k, 0, 0, 0, 0
+		n.due, n.token, n.attempts, n.transient = 0, 0, 0, 0
 	} else {
 		i = int32(len(s.mu.nodes))
-		s.mu.nodes = append(s.mu.nodes, node[K]{key: k, heapIdx: none})
-		s.mu.hot = append(s.mu.hot, hot[V]{state: stateIdle})
-		s.mu.count[stateIdle]++
+		s.mu.nodes = append(s.mu.nodes, node{heapIdx: none, next: none})
+		s.mu.count[stateIdle]++ // putSlotLocked's slot starts idle
 	}
-	s.mu.index[k] = i
-	h := &s.mu.hot[i]
-	h.val, h.since = v, since
-	s.readyLocked(i, false)
+	sl := s.putSlotLocked(k, i)
+	sl.val = v
+	s.setSinceLocked(i, sl, since)
+	s.readyLocked(i, sl, false)
 }
 
 // reviveLocked makes idle node i ready again with value v. idle -> ready.
 // Its idle queue entry goes stale.
-func (s *Set[K, V]) reviveLocked(i int32, v V, since int64) {
-	h := &s.mu.hot[i]
-	h.val, h.since = v, since
-	s.readyLocked(i, false)
+func (s *Set[K, V]) reviveLocked(i int32, sl *slot[K, V], v V, since int64) {
+	sl.val = v
+	s.setSinceLocked(i, sl, since)
+	s.readyLocked(i, sl, false)
 }
 
 // readyLocked appends node i to the ready FIFO (or prepends it, for keys
 // returned by a whole-batch failure, which were pending before anything
 // now queued). idle|in-flight|backoff|quarantined -> ready.
-func (s *Set[K, V]) readyLocked(i int32, front bool) {
-	h := &s.mu.hot[i]
-	from := h.state
+func (s *Set[K, V]) readyLocked(i int32, sl *slot[K, V], front bool) {
+	from := sl.state
 	if from == stateBackoff || from == stateQuarantined {
 		s.heapRemoveLocked(i)
 	}
-	s.setStateLocked(i, stateReady)
+	s.setStateLocked(sl, stateReady)
 	if from == stateIdle {
 		if held := s.heldLocked(); held > s.mu.maxLen {
 			s.mu.maxLen = held
 		}
 	}
-	h.next = none
 	switch {
 	case s.mu.head == none:
 		s.mu.head, s.mu.tail = i, i
 	case front:
-		h.next = s.mu.head
+		s.mu.nodes[i].next = s.mu.head
 		s.mu.head = i
 	default:
-		s.mu.hot[s.mu.tail].next = i
+		s.mu.nodes[s.mu.tail].next = i
 		s.mu.tail = i
 	}
 }
 
 // idleLocked retires a delivered node to the idle queue's tail, keeping
-// its key mapped. in-flight -> idle.
-func (s *Set[K, V]) idleLocked(i int32) {
-	s.setStateLocked(i, stateIdle)
-	h := &s.mu.hot[i]
+// its key held. in-flight -> idle.
+func (s *Set[K, V]) idleLocked(i int32, sl *slot[K, V]) {
+	s.setStateLocked(sl, stateIdle)
 	var zero V
-	h.val, h.since, h.dirty, h.next = zero, 0, false, none
+	sl.val, sl.stamped, sl.dirty = zero, false, false
 	n := &s.mu.nodes[i]
 	n.attempts, n.transient = 0, 0
 	n.idleGen++
@@ -215,7 +205,7 @@ func (s *Set[K, V]) idleLocked(i int32) {
 
 // idleLiveLocked reports whether idle queue entry e is live.
 func (s *Set[K, V]) idleLiveLocked(e idleEntry) bool {
-	return s.mu.hot[e.idx].state == stateIdle && s.mu.nodes[e.idx].idleGen == e.gen
+	return s.mu.nodes[e.idx].idleGen == e.gen && s.slotLocked(e.idx).state == stateIdle
 }
 
 // popIdleLocked removes and returns the longest-idle node, skipping stale
@@ -255,24 +245,25 @@ func (s *Set[K, V]) compactIdleLocked() {
 // REQUIRES: the FIFO is not empty.
 func (s *Set[K, V]) popReadyLocked(token uint64, now int64) Entry[K, V] {
 	i := s.mu.head
-	h := &s.mu.hot[i]
 	n := &s.mu.nodes[i]
-	s.mu.head = h.next
-	if s.mu.head == none {
-		s.mu.tail = none
+	if i == s.mu.tail {
+		s.mu.head, s.mu.tail = none, none
+	} else {
+		s.mu.head = n.next
 	}
-	e := Entry[K, V]{Key: n.key, Value: h.val, Attempts: int(n.attempts), idx: i, token: token, since: h.since, drained: now}
+	sl := &s.mu.slots[n.slot]
+	e := Entry[K, V]{Key: sl.key, Value: sl.val, Attempts: int(n.attempts), idx: i, token: token, since: s.sinceLocked(i, sl), drained: now}
 	var zero V
-	h.val, h.next, h.dirty = zero, none, false
+	sl.val, sl.dirty = zero, false
 	n.token = token
-	s.setStateLocked(i, stateInFlight)
+	s.setStateLocked(sl, stateInFlight)
 	return e
 }
 
 // waitLocked parks node i in the due heap until due. to is stateBackoff or
 // stateQuarantined. in-flight -> backoff | quarantined.
-func (s *Set[K, V]) waitLocked(i int32, to state, due int64) {
-	s.setStateLocked(i, to)
+func (s *Set[K, V]) waitLocked(i int32, sl *slot[K, V], to state, due int64) {
+	s.setStateLocked(sl, to)
 	s.mu.nodes[i].due = due
 	s.heapPushLocked(i)
 }

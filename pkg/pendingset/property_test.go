@@ -129,8 +129,8 @@ func (r *scriptRunner) checkNothingLost() {
 	defer r.s.mu.Unlock()
 	for k, v := range r.o.lastAdded {
 		if r.o.lastDelivered[k] < v {
-			_, held := r.s.mu.index[k]
-			require.True(r.t, held, "key %d lost (added %d, delivered %d)", k, v, r.o.lastDelivered[k])
+			p, held := r.s.findLocked(k)
+			require.True(r.t, held && r.s.mu.slots[p].state != stateIdle, "key %d lost (added %d, delivered %d)", k, v, r.o.lastDelivered[k])
 		}
 	}
 }

@@ -2,6 +2,7 @@ package pendingset
 
 import (
 	"fmt"
+	"hash/maphash"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -88,6 +89,7 @@ const noStamp int64 = math.MinInt64
 // Metrics are observed and the doorbell is rung after releasing it.
 type Set[K comparable, V any] struct {
 	opts     Options[K, V] // defaulted and validated; immutable
+	seed     maphash.Seed  // the index's hash seed
 	base     time.Time     // clock reading at New; node times are offsets from it
 	log      *zap.Logger
 	doorbell chan struct{} // capacity 1: "something may be ready"
@@ -95,9 +97,10 @@ type Set[K comparable, V any] struct {
 
 	mu struct {
 		sync.Mutex
-		index map[K]int32
-		nodes []node[K]
-		hot   []hot[V] // parallel to nodes
+		// slots is the index (table.go); used counts its occupied slots.
+		slots []slot[K, V]
+		used  int
+		nodes []node
 		// delivered holds, per node, the value last delivered for its key
 		// (Options.Supersedes set only; nil otherwise, so the sets that do
 		// not use it pay nothing). Reset when the slot changes keys.
@@ -130,7 +133,7 @@ func New[K comparable, V any](o Options[K, V]) (*Set[K, V], error) {
 		log:      o.Logger.Named("pendingset"),
 		doorbell: make(chan struct{}, 1),
 	}
-	s.mu.index = make(map[K]int32)
+	s.seed = maphash.MakeSeed()
 	s.mu.token = rand.Uint64() >> 1 // random start, far from wrapping to 0
 	s.mu.head, s.mu.tail = none, none
 	if o.Registerer != nil {
@@ -218,19 +221,21 @@ func (s *Set[K, V]) add(k K, v V) (ring bool) {
 	// (a goroutine hand-off per key when keys are many and the consumer
 	// keeps up).
 	wasEmpty := s.mu.head == none
-	i, ok := s.mu.index[k]
-	if !ok || s.mu.hot[i].state == stateIdle {
-		if ok && s.supersededLocked(i, v) {
-			return false
-		}
-		if ok {
-			s.reviveLocked(i, v, s.stampLocked())
-		} else {
-			s.insertLocked(k, v, s.stampLocked())
-		}
+	p, ok := s.findLocked(k)
+	if !ok {
+		s.insertLocked(k, v, s.stampLocked())
 		return wasEmpty
 	}
-	return s.mergeLocked(i, v) && wasEmpty
+	sl := &s.mu.slots[p]
+	i := sl.ref - 1
+	if sl.state == stateIdle {
+		if s.supersededLocked(i, v) {
+			return false
+		}
+		s.reviveLocked(i, sl, v, s.stampLocked())
+		return wasEmpty
+	}
+	return s.mergeLocked(i, sl, v) && wasEmpty
 }
 
 // drain is Drain under the lock (released by defer: the clock is the
@@ -246,8 +251,8 @@ func (s *Set[K, V]) drain(limit int, dst []Entry[K, V]) ([]Entry[K, V], int64) {
 	bytes := 0
 	for len(dst)-start < limit && s.mu.head != none {
 		if s.opts.Size != nil {
-			i := s.mu.head
-			size := s.opts.Size(s.mu.nodes[i].key, s.mu.hot[i].val)
+			sl := s.slotLocked(s.mu.head)
+			size := s.opts.Size(sl.key, sl.val)
 			if len(dst) > start && bytes+size > s.opts.MaxBatchBytes {
 				break // the rest goes in the next batch
 			}
@@ -264,15 +269,15 @@ func (s *Set[K, V]) drain(limit int, dst []Entry[K, V]) ([]Entry[K, V], int64) {
 	return dst, now
 }
 
-// mergeLocked merges v into held node i and reports whether the key became
-// ready (so the doorbell must ring). REQUIRES: s.mu held.
-func (s *Set[K, V]) mergeLocked(i int32, v V) (becameReady bool) {
-	n := &s.mu.hot[i]
+// mergeLocked merges v into held node i (slot n) and reports whether the
+// key became ready (so the doorbell must ring). REQUIRES: s.mu held.
+func (s *Set[K, V]) mergeLocked(i int32, n *slot[K, V], v V) (becameReady bool) {
 	switch n.state {
 	case stateInFlight:
 		if !n.dirty {
 			// The first add since the drain: a new obligation, not a merge.
-			n.val, n.dirty, n.since = v, true, s.stampLocked()
+			n.val, n.dirty = v, true
+			s.setSinceLocked(i, n, s.stampLocked())
 			return false
 		}
 	case stateBackoff:
@@ -281,7 +286,7 @@ func (s *Set[K, V]) mergeLocked(i int32, v V) (becameReady bool) {
 		s.mu.stats.Coalesced++
 		if bypass {
 			s.mu.stats.Bypasses++
-			s.readyLocked(i, false)
+			s.readyLocked(i, n, false)
 			return true
 		}
 		return false

@@ -188,7 +188,7 @@ func TestMemoryBoundedByDistinctKeys(t *testing.T) {
 	st := s.Stats()
 	require.LessOrEqual(t, st.MaxLen, keys)
 	require.LessOrEqual(t, len(s.mu.nodes), keys, "node slice never outgrew the key count")
-	require.LessOrEqual(t, len(s.mu.index), keys, "map never outgrew the key count")
+	require.LessOrEqual(t, s.mu.used, keys, "index never outgrew the key count")
 	require.Equal(t, uint64(adds), st.Adds)
 	require.Positive(t, st.KeyFailures)
 	checkInvariants(t, s)
@@ -228,8 +228,8 @@ func TestIdleSlotsAreReusedOldestFirst(t *testing.T) {
 		s.Add(k, 1)
 	}
 	require.Len(t, s.mu.nodes, 4, "no growth while idle slots exist")
-	_, has0 := s.mu.index[0]
-	_, has2 := s.mu.index[2]
+	_, has0 := s.findLocked(0)
+	_, has2 := s.findLocked(2)
 	require.False(t, has0, "oldest idle key forgotten")
 	require.True(t, has2, "most recently delivered key still mapped")
 	s.Add(0, 5) // forgotten keys come back as new keys: 2's slot, then growth
