@@ -14,9 +14,12 @@
 //   - Add never blocks on a consumer, takes no context, never fails, is
 //     O(1), and allocates nothing when the key is already held.
 //   - Memory is bounded by the peak number of distinct keys held at once,
-//     whatever the add rate: one node and one map entry per key. A
-//     delivered key keeps its slot (idle, not counted by Len) until a new
-//     key needs one, so adding it again is a map hit, not an insert.
+//     whatever the add rate: one node and one slot of the set's own hash
+//     table per key (the table at most 7/8 full). A delivered key keeps
+//     its slot (idle, not counted by Len) until a new key needs its node,
+//     so adding it again is a table hit, not an insert. An Add to a held
+//     key touches one slot (key, value and state side by side), not the
+//     key's node.
 //   - No key is lost: a key leaves the set only when a delivery of its
 //     newest value succeeded (or a newer value is queued again). For every
 //     key, a delivery that starts after its last Add carries a value that
