@@ -260,3 +260,34 @@ func TestSeveralBatchesInFlight(t *testing.T) {
 	require.Equal(t, 21, s.Len(), "the two other held batches (20 keys) and key 0 were in flight: kept")
 	require.Equal(t, 3, int(s.Stats().BatchFailures), "the three cancelled batches merged back")
 }
+
+// TestFailureWhileAnotherBatchIsInFlight: a whole-batch failure is settled
+// (the pump's failure streak is written, and it backs off) while a second
+// batch is still being delivered by another worker, which was handed the
+// streak when it started. Under -race this failed while workers read the
+// streak from the pump's variable instead of a copy. Both batches' keys
+// are kept and delivered after the back-off.
+func TestFailureWhileAnotherBatchIsInFlight(t *testing.T) {
+	s, clk := newTestSet(t, func(o *Options[int, uint64]) { o.MaxInFlight, o.MaxBatch = 2, 10 })
+	calls, deliver := newSinkForTest()
+	p, err := NewPump(s, deliver)
+	require.NoError(t, err)
+	t.Cleanup(p.Stop)
+	for k := range 20 {
+		s.Add(k, 1)
+	}
+	require.NoError(t, p.Start())
+	a, b := <-calls, <-calls
+	aKeys := keysOf(a.batch) // the pump reuses the batch's memory once answered
+	a.reply <- errors.New("connection lost")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, clk.WaitWaiters(ctx, 1), "the pump backs off")
+	b.reply <- nil
+	clk.Advance(time.Hour)
+	d := <-calls // a's keys again, after the back-off
+	require.ElementsMatch(t, aKeys, keysOf(d.batch))
+	d.reply <- nil
+	require.NoError(t, p.Drain(ctx))
+	require.Zero(t, s.Len())
+}

@@ -236,8 +236,9 @@ func (p *Pump[K, V]) run(ctx context.Context) {
 					continue
 				}
 				inflight++
+				streak := failures // read here: settle writes failures while the worker runs
 				workers.Go(func() {
-					err := p.deliverBatch(ctx, batch, failures)
+					err := p.deliverBatch(ctx, batch, streak)
 					clear(batch)
 					results <- flight[K, V]{batch: batch, err: err}
 				})

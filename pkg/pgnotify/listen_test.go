@@ -141,3 +141,40 @@ func waitListener(ctx context.Context, t *testing.T, l *listenForTest, what stri
 		t.Fatalf("%s did not arrive", what)
 	}
 }
+
+// TestPublisherResetMidStatement holds the publisher's statement on the
+// wire (the proxy has it; the server has not seen it) and resets the
+// connection at exactly that moment: the statement fails as a lost
+// connection, its batch is kept, the pump reconnects, and every key's
+// newest payload arrives. Without the hold, a reset may land between
+// statements and test nothing.
+func TestPublisherResetMidStatement(t *testing.T) {
+	srv := pgtest.Start(t)
+	proxy := pgtest.StartProxy(t, srv.Addr, 0)
+	const keys = 200
+	first, stopFirst := listen(t, srv.DSN, "state", "1", keys)
+	l, stopListening := listen(t, srv.DSN, "state", "2", keys)
+	p, err := New(Options{DSN: "postgres://postgres@" + proxy.Addr + "/postgres?sslmode=disable", MaxBatch: 50})
+	require.NoError(t, err)
+	require.NoError(t, p.Start())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	publishRound(t, p, keys, 1)
+	waitListener(ctx, t, first, "the first round") // connected, nothing in flight
+	stopFirst()
+
+	caught := proxy.Hold()
+	publishRound(t, p, keys, 2)
+	select {
+	case <-caught:
+	case <-ctx.Done():
+		t.Fatal("no statement reached the proxy")
+	}
+	require.Equal(t, 0.0, testutil.ToFloat64(p.statementErrors.WithLabelValues("connection")))
+	proxy.Reset()
+	require.NoError(t, p.Close(ctx, true))
+	waitListener(ctx, t, l, "every key's newest payload after a reset mid-statement")
+	stopListening()
+	require.Equal(t, 1.0, testutil.ToFloat64(p.statementErrors.WithLabelValues("connection")), "the held statement failed as a lost connection")
+	require.Equal(t, 2.0, testutil.ToFloat64(p.connects), "reconnected once")
+}

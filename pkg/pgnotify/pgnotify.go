@@ -22,6 +22,9 @@ import (
 // must be shorter than 8000 bytes (in the default configuration).
 const MaxPayloadBytes = 7999
 
+// MaxConnections bounds Options.Connections.
+const MaxConnections = 64
+
 // maxChannelBytes is PostgreSQL's identifier limit (NAMEDATALEN - 1).
 const maxChannelBytes = 63
 
@@ -42,6 +45,12 @@ type Options struct {
 	DSN string
 	// MaxBatch is the most notifications in one statement. Default 512.
 	MaxBatch int
+	// Connections is how many statements may be in flight at once, each on
+	// a connection of its own (the pending set's MaxInFlight: the batches
+	// in flight hold disjoint keys, so a key's notifications stay in
+	// order). One statement at a time caps a publisher at MaxBatch per
+	// round trip. Default 1, at most MaxConnections.
+	Connections int
 	// Logger defaults to zap.NewNop(); Registerer (nil: no metrics) gets
 	// the pending set's metrics under the prefix "pgnotify"; Clock defaults
 	// to the real clock.
@@ -70,10 +79,13 @@ type Publisher struct {
 	connects        prometheus.Counter
 	statementErrors *prometheus.CounterVec
 
-	// conn is the pump goroutine's connection (nil until needed, and after
-	// a failure); mu guards it against Close.
-	mu   sync.Mutex
-	conn *pgx.Conn
+	// free hands out the indexes of conns, one per delivery in flight (the
+	// pump runs at most Connections at once, so taking one never waits).
+	// conns[i] is nil until needed and after a failure; mu guards conns
+	// against Close.
+	free  chan int
+	mu    sync.Mutex
+	conns []*pgx.Conn
 }
 
 // New validates opts and builds a publisher. It starts nothing.
@@ -86,6 +98,12 @@ func New(opts Options) (*Publisher, error) {
 	}
 	if opts.MaxBatch < 0 {
 		return nil, fmt.Errorf("%w: MaxBatch %d is negative", ErrInvalidOptions, opts.MaxBatch)
+	}
+	if opts.Connections < 0 || opts.Connections > MaxConnections {
+		return nil, fmt.Errorf("%w: Connections %d not in 0..%d", ErrInvalidOptions, opts.Connections, MaxConnections)
+	}
+	if opts.Connections == 0 {
+		opts.Connections = 1
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
@@ -100,6 +118,7 @@ func New(opts Options) (*Publisher, error) {
 	set, err := pendingset.New(pendingset.Options[pubKey, string]{
 		Merge:         func(_, newer string) string { return newer }, // newest payload wins
 		MaxBatch:      opts.MaxBatch,
+		MaxInFlight:   opts.Connections,
 		Clock:         opts.Clock,
 		Registerer:    opts.Registerer,
 		MetricsPrefix: "pgnotify",
@@ -118,6 +137,11 @@ func New(opts Options) (*Publisher, error) {
 		}
 	}
 	p.set = set
+	p.conns = make([]*pgx.Conn, opts.Connections)
+	p.free = make(chan int, opts.Connections)
+	for i := range opts.Connections {
+		p.free <- i
+	}
 	if p.pump, err = pendingset.NewPump(set, p.deliver); err != nil {
 		return nil, err
 	}
@@ -173,16 +197,20 @@ func (p *Publisher) Close(ctx context.Context, drain bool) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.conn != nil {
-		_ = p.conn.Close(ctx)
-		p.conn = nil
+	for i, conn := range p.conns {
+		if conn != nil {
+			_ = conn.Close(ctx)
+			p.conns[i] = nil
+		}
 	}
 	return err
 }
 
 // deliver sends one batch in one statement, connecting first if needed.
 func (p *Publisher) deliver(ctx context.Context, batch []pendingset.Entry[pubKey, string]) error {
-	conn, err := p.connection(ctx)
+	slot := <-p.free
+	defer func() { p.free <- slot }()
+	conn, err := p.connection(ctx, slot)
 	if err != nil {
 		return fmt.Errorf("pgnotify: connect: %w", err)
 	}
@@ -199,7 +227,7 @@ func (p *Publisher) deliver(ctx context.Context, batch []pendingset.Entry[pubKey
 		}
 		if conn.IsClosed() || !errors.As(err, &pgErr) {
 			p.statementErrors.WithLabelValues("connection").Inc()
-			p.dropConnection(conn) // the connection is gone: reconnect next time
+			p.dropConnection(slot, conn) // the connection is gone: reconnect next time
 			return err
 		}
 		p.statementErrors.WithLabelValues("other").Inc()
@@ -208,28 +236,34 @@ func (p *Publisher) deliver(ctx context.Context, batch []pendingset.Entry[pubKey
 	return nil
 }
 
-func (p *Publisher) connection(ctx context.Context) (*pgx.Conn, error) {
+// connection returns slot's connection, connecting if it has none. The
+// connect runs outside mu, so that one slot's slow connect does not hold
+// up the others.
+func (p *Publisher) connection(ctx context.Context, slot int) (*pgx.Conn, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.conn != nil && !p.conn.IsClosed() {
-		return p.conn, nil
+	conn := p.conns[slot]
+	p.mu.Unlock()
+	if conn != nil && !conn.IsClosed() {
+		return conn, nil
 	}
 	conn, err := pgx.Connect(ctx, p.opts.DSN)
 	if err != nil {
 		return nil, err
 	}
 	p.connects.Inc()
-	p.conn = conn
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.conns[slot] = conn // Close closes it: it waits for the pump, so for this delivery, first
 	return conn, nil
 }
 
-func (p *Publisher) dropConnection(conn *pgx.Conn) {
+func (p *Publisher) dropConnection(slot int, conn *pgx.Conn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.conn == conn {
+	if p.conns[slot] == conn {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second) // a dead peer must not hold the pump
 		defer cancel()
 		_ = conn.Close(ctx)
-		p.conn = nil
+		p.conns[slot] = nil
 	}
 }

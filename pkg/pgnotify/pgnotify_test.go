@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -73,9 +74,18 @@ func listen(t *testing.T, dsn, channel, final string, want int) (*listenForTest,
 // payload has arrived, in far fewer notifications than publishes.
 func TestEveryKeysNewestPayloadArrives(t *testing.T) {
 	srv := pgtest.Start(t)
+	// With several statements in flight (each on its own connection) a
+	// key is still in one batch at a time, so its versions still commit,
+	// and reach the listener, in order.
+	for _, conns := range []int{1, 4} {
+		t.Run(fmt.Sprintf("connections=%d", conns), func(t *testing.T) { testNewestArrives(t, srv.DSN, conns) })
+	}
+}
+
+func testNewestArrives(t *testing.T, dsn string, conns int) {
 	const keys, versions = 1000, 5
-	l, stopListening := listen(t, srv.DSN, "state", fmt.Sprint(versions), keys)
-	p, err := New(Options{DSN: srv.DSN})
+	l, stopListening := listen(t, dsn, "state", fmt.Sprint(versions), keys)
+	p, err := New(Options{DSN: dsn, Connections: conns, MaxBatch: 100})
 	require.NoError(t, err)
 	require.NoError(t, p.Start())
 	for v := 1; v <= versions; v++ {
@@ -95,6 +105,7 @@ func TestEveryKeysNewestPayloadArrives(t *testing.T) {
 	}
 	require.LessOrEqual(t, l.count, keys*versions)
 	require.Zero(t, p.Pending())
+	require.LessOrEqual(t, testutil.ToFloat64(p.connects), float64(conns), "a connection per statement in flight, no more")
 }
 
 // TestBadInputIsATypedError: a payload PostgreSQL would refuse and a bad
@@ -114,6 +125,10 @@ func TestBadInputIsATypedError(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidOptions)
 	_, err = New(Options{DSN: "postgres://x", MaxBatch: -1})
 	require.True(t, errors.Is(err, ErrInvalidOptions))
+	for _, conns := range []int{-1, MaxConnections + 1} {
+		_, err = New(Options{DSN: "postgres://x", Connections: conns})
+		require.ErrorIs(t, err, ErrInvalidOptions, "Connections %d", conns)
+	}
 }
 
 // TestPublishNeverWaitsForTheDatabase: with the server unreachable,
