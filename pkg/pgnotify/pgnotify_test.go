@@ -21,10 +21,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // listenForTest listens on channel, records the newest payload per key
 // ("key=payload" notifications) and closes done once want keys have the
-// payload final.
+// payload final (or, with expect set, the payload expect names for them).
 type listenForTest struct {
-	final string
-	want  int
+	final  string
+	expect map[string]string
+	want   int
 	done  chan struct{}
 
 	mu      sync.Mutex
@@ -33,14 +34,18 @@ type listenForTest struct {
 	count   int
 }
 
-func listen(t *testing.T, dsn, channel, final string, want int) (*listenForTest, context.CancelFunc) {
+func listen(t testing.TB, dsn, channel, final string, want int) (*listenForTest, context.CancelFunc) {
+	return listenFor(t, dsn, channel, &listenForTest{final: final, want: want})
+}
+
+func listenFor(t testing.TB, dsn, channel string, l *listenForTest) (*listenForTest, context.CancelFunc) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	conn, err := pgx.Connect(ctx, dsn)
 	require.NoError(t, err)
 	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize())
 	require.NoError(t, err)
-	l := &listenForTest{final: final, want: want, done: make(chan struct{}), newest: map[string]string{}}
+	l.done, l.newest = make(chan struct{}), map[string]string{}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for {
@@ -50,7 +55,11 @@ func listen(t *testing.T, dsn, channel, final string, want int) (*listenForTest,
 			}
 			k, v, _ := strings.Cut(n.Payload, "=")
 			l.mu.Lock()
-			if v == l.final && l.newest[k] != l.final {
+			final := l.final
+			if l.expect != nil {
+				final = l.expect[k]
+			}
+			if v == final && l.newest[k] != final {
 				if l.atFinal++; l.atFinal == l.want {
 					close(l.done)
 				}

@@ -19,19 +19,38 @@ import (
 // one pg_notify per round trip) is measured over fewer updates: at a round
 // trip per update it would take minutes for 200k. updates/s counts updates
 // accepted and delivered (the newest per key) end to end; notifications/s
-// the pg_notify calls made (the publisher coalesces, the FIFO does not).
+// the pg_notify calls made (the publisher coalesces, the FIFO does not);
+// lost-keys the keys whose newest payload a listener (connected directly,
+// not through the proxy) had not received 30 s after the run.
 const (
 	seedKeys      = 10_000
 	seedProducers = 8
 	seedOneWay    = 2 * time.Millisecond
+	// keysPerProducer: each producer owns its keys, so a key's newest
+	// payload is well defined (the last its one producer sent).
+	keysPerProducer = seedKeys / seedProducers
 )
 
 func BenchmarkSeedScenario(b *testing.B) {
 	srv := pgtest.Start(b)
 	proxy := pgtest.StartProxy(b, srv.Addr, seedOneWay)
 	dsn := "postgres://postgres@" + proxy.Addr + "/postgres?sslmode=disable"
-	b.Run("design=pgnotify/updates=200000", func(b *testing.B) { benchPublisher(b, dsn, 200_000) })
-	b.Run("design=seed-fifo/updates=1000", func(b *testing.B) { benchSeedFIFO(b, dsn, 1_000) })
+	b.Run("design=pgnotify/updates=200000", func(b *testing.B) { benchPublisher(b, srv.DSN, dsn, 200_000, 1) })
+	b.Run("design=pgnotify/connections=4/updates=200000", func(b *testing.B) { benchPublisher(b, srv.DSN, dsn, 200_000, 4) })
+	b.Run("design=seed-fifo/updates=1000", func(b *testing.B) { benchSeedFIFO(b, srv.DSN, dsn, 1_000) })
+}
+
+// expectedFinal is each key's newest version (its payload after "key=")
+// after producers(updates, ...).
+func expectedFinal(updates int) map[string]string {
+	m := map[string]string{}
+	for w := range seedProducers {
+		for i := range updates / seedProducers {
+			k := w*keysPerProducer + i%keysPerProducer
+			m[fmt.Sprint(k)] = fmt.Sprint(i) // the listener keeps what follows "key="
+		}
+	}
+	return m
 }
 
 // producers runs seedProducers goroutines that together make updates
@@ -43,9 +62,10 @@ func producers(updates int, send func(key, payload string)) *latency.Histogram {
 	for w := range seedProducers {
 		wg.Go(func() {
 			for i := range per {
-				k := (w*per + i) % seedKeys
+				k := w*keysPerProducer + i%keysPerProducer
+				key, payload := fmt.Sprint(k), fmt.Sprintf("%d=%d", k, i)
 				start := time.Now()
-				send(fmt.Sprint(k), fmt.Sprintf("%d=%d", k, i))
+				send(key, payload)
 				h.Record(time.Since(start))
 			}
 		})
@@ -54,9 +74,38 @@ func producers(updates int, send func(key, payload string)) *latency.Histogram {
 	return &h
 }
 
-func benchPublisher(b *testing.B, dsn string, updates int) {
+// seedListener listens on the seed channel for one iteration's payloads.
+func seedListener(b *testing.B, directDSN string, updates int) (*listenForTest, context.CancelFunc) {
+	want := expectedFinal(updates)
+	return listenFor(b, directDSN, "seed", &listenForTest{expect: want, want: len(want)})
+}
+
+// reportLoss waits up to 30 s for the listener to have every key's newest
+// payload and reports the keys that are still missing it.
+func reportLoss(b *testing.B, l *listenForTest, stop context.CancelFunc) {
+	select {
+	case <-l.done:
+	case <-time.After(30 * time.Second): // a bound on a benchmark's wait, not synchronisation
+	}
+	stop()
+	lost := 0
+	for k, v := range l.expect {
+		if l.newest[k] != v {
+			lost++
+		}
+	}
+	b.ReportMetric(float64(lost), "lost-keys")
+}
+
+func reportSends(b *testing.B, h *latency.Histogram) {
+	b.ReportMetric(float64(h.Quantile(0.5).Nanoseconds()), "send-p50-ns")
+	b.ReportMetric(float64(h.Quantile(0.99).Nanoseconds()), "send-p99-ns")
+}
+
+func benchPublisher(b *testing.B, directDSN, dsn string, updates, conns int) {
 	for b.Loop() {
-		p, err := New(Options{DSN: dsn})
+		l, stop := seedListener(b, directDSN, updates)
+		p, err := New(Options{DSN: dsn, Connections: conns})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -77,15 +126,16 @@ func benchPublisher(b *testing.B, dsn string, updates int) {
 		b.ReportMetric(float64(updates)/total.Seconds(), "updates/s")
 		b.ReportMetric(float64(p.set.Stats().Delivered)/total.Seconds(), "notifications/s")
 		b.ReportMetric(float64(updates)/produced.Seconds(), "produced/s")
-		b.ReportMetric(float64(h.Quantile(0.5).Nanoseconds()), "send-p50-ns")
-		b.ReportMetric(float64(h.Quantile(0.95).Nanoseconds()), "send-p95-ns")
+		reportSends(b, h)
+		reportLoss(b, l, stop)
 	}
 }
 
 // benchSeedFIFO is the seed's design: producers block on a 256-slot
 // channel; one sender makes a pg_notify round trip per payload.
-func benchSeedFIFO(b *testing.B, dsn string, updates int) {
+func benchSeedFIFO(b *testing.B, directDSN, dsn string, updates int) {
 	for b.Loop() {
+		l, stop := seedListener(b, directDSN, updates)
 		ctx := context.Background()
 		conn, err := pgx.Connect(ctx, dsn)
 		if err != nil {
@@ -109,7 +159,7 @@ func benchSeedFIFO(b *testing.B, dsn string, updates int) {
 		_ = conn.Close(ctx)
 		b.ReportMetric(float64(updates)/total.Seconds(), "updates/s")
 		b.ReportMetric(float64(updates)/total.Seconds(), "notifications/s") // one per update
-		b.ReportMetric(float64(h.Quantile(0.5).Nanoseconds()), "send-p50-ns")
-		b.ReportMetric(float64(h.Quantile(0.95).Nanoseconds()), "send-p95-ns")
+		reportSends(b, h)
+		reportLoss(b, l, stop)
 	}
 }

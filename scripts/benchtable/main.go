@@ -326,6 +326,8 @@ var ratios = []ratio{
 	{"scheduler scan, 2 dispatchers / raw pebble scan (rows/s)", "BenchmarkScanThroughput/dispatchers=2", "BenchmarkRawPebbleScanReference", "rows/s", ">= 0.5"},
 	{"store scan / raw pebble scan (rows/s)", "BenchmarkStoreScan", "BenchmarkRawPebbleScan", "rows/s", ">= 0.7"},
 	{"new iterator + first row, 100k / 1k GC'd subscriptions (ns/op)", "BenchmarkNewIteratorAfterGC/gcd=100000", "BenchmarkNewIteratorAfterGC/gcd=1000", "ns/op", "<= 2"},
+	{"pgnotify / seed 001's FIFO at 4 ms RTT (notifications/s)", "BenchmarkSeedScenario/design=pgnotify/updates=200000", "BenchmarkSeedScenario/design=seed-fifo/updates=1000", "notifications/s", ">= 50"},
+	{"pgnotify, 4 connections / seed 001's FIFO (notifications/s)", "BenchmarkSeedScenario/design=pgnotify/connections=4/updates=200000", "BenchmarkSeedScenario/design=seed-fifo/updates=1000", "notifications/s", ">= 50"},
 }
 
 func printRatios(out io.Writer, results map[string]samples) {
