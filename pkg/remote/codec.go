@@ -1,0 +1,74 @@
+package remote
+
+import (
+	"context"
+	"fmt"
+
+	"google.golang.org/grpc"
+)
+
+// frame is every gRPC message of the service: bytes in the wire encoding
+// (wire.go). The codec passes them through, so gRPC does no encoding of
+// its own and the main module needs no generated code. It is forced per
+// server and per call (grpc.ForceServerCodec, grpc.ForceCodec), not
+// registered globally.
+type frame struct{ b []byte }
+
+type rawCodec struct{}
+
+func (rawCodec) Name() string { return "cdcflow-raw" }
+
+func (rawCodec) Marshal(v any) ([]byte, error) {
+	f, ok := v.(*frame)
+	if !ok {
+		return nil, fmt.Errorf("remote: codec: cannot marshal %T", v)
+	}
+	return f.b, nil
+}
+
+func (rawCodec) Unmarshal(data []byte, v any) error {
+	f, ok := v.(*frame)
+	if !ok {
+		return fmt.Errorf("remote: codec: cannot unmarshal into %T", v)
+	}
+	f.b = append(f.b[:0], data...) // gRPC may reuse data
+	return nil
+}
+
+const (
+	serviceName   = "cdcflow.remote.EventService"
+	controlMethod = "/" + serviceName + "/Control"
+	dataMethod    = "/" + serviceName + "/Data"
+)
+
+// handler is what the gRPC service calls; Server implements it.
+type handler interface {
+	control(ctx context.Context, req []byte) []byte
+	data(stream grpc.ServerStream) error
+}
+
+// serviceDesc describes the service by hand: one unary call for the
+// control plane, one bidirectional stream per collector for data (down)
+// and credit (up).
+func serviceDesc() *grpc.ServiceDesc {
+	return &grpc.ServiceDesc{
+		ServiceName: serviceName,
+		HandlerType: (*handler)(nil),
+		Methods: []grpc.MethodDesc{{
+			MethodName: "Control",
+			Handler: func(srv any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+				var req frame
+				if err := dec(&req); err != nil {
+					return nil, err
+				}
+				return &frame{b: srv.(handler).control(ctx, req.b)}, nil
+			},
+		}},
+		Streams: []grpc.StreamDesc{{
+			StreamName:    "Data",
+			Handler:       func(srv any, stream grpc.ServerStream) error { return srv.(handler).data(stream) },
+			ServerStreams: true,
+			ClientStreams: true,
+		}},
+	}
+}

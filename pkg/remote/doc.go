@@ -1,0 +1,38 @@
+// Package remote carries the event service's two planes over gRPC, so that
+// collectors can run in other processes: the data plane (Handshake,
+// DMLBatch, DDL, Resolved; service to collector) and the control plane
+// (Register, Reset, Remove, batched Heartbeat; collector to service).
+//
+// Server is the service's end: a messaging.Transport and RoomNotifier whose
+// targets are the collectors connected to it, and the server of a
+// messaging.ControlPlane. Client is a collector's end: a ControlPlane whose
+// calls go to the service, and a local messaging.Inbox that the stream
+// fills, which the collector reads exactly as it reads an in-process one.
+//
+// The wire: frames in a compact binary encoding of the messages
+// (wire.go) passed through gRPC by a codec that does no encoding of its
+// own, so the module carries no generated code; one gRPC message per Send.
+//
+// Invariants:
+//   - Send never blocks on the network: it encodes the batch and queues it
+//     for the target's stream, or refuses. Flow control is by credit, in
+//     messages: a collector opens its stream granting its inbox's free
+//     capacity and grants more as the collector drains the inbox (once at
+//     or below half). A Send beyond the credit is ErrBusy, and Room's
+//     channel closes when the grants bring the credit back to half the
+//     capacity, so a refused sender wakes on credit, not on a timer.
+//   - The service never has more messages in flight to a collector than
+//     its inbox can take, so the client's forward into the inbox cannot be
+//     refused (if it is, the peer broke the protocol and the stream ends).
+//   - A broken or replaced stream fails every later Send to the target
+//     with ErrSendFailed and ErrUnavailable (the service backs off), until
+//     the collector connects again; frames queued on it are dropped, and
+//     the collector's per-dispatcher sequence checks see the gap.
+//   - Control calls carry the messaging Codes: a sentinel error on one
+//     side is the same sentinel on the other; a call that cannot reach the
+//     service is ErrUnavailable.
+//   - Goroutines: Server.Start starts the gRPC server; each stream runs its
+//     handler (the writer) and one reader; Client.Start one stream loop and,
+//     per stream, one credit granter. Close stops and waits for all of
+//     them.
+package remote

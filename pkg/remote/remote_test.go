@@ -1,0 +1,270 @@
+package remote
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var disp = common.DispatcherID{Hi: 1, Lo: 2}
+
+func hdr(seq uint64) messaging.Header {
+	return messaging.Header{Dispatcher: disp, Registration: 7, Epoch: 1, Seq: seq}
+}
+
+// every message type, with the byte-slice cases that must survive: nil
+// and empty are different for a row's OldValue.
+func sampleMessages() []messaging.Message {
+	return []messaging.Message{
+		&messaging.Handshake{Header: hdr(1), StartTs: 100},
+		&messaging.DMLBatch{Header: hdr(2), Partial: true, Rows: []common.Row{
+			{Op: common.OpPut, Key: []byte("k1"), Value: []byte("v1"), OldValue: nil, StartTs: 101, CommitTs: 102},
+			{Op: common.OpDelete, Key: []byte("k2"), Value: []byte{}, OldValue: []byte("old"), StartTs: 103, CommitTs: 104},
+		}},
+		&messaging.DDL{Header: hdr(3), TableID: 5, CommitTs: 105, Query: "ALTER TABLE t ADD c int"},
+		&messaging.Resolved{Header: hdr(3), Ts: 106},
+	}
+}
+
+func TestWireRoundTrip(t *testing.T) {
+	msgs := sampleMessages()
+	got, err := decodeMessages(appendMessages(nil, msgs))
+	require.NoError(t, err)
+	require.Equal(t, msgs, got)
+	// Every strict prefix of a frame is malformed, never a panic or a
+	// different frame.
+	b := appendMessages(nil, msgs)
+	for n := range len(b) {
+		_, err := decodeMessages(b[:n])
+		require.ErrorIs(t, err, ErrMalformed, "prefix of %d bytes", n)
+	}
+}
+
+func FuzzDecodeMessages(f *testing.F) {
+	f.Add(appendMessages(nil, sampleMessages()))
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0x0f})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		msgs, err := decodeMessages(b)
+		if err != nil {
+			require.ErrorIs(t, err, ErrMalformed)
+			return
+		}
+		// What decodes re-encodes to a frame that decodes to the same.
+		again, err := decodeMessages(appendMessages(nil, msgs))
+		require.NoError(t, err)
+		require.Equal(t, msgs, again)
+	})
+}
+
+// controlForTest is the service's control plane as this package's tests
+// need it: it records calls and answers with a chosen error (a mock at the
+// edge under test, the wire).
+type controlForTest struct {
+	calls chan any
+	err   error
+	codes []messaging.Code
+}
+
+func (c *controlForTest) Register(_ context.Context, r messaging.RegisterRequest) error {
+	c.calls <- r
+	return c.err
+}
+func (c *controlForTest) Reset(_ context.Context, r messaging.ResetRequest) error {
+	c.calls <- r
+	return c.err
+}
+func (c *controlForTest) Remove(_ context.Context, r messaging.RemoveRequest) error {
+	c.calls <- r
+	return c.err
+}
+func (c *controlForTest) Heartbeat(_ context.Context, r messaging.HeartbeatRequest) (messaging.HeartbeatReply, error) {
+	c.calls <- r
+	return messaging.HeartbeatReply{Codes: c.codes}, c.err
+}
+
+type pair struct {
+	srv *Server
+	cli *Client
+	cp  *controlForTest
+}
+
+// start runs a server on a loopback port and a client for target "c1"
+// with the given inbox capacity, and waits until the client's stream is
+// registered with the server.
+func start(t *testing.T, capacity int) *pair {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	cp := &controlForTest{calls: make(chan any, 16)}
+	srv := NewServer(ServerOptions{})
+	require.NoError(t, srv.Start(lis, cp))
+	cli, err := NewClient(ClientOptions{Addr: lis.Addr().String(), Target: "c1", Capacity: capacity})
+	require.NoError(t, err)
+	require.NoError(t, cli.Start())
+	t.Cleanup(func() { cli.Close(); srv.Close() })
+	waitConnected(t, srv, "c1")
+	return &pair{srv: srv, cli: cli, cp: cp}
+}
+
+// waitConnected waits for target's stream to reach the server: Send of
+// nothing only checks the target.
+func waitConnected(t *testing.T, srv *Server, target messaging.Target) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for srv.Send(target, nil) != nil {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s never connected", target)
+		case <-time.After(5 * time.Millisecond): // polling a condition with a deadline, not ordering
+		}
+	}
+}
+
+func receive(t *testing.T, in *messaging.Inbox, n int) []messaging.Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var got []messaging.Message
+	for len(got) < n {
+		var err error
+		got, err = in.Receive(ctx, got, n-len(got))
+		require.NoError(t, err)
+	}
+	return got
+}
+
+func TestSendArrivesInOrder(t *testing.T) {
+	p := start(t, 64)
+	msgs := sampleMessages()
+	require.NoError(t, p.srv.Send("c1", msgs[:2]))
+	require.NoError(t, p.srv.Send("c1", msgs[2:]))
+	require.Equal(t, msgs, receive(t, p.cli.Inbox(), len(msgs)))
+	require.ErrorIs(t, p.srv.Send("nobody", msgs), messaging.ErrUnknownTarget)
+	require.ErrorIs(t, p.srv.Send("c1", []messaging.Message{nil}), messaging.ErrInvalidMessage)
+}
+
+// With the collector not draining, the service may send its inbox's
+// capacity and no more: then ErrBusy, and Room's channel stays open until
+// the collector drains to half and grants the credit back; after that the
+// sends go through. Send never waited.
+func TestCreditRefusesThenWakes(t *testing.T) {
+	const capacity = 8
+	p := start(t, capacity)
+	one := func(seq uint64) []messaging.Message {
+		return []messaging.Message{&messaging.Resolved{Header: hdr(seq), Ts: common.Ts(seq)}}
+	}
+	for i := range capacity {
+		require.NoError(t, p.srv.Send("c1", one(uint64(i+1))))
+	}
+	require.ErrorIs(t, p.srv.Send("c1", one(99)), messaging.ErrBusy)
+	require.ErrorIs(t, p.srv.Send("c1", make([]messaging.Message, capacity+1)), messaging.ErrInvalidMessage)
+	room := p.srv.Room("c1")
+	got := receive(t, p.cli.Inbox(), capacity) // arrived; the inbox is now drained
+	require.Len(t, got, capacity)
+	select {
+	case <-room:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no credit came back after the collector drained")
+	}
+	require.NoError(t, p.srv.Send("c1", one(capacity+1)))
+	require.Equal(t, one(capacity+1), receive(t, p.cli.Inbox(), 1))
+}
+
+func TestBatchLargerThanTheCollectorIsTooLarge(t *testing.T) {
+	p := start(t, 2)
+	msgs := sampleMessages()
+	require.ErrorIs(t, p.srv.Send("c1", msgs), messaging.ErrBatchTooLarge)
+}
+
+// The collector goes away: its stream breaks and Send says so with
+// ErrUnavailable (the service backs off); a reconnect restores it.
+func TestBrokenStreamIsUnavailableUntilReconnect(t *testing.T) {
+	p := start(t, 16)
+	p.cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var err error
+	for {
+		if err = p.srv.Send("c1", sampleMessages()[:1]); err != nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the server never noticed the collector left")
+		case <-time.After(5 * time.Millisecond): // polling with a deadline
+		}
+	}
+	require.ErrorIs(t, err, messaging.ErrUnavailable)
+	require.ErrorIs(t, err, messaging.ErrSendFailed)
+	select {
+	case <-p.srv.Room("c1"): // gone: a waiting sender is woken to find out
+	default:
+		t.Fatal("Room of a broken stream must be closed")
+	}
+
+	cli, err := NewClient(ClientOptions{Addr: p.cli.opts.Addr, Target: "c1", Capacity: 16})
+	require.NoError(t, err)
+	require.NoError(t, cli.Start())
+	defer cli.Close()
+	waitConnected(t, p.srv, "c1")
+	require.NoError(t, p.srv.Send("c1", sampleMessages()[:1]))
+	require.Equal(t, sampleMessages()[:1], receive(t, cli.Inbox(), 1))
+}
+
+func TestControlCallsCarryTheirCodes(t *testing.T) {
+	p := start(t, 4)
+	ctx := context.Background()
+	reg := messaging.RegisterRequest{Dispatcher: disp, Registration: 7, Span: common.TableSpan(3), StartTs: 5, Target: "c1"}
+	require.NoError(t, p.cli.Register(ctx, reg))
+	require.Equal(t, reg, <-p.cp.calls)
+
+	for _, sentinel := range []error{messaging.ErrDispatcherExists, messaging.ErrUnknownDispatcher,
+		messaging.ErrStaleRegistration, messaging.ErrStaleEpoch, messaging.ErrClosed, messaging.ErrUnavailable} {
+		p.cp.err = sentinel
+		err := p.cli.Reset(ctx, messaging.ResetRequest{Dispatcher: disp, Registration: 7, Epoch: 2, StartTs: 9})
+		require.ErrorIs(t, err, sentinel)
+		<-p.cp.calls
+	}
+	p.cp.err = errors.New("disk on fire")
+	require.ErrorIs(t, p.cli.Remove(ctx, messaging.RemoveRequest{Dispatcher: disp, Registration: 7}), messaging.ErrInternal)
+	<-p.cp.calls
+
+	p.cp.err = nil
+	p.cp.codes = []messaging.Code{messaging.CodeOK, messaging.CodeStaleEpoch}
+	hb := messaging.HeartbeatRequest{Checkpoints: []messaging.DispatcherCheckpoint{
+		{Dispatcher: disp, Registration: 7, Epoch: 1, Ts: 10}, {Dispatcher: common.DispatcherID{Lo: 9}, Registration: 8, Epoch: 3, Ts: 11}}}
+	reply, err := p.cli.Heartbeat(ctx, hb)
+	require.NoError(t, err)
+	require.Equal(t, p.cp.codes, reply.Codes)
+	require.Equal(t, hb, <-p.cp.calls)
+
+	// Invalid requests are refused before the wire.
+	require.ErrorIs(t, p.cli.Register(ctx, messaging.RegisterRequest{}), messaging.ErrInvalidRequest)
+}
+
+// A service that cannot be reached is ErrUnavailable for control calls.
+func TestUnreachableServiceIsUnavailable(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := lis.Addr().String()
+	require.NoError(t, lis.Close())
+	cli, err := NewClient(ClientOptions{Addr: addr, Target: "c1"})
+	require.NoError(t, err)
+	require.NoError(t, cli.Start())
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = cli.Remove(ctx, messaging.RemoveRequest{Dispatcher: disp, Registration: 7})
+	require.ErrorIs(t, err, messaging.ErrUnavailable)
+}
