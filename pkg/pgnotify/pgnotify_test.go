@@ -26,7 +26,7 @@ type listenForTest struct {
 	final  string
 	expect map[string]string
 	want   int
-	done  chan struct{}
+	done   chan struct{}
 
 	mu      sync.Mutex
 	newest  map[string]string
