@@ -14,12 +14,12 @@
 //   - Add never blocks on a consumer, takes no context, never fails, is
 //     O(1), and allocates nothing when the key is already held.
 //   - Memory is bounded by the peak number of distinct keys held at once,
-//     whatever the add rate: one node and one slot of the set's own hash
-//     table per key (the table at most 7/8 full). A delivered key keeps
-//     its slot (idle, not counted by Len) until a new key needs its node,
-//     so adding it again is a table hit, not an insert. An Add to a held
-//     key touches one slot (key, value and state side by side), not the
-//     key's node.
+//     whatever the add rate: one slot (hot: key, value, state), one node
+//     (cold bookkeeping), one 8-byte entry of the set's own hash index (at
+//     most 7/8 full) and one FIFO ring position per key. A delivered key
+//     keeps its slot (idle, not counted by Len) until a new key needs its
+//     node, so adding it again is an index hit, not an insert. An Add to a
+//     held key touches one index entry and its slot, not its node.
 //   - No key is lost: a key leaves the set only when a delivery of its
 //     newest value succeeded (or a newer value is queued again). For every
 //     key, a delivery that starts after its last Add carries a value that

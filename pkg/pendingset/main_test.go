@@ -73,30 +73,34 @@ func checkInvariants[K comparable, V any](t testing.TB, s *Set[K, V]) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var count [numStates]int
-	// The index: every occupied slot belongs to the node that points at it,
-	// is reachable from its home without crossing an empty position, and
-	// its key is found there.
-	require.Zero(t, len(s.mu.slots)&(len(s.mu.slots)-1), "table size %d not a power of two", len(s.mu.slots))
+	// The index: every entry maps its key's tag to a node whose slot holds
+	// that key, is reachable from its home without crossing an empty
+	// entry, and the key is found there; every node has exactly one entry.
+	require.Zero(t, len(s.mu.index)&(len(s.mu.index)-1), "index size %d not a power of two", len(s.mu.index))
+	require.Equal(t, len(s.mu.nodes), len(s.mu.slots), "a slot per node")
 	used := 0
-	for p := range s.mu.slots {
-		sl := &s.mu.slots[p]
-		if sl.ref == 0 {
+	mapped := make([]bool, len(s.mu.nodes))
+	for p, e := range s.mu.index {
+		if e == 0 {
 			continue
 		}
 		used++
-		i := sl.ref - 1
-		require.Less(t, int(i), len(s.mu.nodes), "slot %d refers past the nodes", p)
-		require.Equal(t, int32(p), s.mu.nodes[i].slot, "node %d does not point back at slot %d", i, p)
-		mask := int32(len(s.mu.slots) - 1)
-		for q := s.homeLocked(sl.key); q != int32(p); q = (q + 1) & mask {
-			require.NotZero(t, s.mu.slots[q].ref, "slot %d unreachable: empty position %d on its probe path", p, q)
+		i := entryNode(e)
+		require.Less(t, int(i), len(s.mu.nodes), "entry %d refers past the nodes", p)
+		require.False(t, mapped[i], "node %d has two entries", i)
+		mapped[i] = true
+		k := s.mu.slots[i].key
+		require.Equal(t, s.tagLocked(k), entryTag(e), "entry %d: tag is not its key's", p)
+		mask := uint32(len(s.mu.index) - 1)
+		for q := entryTag(e) & mask; q != uint32(p); q = (q + 1) & mask {
+			require.NotZero(t, s.mu.index[q], "entry %d unreachable: empty position %d on its probe path", p, q)
 		}
-		fp, ok := s.findLocked(sl.key)
-		require.True(t, ok && fp == int32(p), "key of slot %d not found there", p)
+		fi, ok := s.findLocked(k)
+		require.True(t, ok && fi == i, "key of node %d not found", i)
 	}
-	require.Equal(t, s.mu.used, used, "used slot count")
-	require.Equal(t, len(s.mu.nodes), used, "a slot per node")
-	require.LessOrEqual(t, used*maxLoadDen, len(s.mu.slots)*maxLoadNum, "table over its maximum load")
+	require.Equal(t, s.mu.used, used, "used entry count")
+	require.Equal(t, len(s.mu.nodes), used, "an entry per node")
+	require.LessOrEqual(t, used*maxLoadDen, len(s.mu.index)*maxLoadNum, "index over its maximum load")
 	for i := range s.mu.nodes {
 		n := &s.mu.nodes[i]
 		h := s.slotLocked(int32(i))
@@ -111,18 +115,15 @@ func checkInvariants[K comparable, V any](t testing.TB, s *Set[K, V]) {
 	require.Equal(t, s.mu.count, count, "state counts")
 	require.LessOrEqual(t, len(s.mu.nodes), max(s.mu.maxLen, 0), "nodes beyond the peak held")
 
-	ready, last := 0, none
-	for i := s.mu.head; i != none; i = s.mu.nodes[i].next {
+	inFIFO := make([]bool, len(s.mu.nodes))
+	for j := range s.mu.ready.len {
+		i := s.mu.ready.at(j)
 		require.Equal(t, stateReady, s.slotLocked(i).state, "non-ready node in FIFO")
-		ready++
-		last = i
-		require.LessOrEqual(t, ready, len(s.mu.nodes), "FIFO cycle")
-		if i == s.mu.tail {
-			break
-		}
+		require.False(t, inFIFO[i], "node %d twice in the FIFO", i)
+		inFIFO[i] = true
 	}
-	require.Equal(t, count[stateReady], ready, "FIFO length")
-	require.Equal(t, last, s.mu.tail, "FIFO tail")
+	require.Equal(t, count[stateReady], s.mu.ready.len, "FIFO length")
+	require.LessOrEqual(t, len(s.mu.ready.buf), max(8, 2*len(s.mu.nodes)), "FIFO ring beyond twice the nodes")
 
 	// Every idle node has exactly one live idle queue entry, and the queue
 	// stays within its compaction bound.

@@ -56,22 +56,22 @@ func (s state) String() string {
 // none is the null node index.
 const none int32 = -1
 
-// node is a key's bookkeeping outside the index: where its slot is, its
+// node is a key's cold bookkeeping (its slot holds the hot data): its
 // link in the ready FIFO, and its retry and delivery state. Nodes live in
 // Set.mu.nodes and are addressed by int32 index, which never changes while
-// the key is held (slots move, nodes do not), so entries, the ready FIFO,
+// the key is held, so entries, the ready FIFO,
 // the idle queue and the due heap refer to nodes; the FIFO and the heap
 // are intrusive and the idle queue is a slice of indexes, so nothing
 // allocates once the slices have grown to the peak number of distinct
 // keys held. Without pointers in K and V the slices are not even scanned
 // by the GC.
 //
-// INVARIANT: every node owns exactly one slot of the index (slot[ref-1]
-// is the node) and is in exactly one of: the idle queue (stateIdle;
+// INVARIANT: node i and slot i are one key's, which exactly one index
+// entry maps to i; the node is in exactly one of: the idle queue (stateIdle;
 // exactly one live entry), the ready FIFO (stateReady), the due heap
 // (stateBackoff, stateQuarantined), or none of them (stateInFlight). The
-// node slice only grows when no node is idle, so len(nodes) == number of
-// slots used <= peak number of keys held at once.
+// node and slot slices only grow when no node is idle, so len(nodes) ==
+// len(slots) == index entries used <= peak number of keys held at once.
 type node struct {
 	// since is when the earliest add merged into the value happened (clock
 	// nanoseconds since Set.base), for the first-add-to-drain latency;
@@ -82,12 +82,6 @@ type node struct {
 	// token identifies the Drain call that handed the node out, so a stale
 	// or repeated Complete cannot complete a later delivery.
 	token uint64
-	// slot is the position of the node's slot in the index.
-	slot int32
-	// next links the ready FIFO. It is only meaningful while the node is
-	// in the FIFO and not its tail, so appending a node writes its
-	// predecessor only, not the node itself.
-	next int32
 	// attempts counts budgeted (per-key) failures since the last success.
 	attempts int32
 	// transient counts unbudgeted per-key retries since the last success;
@@ -132,7 +126,7 @@ func (s *Set[K, V]) heldLocked() int { return len(s.mu.nodes) - s.mu.count[state
 func (s *Set[K, V]) insertLocked(k K, v V, since int64) {
 	i, ok := s.popIdleLocked()
 	if ok {
-		s.dropSlotLocked(s.mu.nodes[i].slot)
+		s.unindexLocked(i)
 		if int(i) < len(s.mu.delivered) {
 			s.mu.delivered[i] = lastDelivered[V]{} // another key's node now
 		}
@@ -140,11 +134,13 @@ func (s *Set[K, V]) insertLocked(k K, v V, since int64) {
 		n.due, n.token, n.attempts, n.transient = 0, 0, 0, 0
 	} else {
 		i = int32(len(s.mu.nodes))
-		s.mu.nodes = append(s.mu.nodes, node{heapIdx: none, next: none})
-		s.mu.count[stateIdle]++ // putSlotLocked's slot starts idle
+		s.mu.nodes = append(s.mu.nodes, node{heapIdx: none})
+		s.mu.slots = append(s.mu.slots, slot[K, V]{})
+		s.mu.count[stateIdle]++ // the new slot starts idle
 	}
-	sl := s.putSlotLocked(k, i)
-	sl.val = v
+	s.indexLocked(k, i)
+	sl := &s.mu.slots[i]
+	*sl = slot[K, V]{key: k, val: v, state: stateIdle}
 	s.setSinceLocked(i, sl, since)
 	s.readyLocked(i, sl, false)
 }
@@ -171,16 +167,7 @@ func (s *Set[K, V]) readyLocked(i int32, sl *slot[K, V], front bool) {
 			s.mu.maxLen = held
 		}
 	}
-	switch {
-	case s.mu.head == none:
-		s.mu.head, s.mu.tail = i, i
-	case front:
-		s.mu.nodes[i].next = s.mu.head
-		s.mu.head = i
-	default:
-		s.mu.nodes[s.mu.tail].next = i
-		s.mu.tail = i
-	}
+	s.mu.ready.push(i, front)
 }
 
 // idleLocked retires a delivered node to the idle queue's tail, keeping
@@ -244,14 +231,9 @@ func (s *Set[K, V]) compactIdleLocked() {
 // given drain token and returns its entry. ready -> in-flight.
 // REQUIRES: the FIFO is not empty.
 func (s *Set[K, V]) popReadyLocked(token uint64, now int64) Entry[K, V] {
-	i := s.mu.head
+	i := s.mu.ready.pop()
 	n := &s.mu.nodes[i]
-	if i == s.mu.tail {
-		s.mu.head, s.mu.tail = none, none
-	} else {
-		s.mu.head = n.next
-	}
-	sl := &s.mu.slots[n.slot]
+	sl := &s.mu.slots[i]
 	e := Entry[K, V]{Key: sl.key, Value: sl.val, Attempts: int(n.attempts), idx: i, token: token, since: s.sinceLocked(i, sl), drained: now}
 	var zero V
 	sl.val, sl.dirty = zero, false

@@ -97,15 +97,18 @@ type Set[K comparable, V any] struct {
 
 	mu struct {
 		sync.Mutex
-		// slots is the index (table.go); used counts its occupied slots.
-		slots []slot[K, V]
+		// index maps keys to node numbers (table.go); used counts its
+		// occupied entries. slots and nodes are a key's hot and cold
+		// data, indexed by node number.
+		index []uint64
 		used  int
+		slots []slot[K, V]
 		nodes []node
 		// delivered holds, per node, the value last delivered for its key
 		// (Options.Supersedes set only; nil otherwise, so the sets that do
 		// not use it pay nothing). Reset when the slot changes keys.
 		delivered  []lastDelivered[V]
-		head, tail int32 // the ready FIFO
+		ready      fifo // node numbers of the ready keys, oldest first
 		// idle is the idle queue, oldest first from idle[idleHead]; it
 		// also holds stale entries (see idleEntry).
 		idle     []idleEntry
@@ -135,7 +138,6 @@ func New[K comparable, V any](o Options[K, V]) (*Set[K, V], error) {
 	}
 	s.seed = maphash.MakeSeed()
 	s.mu.token = rand.Uint64() >> 1 // random start, far from wrapping to 0
-	s.mu.head, s.mu.tail = none, none
 	if o.Registerer != nil {
 		m := newMetrics(s)
 		if err := o.Registerer.Register(m); err != nil {
@@ -220,14 +222,13 @@ func (s *Set[K, V]) add(k K, v V) (ring bool) {
 	// insertion would make each Add wake a consumer parked on the channel
 	// (a goroutine hand-off per key when keys are many and the consumer
 	// keeps up).
-	wasEmpty := s.mu.head == none
-	p, ok := s.findLocked(k)
+	wasEmpty := s.mu.ready.len == 0
+	i, ok := s.findLocked(k)
 	if !ok {
 		s.insertLocked(k, v, s.stampLocked())
 		return wasEmpty
 	}
-	sl := &s.mu.slots[p]
-	i := sl.ref - 1
+	sl := &s.mu.slots[i]
 	if sl.state == stateIdle {
 		if s.supersededLocked(i, v) {
 			return false
@@ -249,9 +250,9 @@ func (s *Set[K, V]) drain(limit int, dst []Entry[K, V]) ([]Entry[K, V], int64) {
 	s.mu.token++
 	tok := s.mu.token
 	bytes := 0
-	for len(dst)-start < limit && s.mu.head != none {
+	for len(dst)-start < limit && s.mu.ready.len > 0 {
 		if s.opts.Size != nil {
-			sl := s.slotLocked(s.mu.head)
+			sl := s.slotLocked(s.mu.ready.front())
 			size := s.opts.Size(sl.key, sl.val)
 			if len(dst) > start && bytes+size > s.opts.MaxBatchBytes {
 				break // the rest goes in the next batch

@@ -2,54 +2,67 @@ package pendingset
 
 import "hash/maphash"
 
-// The set's index is its own open-addressing hash table (linear probing,
-// backward-shift deletion, power-of-two size, at most 7/8 full) whose
-// slots hold, next to the key, everything Add reads and writes: the value
-// and the key's state. Adding to a key that is already
-// held therefore costs one cache miss, on a slot that usually shares its
-// cache line with the key's home position; with Go's map the key's group
-// control word, its slot and a separate node were up to three. With 100k
-// keys visited in random order that was the difference between ~320 and
-// ~100 ns per Add (scripts/wqbench).
+// A key's data lives in two dense slices indexed by its node number: the
+// hot slot (key, value, state: everything Add reads and writes) and the
+// cold node (FIFO link, retry and delivery bookkeeping). Node numbers are
+// handed out in the order keys first arrive and never change while a key
+// is held, so a key stream that visits keys in a stable order (the usual
+// case: dispatchers advance in the order they were registered, round
+// after round) walks both slices sequentially, and so does Drain, which
+// pops the FIFO in the order keys became ready.
 //
-// A slot moves when the table grows and when a deletion shifts its
-// cluster back, so nothing refers to slots by position except the node
-// that owns one (node.slot), which every move updates. Entries, the ready
-// FIFO, the idle queue and the due heap refer to nodes, which never move.
+// The index maps a key to its node number. It is its own open-addressing
+// hash table (linear probing, backward-shift deletion, power-of-two size,
+// at most 7/8 full) of 8-byte entries, eight to a cache line: the low 32
+// bits of the key's hash (its tag) next to node number + 1 (0 marks an
+// empty entry). The tag gives the entry's home position (tag & mask), so
+// growing the table and shifting a cluster back after a deletion never
+// read a key, and it filters probes, so a lookup compares keys (reads a
+// slot) almost only on the entry that holds the key. At 100k keys the
+// index is 1 MB and stays in cache: an Add to a held key visited in random
+// order costs one miss, on its slot; in a stable order, none. Go's map
+// (the first version) cost a miss for the group's control word, one for
+// the entry and one for the node (docs/design/pendingset.md has the
+// measured steps).
 
-// slot is one position of the index. ref == 0 marks an empty position, so
-// a freshly allocated table is all empty.
+// slot is a key's hot data; s.mu.slots[i] belongs to node i.
 type slot[K comparable, V any] struct {
 	key K
 	// val is the undelivered value. Valid in ready, backoff and quarantined,
 	// and in flight when dirty; zeroed otherwise so it pins no memory.
-	val V
-	// ref is the owning node's index + 1.
-	ref   int32
+	val   V
 	state state
 	// dirty: in flight, and a newer value has been added to val.
 	dirty bool
 	// stamped: the earliest add merged into val was sampled for the
 	// first-add-to-drain latency, and node.since says when. One add in
-	// latencySampleEvery is, so the time lives in the node and the slot
-	// stays at 32 bytes for 16-byte keys and 8-byte values.
+	// latencySampleEvery is, so the time lives in the cold node.
 	stamped bool
 }
 
-// minTableSize is the table's size when the first key arrives.
+// minTableSize is the index's size when the first key arrives.
 const minTableSize = 8
 
-// The table grows when a new key would take it past maxLoadNum/maxLoadDen
-// full. 7/8, as Go's maps: with 32-byte slots the table is then as small
-// as a map[K]struct{} of the same keys, and what decides the cost of a
-// lookup at 100k keys is whether the table stays in the last-level cache
-// (at 3/4, 100k keys needed 262,144 slots, 8 MB, and an Add cost ~195 ns;
-// workqueue's map, 2-4 MB, ~100 ns). Probe sequences grow (2.5 slots on
-// average for a hit, mostly in one or two adjacent cache lines).
+// The index grows when a new key would take it past maxLoadNum/maxLoadDen
+// full (7/8, as Go's maps). Its entries are 8 bytes, so even at the
+// largest load a probe sequence (2.5 entries on average for a hit) rarely
+// leaves one cache line.
 const (
 	maxLoadNum = 7
 	maxLoadDen = 8
 )
+
+// entry packs a tag and a node number + 1 into one index entry.
+func entry(tag uint32, i int32) uint64 { return uint64(tag)<<32 | uint64(uint32(i+1)) }
+
+// entryNode is the node number an entry refers to; none for an empty one.
+func entryNode(e uint64) int32 { return int32(uint32(e)) - 1 }
+
+// entryTag is the tag of an entry.
+func entryTag(e uint64) uint32 { return uint32(e >> 32) }
+
+// tagLocked is k's tag: the low 32 bits of its hash under the set's seed.
+func (s *Set[K, V]) tagLocked(k K) uint32 { return uint32(maphash.Comparable(s.seed, k)) }
 
 // setSinceLocked records since as the first add of node i's value (slot
 // sl); noStamp means it was not sampled.
@@ -68,82 +81,78 @@ func (s *Set[K, V]) sinceLocked(i int32, sl *slot[K, V]) int64 {
 	return s.mu.nodes[i].since
 }
 
-// homeLocked is k's home position. REQUIRES: the table is not empty.
-func (s *Set[K, V]) homeLocked(k K) int32 {
-	return int32(maphash.Comparable(s.seed, k) & uint64(len(s.mu.slots)-1))
-}
-
-// findLocked returns the position of k's slot, or false if k is not held.
+// findLocked returns k's node number, or false if k is not held.
 func (s *Set[K, V]) findLocked(k K) (int32, bool) {
-	if len(s.mu.slots) == 0 {
+	if len(s.mu.index) == 0 {
 		return none, false
 	}
-	mask := int32(len(s.mu.slots) - 1)
-	for p := s.homeLocked(k); ; p = (p + 1) & mask {
-		sl := &s.mu.slots[p]
-		if sl.ref == 0 {
+	tag := s.tagLocked(k)
+	mask := uint32(len(s.mu.index) - 1)
+	for p := tag & mask; ; p = (p + 1) & mask {
+		e := s.mu.index[p]
+		if e == 0 {
 			return none, false
 		}
-		if sl.key == k {
-			return p, true
+		if entryTag(e) == tag {
+			if i := entryNode(e); s.mu.slots[i].key == k {
+				return i, true
+			}
 		}
 	}
 }
 
 // slotLocked is node i's slot.
-func (s *Set[K, V]) slotLocked(i int32) *slot[K, V] { return &s.mu.slots[s.mu.nodes[i].slot] }
+func (s *Set[K, V]) slotLocked(i int32) *slot[K, V] { return &s.mu.slots[i] }
 
-// putSlotLocked gives node i a slot for k, which must not be held, in
-// state idle with no value, growing the table if it would pass maxLoad.
-// Pointers to slots taken before the call are invalid after it.
-func (s *Set[K, V]) putSlotLocked(k K, i int32) *slot[K, V] {
-	if (s.mu.used+1)*maxLoadDen > len(s.mu.slots)*maxLoadNum {
+// indexLocked maps k, which must not be held, to node i, growing the
+// index if it would pass maxLoad.
+func (s *Set[K, V]) indexLocked(k K, i int32) {
+	if (s.mu.used+1)*maxLoadDen > len(s.mu.index)*maxLoadNum {
 		s.growLocked()
 	}
-	mask := int32(len(s.mu.slots) - 1)
-	p := s.homeLocked(k)
-	for s.mu.slots[p].ref != 0 {
-		p = (p + 1) & mask
-	}
+	s.placeLocked(entry(s.tagLocked(k), i))
 	s.mu.used++
-	s.mu.nodes[i].slot = p
-	sl := &s.mu.slots[p]
-	*sl = slot[K, V]{key: k, ref: i + 1, state: stateIdle}
-	return sl
 }
 
-// dropSlotLocked empties position p and shifts the rest of its cluster
-// back, so that lookups need no tombstones. Pointers to slots taken before
-// the call are invalid after it.
-func (s *Set[K, V]) dropSlotLocked(p int32) {
-	mask := int32(len(s.mu.slots) - 1)
+// placeLocked puts e at the first empty position from its home.
+func (s *Set[K, V]) placeLocked(e uint64) {
+	mask := uint32(len(s.mu.index) - 1)
+	p := entryTag(e) & mask
+	for s.mu.index[p] != 0 {
+		p = (p + 1) & mask
+	}
+	s.mu.index[p] = e
+}
+
+// unindexLocked removes node i's key (slot i) from the index and shifts
+// the rest of its cluster back, so that lookups need no tombstones.
+func (s *Set[K, V]) unindexLocked(i int32) {
+	mask := uint32(len(s.mu.index) - 1)
+	want := entry(s.tagLocked(s.mu.slots[i].key), i)
+	p := entryTag(want) & mask
+	for s.mu.index[p] != want {
+		p = (p + 1) & mask
+	}
 	s.mu.used--
-	for q := (p + 1) & mask; s.mu.slots[q].ref != 0; q = (q + 1) & mask {
-		// The slot at q may fill the hole at p if p lies on its probe path,
+	for q := (p + 1) & mask; s.mu.index[q] != 0; q = (q + 1) & mask {
+		// The entry at q may fill the hole at p if p lies on its probe path,
 		// from its home to q.
-		if home := s.homeLocked(s.mu.slots[q].key); (q-home)&mask >= (q-p)&mask {
-			s.mu.slots[p] = s.mu.slots[q]
-			s.mu.nodes[s.mu.slots[p].ref-1].slot = p
+		if home := entryTag(s.mu.index[q]) & mask; (q-home)&mask >= (q-p)&mask {
+			s.mu.index[p] = s.mu.index[q]
 			p = q
 		}
 	}
-	s.mu.slots[p] = slot[K, V]{}
+	s.mu.index[p] = 0
 }
 
-// growLocked doubles the table (or creates it) and re-places every slot.
+// growLocked doubles the index (or creates it) and re-places every entry
+// by its tag; no key is read.
 func (s *Set[K, V]) growLocked() {
-	old := s.mu.slots
-	s.mu.slots = make([]slot[K, V], max(minTableSize, 2*len(old)))
-	mask := int32(len(s.mu.slots) - 1)
-	for j := range old {
-		if old[j].ref == 0 {
-			continue
+	old := s.mu.index
+	s.mu.index = make([]uint64, max(minTableSize, 2*len(old)))
+	for _, e := range old {
+		if e != 0 {
+			s.placeLocked(e)
 		}
-		p := s.homeLocked(old[j].key)
-		for s.mu.slots[p].ref != 0 {
-			p = (p + 1) & mask
-		}
-		s.mu.slots[p] = old[j]
-		s.mu.nodes[old[j].ref-1].slot = p
 	}
 }

@@ -10,13 +10,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The index is a hand-written hash table: slots move when it grows and
+// The index is a hand-written hash table: entries move when it grows and
 // when a deletion (a new key taking the longest-idle key's node) shifts a
 // cluster back. Churn through a key space ten times larger than the keys
 // held at once, with a metrics-enabled set so values are also time-stamped
 // (the stamp lives in the node, not the slot), and check after every step
-// that each slot is reachable from its home and owned by the node pointing
-// at it (checkInvariants), and at the end that every key's newest value
+// that each entry is reachable from its home, carries its key's tag and
+// is the only one for its node (checkInvariants), and at the end that every key's newest value
 // was delivered last.
 func TestIndexSurvivesChurn(t *testing.T) {
 	for seed := range uint64(4) {
