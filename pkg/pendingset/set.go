@@ -107,8 +107,8 @@ type Set[K comparable, V any] struct {
 		// delivered holds, per node, the value last delivered for its key
 		// (Options.Supersedes set only; nil otherwise, so the sets that do
 		// not use it pay nothing). Reset when the slot changes keys.
-		delivered  []lastDelivered[V]
-		ready      fifo // node numbers of the ready keys, oldest first
+		delivered []lastDelivered[V]
+		ready     fifo // node numbers of the ready keys, oldest first
 		// idle is the idle queue, oldest first from idle[idleHead]; it
 		// also holds stale entries (see idleEntry).
 		idle     []idleEntry
