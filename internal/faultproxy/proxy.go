@@ -1,4 +1,4 @@
-package pgtest
+package faultproxy
 
 import (
 	"net"
@@ -7,40 +7,47 @@ import (
 	"time"
 )
 
-// Proxy is a loopback TCP proxy in front of a server, for fault tests: it
-// can delay every chunk it forwards (a slow link: half of a round trip each
-// way), hold what clients send (Hold: a statement caught on the wire, for
-// a test to act at exactly that moment) and reset every connection through
-// it at once (a network fault).
+// Direction is a direction of the proxied connections.
+type Direction int
+
+const (
+	// Upstream is what clients send to the target.
+	Upstream Direction = iota
+	// Downstream is what the target sends to clients.
+	Downstream
+)
+
+// Proxy forwards Addr to a target. Create with Start.
 type Proxy struct {
 	// Addr is the proxy's 127.0.0.1:port.
 	Addr   string
 	ln     net.Listener
 	target string
-	delay  time.Duration
 	wg     sync.WaitGroup
 
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-	hold  *hold // nil: forwarding
+	mu          sync.Mutex
+	delay       time.Duration
+	conns       map[net.Conn]struct{}
+	holds       [2]*hold // per direction; nil: forwarding
+	partitioned bool
 }
 
 // hold is one Hold: arrived closes when the first chunk is caught, release
-// when the hold ends (Release or Reset).
+// when the hold ends (Release, Reset or Partition).
 type hold struct {
 	arrived, release chan struct{}
 	once             sync.Once
 }
 
-// StartProxy forwards Addr to target with delay added to each direction
-// (delay 0: none). The test's cleanup closes it and every connection.
-func StartProxy(t testing.TB, target string, delay time.Duration) *Proxy {
+// Start forwards a new loopback address to target. The test's cleanup
+// closes it and every connection.
+func Start(t testing.TB, target string) *Proxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatalf("pgtest: proxy: %v", err)
+		t.Fatalf("faultproxy: %v", err)
 	}
-	p := &Proxy{Addr: ln.Addr().String(), ln: ln, target: target, delay: delay, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{Addr: ln.Addr().String(), ln: ln, target: target, conns: map[net.Conn]struct{}{}}
 	p.wg.Go(p.accept)
 	t.Cleanup(func() {
 		_ = ln.Close()
@@ -50,20 +57,29 @@ func StartProxy(t testing.TB, target string, delay time.Duration) *Proxy {
 	return p
 }
 
-// Hold stops forwarding what clients send to the server: each chunk waits
-// (the client's write has succeeded; the server has not seen it) until
-// Release forwards it or Reset drops it. The returned channel is closed
-// when the first chunk is caught, so a test knows a request is on the wire.
-func (p *Proxy) Hold() <-chan struct{} {
+// SetDelay adds d to every chunk forwarded in either direction (half of a
+// round trip each way); 0 removes it.
+func (p *Proxy) SetDelay(d time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.hold == nil {
-		p.hold = &hold{arrived: make(chan struct{}), release: make(chan struct{})}
-	}
-	return p.hold.arrived
+	p.delay = d
 }
 
-// Release ends a Hold: caught chunks go on to the server.
+// Hold stops forwarding in direction dir: each chunk read waits (the
+// sender's write succeeded; the receiver has not seen it, and the proxy
+// reads nothing more from that side, so the sender's buffers fill as if
+// its peer had stopped reading) until Release forwards it or Reset drops
+// it. The returned channel is closed when the first chunk is caught.
+func (p *Proxy) Hold(dir Direction) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.holds[dir] == nil {
+		p.holds[dir] = &hold{arrived: make(chan struct{}), release: make(chan struct{})}
+	}
+	return p.holds[dir].arrived
+}
+
+// Release ends the holds of both directions: caught chunks go on.
 func (p *Proxy) Release() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -71,18 +87,24 @@ func (p *Proxy) Release() {
 }
 
 func (p *Proxy) releaseLocked() {
-	if p.hold != nil {
-		close(p.hold.release)
-		p.hold = nil
+	for i, h := range p.holds {
+		if h != nil {
+			close(h.release)
+			p.holds[i] = nil
+		}
 	}
 }
 
 // Reset closes every connection through the proxy (with TCP RST where the
-// platform allows), as a network fault would, and ends a Hold, dropping
-// what it caught; new connections still work.
+// platform allows), as a network fault would, and ends the holds,
+// dropping what they caught; new connections still work.
 func (p *Proxy) Reset() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.resetLocked()
+}
+
+func (p *Proxy) resetLocked() {
 	defer p.releaseLocked() // after the close: a caught chunk then finds its connection gone
 	for c := range p.conns {
 		if tc, ok := c.(*net.TCPConn); ok {
@@ -93,11 +115,34 @@ func (p *Proxy) Reset() {
 	clear(p.conns)
 }
 
+// Partition resets every connection and refuses new ones (accepted, then
+// closed at once) until Heal.
+func (p *Proxy) Partition() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.partitioned = true
+	p.resetLocked()
+}
+
+// Heal ends a Partition.
+func (p *Proxy) Heal() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.partitioned = false
+}
+
 func (p *Proxy) accept() {
 	for {
 		client, err := p.ln.Accept()
 		if err != nil {
 			return // closed
+		}
+		p.mu.Lock()
+		partitioned := p.partitioned
+		p.mu.Unlock()
+		if partitioned {
+			_ = client.Close()
+			continue
 		}
 		server, err := net.Dial("tcp", p.target)
 		if err != nil {
@@ -105,17 +150,23 @@ func (p *Proxy) accept() {
 			continue
 		}
 		p.mu.Lock()
+		if p.partitioned { // partitioned while dialling
+			p.mu.Unlock()
+			_ = client.Close()
+			_ = server.Close()
+			continue
+		}
 		p.conns[client], p.conns[server] = struct{}{}, struct{}{}
 		p.mu.Unlock()
-		p.wg.Go(func() { p.pipe(server, client, true) })
-		p.wg.Go(func() { p.pipe(client, server, false) })
+		p.wg.Go(func() { p.pipe(server, client, Upstream) })
+		p.wg.Go(func() { p.pipe(client, server, Downstream) })
 	}
 }
 
-// pipe copies src to dst, holding each chunk for the delay (and, from a
-// client, while a Hold lasts), until either side closes; then it closes
+// pipe copies src to dst, holding each chunk for the delay and while a
+// hold of its direction lasts, until either side closes; then it closes
 // both.
-func (p *Proxy) pipe(dst, src net.Conn, fromClient bool) {
+func (p *Proxy) pipe(dst, src net.Conn, dir Direction) {
 	defer func() {
 		_ = dst.Close()
 		_ = src.Close()
@@ -128,12 +179,13 @@ func (p *Proxy) pipe(dst, src net.Conn, fromClient bool) {
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			if p.delay > 0 {
-				time.Sleep(p.delay) // the simulated link's latency, not synchronisation
+			p.mu.Lock()
+			delay := p.delay
+			p.mu.Unlock()
+			if delay > 0 {
+				time.Sleep(delay) // the simulated link's latency, not synchronisation
 			}
-			if fromClient {
-				p.waitHold()
-			}
+			p.waitHold(dir)
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
 			}
@@ -144,10 +196,11 @@ func (p *Proxy) pipe(dst, src net.Conn, fromClient bool) {
 	}
 }
 
-// waitHold blocks while a Hold lasts, telling the holder a chunk arrived.
-func (p *Proxy) waitHold() {
+// waitHold blocks while a hold of dir lasts, telling the holder a chunk
+// arrived.
+func (p *Proxy) waitHold(dir Direction) {
 	p.mu.Lock()
-	h := p.hold
+	h := p.holds[dir]
 	p.mu.Unlock()
 	if h == nil {
 		return

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/faultproxy"
 	"github.com/cdcflow/eventservice/internal/pgtest"
 )
 
@@ -163,7 +164,7 @@ func TestPublisherResetMidStatement(t *testing.T) {
 	waitListener(ctx, t, first, "the first round") // connected, nothing in flight
 	stopFirst()
 
-	caught := proxy.Hold()
+	caught := proxy.Hold(faultproxy.Upstream)
 	publishRound(t, p, keys, 2)
 	select {
 	case <-caught:
