@@ -254,7 +254,7 @@ func (c *Collector) AddDispatcher(ctx context.Context, id common.DispatcherID, s
 	c.mu.Unlock()
 
 	err := c.opts.Service.Register(ctx, messaging.RegisterRequest{Dispatcher: id, Registration: d.reg, Span: span,
-		StartTs: startTs, Target: c.opts.Target})
+		StartTs: startTs, Target: c.opts.Target, Replace: c.opts.TakeOver})
 	if err != nil {
 		c.mu.Lock()
 		d.removed = true

@@ -49,6 +49,13 @@ type Options struct {
 	// Registerer receives the collector's metrics, labelled with the target.
 	// Default nil: none.
 	Registerer prometheus.Registerer
+	// TakeOver makes every registration take its dispatcher over at the
+	// service (messaging.RegisterRequest.Replace): a registration the
+	// service still holds for the ID, which this collector does not know
+	// (it restarted, or its connection broke), is removed first. For a
+	// collector in another process; default false, so that a second
+	// collector adding the same ID by mistake gets ErrDispatcherExists.
+	TakeOver bool
 }
 
 // Defaults.

@@ -26,11 +26,23 @@ var _ messaging.ControlPlane = (*Service)(nil)
 // ID is refused with messaging.ErrDispatcherExists. A Register before Start
 // is accepted: its work waits in the queues until the workers start (an
 // embedder may register what it recovered, then start).
-func (svc *Service) Register(_ context.Context, req messaging.RegisterRequest) error {
+func (svc *Service) Register(ctx context.Context, req messaging.RegisterRequest) error {
 	if err := req.Validate(); err != nil {
 		return err
 	}
 	d, s, err := svc.addDispatcher(req)
+	if req.Replace && errors.Is(err, messaging.ErrDispatcherExists) {
+		// Take over: end the registration the caller no longer knows, then
+		// register. A register racing this one may win; then it is the
+		// caller's ErrDispatcherExists again.
+		if old, lerr := svc.lookupID(req.Dispatcher); lerr == nil {
+			if rerr := svc.Remove(ctx, messaging.RemoveRequest{Dispatcher: req.Dispatcher, Registration: old.reg}); rerr != nil &&
+				!errors.Is(rerr, messaging.ErrUnknownDispatcher) && !errors.Is(rerr, messaging.ErrStaleRegistration) {
+				return rerr
+			}
+		}
+		d, s, err = svc.addDispatcher(req)
+	}
 	if d == nil {
 		return err
 	}

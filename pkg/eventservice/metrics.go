@@ -199,6 +199,8 @@ func (svc *Service) Stats() Stats {
 // Progress is a cheap snapshot (no walk over dispatchers) for a progress
 // line sampled often.
 type Progress struct {
+	// Dispatchers is the number registered.
+	Dispatchers                 int
 	Notifications, Coalesced    uint64
 	PendingPrepare, PendingScan int
 	Resets                      uint64
@@ -219,6 +221,9 @@ func (svc *Service) Progress() Progress {
 	p.PendingScan = int(svc.scanPending.Load())
 	p.Resets = svc.resets.Load()
 	p.ScannedRows, p.ScannedBytes = svc.scannedRows.Load(), svc.scannedBytes.Load()
+	svc.mu.RLock()
+	p.Dispatchers = len(svc.mu.dispatchers)
+	svc.mu.RUnlock()
 	return p
 }
 

@@ -33,6 +33,13 @@ type RegisterRequest struct {
 	Span         common.Span
 	StartTs      common.Ts
 	Target       Target
+	// Replace takes the dispatcher over if the service has it under
+	// another registration: that registration is removed first (its
+	// fence holds) and this one starts. A collector that restarted, or
+	// whose connection broke, sets it to re-register its dispatchers from
+	// their checkpoints under new registration IDs without knowing the
+	// old ones. Without it such a request fails with ErrDispatcherExists.
+	Replace bool
 }
 
 // Validate checks r on its own. Errors wrap ErrInvalidRequest.
