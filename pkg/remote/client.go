@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -38,6 +39,9 @@ type ClientOptions struct {
 	// Logger defaults to zap.NewNop(); Clock to the real clock.
 	Logger *zap.Logger
 	Clock  clock.Clock
+	// Registerer, if set, receives the client's metrics
+	// (cdcflow_remote_client_*, labelled with the target).
+	Registerer prometheus.Registerer
 }
 
 // Client is a collector's end: a messaging.ControlPlane whose calls go to
@@ -49,6 +53,7 @@ type Client struct {
 	log   *zap.Logger
 	local *messaging.InProcess
 	inbox *messaging.Inbox
+	met   *clientMetrics
 
 	conn   *grpc.ClientConn
 	cancel context.CancelFunc
@@ -58,6 +63,9 @@ type Client struct {
 	// received counts messages forwarded into the inbox on the current one.
 	streams  atomic.Int64
 	received atomic.Int64
+	// reconnected holds a token after a data stream other than the first
+	// opened (capacity 1: reconnects while nobody looked coalesce).
+	reconnected chan struct{}
 }
 
 // NewClient validates opts and builds the local inbox. It starts nothing
@@ -94,6 +102,10 @@ func NewClient(opts ClientOptions) (*Client, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.Real{}
 	}
+	met, err := newClientMetrics(opts.Registerer, opts.Target)
+	if err != nil {
+		return nil, fmt.Errorf("remote: register metrics: %w", err)
+	}
 	local, err := messaging.NewInProcess(messaging.InProcessOptions{Capacity: opts.Capacity})
 	if err != nil {
 		return nil, err
@@ -102,7 +114,8 @@ func NewClient(opts ClientOptions) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{opts: opts, log: opts.Logger.Named("remote"), local: local, inbox: inbox}, nil
+	return &Client{opts: opts, log: opts.Logger.Named("remote"), local: local, inbox: inbox, met: met,
+		reconnected: make(chan struct{}, 1)}, nil
 }
 
 // Inbox is where the service's messages arrive, in order per stream.
@@ -111,6 +124,13 @@ func (c *Client) Inbox() *messaging.Inbox { return c.inbox }
 // Streams is the number of data streams opened so far: 1 plus the
 // reconnects.
 func (c *Client) Streams() int64 { return c.streams.Load() }
+
+// Reconnected receives a token after a data stream other than the first
+// has opened. Messages sent on the broken stream but not received are
+// gone (the collector sees a gap and resets, or re-registers its
+// dispatchers when it takes the token); tokens coalesce, so one token may
+// stand for several reconnects.
+func (c *Client) Reconnected() <-chan struct{} { return c.reconnected }
 
 // Start connects and keeps the data stream open, reconnecting with
 // back-off, until Close.
@@ -181,7 +201,14 @@ func (c *Client) stream(ctx context.Context) (opened bool, err error) {
 	if err := st.SendMsg(&frame{b: appendHello(nil, c.opts.Target, uint32(c.opts.Capacity), uint32(credit))}); err != nil {
 		return false, err
 	}
-	c.streams.Add(1)
+	c.met.streams.Inc()
+	c.met.granted.Add(float64(credit))
+	if c.streams.Add(1) > 1 {
+		select {
+		case c.reconnected <- struct{}{}:
+		default:
+		}
+	}
 	got := make(chan struct{}, 1)
 	got <- struct{}{} // look at the inbox once at the start
 	var grants sync.WaitGroup
@@ -202,6 +229,7 @@ func (c *Client) stream(ctx context.Context) (opened bool, err error) {
 			return true, fmt.Errorf("remote: local inbox refused %d messages: %w", len(msgs), err)
 		}
 		c.received.Add(int64(len(msgs)))
+		c.met.received.Add(float64(len(msgs)))
 		select {
 		case got <- struct{}{}:
 		default:
@@ -233,6 +261,7 @@ func (c *Client) grant(ctx context.Context, st grpc.ClientStream, granted int64,
 			return // the receiver sees the stream fail
 		}
 		granted += free
+		c.met.granted.Add(float64(free))
 	}
 }
 

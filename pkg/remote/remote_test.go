@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -106,7 +107,8 @@ func start(t *testing.T, capacity int) *pair {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	cp := &controlForTest{calls: make(chan any, 16)}
-	srv := NewServer(ServerOptions{})
+	srv, err := NewServer(ServerOptions{})
+	require.NoError(t, err)
 	require.NoError(t, srv.Start(lis, cp))
 	cli, err := NewClient(ClientOptions{Addr: lis.Addr().String(), Target: "c1", Capacity: capacity})
 	require.NoError(t, err)
@@ -228,6 +230,9 @@ func TestControlCallsCarryTheirCodes(t *testing.T) {
 	reg := messaging.RegisterRequest{Dispatcher: disp, Registration: 7, Span: common.TableSpan(3), StartTs: 5, Target: "c1"}
 	require.NoError(t, p.cli.Register(ctx, reg))
 	require.Equal(t, reg, <-p.cp.calls)
+	reg.Registration, reg.Replace = 8, true // a takeover crosses the wire as one
+	require.NoError(t, p.cli.Register(ctx, reg))
+	require.Equal(t, reg, <-p.cp.calls)
 
 	for _, sentinel := range []error{messaging.ErrDispatcherExists, messaging.ErrUnknownDispatcher,
 		messaging.ErrStaleRegistration, messaging.ErrStaleEpoch, messaging.ErrClosed, messaging.ErrUnavailable} {
@@ -267,4 +272,72 @@ func TestUnreachableServiceIsUnavailable(t *testing.T) {
 	defer cancel()
 	err = cli.Remove(ctx, messaging.RemoveRequest{Dispatcher: disp, Registration: 7})
 	require.ErrorIs(t, err, messaging.ErrUnavailable)
+}
+
+// A service that goes away and comes back on the same address: the client
+// opens a new stream by itself, says so on Reconnected (once for the
+// reconnect, none for the first stream), and delivery resumes; the
+// metrics count both streams on each side's registry.
+func TestClientReconnectsToARestartedService(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := lis.Addr().String()
+	cp := &controlForTest{calls: make(chan any, 16)}
+	srvReg := prometheus.NewRegistry()
+	srv, err := NewServer(ServerOptions{Registerer: srvReg})
+	require.NoError(t, err)
+	require.NoError(t, srv.Start(lis, cp))
+	cliReg := prometheus.NewRegistry()
+	cli, err := NewClient(ClientOptions{Addr: addr, Target: "c1", Capacity: 16, Registerer: cliReg, RetryBase: time.Millisecond, RetryMax: 10 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, cli.Start())
+	defer cli.Close()
+	waitConnected(t, srv, "c1")
+	select {
+	case <-cli.Reconnected():
+		t.Fatal("the first stream is not a reconnect")
+	default:
+	}
+	require.Equal(t, 1, srv.Connected())
+	requireMetric(t, srvReg, "cdcflow_remote_server_connected_collectors", 1)
+	require.NoError(t, srv.Send("c1", sampleMessages()[:2]))
+	requireMetric(t, srvReg, "cdcflow_remote_server_in_flight_messages", 2)
+	require.Equal(t, sampleMessages()[:2], receive(t, cli.Inbox(), 2))
+	srv.Close()
+
+	lis2, err := net.Listen("tcp", addr)
+	require.NoError(t, err)
+	srv2, err := NewServer(ServerOptions{})
+	require.NoError(t, err)
+	require.NoError(t, srv2.Start(lis2, cp))
+	defer srv2.Close()
+	select {
+	case <-cli.Reconnected():
+	case <-time.After(30 * time.Second):
+		t.Fatal("no reconnect signalled")
+	}
+	waitConnected(t, srv2, "c1")
+	require.NoError(t, srv2.Send("c1", sampleMessages()[2:]))
+	require.Equal(t, sampleMessages()[2:], receive(t, cli.Inbox(), 2))
+	require.Equal(t, int64(2), cli.Streams())
+	requireMetric(t, cliReg, "cdcflow_remote_client_streams_total", 2)
+	requireMetric(t, cliReg, "cdcflow_remote_client_received_messages_total", 4)
+}
+
+// requireMetric checks the value of the single series named name in reg.
+func requireMetric(t *testing.T, reg *prometheus.Registry, name string, want float64) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		require.Len(t, mf.GetMetric(), 1, name)
+		m := mf.GetMetric()[0]
+		got := m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		require.Equal(t, want, got, name)
+		return
+	}
+	t.Fatalf("metric %s not found", name)
 }

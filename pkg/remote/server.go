@@ -8,6 +8,7 @@ import (
 	"net"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -27,6 +28,8 @@ type ServerOptions struct {
 	// TLS, if set, serves TLS with it (set ClientAuth and ClientCAs for
 	// mutual TLS); nil serves plaintext.
 	TLS *tls.Config
+	// Registerer, if set, receives the server's metrics (cdcflow_remote_server_*).
+	Registerer prometheus.Registerer
 }
 
 // Server is the event service's end: a messaging.Transport (and
@@ -38,6 +41,7 @@ type Server struct {
 	grpc *grpc.Server
 	cp   messaging.ControlPlane
 	wg   sync.WaitGroup
+	met  *serverMetrics
 
 	mu struct {
 		sync.Mutex
@@ -46,13 +50,20 @@ type Server struct {
 	}
 }
 
-// NewServer builds a server. It starts nothing.
-func NewServer(opts ServerOptions) *Server {
+// NewServer builds a server. It starts nothing. The only error is the
+// Registerer's, when the metrics cannot be registered.
+func NewServer(opts ServerOptions) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
 	s := &Server{log: opts.Logger.Named("remote")}
 	s.mu.peers = map[messaging.Target]*peer{}
+	s.met = newServerMetrics(s)
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(s.met); err != nil {
+			return nil, fmt.Errorf("remote: register metrics: %w", err)
+		}
+	}
 	sopts := []grpc.ServerOption{grpc.ForceServerCodec(rawCodec{}), grpc.MaxRecvMsgSize(MaxFrameBytes),
 		grpc.MaxSendMsgSize(MaxFrameBytes), grpc.WaitForHandlers(true)}
 	if opts.TLS != nil {
@@ -60,7 +71,18 @@ func NewServer(opts ServerOptions) *Server {
 	}
 	s.grpc = grpc.NewServer(sopts...)
 	s.grpc.RegisterService(serviceDesc(), s)
-	return s
+	return s, nil
+}
+
+// peers returns the current peers.
+func (s *Server) peers() []*peer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*peer, 0, len(s.mu.peers))
+	for _, p := range s.mu.peers {
+		out = append(out, p)
+	}
+	return out
 }
 
 // Start serves lis, answering control calls with cp, until Close.
@@ -95,6 +117,19 @@ func (s *Server) Close() {
 	s.mu.Unlock()
 	s.grpc.Stop()
 	s.wg.Wait()
+}
+
+// Connected is the number of collectors whose data stream is open.
+func (s *Server) Connected() int {
+	n := 0
+	for _, p := range s.peers() {
+		p.mu.Lock()
+		if p.mu.broken == nil {
+			n++
+		}
+		p.mu.Unlock()
+	}
+	return n
 }
 
 func (s *Server) control(ctx context.Context, req []byte) []byte {
@@ -132,20 +167,25 @@ func (s *Server) Send(target messaging.Target, msgs []messaging.Message) error {
 	case closed:
 		return messaging.ErrClosed
 	case p == nil:
+		s.met.refused.WithLabelValues(string(target), "unavailable").Inc()
 		return fmt.Errorf("%w: %q has not connected", messaging.ErrUnknownTarget, target)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
 	case p.mu.broken != nil:
+		s.met.refused.WithLabelValues(string(target), "unavailable").Inc()
 		return fmt.Errorf("%w: %w: %q: %v", messaging.ErrSendFailed, messaging.ErrUnavailable, target, p.mu.broken)
 	case len(msgs) > p.capacity:
+		s.met.refused.WithLabelValues(string(target), "too_large").Inc()
 		return fmt.Errorf("%w: %d messages, %q takes %d", messaging.ErrBatchTooLarge, len(msgs), target, p.capacity)
 	case len(msgs) > p.mu.credit:
+		s.met.refused.WithLabelValues(string(target), "busy").Inc()
 		return messaging.ErrBusy
 	case len(msgs) == 0:
 		return nil
 	}
+	s.met.sent.WithLabelValues(string(target)).Add(float64(len(msgs)))
 	p.mu.credit -= len(msgs)
 	p.mu.queue = append(p.mu.queue, appendMessages(nil, msgs))
 	select {
@@ -250,6 +290,7 @@ func (s *Server) data(stream grpc.ServerStream) error {
 		default:
 		}
 	}
+	s.met.streams.WithLabelValues(string(target)).Inc()
 	s.log.Info("collector connected", zap.String("target", string(target)), zap.Int("credit", int(credit)))
 
 	ctx := stream.Context()

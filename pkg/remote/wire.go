@@ -301,6 +301,11 @@ func appendRegister(b []byte, r messaging.RegisterRequest) []byte {
 	e.bytes(r.Span.EndKey)
 	e.u(uint64(r.StartTs))
 	e.str(string(r.Target))
+	replace := byte(0)
+	if r.Replace {
+		replace = 1
+	}
+	e.byte(replace)
 	return e.b
 }
 
@@ -347,6 +352,7 @@ func serveControl(ctx context.Context, cp messaging.ControlPlane, b []byte) []by
 		r.Span.TableID = d.i()
 		r.Span.StartKey, r.Span.EndKey = d.bytes(), d.bytes()
 		r.StartTs, r.Target = common.Ts(d.u()), messaging.Target(d.str())
+		r.Replace = d.byte() == 1
 		if err = d.end(); err == nil {
 			err = cp.Register(ctx, r)
 		}

@@ -1,0 +1,102 @@
+package remote
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cdcflow/eventservice/pkg/messaging"
+)
+
+const (
+	namespace = "cdcflow"
+	subsystem = "remote"
+)
+
+// clientMetrics are a Client's; the target is a constant label, so the
+// clients of one process (one per changefeed) share a registry.
+type clientMetrics struct {
+	streams  prometheus.Counter
+	received prometheus.Counter
+	granted  prometheus.Counter
+}
+
+func newClientMetrics(reg prometheus.Registerer, target messaging.Target) (*clientMetrics, error) {
+	labels := prometheus.Labels{"target": string(target)}
+	m := &clientMetrics{
+		streams: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, ConstLabels: labels,
+			Name: "client_streams_total", Help: "Data streams opened to the service: 1 plus the reconnects."}),
+		received: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, ConstLabels: labels,
+			Name: "client_received_messages_total", Help: "Messages received from the service and put in the local inbox."}),
+		granted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, ConstLabels: labels,
+			Name: "client_credit_granted_total", Help: "Credit (messages) granted to the service, the opening credit included."}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.streams, m.received, m.granted} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// serverMetrics are a Server's: counters updated as it works, and gauges
+// read from the connected peers at scrape time (O(collectors)).
+type serverMetrics struct {
+	s         *Server
+	streams   *prometheus.CounterVec
+	sent      *prometheus.CounterVec
+	refused   *prometheus.CounterVec
+	connected *prometheus.Desc
+	credit    *prometheus.Desc
+	inFlight  *prometheus.Desc
+}
+
+func newServerMetrics(s *Server) *serverMetrics {
+	name := func(n string) string { return prometheus.BuildFQName(namespace, subsystem, n) }
+	return &serverMetrics{
+		s: s,
+		streams: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
+			Name: "server_streams_total", Help: "Collector data streams opened (a reconnect opens one more)."}, []string{"target"}),
+		sent: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
+			Name: "server_sent_messages_total", Help: "Messages accepted by Send for a collector (within its credit)."}, []string{"target"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
+			Name: "server_refused_sends_total", Help: "Sends refused, by reason: busy (out of credit), unavailable (stream broken or not connected), too_large."},
+			[]string{"target", "reason"}),
+		connected: prometheus.NewDesc(name("server_connected_collectors"), "Collectors whose data stream is open.", nil, nil),
+		credit: prometheus.NewDesc(name("server_credit_messages"),
+			"Messages the service may still send to a collector before it grants more.", []string{"target"}, nil),
+		inFlight: prometheus.NewDesc(name("server_in_flight_messages"),
+			"Messages sent to a collector and not yet granted back: on the wire or in its inbox.", []string{"target"}, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (m *serverMetrics) Describe(ch chan<- *prometheus.Desc) {
+	m.streams.Describe(ch)
+	m.sent.Describe(ch)
+	m.refused.Describe(ch)
+	ch <- m.connected
+	ch <- m.credit
+	ch <- m.inFlight
+}
+
+// Collect implements prometheus.Collector.
+func (m *serverMetrics) Collect(ch chan<- prometheus.Metric) {
+	m.streams.Collect(ch)
+	m.sent.Collect(ch)
+	m.refused.Collect(ch)
+	connected := 0
+	for _, p := range m.s.peers() {
+		p.mu.Lock()
+		credit, broken := p.mu.credit, p.mu.broken != nil
+		p.mu.Unlock()
+		if broken {
+			continue
+		}
+		connected++
+		ch <- prometheus.MustNewConstMetric(m.credit, prometheus.GaugeValue, float64(credit), string(p.target))
+		ch <- prometheus.MustNewConstMetric(m.inFlight, prometheus.GaugeValue, float64(p.capacity-credit), string(p.target))
+	}
+	ch <- prometheus.MustNewConstMetric(m.connected, prometheus.GaugeValue, float64(connected))
+}
