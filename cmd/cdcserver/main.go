@@ -6,8 +6,12 @@
 // final resolved-ts. See README.md for the flags; `make run` runs the
 // defaults.
 //
-// Exit status: 0 verified, 1 verification failed, 2 bad flags or a setup
-// error.
+// With --role service (or --remote-collectors N) the event service serves
+// collectors in other processes over gRPC; --role collector is such a
+// process.
+//
+// Exit status: 0 verified (a collector: stopped cleanly), 1 verification
+// failed, 2 bad flags or a setup error.
 package main
 
 import (
@@ -51,6 +55,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	// still verifies and prints its summary.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if cfg.Role == server.RoleCollector {
+		// A collector runs until SIGTERM/SIGINT and prints what it applied;
+		// the service verifies its sinks.
+		if _, err := server.RunCollector(ctx, cfg, stdout, stderr); err != nil {
+			fmt.Fprintf(stderr, "cdcserver: %v\n", err)
+			if errors.Is(err, server.ErrInvalidConfig) {
+				fs.Usage()
+			}
+			return 2
+		}
+		return 0
+	}
 	sum, err := server.Run(ctx, cfg, stdout, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "cdcserver: %v\n", err)

@@ -3,7 +3,10 @@ package server
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"net"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cdcflow/eventservice/internal/optcheck"
@@ -52,6 +55,41 @@ type Config struct {
 	LogLevel    string
 	// ProgressInterval is the period of the progress line (0: none).
 	ProgressInterval time.Duration
+	// Role is what this process runs: "all" (store, service and
+	// collectors, over the in-process transport), "service" (store and
+	// service; collectors connect over gRPC at Listen) or "collector"
+	// (collectors of the changefeeds in Feeds, connecting to Connect).
+	Role string
+	// Listen is the service's gRPC address (role service).
+	Listen string
+	// Connect is the service's address (role collector).
+	Connect string
+	// RemoteCollectors, if positive, runs the service in this process and
+	// starts that many collector processes (this executable with --role
+	// collector) on loopback, the changefeeds split among them.
+	RemoteCollectors int
+	// CollectorConnect, if set, is the address each collector process
+	// started by RemoteCollectors dials, comma-separated, one per process
+	// (a proxy or a NAT in between); default the listen address.
+	CollectorConnect string
+	// Feeds lists the changefeeds (1-based) a collector process serves;
+	// empty means all of them.
+	Feeds string
+	// StartTs is the dispatchers' start-ts in a collector process (the
+	// service prints it); a restarted collector resumes from its sinks'
+	// checkpoints where they are later.
+	StartTs uint64
+	// CollectorDataDirs are the collector processes' --data-dir, for a
+	// service whose collectors were started by hand: after they stop, the
+	// service reads their sinks to verify every row.
+	CollectorDataDirs string
+	// TLSCert, TLSKey and TLSCA enable mutual TLS on the gRPC connection:
+	// this process's certificate and key, and the CA that signed its
+	// peer's. All three or none.
+	TLSCert, TLSKey, TLSCA string
+	// Executable is what RemoteCollectors starts; default this process's
+	// executable.
+	Executable string
 	// Flags is the command line as given, echoed in the summary so that a
 	// figure names the run that produced it (cmd/cdcserver sets it).
 	Flags string
@@ -80,8 +118,17 @@ func DefaultConfig() Config {
 		MetricsAddr:      "127.0.0.1:0",
 		LogLevel:         "warn",
 		ProgressInterval: time.Second,
+		Role:             RoleAll,
+		Listen:           "127.0.0.1:0",
 	}
 }
+
+// Roles.
+const (
+	RoleAll       = "all"
+	RoleService   = "service"
+	RoleCollector = "collector"
+)
 
 // BindFlags registers every field on fs, with c's values as defaults.
 func (c *Config) BindFlags(fs *flag.FlagSet) {
@@ -111,6 +158,17 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.JSON, "json", c.JSON, "print one JSON summary on stdout instead of text")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level (debug, info, warn, error); logs go to stderr")
 	fs.DurationVar(&c.ProgressInterval, "progress-interval", c.ProgressInterval, "period of the progress line on stderr (0 = none)")
+	fs.StringVar(&c.Role, "role", c.Role, "what this process runs: all (one process), service (store and event service; collectors connect over gRPC) or collector")
+	fs.StringVar(&c.Listen, "listen", c.Listen, "role service: the gRPC address collectors connect to (port 0 picks one)")
+	fs.StringVar(&c.Connect, "connect", c.Connect, "role collector: the service's gRPC address")
+	fs.IntVar(&c.RemoteCollectors, "remote-collectors", c.RemoteCollectors, "run the service here and start this many collector processes on loopback, the changefeeds split among them (implies --role service)")
+	fs.StringVar(&c.CollectorConnect, "collector-connect", c.CollectorConnect, "with --remote-collectors: the address each collector process dials, comma-separated, one per process (default: the --listen address)")
+	fs.StringVar(&c.Feeds, "feeds", c.Feeds, "role collector: comma-separated changefeed numbers (1-based) to serve; empty = all")
+	fs.Uint64Var(&c.StartTs, "start-ts", c.StartTs, "role collector: the dispatchers' start-ts, as the service prints it")
+	fs.StringVar(&c.CollectorDataDirs, "collector-data-dirs", c.CollectorDataDirs, "role service with collectors started by hand: their --data-dir, comma-separated, read after they stop to verify every row")
+	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM certificate of this process (mutual TLS; with --tls-key and --tls-ca)")
+	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "PEM private key of --tls-cert")
+	fs.StringVar(&c.TLSCA, "tls-ca", c.TLSCA, "PEM CA certificate that signed the peer's certificate")
 }
 
 // Validate reports every invalid field at once.
@@ -141,7 +199,7 @@ func (c Config) Validate() error {
 	p.Require(c.ResolvedInterval >= 0, "--resolved-interval=%v must not be negative", c.ResolvedInterval)
 	p.Require(c.ProgressInterval >= 0, "--progress-interval=%v must not be negative", c.ProgressInterval)
 	p.Require(!c.DurableSink || c.DataDir != "", "--durable-sink needs --data-dir")
-	p.Require(!c.DurableSink || c.Changefeeds == 1, "--durable-sink supports one changefeed (it stores rows per table)")
+	p.Require(!c.DurableSink || c.Changefeeds == 1 || c.Role != RoleAll, "--durable-sink supports one changefeed in one process (it stores rows per table)")
 	if c.MetricsAddr != "" {
 		host, _, err := net.SplitHostPort(c.MetricsAddr)
 		if err != nil {
@@ -150,10 +208,76 @@ func (c Config) Validate() error {
 			p.Addf("--metrics-addr=%q must be a loopback address (it serves pprof)", c.MetricsAddr)
 		}
 	}
+	c.validateRole(p)
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:
 		p.Addf("--log-level=%q: want debug, info, warn or error", c.LogLevel)
 	}
 	return p.Err()
+}
+
+// validateRole checks the flags of the roles and of the gRPC transport.
+func (c Config) validateRole(p *optcheck.Problems) {
+	switch c.Role {
+	case RoleAll, RoleService, RoleCollector:
+	default:
+		p.Addf("--role=%q: want all, service or collector", c.Role)
+	}
+	p.IntRange("--remote-collectors", c.RemoteCollectors, 0, 64)
+	p.Require(c.RemoteCollectors == 0 || c.RemoteCollectors <= c.Changefeeds,
+		"--remote-collectors=%d: more collector processes than --changefeeds=%d", c.RemoteCollectors, c.Changefeeds)
+	p.Require(c.RemoteCollectors == 0 || c.Role != RoleCollector, "--remote-collectors runs the service: not with --role collector")
+	if c.CollectorConnect != "" {
+		n := len(strings.Split(c.CollectorConnect, ","))
+		p.Require(n == c.RemoteCollectors, "--collector-connect lists %d addresses for --remote-collectors=%d", n, c.RemoteCollectors)
+	}
+	tls := 0
+	for _, f := range []string{c.TLSCert, c.TLSKey, c.TLSCA} {
+		if f != "" {
+			tls++
+		}
+	}
+	p.Require(tls == 0 || tls == 3, "--tls-cert, --tls-key and --tls-ca go together (mutual TLS)")
+	if c.Role == RoleCollector {
+		p.Require(c.Connect != "", "--role collector needs --connect")
+		p.Require(c.DataDir != "", "--role collector needs --data-dir (its durable sinks)")
+		p.Require(c.StartTs != 0, "--role collector needs --start-ts (the service prints it)")
+		if _, err := parseFeeds(c.Feeds, c.Changefeeds); err != nil {
+			p.Addf("--feeds=%q: %v", c.Feeds, err)
+		}
+	}
+	if c.Role == RoleService || c.RemoteCollectors > 0 {
+		if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+			p.Addf("--listen=%q: %v", c.Listen, err)
+		}
+		p.Require(c.MoveInterval == 0, "--move-interval needs the collectors in this process (--role all)")
+		p.Require(!c.DurableSink, "--durable-sink is --role all's; remote collectors always apply to durable sinks")
+	}
+}
+
+// parseFeeds parses a --feeds list: changefeed numbers in [1, n], or all
+// of them if s is empty.
+func parseFeeds(s string, n int) ([]int, error) {
+	if s == "" {
+		out := make([]int, n)
+		for i := range out {
+			out[i] = i + 1
+		}
+		return out, nil
+	}
+	var out []int
+	seen := map[int]bool{}
+	for _, part := range strings.Split(s, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(part))
+		if err != nil || v < 1 || v > n {
+			return nil, fmt.Errorf("%q is not a changefeed number in [1, %d]", part, n)
+		}
+		if seen[v] {
+			return nil, fmt.Errorf("changefeed %d listed twice", v)
+		}
+		seen[v] = true
+		out = append(out, v)
+	}
+	return out, nil
 }

@@ -23,6 +23,7 @@ import (
 // Layout:
 //
 //	v | table(8) | key | commitTs(8)  -> seq(8) | op(1) | value   (one row version)
+//	d | table(8) | commitTs(8)        -> query                    (one DDL)
 //	c | dispatcher(16)                -> ts(8)                    (checkpoint)
 //	s                                 -> next seq(8)
 //
@@ -37,6 +38,7 @@ type DurableSink struct {
 		nextSeq uint64
 		tables  map[common.DispatcherID]int64
 		pending map[common.DispatcherID][]common.Row
+		ddls    map[common.DispatcherID][]messaging.DDL
 		applied uint64
 	}
 }
@@ -50,6 +52,7 @@ func OpenDurableSink(dir string) (*DurableSink, error) {
 	s := &DurableSink{db: db}
 	s.mu.tables = map[common.DispatcherID]int64{}
 	s.mu.pending = map[common.DispatcherID][]common.Row{}
+	s.mu.ddls = map[common.DispatcherID][]messaging.DDL{}
 	v, closer, err := db.Get([]byte("s"))
 	switch {
 	case err == nil:
@@ -94,6 +97,7 @@ func (s *DurableSink) BeginEpoch(id common.DispatcherID, _ uint64, _ common.Ts) 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.mu.pending[id] = s.mu.pending[id][:0]
+	s.mu.ddls[id] = s.mu.ddls[id][:0]
 	return nil
 }
 
@@ -105,8 +109,13 @@ func (s *DurableSink) ApplyRows(id common.DispatcherID, rows []common.Row) error
 	return nil
 }
 
-// ApplyDDL accepts schema changes (the crash test checks rows only).
-func (s *DurableSink) ApplyDDL(common.DispatcherID, *messaging.DDL) error { return nil }
+// ApplyDDL stages a schema change until the next checkpoint, as rows are.
+func (s *DurableSink) ApplyDDL(id common.DispatcherID, ddl *messaging.DDL) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mu.ddls[id] = append(s.mu.ddls[id], *ddl)
+	return nil
+}
 
 // Checkpoint writes the staged rows of id (skipping versions already
 // present) and the checkpoint in one batch.
@@ -137,6 +146,12 @@ func (s *DurableSink) Checkpoint(id common.DispatcherID, ts common.Ts) error {
 		seq++
 		s.mu.applied++
 	}
+	for _, dl := range s.mu.ddls[id] {
+		// Keyed by (table, commit-ts): a re-delivered DDL overwrites itself.
+		if err := b.Set(ddlKey(table, dl.CommitTs), []byte(dl.Query), nil); err != nil {
+			return err
+		}
+	}
 	idb := id.Bytes()
 	if err := b.Set(append([]byte("c"), idb[:]...), binary.BigEndian.AppendUint64(nil, uint64(ts)), nil); err != nil {
 		return err
@@ -151,7 +166,33 @@ func (s *DurableSink) Checkpoint(id common.DispatcherID, ts common.Ts) error {
 	}
 	s.mu.nextSeq = seq
 	s.mu.pending[id] = s.mu.pending[id][:0]
+	s.mu.ddls[id] = s.mu.ddls[id][:0]
 	return nil
+}
+
+func ddlKey(table int64, commitTs common.Ts) []byte {
+	k := binary.BigEndian.AppendUint64([]byte{'d'}, uint64(table))
+	return binary.BigEndian.AppendUint64(k, uint64(commitTs))
+}
+
+// DDLs returns the stored DDLs of table in commit-ts order.
+func (s *DurableSink) DDLs(table int64) ([]messaging.DDL, error) {
+	lo := binary.BigEndian.AppendUint64([]byte{'d'}, uint64(table))
+	hi := binary.BigEndian.AppendUint64([]byte{'d'}, uint64(table)+1)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var out []messaging.DDL
+	for ok := it.First(); ok; ok = it.Next() {
+		v, err := it.ValueAndErr()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, messaging.DDL{TableID: table, CommitTs: common.Ts(binary.BigEndian.Uint64(it.Key()[len(lo):])), Query: string(v)})
+	}
+	return out, it.Error()
 }
 
 func versionKey(table int64, key []byte, commitTs common.Ts) []byte {

@@ -155,10 +155,10 @@ func (s *server) recordLag(r *runResult, now time.Time) {
 	for range n {
 		f := s.feeds[r.lagCursor/s.cfg.Tables]
 		d := f.ds[r.lagCursor%s.cfg.Tables]
-		if st, err := f.coll.Dispatcher(d.id); err == nil {
-			r.lag.Record(st.Checkpoint.Lag(now))
-			if r.sweepMin == 0 || st.Checkpoint < r.sweepMin {
-				r.sweepMin = st.Checkpoint
+		if ckpt, err := s.checkpointOf(f, d); err == nil {
+			r.lag.Record(ckpt.Lag(now))
+			if r.sweepMin == 0 || ckpt < r.sweepMin {
+				r.sweepMin = ckpt
 			}
 		}
 		if r.lagCursor = (r.lagCursor + 1) % total; r.lagCursor == 0 {
@@ -188,15 +188,15 @@ func (s *server) sweepBehind(l *behindList, target func(dispatcherRef) common.Ts
 	for _, ref := range l.refs[l.cursor:end] {
 		f := s.feeds[ref.feed]
 		d := f.ds[ref.ds]
-		st, err := f.coll.Dispatcher(d.id)
-		if err == nil && st.Checkpoint >= target(d) {
+		ckpt, err := s.checkpointOf(f, d)
+		if err == nil && ckpt >= target(d) {
 			continue // caught up: dropped
 		}
 		// Behind, or being moved (look again next time).
 		l.refs[kept] = ref
 		kept++
-		if err == nil && (l.minCkpt == 0 || st.Checkpoint < l.minCkpt) {
-			l.minCkpt = st.Checkpoint
+		if err == nil && (l.minCkpt == 0 || ckpt < l.minCkpt) {
+			l.minCkpt = ckpt
 		}
 	}
 	l.refs = append(l.refs[:kept], l.refs[end:]...)
@@ -228,7 +228,24 @@ func (s *server) finalTargets(r *runResult) map[common.DispatcherID]common.Ts {
 	return out
 }
 
+// checkpointOf is d's checkpoint: its collector's, or, with the collector
+// in another process, the one the service last heard in a heartbeat
+// (behind the collector's by up to one heartbeat interval).
+func (s *server) checkpointOf(f *feed, d dispatcherRef) (common.Ts, error) {
+	if f.coll != nil {
+		st, err := f.coll.Dispatcher(d.id)
+		return st.Checkpoint, err
+	}
+	st, err := s.svc.Inspect(d.id)
+	return st.Checkpoint, err
+}
+
+// rowsApplied is the rows the sinks accepted so far; with collectors in
+// other processes, for the progress line, the rows the service scanned.
 func (s *server) rowsApplied() uint64 {
+	if s.rs != nil {
+		return s.svc.Progress().ScannedRows
+	}
 	var n uint64
 	for _, f := range s.feeds {
 		n += f.coll.Counters().RowsApplied
@@ -236,7 +253,12 @@ func (s *server) rowsApplied() uint64 {
 	return n
 }
 
+// resets is the collectors' resets so far (the service's count with
+// collectors in other processes).
 func (s *server) resets() uint64 {
+	if s.rs != nil {
+		return s.svc.Progress().Resets
+	}
 	var n uint64
 	for _, f := range s.feeds {
 		n += f.coll.Counters().TotalResets()
@@ -269,9 +291,13 @@ func (s *server) diagnose(finals map[common.DispatcherID]common.Ts) {
 			if len(s.diag) >= maxProblems {
 				return
 			}
-			cs, err := f.coll.Dispatcher(d.id)
-			if err == nil && cs.Checkpoint >= finals[d.id] {
+			ckpt, err := s.checkpointOf(f, d)
+			if err == nil && ckpt >= finals[d.id] {
 				continue
+			}
+			var cs any = "in another process"
+			if f.coll != nil {
+				cs, _ = f.coll.Dispatcher(d.id)
 			}
 			ss, serr := s.svc.Inspect(d.id)
 			ds, _ := s.store.Dispatcher(d.id)

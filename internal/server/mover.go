@@ -80,7 +80,7 @@ func (m *mover) checkpoint(f *feed, id common.DispatcherID) common.Ts {
 	if f.mem != nil {
 		return f.mem.CheckpointOf(id)
 	}
-	ts, err := m.s.durable.CheckpointOf(id)
+	ts, err := f.durable.CheckpointOf(id)
 	if err != nil {
 		m.s.log.Warn("move: read checkpoint", zap.Stringer("dispatcher", id), zap.Error(err))
 		return 0 // from the start-ts: more re-delivery, nothing lost

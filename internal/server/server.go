@@ -12,12 +12,8 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
-	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"sync"
@@ -27,7 +23,6 @@ import (
 	"github.com/pingcap/log"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -36,6 +31,7 @@ import (
 	"github.com/cdcflow/eventservice/pkg/eventservice"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/messaging"
+	"github.com/cdcflow/eventservice/pkg/remote"
 	"github.com/cdcflow/eventservice/pkg/schemastore"
 	"github.com/cdcflow/eventservice/pkg/upstream"
 )
@@ -45,6 +41,11 @@ type feed struct {
 	target messaging.Target
 	coll   *eventcollector.Collector
 	mem    *eventcollector.MemorySink // nil with a durable sink
+	// durable is the feed's durable sink: --durable-sink's, or, with the
+	// collector in another process, its sink opened for verification.
+	durable *DurableSink
+	// remote: the feed's collector runs in another process (coll is nil).
+	remote bool
 	ds     []dispatcherRef
 }
 
@@ -71,15 +72,15 @@ type server struct {
 	liveFrom common.Ts
 	store    *eventstore.Store
 	schema   *schemastore.Memory
-	inproc   *messaging.InProcess
+	inproc   *messaging.InProcess // nil with remote collectors
+	rs       *remoteSide          // nil with collectors in this process
 	faulty   *messaging.Faulty
 	svc      *eventservice.Service
 	durable  *DurableSink
 	feeds    []*feed
 	mover    *mover // nil unless --move-interval
 
-	metricsLn  net.Listener
-	metricsSrv *http.Server
+	metrics    *metricsServer
 	stopSchema chan struct{}
 	wg         sync.WaitGroup
 	// diag describes, before shutdown, the dispatchers that did not reach
@@ -99,8 +100,8 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (Summary, er
 		return Summary{}, err
 	}
 	defer s.cleanup()
-	if err := s.start(); err != nil {
-		s.stop()
+	if err := s.start(stderr); err != nil {
+		s.stop(stderr)
 		return Summary{}, err
 	}
 	if addr := s.metricsAddr(); addr != "" {
@@ -109,8 +110,19 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (Summary, er
 	run := s.monitor(ctx, stderr)
 	finals := s.finalTargets(run)
 	s.diagnose(finals)
-	s.stop()
+	s.stop(stderr)
+	if s.rs != nil {
+		// The collector processes have stopped: their sinks can be read.
+		s.openRemoteSinks()
+		defer s.closeRemoteSinks()
+	}
 	sum := s.verify(run, finals)
+	sum.Role = s.cfg.Role
+	if s.rs != nil {
+		sum.Role = RoleService
+		sum.RowsApplied, sum.Resets = 0, 0
+		s.remoteTotals(&sum)
+	}
 	sum.WallSec, sum.PeakRSSMB, sum.Flags = time.Since(s.began).Seconds(), peakRSSMB(), cfg.Flags
 	if err := writeSummary(stdout, cfg.JSON, sum); err != nil {
 		return sum, err
@@ -164,11 +176,25 @@ func (s *server) buildParts(resumed bool) error {
 	if err != nil {
 		return err
 	}
-	s.inproc, err = messaging.NewInProcess(messaging.InProcessOptions{Capacity: cfg.InboxCapacity, Logger: s.log})
-	if err != nil {
-		return err
+	var tr messaging.Transport
+	if cfg.Role == RoleService || cfg.RemoteCollectors > 0 {
+		tlsCfg, err := serverTLS(cfg)
+		if err != nil {
+			return err
+		}
+		srv, err := remote.NewServer(remote.ServerOptions{Logger: s.log, TLS: tlsCfg, Registerer: s.reg})
+		if err != nil {
+			return err
+		}
+		s.rs = &remoteSide{srv: srv, sinkDirs: map[int]string{}}
+		tr = srv
+	} else {
+		s.inproc, err = messaging.NewInProcess(messaging.InProcessOptions{Capacity: cfg.InboxCapacity, Logger: s.log})
+		if err != nil {
+			return err
+		}
+		tr = s.inproc
 	}
-	var tr messaging.Transport = s.inproc
 	if cfg.RefuseRate > 0 || cfg.FailRate > 0 || cfg.DropRate > 0 {
 		s.faulty, err = messaging.NewFaulty(s.inproc, messaging.FaultOptions{Seed: s.meta.Seed, RefuseRate: cfg.RefuseRate,
 			FailRate: cfg.FailRate, DropRate: cfg.DropRate})
@@ -202,7 +228,17 @@ func (s *server) buildParts(resumed bool) error {
 }
 
 func (s *server) buildFeed(c int, resumed bool) error {
-	f := &feed{target: messaging.Target(fmt.Sprintf("changefeed-%d", c+1))}
+	f := &feed{target: targetOf(c + 1)}
+	if s.rs != nil {
+		// The collector is in another process: the service only needs the
+		// dispatchers, to verify them.
+		f.remote = true
+		for t := 1; t <= s.cfg.Tables; t++ {
+			f.ds = append(f.ds, dispatcherRef{id: common.DispatcherID{Hi: uint64(c + 1), Lo: uint64(t)}, table: int64(t), startTs: s.meta.StartTs})
+		}
+		s.feeds = append(s.feeds, f)
+		return nil
+	}
 	inbox, err := s.inproc.Register(f.target)
 	if err != nil {
 		return err
@@ -210,6 +246,7 @@ func (s *server) buildFeed(c int, resumed bool) error {
 	var sink eventcollector.Sink
 	if s.durable != nil {
 		sink = s.durable
+		f.durable = s.durable
 	} else {
 		f.mem = eventcollector.NewMemorySink()
 		sink = f.mem
@@ -236,15 +273,27 @@ func (s *server) buildFeed(c int, resumed bool) error {
 	return nil
 }
 
-// start starts every part, registers the dispatchers, then the upstream.
-func (s *server) start() error {
+// start starts every part, registers the dispatchers (or, with remote
+// collectors, waits until they have), then the upstream.
+func (s *server) start(stderr io.Writer) error {
 	if err := s.store.Start(); err != nil {
 		return err
 	}
 	if err := s.svc.Start(); err != nil {
 		return err
 	}
+	if s.rs != nil {
+		if err := s.startRemote(stderr); err != nil {
+			return err
+		}
+		if err := s.awaitRegistrations(); err != nil {
+			return err
+		}
+	}
 	for _, f := range s.feeds {
+		if f.remote {
+			continue
+		}
 		if err := f.coll.Start(); err != nil {
 			return err
 		}
@@ -277,49 +326,34 @@ func (s *server) start() error {
 
 // serveMetrics serves /metrics and /debug/pprof on the loopback address.
 func (s *server) serveMetrics() error {
-	if s.cfg.MetricsAddr == "" {
-		return nil
-	}
-	ln, err := net.Listen("tcp", s.cfg.MetricsAddr)
+	m, err := serveMetricsOf(s.cfg.MetricsAddr, s.reg, s.log)
 	if err != nil {
-		return fmt.Errorf("metrics listener: %w", err)
+		return err
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	s.metricsLn = ln
-	s.metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	s.wg.Go(func() {
-		if err := s.metricsSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			s.log.Warn("metrics server", zap.Error(err))
-		}
-	})
-	s.log.Info("serving /metrics and /debug/pprof", zap.String("addr", ln.Addr().String()))
+	s.metrics = m
 	return nil
 }
 
-// MetricsAddr returns the address /metrics is served on, once started.
-func (s *server) metricsAddr() string {
-	if s.metricsLn == nil {
-		return ""
-	}
-	return s.metricsLn.Addr().String()
-}
+// metricsAddr returns the address /metrics is served on, once started.
+func (s *server) metricsAddr() string { return s.metrics.addr() }
 
 // stop stops every part in dependency order: the mover, upstream and schema
-// first, then collectors, the service (which unregisters from the store), the
-// store, the transport and the metrics server.
-func (s *server) stop() {
+// first, then collectors (in this process, or the collector processes),
+// the service (which unregisters from the store), the store, the
+// transport and the metrics server.
+func (s *server) stop(stderr io.Writer) {
 	if s.mover != nil {
 		s.mover.close() // before the collectors close: a move calls them
 	}
 	close(s.stopSchema)
 	s.gen.Close()
+	if s.rs != nil {
+		s.stopCollectors(stderr)
+	}
 	for _, f := range s.feeds {
+		if f.coll == nil {
+			continue
+		}
 		if err := f.coll.Close(); err != nil {
 			s.log.Warn("close collector", zap.Error(err))
 		}
@@ -330,12 +364,13 @@ func (s *server) stop() {
 	if err := s.store.Close(); err != nil {
 		s.log.Warn("close store", zap.Error(err))
 	}
-	s.inproc.Close()
-	if s.metricsSrv != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = s.metricsSrv.Shutdown(ctx)
-		cancel()
+	if s.inproc != nil {
+		s.inproc.Close()
 	}
+	if s.rs != nil {
+		s.rs.srv.Close()
+	}
+	s.metrics.close()
 	s.wg.Wait()
 }
 

@@ -133,8 +133,8 @@ func TestMetricsEndpointServesLintCleanMetrics(t *testing.T) {
 	s, err := build(cfg, io.Discard)
 	require.NoError(t, err)
 	defer s.cleanup()
-	require.NoError(t, s.start())
-	defer s.stop()
+	require.NoError(t, s.start(io.Discard))
+	defer s.stop(io.Discard)
 	// Every metric of every component, on one registry, passes the linter.
 	problems, err := testutil.GatherAndLint(s.reg)
 	require.NoError(t, err)

@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
+	"github.com/cdcflow/eventservice/pkg/schemastore"
 )
 
 // Quantiles is a p50/p99/max triple.
@@ -53,18 +55,25 @@ type Summary struct {
 	// WallSec is the whole run, registration and verification included;
 	// PeakRSSMB the process's peak resident set (getrusage), so a scale
 	// figure carries its memory; Flags the command line.
-	WallSec          float64  `json:"wall_sec"`
-	PeakRSSMB        float64  `json:"peak_rss_mb"`
-	Flags            string   `json:"flags"`
-	PeakPendingTasks int      `json:"peak_pending_tasks"`
-	PeakPendingPrep  int      `json:"peak_pending_prepare"`
-	PeakPendingScan  int      `json:"peak_pending_scan"`
-	CoalescedRatio   float64  `json:"coalesced_ratio"`
-	Notifications    uint64   `json:"notifications"`
-	FaultsInjected   uint64   `json:"faults_injected"`
-	ElapsedSec       float64  `json:"elapsed_sec"`
-	MetricsAddr      string   `json:"metrics_addr,omitempty"`
-	Problems         []string `json:"problems,omitempty"`
+	WallSec          float64 `json:"wall_sec"`
+	PeakRSSMB        float64 `json:"peak_rss_mb"`
+	Flags            string  `json:"flags"`
+	PeakPendingTasks int     `json:"peak_pending_tasks"`
+	PeakPendingPrep  int     `json:"peak_pending_prepare"`
+	PeakPendingScan  int     `json:"peak_pending_scan"`
+	CoalescedRatio   float64 `json:"coalesced_ratio"`
+	Notifications    uint64  `json:"notifications"`
+	FaultsInjected   uint64  `json:"faults_injected"`
+	ElapsedSec       float64 `json:"elapsed_sec"`
+	MetricsAddr      string  `json:"metrics_addr,omitempty"`
+	// Role is the process's --role; with collectors in other processes,
+	// CollectorRestarts counts the collector processes started again after
+	// they exited on their own, and Reconnects their data streams opened
+	// again.
+	Role              string   `json:"role"`
+	CollectorRestarts int      `json:"collector_restarts"`
+	Reconnects        int64    `json:"reconnects"`
+	Problems          []string `json:"problems,omitempty"`
 }
 
 const maxProblems = 20
@@ -126,7 +135,7 @@ func (s *server) verifyDispatcher(sum *Summary, f *feed, d dispatcherRef, final 
 	wantDDLs := s.sched.forTable(d.table, from, final)
 	sum.DDLsUpstream += len(wantDDLs)
 	if f.mem == nil {
-		s.verifyDurable(sum, d, final, want)
+		s.verifyDurable(sum, f.durable, d, final, want, wantDDLs)
 		return
 	}
 	// A sink that was never asked to checkpoint is at its start-ts.
@@ -157,6 +166,11 @@ func (s *server) verifyDispatcher(sum *Summary, f *feed, d dispatcherRef, final 
 	s.diffRows(sum, d, want, got)
 	gotDDLs := dedupDDLs(f.mem.AppliedDDLs(d.id))
 	sum.DDLsDelivered += len(gotDDLs)
+	compareDDLs(sum, d, gotDDLs, wantDDLs)
+}
+
+// compareDDLs counts a mismatch if got is not the scheduled DDLs want.
+func compareDDLs(sum *Summary, d dispatcherRef, gotDDLs []messaging.DDL, wantDDLs []schemastore.DDL) {
 	if len(gotDDLs) != len(wantDDLs) {
 		sum.DDLMismatches++
 		sum.problem("%v (table %d): %d DDLs delivered, %d scheduled", d.id, d.table, len(gotDDLs), len(wantDDLs))
@@ -226,10 +240,16 @@ func dedupDDLs(ddls []messaging.DDL) []messaging.DDL {
 	return out
 }
 
-// verifyDurable checks the durable sink: exactly the upstream's versions,
-// each once, and per key applied in commit-ts order.
-func (s *server) verifyDurable(sum *Summary, d dispatcherRef, final common.Ts, want []common.Row) {
-	ckpt, err := s.durable.CheckpointOf(d.id)
+// verifyDurable checks a durable sink: exactly the upstream's versions,
+// each once, per key applied in commit-ts order, and the scheduled DDLs.
+func (s *server) verifyDurable(sum *Summary, sink *DurableSink, d dispatcherRef, final common.Ts, want []common.Row, wantDDLs []schemastore.DDL) {
+	if sink == nil {
+		sum.LostWakeups++
+		sum.MissingRows += len(want)
+		sum.problem("%v (table %d): its collector's sink could not be read", d.id, d.table)
+		return
+	}
+	ckpt, err := sink.CheckpointOf(d.id)
 	ckpt = max(ckpt, d.startTs)
 	if err != nil {
 		sum.problem("%v: read checkpoint: %v", d.id, err)
@@ -240,13 +260,24 @@ func (s *server) verifyDurable(sum *Summary, d dispatcherRef, final common.Ts, w
 		sum.LostWakeups++
 		sum.problem("%v (table %d): durable checkpoint %v behind %v", d.id, d.table, ckpt, final)
 	}
-	versions, err := s.durable.Versions(d.table)
+	versions, err := sink.Versions(d.table)
 	if err != nil {
 		sum.problem("%v: read sink: %v", d.id, err)
 		sum.MissingRows += len(want)
 		return
 	}
 	verifyVersions(sum, d, want, versions)
+	got, err := sink.DDLs(d.table)
+	if err != nil {
+		sum.DDLMismatches++
+		sum.problem("%v: read DDLs: %v", d.id, err)
+		return
+	}
+	// The sink holds DDLs up to its checkpoint, which may pass final after
+	// an interruption; compare the scheduled range only.
+	got = slices.DeleteFunc(got, func(dl messaging.DDL) bool { return dl.CommitTs > final })
+	sum.DDLsDelivered += len(got)
+	compareDDLs(sum, d, got, wantDDLs)
 }
 
 // verifyVersions compares stored versions with the upstream's rows of the
