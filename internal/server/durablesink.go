@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
@@ -43,9 +44,23 @@ type DurableSink struct {
 	}
 }
 
+// sinkCacheBytes is the durable sink's block cache.
+const sinkCacheBytes = 64 << 20
+
 // OpenDurableSink opens (or creates) the sink in dir.
 func OpenDurableSink(dir string) (*DurableSink, error) {
-	db, err := pebble.Open(dir, &pebble.Options{Logger: quietPebble{}})
+	// Each row is looked up before it is written (a re-delivery must keep
+	// its first application's sequence number), and nearly all lookups
+	// miss: bloom filters answer those without reading the tables' index
+	// blocks, which without them was 80% of a collector process's CPU
+	// at 4,000 dispatchers.
+	cache := pebble.NewCache(sinkCacheBytes)
+	defer cache.Unref() // the DB holds its own reference
+	opts := &pebble.Options{Logger: quietPebble{}, Cache: cache}
+	for i := range opts.Levels {
+		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+	}
+	db, err := pebble.Open(dir, opts)
 	if err != nil {
 		return nil, fmt.Errorf("open durable sink: %w", err)
 	}
