@@ -7,7 +7,7 @@ BENCHTIME ?= 1s
 COUNT     ?= 5
 FUZZTIME  ?= 10s
 
-.PHONY: all build test vet fmt-check tidy-check bench scale fuzz soak run clean
+.PHONY: all build test vet fmt-check tidy-check bench scale remote fuzz soak run clean
 
 all: build
 
@@ -46,6 +46,19 @@ bench:
 # table of them into docs/benchmarks.md (scripts/benchtable -scale). A run
 # that fails verification still lands in the table, marked. About 5 minutes.
 SCALE_FLAGS = --progress-interval 0 --metrics-addr= --json
+# remote: the service with two collector processes against one process, the
+# same workload, interleaved, three times each; benchtable writes the table
+# and the rows/s ratio into docs/benchmarks.md.
+REMOTE_FLAGS ?= --changefeeds 2 --tables 2000 --duration 10s --json --progress-interval 0 --metrics-addr ""
+remote:
+	$(GO) build -o bin/cdcserver ./cmd/cdcserver
+	for i in 1 2 3; do \
+		bin/cdcserver --remote-collectors 2 $(REMOTE_FLAGS) > remote-$$i.json || exit 1; \
+		bin/cdcserver $(REMOTE_FLAGS) > remote-all-$$i.json || exit 1; \
+	done
+	$(GO) run ./scripts/benchtable -remote remote-*.json
+	$(GO) run ./scripts/benchtable -remote -update remote-*.json
+
 scale:
 	$(GO) build -o bin/cdcserver ./cmd/cdcserver
 	-bin/cdcserver --tables 10000 --duration 20s $(SCALE_FLAGS) > scale-10k.json

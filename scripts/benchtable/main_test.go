@@ -136,3 +136,30 @@ func TestScaleTable(t *testing.T) {
 		t.Fatal("-scale without runs accepted")
 	}
 }
+
+func TestRemoteRatio(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	r1 := write("r1.json", `{"verified":true,"dispatchers":4000,"rows_per_sec":30000,"resolved_lag_ms":{"p99":900},"warm":true,"flags":"--remote-collectors 2 --changefeeds 2"}`)
+	r2 := write("r2.json", `{"verified":true,"dispatchers":4000,"rows_per_sec":40000,"resolved_lag_ms":{"p99":700},"warm":true,"flags":"--remote-collectors 2 --changefeeds 2"}`)
+	r3 := write("r3.json", `{"verified":true,"dispatchers":4000,"rows_per_sec":50000,"resolved_lag_ms":{"p99":800},"warm":true,"flags":"--remote-collectors 2 --changefeeds 2"}`)
+	a1 := write("a1.json", `{"verified":true,"dispatchers":4000,"rows_per_sec":80000,"resolved_lag_ms":{"p99":40},"warm":true,"flags":"--changefeeds 2"}`)
+	var out bytes.Buffer
+	if err := run([]string{"-remote", r1, r2, r3, a1}, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"other processes 40000 rows/s, lag p99 800.0 ms (3 runs)", "one process 80000 rows/s, lag p99 40.0 ms (1 runs)", "one process: 0.50 (target >= 0.5)"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if err := run([]string{"-remote", r1}, &out); err == nil {
+		t.Fatal("-remote without one-process runs accepted")
+	}
+}
