@@ -346,6 +346,7 @@ func TestRemoteCollectorBehindAFaultyLink(t *testing.T) {
 	require.NoError(t, obs.err)
 	requireDelivered(t, sum, 2*cfg.Tables)
 	require.Positive(t, sum.Reconnects, "collector 1 reconnected after the reset and the partition")
+	require.GreaterOrEqual(t, sum.Reregistered, int64(cfg.Tables), "after a reconnect every dispatcher of the feed registered again")
 	require.Greater(t, obs.rowsAfter, obs.rowsBefore, "collector 2 kept applying rows while collector 1 was partitioned")
 	require.Less(t, obs.lagAfter, 2.0, "collector 2's checkpoint lag stayed below the partition's length")
 	// The notify callback only marks work: a blocked send would show here

@@ -248,6 +248,7 @@ func (s *server) remoteTotals(sum *Summary) {
 			sum.RowsApplied += cs.RowsApplied
 			sum.Resets += cs.Resets
 			sum.Reconnects += cs.Reconnects
+			sum.Reregistered += cs.Reregistered
 		}
 		c.mu.Unlock()
 	}

@@ -68,11 +68,13 @@ type Summary struct {
 	MetricsAddr      string  `json:"metrics_addr,omitempty"`
 	// Role is the process's --role; with collectors in other processes,
 	// CollectorRestarts counts the collector processes started again after
-	// they exited on their own, and Reconnects their data streams opened
-	// again.
+	// they exited on their own, Reconnects their data streams opened
+	// again, and Reregistered the dispatchers they registered again (from
+	// their checkpoints, under new registrations) after those reconnects.
 	Role              string   `json:"role"`
 	CollectorRestarts int      `json:"collector_restarts"`
 	Reconnects        int64    `json:"reconnects"`
+	Reregistered      int64    `json:"reregistered"`
 	Problems          []string `json:"problems,omitempty"`
 }
 

@@ -71,6 +71,15 @@ func newServerMetrics(s *Server) *serverMetrics {
 	}
 }
 
+// touch creates target's series of the counters, so that they are scraped
+// (at zero) before the first send or refusal.
+func (m *serverMetrics) touch(target string) {
+	m.sent.WithLabelValues(target)
+	for _, reason := range []string{"busy", "unavailable", "too_large"} {
+		m.refused.WithLabelValues(target, reason)
+	}
+}
+
 // Describe implements prometheus.Collector.
 func (m *serverMetrics) Describe(ch chan<- *prometheus.Desc) {
 	m.streams.Describe(ch)

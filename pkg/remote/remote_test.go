@@ -300,6 +300,15 @@ func TestClientReconnectsToARestartedService(t *testing.T) {
 	}
 	require.Equal(t, 1, srv.Connected())
 	requireMetric(t, srvReg, "cdcflow_remote_server_connected_collectors", 1)
+	mfs, err := srvReg.Gather()
+	require.NoError(t, err)
+	refused := 0
+	for _, mf := range mfs {
+		if mf.GetName() == "cdcflow_remote_server_refused_sends_total" {
+			refused = len(mf.GetMetric())
+		}
+	}
+	require.Equal(t, 3, refused, "every refusal reason is scraped, at zero, once a collector connected")
 	require.NoError(t, srv.Send("c1", sampleMessages()[:2]))
 	requireMetric(t, srvReg, "cdcflow_remote_server_in_flight_messages", 2)
 	require.Equal(t, sampleMessages()[:2], receive(t, cli.Inbox(), 2))

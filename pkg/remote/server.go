@@ -291,6 +291,7 @@ func (s *Server) data(stream grpc.ServerStream) error {
 		}
 	}
 	s.met.streams.WithLabelValues(string(target)).Inc()
+	s.met.touch(string(target))
 	s.log.Info("collector connected", zap.String("target", string(target)), zap.Int("credit", int(credit)))
 
 	ctx := stream.Context()
