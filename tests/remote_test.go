@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -22,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/internal/faultproxy"
+	"github.com/cdcflow/eventservice/internal/linewatch"
 	"github.com/cdcflow/eventservice/internal/server"
 )
 
@@ -57,49 +57,6 @@ func buildCDCServer(t *testing.T) string {
 	return cdcserverBin.path
 }
 
-// lineWatcherForTest is the service's stderr: it keeps everything, and
-// sends each line matching pattern to matches (dropping matches nobody
-// waits for).
-type lineWatcherForTest struct {
-	pattern *regexp.Regexp
-	matches chan []string
-	mu      sync.Mutex
-	all     bytes.Buffer
-	partial []byte
-}
-
-func newLineWatcher(pattern string) *lineWatcherForTest {
-	return &lineWatcherForTest{pattern: regexp.MustCompile(pattern), matches: make(chan []string, 16)}
-}
-
-func (w *lineWatcherForTest) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.all.Write(p)
-	w.partial = append(w.partial, p...)
-	for {
-		i := bytes.IndexByte(w.partial, '\n')
-		if i < 0 {
-			break
-		}
-		line := string(w.partial[:i])
-		w.partial = w.partial[i+1:]
-		if m := w.pattern.FindStringSubmatch(line); m != nil {
-			select {
-			case w.matches <- m:
-			default:
-			}
-		}
-	}
-	return len(p), nil
-}
-
-func (w *lineWatcherForTest) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.all.String()
-}
-
 // remoteConfig is a service with n collector processes.
 func remoteConfig(t *testing.T, changefeeds, collectors, tables, rate int, d time.Duration) server.Config {
 	cfg := serverConfig(t, tables, rate, d)
@@ -110,7 +67,7 @@ func remoteConfig(t *testing.T, changefeeds, collectors, tables, rate int, d tim
 }
 
 // runRemote runs the service until it returns, with stderr watched.
-func runRemote(t *testing.T, ctx context.Context, cfg server.Config, stderr *lineWatcherForTest) server.Summary {
+func runRemote(t *testing.T, ctx context.Context, cfg server.Config, stderr *linewatch.Watcher) server.Summary {
 	t.Helper()
 	var out bytes.Buffer
 	sum, err := server.Run(ctx, cfg, &out, stderr)
@@ -129,7 +86,7 @@ func runRemote(t *testing.T, ctx context.Context, cfg server.Config, stderr *lin
 func TestRemoteCollectorsDeliverEverything(t *testing.T) {
 	cfg := remoteConfig(t, 2, 2, 200, 4000, scaled(t, 3*time.Second))
 	cfg.DDLInterval = 200 * time.Millisecond
-	stderr := newLineWatcher(`^collector (\d+) started: pid (\d+)`)
+	stderr := linewatch.New(`^collector (\d+) started: pid (\d+)`)
 	sum := runRemote(t, context.Background(), cfg, stderr)
 	requireDelivered(t, sum, 2*cfg.Tables)
 	require.Equal(t, server.RoleService, sum.Role)
@@ -139,7 +96,7 @@ func TestRemoteCollectorsDeliverEverything(t *testing.T) {
 	started := map[string]bool{}
 	for len(started) < 2 {
 		select {
-		case m := <-stderr.matches:
+		case m := <-stderr.Matches():
 			started[m[1]] = true
 		default:
 			t.Fatalf("collector processes started: %v; stderr: %s", started, tail(stderr.String(), 2000))
@@ -156,7 +113,7 @@ func TestRemoteCollectorsDeliverEverything(t *testing.T) {
 func TestRemoteCollectorKilledAndRestarted(t *testing.T) {
 	cfg := remoteConfig(t, 2, 2, 200, 4000, scaled(t, 4*time.Second))
 	cfg.DDLInterval = 200 * time.Millisecond
-	stderr := newLineWatcher(`^collector (\d+) started: pid (\d+)`)
+	stderr := linewatch.New(`^collector (\d+) started: pid (\d+)`)
 	killed := make(chan int, 1)
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -168,7 +125,7 @@ func TestRemoteCollectorKilledAndRestarted(t *testing.T) {
 			select {
 			case <-ctx.Done():
 				return
-			case m = <-stderr.matches:
+			case m = <-stderr.Matches():
 			}
 			if m[1] != "1" {
 				continue
@@ -207,7 +164,7 @@ func TestRemoteCollectorKilledAndRestarted(t *testing.T) {
 // verified, and no goroutine survives (goleak in TestMain).
 func TestRemoteShutdownIsBounded(t *testing.T) {
 	cfg := remoteConfig(t, 2, 2, 100, 2000, time.Hour)
-	stderr := newLineWatcher(`^\s*\d+\.\ds/`) // a progress line: the run is under way
+	stderr := linewatch.New(`^\s*\d+\.\ds/`) // a progress line: the run is under way
 	cfg.ProgressInterval = 100 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -215,7 +172,7 @@ func TestRemoteShutdownIsBounded(t *testing.T) {
 	defer wg.Wait()
 	wg.Go(func() {
 		select {
-		case <-stderr.matches:
+		case <-stderr.Matches():
 		case <-ctx.Done():
 		}
 		cancel()
@@ -273,7 +230,7 @@ func TestRemoteCollectorBehindAFaultyLink(t *testing.T) {
 	cfg.MetricsAddr = "127.0.0.1:0"
 	sick := faultproxy.Start(t, cfg.Listen)
 	cfg.CollectorConnect = sick.Addr + "," + cfg.Listen
-	stderr := newLineWatcher(`^collector: serving changefeeds \[(\d+)\] .*; metrics at (\S+)`)
+	stderr := linewatch.New(`^collector: serving changefeeds \[(\d+)\] .*; metrics at (\S+)`)
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -291,7 +248,7 @@ func TestRemoteCollectorBehindAFaultyLink(t *testing.T) {
 			select {
 			case <-ctx.Done():
 				return
-			case m := <-stderr.matches:
+			case m := <-stderr.Matches():
 				if m[1] == "2" {
 					healthy = m[2]
 				}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/linewatch"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 	"github.com/cdcflow/eventservice/pkg/remote"
@@ -63,42 +64,6 @@ func newCertsForTest(t *testing.T, dir, name string) certsForTest {
 	return c
 }
 
-// stderrWatcherForTest keeps what is written and sends the submatches of
-// lines matching pattern.
-type stderrWatcherForTest struct {
-	pattern *regexp.Regexp
-	matches chan []string
-	mu      sync.Mutex
-	all     bytes.Buffer
-	partial []byte
-}
-
-func (w *stderrWatcherForTest) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.all.Write(p)
-	w.partial = append(w.partial, p...)
-	for {
-		i := bytes.IndexByte(w.partial, '\n')
-		if i < 0 {
-			return len(p), nil
-		}
-		if m := w.pattern.FindStringSubmatch(string(w.partial[:i])); m != nil {
-			select {
-			case w.matches <- m:
-			default:
-			}
-		}
-		w.partial = w.partial[i+1:]
-	}
-}
-
-func (w *stderrWatcherForTest) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.all.String()
-}
-
 // The service and a collector started by hand (the collector in this
 // process too, but over gRPC) with mutual TLS: the service prints the
 // collector's command line, the collector registers every dispatcher, the
@@ -113,8 +78,8 @@ func TestServiceAndCollectorOverMutualTLS(t *testing.T) {
 	cfg.TLSCert, cfg.TLSKey, cfg.TLSCA = certs.cert, certs.key, certs.ca
 	collDir := t.TempDir()
 	cfg.CollectorDataDirs = collDir
-	stderr := &stderrWatcherForTest{matches: make(chan []string, 16), pattern: regexp.MustCompile(
-		`^(?:service: listening on (\S+); .*--start-ts (\d+)|serving http://(\S+)/metrics|collector: serving .*; metrics at (\S+)|service: (delivery done))`)}
+	stderr := linewatch.New(
+		`^(?:service: listening on (\S+); .*--start-ts (\d+)|serving http://(\S+)/metrics|collector: serving .*; metrics at (\S+)|service: (delivery done))`)
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -132,7 +97,7 @@ func TestServiceAndCollectorOverMutualTLS(t *testing.T) {
 		for {
 			var m []string
 			select {
-			case m = <-stderr.matches:
+			case m = <-stderr.Matches():
 			case <-ctx.Done():
 				return
 			}
