@@ -71,13 +71,16 @@ func newServerMetrics(s *Server) *serverMetrics {
 	}
 }
 
-// touch creates target's series of the counters, so that they are scraped
-// (at zero) before the first send or refusal.
-func (m *serverMetrics) touch(target string) {
-	m.sent.WithLabelValues(target)
-	for _, reason := range []string{"busy", "unavailable", "too_large"} {
-		m.refused.WithLabelValues(target, reason)
-	}
+// peerCounters are one target's series, created when its collector
+// connects (so they are scraped, at zero, before the first send or
+// refusal) and kept by its stream, so that Send does no label lookup.
+type peerCounters struct {
+	sent, busy, unavailable, tooLarge prometheus.Counter
+}
+
+func (m *serverMetrics) forTarget(target string) peerCounters {
+	return peerCounters{sent: m.sent.WithLabelValues(target), busy: m.refused.WithLabelValues(target, "busy"),
+		unavailable: m.refused.WithLabelValues(target, "unavailable"), tooLarge: m.refused.WithLabelValues(target, "too_large")}
 }
 
 // Describe implements prometheus.Collector.

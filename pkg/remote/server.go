@@ -141,6 +141,7 @@ type peer struct {
 	target   messaging.Target
 	capacity int // the credit the collector opened with: its inbox's capacity
 	wake     chan struct{}
+	counters peerCounters // the target's series, looked up once per stream
 
 	mu struct {
 		sync.Mutex
@@ -174,18 +175,18 @@ func (s *Server) Send(target messaging.Target, msgs []messaging.Message) error {
 	defer p.mu.Unlock()
 	switch {
 	case p.mu.broken != nil:
-		s.met.refused.WithLabelValues(string(target), "unavailable").Inc()
+		p.counters.unavailable.Inc()
 		return fmt.Errorf("%w: %w: %q: %v", messaging.ErrSendFailed, messaging.ErrUnavailable, target, p.mu.broken)
 	case len(msgs) > p.capacity:
-		s.met.refused.WithLabelValues(string(target), "too_large").Inc()
+		p.counters.tooLarge.Inc()
 		return fmt.Errorf("%w: %d messages, %q takes %d", messaging.ErrBatchTooLarge, len(msgs), target, p.capacity)
 	case len(msgs) > p.mu.credit:
-		s.met.refused.WithLabelValues(string(target), "busy").Inc()
+		p.counters.busy.Inc()
 		return messaging.ErrBusy
 	case len(msgs) == 0:
 		return nil
 	}
-	s.met.sent.WithLabelValues(string(target)).Add(float64(len(msgs)))
+	p.counters.sent.Add(float64(len(msgs)))
 	p.mu.credit -= len(msgs)
 	p.mu.queue = append(p.mu.queue, appendMessages(nil, msgs))
 	select {
@@ -273,7 +274,7 @@ func (s *Server) data(stream grpc.ServerStream) error {
 		return fmt.Errorf("%w: a stream must open with a hello naming a target, a capacity and credit within it", ErrMalformed)
 	}
 	target, credit := hello.target, hello.credit
-	p := &peer{target: target, capacity: int(hello.capacity), wake: make(chan struct{}, 1)}
+	p := &peer{target: target, capacity: int(hello.capacity), wake: make(chan struct{}, 1), counters: s.met.forTarget(string(target))}
 	p.mu.credit = int(credit)
 	s.mu.Lock()
 	if s.mu.closed {
@@ -291,7 +292,6 @@ func (s *Server) data(stream grpc.ServerStream) error {
 		}
 	}
 	s.met.streams.WithLabelValues(string(target)).Inc()
-	s.met.touch(string(target))
 	s.log.Info("collector connected", zap.String("target", string(target)), zap.Int("credit", int(credit)))
 
 	ctx := stream.Context()
