@@ -2,7 +2,6 @@ package pendingset
 
 import (
 	"fmt"
-	"hash/maphash"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -89,7 +88,7 @@ const noStamp int64 = math.MinInt64
 // Metrics are observed and the doorbell is rung after releasing it.
 type Set[K comparable, V any] struct {
 	opts     Options[K, V] // defaulted and validated; immutable
-	seed     maphash.Seed  // the index's hash seed
+	hasher   hasher[K]     // the index's hash function (hash.go)
 	base     time.Time     // clock reading at New; node times are offsets from it
 	log      *zap.Logger
 	doorbell chan struct{} // capacity 1: "something may be ready"
@@ -136,7 +135,7 @@ func New[K comparable, V any](o Options[K, V]) (*Set[K, V], error) {
 		log:      o.Logger.Named("pendingset"),
 		doorbell: make(chan struct{}, 1),
 	}
-	s.seed = maphash.MakeSeed()
+	s.hasher = newHasher[K]()
 	s.mu.token = rand.Uint64() >> 1 // random start, far from wrapping to 0
 	if o.Registerer != nil {
 		m := newMetrics(s)

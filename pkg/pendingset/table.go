@@ -1,7 +1,5 @@
 package pendingset
 
-import "hash/maphash"
-
 // A key's data lives in two dense slices indexed by its node number: the
 // hot slot (key, value, state: everything Add reads and writes) and the
 // cold node (FIFO link, retry and delivery bookkeeping). Node numbers are
@@ -61,8 +59,8 @@ func entryNode(e uint64) int32 { return int32(uint32(e)) - 1 }
 // entryTag is the tag of an entry.
 func entryTag(e uint64) uint32 { return uint32(e >> 32) }
 
-// tagLocked is k's tag: the low 32 bits of its hash under the set's seed.
-func (s *Set[K, V]) tagLocked(k K) uint32 { return uint32(maphash.Comparable(s.seed, k)) }
+// tagLocked is k's tag: the low 32 bits of its hash.
+func (s *Set[K, V]) tagLocked(k K) uint32 { return uint32(s.hasher.hash(&k)) }
 
 // setSinceLocked records since as the first add of node i's value (slot
 // sl); noStamp means it was not sampled.
