@@ -172,16 +172,12 @@ func printScale(out io.Writer, paths []string) error {
 	if len(paths) == 0 {
 		return fmt.Errorf("-scale needs at least one cdcserver --json output")
 	}
+	runs, err := readRuns(paths)
+	if err != nil {
+		return err
+	}
 	fmt.Fprintf(out, "\n%-92s %9s %8s %10s %9s %9s %9s %8s %8s %12s\n", "cdcserver run", "verified", "rows/s", "lag p50ms", "p99ms", "max ms", "warm-up", "wall s", "RSS MB", "B/dispatcher")
-	for _, p := range paths {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		var r scaleRun
-		if err := json.Unmarshal(b, &r); err != nil {
-			return fmt.Errorf("%s: %w", p, err)
-		}
+	for _, r := range runs {
 		perDispatcher := 0.0
 		if r.Dispatchers > 0 {
 			perDispatcher = r.PeakRSSMB * (1 << 20) / float64(r.Dispatchers)
@@ -197,20 +193,33 @@ func printScale(out io.Writer, paths []string) error {
 	return nil
 }
 
+// readRuns reads cdcserver --json outputs.
+func readRuns(paths []string) ([]scaleRun, error) {
+	runs := make([]scaleRun, 0, len(paths))
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil, err
+		}
+		var r scaleRun
+		if err := json.Unmarshal(b, &r); err != nil {
+			return nil, fmt.Errorf("%s: %w", p, err)
+		}
+		runs = append(runs, r)
+	}
+	return runs, nil
+}
+
 // printRemoteRatio prints the median rows/s and lag of the runs with
 // --remote-collectors and of the others (one process), and the ratio of
 // the rows/s medians.
 func printRemoteRatio(out io.Writer, paths []string) error {
+	runs, err := readRuns(paths)
+	if err != nil {
+		return err
+	}
 	var remote, local []scaleRun
-	for _, p := range paths {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		var r scaleRun
-		if err := json.Unmarshal(b, &r); err != nil {
-			return fmt.Errorf("%s: %w", p, err)
-		}
+	for _, r := range runs {
 		if strings.Contains(r.Flags, "--remote-collectors") {
 			remote = append(remote, r)
 		} else {
