@@ -192,22 +192,32 @@ func ddlKey(table int64, commitTs common.Ts) []byte {
 
 // DDLs returns the stored DDLs of table in commit-ts order.
 func (s *DurableSink) DDLs(table int64) ([]messaging.DDL, error) {
-	lo := binary.BigEndian.AppendUint64([]byte{'d'}, uint64(table))
-	hi := binary.BigEndian.AppendUint64([]byte{'d'}, uint64(table)+1)
+	var out []messaging.DDL
+	err := s.scanTable('d', table, func(k, v []byte) {
+		out = append(out, messaging.DDL{TableID: table, CommitTs: common.Ts(binary.BigEndian.Uint64(k)), Query: string(v)})
+	})
+	return out, err
+}
+
+// scanTable calls fn, in key order, with every entry of table under the
+// one-byte prefix kind: its key after the prefix and table, and its value
+// (both valid only during the call).
+func (s *DurableSink) scanTable(kind byte, table int64, fn func(k, v []byte)) error {
+	lo := binary.BigEndian.AppendUint64([]byte{kind}, uint64(table))
+	hi := binary.BigEndian.AppendUint64([]byte{kind}, uint64(table)+1)
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer it.Close()
-	var out []messaging.DDL
 	for ok := it.First(); ok; ok = it.Next() {
 		v, err := it.ValueAndErr()
 		if err != nil {
-			return nil, err
+			return err
 		}
-		out = append(out, messaging.DDL{TableID: table, CommitTs: common.Ts(binary.BigEndian.Uint64(it.Key()[len(lo):])), Query: string(v)})
+		fn(it.Key()[len(lo):], v)
 	}
-	return out, it.Error()
+	return it.Error()
 }
 
 func versionKey(table int64, key []byte, commitTs common.Ts) []byte {
@@ -230,20 +240,8 @@ type Version struct {
 // Versions returns the stored versions of table, ordered by key then
 // commit-ts.
 func (s *DurableSink) Versions(table int64) ([]Version, error) {
-	lo := binary.BigEndian.AppendUint64([]byte{'v'}, uint64(table))
-	hi := binary.BigEndian.AppendUint64([]byte{'v'}, uint64(table)+1)
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
-	if err != nil {
-		return nil, err
-	}
-	defer it.Close()
 	var out []Version
-	for ok := it.First(); ok; ok = it.Next() {
-		k := it.Key()[len(lo):]
-		v, err := it.ValueAndErr()
-		if err != nil {
-			return nil, err
-		}
+	err := s.scanTable('v', table, func(k, v []byte) {
 		out = append(out, Version{
 			Key:      bytes.Clone(k[:len(k)-8]),
 			CommitTs: common.Ts(binary.BigEndian.Uint64(k[len(k)-8:])),
@@ -251,8 +249,8 @@ func (s *DurableSink) Versions(table int64) ([]Version, error) {
 			Op:       common.OpType(v[8]),
 			Value:    bytes.Clone(v[9:]),
 		})
-	}
-	return out, it.Error()
+	})
+	return out, err
 }
 
 // quietPebble drops pebble's informational logs.
