@@ -87,6 +87,9 @@ type Config struct {
 	// this process's certificate and key, and the CA that signed its
 	// peer's. All three or none.
 	TLSCert, TLSKey, TLSCA string
+	// MaxTargets and MaxDispatchersPerTarget bound what peers can make
+	// the service hold (eventservice.Options).
+	MaxTargets, MaxDispatchersPerTarget int
 	// Executable is what RemoteCollectors starts; default this process's
 	// executable.
 	Executable string
@@ -120,6 +123,9 @@ func DefaultConfig() Config {
 		ProgressInterval: time.Second,
 		Role:             RoleAll,
 		Listen:           "127.0.0.1:0",
+
+		MaxTargets:              1024,
+		MaxDispatchersPerTarget: 1 << 22,
 	}
 }
 
@@ -169,6 +175,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM certificate of this process (mutual TLS; with --tls-key and --tls-ca)")
 	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "PEM private key of --tls-cert")
 	fs.StringVar(&c.TLSCA, "tls-ca", c.TLSCA, "PEM CA certificate that signed the peer's certificate")
+	fs.IntVar(&c.MaxTargets, "max-targets", c.MaxTargets, "most targets (collectors) the service serves at once; a registration for one more is refused")
+	fs.IntVar(&c.MaxDispatchersPerTarget, "max-dispatchers-per-target", c.MaxDispatchersPerTarget, "most dispatchers one target may register; more are refused")
 }
 
 // Validate reports every invalid field at once.
@@ -184,6 +192,10 @@ func (c Config) Validate() error {
 	p.IntRange("--scan-queue", c.ScanQueue, 1, 1<<20)
 	p.IntRange("--scan-limit-bytes", c.ScanLimitBytes, 1, 1<<30)
 	p.IntRange("--inbox-capacity", c.InboxCapacity, 64, 1<<24)
+	p.IntRange("--max-targets", c.MaxTargets, 1, 1<<20)
+	p.IntRange("--max-dispatchers-per-target", c.MaxDispatchersPerTarget, 1, 1<<30)
+	p.Require(c.MaxTargets >= c.Changefeeds, "--max-targets=%d is below --changefeeds=%d (a target per changefeed)", c.MaxTargets, c.Changefeeds)
+	p.Require(c.MaxDispatchersPerTarget >= c.Tables, "--max-dispatchers-per-target=%d is below --tables=%d (a dispatcher per table)", c.MaxDispatchersPerTarget, c.Tables)
 	for _, f := range []struct {
 		name string
 		v    float64

@@ -32,6 +32,19 @@ type remoteSide struct {
 	sinkDirs map[int]string
 }
 
+// newRemoteSide builds the gRPC server of the service role.
+func (s *server) newRemoteSide() (*remoteSide, error) {
+	tlsCfg, err := serverTLS(s.cfg)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := remote.NewServer(remote.ServerOptions{Logger: s.log, TLS: tlsCfg, Registerer: s.reg})
+	if err != nil {
+		return nil, err
+	}
+	return &remoteSide{srv: srv, sinkDirs: map[int]string{}}, nil
+}
+
 // maxRestarts bounds how often a collector process that exited on its own
 // is started again.
 const maxRestarts = 10

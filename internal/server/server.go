@@ -31,7 +31,6 @@ import (
 	"github.com/cdcflow/eventservice/pkg/eventservice"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/messaging"
-	"github.com/cdcflow/eventservice/pkg/remote"
 	"github.com/cdcflow/eventservice/pkg/schemastore"
 	"github.com/cdcflow/eventservice/pkg/upstream"
 )
@@ -178,16 +177,10 @@ func (s *server) buildParts(resumed bool) error {
 	}
 	var tr messaging.Transport
 	if cfg.Role == RoleService || cfg.RemoteCollectors > 0 {
-		tlsCfg, err := serverTLS(cfg)
-		if err != nil {
+		if s.rs, err = s.newRemoteSide(); err != nil {
 			return err
 		}
-		srv, err := remote.NewServer(remote.ServerOptions{Logger: s.log, TLS: tlsCfg, Registerer: s.reg})
-		if err != nil {
-			return err
-		}
-		s.rs = &remoteSide{srv: srv, sinkDirs: map[int]string{}}
-		tr = srv
+		tr = s.rs.srv
 	} else {
 		s.inproc, err = messaging.NewInProcess(messaging.InProcessOptions{Capacity: cfg.InboxCapacity, Logger: s.log})
 		if err != nil {
@@ -210,7 +203,9 @@ func (s *server) buildParts(resumed bool) error {
 		// capacity would be accepted only when the inbox is nearly empty.
 		MaxMessagesPerTask: min(eventservice.DefaultMaxMessagesPerTask, cfg.InboxCapacity/4),
 		ResolvedBatch:      min(eventservice.DefaultResolvedBatch, cfg.InboxCapacity/4),
-		Registerer:         s.reg, Logger: s.log})
+		MaxTargets:              cfg.MaxTargets,
+		MaxDispatchersPerTarget: cfg.MaxDispatchersPerTarget,
+		Registerer:              s.reg, Logger: s.log})
 	if err != nil {
 		return err
 	}

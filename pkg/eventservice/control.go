@@ -70,7 +70,7 @@ func (svc *Service) addDispatcher(req messaging.RegisterRequest) (*dispatcher, *
 		}
 		return nil, nil, fmt.Errorf("%w: %v (registration %v, asked %v)", messaging.ErrDispatcherExists, req.Dispatcher, d.reg, req.Registration)
 	}
-	t, err := svc.targetLocked(req.Target)
+	t, err := svc.targetForRegisterLocked(req.Target)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -87,6 +87,33 @@ func (svc *Service) addDispatcher(req messaging.RegisterRequest) (*dispatcher, *
 	// store registration (registerInStore releases it).
 	d.mu.Lock()
 	return d, s, nil
+}
+
+// targetForRegisterLocked returns the target a new dispatcher of name
+// joins, creating it, within MaxTargets and MaxDispatchersPerTarget.
+// REQUIRES: svc.mu held.
+func (svc *Service) targetForRegisterLocked(name messaging.Target) (*target, error) {
+	t, ok := svc.mu.targets[name]
+	switch {
+	case !ok && len(svc.mu.targets) >= svc.opts.MaxTargets:
+		svc.metrics.refusedControl.WithLabelValues(refusedMaxTargets).Inc()
+		return nil, fmt.Errorf("%w: %d targets already, MaxTargets %d: %q refused", messaging.ErrLimitExceeded,
+			len(svc.mu.targets), svc.opts.MaxTargets, name)
+	case ok && t.dispatchers >= svc.opts.MaxDispatchersPerTarget:
+		svc.metrics.refusedControl.WithLabelValues(refusedMaxDispatchers).Inc()
+		return nil, fmt.Errorf("%w: target %q has %d dispatchers, MaxDispatchersPerTarget %d", messaging.ErrLimitExceeded,
+			name, t.dispatchers, svc.opts.MaxDispatchersPerTarget)
+	case ok:
+		return t, nil
+	}
+	return svc.targetLocked(name)
+}
+
+// targetCount is the number of targets with registered dispatchers.
+func (svc *Service) targetCount() int {
+	svc.mu.RLock()
+	defer svc.mu.RUnlock()
+	return len(svc.mu.targets)
 }
 
 // registerInStore registers d in the store and releases d.mu (held by

@@ -37,6 +37,9 @@ type metrics struct {
 	sentMessages     prometheus.Counter
 	backoffs         prometheus.Counter
 	keepalives       prometheus.Counter
+	// refusedControl counts control requests refused for a reason of the
+	// service's bounds or its authority (not for malformed requests).
+	refusedControl *prometheus.CounterVec
 	funcs            []prometheus.Collector
 }
 
@@ -68,6 +71,12 @@ func newMetrics(svc *Service) *metrics {
 		Help: "Dispatchers backed off after their target refused or failed a send."})
 	m.keepalives = prometheus.NewCounter(prometheus.CounterOpts{Name: name("keepalives_total"),
 		Help: "Resolved-ts re-sent to collectors that had not acknowledged progress for SignalInterval."})
+	m.refusedControl = prometheus.NewCounterVec(prometheus.CounterOpts{Name: name("refused_control_requests_total"),
+		Help: "Control requests refused: max_targets, max_dispatchers_per_target (a bound of the service), permission_denied (the caller may not act for the target), epoch_jump (a reset too far ahead)."},
+		[]string{"reason"})
+	for _, r := range refusalReasons {
+		m.refusedControl.WithLabelValues(r)
+	}
 
 	gauge := func(n, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name(n), Help: help}, f)
@@ -89,6 +98,8 @@ func newMetrics(svc *Service) *metrics {
 		}),
 		gauge("schema_blocked_dispatchers", "Dispatchers parked until the schema frontier advances.", func() float64 { return float64(svc.blocked.len()) }),
 		counter("resets_total", "Dispatcher resets accepted.", func() float64 { return float64(svc.resets.Load()) }),
+		gauge("targets", "Targets (collectors) with at least one registered dispatcher; at most Options.MaxTargets.",
+			func() float64 { return float64(svc.targetCount()) }),
 		&walkCollector{svc: svc,
 			states: prometheus.NewDesc(name("dispatchers"), "Dispatchers by scan state.", []string{"state"}, nil),
 			lag: prometheus.NewDesc(name("resolved_lag_seconds"),
@@ -99,7 +110,7 @@ func newMetrics(svc *Service) *metrics {
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return append([]prometheus.Collector{m.prepareOutcomeV, m.scanDuration, m.scannedRows, m.scannedBytes,
-		m.interruptedScans, m.sendRefusals, m.sentMessages, m.backoffs, m.keepalives}, m.funcs...)
+		m.interruptedScans, m.sendRefusals, m.sentMessages, m.backoffs, m.keepalives, m.refusedControl}, m.funcs...)
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {
@@ -109,6 +120,16 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 func (m *metrics) unregister(reg prometheus.Registerer) {
 	promutil.UnregisterAll(reg, m.collectors()...)
 }
+
+// Reasons of refused_control_requests_total.
+const (
+	refusedMaxTargets     = "max_targets"
+	refusedMaxDispatchers = "max_dispatchers_per_target"
+	refusedPermission     = "permission_denied"
+	refusedEpochJump      = "epoch_jump"
+)
+
+var refusalReasons = []string{refusedMaxTargets, refusedMaxDispatchers, refusedPermission, refusedEpochJump}
 
 // walkCollector reports, at scrape time, what needs a walk over the
 // dispatchers: their count by scan state and the resolved-ts lag of the

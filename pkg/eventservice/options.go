@@ -79,6 +79,17 @@ type Options struct {
 	// but a batch near the capacity is accepted only when the target is
 	// nearly empty.
 	ResolvedBatch int
+	// MaxTargets bounds the targets (collectors) the service serves at
+	// once; a Register that would add one more is refused with
+	// messaging.ErrLimitExceeded. Each target costs a pump goroutine, a
+	// resolved-ts set and its metric series, and target names come from
+	// other processes, so no peer may grow them without limit. Default
+	// 1024.
+	MaxTargets int
+	// MaxDispatchersPerTarget bounds one target's registered dispatchers
+	// (messaging.ErrLimitExceeded beyond it), so one collector cannot take
+	// the whole node's memory (about 1 KiB per dispatcher). Default 1<<22.
+	MaxDispatchersPerTarget int
 	// Logger receives the service's logs. Default zap.NewNop().
 	Logger *zap.Logger
 	// Registerer receives the service's metrics. Default nil: none.
@@ -100,6 +111,9 @@ const (
 	DefaultBackoffMax         = time.Second
 	DefaultResolvedBatch      = 512
 	DefaultSignalInterval     = time.Second
+	DefaultMaxTargets         = 1024
+	// DefaultMaxDispatchersPerTarget: 4M dispatchers, a few GiB.
+	DefaultMaxDispatchersPerTarget = 1 << 22
 )
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -118,6 +132,8 @@ func (o Options) EnsureDefaults() Options {
 	def(&o.BatchRows, DefaultBatchRows)
 	def(&o.MaxMessagesPerTask, DefaultMaxMessagesPerTask)
 	def(&o.ResolvedBatch, DefaultResolvedBatch)
+	def(&o.MaxTargets, DefaultMaxTargets)
+	def(&o.MaxDispatchersPerTarget, DefaultMaxDispatchersPerTarget)
 	if o.BackoffBase == 0 {
 		o.BackoffBase = DefaultBackoffBase
 	}
@@ -150,6 +166,8 @@ func (o Options) Validate() error {
 	p.IntRange("BatchRows", o.BatchRows, 1, 1<<20)
 	p.IntRange("MaxMessagesPerTask", o.MaxMessagesPerTask, 4, 1<<20) // room for a batch, a DDL and a resolved-ts
 	p.IntRange("ResolvedBatch", o.ResolvedBatch, 1, 1<<20)
+	p.IntRange("MaxTargets", o.MaxTargets, 1, 1<<20)
+	p.IntRange("MaxDispatchersPerTarget", o.MaxDispatchersPerTarget, 1, 1<<30)
 	p.Require(o.LargeTxnSplitBytes >= o.ScanLimitBytes, "LargeTxnSplitBytes %d below ScanLimitBytes %d", o.LargeTxnSplitBytes, o.ScanLimitBytes)
 	// Above this a large transaction would be read into memory whole.
 	p.IntRange("LargeTxnSplitBytes", o.LargeTxnSplitBytes, 1, 1<<30)

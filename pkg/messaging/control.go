@@ -49,8 +49,8 @@ func (r RegisterRequest) Validate() error {
 	if err := r.Span.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidRequest, err))
 	}
-	if r.Target == "" {
-		errs = append(errs, fmt.Errorf("%w: empty target", ErrInvalidRequest))
+	if err := r.Target.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidRequest, err))
 	}
 	return errors.Join(errs...)
 }
@@ -178,14 +178,16 @@ const (
 	CodeStaleEpoch
 	// CodeInternal: any other failure (the store failed, say).
 	CodeInternal
+	CodePermissionDenied
+	CodeLimitExceeded
 	numCodes
 )
 
 var codeSentinels = [numCodes]error{nil, ErrInvalidRequest, ErrClosed, ErrUnavailable, ErrDispatcherExists,
-	ErrUnknownDispatcher, ErrStaleRegistration, ErrStaleEpoch, ErrInternal}
+	ErrUnknownDispatcher, ErrStaleRegistration, ErrStaleEpoch, ErrInternal, ErrPermissionDenied, ErrLimitExceeded}
 
 var codeNames = [numCodes]string{"ok", "invalid_request", "closed", "unavailable", "dispatcher_exists",
-	"unknown_dispatcher", "stale_registration", "stale_epoch", "internal"}
+	"unknown_dispatcher", "stale_registration", "stale_epoch", "internal", "permission_denied", "limit_exceeded"}
 
 // String returns the code's name (a safe metric label).
 func (c Code) String() string {

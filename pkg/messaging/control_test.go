@@ -3,6 +3,7 @@ package messaging
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -19,11 +20,14 @@ func TestControlRequestsValidate(t *testing.T) {
 		"zero registration": {Dispatcher: id, Span: common.TableSpan(1), Target: "t"},
 		"bad span":          {Dispatcher: id, Registration: 3, Span: common.Span{TableID: -1}, Target: "t"},
 		"no target":         {Dispatcher: id, Registration: 3, Span: common.TableSpan(1)},
+		"target not UTF-8":  {Dispatcher: id, Registration: 3, Span: common.TableSpan(1), Target: "\xff\xfe"},
+		"target too long":   {Dispatcher: id, Registration: 3, Span: common.TableSpan(1), Target: Target(strings.Repeat("a", MaxTargetBytes+1))},
+		"target with space": {Dispatcher: id, Registration: 3, Span: common.TableSpan(1), Target: "a b"},
 	} {
 		require.ErrorIs(t, r.Validate(), ErrInvalidRequest, name)
 	}
 	err := RegisterRequest{}.Validate()
-	for _, want := range []string{"zero dispatcher", "zero registration", "empty target"} {
+	for _, want := range []string{"zero dispatcher", "zero registration", "invalid target: empty name"} {
 		require.Contains(t, err.Error(), want, "every problem is reported")
 	}
 
@@ -54,4 +58,14 @@ func TestCodesRoundTrip(t *testing.T) {
 	require.Equal(t, "code(200)", Code(200).String())
 	require.ErrorIs(t, Code(200).Err(), ErrInternal, "a code from a newer peer is an internal error")
 	require.Equal(t, "00000000000000ff", RegistrationID(255).String())
+}
+
+// Target names become metric labels: only a small printable set passes.
+func TestTargetValidate(t *testing.T) {
+	for _, ok := range []Target{"changefeed-1", "a", "cf_2.x:eu/west@1", Target(strings.Repeat("z", MaxTargetBytes))} {
+		require.NoError(t, ok.Validate(), "%q", ok)
+	}
+	for _, bad := range []Target{"", "\xff\xfe", "é", "a\x00b", "a b", "a\n", "{x}", "a\"b", Target(strings.Repeat("z", MaxTargetBytes+1))} {
+		require.ErrorIs(t, bad.Validate(), ErrInvalidTarget, "%q", bad)
+	}
 }

@@ -16,7 +16,7 @@ var (
 	ErrUnknownTarget = errors.New("messaging: unknown target")
 	// ErrTargetExists: Register of a target that is already registered.
 	ErrTargetExists = errors.New("messaging: target already registered")
-	// ErrInvalidTarget: an empty target name.
+	// ErrInvalidTarget: a target name that fails Target.Validate.
 	ErrInvalidTarget = errors.New("messaging: invalid target")
 	// ErrClosed: the transport (or, for a receiver, its inbox) is closed.
 	ErrClosed = errors.New("messaging: closed")
@@ -47,4 +47,11 @@ var (
 	ErrStaleEpoch = errors.New("messaging: stale epoch")
 	// ErrInternal: the other side failed for a reason of its own.
 	ErrInternal = errors.New("messaging: internal error")
+	// ErrPermissionDenied: the caller's identity may not act for the
+	// target (or the dispatcher's current target) the request names.
+	ErrPermissionDenied = errors.New("messaging: permission denied")
+	// ErrLimitExceeded: the request would take the other side past one of
+	// its bounds (targets, dispatchers per target); nothing changed. Retry
+	// after something was removed, or raise the bound.
+	ErrLimitExceeded = errors.New("messaging: limit exceeded")
 )

@@ -86,11 +86,11 @@ func NewInProcess(opts InProcessOptions) (*InProcess, error) {
 	return p, nil
 }
 
-// Register creates the inbox of target. Errors wrap ErrInvalidTarget (empty
-// name), ErrTargetExists or ErrClosed.
+// Register creates the inbox of target. Errors wrap ErrInvalidTarget (a
+// name that fails Target.Validate), ErrTargetExists or ErrClosed.
 func (p *InProcess) Register(target Target) (*Inbox, error) {
-	if target == "" {
-		return nil, fmt.Errorf("%w: empty name", ErrInvalidTarget)
+	if err := target.Validate(); err != nil {
+		return nil, err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

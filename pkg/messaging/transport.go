@@ -1,7 +1,41 @@
 package messaging
 
+import "fmt"
+
 // Target names a receiver: one event collector.
 type Target string
+
+// MaxTargetBytes bounds a target's name. Names become metric labels and
+// log fields, and arrive from other processes, so they are checked
+// (Target.Validate) before they are used.
+const MaxTargetBytes = 128
+
+// Validate reports why t is not a usable target name: empty, longer than
+// MaxTargetBytes, or holding a byte outside [A-Za-z0-9._:@/-] (which also
+// keeps it valid UTF-8, printable and safe as a Prometheus label value).
+// Errors wrap ErrInvalidTarget.
+func (t Target) Validate() error {
+	switch {
+	case t == "":
+		return fmt.Errorf("%w: empty name", ErrInvalidTarget)
+	case len(t) > MaxTargetBytes:
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidTarget, len(t), MaxTargetBytes)
+	}
+	for i := 0; i < len(t); i++ {
+		if !targetByte(t[i]) {
+			return fmt.Errorf("%w: byte %#x at %d (allowed: letters, digits and ._:@/-)", ErrInvalidTarget, t[i], i)
+		}
+	}
+	return nil
+}
+
+func targetByte(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return c == '.' || c == '_' || c == ':' || c == '@' || c == '/' || c == '-'
+}
 
 // Transport carries messages from the event service to its targets.
 //
