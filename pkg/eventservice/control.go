@@ -30,12 +30,20 @@ func (svc *Service) Register(ctx context.Context, req messaging.RegisterRequest)
 	if err := req.Validate(); err != nil {
 		return err
 	}
+	auth := messaging.AuthorityOf(ctx)
+	if !messaging.MayServe(auth, req.Target) {
+		return svc.denied(auth, req.Target, "register")
+	}
 	d, s, err := svc.addDispatcher(req)
 	if req.Replace && errors.Is(err, messaging.ErrDispatcherExists) {
 		// Take over: end the registration the caller no longer knows, then
 		// register. A register racing this one may win; then it is the
-		// caller's ErrDispatcherExists again.
+		// caller's ErrDispatcherExists again. Only a caller that may act
+		// for the old registration's target may end it.
 		if old, lerr := svc.lookupID(req.Dispatcher); lerr == nil {
+			if !messaging.MayServe(auth, old.target.name) {
+				return svc.denied(auth, old.target.name, "take over "+req.Dispatcher.String()+" from")
+			}
 			if rerr := svc.Remove(ctx, messaging.RemoveRequest{Dispatcher: req.Dispatcher, Registration: old.reg}); rerr != nil &&
 				!errors.Is(rerr, messaging.ErrUnknownDispatcher) && !errors.Is(rerr, messaging.ErrStaleRegistration) {
 				return rerr
@@ -141,11 +149,11 @@ func (svc *Service) registerInStore(d *dispatcher, s *session, startTs common.Ts
 // discarded, and the new epoch begins with a handshake. An epoch that is
 // not newer than the current one is refused with messaging.ErrStaleEpoch,
 // so among concurrent resets the highest epoch wins.
-func (svc *Service) Reset(_ context.Context, req messaging.ResetRequest) error {
+func (svc *Service) Reset(ctx context.Context, req messaging.ResetRequest) error {
 	if err := req.Validate(); err != nil {
 		return err
 	}
-	d, err := svc.lookup(req.Dispatcher, req.Registration)
+	d, err := svc.lookupFor(ctx, req.Dispatcher, req.Registration, "reset")
 	if err != nil {
 		return err
 	}
@@ -168,6 +176,11 @@ func (svc *Service) resetLocked(d *dispatcher, req messaging.ResetRequest) (*ses
 	if req.Epoch <= old.epoch {
 		return nil, fmt.Errorf("%w: reset to epoch %d, current %d", messaging.ErrStaleEpoch, req.Epoch, old.epoch)
 	}
+	if req.Epoch-old.epoch > messaging.MaxEpochStep {
+		svc.metrics.refusedControl.WithLabelValues(refusedEpochJump).Inc()
+		return nil, fmt.Errorf("%w: reset to epoch %d, current %d: more than %d ahead", messaging.ErrInvalidRequest,
+			req.Epoch, old.epoch, messaging.MaxEpochStep)
+	}
 	s := newSession(d, req.Epoch, req.StartTs)
 	d.session.Store(s)
 	svc.retire(old)
@@ -188,11 +201,11 @@ func (svc *Service) resetLocked(d *dispatcher, req messaging.ResetRequest) (*ses
 // start: Remove waits for the owner of its session and for its target's
 // resolved-ts delivery in flight (the fence). Sends never block, so the
 // wait is bounded by one transport call.
-func (svc *Service) Remove(_ context.Context, req messaging.RemoveRequest) error {
+func (svc *Service) Remove(ctx context.Context, req messaging.RemoveRequest) error {
 	if err := req.Validate(); err != nil {
 		return err
 	}
-	d, err := svc.lookup(req.Dispatcher, req.Registration)
+	d, err := svc.lookupFor(ctx, req.Dispatcher, req.Registration, "remove")
 	if err != nil {
 		return err
 	}
@@ -257,9 +270,10 @@ func (svc *Service) unregisterLocked(d *dispatcher) error {
 // its own (HeartbeatReply.Codes): a checkpoint only moves forward, is
 // capped at what was sent, and drives the store's GC; an entry of another
 // epoch is refused with CodeStaleEpoch, one of another registration with
-// CodeStaleRegistration. The call itself fails only for a bad request or
-// a closed service.
-func (svc *Service) Heartbeat(_ context.Context, req messaging.HeartbeatRequest) (messaging.HeartbeatReply, error) {
+// CodeStaleRegistration, one of a target the caller may not act for with
+// CodePermissionDenied. The call itself fails only for a bad request or a
+// closed service.
+func (svc *Service) Heartbeat(ctx context.Context, req messaging.HeartbeatRequest) (messaging.HeartbeatReply, error) {
 	if err := req.Validate(); err != nil {
 		return messaging.HeartbeatReply{}, err
 	}
@@ -274,8 +288,13 @@ func (svc *Service) Heartbeat(_ context.Context, req messaging.HeartbeatRequest)
 	}
 	svc.mu.RUnlock()
 	reply := messaging.HeartbeatReply{Codes: make([]messaging.Code, len(req.Checkpoints))}
+	auth := messaging.AuthorityOf(ctx)
 	for i := range req.Checkpoints {
 		cp := &req.Checkpoints[i]
+		if ds[i] != nil && !messaging.MayServe(auth, ds[i].target.name) {
+			reply.Codes[i] = messaging.CodeOf(svc.denied(auth, ds[i].target.name, "heartbeat"))
+			continue
+		}
 		err := svc.checkpoint(ds[i], cp)
 		reply.Codes[i] = messaging.CodeOf(err)
 		if reply.Codes[i] == messaging.CodeInternal {
@@ -313,6 +332,25 @@ func (svc *Service) checkpoint(d *dispatcher, cp *messaging.DispatcherCheckpoint
 		return fmt.Errorf("%w: checkpoint %v: %w", messaging.ErrInternal, d.id, err)
 	}
 	return nil
+}
+
+// lookupFor returns the dispatcher of id if its registration is reg and
+// ctx's authority may act for its target.
+func (svc *Service) lookupFor(ctx context.Context, id common.DispatcherID, reg messaging.RegistrationID, op string) (*dispatcher, error) {
+	d, err := svc.lookup(id, reg)
+	if err != nil {
+		return nil, err
+	}
+	if auth := messaging.AuthorityOf(ctx); !messaging.MayServe(auth, d.target.name) {
+		return nil, svc.denied(auth, d.target.name, op)
+	}
+	return d, nil
+}
+
+// denied counts and builds the refusal of op on target to auth.
+func (svc *Service) denied(auth messaging.Authority, target messaging.Target, op string) error {
+	svc.metrics.refusedControl.WithLabelValues(refusedPermission).Inc()
+	return fmt.Errorf("%w: %q may not %s target %q", messaging.ErrPermissionDenied, auth.Identity(), op, target)
 }
 
 // lookup returns the dispatcher of id if its registration is reg.

@@ -40,7 +40,7 @@ type metrics struct {
 	// refusedControl counts control requests refused for a reason of the
 	// service's bounds or its authority (not for malformed requests).
 	refusedControl *prometheus.CounterVec
-	funcs            []prometheus.Collector
+	funcs          []prometheus.Collector
 }
 
 func newMetrics(svc *Service) *metrics {
