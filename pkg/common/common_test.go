@@ -35,6 +35,10 @@ func TestSpanValidate(t *testing.T) {
 	require.Contains(t, err.Error(), "negative table id")
 	require.Contains(t, err.Error(), "not after start key")
 	require.ErrorIs(t, Span{TableID: 1, StartKey: []byte("a"), EndKey: []byte("a")}.Validate(), ErrInvalidSpan)
+	long := make([]byte, MaxSpanKeyBytes+1)
+	require.ErrorIs(t, Span{TableID: 1, StartKey: long}.Validate(), ErrInvalidSpan, "a start key over the bound")
+	require.ErrorIs(t, Span{TableID: 1, EndKey: long}.Validate(), ErrInvalidSpan, "an end key over the bound")
+	require.NoError(t, Span{TableID: 1, EndKey: long[:MaxSpanKeyBytes]}.Validate())
 }
 
 func TestSpanContainsOverlaps(t *testing.T) {

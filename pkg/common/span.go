@@ -20,12 +20,22 @@ type Span struct {
 // TableSpan returns the span covering all of table id.
 func TableSpan(id int64) Span { return Span{TableID: id} }
 
-// Validate reports why s is not a usable span: a negative table ID, or an
-// EndKey that is not after StartKey. Errors wrap ErrInvalidSpan.
+// MaxSpanKeyBytes bounds a span's start and end keys: spans arrive in
+// control requests from other processes and are kept per dispatcher, so
+// their size is bounded like every other input (a real table's keys are a
+// few hundred bytes at most).
+const MaxSpanKeyBytes = 16 << 10
+
+// Validate reports why s is not a usable span: a negative table ID, a key
+// longer than MaxSpanKeyBytes, or an EndKey that is not after StartKey.
+// Errors wrap ErrInvalidSpan.
 func (s Span) Validate() error {
 	var errs []error
 	if s.TableID < 0 {
 		errs = append(errs, fmt.Errorf("%w: negative table id %d", ErrInvalidSpan, s.TableID))
+	}
+	if len(s.StartKey) > MaxSpanKeyBytes || len(s.EndKey) > MaxSpanKeyBytes {
+		errs = append(errs, fmt.Errorf("%w: keys of %d and %d bytes, at most %d", ErrInvalidSpan, len(s.StartKey), len(s.EndKey), MaxSpanKeyBytes))
 	}
 	if len(s.EndKey) > 0 && bytes.Compare(s.StartKey, s.EndKey) >= 0 {
 		errs = append(errs, fmt.Errorf("%w: end key %x is not after start key %x", ErrInvalidSpan, s.EndKey, s.StartKey))

@@ -13,7 +13,10 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 
 	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/messaging"
@@ -36,6 +39,17 @@ type ClientOptions struct {
 	// RetryBase and RetryMax bound the doubling back-off between
 	// reconnects of the data stream. Defaults 50 ms and 2 s.
 	RetryBase, RetryMax time.Duration
+	// LivenessTimeout: a data stream on which nothing arrived from the
+	// service (it pings every third of its own timeout when idle) for
+	// this long, or whose credit grant has been blocked this long, is
+	// declared dead: the client drops the connection, dials a new one and
+	// opens a new stream (a reconnect). Use the server's value. Default
+	// DefaultLivenessTimeout; at least 300ms.
+	LivenessTimeout time.Duration
+	// CallTimeout bounds a control call that the caller's context does
+	// not bound sooner; a call that runs out of it is ErrUnavailable.
+	// Default 10 s.
+	CallTimeout time.Duration
 	// Logger defaults to zap.NewNop(); Clock to the real clock.
 	Logger *zap.Logger
 	Clock  clock.Clock
@@ -55,10 +69,13 @@ type Client struct {
 	inbox *messaging.Inbox
 	met   *clientMetrics
 
-	conn   *grpc.ClientConn
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	// conn is the current connection: replaced (and the old one closed)
+	// when the data stream on it is declared dead, since a half-open
+	// connection would carry the next stream nowhere either.
+	conn atomic.Pointer[grpc.ClientConn]
 	// streams counts data streams opened (the first and each reconnect);
 	// received counts messages forwarded into the inbox on the current one.
 	streams  atomic.Int64
@@ -84,6 +101,15 @@ func NewClient(opts ClientOptions) (*Client, error) {
 	if opts.RetryBase < 0 || opts.RetryMax < 0 {
 		errs = append(errs, errors.New("negative retry bound"))
 	}
+	if err := opts.Target.Validate(); opts.Target != "" && err != nil {
+		errs = append(errs, err)
+	}
+	if opts.LivenessTimeout != 0 && opts.LivenessTimeout < 300*time.Millisecond {
+		errs = append(errs, fmt.Errorf("LivenessTimeout %v below 300ms", opts.LivenessTimeout))
+	}
+	if opts.CallTimeout < 0 {
+		errs = append(errs, fmt.Errorf("CallTimeout %v is negative", opts.CallTimeout))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("%w: %w", messaging.ErrInvalidOptions, err)
 	}
@@ -95,6 +121,12 @@ func NewClient(opts ClientOptions) (*Client, error) {
 	}
 	if opts.RetryMax == 0 {
 		opts.RetryMax = 2 * time.Second
+	}
+	if opts.LivenessTimeout == 0 {
+		opts.LivenessTimeout = DefaultLivenessTimeout
+	}
+	if opts.CallTimeout == 0 {
+		opts.CallTimeout = 10 * time.Second
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
@@ -132,19 +164,35 @@ func (c *Client) Streams() int64 { return c.streams.Load() }
 // stand for several reconnects.
 func (c *Client) Reconnected() <-chan struct{} { return c.reconnected }
 
-// Start connects and keeps the data stream open, reconnecting with
-// back-off, until Close.
-func (c *Client) Start() error {
+// clientKeepaliveTime is how often the client's gRPC transport pings an
+// idle connection: gRPC's floor for clients. The data stream's own
+// liveness (LivenessTimeout) detects a dead link sooner; this covers a
+// connection that carries only control calls.
+const clientKeepaliveTime = 10 * time.Second
+
+// dial makes a connection (grpc.NewClient connects lazily).
+func (c *Client) dial() (*grpc.ClientConn, error) {
 	creds := insecure.NewCredentials()
 	if c.opts.TLS != nil {
 		creds = credentials.NewTLS(c.opts.TLS)
 	}
 	conn, err := grpc.NewClient(c.opts.Addr, grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.ForceCodec(rawCodec{}), grpc.MaxCallRecvMsgSize(MaxFrameBytes), grpc.MaxCallSendMsgSize(MaxFrameBytes)))
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: clientKeepaliveTime, Timeout: c.opts.LivenessTimeout, PermitWithoutStream: true}),
+		grpc.WithDefaultCallOptions(grpc.ForceCodec(rawCodec{}), grpc.MaxCallRecvMsgSize(MaxFrameBytes), grpc.MaxCallSendMsgSize(maxUpFrameBytes)))
 	if err != nil {
-		return fmt.Errorf("%w: %w", messaging.ErrInvalidOptions, err)
+		return nil, fmt.Errorf("%w: %w", messaging.ErrInvalidOptions, err)
 	}
-	c.conn = conn
+	return conn, nil
+}
+
+// Start connects and keeps the data stream open, reconnecting with
+// back-off, until Close.
+func (c *Client) Start() error {
+	conn, err := c.dial()
+	if err != nil {
+		return err
+	}
+	c.conn.Store(conn)
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
 	c.wg.Go(func() { c.run(ctx) })
@@ -157,7 +205,7 @@ func (c *Client) Close() {
 	if c.cancel != nil {
 		c.cancel()
 		c.wg.Wait()
-		_ = c.conn.Close()
+		_ = c.conn.Load().Close()
 	}
 	c.local.Close()
 }
@@ -173,7 +221,11 @@ func (c *Client) run(ctx context.Context) {
 		if opened {
 			delay = c.opts.RetryBase // it worked for a while: start the back-off over
 		}
-		c.log.Info("data stream ended; reconnecting", zap.Error(err), zap.Duration("in", delay))
+		if errors.Is(err, errDeadLink) {
+			c.met.deadLinks.Inc()
+			c.redial()
+		}
+		c.logStreamEnd(err, delay)
 		t := c.opts.Clock.NewTimer(delay)
 		select {
 		case <-ctx.Done():
@@ -185,12 +237,42 @@ func (c *Client) run(ctx context.Context) {
 	}
 }
 
+// logStreamEnd logs why a stream ended: a refusal that retrying will not
+// cure (another wire version, a target this collector may not serve) at
+// error level, naming what the service said.
+func (c *Client) logStreamEnd(err error, delay time.Duration) {
+	switch status.Code(err) {
+	case codes.FailedPrecondition, codes.Unimplemented, codes.PermissionDenied, codes.InvalidArgument:
+		c.log.Error("the service refused the data stream; retrying", zap.String("target", string(c.opts.Target)),
+			zap.Int("wire_version", WireVersion), zap.Error(err), zap.Duration("in", delay))
+	default:
+		c.log.Info("data stream ended; reconnecting", zap.Error(err), zap.Duration("in", delay))
+	}
+}
+
+// redial replaces the connection: the old one may be half-open, and a new
+// stream on it would hang as the last one did. Control calls in flight on
+// it fail (ErrUnavailable) and are retried by their callers.
+func (c *Client) redial() {
+	conn, err := c.dial()
+	if err != nil {
+		c.log.Warn("redial", zap.Error(err)) // options were valid once: keep the old connection
+		return
+	}
+	if old := c.conn.Swap(conn); old != nil {
+		_ = old.Close()
+	}
+}
+
+// errDeadLink ends a stream whose liveness timeout passed.
+var errDeadLink = errors.New("remote: nothing received from the service within the liveness timeout")
+
 // stream runs one data stream until it fails; opened reports whether it
 // got as far as the hello.
 func (c *Client) stream(ctx context.Context) (opened bool, err error) {
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	st, err := c.conn.NewStream(sctx, &grpc.StreamDesc{StreamName: "Data", ServerStreams: true, ClientStreams: true}, dataMethod)
+	sctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	st, err := c.conn.Load().NewStream(sctx, &grpc.StreamDesc{StreamName: "Data", ServerStreams: true, ClientStreams: true}, dataMethod)
 	if err != nil {
 		return false, err
 	}
@@ -198,6 +280,8 @@ func (c *Client) stream(ctx context.Context) (opened bool, err error) {
 	// What the inbox still holds from the last stream is not free: a
 	// collector that stalled opens with no credit and grants as it drains.
 	credit := max(c.opts.Capacity-c.inbox.Len(), 0)
+	live := &liveness{}
+	live.recv.Store(c.opts.Clock.Now().UnixNano())
 	if err := st.SendMsg(&frame{b: appendHello(nil, c.opts.Target, uint32(c.opts.Capacity), uint32(credit))}); err != nil {
 		return false, err
 	}
@@ -211,18 +295,31 @@ func (c *Client) stream(ctx context.Context) (opened bool, err error) {
 	}
 	got := make(chan struct{}, 1)
 	got <- struct{}{} // look at the inbox once at the start
-	var grants sync.WaitGroup
-	defer grants.Wait()
-	grants.Go(func() { c.grant(sctx, st, int64(credit), got) })
-	defer cancel() // runs before grants.Wait: stops the granter
+	var helpers sync.WaitGroup
+	defer helpers.Wait()
+	helpers.Go(func() { c.grant(sctx, st, int64(credit), got, live) })
+	helpers.Go(func() { c.watch(sctx, cancel, live) })
+	defer cancel(nil) // runs before helpers.Wait: stops them
 	for {
 		var f frame
 		if err := st.RecvMsg(&f); err != nil {
+			if cause := context.Cause(sctx); errors.Is(cause, errDeadLink) {
+				return true, cause
+			}
 			return true, err
 		}
+		live.recv.Store(c.opts.Clock.Now().UnixNano())
 		msgs, err := decodeMessages(f.b)
 		if err != nil {
 			return true, err
+		}
+		if len(msgs) == 0 {
+			continue // a ping
+		}
+		for _, m := range msgs {
+			if err := messaging.Validate(m); err != nil {
+				return true, fmt.Errorf("%w: %w", ErrMalformed, err)
+			}
 		}
 		if err := c.local.Send(c.opts.Target, msgs); err != nil {
 			// The service sent beyond its credit, or the inbox closed.
@@ -237,44 +334,103 @@ func (c *Client) stream(ctx context.Context) (opened bool, err error) {
 	}
 }
 
-// grant returns credit to the service as the collector drains the inbox:
-// after messages arrived, once the inbox is at or below half, it grants
-// what is free and not already granted.
-func (c *Client) grant(ctx context.Context, st grpc.ClientStream, granted int64, got <-chan struct{}) {
+// liveness is what a stream's watchdog reads: when a frame last arrived
+// and when the credit grant in progress began (0: none), in the client
+// clock's UnixNano.
+type liveness struct {
+	recv, sendStart atomic.Int64
+	sent            atomic.Bool // something went up since the last ping tick
+}
+
+// watch ends the stream (cause errDeadLink) once nothing arrived for the
+// liveness timeout or a grant has been blocked that long.
+func (c *Client) watch(ctx context.Context, cancel context.CancelCauseFunc, live *liveness) {
+	t := c.opts.Clock.NewTicker(c.opts.LivenessTimeout / 3)
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-got:
+		case <-t.C():
 		}
+		now, limit := c.opts.Clock.Now().UnixNano(), int64(c.opts.LivenessTimeout)
+		st := live.sendStart.Load()
+		if now-live.recv.Load() > limit || (st != 0 && now-st > limit) {
+			c.log.Warn("the service's link is dead: dialling again", zap.String("target", string(c.opts.Target)),
+				zap.Duration("liveness_timeout", c.opts.LivenessTimeout))
+			cancel(errDeadLink)
+			return
+		}
+	}
+}
+
+// grant returns credit to the service as the collector drains the inbox:
+// after messages arrived, once the inbox is at or below half, it grants
+// what is free and not already granted. When it sent nothing for a third
+// of the liveness timeout it sends a zero grant: a ping that tells the
+// service this collector is alive.
+func (c *Client) grant(ctx context.Context, st grpc.ClientStream, granted int64, got <-chan struct{}, live *liveness) {
+	ping := c.opts.Clock.NewTicker(c.opts.LivenessTimeout / 3)
+	defer ping.Stop()
+	send := func(n uint32) bool {
+		live.sendStart.Store(c.opts.Clock.Now().UnixNano())
+		err := st.SendMsg(&frame{b: appendCredit(nil, n)})
+		live.sendStart.Store(0)
+		live.sent.Store(true)
+		return err == nil // else the receiver sees the stream fail
+	}
+	var room <-chan struct{}
+	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-c.inbox.Room():
+		case <-ping.C():
+			if !live.sent.Swap(false) && !send(0) {
+				return
+			}
+			live.sent.Store(false)
+			continue
+		case <-got:
+			if room == nil {
+				room = c.inbox.Room()
+			}
+			continue
+		case <-room:
+			room = nil
 		}
 		outstanding := granted - c.received.Load()
 		free := int64(c.opts.Capacity-c.inbox.Len()) - outstanding
 		if free <= 0 {
 			continue
 		}
-		if err := st.SendMsg(&frame{b: appendCredit(nil, uint32(free))}); err != nil {
-			return // the receiver sees the stream fail
+		if !send(uint32(free)) {
+			return
 		}
 		granted += free
 		c.met.granted.Add(float64(free))
 	}
 }
 
-// call makes one control call. A failure of the call itself (no
-// connection, the service gone) is ErrUnavailable.
+// call makes one control call, bounded by CallTimeout. A call that fails
+// to reach the service, or runs out of time, is ErrUnavailable (wrapping
+// the context's error when the caller's context ended it); a service of
+// another wire version is ErrVersionMismatch.
 func (c *Client) call(ctx context.Context, req []byte) ([]messaging.Code, error) {
-	if c.conn == nil {
+	conn := c.conn.Load()
+	if conn == nil {
 		return nil, fmt.Errorf("%w: client not started", messaging.ErrUnavailable)
 	}
+	cctx, cancel := context.WithTimeout(ctx, c.opts.CallTimeout)
+	defer cancel()
 	var reply frame
-	if err := c.conn.Invoke(ctx, controlMethod, &frame{b: req}, &reply); err != nil {
+	if err := conn.Invoke(cctx, controlMethod, &frame{b: req}, &reply); err != nil {
+		switch st := status.Convert(err); st.Code() {
+		case codes.FailedPrecondition, codes.Unimplemented:
+			return nil, fmt.Errorf("%w: %w: this collector speaks wire version %d (%s); the service said: %s",
+				messaging.ErrInvalidRequest, ErrVersionMismatch, WireVersion, serviceName, st.Message())
+		}
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return nil, fmt.Errorf("%w: %w", messaging.ErrUnavailable, ctx.Err())
 		}
 		return nil, fmt.Errorf("%w: %w", messaging.ErrUnavailable, err)
 	}

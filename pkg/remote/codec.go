@@ -35,15 +35,18 @@ func (rawCodec) Unmarshal(data []byte, v any) error {
 	return nil
 }
 
+// serviceName carries the wire version: a peer of another version asks
+// for a service this one does not serve, and gRPC refuses it
+// (Unimplemented) before any frame is decoded.
 const (
-	serviceName   = "cdcflow.remote.EventService"
+	serviceName   = "cdcflow.remote.v1.EventService"
 	controlMethod = "/" + serviceName + "/Control"
 	dataMethod    = "/" + serviceName + "/Data"
 )
 
 // handler is what the gRPC service calls; Server implements it.
 type handler interface {
-	control(ctx context.Context, req []byte) []byte
+	control(ctx context.Context, req []byte) ([]byte, error)
 	data(stream grpc.ServerStream) error
 }
 
@@ -56,12 +59,25 @@ func serviceDesc() *grpc.ServiceDesc {
 		HandlerType: (*handler)(nil),
 		Methods: []grpc.MethodDesc{{
 			MethodName: "Control",
-			Handler: func(srv any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+			// As generated code does, the handler runs through the server's
+			// unary interceptor (grpc.UnaryInterceptor) when there is one;
+			// stream interceptors are applied by gRPC itself.
+			Handler: func(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
 				var req frame
 				if err := dec(&req); err != nil {
 					return nil, err
 				}
-				return &frame{b: srv.(handler).control(ctx, req.b)}, nil
+				call := func(ctx context.Context, r any) (any, error) {
+					b, err := srv.(handler).control(ctx, r.(*frame).b)
+					if err != nil {
+						return nil, err
+					}
+					return &frame{b: b}, nil
+				}
+				if interceptor == nil {
+					return call(ctx, &req)
+				}
+				return interceptor(ctx, &req, &grpc.UnaryServerInfo{Server: srv, FullMethod: controlMethod}, call)
 			},
 		}},
 		Streams: []grpc.StreamDesc{{

@@ -14,9 +14,10 @@ const (
 // clientMetrics are a Client's; the target is a constant label, so the
 // clients of one process (one per changefeed) share a registry.
 type clientMetrics struct {
-	streams  prometheus.Counter
-	received prometheus.Counter
-	granted  prometheus.Counter
+	streams   prometheus.Counter
+	received  prometheus.Counter
+	granted   prometheus.Counter
+	deadLinks prometheus.Counter
 }
 
 func newClientMetrics(reg prometheus.Registerer, target messaging.Target) (*clientMetrics, error) {
@@ -28,11 +29,13 @@ func newClientMetrics(reg prometheus.Registerer, target messaging.Target) (*clie
 			Name: "client_received_messages_total", Help: "Messages received from the service and put in the local inbox."}),
 		granted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, ConstLabels: labels,
 			Name: "client_credit_granted_total", Help: "Credit (messages) granted to the service, the opening credit included."}),
+		deadLinks: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, ConstLabels: labels,
+			Name: "client_dead_links_total", Help: "Data streams declared dead (nothing from the service for the liveness timeout) and redialled."}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.streams, m.received, m.granted} {
+	for _, c := range []prometheus.Collector{m.streams, m.received, m.granted, m.deadLinks} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -43,10 +46,14 @@ func newClientMetrics(reg prometheus.Registerer, target messaging.Target) (*clie
 // serverMetrics are a Server's: counters updated as it works, and gauges
 // read from the connected peers at scrape time (O(collectors)).
 type serverMetrics struct {
-	s         *Server
-	streams   *prometheus.CounterVec
-	sent      *prometheus.CounterVec
-	refused   *prometheus.CounterVec
+	s            *Server
+	streams      *prometheus.CounterVec
+	sent         *prometheus.CounterVec
+	refused      *prometheus.CounterVec
+	notConnected prometheus.Counter
+	refusedCalls *prometheus.CounterVec
+	refusedConns prometheus.Counter
+	deadLinks    prometheus.Counter
 	connected *prometheus.Desc
 	credit    *prometheus.Desc
 	inFlight  *prometheus.Desc
@@ -54,21 +61,48 @@ type serverMetrics struct {
 
 func newServerMetrics(s *Server) *serverMetrics {
 	name := func(n string) string { return prometheus.BuildFQName(namespace, subsystem, n) }
-	return &serverMetrics{
+	m := &serverMetrics{
 		s: s,
 		streams: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
 			Name: "server_streams_total", Help: "Collector data streams opened (a reconnect opens one more)."}, []string{"target"}),
 		sent: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
 			Name: "server_sent_messages_total", Help: "Messages accepted by Send for a collector (within its credit)."}, []string{"target"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
-			Name: "server_refused_sends_total", Help: "Sends refused, by reason: busy (out of credit), unavailable (stream broken or not connected), too_large."},
+			Name: "server_refused_sends_total", Help: "Sends refused, by reason: busy (out of credit), unavailable (stream broken), too_large; " +
+				"sends to a target that never connected are counted under target \"(not connected)\"."},
 			[]string{"target", "reason"}),
+		refusedCalls: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
+			Name: "server_refused_streams_total", Help: "Data streams and control calls refused before reaching the service, by reason: " +
+				"malformed (a hello that does not decode or names an invalid target), version (another wire version), " +
+				"permission_denied (the certificate's identity may not serve the target), max_targets."}, []string{"reason"}),
+		refusedConns: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
+			Name: "server_refused_connections_total", Help: "TCP connections closed on accept because MaxConnections were open."}),
+		deadLinks: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
+			Name: "server_dead_links_total", Help: "Collector streams declared dead: nothing received, or a send blocked, for the liveness timeout."}),
 		connected: prometheus.NewDesc(name("server_connected_collectors"), "Collectors whose data stream is open.", nil, nil),
 		credit: prometheus.NewDesc(name("server_credit_messages"),
 			"Messages the service may still send to a collector before it grants more.", []string{"target"}, nil),
 		inFlight: prometheus.NewDesc(name("server_in_flight_messages"),
 			"Messages sent to a collector and not yet granted back: on the wire or in its inbox.", []string{"target"}, nil),
 	}
+	m.notConnected = m.refused.WithLabelValues(notConnectedLabel, "unavailable")
+	for _, r := range []string{"malformed", "version", "permission_denied", "max_targets"} {
+		m.refusedCalls.WithLabelValues(r)
+	}
+	return m
+}
+
+// notConnectedLabel is the target label of sends to targets that never
+// connected. It cannot clash with a target: '(' and ' ' are not allowed
+// in target names.
+const notConnectedLabel = "(not connected)"
+
+// forget deletes the series of a target whose broken stream was dropped
+// (MaxTargets), so that series stay bounded by MaxTargets too.
+func (m *serverMetrics) forget(target string) {
+	m.streams.DeleteLabelValues(target)
+	m.sent.DeleteLabelValues(target)
+	m.refused.DeletePartialMatch(prometheus.Labels{"target": target})
 }
 
 // peerCounters are one target's series, created when its collector
@@ -88,6 +122,9 @@ func (m *serverMetrics) Describe(ch chan<- *prometheus.Desc) {
 	m.streams.Describe(ch)
 	m.sent.Describe(ch)
 	m.refused.Describe(ch)
+	m.refusedCalls.Describe(ch)
+	m.refusedConns.Describe(ch)
+	m.deadLinks.Describe(ch)
 	ch <- m.connected
 	ch <- m.credit
 	ch <- m.inFlight
@@ -98,6 +135,9 @@ func (m *serverMetrics) Collect(ch chan<- prometheus.Metric) {
 	m.streams.Collect(ch)
 	m.sent.Collect(ch)
 	m.refused.Collect(ch)
+	m.refusedCalls.Collect(ch)
+	m.refusedConns.Collect(ch)
+	m.deadLinks.Collect(ch)
 	connected := 0
 	for _, p := range m.s.peers() {
 		p.mu.Lock()

@@ -7,29 +7,127 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 
+	"github.com/cdcflow/eventservice/internal/optcheck"
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
 
-// MaxFrameBytes is the largest gRPC message either side accepts. A data
-// frame is one Send call: the event service bounds its DML batches far
-// below this.
+// MaxFrameBytes is the largest data frame the service sends and a
+// collector accepts. A data frame is one Send call: the event service
+// bounds its DML batches far below this. What the service receives is
+// bounded far lower (maxUpFrameBytes).
 const MaxFrameBytes = 64 << 20
 
-// ServerOptions configure a Server.
+// Defaults of ServerOptions and ClientOptions.
+const (
+	DefaultMaxTargets     = 1024
+	DefaultMaxCapacity    = 1 << 16
+	DefaultMaxConnections = 256
+	// DefaultLivenessTimeout: a data stream on which nothing arrived for
+	// this long, or whose send has been blocked this long, is declared
+	// dead. Each side pings every third of it when it has nothing else to
+	// send, so a live but idle link never trips it.
+	DefaultLivenessTimeout = 6 * time.Second
+	// maxStreamsPerConnection bounds concurrent gRPC streams on one
+	// connection: a collector has one data stream and a few control
+	// calls in flight.
+	maxStreamsPerConnection = 64
+	// handshakeTimeout bounds a connection's TLS and HTTP/2 handshake.
+	handshakeTimeout = 10 * time.Second
+)
+
+// ServerOptions configure a Server. Zero fields take the documented
+// defaults; NewServer reports every invalid field at once.
 type ServerOptions struct {
 	// Logger defaults to zap.NewNop().
 	Logger *zap.Logger
-	// TLS, if set, serves TLS with it (set ClientAuth and ClientCAs for
-	// mutual TLS); nil serves plaintext.
+	// TLS, if set, serves TLS with it; nil serves plaintext. With a
+	// Policy it must verify client certificates (ClientAuth
+	// tls.RequireAndVerifyClientCert); GetConfigForClient may supply the
+	// certificates per handshake (reloading them, say).
 	TLS *tls.Config
+	// Policy says which targets each certificate identity may serve.
+	// Required with TLS (state AnyTarget explicitly for a trust-every-
+	// certificate setup); refused without it, since a plaintext peer has
+	// no identity.
+	Policy Policy
+	// AllowInsecureListen lets Start serve plaintext on a listener that is
+	// not loopback. Without TLS any process that reaches the port can
+	// register dispatchers and read their rows, so the default refuses it.
+	AllowInsecureListen bool
 	// Registerer, if set, receives the server's metrics (cdcflow_remote_server_*).
 	Registerer prometheus.Registerer
+	// Clock drives the liveness checks. Default the real clock.
+	Clock clock.Clock
+	// MaxTargets bounds the targets the server keeps a stream (or a
+	// broken stream's state) for; a hello for one more, when no broken
+	// one can be dropped, is refused (ResourceExhausted). Default 1024.
+	MaxTargets int
+	// MaxCapacity caps the capacity (and so the credit) a collector may
+	// announce: the messages the server queues for one target. A hello
+	// announcing more is served with this much. Default 65536.
+	MaxCapacity int
+	// MaxConnections bounds open TCP connections; more are closed on
+	// accept. Default 256.
+	MaxConnections int
+	// LivenessTimeout: a stream on which nothing arrived for this long, or
+	// whose send has been blocked this long, is declared dead: Sends to
+	// its target fail with ErrUnavailable at once, its frames are
+	// released and its connection is closed. Use the same value as the
+	// clients. Default DefaultLivenessTimeout; at least 300ms.
+	LivenessTimeout time.Duration
+	// UnaryInterceptor and StreamInterceptor, if set, run around the
+	// control calls and the data streams, as grpc.UnaryInterceptor and
+	// grpc.StreamInterceptor do for generated services.
+	UnaryInterceptor  grpc.UnaryServerInterceptor
+	StreamInterceptor grpc.StreamServerInterceptor
+}
+
+func (o ServerOptions) withDefaults() ServerOptions {
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	o.Clock = clock.OrReal(o.Clock)
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&o.MaxTargets, DefaultMaxTargets)
+	def(&o.MaxCapacity, DefaultMaxCapacity)
+	def(&o.MaxConnections, DefaultMaxConnections)
+	if o.LivenessTimeout == 0 {
+		o.LivenessTimeout = DefaultLivenessTimeout
+	}
+	return o
+}
+
+func (o ServerOptions) validate() error {
+	p := optcheck.New(messaging.ErrInvalidOptions)
+	p.NotTypedNil("Registerer", o.Registerer)
+	p.NotTypedNil("Clock", o.Clock)
+	p.IntRange("MaxTargets", o.MaxTargets, 1, 1<<20)
+	p.IntRange("MaxCapacity", o.MaxCapacity, 1, 1<<30)
+	p.IntRange("MaxConnections", o.MaxConnections, 1, 1<<20)
+	p.Require(o.LivenessTimeout >= 300*time.Millisecond, "LivenessTimeout %v below 300ms", o.LivenessTimeout)
+	p.Require(o.TLS == nil || o.Policy != nil, "TLS without a Policy: say which certificate identity may serve which targets")
+	p.Require(o.TLS != nil || o.Policy == nil, "a Policy needs TLS: a plaintext peer has no identity")
+	if o.Policy != nil {
+		if err := o.Policy.validate(); err != nil {
+			p.Addf("%v", err)
+		}
+	}
+	return p.Err()
 }
 
 // Server is the event service's end: a messaging.Transport (and
@@ -37,11 +135,14 @@ type ServerOptions struct {
 // server of the service's control plane. Create with NewServer, Start
 // with a listener and the control plane, Close to stop.
 type Server struct {
-	log  *zap.Logger
-	grpc *grpc.Server
-	cp   messaging.ControlPlane
-	wg   sync.WaitGroup
-	met  *serverMetrics
+	opts   ServerOptions
+	log    *zap.Logger
+	grpc   *grpc.Server
+	cp     messaging.ControlPlane
+	grants map[string]grant // nil without a Policy
+	conns  *connTracker
+	wg     sync.WaitGroup
+	met    *serverMetrics
 
 	mu struct {
 		sync.Mutex
@@ -50,24 +151,44 @@ type Server struct {
 	}
 }
 
-// NewServer builds a server. It starts nothing. The only error is the
-// Registerer's, when the metrics cannot be registered.
+// NewServer validates opts and builds a server. It starts nothing.
+// Errors wrap messaging.ErrInvalidOptions, or are the Registerer's.
 func NewServer(opts ServerOptions) (*Server, error) {
-	if opts.Logger == nil {
-		opts.Logger = zap.NewNop()
+	opts = opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
 	}
-	s := &Server{log: opts.Logger.Named("remote")}
+	s := &Server{opts: opts, log: opts.Logger.Named("remote")}
+	if opts.Policy != nil {
+		s.grants = opts.Policy.grants()
+	}
 	s.mu.peers = map[messaging.Target]*peer{}
 	s.met = newServerMetrics(s)
+	s.conns = newConnTracker(opts.MaxConnections, s.log, s.met.refusedConns.Inc)
 	if opts.Registerer != nil {
 		if err := opts.Registerer.Register(s.met); err != nil {
 			return nil, fmt.Errorf("remote: register metrics: %w", err)
 		}
 	}
-	sopts := []grpc.ServerOption{grpc.ForceServerCodec(rawCodec{}), grpc.MaxRecvMsgSize(MaxFrameBytes),
-		grpc.MaxSendMsgSize(MaxFrameBytes), grpc.WaitForHandlers(true)}
+	half := max(opts.LivenessTimeout/2, time.Second) // gRPC's floor for server pings
+	sopts := []grpc.ServerOption{grpc.ForceServerCodec(rawCodec{}), grpc.MaxRecvMsgSize(maxUpFrameBytes),
+		grpc.MaxSendMsgSize(MaxFrameBytes), grpc.WaitForHandlers(true), grpc.MaxConcurrentStreams(maxStreamsPerConnection),
+		grpc.ConnectionTimeout(handshakeTimeout),
+		// The transport's own liveness, for connections that carry only
+		// control calls: ping after half the timeout idle, close if the
+		// ping is not answered in the other half.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: half, Timeout: half}),
+		// Clients ping every clientKeepaliveTime; anything more often is
+		// abuse (gRPC answers it with GOAWAY).
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: clientKeepaliveTime / 2, PermitWithoutStream: true})}
 	if opts.TLS != nil {
 		sopts = append(sopts, grpc.Creds(credentials.NewTLS(opts.TLS)))
+	}
+	if opts.UnaryInterceptor != nil {
+		sopts = append(sopts, grpc.UnaryInterceptor(opts.UnaryInterceptor))
+	}
+	if opts.StreamInterceptor != nil {
+		sopts = append(sopts, grpc.StreamInterceptor(opts.StreamInterceptor))
 	}
 	s.grpc = grpc.NewServer(sopts...)
 	s.grpc.RegisterService(serviceDesc(), s)
@@ -85,10 +206,20 @@ func (s *Server) peers() []*peer {
 	return out
 }
 
-// Start serves lis, answering control calls with cp, until Close.
+// Start serves lis, answering control calls with cp, until Close. A
+// plaintext server refuses a listener that is not on loopback unless
+// AllowInsecureListen is set (ErrInvalidOptions).
 func (s *Server) Start(lis net.Listener, cp messaging.ControlPlane) error {
 	if cp == nil {
 		return fmt.Errorf("%w: nil control plane", messaging.ErrInvalidOptions)
+	}
+	if s.opts.TLS == nil && !isLoopback(lis.Addr()) {
+		if !s.opts.AllowInsecureListen {
+			return fmt.Errorf("%w: plaintext on %s, which is not loopback: use TLS, or allow it explicitly (AllowInsecureListen)",
+				messaging.ErrInvalidOptions, lis.Addr())
+		}
+		s.log.Warn("serving plaintext on a non-loopback address: any peer that reaches it may register dispatchers and read their rows",
+			zap.Stringer("addr", lis.Addr()))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -96,12 +227,19 @@ func (s *Server) Start(lis net.Listener, cp messaging.ControlPlane) error {
 		return messaging.ErrClosed
 	}
 	s.cp = cp
+	tracked := s.conns.listener(lis)
 	s.wg.Go(func() {
-		if err := s.grpc.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		if err := s.grpc.Serve(tracked); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			s.log.Warn("serve ended", zap.Error(err))
 		}
 	})
 	return nil
+}
+
+// isLoopback reports whether addr is a loopback TCP address.
+func isLoopback(addr net.Addr) bool {
+	a, ok := addr.(*net.TCPAddr)
+	return ok && a.IP.IsLoopback()
 }
 
 // Close stops serving: streams end, collectors see their connection
@@ -123,33 +261,26 @@ func (s *Server) Close() {
 func (s *Server) Connected() int {
 	n := 0
 	for _, p := range s.peers() {
-		p.mu.Lock()
-		if p.mu.broken == nil {
+		if p.alive() {
 			n++
 		}
-		p.mu.Unlock()
 	}
 	return n
 }
 
-func (s *Server) control(ctx context.Context, req []byte) []byte {
-	return serveControl(ctx, s.cp, req)
-}
-
-// peer is one collector's stream as the sender sees it.
-type peer struct {
-	target   messaging.Target
-	capacity int // the credit the collector opened with: its inbox's capacity
-	wake     chan struct{}
-	counters peerCounters // the target's series, looked up once per stream
-
-	mu struct {
-		sync.Mutex
-		credit int
-		queue  [][]byte // encoded frames not yet written to the stream
-		broken error    // set once the stream ended
-		room   chan struct{}
+// control answers one control call with the caller's authority on its
+// context, so the control plane refuses what the caller's certificate does
+// not allow.
+func (s *Server) control(ctx context.Context, req []byte) ([]byte, error) {
+	if a := s.authorityOf(ctx); a != nil {
+		ctx = messaging.WithAuthority(ctx, a)
 	}
+	reply, err := serveControl(ctx, s.cp, req)
+	if err != nil {
+		s.met.refusedCalls.WithLabelValues("version").Inc()
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	return reply, nil
 }
 
 // Send implements messaging.Transport: it encodes msgs as one frame and
@@ -168,32 +299,12 @@ func (s *Server) Send(target messaging.Target, msgs []messaging.Message) error {
 	case closed:
 		return messaging.ErrClosed
 	case p == nil:
-		s.met.refused.WithLabelValues(string(target), "unavailable").Inc()
+		// One series for every target that never connected: target names
+		// come from registrations, and must not grow the series.
+		s.met.notConnected.Inc()
 		return fmt.Errorf("%w: %q has not connected", messaging.ErrUnknownTarget, target)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	switch {
-	case p.mu.broken != nil:
-		p.counters.unavailable.Inc()
-		return fmt.Errorf("%w: %w: %q: %v", messaging.ErrSendFailed, messaging.ErrUnavailable, target, p.mu.broken)
-	case len(msgs) > p.capacity:
-		p.counters.tooLarge.Inc()
-		return fmt.Errorf("%w: %d messages, %q takes %d", messaging.ErrBatchTooLarge, len(msgs), target, p.capacity)
-	case len(msgs) > p.mu.credit:
-		p.counters.busy.Inc()
-		return messaging.ErrBusy
-	case len(msgs) == 0:
-		return nil
-	}
-	p.counters.sent.Add(float64(len(msgs)))
-	p.mu.credit -= len(msgs)
-	p.mu.queue = append(p.mu.queue, appendMessages(nil, msgs))
-	select {
-	case p.wake <- struct{}{}:
-	default:
-	}
-	return nil
+	return p.send(msgs)
 }
 
 // Room implements messaging.RoomNotifier: the channel is closed once
@@ -206,135 +317,11 @@ func (s *Server) Room(target messaging.Target) <-chan struct{} {
 	if p == nil {
 		return closedChan()
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.mu.broken != nil || 2*p.mu.credit >= p.capacity {
-		return closedChan()
-	}
-	if p.mu.room == nil {
-		p.mu.room = make(chan struct{})
-	}
-	return p.mu.room
+	return p.roomChan()
 }
 
 func closedChan() chan struct{} {
 	c := make(chan struct{})
 	close(c)
 	return c
-}
-
-func (p *peer) grant(n int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.mu.credit = min(p.mu.credit+n, p.capacity) // a confused peer cannot inflate it
-	if p.mu.room != nil && 2*p.mu.credit >= p.capacity {
-		close(p.mu.room)
-		p.mu.room = nil
-	}
-}
-
-func (p *peer) fail(err error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.mu.broken == nil {
-		p.mu.broken = err
-		p.mu.queue = nil
-	}
-	if p.mu.room != nil {
-		close(p.mu.room) // a waiting sender learns from its next Send
-		p.mu.room = nil
-	}
-}
-
-// take returns the queued frames, or the stream's error.
-func (p *peer) take(dst [][]byte) ([][]byte, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.mu.broken != nil {
-		return dst, p.mu.broken
-	}
-	dst = append(dst, p.mu.queue...)
-	clear(p.mu.queue)
-	p.mu.queue = p.mu.queue[:0]
-	return dst, nil
-}
-
-// errStreamReplaced ends a collector's old stream when it connects anew.
-var errStreamReplaced = errors.New("remote: the collector connected again")
-
-// data serves one collector's stream: a hello naming its target and
-// granting credit, then credit grants up; frames down.
-func (s *Server) data(stream grpc.ServerStream) error {
-	var f frame
-	if err := stream.RecvMsg(&f); err != nil {
-		return err
-	}
-	hello, err := decodeUp(f.b)
-	if err != nil || hello.kind != frameHello || hello.target == "" || hello.capacity == 0 || hello.credit > hello.capacity {
-		return fmt.Errorf("%w: a stream must open with a hello naming a target, a capacity and credit within it", ErrMalformed)
-	}
-	target, credit := hello.target, hello.credit
-	p := &peer{target: target, capacity: int(hello.capacity), wake: make(chan struct{}, 1), counters: s.met.forTarget(string(target))}
-	p.mu.credit = int(credit)
-	s.mu.Lock()
-	if s.mu.closed {
-		s.mu.Unlock()
-		return messaging.ErrClosed
-	}
-	old := s.mu.peers[target]
-	s.mu.peers[target] = p
-	s.mu.Unlock()
-	if old != nil {
-		old.fail(errStreamReplaced)
-		select {
-		case old.wake <- struct{}{}:
-		default:
-		}
-	}
-	s.met.streams.WithLabelValues(string(target)).Inc()
-	s.log.Info("collector connected", zap.String("target", string(target)), zap.Int("credit", int(credit)))
-
-	ctx := stream.Context()
-	// The receiver ends when the stream does, which is after this handler
-	// returns; Close waits for it (grpc.WaitForHandlers makes Stop wait
-	// for this handler, so the Go happens before Close's Wait).
-	s.wg.Go(func() {
-		for {
-			var up frame
-			if err := stream.RecvMsg(&up); err != nil {
-				p.fail(err)
-				break
-			}
-			g, err := decodeUp(up.b)
-			if err != nil || g.kind != frameCredit {
-				p.fail(fmt.Errorf("%w: expected a credit frame", ErrMalformed))
-				break
-			}
-			p.grant(int(g.credit))
-		}
-		select {
-		case p.wake <- struct{}{}:
-		default:
-		}
-	})
-	var frames [][]byte
-	for {
-		select {
-		case <-ctx.Done():
-			p.fail(ctx.Err())
-			return ctx.Err()
-		case <-p.wake:
-		}
-		frames, err = p.take(frames[:0])
-		if err != nil {
-			s.log.Info("collector stream ended", zap.String("target", string(target)), zap.Error(err))
-			return err
-		}
-		for _, b := range frames {
-			if err := stream.SendMsg(&frame{b: b}); err != nil {
-				p.fail(err)
-				return err
-			}
-		}
-	}
 }

@@ -1,11 +1,9 @@
 package remote
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
@@ -18,24 +16,44 @@ import (
 // (length 0) and an empty one (length 1) survive the trip, as rows'
 // OldValue needs.
 //
-//	data frame    = count, message*                  (service -> collector)
+//	data frame    = count, message*                  (service -> collector; count 0: a ping)
 //	message       = kind, dispatcher, registration, epoch, seq, body
 //	Handshake     = start-ts
 //	DMLBatch      = partial, rows, (op, key, value, old-value, start-ts, commit-ts)*
 //	DDL           = table-id, commit-ts, query
 //	Resolved      = ts
-//	stream frame  = hello(target, capacity, credit) | credit(n)  (collector -> service)
-//	control call  = op, request                      (collector -> service)
+//	stream frame  = magic, version, hello(target, capacity, credit)   (collector -> service, first)
+//	              | credit(n)                                         (then; n = 0: a ping)
+//	control call  = magic, version, op, request      (collector -> service)
 //	control reply = code, [heartbeat codes]
+//
+// Decoding trusts nothing: every count and length is checked against the
+// bytes that remain before anything is allocated for it, using the
+// fewest bytes an element can take (minMessageBytes, minRowBytes, ...), so
+// what a frame makes the receiver allocate is bounded by a small multiple
+// of its size (maxDecodeAmplification), whatever its bytes say.
 
 // ErrMalformed: a frame that does not decode. Whoever receives one drops
 // the stream (the peer speaks another protocol or is broken).
 var ErrMalformed = errors.New("remote: malformed frame")
 
-// maxFrameMessages bounds a data frame's count before anything is
-// allocated for it, so a corrupt count cannot make the receiver allocate
-// gigabytes.
-const maxFrameMessages = 1 << 20
+// The fewest bytes an encoded element takes. A count is refused when the
+// bytes left could not hold that many elements.
+const (
+	// kind, dispatcher (16), registration, epoch, seq (a byte each at
+	// least) and the smallest body (a one-byte ts).
+	minMessageBytes = 1 + 16 + 3 + 1
+	// op, three byte strings (a length byte each) and two ts.
+	minRowBytes = 1 + 3 + 2
+	// dispatcher (16), registration, epoch, ts.
+	minCheckpointBytes = 16 + 3
+)
+
+// maxDecodeAmplification bounds the bytes decoding a frame allocates, as
+// a multiple of the frame's size (TestDecodeAllocationIsBoundedByTheFrame):
+// a row is a common.Row (96 bytes) per minRowBytes of frame plus its
+// copied bytes, a message its struct and interface per minMessageBytes.
+const maxDecodeAmplification = 24
 
 type encoder struct{ b []byte }
 
@@ -184,12 +202,27 @@ func appendMessages(b []byte, msgs []messaging.Message) []byte {
 	return e.b
 }
 
+// count reads a count of elements that take at least minBytes each, and
+// fails if the bytes left cannot hold them: nothing is allocated for a
+// count the frame does not back.
+func (d *decoder) count(minBytes int, what string) int {
+	n := d.u()
+	if d.err != nil {
+		return 0
+	}
+	if n > uint64(len(d.b)/minBytes) {
+		d.fail(fmt.Sprintf("%d %s in %d bytes", n, what, len(d.b)))
+		return 0
+	}
+	return int(n)
+}
+
 // decodeMessages decodes a data frame.
 func decodeMessages(b []byte) ([]messaging.Message, error) {
 	d := decoder{b: b}
-	n := d.u()
-	if n > maxFrameMessages || n > uint64(len(b)) {
-		return nil, fmt.Errorf("%w: %d messages in a %d-byte frame", ErrMalformed, n, len(b))
+	n := d.count(minMessageBytes, "messages")
+	if d.err != nil {
+		return nil, d.err
 	}
 	msgs := make([]messaging.Message, 0, n)
 	for range n {
@@ -200,9 +233,9 @@ func decodeMessages(b []byte) ([]messaging.Message, error) {
 			msgs = append(msgs, &messaging.Handshake{Header: h, StartTs: common.Ts(d.u())})
 		case messaging.KindDMLBatch:
 			m := &messaging.DMLBatch{Header: h, Partial: d.byte() == 1}
-			rows := d.u()
-			if rows > uint64(len(d.b)) {
-				d.fail("row count past the frame's end")
+			rows := d.count(minRowBytes, "rows")
+			if d.err != nil {
+				return nil, d.err
 			}
 			m.Rows = make([]common.Row, rows)
 			for i := range m.Rows {
@@ -229,195 +262,3 @@ func decodeMessages(b []byte) ([]messaging.Message, error) {
 	return msgs, nil
 }
 
-// Stream frames, collector -> service.
-const (
-	frameHello  byte = 1 // target, capacity, credit: the first frame of a stream
-	frameCredit byte = 2 // more credit
-)
-
-func appendHello(b []byte, target messaging.Target, capacity, credit uint32) []byte {
-	e := encoder{b: b}
-	e.byte(frameHello)
-	e.str(string(target))
-	e.u(uint64(capacity))
-	e.u(uint64(credit))
-	return e.b
-}
-
-func appendCredit(b []byte, credit uint32) []byte {
-	e := encoder{b: b}
-	e.byte(frameCredit)
-	e.u(uint64(credit))
-	return e.b
-}
-
-// upFrame is a collector's stream frame: a hello (target and capacity
-// set) or a credit grant.
-type upFrame struct {
-	kind     byte
-	target   messaging.Target
-	capacity uint32
-	credit   uint32
-}
-
-func decodeUp(b []byte) (upFrame, error) {
-	d := decoder{b: b}
-	f := upFrame{kind: d.byte()}
-	switch f.kind {
-	case frameHello:
-		f.target = messaging.Target(d.str())
-		f.capacity = d.u32()
-	case frameCredit:
-	default:
-		d.fail(fmt.Sprintf("unknown stream frame %d", f.kind))
-	}
-	f.credit = d.u32()
-	return f, d.end()
-}
-
-func (d *decoder) u32() uint32 {
-	v := d.u()
-	if v > math.MaxUint32 {
-		d.fail("value over 2^32")
-	}
-	return uint32(v)
-}
-
-// Control-plane operations.
-const (
-	opRegister byte = iota + 1
-	opReset
-	opRemove
-	opHeartbeat
-)
-
-func appendRegister(b []byte, r messaging.RegisterRequest) []byte {
-	e := encoder{b: b}
-	e.byte(opRegister)
-	e.id(r.Dispatcher)
-	e.u(uint64(r.Registration))
-	e.i(r.Span.TableID)
-	e.bytes(r.Span.StartKey)
-	e.bytes(r.Span.EndKey)
-	e.u(uint64(r.StartTs))
-	e.str(string(r.Target))
-	replace := byte(0)
-	if r.Replace {
-		replace = 1
-	}
-	e.byte(replace)
-	return e.b
-}
-
-func appendReset(b []byte, r messaging.ResetRequest) []byte {
-	e := encoder{b: b}
-	e.byte(opReset)
-	e.id(r.Dispatcher)
-	e.u(uint64(r.Registration))
-	e.u(r.Epoch)
-	e.u(uint64(r.StartTs))
-	return e.b
-}
-
-func appendRemove(b []byte, r messaging.RemoveRequest) []byte {
-	e := encoder{b: b}
-	e.byte(opRemove)
-	e.id(r.Dispatcher)
-	e.u(uint64(r.Registration))
-	return e.b
-}
-
-func appendHeartbeat(b []byte, r messaging.HeartbeatRequest) []byte {
-	e := encoder{b: b}
-	e.byte(opHeartbeat)
-	e.u(uint64(len(r.Checkpoints)))
-	for _, c := range r.Checkpoints {
-		e.id(c.Dispatcher)
-		e.u(uint64(c.Registration))
-		e.u(c.Epoch)
-		e.u(uint64(c.Ts))
-	}
-	return e.b
-}
-
-// serveControl decodes one control call, runs it on cp and encodes the
-// reply. A call that does not decode is answered CodeInvalidRequest.
-func serveControl(ctx context.Context, cp messaging.ControlPlane, b []byte) []byte {
-	d := decoder{b: b}
-	var err error
-	var codes []messaging.Code
-	switch op := d.byte(); op {
-	case opRegister:
-		r := messaging.RegisterRequest{Dispatcher: d.id(), Registration: messaging.RegistrationID(d.u())}
-		r.Span.TableID = d.i()
-		r.Span.StartKey, r.Span.EndKey = d.bytes(), d.bytes()
-		r.StartTs, r.Target = common.Ts(d.u()), messaging.Target(d.str())
-		r.Replace = d.byte() == 1
-		if err = d.end(); err == nil {
-			err = cp.Register(ctx, r)
-		}
-	case opReset:
-		r := messaging.ResetRequest{Dispatcher: d.id(), Registration: messaging.RegistrationID(d.u()), Epoch: d.u(), StartTs: common.Ts(d.u())}
-		if err = d.end(); err == nil {
-			err = cp.Reset(ctx, r)
-		}
-	case opRemove:
-		r := messaging.RemoveRequest{Dispatcher: d.id(), Registration: messaging.RegistrationID(d.u())}
-		if err = d.end(); err == nil {
-			err = cp.Remove(ctx, r)
-		}
-	case opHeartbeat:
-		n := d.u()
-		if n > messaging.MaxHeartbeatCheckpoints {
-			d.fail("too many checkpoints")
-			n = 0
-		}
-		r := messaging.HeartbeatRequest{Checkpoints: make([]messaging.DispatcherCheckpoint, n)}
-		for i := range r.Checkpoints {
-			r.Checkpoints[i] = messaging.DispatcherCheckpoint{Dispatcher: d.id(), Registration: messaging.RegistrationID(d.u()),
-				Epoch: d.u(), Ts: common.Ts(d.u())}
-		}
-		if err = d.end(); err == nil {
-			var reply messaging.HeartbeatReply
-			reply, err = cp.Heartbeat(ctx, r)
-			codes = reply.Codes
-		}
-	default:
-		d.fail(fmt.Sprintf("unknown control op %d", op))
-		err = d.err
-	}
-	if errors.Is(err, ErrMalformed) {
-		err = fmt.Errorf("%w: %w", messaging.ErrInvalidRequest, err)
-	}
-	e := encoder{}
-	e.byte(byte(messaging.CodeOf(err)))
-	e.u(uint64(len(codes)))
-	for _, c := range codes {
-		e.byte(byte(c))
-	}
-	return e.b
-}
-
-// decodeReply decodes a control reply into the heartbeat codes, if any,
-// and the call's outcome: the sentinel of its code (an undecodable reply
-// is ErrInternal).
-func decodeReply(b []byte) ([]messaging.Code, error) {
-	d := decoder{b: b}
-	code := messaging.Code(d.byte())
-	n := d.u()
-	if n > messaging.MaxHeartbeatCheckpoints {
-		d.fail("too many codes")
-		n = 0
-	}
-	codes := make([]messaging.Code, n)
-	for i := range codes {
-		codes[i] = messaging.Code(d.byte())
-	}
-	if err := d.end(); err != nil {
-		return nil, fmt.Errorf("%w: %w", messaging.ErrInternal, err)
-	}
-	if n == 0 {
-		codes = nil
-	}
-	return codes, code.Err()
-}

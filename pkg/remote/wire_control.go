@@ -1,0 +1,318 @@
+package remote
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+)
+
+// WireVersion is the version of the wire encoding this build speaks. A
+// collector's hello and every control request carry it after wireMagic;
+// the service refuses another version with ErrVersionMismatch naming both,
+// instead of decoding garbage. The gRPC service name carries it too
+// (serviceName), so a build whose name differs is refused by gRPC itself
+// (Unimplemented), which the client reports as the same error.
+const WireVersion = 1
+
+// wireMagic opens a hello and a control request: bytes that are not ours
+// are malformed, bytes that are ours with another version are a version
+// mismatch.
+const wireMagic = "CDCF"
+
+// ErrVersionMismatch: the peer speaks another version of the wire. A
+// client's call that fails with it wraps messaging.ErrInvalidRequest too
+// (retrying cannot help).
+var ErrVersionMismatch = errors.New("remote: wire version mismatch")
+
+// maxUpFrameBytes bounds every frame the service receives: control
+// requests and stream frames. The largest valid one is a full heartbeat
+// (MaxHeartbeatCheckpoints entries of at most 46 bytes: about 370 KiB);
+// a Register with two span keys of common.MaxSpanKeyBytes is smaller. The
+// server's gRPC receive limit is this, so a peer cannot make it read and
+// copy 64 MiB before refusing.
+const maxUpFrameBytes = 64 + messaging.MaxHeartbeatCheckpoints*(16+3*binary.MaxVarintLen64)
+
+// maxRegisterBytes is the largest valid Register request.
+const maxRegisterBytes = 64 + 16 + 3*binary.MaxVarintLen64 + 2*(common.MaxSpanKeyBytes+binary.MaxVarintLen64) +
+	messaging.MaxTargetBytes + binary.MaxVarintLen64 + 1
+
+func (e *encoder) header() {
+	e.b = append(e.b, wireMagic...)
+	e.u(WireVersion)
+}
+
+// header reads the magic and the version.
+func (d *decoder) header() {
+	if len(d.b) < len(wireMagic) || string(d.b[:len(wireMagic)]) != wireMagic {
+		d.fail("no wire magic (not a cdcflow peer)")
+		return
+	}
+	d.b = d.b[len(wireMagic):]
+	if v := d.u(); d.err == nil && v != WireVersion {
+		d.err = versionError(v)
+		d.b = nil
+	}
+}
+
+func versionError(peer uint64) error {
+	return fmt.Errorf("%w: the peer speaks wire version %d, this build %d", ErrVersionMismatch, peer, WireVersion)
+}
+
+func (d *decoder) u32() uint32 {
+	v := d.u()
+	if v > math.MaxUint32 {
+		d.fail("value over 2^32")
+	}
+	return uint32(v)
+}
+
+// Stream frames, collector -> service.
+const (
+	frameHello  byte = 1 // target, capacity, credit: the first frame of a stream
+	frameCredit byte = 2 // more credit (0: a ping, to show the collector is alive)
+)
+
+func appendHello(b []byte, target messaging.Target, capacity, credit uint32) []byte {
+	e := encoder{b: b}
+	e.header()
+	e.byte(frameHello)
+	e.str(string(target))
+	e.u(uint64(capacity))
+	e.u(uint64(credit))
+	return e.b
+}
+
+func appendCredit(b []byte, credit uint32) []byte {
+	e := encoder{b: b}
+	e.byte(frameCredit)
+	e.u(uint64(credit))
+	return e.b
+}
+
+// hello is a collector's first stream frame.
+type hello struct {
+	target   messaging.Target
+	capacity uint32
+	credit   uint32
+}
+
+// decodeHello decodes a hello. The target is checked (Target.Validate)
+// before anyone uses it as a map key, a log field or a metric label.
+func decodeHello(b []byte) (hello, error) {
+	d := decoder{b: b}
+	d.header()
+	if k := d.byte(); d.err == nil && k != frameHello {
+		d.fail(fmt.Sprintf("stream frame %d before the hello", k))
+	}
+	h := hello{target: messaging.Target(d.str()), capacity: d.u32(), credit: d.u32()}
+	if err := d.end(); err != nil {
+		return hello{}, err
+	}
+	if err := h.target.Validate(); err != nil {
+		return hello{}, fmt.Errorf("%w: hello: %w", ErrMalformed, err)
+	}
+	if h.capacity == 0 || h.credit > h.capacity {
+		return hello{}, fmt.Errorf("%w: hello: capacity %d, credit %d (need capacity > 0 and credit <= capacity)", ErrMalformed, h.capacity, h.credit)
+	}
+	return h, nil
+}
+
+// decodeCredit decodes a stream frame after the hello.
+func decodeCredit(b []byte) (uint32, error) {
+	d := decoder{b: b}
+	if k := d.byte(); d.err == nil && k != frameCredit {
+		d.fail(fmt.Sprintf("stream frame %d where credit was expected", k))
+	}
+	n := d.u32()
+	return n, d.end()
+}
+
+// Control-plane operations.
+const (
+	opRegister byte = iota + 1
+	opReset
+	opRemove
+	opHeartbeat
+)
+
+func appendRegister(b []byte, r messaging.RegisterRequest) []byte {
+	e := encoder{b: b}
+	e.header()
+	e.byte(opRegister)
+	e.id(r.Dispatcher)
+	e.u(uint64(r.Registration))
+	e.i(r.Span.TableID)
+	e.bytes(r.Span.StartKey)
+	e.bytes(r.Span.EndKey)
+	e.u(uint64(r.StartTs))
+	e.str(string(r.Target))
+	replace := byte(0)
+	if r.Replace {
+		replace = 1
+	}
+	e.byte(replace)
+	return e.b
+}
+
+func appendReset(b []byte, r messaging.ResetRequest) []byte {
+	e := encoder{b: b}
+	e.header()
+	e.byte(opReset)
+	e.id(r.Dispatcher)
+	e.u(uint64(r.Registration))
+	e.u(r.Epoch)
+	e.u(uint64(r.StartTs))
+	return e.b
+}
+
+func appendRemove(b []byte, r messaging.RemoveRequest) []byte {
+	e := encoder{b: b}
+	e.header()
+	e.byte(opRemove)
+	e.id(r.Dispatcher)
+	e.u(uint64(r.Registration))
+	return e.b
+}
+
+func appendHeartbeat(b []byte, r messaging.HeartbeatRequest) []byte {
+	e := encoder{b: b}
+	e.header()
+	e.byte(opHeartbeat)
+	e.u(uint64(len(r.Checkpoints)))
+	for _, c := range r.Checkpoints {
+		e.id(c.Dispatcher)
+		e.u(uint64(c.Registration))
+		e.u(c.Epoch)
+		e.u(uint64(c.Ts))
+	}
+	return e.b
+}
+
+// controlRequest is one decoded control call: op says which field is set.
+type controlRequest struct {
+	op        byte
+	register  messaging.RegisterRequest
+	reset     messaging.ResetRequest
+	remove    messaging.RemoveRequest
+	heartbeat messaging.HeartbeatRequest
+}
+
+// decodeControl decodes a control call. Its errors wrap ErrMalformed or
+// ErrVersionMismatch; a decoded request still goes through its Validate
+// at the control plane.
+func decodeControl(b []byte) (controlRequest, error) {
+	d := decoder{b: b}
+	d.header()
+	r := controlRequest{op: d.byte()}
+	if d.err != nil {
+		return controlRequest{}, d.err
+	}
+	switch r.op {
+	case opRegister:
+		q := &r.register
+		q.Dispatcher, q.Registration = d.id(), messaging.RegistrationID(d.u())
+		q.Span.TableID = d.i()
+		q.Span.StartKey, q.Span.EndKey = d.bytes(), d.bytes()
+		q.StartTs, q.Target = common.Ts(d.u()), messaging.Target(d.str())
+		switch d.byte() {
+		case 0:
+		case 1:
+			q.Replace = true
+		default:
+			d.fail("replace flag not 0 or 1")
+		}
+	case opReset:
+		r.reset = messaging.ResetRequest{Dispatcher: d.id(), Registration: messaging.RegistrationID(d.u()), Epoch: d.u(), StartTs: common.Ts(d.u())}
+	case opRemove:
+		r.remove = messaging.RemoveRequest{Dispatcher: d.id(), Registration: messaging.RegistrationID(d.u())}
+	case opHeartbeat:
+		n := d.count(minCheckpointBytes, "checkpoints")
+		if n > messaging.MaxHeartbeatCheckpoints {
+			d.fail(fmt.Sprintf("%d checkpoints, at most %d", n, messaging.MaxHeartbeatCheckpoints))
+		}
+		if d.err != nil {
+			return controlRequest{}, d.err
+		}
+		r.heartbeat.Checkpoints = make([]messaging.DispatcherCheckpoint, n)
+		for i := range r.heartbeat.Checkpoints {
+			r.heartbeat.Checkpoints[i] = messaging.DispatcherCheckpoint{Dispatcher: d.id(), Registration: messaging.RegistrationID(d.u()),
+				Epoch: d.u(), Ts: common.Ts(d.u())}
+		}
+	default:
+		d.fail(fmt.Sprintf("unknown control op %d", r.op))
+	}
+	if err := d.end(); err != nil {
+		return controlRequest{}, err
+	}
+	return r, nil
+}
+
+func appendReply(b []byte, code messaging.Code, codes []messaging.Code) []byte {
+	e := encoder{b: b}
+	e.byte(byte(code))
+	e.u(uint64(len(codes)))
+	for _, c := range codes {
+		e.byte(byte(c))
+	}
+	return e.b
+}
+
+// decodeReply decodes a control reply into the heartbeat codes, if any,
+// and the call's outcome: the sentinel of its code (an undecodable reply
+// is ErrInternal).
+func decodeReply(b []byte) ([]messaging.Code, error) {
+	d := decoder{b: b}
+	code := messaging.Code(d.byte())
+	n := d.count(1, "codes")
+	if n > messaging.MaxHeartbeatCheckpoints {
+		d.fail("too many codes")
+	}
+	if d.err != nil {
+		return nil, fmt.Errorf("%w: %w", messaging.ErrInternal, d.err)
+	}
+	var codes []messaging.Code
+	if n > 0 {
+		codes = make([]messaging.Code, n)
+		for i := range codes {
+			codes[i] = messaging.Code(d.byte())
+		}
+	}
+	if err := d.end(); err != nil {
+		return nil, fmt.Errorf("%w: %w", messaging.ErrInternal, err)
+	}
+	return codes, code.Err()
+}
+
+// serveControl decodes one control call, runs it on cp and encodes the
+// reply. A call that does not decode is answered CodeInvalidRequest; one
+// of another wire version fails the call itself (ErrVersionMismatch),
+// which the caller's client reports naming both versions.
+func serveControl(ctx context.Context, cp messaging.ControlPlane, b []byte) ([]byte, error) {
+	r, err := decodeControl(b)
+	if errors.Is(err, ErrVersionMismatch) {
+		return nil, err
+	}
+	var codes []messaging.Code
+	if err != nil {
+		err = fmt.Errorf("%w: %w", messaging.ErrInvalidRequest, err)
+	} else {
+		switch r.op {
+		case opRegister:
+			err = cp.Register(ctx, r.register)
+		case opReset:
+			err = cp.Reset(ctx, r.reset)
+		case opRemove:
+			err = cp.Remove(ctx, r.remove)
+		case opHeartbeat:
+			var reply messaging.HeartbeatReply
+			reply, err = cp.Heartbeat(ctx, r.heartbeat)
+			codes = reply.Codes
+		}
+	}
+	return appendReply(nil, messaging.CodeOf(err), codes), nil
+}
