@@ -33,7 +33,9 @@ func newConnTracker(maxConns int, log *zap.Logger, refused func()) *connTracker 
 }
 
 // listener wraps lis so that every connection it accepts is tracked.
-func (t *connTracker) listener(lis net.Listener) net.Listener { return &trackedListener{Listener: lis, t: t} }
+func (t *connTracker) listener(lis net.Listener) net.Listener {
+	return &trackedListener{Listener: lis, t: t}
+}
 
 // count is the number of open connections.
 func (t *connTracker) count() int {

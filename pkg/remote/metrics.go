@@ -54,9 +54,9 @@ type serverMetrics struct {
 	refusedCalls *prometheus.CounterVec
 	refusedConns prometheus.Counter
 	deadLinks    prometheus.Counter
-	connected *prometheus.Desc
-	credit    *prometheus.Desc
-	inFlight  *prometheus.Desc
+	connected    *prometheus.Desc
+	credit       *prometheus.Desc
+	inFlight     *prometheus.Desc
 }
 
 func newServerMetrics(s *Server) *serverMetrics {

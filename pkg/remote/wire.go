@@ -261,4 +261,3 @@ func decodeMessages(b []byte) ([]messaging.Message, error) {
 	}
 	return msgs, nil
 }
-
