@@ -21,12 +21,24 @@ import (
 // server reads the checkpoints back and resumes every dispatcher from its
 // own.
 //
-// Layout:
+// Layout (table is a non-negative int64, big-endian):
 //
-//	v | table(8) | key | commitTs(8)  -> seq(8) | op(1) | value   (one row version)
-//	d | table(8) | commitTs(8)        -> query                    (one DDL)
-//	c | dispatcher(16)                -> ts(8)                    (checkpoint)
-//	s                                 -> next seq(8)
+//	v | table(8) | esc(key) | commitTs(8)  -> seq(8) | op(1) | value   (one row version)
+//	d | table(8) | commitTs(8)             -> query                    (one DDL)
+//	c | dispatcher(16)                     -> ts(8)                    (checkpoint)
+//	s                                      -> next seq(8)
+//	f                                      -> format(1)
+//
+// esc(key) is the key with every 0x00 written as 0x00 0xFF, ended by
+// 0x00 0x01 (appendEscaped). A raw key would not delimit itself: key "a"
+// followed by its commit-ts bytes sorts after key "a\x00" or "ab" at one
+// commit-ts and before it at another, so one key's versions were not
+// contiguous and the verifier's per-key order check, which compares
+// neighbours, could miss a violation. The escaped form is order-preserving
+// (bytes.Compare of two escaped keys is that of the keys) and prefix-free,
+// so a table's versions come out of one scan ordered by key, then
+// commit-ts. f records that layout (sinkFormat); a sink of the earlier raw
+// layout is refused (ErrSinkFormat), not misread.
 //
 // seq numbers versions in the order they were first applied, so the
 // verifier can check per-key order across restarts: for every key, a
@@ -68,18 +80,71 @@ func OpenDurableSink(dir string) (*DurableSink, error) {
 	s.mu.tables = map[common.DispatcherID]int64{}
 	s.mu.pending = map[common.DispatcherID][]common.Row{}
 	s.mu.ddls = map[common.DispatcherID][]messaging.DDL{}
-	v, closer, err := db.Get([]byte("s"))
-	switch {
-	case err == nil:
-		s.mu.nextSeq = binary.BigEndian.Uint64(v)
-		_ = closer.Close()
-	case errors.Is(err, pebble.ErrNotFound):
-		s.mu.nextSeq = 1
-	default:
+	if err := s.load(); err != nil {
 		_ = db.Close()
-		return nil, err
+		return nil, fmt.Errorf("open durable sink %s: %w", dir, err)
 	}
 	return s, nil
+}
+
+// Sentinel errors of the durable sink.
+var (
+	// ErrSinkFormat: the directory holds a sink of another layout.
+	ErrSinkFormat = errors.New("durable sink of another format")
+	// ErrCorruptSink: a stored key or value does not decode.
+	ErrCorruptSink = errors.New("corrupt durable sink entry")
+	// ErrInvalidTable: a negative table ID, which no span has
+	// (common.Span.Validate) and whose key range this layout does not
+	// order with the others'.
+	ErrInvalidTable = errors.New("invalid table ID")
+)
+
+// sinkFormat is the layout above: 2, escaped keys (1, never written down,
+// had raw keys).
+const sinkFormat = 2
+
+// load reads the next sequence number and checks the format marker,
+// writing it into a sink that holds nothing yet.
+func (s *DurableSink) load() error {
+	seq, err := s.getUint64([]byte("s"))
+	if err != nil {
+		return err
+	}
+	f, closer, err := s.db.Get([]byte("f"))
+	switch {
+	case err == nil:
+		defer closer.Close()
+		if len(f) != 1 || f[0] != sinkFormat {
+			return fmt.Errorf("%w: format %x, this version reads %d; use a fresh --data-dir", ErrSinkFormat, f, sinkFormat)
+		}
+	case !errors.Is(err, pebble.ErrNotFound):
+		return err
+	case seq != 0:
+		// Versions were written, but not in this layout.
+		return fmt.Errorf("%w: written with raw keys by an earlier version; use a fresh --data-dir", ErrSinkFormat)
+	default:
+		if err := s.db.Set([]byte("f"), []byte{sinkFormat}, pebble.Sync); err != nil {
+			return err
+		}
+	}
+	s.mu.nextSeq = max(seq, 1)
+	return nil
+}
+
+// getUint64 reads a big-endian uint64 value, 0 when the key is absent.
+func (s *DurableSink) getUint64(key []byte) (uint64, error) {
+	v, closer, err := s.db.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer closer.Close()
+	if len(v) != 8 {
+		return 0, fmt.Errorf("%w: %q holds %d bytes, want 8", ErrCorruptSink, key, len(v))
+	}
+	return binary.BigEndian.Uint64(v), nil
 }
 
 // Close closes the database.
@@ -95,15 +160,8 @@ func (s *DurableSink) Bind(id common.DispatcherID, table int64) {
 // CheckpointOf returns the persisted checkpoint of id, or 0.
 func (s *DurableSink) CheckpointOf(id common.DispatcherID) (common.Ts, error) {
 	b := id.Bytes()
-	v, closer, err := s.db.Get(append([]byte("c"), b[:]...))
-	if errors.Is(err, pebble.ErrNotFound) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	defer closer.Close()
-	return common.Ts(binary.BigEndian.Uint64(v)), nil
+	v, err := s.getUint64(append([]byte("c"), b[:]...))
+	return common.Ts(v), err
 }
 
 // BeginEpoch drops what was applied since the last checkpoint: the new
@@ -141,10 +199,15 @@ func (s *DurableSink) Checkpoint(id common.DispatcherID, ts common.Ts) error {
 	if !ok {
 		return fmt.Errorf("durable sink: dispatcher %v not bound", id)
 	}
+	if table < 0 {
+		return fmt.Errorf("durable sink: dispatcher %v: %w %d", id, ErrInvalidTable, table)
+	}
 	b := s.db.NewIndexedBatch()
 	defer b.Close()
 	seq := s.mu.nextSeq
 	for _, r := range s.mu.pending[id] {
+		// The lookup uses the same encoding as the write, so a re-delivery
+		// finds its first application whatever other keys it prefixes.
 		k := versionKey(table, r.Key, r.CommitTs)
 		if _, closer, err := b.Get(k); err == nil {
 			_ = closer.Close()
@@ -193,18 +256,51 @@ func ddlKey(table int64, commitTs common.Ts) []byte {
 // DDLs returns the stored DDLs of table in commit-ts order.
 func (s *DurableSink) DDLs(table int64) ([]messaging.DDL, error) {
 	var out []messaging.DDL
-	err := s.scanTable('d', table, func(k, v []byte) {
+	err := s.scanTable('d', table, func(k, v []byte) error {
+		if len(k) != 8 {
+			return fmt.Errorf("%w: DDL key of table %d has %d bytes after the table, want 8", ErrCorruptSink, table, len(k))
+		}
 		out = append(out, messaging.DDL{TableID: table, CommitTs: common.Ts(binary.BigEndian.Uint64(k)), Query: string(v)})
+		return nil
 	})
 	return out, err
 }
 
+// tableBounds is the key range [lo, hi) of table's entries under the
+// one-byte prefix kind: lo is kind | table(8), and hi the smallest key
+// above every key lo prefixes (prefixSuccessor), not kind | table+1,
+// which wraps to kind | 0 for table -1 and would make an inverted range.
+// A negative table is refused: none exists, and its range sorts after
+// every other table's, so letting it through would hide a caller's bug.
+func tableBounds(kind byte, table int64) (lo, hi []byte, err error) {
+	if table < 0 {
+		return nil, nil, fmt.Errorf("durable sink: %w %d", ErrInvalidTable, table)
+	}
+	lo = binary.BigEndian.AppendUint64([]byte{kind}, uint64(table))
+	return lo, prefixSuccessor(lo), nil
+}
+
+// prefixSuccessor returns the smallest key greater than every key with
+// prefix p, or nil (no upper bound) when p is all 0xFF.
+func prefixSuccessor(p []byte) []byte {
+	for i := len(p) - 1; i >= 0; i-- {
+		if p[i] != 0xFF {
+			out := bytes.Clone(p[:i+1])
+			out[i]++
+			return out
+		}
+	}
+	return nil
+}
+
 // scanTable calls fn, in key order, with every entry of table under the
 // one-byte prefix kind: its key after the prefix and table, and its value
-// (both valid only during the call).
-func (s *DurableSink) scanTable(kind byte, table int64, fn func(k, v []byte)) error {
-	lo := binary.BigEndian.AppendUint64([]byte{kind}, uint64(table))
-	hi := binary.BigEndian.AppendUint64([]byte{kind}, uint64(table)+1)
+// (both valid only during the call). fn's error stops the scan.
+func (s *DurableSink) scanTable(kind byte, table int64, fn func(k, v []byte) error) error {
+	lo, hi, err := tableBounds(kind, table)
+	if err != nil {
+		return err
+	}
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
 		return err
@@ -215,17 +311,77 @@ func (s *DurableSink) scanTable(kind byte, table int64, fn func(k, v []byte)) er
 		if err != nil {
 			return err
 		}
-		fn(it.Key()[len(lo):], v)
+		if err := fn(it.Key()[len(lo):], v); err != nil {
+			return err
+		}
 	}
 	return it.Error()
 }
 
 func versionKey(table int64, key []byte, commitTs common.Ts) []byte {
-	k := make([]byte, 0, 1+8+len(key)+8)
+	k := make([]byte, 0, 1+8+len(key)+2+8)
 	k = append(k, 'v')
 	k = binary.BigEndian.AppendUint64(k, uint64(table))
-	k = append(k, key...)
+	k = appendEscaped(k, key)
 	return binary.BigEndian.AppendUint64(k, uint64(commitTs))
+}
+
+// appendEscaped appends key with each 0x00 written as 0x00 0xFF and the
+// terminator 0x00 0x01. Order is preserved: a byte above 0x00 compares as
+// itself; 0x00 0xFF (a zero byte) sorts above 0x00 0x01 (the end), so a
+// key sorts before every longer key it prefixes, whatever follows.
+func appendEscaped(dst, key []byte) []byte {
+	for {
+		i := bytes.IndexByte(key, 0)
+		if i < 0 {
+			break
+		}
+		dst = append(dst, key[:i+1]...)
+		dst = append(dst, 0xFF)
+		key = key[i+1:]
+	}
+	dst = append(dst, key...)
+	return append(dst, 0x00, 0x01)
+}
+
+// decodeEscaped reads an escaped key off the front of b, returning the key
+// and what follows its terminator.
+func decodeEscaped(b []byte) (key, rest []byte, err error) {
+	for {
+		i := bytes.IndexByte(b, 0)
+		if i < 0 || i+1 == len(b) {
+			return nil, nil, fmt.Errorf("%w: escaped key without its terminator", ErrCorruptSink)
+		}
+		key = append(key, b[:i]...)
+		switch b[i+1] {
+		case 0x01:
+			if key == nil {
+				key = []byte{} // an empty key is a key, not an absent one
+			}
+			return key, b[i+2:], nil
+		case 0xFF:
+			key = append(key, 0)
+			b = b[i+2:]
+		default:
+			return nil, nil, fmt.Errorf("%w: escaped key with 0x00 %#02x", ErrCorruptSink, b[i+1])
+		}
+	}
+}
+
+// decodeVersion decodes a version entry: k after the prefix and table.
+func decodeVersion(k, v []byte) (Version, error) {
+	key, rest, err := decodeEscaped(k)
+	if err != nil {
+		return Version{}, err
+	}
+	if len(rest) != 8 {
+		return Version{}, fmt.Errorf("%w: version key of %x ends with %d bytes, want a commit-ts of 8", ErrCorruptSink, key, len(rest))
+	}
+	if len(v) < 9 {
+		return Version{}, fmt.Errorf("%w: version value of %x has %d bytes, want at least 9", ErrCorruptSink, key, len(v))
+	}
+	return Version{Key: key, CommitTs: common.Ts(binary.BigEndian.Uint64(rest)), Seq: binary.BigEndian.Uint64(v),
+		Op: common.OpType(v[8]), Value: bytes.Clone(v[9:])}, nil
 }
 
 // Version is one stored row version.
@@ -238,17 +394,16 @@ type Version struct {
 }
 
 // Versions returns the stored versions of table, ordered by key then
-// commit-ts.
+// commit-ts (the escaped layout makes that the scan's order).
 func (s *DurableSink) Versions(table int64) ([]Version, error) {
 	var out []Version
-	err := s.scanTable('v', table, func(k, v []byte) {
-		out = append(out, Version{
-			Key:      bytes.Clone(k[:len(k)-8]),
-			CommitTs: common.Ts(binary.BigEndian.Uint64(k[len(k)-8:])),
-			Seq:      binary.BigEndian.Uint64(v),
-			Op:       common.OpType(v[8]),
-			Value:    bytes.Clone(v[9:]),
-		})
+	err := s.scanTable('v', table, func(k, v []byte) error {
+		ver, err := decodeVersion(k, v)
+		if err != nil {
+			return fmt.Errorf("table %d: %w", table, err)
+		}
+		out = append(out, ver)
+		return nil
 	})
 	return out, err
 }

@@ -294,6 +294,17 @@ func verifyVersions(sum *Summary, d dispatcherRef, want []common.Row, versions [
 		wantSet[vk{string(want[i].Key), want[i].CommitTs}] = &want[i]
 	}
 	sum.RowsDelivered += int64(len(versions))
+	// The order check compares neighbours, so it needs each key's versions
+	// together, in commit-ts order. The sink's scan gives that order;
+	// verification does not rely on it (the raw key layout once broke it
+	// for keys that prefix others, and the check missed violations).
+	byKeyThenTs := func(a, b Version) int {
+		return cmp.Or(bytes.Compare(a.Key, b.Key), cmp.Compare(a.CommitTs, b.CommitTs))
+	}
+	if !slices.IsSortedFunc(versions, byKeyThenTs) {
+		versions = slices.Clone(versions)
+		slices.SortFunc(versions, byKeyThenTs)
+	}
 	seen := make(map[vk]bool, len(versions))
 	for i, v := range versions {
 		k := vk{string(v.Key), v.CommitTs}

@@ -1,0 +1,284 @@
+package server
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+)
+
+// prefixKeys are row keys that prefix one another, with the bytes an
+// encoding must not confuse with a terminator or a commit-ts: 0x00, 0x01
+// and 0xFF right after a shared prefix.
+var prefixKeys = [][]byte{{}, {0}, {0, 0}, []byte("a"), []byte("a\x00"), []byte("a\x00\x00"), []byte("a\x00\x01"),
+	[]byte("a\x01"), []byte("a\x06"), []byte("a\xff"), []byte("ab"), []byte("b")}
+
+// prefixTs are commit-ts whose leading bytes fall below, at and above the
+// keys' next bytes (the raw layout sorted "a"@ts against "ab" by them).
+var prefixTs = []common.Ts{1, 0x0100, 0x6100_0000_0000_0000, common.ComposeTs(1_700_000_000_000, 0),
+	common.ComposeTs(1_700_000_000_001, 3), math.MaxUint64}
+
+func openTestSink(t *testing.T) *DurableSink {
+	t.Helper()
+	s, err := OpenDurableSink(t.TempDir())
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	return s
+}
+
+// applyVersions applies rows as dispatcher id of table, one checkpoint per
+// row so that each gets the next sequence number in the order given.
+func applyVersions(t *testing.T, s *DurableSink, id common.DispatcherID, table int64, rows []common.Row) {
+	t.Helper()
+	s.Bind(id, table)
+	for i := range rows {
+		require.NoError(t, s.ApplyRows(id, rows[i:i+1]))
+		require.NoError(t, s.Checkpoint(id, common.Ts(i+1)))
+	}
+}
+
+func prefixRows(t *testing.T) []common.Row {
+	t.Helper()
+	var rows []common.Row
+	for _, k := range prefixKeys {
+		for _, ts := range prefixTs {
+			rows = append(rows, common.Row{Key: k, CommitTs: ts, Op: common.OpPut, Value: append(bytes.Clone(k), byte(ts))})
+		}
+	}
+	return rows
+}
+
+func TestDurableSinkVersionsOrderedByKeyThenCommitTsWhenKeysArePrefixes(t *testing.T) {
+	s := openTestSink(t)
+	rows := prefixRows(t)
+	shuffled := slices.Clone(rows)
+	rand.New(rand.NewPCG(1, 2)).Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
+	id := common.DispatcherIDFromUint64(1)
+	applyVersions(t, s, id, 7, shuffled)
+
+	got, err := s.Versions(7)
+	require.NoError(t, err)
+	want := slices.Clone(rows)
+	slices.SortFunc(want, func(a, b common.Row) int {
+		return cmp.Or(bytes.Compare(a.Key, b.Key), cmp.Compare(a.CommitTs, b.CommitTs))
+	})
+	require.Len(t, got, len(want))
+	for i := range want {
+		require.Equal(t, want[i].Key, got[i].Key, "version %d", i)
+		require.Equal(t, want[i].CommitTs, got[i].CommitTs, "version %d of key %x", i, got[i].Key)
+		require.Equal(t, want[i].Value, got[i].Value, "version %d", i)
+		require.Equal(t, common.OpPut, got[i].Op)
+	}
+
+	// A re-delivery after a reset finds every version (the lookup uses the
+	// same encoding) and keeps its first sequence number.
+	seqs := map[string]uint64{}
+	for _, v := range got {
+		seqs[string(v.Key)+"@"+string(binary.BigEndian.AppendUint64(nil, uint64(v.CommitTs)))] = v.Seq
+	}
+	require.NoError(t, s.BeginEpoch(id, 2, 0))
+	require.NoError(t, s.ApplyRows(id, rows))
+	require.NoError(t, s.Checkpoint(id, common.Ts(len(rows)+1)))
+	again, err := s.Versions(7)
+	require.NoError(t, err)
+	require.Len(t, again, len(got), "re-delivered versions are not stored twice")
+	for _, v := range again {
+		require.Equal(t, seqs[string(v.Key)+"@"+string(binary.BigEndian.AppendUint64(nil, uint64(v.CommitTs)))], v.Seq)
+	}
+}
+
+// TestVerifierReportsOrderViolationOnKeyThatPrefixesAnother applies key
+// "a" at a later commit-ts t2 before the earlier t1, with a key that "a"
+// prefixes stored too: "a" + t1's first 7 bytes + 0xFF, which in the raw
+// layout sorted between "a"@t1 and "a"@t2, so the neighbour check never
+// compared them.
+func TestVerifierReportsOrderViolationOnKeyThatPrefixesAnother(t *testing.T) {
+	t1, t2 := common.ComposeTs(1_700_000_000_000, 0), common.ComposeTs(1_700_000_000_001, 0)
+	a1 := common.Row{Key: []byte("a"), CommitTs: t1, Op: common.OpPut, Value: []byte("1")}
+	a2 := common.Row{Key: []byte("a"), CommitTs: t2, Op: common.OpPut, Value: []byte("2")}
+	otherKey := append(append([]byte("a"), binary.BigEndian.AppendUint64(nil, uint64(t1))[:7]...), 0xFF)
+	other := common.Row{Key: otherKey, CommitTs: t1, Op: common.OpPut, Value: []byte("x")}
+	raw := func(r common.Row) []byte {
+		return binary.BigEndian.AppendUint64(bytes.Clone(r.Key), uint64(r.CommitTs))
+	}
+	require.True(t, bytes.Compare(raw(a1), raw(other)) < 0 && bytes.Compare(raw(other), raw(a2)) < 0,
+		"the fixture: in the raw layout the other key sorts between a's versions")
+	want := []common.Row{a1, other, a2}
+	d := dispatcherRef{id: common.DispatcherIDFromUint64(1), table: 3}
+
+	t.Run("through the sink", func(t *testing.T) {
+		s := openTestSink(t)
+		applyVersions(t, s, d.id, d.table, []common.Row{a2, other, a1}) // a1 applied after a2: a violation
+		versions, err := s.Versions(d.table)
+		require.NoError(t, err)
+		var sum Summary
+		verifyVersions(&sum, d, want, versions)
+		require.Equal(t, 1, sum.OrderViolations, "%v", sum.Problems)
+		require.Zero(t, sum.MissingRows+sum.UnexpectedRows+sum.Duplicates)
+	})
+	t.Run("versions in the raw layout's order", func(t *testing.T) {
+		// What the raw layout's scan returned: the verifier must not rely
+		// on the scan order to find one key's versions.
+		versions := []Version{
+			{Key: a1.Key, CommitTs: t1, Seq: 3, Op: common.OpPut, Value: a1.Value},
+			{Key: other.Key, CommitTs: t1, Seq: 2, Op: common.OpPut, Value: other.Value},
+			{Key: a2.Key, CommitTs: t2, Seq: 1, Op: common.OpPut, Value: a2.Value},
+		}
+		var sum Summary
+		verifyVersions(&sum, d, want, versions)
+		require.Equal(t, 1, sum.OrderViolations, "%v", sum.Problems)
+	})
+}
+
+// TestDurableSinkTablesAtTheEndsOfTheIDSpace round-trips versions and
+// DDLs of tables 0 and math.MaxInt64 next to entries of their neighbours
+// in the key space (table 1, MaxInt64-1, and what -1 and MinInt64 would
+// encode to, written raw), and refuses a negative table.
+func TestDurableSinkTablesAtTheEndsOfTheIDSpace(t *testing.T) {
+	s := openTestSink(t)
+	tables := []int64{0, 1, math.MaxInt64 - 1, math.MaxInt64}
+	for i, table := range tables {
+		id := common.DispatcherIDFromUint64(uint64(i + 1))
+		s.Bind(id, table)
+		row := common.Row{Key: []byte{0xFF, byte(i)}, CommitTs: 10, Op: common.OpPut, Value: []byte{byte(i)}}
+		require.NoError(t, s.ApplyRows(id, []common.Row{row}))
+		require.NoError(t, s.ApplyDDL(id, &messaging.DDL{TableID: table, CommitTs: 10, Query: "ddl"}))
+		require.NoError(t, s.Checkpoint(id, 10))
+	}
+	// Entries just outside MaxInt64's range and below 0's, raw: the key
+	// space's neighbours of the end tables (no int64 table writes them).
+	for _, raw := range []uint64{1 << 63, math.MaxUint64} {
+		require.NoError(t, s.db.Set(append(binary.BigEndian.AppendUint64([]byte{'v'}, raw), 0xFF, 0x00, 0x01, 0, 0, 0, 0, 0, 0, 0, 10),
+			[]byte("seq-op-value"), pebble.Sync))
+		require.NoError(t, s.db.Set(binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64([]byte{'d'}, raw), 10), []byte("neighbour"), pebble.Sync))
+	}
+	for i, table := range tables {
+		vs, err := s.Versions(table)
+		require.NoError(t, err, "table %d", table)
+		require.Len(t, vs, 1, "table %d reads only its own versions", table)
+		require.Equal(t, []byte{0xFF, byte(i)}, vs[0].Key)
+		require.Equal(t, []byte{byte(i)}, vs[0].Value)
+		ddls, err := s.DDLs(table)
+		require.NoError(t, err)
+		require.Equal(t, []messaging.DDL{{TableID: table, CommitTs: 10, Query: "ddl"}}, ddls, "table %d reads only its own DDLs", table)
+	}
+	for _, table := range []int64{-1, math.MinInt64} {
+		_, err := s.Versions(table)
+		require.ErrorIs(t, err, ErrInvalidTable)
+		_, err = s.DDLs(table)
+		require.ErrorIs(t, err, ErrInvalidTable)
+	}
+	id := common.DispatcherIDFromUint64(99)
+	s.Bind(id, -1)
+	require.NoError(t, s.ApplyRows(id, []common.Row{{Key: []byte("k"), CommitTs: 5}}))
+	require.ErrorIs(t, s.Checkpoint(id, 5), ErrInvalidTable)
+}
+
+func TestTableBoundsAtTheEnds(t *testing.T) {
+	for _, tc := range []struct {
+		table  int64
+		lo, hi []byte
+	}{
+		{0, []byte{'v', 0, 0, 0, 0, 0, 0, 0, 0}, []byte{'v', 0, 0, 0, 0, 0, 0, 0, 1}},
+		{255, []byte{'v', 0, 0, 0, 0, 0, 0, 0, 0xFF}, []byte{'v', 0, 0, 0, 0, 0, 0, 1}},
+		{math.MaxInt64, []byte{'v', 0x7F, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF}, []byte{'v', 0x80}},
+	} {
+		lo, hi, err := tableBounds('v', tc.table)
+		require.NoError(t, err)
+		require.Equal(t, tc.lo, lo, "table %d", tc.table)
+		require.Equal(t, tc.hi, hi, "table %d", tc.table)
+		require.Negative(t, bytes.Compare(lo, hi))
+	}
+	_, _, err := tableBounds('v', -1)
+	require.ErrorIs(t, err, ErrInvalidTable)
+	require.Nil(t, prefixSuccessor([]byte{0xFF, 0xFF}), "no upper bound above an all-0xFF prefix")
+	require.Equal(t, []byte{'w'}, prefixSuccessor([]byte{'v', 0xFF, 0xFF}))
+}
+
+func TestDurableSinkRefusesAnotherFormatAndReportsCorruptEntries(t *testing.T) {
+	t.Run("raw layout", func(t *testing.T) {
+		dir := t.TempDir()
+		db, err := pebble.Open(dir, &pebble.Options{Logger: quietPebble{}})
+		require.NoError(t, err)
+		require.NoError(t, db.Set([]byte("s"), binary.BigEndian.AppendUint64(nil, 5), pebble.Sync))
+		require.NoError(t, db.Close())
+		_, err = OpenDurableSink(dir)
+		require.ErrorIs(t, err, ErrSinkFormat)
+	})
+	t.Run("unknown format", func(t *testing.T) {
+		dir := t.TempDir()
+		db, err := pebble.Open(dir, &pebble.Options{Logger: quietPebble{}})
+		require.NoError(t, err)
+		require.NoError(t, db.Set([]byte("f"), []byte{9}, pebble.Sync))
+		require.NoError(t, db.Close())
+		_, err = OpenDurableSink(dir)
+		require.ErrorIs(t, err, ErrSinkFormat)
+	})
+	t.Run("reopened", func(t *testing.T) {
+		dir := t.TempDir()
+		s, err := OpenDurableSink(dir)
+		require.NoError(t, err)
+		applyVersions(t, s, common.DispatcherIDFromUint64(1), 1, prefixRows(t)[:3])
+		require.NoError(t, s.Close())
+		s, err = OpenDurableSink(dir)
+		require.NoError(t, err, "a sink of this format opens again")
+		vs, err := s.Versions(1)
+		require.NoError(t, err)
+		require.Len(t, vs, 3)
+		require.NoError(t, s.Close())
+	})
+	t.Run("corrupt entries", func(t *testing.T) {
+		for _, k := range [][]byte{
+			{0x61},                         // no terminator
+			{0x61, 0x00},                   // cut after the escape byte
+			{0x61, 0x00, 0x07, 0, 0, 0, 0}, // not an escape
+			{0x61, 0x00, 0x01, 1, 2},       // commit-ts cut short
+		} {
+			s := openTestSink(t)
+			require.NoError(t, s.db.Set(append(binary.BigEndian.AppendUint64([]byte{'v'}, 4), k...), make([]byte, 9), pebble.Sync))
+			_, err := s.Versions(4)
+			require.ErrorIs(t, err, ErrCorruptSink, "key %x", k)
+		}
+		s := openTestSink(t)
+		require.NoError(t, s.db.Set(versionKey(4, []byte("k"), 1), []byte{1, 2}, pebble.Sync)) // value cut short
+		_, err := s.Versions(4)
+		require.ErrorIs(t, err, ErrCorruptSink)
+		require.NoError(t, s.db.Set(binary.BigEndian.AppendUint64([]byte{'d'}, 4), []byte("no commit-ts"), pebble.Sync))
+		_, err = s.DDLs(4)
+		require.ErrorIs(t, err, ErrCorruptSink)
+	})
+}
+
+// FuzzEscapedKeyOrder checks that version keys order as (key, commit-ts)
+// and decode to what was encoded, whatever the keys' bytes.
+func FuzzEscapedKeyOrder(f *testing.F) {
+	for _, a := range prefixKeys {
+		for _, b := range prefixKeys {
+			f.Add(a, b, uint64(prefixTs[len(a)%len(prefixTs)]), uint64(prefixTs[len(b)%len(prefixTs)]))
+		}
+	}
+	f.Fuzz(func(t *testing.T, a, b []byte, ta, tb uint64) {
+		ka, kb := versionKey(5, a, common.Ts(ta)), versionKey(5, b, common.Ts(tb))
+		want := cmp.Or(bytes.Compare(a, b), cmp.Compare(ta, tb))
+		if got := bytes.Compare(ka, kb); got != want {
+			t.Fatalf("versionKey(%x@%d) vs (%x@%d): %d, want %d", a, ta, b, tb, got, want)
+		}
+		lo, hi, err := tableBounds('v', 5)
+		if err != nil || bytes.Compare(ka, lo) < 0 || bytes.Compare(ka, hi) >= 0 {
+			t.Fatalf("versionKey(%x) outside its table's range [%x, %x): %v", a, lo, hi, err)
+		}
+		v, err := decodeVersion(ka[len(lo):], make([]byte, 9))
+		if err != nil || !bytes.Equal(v.Key, a) || v.CommitTs != common.Ts(ta) {
+			t.Fatalf("decode %x: %+v, %v; want %x@%d", ka, v, err, a, ta)
+		}
+	})
+}
