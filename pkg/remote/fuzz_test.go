@@ -1,0 +1,182 @@
+package remote
+
+import (
+	"encoding/binary"
+	"errors"
+	"runtime"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+)
+
+// Every decoder of what crosses the wire has a fuzz target; `make fuzz`
+// runs each, and `go test` runs their seeds (here and in
+// testdata/fuzz/<name>/). A decoder may refuse (a typed error) but never
+// panic, and what it accepts re-encodes to what decodes the same.
+
+// dmlFrameClaimingRows is a data frame of one DMLBatch whose row count is
+// rows, followed by tail: the shape of the frame that crashed collectors
+// (a count past the frame's end still allocated).
+func dmlFrameClaimingRows(rows uint64, tail []byte) []byte {
+	e := encoder{}
+	e.u(1)
+	e.byte(byte(messaging.KindDMLBatch))
+	e.id(disp)
+	e.u(7)
+	e.u(1)
+	e.u(2)
+	e.byte(0)
+	e.u(rows)
+	return append(e.b, tail...)
+}
+
+// The frames of the crash: a row count past the frame's end (2^40 rows:
+// makeslice panicked), and one the frame's size allows but its bytes do
+// not (each row needs at least minRowBytes).
+func TestDecodeRefusesRowCountsTheFrameCannotHold(t *testing.T) {
+	for name, b := range map[string][]byte{
+		"count past the end":      dmlFrameClaimingRows(1<<40, nil),
+		"count of 2^64-1":         dmlFrameClaimingRows(^uint64(0), nil),
+		"a byte per claimed row":  dmlFrameClaimingRows(1000, make([]byte, 1000)),
+		"messages past the end":   binary.AppendUvarint(nil, 1<<40),
+		"a byte per message":      append(binary.AppendUvarint(nil, 100), make([]byte, 100)...),
+		"control: checkpoints":    append(append([]byte(wireMagic), WireVersion, opHeartbeat), binary.AppendUvarint(nil, 5000)...),
+		"control: 2^64 checkpoints": append(append([]byte(wireMagic), WireVersion, opHeartbeat), binary.AppendUvarint(nil, ^uint64(0))...),
+	} {
+		require.NotPanics(t, func() {
+			if name[:8] == "control:" {
+				_, err := decodeControl(b)
+				require.ErrorIs(t, err, ErrMalformed, name)
+				return
+			}
+			_, err := decodeMessages(b)
+			require.ErrorIs(t, err, ErrMalformed, name)
+		}, name)
+	}
+	_, err := decodeReply(append([]byte{0}, binary.AppendUvarint(nil, 1<<40)...))
+	require.ErrorIs(t, err, messaging.ErrInternal, "a reply claiming more codes than it holds")
+}
+
+// What decoding a frame allocates is bounded by a small multiple of the
+// frame, whatever its counts claim: a 1 MiB frame whose row count its size
+// allows but its bytes do not once cost about 100 MiB.
+func TestDecodeAllocationIsBoundedByTheFrame(t *testing.T) {
+	const size = 1 << 20
+	frames := map[string][]byte{
+		// The most rows the bytes allow, then garbage: decoding fails
+		// after allocating the rows.
+		"lying count": dmlFrameClaimingRows(size/minRowBytes, make([]byte, size)),
+		// As many minimal valid rows as fit: the worst valid frame.
+		"minimal rows": func() []byte {
+			var rows []byte
+			for len(rows)+minRowBytes <= size {
+				rows = append(rows, byte(common.OpPut), 0, 0, 0, 1, 1)
+			}
+			return dmlFrameClaimingRows(uint64(len(rows)/minRowBytes), rows)
+		}(),
+	}
+	for name, b := range frames {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		_, _ = decodeMessages(b)
+		runtime.ReadMemStats(&after)
+		allocated := after.TotalAlloc - before.TotalAlloc
+		require.LessOrEqual(t, allocated, uint64(maxDecodeAmplification*len(b)), "%s: %d bytes for a %d-byte frame", name, allocated, len(b))
+		t.Logf("%s: %d-byte frame, %d bytes allocated (%.1fx)", name, len(b), allocated, float64(allocated)/float64(len(b)))
+	}
+}
+
+func FuzzDecodeControl(f *testing.F) {
+	reg := messaging.RegisterRequest{Dispatcher: disp, Registration: 7, Span: common.Span{TableID: 3, StartKey: []byte("a"), EndKey: []byte("b")},
+		StartTs: 9, Target: "c1", Replace: true}
+	f.Add(appendRegister(nil, reg))
+	f.Add(appendReset(nil, messaging.ResetRequest{Dispatcher: disp, Registration: 7, Epoch: 2, StartTs: 5}))
+	f.Add(appendRemove(nil, messaging.RemoveRequest{Dispatcher: disp, Registration: 7}))
+	f.Add(appendHeartbeat(nil, messaging.HeartbeatRequest{Checkpoints: []messaging.DispatcherCheckpoint{{Dispatcher: disp, Registration: 7, Epoch: 1, Ts: 4}}}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := decodeControl(b)
+		if err != nil {
+			require.True(t, errorsIsAny(err, ErrMalformed, ErrVersionMismatch), "%v", err)
+			return
+		}
+		var again []byte
+		switch r.op {
+		case opRegister:
+			again = appendRegister(nil, r.register)
+		case opReset:
+			again = appendReset(nil, r.reset)
+		case opRemove:
+			again = appendRemove(nil, r.remove)
+		case opHeartbeat:
+			again = appendHeartbeat(nil, r.heartbeat)
+		}
+		r2, err := decodeControl(again)
+		require.NoError(t, err)
+		require.Equal(t, r, r2)
+	})
+}
+
+func FuzzDecodeReply(f *testing.F) {
+	f.Add(appendReply(nil, messaging.CodeOK, nil))
+	f.Add(appendReply(nil, messaging.CodeOK, []messaging.Code{messaging.CodeOK, messaging.CodeStaleEpoch, messaging.CodePermissionDenied}))
+	f.Add(appendReply(nil, messaging.CodeLimitExceeded, nil))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		codes, err := decodeReply(b)
+		if errors.Is(err, ErrMalformed) {
+			require.ErrorIs(t, err, messaging.ErrInternal, "an undecodable reply is an internal error")
+			return
+		}
+		// A reply that decodes re-encodes to one that decodes the same.
+		again, err2 := decodeReply(appendReply(nil, messaging.Code(b[0]), codes))
+		require.Equal(t, codes, again)
+		require.Equal(t, messaging.CodeOf(err), messaging.CodeOf(err2))
+	})
+}
+
+func FuzzDecodeHello(f *testing.F) {
+	f.Add(appendHello(nil, "changefeed-1", 4096, 4096))
+	f.Add(appendHello(nil, "\xff\xfe", 1, 1))
+	f.Add(appendHello(nil, "c", ^uint32(0), ^uint32(0)))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := decodeHello(b)
+		if err != nil {
+			require.True(t, errorsIsAny(err, ErrMalformed, ErrVersionMismatch), "%v", err)
+			return
+		}
+		require.NoError(t, h.target.Validate(), "an accepted hello names a valid target")
+		require.NotZero(t, h.capacity)
+		require.LessOrEqual(t, h.credit, h.capacity)
+		h2, err := decodeHello(appendHello(nil, h.target, h.capacity, h.credit))
+		require.NoError(t, err)
+		require.Equal(t, h, h2)
+	})
+}
+
+func FuzzDecodeCredit(f *testing.F) {
+	f.Add(appendCredit(nil, 0))
+	f.Add(appendCredit(nil, 17))
+	f.Add(appendCredit(nil, ^uint32(0)))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		n, err := decodeCredit(b)
+		if err != nil {
+			require.ErrorIs(t, err, ErrMalformed)
+			return
+		}
+		again, err := decodeCredit(appendCredit(nil, n))
+		require.NoError(t, err)
+		require.Equal(t, n, again)
+	})
+}
+
+func errorsIsAny(err error, targets ...error) bool {
+	for _, t := range targets {
+		if errors.Is(err, t) {
+			return true
+		}
+	}
+	return false
+}
