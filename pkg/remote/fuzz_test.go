@@ -38,12 +38,12 @@ func dmlFrameClaimingRows(rows uint64, tail []byte) []byte {
 // not (each row needs at least minRowBytes).
 func TestDecodeRefusesRowCountsTheFrameCannotHold(t *testing.T) {
 	for name, b := range map[string][]byte{
-		"count past the end":      dmlFrameClaimingRows(1<<40, nil),
-		"count of 2^64-1":         dmlFrameClaimingRows(^uint64(0), nil),
-		"a byte per claimed row":  dmlFrameClaimingRows(1000, make([]byte, 1000)),
-		"messages past the end":   binary.AppendUvarint(nil, 1<<40),
-		"a byte per message":      append(binary.AppendUvarint(nil, 100), make([]byte, 100)...),
-		"control: checkpoints":    append(append([]byte(wireMagic), WireVersion, opHeartbeat), binary.AppendUvarint(nil, 5000)...),
+		"count past the end":        dmlFrameClaimingRows(1<<40, nil),
+		"count of 2^64-1":           dmlFrameClaimingRows(^uint64(0), nil),
+		"a byte per claimed row":    dmlFrameClaimingRows(1000, make([]byte, 1000)),
+		"messages past the end":     binary.AppendUvarint(nil, 1<<40),
+		"a byte per message":        append(binary.AppendUvarint(nil, 100), make([]byte, 100)...),
+		"control: checkpoints":      append(append([]byte(wireMagic), WireVersion, opHeartbeat), binary.AppendUvarint(nil, 5000)...),
 		"control: 2^64 checkpoints": append(append([]byte(wireMagic), WireVersion, opHeartbeat), binary.AppendUvarint(nil, ^uint64(0))...),
 	} {
 		require.NotPanics(t, func() {
