@@ -153,8 +153,8 @@ func NewClient(opts ClientOptions) (*Client, error) {
 // Inbox is where the service's messages arrive, in order per stream.
 func (c *Client) Inbox() *messaging.Inbox { return c.inbox }
 
-// Streams is the number of data streams opened so far: 1 plus the
-// reconnects.
+// Streams is the number of data streams the service accepted so far: 1
+// plus the reconnects (a refused hello is no stream).
 func (c *Client) Streams() int64 { return c.streams.Load() }
 
 // Reconnected receives a token after a data stream other than the first
@@ -267,8 +267,8 @@ func (c *Client) redial() {
 // errDeadLink ends a stream whose liveness timeout passed.
 var errDeadLink = errors.New("remote: nothing received from the service within the liveness timeout")
 
-// stream runs one data stream until it fails; opened reports whether it
-// got as far as the hello.
+// stream runs one data stream until it fails; opened reports whether the
+// service accepted its hello (the first frame it sends).
 func (c *Client) stream(ctx context.Context) (opened bool, err error) {
 	sctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -285,14 +285,7 @@ func (c *Client) stream(ctx context.Context) (opened bool, err error) {
 	if err := st.SendMsg(&frame{b: appendHello(nil, c.opts.Target, uint32(c.opts.Capacity), uint32(credit))}); err != nil {
 		return false, err
 	}
-	c.met.streams.Inc()
 	c.met.granted.Add(float64(credit))
-	if c.streams.Add(1) > 1 {
-		select {
-		case c.reconnected <- struct{}{}:
-		default:
-		}
-	}
 	got := make(chan struct{}, 1)
 	got <- struct{}{} // look at the inbox once at the start
 	var helpers sync.WaitGroup
@@ -304,29 +297,45 @@ func (c *Client) stream(ctx context.Context) (opened bool, err error) {
 		var f frame
 		if err := st.RecvMsg(&f); err != nil {
 			if cause := context.Cause(sctx); errors.Is(cause, errDeadLink) {
-				return true, cause
+				return opened, cause
 			}
-			return true, err
+			return opened, err
 		}
 		live.recv.Store(c.opts.Clock.Now().UnixNano())
+		if !opened {
+			// The service answers an accepted hello with a ping at once;
+			// a refused one ends the stream instead, and is no stream.
+			opened = true
+			c.met.streams.Inc()
+			if c.streams.Add(1) > 1 {
+				select {
+				case c.reconnected <- struct{}{}:
+				default:
+				}
+			}
+		}
 		msgs, err := decodeMessages(f.b)
 		if err != nil {
-			return true, err
+			return opened, err
 		}
 		if len(msgs) == 0 {
 			continue // a ping
 		}
 		for _, m := range msgs {
 			if err := messaging.Validate(m); err != nil {
-				return true, fmt.Errorf("%w: %w", ErrMalformed, err)
+				return opened, fmt.Errorf("%w: %w", ErrMalformed, err)
 			}
 		}
+		// Counted before the collector can see them (a scrape after a
+		// receive includes them); c.received, which the granter reads,
+		// only once they are in the inbox, or it would grant their room
+		// twice.
+		c.met.received.Add(float64(len(msgs)))
 		if err := c.local.Send(c.opts.Target, msgs); err != nil {
 			// The service sent beyond its credit, or the inbox closed.
-			return true, fmt.Errorf("remote: local inbox refused %d messages: %w", len(msgs), err)
+			return opened, fmt.Errorf("remote: local inbox refused %d messages: %w", len(msgs), err)
 		}
 		c.received.Add(int64(len(msgs)))
-		c.met.received.Add(float64(len(msgs)))
 		select {
 		case got <- struct{}{}:
 		default:

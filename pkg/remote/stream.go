@@ -294,8 +294,12 @@ func (s *Server) write(stream grpc.ServerStream, p *peer) error {
 	ctx := stream.Context()
 	ping := s.opts.Clock.NewTicker(s.opts.LivenessTimeout / 3)
 	defer ping.Stop()
-	var frames [][]byte
-	sent := false
+	// The first frame tells the collector its hello was accepted.
+	frames := [][]byte{pingFrame}
+	if err := s.sendFrames(stream, p, frames); err != nil {
+		return err
+	}
+	sent := true
 	for {
 		select {
 		case <-ctx.Done():
