@@ -81,7 +81,7 @@ func RunCollector(ctx context.Context, cfg Config, stdout, stderr io.Writer) (Co
 		return CollectorSummary{}, fmt.Errorf("logger: %w", err)
 	}
 	lg = lg.Named("collector")
-	tlsCfg, err := clientTLS(cfg)
+	tlsCfg, err := clientTLS(cfg, lg)
 	if err != nil {
 		return CollectorSummary{}, err
 	}

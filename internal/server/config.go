@@ -87,6 +87,14 @@ type Config struct {
 	// this process's certificate and key, and the CA that signed its
 	// peer's. All three or none.
 	TLSCert, TLSKey, TLSCA string
+	// Authorize maps collector certificate identities (SANs) to the
+	// changefeed targets they may serve: "id=target+target,id=target".
+	// Required with TLS on the service (except --remote-collectors, whose
+	// processes present the service's own certificate).
+	Authorize string
+	// InsecureListen lets the service listen without TLS on an address
+	// that is not loopback.
+	InsecureListen bool
 	// MaxTargets and MaxDispatchersPerTarget bound what peers can make
 	// the service hold (eventservice.Options).
 	MaxTargets, MaxDispatchersPerTarget int
@@ -175,6 +183,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM certificate of this process (mutual TLS; with --tls-key and --tls-ca)")
 	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "PEM private key of --tls-cert")
 	fs.StringVar(&c.TLSCA, "tls-ca", c.TLSCA, "PEM CA certificate that signed the peer's certificate")
+	fs.StringVar(&c.Authorize, "authorize", c.Authorize, "role service with TLS: which collector certificate identity (a DNS, URI or e-mail SAN) may serve which changefeed targets, as id=changefeed-1+changefeed-3,id2=changefeed-2 (* = any)")
+	fs.BoolVar(&c.InsecureListen, "insecure-listen", c.InsecureListen, "role service: allow --listen on a non-loopback address without TLS (any peer that reaches it may read every changefeed)")
 	fs.IntVar(&c.MaxTargets, "max-targets", c.MaxTargets, "most targets (collectors) the service serves at once; a registration for one more is refused")
 	fs.IntVar(&c.MaxDispatchersPerTarget, "max-dispatchers-per-target", c.MaxDispatchersPerTarget, "most dispatchers one target may register; more are refused")
 }
@@ -260,9 +270,14 @@ func (c Config) validateRole(p *optcheck.Problems) {
 		}
 	}
 	if c.Role == RoleService || c.RemoteCollectors > 0 {
-		if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		if host, _, err := net.SplitHostPort(c.Listen); err != nil {
 			p.Addf("--listen=%q: %v", c.Listen, err)
+		} else if ip := net.ParseIP(host); tls == 0 && !c.InsecureListen && host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			p.Addf("--listen=%q without TLS is not loopback: any peer that reaches it could read every changefeed; use --tls-cert/--tls-key/--tls-ca, or --insecure-listen", c.Listen)
 		}
+		p.Require(c.Authorize == "" || tls == 3, "--authorize needs TLS (--tls-cert, --tls-key, --tls-ca): without it a collector has no identity")
+		p.Require(tls == 0 || c.Authorize != "" || c.RemoteCollectors > 0,
+			"--tls-cert on the service needs --authorize (which collector certificate identity serves which changefeed)")
 		p.Require(c.MoveInterval == 0, "--move-interval needs the collectors in this process (--role all)")
 		p.Require(!c.DurableSink, "--durable-sink is --role all's; remote collectors always apply to durable sinks")
 	}

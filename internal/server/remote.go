@@ -34,13 +34,24 @@ type remoteSide struct {
 
 // newRemoteSide builds the gRPC server of the service role.
 func (s *server) newRemoteSide() (*remoteSide, error) {
-	tlsCfg, err := serverTLS(s.cfg)
+	tlsCfg, err := serverTLS(s.cfg, s.log)
 	if err != nil {
 		return nil, err
 	}
-	srv, err := remote.NewServer(remote.ServerOptions{Logger: s.log, TLS: tlsCfg, Registerer: s.reg})
+	policy, err := servicePolicy(s.cfg)
 	if err != nil {
 		return nil, err
+	}
+	if policy != nil {
+		s.log.Info("collectors authorized", zap.String("policy", describePolicy(policy)))
+	}
+	srv, err := remote.NewServer(remote.ServerOptions{Logger: s.log, TLS: tlsCfg, Policy: policy, Registerer: s.reg,
+		AllowInsecureListen: s.cfg.InsecureListen, MaxTargets: s.cfg.MaxTargets,
+		// The service queues at most this much per collector, whatever
+		// a collector announces.
+		MaxCapacity: s.cfg.InboxCapacity})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return &remoteSide{srv: srv, sinkDirs: map[int]string{}}, nil
 }

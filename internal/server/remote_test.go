@@ -3,19 +3,11 @@ package server
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -26,43 +18,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/internal/linewatch"
+	"github.com/cdcflow/eventservice/internal/tlstest"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 	"github.com/cdcflow/eventservice/pkg/remote"
 )
-
-// certsForTest writes a CA and, signed by it, a certificate and key for
-// 127.0.0.1 (used by both sides: it carries server and client usages).
-type certsForTest struct{ ca, cert, key string }
-
-func newCertsForTest(t *testing.T, dir, name string) certsForTest {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name + " CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour), IsCA: true,
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	require.NoError(t, err)
-	caCert, err := x509.ParseCertificate(caDER)
-	require.NoError(t, err)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
-	require.NoError(t, err)
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	require.NoError(t, err)
-	c := certsForTest{ca: filepath.Join(dir, name+"-ca.pem"), cert: filepath.Join(dir, name+".pem"), key: filepath.Join(dir, name+"-key.pem")}
-	for path, block := range map[string]*pem.Block{c.ca: {Type: "CERTIFICATE", Bytes: caDER},
-		c.cert: {Type: "CERTIFICATE", Bytes: der}, c.key: {Type: "EC PRIVATE KEY", Bytes: keyDER}} {
-		require.NoError(t, os.WriteFile(path, pem.EncodeToMemory(block), 0o600))
-	}
-	return c
-}
 
 // The service and a collector started by hand (the collector in this
 // process too, but over gRPC) with mutual TLS: the service prints the
@@ -72,10 +32,12 @@ func newCertsForTest(t *testing.T, dir, name string) certsForTest {
 // collector stops, both /metrics endpoints are scraped: every metric the
 // Grafana dashboard (deploy/grafana) names must be in one of them.
 func TestServiceAndCollectorOverMutualTLS(t *testing.T) {
-	certs := newCertsForTest(t, t.TempDir(), "node")
+	ca := tlstest.NewCA(t, t.TempDir(), "node")
+	svcCerts, collCerts := ca.Issue(t, "service", "service"), ca.Issue(t, "collector", "collector-1")
 	cfg := smallConfig()
 	cfg.Role, cfg.Listen, cfg.JSON, cfg.MetricsAddr = RoleService, "127.0.0.1:0", true, "127.0.0.1:0"
-	cfg.TLSCert, cfg.TLSKey, cfg.TLSCA = certs.cert, certs.key, certs.ca
+	cfg.TLSCert, cfg.TLSKey, cfg.TLSCA = svcCerts.Cert, svcCerts.Key, svcCerts.CA
+	cfg.Authorize = "collector-1=*"
 	collDir := t.TempDir()
 	cfg.CollectorDataDirs = collDir
 	stderr := linewatch.New(
@@ -106,7 +68,7 @@ func TestServiceAndCollectorOverMutualTLS(t *testing.T) {
 				start, _ := strconv.ParseUint(m[2], 10, 64)
 				c := smallConfig()
 				c.Role, c.Connect, c.StartTs, c.DataDir, c.MetricsAddr = RoleCollector, m[1], start, collDir, "127.0.0.1:0"
-				c.TLSCert, c.TLSKey, c.TLSCA = certs.cert, certs.key, certs.ca
+				c.TLSCert, c.TLSKey, c.TLSCA = collCerts.Cert, collCerts.Key, collCerts.CA
 				wg.Go(func() {
 					var out bytes.Buffer
 					collSum, collErr = RunCollector(ctx, c, &out, stderr)
@@ -222,11 +184,11 @@ func dashboardMetrics(t *testing.T, path string) []string {
 // is refused), and no data stream opens.
 func TestCollectorWithAnUntrustedCertificateIsRefused(t *testing.T) {
 	dir := t.TempDir()
-	good := newCertsForTest(t, dir, "service")
-	rogue := newCertsForTest(t, dir, "rogue")
-	svcTLS, err := serverTLS(Config{TLSCert: good.cert, TLSKey: good.key, TLSCA: good.ca})
+	good := tlstest.NewCA(t, dir, "service").Issue(t, "service", "service")
+	rogue := tlstest.NewCA(t, dir, "rogue").Issue(t, "rogue", "collector-1")
+	svcTLS, err := serverTLS(Config{TLSCert: good.Cert, TLSKey: good.Key, TLSCA: good.CA}, nil)
 	require.NoError(t, err)
-	srv, err := remote.NewServer(remote.ServerOptions{TLS: svcTLS})
+	srv, err := remote.NewServer(remote.ServerOptions{TLS: svcTLS, Policy: remote.Policy{"collector-1": {remote.AnyTarget}}})
 	require.NoError(t, err)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -234,7 +196,7 @@ func TestCollectorWithAnUntrustedCertificateIsRefused(t *testing.T) {
 	defer srv.Close()
 
 	// The rogue trusts the service's CA but presents its own certificate.
-	cliTLS, err := clientTLS(Config{TLSCert: rogue.cert, TLSKey: rogue.key, TLSCA: good.ca, Connect: lis.Addr().String()})
+	cliTLS, err := clientTLS(Config{TLSCert: rogue.Cert, TLSKey: rogue.Key, TLSCA: good.CA, Connect: lis.Addr().String()}, nil)
 	require.NoError(t, err)
 	cli, err := remote.NewClient(remote.ClientOptions{Addr: lis.Addr().String(), Target: "changefeed-1", TLS: cliTLS})
 	require.NoError(t, err)
@@ -282,6 +244,18 @@ func TestRoleFlagsAreValidated(t *testing.T) {
 	c = smallConfig()
 	c.RemoteCollectors = c.Changefeeds + 1
 	require.ErrorContains(t, c.Validate(), "--remote-collectors")
+
+	// Without TLS the service listens on loopback only, unless told.
+	c = smallConfig()
+	c.Role, c.Listen = RoleService, "0.0.0.0:7070"
+	require.ErrorContains(t, c.Validate(), "--insecure-listen")
+	c.InsecureListen = true
+	require.NoError(t, c.Validate())
+	c.Authorize = "collector-1=changefeed-1"
+	require.ErrorContains(t, c.Validate(), "--authorize needs TLS")
+	c = smallConfig()
+	c.Role, c.TLSCert, c.TLSKey, c.TLSCA = RoleService, "c.pem", "k.pem", "ca.pem"
+	require.ErrorContains(t, c.Validate(), "needs --authorize")
 	feeds, err := parseFeeds("2, 1", 2)
 	require.NoError(t, err)
 	require.Equal(t, []int{2, 1}, feeds)
