@@ -10,16 +10,20 @@
 //
 // Invariants:
 //   - Publish never blocks and never waits for the database; it fails only
-//     for input PostgreSQL would reject (ErrPayloadTooLarge: a payload of
-//     8000 bytes or more; ErrInvalidChannel) or after Close (ErrClosed).
+//     for input a UTF8 database would reject (ErrPayloadTooLarge: a
+//     payload of 8000 bytes or more; ErrInvalidPayload: a NUL byte or
+//     invalid UTF-8 in it; ErrInvalidChannel) or after Close (ErrClosed).
 //   - Memory is bounded by the number of distinct (channel, key) pairs
 //     pending, whatever the publish rate: repeated publishes coalesce, the
 //     newest payload wins.
 //   - Nothing accepted is lost while the process runs: a failed statement
 //     (connection lost, server restarting) keeps its batch, which is retried
 //     after the pump's back-off on a new connection. A batch PostgreSQL
-//     rejects as a whole for a bad entry is bisected until the entry stands
-//     alone (pendingset.Permanent) and quarantined; the rest is delivered.
+//     refuses for its data (SQLSTATE class 22: what Publish cannot foresee,
+//     such as a character the database's encoding lacks) is bisected at
+//     once (pendingset.Permanent) and the rest delivered; the entry that is
+//     refused on its own is dropped, counted and logged, since retrying the
+//     same values fails the same way.
 //   - NOTIFY is not durable: a listener that was disconnected misses what
 //     was sent meanwhile and must re-read the state it follows.
 //

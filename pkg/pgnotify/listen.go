@@ -35,15 +35,20 @@ type ListenOptions struct {
 }
 
 // Listen listens until ctx ends, reconnecting with back-off whenever the
-// connection is lost; it returns ctx.Err(), or an ErrInvalidOptions error at
-// once for bad options. It runs on the caller's goroutine.
+// connection is lost; it returns ctx.Err(), or at once an ErrInvalidOptions
+// error for bad options or an ErrInvalidChannel error for a channel that is
+// empty, too long, not UTF-8 or holds a NUL, or that the database refuses
+// for its data (SQLSTATE class 22: a character its encoding lacks, say),
+// since no reconnect would change that. It runs on the caller's goroutine.
 func Listen(ctx context.Context, o ListenOptions) error {
 	if o.DSN == "" || len(o.Channels) == 0 || o.OnNotify == nil {
 		return fmt.Errorf("%w: Listen needs DSN, Channels and OnNotify", ErrInvalidOptions)
 	}
 	for _, c := range o.Channels {
-		if c == "" || len(c) > maxChannelBytes {
-			return fmt.Errorf("%w: channel %q", ErrInvalidChannel, c)
+		// pgx.Identifier.Sanitize drops NUL bytes: unchecked, "a\x00b"
+		// would LISTEN to "ab".
+		if err := checkChannel(c); err != nil {
+			return err
 		}
 	}
 	if o.RetryBase <= 0 {
@@ -64,6 +69,9 @@ func Listen(ctx context.Context, o ListenOptions) error {
 		err := listenOnce(ctx, o)
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if errors.Is(err, ErrInvalidChannel) {
+			return err
 		}
 		if errors.Is(err, errHealthy) {
 			delay = o.RetryBase // it ran fine before it broke
@@ -98,6 +106,9 @@ func listenOnce(ctx context.Context, o ListenOptions) error {
 	}()
 	for _, c := range o.Channels {
 		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{c}.Sanitize()); err != nil {
+			if _, ok := isDataException(err); ok {
+				return fmt.Errorf("%w: %q: refused by the database: %w", ErrInvalidChannel, c, err)
+			}
 			return err
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,10 +32,18 @@ const notifySQL = "SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) AS
 
 // Sentinel errors; every error the package returns wraps one of them.
 var (
-	ErrInvalidOptions  = errors.New("pgnotify: invalid options")
+	// ErrInvalidOptions: Options or ListenOptions failed validation.
+	ErrInvalidOptions = errors.New("pgnotify: invalid options")
+	// ErrPayloadTooLarge: a payload of MaxPayloadBytes+1 bytes or more.
 	ErrPayloadTooLarge = errors.New("pgnotify: payload too large")
-	ErrInvalidChannel  = errors.New("pgnotify: invalid channel")
-	ErrClosed          = errors.New("pgnotify: publisher closed")
+	// ErrInvalidPayload: a payload with a NUL byte or invalid UTF-8, which
+	// PostgreSQL refuses (SQLSTATE 22021) for the whole batch carrying it.
+	ErrInvalidPayload = errors.New("pgnotify: invalid payload")
+	// ErrInvalidChannel: a channel that is empty, over 63 bytes, or holds
+	// a NUL byte or invalid UTF-8.
+	ErrInvalidChannel = errors.New("pgnotify: invalid channel")
+	// ErrClosed: Start or Publish after Close.
+	ErrClosed = errors.New("pgnotify: publisher closed")
 )
 
 // Options configure a Publisher.
@@ -78,6 +85,13 @@ type Publisher struct {
 	// (prefix pgnotify_) count adds, deliveries and their durations.
 	connects        prometheus.Counter
 	statementErrors *prometheus.CounterVec
+	// rejected counts notifications dropped because the server refused
+	// their data even alone (see deliver).
+	rejected prometheus.Counter
+
+	// onReject, if set (by tests only, before Start), runs on the
+	// delivering goroutine for every notification dropped that way.
+	onReject func(channel, key string, err error)
 
 	// free hands out the indexes of conns, one per delivery in flight (the
 	// pump runs at most Connections at once, so taking one never waits).
@@ -114,6 +128,9 @@ func New(opts Options) (*Publisher, error) {
 		statementErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgnotify_statement_errors_total",
 			Help:        "Failed notify statements, by class: connection (lost; batch retried), rejected (the server refused an entry; bisected), other.",
 			ConstLabels: opts.ConstLabels}, []string{"class"}),
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgnotify_rejected_notifications_total",
+			Help:        "Notifications dropped because the server refused their data (SQLSTATE class 22) in a statement of their own.",
+			ConstLabels: opts.ConstLabels}),
 	}
 	set, err := pendingset.New(pendingset.Options[pubKey, string]{
 		Merge:         func(_, newer string) string { return newer }, // newest payload wins
@@ -129,10 +146,14 @@ func New(opts Options) (*Publisher, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	if opts.Registerer != nil {
-		for _, c := range []prometheus.Collector{p.connects, p.statementErrors} {
+		own := []prometheus.Collector{p.connects, p.statementErrors, p.rejected}
+		for i, c := range own {
 			if err := opts.Registerer.Register(c); err != nil {
+				for _, done := range own[:i] { // leave the names free for a retry
+					opts.Registerer.Unregister(done)
+				}
 				set.Unregister()
-				return nil, err
+				return nil, fmt.Errorf("%w: registering metrics (ConstLabels tell publishers apart): %w", ErrInvalidOptions, err)
 			}
 		}
 	}
@@ -157,16 +178,21 @@ func (p *Publisher) Start() error {
 }
 
 // Publish records payload as the newest notification for (channel, key)
-// and returns at once; it never blocks.
+// and returns at once; it never blocks. It refuses, with ErrPayloadTooLarge,
+// ErrInvalidPayload or ErrInvalidChannel, what a UTF8 database would
+// refuse (a database of another encoding may take more, but Go strings are
+// UTF-8): accepted, such an entry would fail every batch it rode in until
+// bisection isolated it. The key is not sent; it only decides what
+// coalesces.
 func (p *Publisher) Publish(channel, key, payload string) error {
 	if p.closed.Load() {
 		return ErrClosed
 	}
-	if len(payload) > MaxPayloadBytes {
-		return fmt.Errorf("%w: %d bytes on channel %q, at most %d", ErrPayloadTooLarge, len(payload), channel, MaxPayloadBytes)
+	if err := checkPayload(channel, payload); err != nil {
+		return err
 	}
-	if channel == "" || len(channel) > maxChannelBytes || strings.IndexByte(channel, 0) >= 0 {
-		return fmt.Errorf("%w: %q (1 to %d bytes, no NUL)", ErrInvalidChannel, channel, maxChannelBytes)
+	if err := checkChannel(channel); err != nil {
+		return err
 	}
 	p.set.Add(pubKey{channel, key}, payload)
 	return nil
@@ -193,6 +219,7 @@ func (p *Publisher) Close(ctx context.Context, drain bool) error {
 	if r := p.opts.Registerer; r != nil { // a new publisher may take the names
 		r.Unregister(p.connects)
 		r.Unregister(p.statementErrors)
+		r.Unregister(p.rejected)
 		p.set.Unregister()
 	}
 	p.mu.Lock()
@@ -220,11 +247,25 @@ func (p *Publisher) deliver(ctx context.Context, batch []pendingset.Entry[pubKey
 		channels[i], payloads[i] = batch[i].Key.channel, batch[i].Value
 	}
 	if _, err := conn.Exec(ctx, notifySQL, channels, payloads); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "22023" { // invalid_parameter_value: a payload the server refuses
+		if pgErr, ok := isDataException(err); ok && !conn.IsClosed() {
 			p.statementErrors.WithLabelValues("rejected").Inc()
+			if len(batch) == 1 {
+				// The entry fails alone, and would fail the same way on
+				// every retry: drop it. As Delivered the set forgets it,
+				// and a value published while it was in flight is sent
+				// next. Quarantine (FailedKey) would retry it every
+				// QuarantineRetry, hold the key's next, perhaps valid,
+				// payload back until then, and leave Close(drain) with a
+				// key it can never deliver.
+				batch[0].Result = pendingset.Delivered
+				p.reject(batch[0], pgErr)
+				return nil
+			}
+			// Some entry's data: bisect until it stands alone (above);
+			// every other entry is delivered.
 			return pendingset.Permanent(err)
 		}
+		var pgErr *pgconn.PgError
 		if conn.IsClosed() || !errors.As(err, &pgErr) {
 			p.statementErrors.WithLabelValues("connection").Inc()
 			p.dropConnection(slot, conn) // the connection is gone: reconnect next time
@@ -255,6 +296,18 @@ func (p *Publisher) connection(ctx context.Context, slot int) (*pgx.Conn, error)
 	defer p.mu.Unlock()
 	p.conns[slot] = conn // Close closes it: it waits for the pump, so for this delivery, first
 	return conn, nil
+}
+
+// reject reports a notification dropped because the server refused its
+// data: a metric, a warning naming it, and the tests' hook.
+func (p *Publisher) reject(e pendingset.Entry[pubKey, string], pgErr *pgconn.PgError) {
+	p.rejected.Inc()
+	p.log.Warn("the server refused a notification's data; dropped",
+		zap.String("channel", e.Key.channel), zap.String("key", e.Key.key), zap.Int("payload_bytes", len(e.Value)),
+		zap.String("sqlstate", pgErr.Code), zap.String("message", pgErr.Message))
+	if p.onReject != nil {
+		p.onReject(e.Key.channel, e.Key.key, pgErr)
+	}
 }
 
 func (p *Publisher) dropConnection(slot int, conn *pgx.Conn) {

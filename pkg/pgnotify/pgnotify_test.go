@@ -140,6 +140,44 @@ func TestBadInputIsATypedError(t *testing.T) {
 	}
 }
 
+// TestNULAndInvalidUTF8AreTypedErrors: PostgreSQL refuses a NUL byte or
+// invalid UTF-8 in a channel or a payload (SQLSTATE 22021) for the whole
+// statement, that is for every notification of the batch; Publish refuses
+// them first, with sentinels, and queues nothing. Listen refuses such
+// channels before it connects. Valid UTF-8, however unusual, passes.
+func TestNULAndInvalidUTF8AreTypedErrors(t *testing.T) {
+	p, err := New(Options{DSN: "postgres://postgres@127.0.0.1:1/postgres"})
+	require.NoError(t, err)
+	bad := []string{
+		"\x00", "a\x00b", // NUL
+		"a\xffb", "\xc3", // a byte that starts nothing; a sequence cut short
+		"\xed\xa0\x80",     // a UTF-16 surrogate
+		"\xf4\x90\x80\x80", // above U+10FFFF
+		"\xc0\xaf",         // overlong
+	}
+	for _, b := range bad {
+		require.ErrorIs(t, p.Publish("c", "k", "x"+b), ErrInvalidPayload, "payload %q", b)
+		require.ErrorIs(t, p.Publish("c"+b, "k", "v"), ErrInvalidChannel, "channel %q", b)
+	}
+	require.Zero(t, p.Pending(), "nothing refused is queued")
+	good := []string{"é", "€", "日本", "\uFFFD", "\uFFFF", "\U0010FFFF"}
+	for i, g := range good {
+		require.NoError(t, p.Publish("c"+g, fmt.Sprint(i), g))
+	}
+	require.Equal(t, len(good), p.Pending())
+	require.NoError(t, p.Close(context.Background(), false))
+
+	// A cancelled context: a Listen that got past validation would try to
+	// connect and return ctx.Err() instead.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, b := range bad {
+		err := Listen(ctx, ListenOptions{DSN: "postgres://postgres@127.0.0.1:1/postgres", Channels: []string{"c" + b},
+			OnNotify: func(string, string) {}})
+		require.ErrorIs(t, err, ErrInvalidChannel, "Listen channel %q", b)
+	}
+}
+
 // TestPublishNeverWaitsForTheDatabase: with the server unreachable,
 // Publish keeps returning and coalescing; the pending keys are kept while
 // the pump fails to connect and retries.
