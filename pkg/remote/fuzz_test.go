@@ -3,7 +3,10 @@ package remote
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -58,6 +61,8 @@ func TestDecodeRefusesRowCountsTheFrameCannotHold(t *testing.T) {
 	}
 	_, err := decodeReply(append([]byte{0}, binary.AppendUvarint(nil, 1<<40)...))
 	require.ErrorIs(t, err, messaging.ErrInternal, "a reply claiming more codes than it holds")
+	_, err = decodeReply(append([]byte{byte(messaging.CodeInternal), 0}, binary.AppendUvarint(nil, 1<<40)...))
+	require.ErrorIs(t, err, ErrMalformed, "a reply claiming a message longer than it holds")
 }
 
 // What decoding a frame allocates is bounded by a small multiple of the
@@ -121,9 +126,9 @@ func FuzzDecodeControl(f *testing.F) {
 }
 
 func FuzzDecodeReply(f *testing.F) {
-	f.Add(appendReply(nil, messaging.CodeOK, nil))
-	f.Add(appendReply(nil, messaging.CodeOK, []messaging.Code{messaging.CodeOK, messaging.CodeStaleEpoch, messaging.CodePermissionDenied}))
-	f.Add(appendReply(nil, messaging.CodeLimitExceeded, nil))
+	f.Add(appendReply(nil, messaging.CodeOK, nil, ""))
+	f.Add(appendReply(nil, messaging.CodeOK, []messaging.Code{messaging.CodeOK, messaging.CodeStaleEpoch, messaging.CodePermissionDenied}, ""))
+	f.Add(appendReply(nil, messaging.CodeLimitExceeded, nil, "messaging: limit exceeded: 1024 targets already"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		codes, err := decodeReply(b)
 		if errors.Is(err, ErrMalformed) {
@@ -131,9 +136,16 @@ func FuzzDecodeReply(f *testing.F) {
 			return
 		}
 		// A reply that decodes re-encodes to one that decodes the same.
-		again, err2 := decodeReply(appendReply(nil, messaging.Code(b[0]), codes))
+		msg := ""
+		if _, said, ok := strings.Cut(fmt.Sprint(err), "the service said: "); ok {
+			msg, _ = strconv.Unquote(said)
+		}
+		again, err2 := decodeReply(appendReply(nil, messaging.Code(b[0]), codes, msg))
 		require.Equal(t, codes, again)
 		require.Equal(t, messaging.CodeOf(err), messaging.CodeOf(err2))
+		if err != nil {
+			require.Equal(t, err.Error(), err2.Error())
+		}
 	})
 }
 

@@ -252,19 +252,29 @@ func decodeControl(b []byte) (controlRequest, error) {
 	return r, nil
 }
 
-func appendReply(b []byte, code messaging.Code, codes []messaging.Code) []byte {
+// maxReplyMessage bounds the explanation a reply carries.
+const maxReplyMessage = 512
+
+// appendReply encodes a control reply: the call's code, the heartbeat
+// codes, and for a failure the service's explanation (cut to
+// maxReplyMessage bytes), so that a refused collector can say why.
+func appendReply(b []byte, code messaging.Code, codes []messaging.Code, msg string) []byte {
 	e := encoder{b: b}
 	e.byte(byte(code))
 	e.u(uint64(len(codes)))
 	for _, c := range codes {
 		e.byte(byte(c))
 	}
+	if len(msg) > maxReplyMessage {
+		msg = msg[:maxReplyMessage]
+	}
+	e.str(msg)
 	return e.b
 }
 
 // decodeReply decodes a control reply into the heartbeat codes, if any,
-// and the call's outcome: the sentinel of its code (an undecodable reply
-// is ErrInternal).
+// and the call's outcome: the sentinel of its code, with the service's
+// explanation (an undecodable reply is ErrInternal).
 func decodeReply(b []byte) ([]messaging.Code, error) {
 	d := decoder{b: b}
 	code := messaging.Code(d.byte())
@@ -282,8 +292,16 @@ func decodeReply(b []byte) ([]messaging.Code, error) {
 			codes[i] = messaging.Code(d.byte())
 		}
 	}
+	msgLen := d.u()
+	if msgLen > maxReplyMessage {
+		d.fail(fmt.Sprintf("a %d-byte message", msgLen))
+	}
+	msg := string(d.take(msgLen))
 	if err := d.end(); err != nil {
 		return nil, fmt.Errorf("%w: %w", messaging.ErrInternal, err)
+	}
+	if err := code.Err(); err != nil && msg != "" {
+		return codes, fmt.Errorf("%w: the service said: %q", err, msg)
 	}
 	return codes, code.Err()
 }
@@ -314,5 +332,9 @@ func serveControl(ctx context.Context, cp messaging.ControlPlane, b []byte) ([]b
 			codes = reply.Codes
 		}
 	}
-	return appendReply(nil, messaging.CodeOf(err), codes), nil
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	return appendReply(nil, messaging.CodeOf(err), codes, msg), nil
 }
