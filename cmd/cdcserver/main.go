@@ -10,8 +10,11 @@
 // collectors in other processes over gRPC; --role collector is such a
 // process.
 //
-// Exit status: 0 verified (a collector: stopped cleanly), 1 verification
-// failed, 2 bad flags or a setup error.
+// Exit status: 0 verified (a collector: stopped cleanly); 1 verification
+// failed (a violation proven from what the sinks hold, drained or not); 2
+// bad flags or a setup error; 3 not drained: some dispatcher had not
+// reached the upstream's final resolved-ts at the drain deadline and
+// nothing delivered is wrong (delivery was behind, not lossy).
 package main
 
 import (
@@ -41,14 +44,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return 0
+			return server.ExitVerified
 		}
-		return 2
+		return server.ExitBadFlags
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "cdcserver: unexpected arguments %q\n", fs.Args())
 		fs.Usage()
-		return 2
+		return server.ExitBadFlags
 	}
 	cfg.Flags = strings.Join(args, " ")
 	// The first SIGINT/SIGTERM stops the upstream and drains; the server
@@ -63,9 +66,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			if errors.Is(err, server.ErrInvalidConfig) {
 				fs.Usage()
 			}
-			return 2
+			return server.ExitBadFlags
 		}
-		return 0
+		return server.ExitVerified
 	}
 	sum, err := server.Run(ctx, cfg, stdout, stderr)
 	if err != nil {
@@ -73,10 +76,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if errors.Is(err, server.ErrInvalidConfig) {
 			fs.Usage()
 		}
-		return 2
+		return server.ExitBadFlags
 	}
-	if !sum.Verified {
-		return 1
-	}
-	return 0
+	return server.ExitStatus(sum)
 }

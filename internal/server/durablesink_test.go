@@ -121,7 +121,7 @@ func TestVerifierReportsOrderViolationOnKeyThatPrefixesAnother(t *testing.T) {
 		versions, err := s.Versions(d.table)
 		require.NoError(t, err)
 		var sum Summary
-		verifyVersions(&sum, d, want, versions)
+		verifyVersions(&sum, d, want, versions, window{final: t2, certified: t2})
 		require.Equal(t, 1, sum.OrderViolations, "%v", sum.Problems)
 		require.Zero(t, sum.MissingRows+sum.UnexpectedRows+sum.Duplicates)
 	})
@@ -134,7 +134,7 @@ func TestVerifierReportsOrderViolationOnKeyThatPrefixesAnother(t *testing.T) {
 			{Key: a2.Key, CommitTs: t2, Seq: 1, Op: common.OpPut, Value: a2.Value},
 		}
 		var sum Summary
-		verifyVersions(&sum, d, want, versions)
+		verifyVersions(&sum, d, want, versions, window{final: t2, certified: t2})
 		require.Equal(t, 1, sum.OrderViolations, "%v", sum.Problems)
 	})
 }

@@ -8,7 +8,20 @@ import (
 
 	"github.com/cdcflow/eventservice/internal/latency"
 	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventcollector"
 )
+
+// runHooks are the server's test seams; all nil in production.
+type runHooks struct {
+	// wrapSink wraps the sink of changefeed feed (1-based) when its
+	// collector runs in this process.
+	wrapSink func(feed int, sink eventcollector.Sink) eventcollector.Sink
+	// beforeStop runs once the run is over (delivered, drain deadline, or
+	// a failed start), before any part stops: a collector's Close waits
+	// for the sink call in flight, so a test that holds one releases it
+	// here.
+	beforeStop func()
+}
 
 // runResult is what the monitor observed.
 type runResult struct {
@@ -37,6 +50,18 @@ type runResult struct {
 	warm       bool
 	warmup     time.Duration
 	warmBehind behindList
+	// late holds the dispatchers that had not reached their final target
+	// at the drain deadline, with what they had then; empty when the run
+	// drained (complete).
+	late map[common.DispatcherID]lateAt
+}
+
+// lateAt is a dispatcher behind at the drain deadline: its table and the
+// checkpoint it had then (its start-ts if it could not be read, being
+// moved).
+type lateAt struct {
+	table int64
+	ckpt  common.Ts
 }
 
 // behindList is a shrinking list of dispatchers not yet caught up with a
@@ -131,7 +156,12 @@ func (s *server) monitor(ctx context.Context, stderr io.Writer) *runResult {
 			return r
 		}
 		if !drainDeadline.IsZero() && now.After(drainDeadline) {
-			fmt.Fprintln(stderr, "drain timeout: delivery did not catch up with the upstream")
+			r.late = s.lateAtDeadline(r)
+			// Those that caught up since the last sample did drain.
+			r.complete = len(r.late) == 0
+			if !r.complete {
+				fmt.Fprintf(stderr, "drain timeout: %d dispatchers had not reached the upstream's final resolved-ts\n", len(r.late))
+			}
 			r.elapsed = now.Sub(start)
 			r.lastApplied = s.rowsApplied()
 			return r
@@ -202,6 +232,25 @@ func (s *server) sweepBehind(l *behindList, target func(dispatcherRef) common.Ts
 	l.refs = append(l.refs[:kept], l.refs[end:]...)
 	l.cursor = kept
 	return l.minCkpt, len(l.refs) == 0
+}
+
+// lateAtDeadline looks once at every dispatcher still on the list of those
+// behind (the others had caught up) and returns those below their final
+// target, with their checkpoint. It costs what is left behind, once.
+func (s *server) lateAtDeadline(r *runResult) map[common.DispatcherID]lateAt {
+	late := map[common.DispatcherID]lateAt{}
+	for _, ref := range r.behind.refs {
+		f := s.feeds[ref.feed]
+		d := f.ds[ref.ds]
+		ckpt, err := s.checkpointOf(f, d)
+		if err != nil {
+			ckpt = d.startTs // being moved: no better lower bound
+		}
+		if err != nil || ckpt < s.finalTarget(r, d) {
+			late[d.id] = lateAt{table: d.table, ckpt: max(ckpt, d.startTs)}
+		}
+	}
+	return late
 }
 
 // finalTarget is the resolved-ts delivery must reach for d: the workload's
@@ -280,19 +329,25 @@ func lagString(ts common.Ts, now time.Time) string {
 	return ts.Lag(now).Truncate(time.Millisecond).String()
 }
 
-// diagnose records the collector's and the service's view of the first
-// maxProblems dispatchers behind their final target (the ones the summary
-// reports, in the same order), while both still run: a run where a million
-// lag must not build a million descriptions.
-func (s *server) diagnose(finals map[common.DispatcherID]common.Ts) {
+// diagnose records the collector's and the service's view of the slowest
+// dispatcher behind at the drain deadline and of the first maxProblems
+// behind their final target (the ones the summary reports, in the same
+// order), while both still run: a run where a million lag must not build
+// a million descriptions.
+func (s *server) diagnose(r *runResult, finals map[common.DispatcherID]common.Ts) {
 	s.diag = map[common.DispatcherID]string{}
+	slowest, _, haveSlowest := slowestBehind(r.late, finals)
 	for _, f := range s.feeds {
 		for _, d := range f.ds {
-			if len(s.diag) >= maxProblems {
+			if len(s.diag) >= maxProblems && !haveSlowest {
 				return
 			}
+			isSlowest := haveSlowest && d.id == slowest
+			if isSlowest {
+				haveSlowest = false // described even if it caught up since
+			}
 			ckpt, err := s.checkpointOf(f, d)
-			if err == nil && ckpt >= finals[d.id] {
+			if !isSlowest && (err == nil && ckpt >= finals[d.id] || len(s.diag) >= maxProblems) {
 				continue
 			}
 			var cs any = "in another process"

@@ -85,16 +85,23 @@ type server struct {
 	// diag describes, before shutdown, the dispatchers that did not reach
 	// their final resolved-ts.
 	diag map[common.DispatcherID]string
+	// hooks are the test seams (runHooks); zero in production.
+	hooks runHooks
 }
 
 // Run runs the server until the workload is delivered (or ctx is cancelled,
 // e.g. by SIGINT), verifies, writes the summary to stdout and returns it.
 // A configuration error is returned before anything starts.
 func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (Summary, error) {
+	return run(ctx, cfg, stdout, stderr, runHooks{})
+}
+
+// run is Run with test seams.
+func run(ctx context.Context, cfg Config, stdout, stderr io.Writer, hooks runHooks) (Summary, error) {
 	if err := cfg.Validate(); err != nil {
 		return Summary{}, err
 	}
-	s, err := build(cfg, stderr)
+	s, err := buildWith(cfg, stderr, hooks)
 	if err != nil {
 		return Summary{}, err
 	}
@@ -108,7 +115,7 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (Summary, er
 	}
 	run := s.monitor(ctx, stderr)
 	finals := s.finalTargets(run)
-	s.diagnose(finals)
+	s.diagnose(run, finals)
 	s.stop(stderr)
 	if s.rs != nil {
 		// The collector processes have stopped: their sinks can be read.
@@ -130,12 +137,14 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) (Summary, er
 }
 
 // build creates every part; nothing runs yet.
-func build(cfg Config, stderr io.Writer) (*server, error) {
+func build(cfg Config, stderr io.Writer) (*server, error) { return buildWith(cfg, stderr, runHooks{}) }
+
+func buildWith(cfg Config, stderr io.Writer, hooks runHooks) (*server, error) {
 	lg, _, err := log.InitLoggerWithWriteSyncer(&log.Config{Level: cfg.LogLevel, Format: "text"}, zapcore.AddSync(stderr), zapcore.AddSync(stderr))
 	if err != nil {
 		return nil, fmt.Errorf("logger: %w", err)
 	}
-	s := &server{cfg: cfg, log: lg.Named("cdcserver"), reg: prometheus.NewRegistry(), stopSchema: make(chan struct{}), began: time.Now()}
+	s := &server{cfg: cfg, log: lg.Named("cdcserver"), reg: prometheus.NewRegistry(), stopSchema: make(chan struct{}), began: time.Now(), hooks: hooks}
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.dataDir = cfg.DataDir
 	if s.dataDir == "" {
@@ -201,8 +210,8 @@ func (s *server) buildParts(resumed bool) error {
 		ScanLimitBytes: cfg.ScanLimitBytes, LargeTxnSplitBytes: max(eventservice.DefaultLargeTxnSplitBytes, cfg.ScanLimitBytes),
 		// Both batch sizes stay well below the inbox: a batch near its
 		// capacity would be accepted only when the inbox is nearly empty.
-		MaxMessagesPerTask: min(eventservice.DefaultMaxMessagesPerTask, cfg.InboxCapacity/4),
-		ResolvedBatch:      min(eventservice.DefaultResolvedBatch, cfg.InboxCapacity/4),
+		MaxMessagesPerTask:      min(eventservice.DefaultMaxMessagesPerTask, cfg.InboxCapacity/4),
+		ResolvedBatch:           min(eventservice.DefaultResolvedBatch, cfg.InboxCapacity/4),
 		MaxTargets:              cfg.MaxTargets,
 		MaxDispatchersPerTarget: cfg.MaxDispatchersPerTarget,
 		Registerer:              s.reg, Logger: s.log})
@@ -245,6 +254,9 @@ func (s *server) buildFeed(c int, resumed bool) error {
 	} else {
 		f.mem = eventcollector.NewMemorySink()
 		sink = f.mem
+	}
+	if s.hooks.wrapSink != nil {
+		sink = s.hooks.wrapSink(c+1, sink)
 	}
 	f.coll, err = eventcollector.New(eventcollector.Options{Service: s.svc, Inbox: inbox, Sink: sink, Registerer: s.reg, Logger: s.log})
 	if err != nil {
@@ -337,6 +349,9 @@ func (s *server) metricsAddr() string { return s.metrics.addr() }
 // the service (which unregisters from the store), the store, the
 // transport and the metrics server.
 func (s *server) stop(stderr io.Writer) {
+	if s.hooks.beforeStop != nil {
+		s.hooks.beforeStop() // before the collectors' Close waits for a sink call it holds
+	}
 	if s.mover != nil {
 		s.mover.close() // before the collectors close: a move calls them
 	}
