@@ -71,6 +71,9 @@ func TestDecodeRefusesRowCountsTheFrameCannotHold(t *testing.T) {
 func TestDecodeAllocationIsBoundedByTheFrame(t *testing.T) {
 	const size = 1 << 20
 	frames := map[string][]byte{
+		// A row claimed per byte: refused before anything is allocated
+		// (allowing a count up to the bytes left cost ~100x the frame).
+		"a row per byte": dmlFrameClaimingRows(size, make([]byte, size)),
 		// The most rows the bytes allow, then garbage: decoding fails
 		// after allocating the rows.
 		"lying count": dmlFrameClaimingRows(size/minRowBytes, make([]byte, size)),
