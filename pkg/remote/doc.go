@@ -30,9 +30,25 @@
 //     the collector's per-dispatcher sequence checks see the gap.
 //   - Control calls carry the messaging Codes: a sentinel error on one
 //     side is the same sentinel on the other; a call that cannot reach the
-//     service is ErrUnavailable.
+//     service, or runs out of CallTimeout, is ErrUnavailable.
+//   - Nothing from the wire is trusted: decoders check every count and
+//     length against the bytes left before allocating (what a frame makes
+//     the receiver allocate is bounded by a multiple of its size), targets
+//     are validated before they become map keys or metric labels, the
+//     server reads no frame larger than the largest valid request, caps a
+//     collector's announced capacity, and bounds connections, streams per
+//     connection and targets. Another wire version is refused naming both.
+//   - A peer acts only for its identity: with a Policy, a stream opens only
+//     for a target the peer's certificate is granted, and control calls
+//     carry its messaging.Authority for the control plane to check.
+//     Without TLS the server listens on loopback only, unless allowed.
+//   - A dead link is detected: each side pings when idle; a stream silent,
+//     or with a send blocked, for LivenessTimeout is declared dead (the
+//     server releases its frames and closes its connection; the client
+//     redials), so a half-open link ends within 4/3 of LivenessTimeout.
 //   - Goroutines: Server.Start starts the gRPC server; each stream runs its
-//     handler (the writer) and one reader; Client.Start one stream loop and,
-//     per stream, one credit granter. Close stops and waits for all of
-//     them.
+//     handler (the watchdog), a writer and a reader, and the handler
+//     returns only after its writer; Client.Start one stream loop and, per
+//     stream, a credit granter and a watchdog. Close stops and waits for
+//     all of them.
 package remote
