@@ -104,7 +104,6 @@ func TestRemoteCollectorWithAnotherIdentityCannotTakeOver(t *testing.T) {
 			return
 		}
 		var err error
-		out.rowsBefore, _ = scrapeMetric(ownerMetrics, "cdcflow_eventcollector_rows_applied_total", `target="changefeed-1"`)
 		if out.ownerStreams, err = scrapeMetric(ownerMetrics, "cdcflow_remote_client_streams_total", `target="changefeed-1"`); err != nil {
 			fail(err)
 		}
@@ -115,6 +114,9 @@ func TestRemoteCollectorWithAnotherIdentityCannotTakeOver(t *testing.T) {
 			return
 		}
 		out.intruderLog = intruder.stderr.String()
+		// The baseline is taken after the attempt: rows applied since
+		// then show the owner was not stalled by it.
+		out.rowsBefore, _ = scrapeMetric(ownerMetrics, "cdcflow_eventcollector_rows_applied_total", `target="changefeed-1"`)
 		// The owner keeps applying rows after the attempt (polling a
 		// condition with a deadline, not ordering).
 		deadline := time.Now().Add(scaled(t, time.Minute))

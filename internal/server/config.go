@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cdcflow/eventservice/internal/optcheck"
+	"github.com/cdcflow/eventservice/pkg/eventservice"
 )
 
 // ErrInvalidConfig wraps every configuration error.
@@ -97,7 +98,7 @@ type Config struct {
 	InsecureListen bool
 	// MaxTargets and MaxDispatchersPerTarget bound what peers can make
 	// the service hold (eventservice.Options).
-	MaxTargets, MaxDispatchersPerTarget int
+	MaxTargets, MaxDispatchersPerTarget, MaxDispatchers int
 	// Executable is what RemoteCollectors starts; default this process's
 	// executable.
 	Executable string
@@ -133,7 +134,8 @@ func DefaultConfig() Config {
 		Listen:           "127.0.0.1:0",
 
 		MaxTargets:              1024,
-		MaxDispatchersPerTarget: 1 << 22,
+		MaxDispatchersPerTarget: eventservice.DefaultMaxDispatchersPerTarget,
+		MaxDispatchers:          eventservice.DefaultMaxDispatchers,
 	}
 }
 
@@ -187,6 +189,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.InsecureListen, "insecure-listen", c.InsecureListen, "role service: allow --listen on a non-loopback address without TLS (any peer that reaches it may read every changefeed)")
 	fs.IntVar(&c.MaxTargets, "max-targets", c.MaxTargets, "most targets (collectors) the service serves at once; a registration for one more is refused")
 	fs.IntVar(&c.MaxDispatchersPerTarget, "max-dispatchers-per-target", c.MaxDispatchersPerTarget, "most dispatchers one target may register; more are refused")
+	fs.IntVar(&c.MaxDispatchers, "max-dispatchers", c.MaxDispatchers, "most dispatchers the service holds in all (about 1 KiB each); more are refused")
 }
 
 // Validate reports every invalid field at once.
@@ -206,6 +209,8 @@ func (c Config) Validate() error {
 	p.IntRange("--max-dispatchers-per-target", c.MaxDispatchersPerTarget, 1, 1<<30)
 	p.Require(c.MaxTargets >= c.Changefeeds, "--max-targets=%d is below --changefeeds=%d (a target per changefeed)", c.MaxTargets, c.Changefeeds)
 	p.Require(c.MaxDispatchersPerTarget >= c.Tables, "--max-dispatchers-per-target=%d is below --tables=%d (a dispatcher per table)", c.MaxDispatchersPerTarget, c.Tables)
+	p.IntRange("--max-dispatchers", c.MaxDispatchers, 1, 1<<30)
+	p.Require(c.MaxDispatchers >= c.Tables*c.Changefeeds, "--max-dispatchers=%d is below --tables x --changefeeds = %d", c.MaxDispatchers, c.Tables*c.Changefeeds)
 	for _, f := range []struct {
 		name string
 		v    float64

@@ -47,6 +47,9 @@ func (s *server) newRemoteSide() (*remoteSide, error) {
 	}
 	srv, err := remote.NewServer(remote.ServerOptions{Logger: s.log, TLS: tlsCfg, Policy: policy, Registerer: s.reg,
 		AllowInsecureListen: s.cfg.InsecureListen, MaxTargets: s.cfg.MaxTargets,
+		// A collector process opens a connection per changefeed it serves.
+		MaxConnections:      max(remote.DefaultMaxConnections, 2*s.cfg.Changefeeds),
+		MaxConnectionsPerIP: max(remote.DefaultMaxConnectionsPerIP, s.cfg.Changefeeds+8),
 		// The service queues at most this much per collector, whatever
 		// a collector announces.
 		MaxCapacity: s.cfg.InboxCapacity})

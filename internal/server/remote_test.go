@@ -210,6 +210,19 @@ func TestCollectorWithAnUntrustedCertificateIsRefused(t *testing.T) {
 	require.Zero(t, srv.Connected())
 }
 
+// A collector must name the service's host: with --connect :PORT the
+// certificate's host check would be skipped, and any certificate of the
+// CA would pass as the service.
+func TestCollectorWithoutAServiceHostIsRefused(t *testing.T) {
+	f := tlstest.NewCA(t, t.TempDir(), "ca").Issue(t, "collector", "collector-1")
+	_, err := clientTLS(Config{TLSCert: f.Cert, TLSKey: f.Key, TLSCA: f.CA, Connect: ":7070"}, nil)
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	require.ErrorContains(t, err, "names no host")
+	cfg, err := clientTLS(Config{TLSCert: f.Cert, TLSKey: f.Key, TLSCA: f.CA, Connect: "127.0.0.1:7070"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1", cfg.ServerName)
+}
+
 // refuseAllForTest is a control plane that must never be reached.
 type refuseAllForTest struct{}
 

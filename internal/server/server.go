@@ -214,6 +214,7 @@ func (s *server) buildParts(resumed bool) error {
 		ResolvedBatch:           min(eventservice.DefaultResolvedBatch, cfg.InboxCapacity/4),
 		MaxTargets:              cfg.MaxTargets,
 		MaxDispatchersPerTarget: cfg.MaxDispatchersPerTarget,
+		MaxDispatchers:          cfg.MaxDispatchers,
 		Registerer:              s.reg, Logger: s.log})
 	if err != nil {
 		return err

@@ -48,6 +48,9 @@ func clientTLS(cfg Config, lg *zap.Logger) (*tls.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: --connect=%q: %w", ErrInvalidConfig, cfg.Connect, err)
 	}
+	if host == "" {
+		return nil, fmt.Errorf("%w: --connect=%q names no host to check the service's certificate against", ErrInvalidConfig, cfg.Connect)
+	}
 	return f.ClientConfig(host), nil
 }
 

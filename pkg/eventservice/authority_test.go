@@ -89,6 +89,27 @@ func TestRegistrationsBeyondTheServiceBoundsAreRefused(t *testing.T) {
 	require.ErrorIs(t, err, messaging.ErrUnknownDispatcher, "a refused registration leaves nothing behind")
 }
 
+// MaxDispatchers bounds the dispatchers of all targets together, and
+// MaxSpanKeyBytes the bytes of their span keys (which a peer chooses); a
+// removal gives the room back.
+func TestServiceWideBoundsOnDispatchersAndSpanKeys(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.MaxDispatchers = 2; o.MaxSpanKeyBytes = 10 }, hooks{})
+	h.advanceSchema(100)
+	ctx := context.Background()
+	reg := func(n uint64, target messaging.Target, start, end string) error {
+		return h.svc.Register(ctx, messaging.RegisterRequest{Dispatcher: common.DispatcherIDFromUint64(n), Registration: messaging.RegistrationID(n),
+			Span: common.Span{TableID: int64(n), StartKey: []byte(start), EndKey: []byte(end)}, StartTs: 1, Target: target})
+	}
+	require.NoError(t, reg(1, testTarget, "aaaa", "bbbb"))
+	require.ErrorIs(t, reg(2, "collector-2", "aaa", "bbbb"), messaging.ErrLimitExceeded, "11 bytes of keys")
+	require.NoError(t, reg(2, "collector-2", "", "z"))
+	require.ErrorIs(t, reg(3, "collector-3", "", ""), messaging.ErrLimitExceeded, "a third dispatcher")
+	require.Equal(t, 1.0, testutilCounter(h.svc.metrics.refusedControl.WithLabelValues(refusedSpanKeyBytes)))
+	require.Equal(t, 1.0, testutilCounter(h.svc.metrics.refusedControl.WithLabelValues(refusedMaxDispatchersTotal)))
+	require.NoError(t, h.svc.Remove(ctx, messaging.RemoveRequest{Dispatcher: common.DispatcherIDFromUint64(1), Registration: 1}))
+	require.NoError(t, reg(3, "collector-3", "abcd", "bcde"), "the removal gave its room back")
+}
+
 // A reset may move the epoch forward by at most MaxEpochStep: a jump to
 // 2^64-1 would leave the registration unable to reset again.
 func TestResetFarAheadIsRefused(t *testing.T) {

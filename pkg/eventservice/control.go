@@ -42,7 +42,7 @@ func (svc *Service) Register(ctx context.Context, req messaging.RegisterRequest)
 		// for the old registration's target may end it.
 		if old, lerr := svc.lookupID(req.Dispatcher); lerr == nil {
 			if !messaging.MayServe(auth, old.target.name) {
-				return svc.denied(auth, old.target.name, "take over "+req.Dispatcher.String()+" from")
+				return svc.denied(auth, old.target.name, "take over "+req.Dispatcher.String())
 			}
 			if rerr := svc.Remove(ctx, messaging.RemoveRequest{Dispatcher: req.Dispatcher, Registration: old.reg}); rerr != nil &&
 				!errors.Is(rerr, messaging.ErrUnknownDispatcher) && !errors.Is(rerr, messaging.ErrStaleRegistration) {
@@ -78,11 +78,15 @@ func (svc *Service) addDispatcher(req messaging.RegisterRequest) (*dispatcher, *
 		}
 		return nil, nil, fmt.Errorf("%w: %v (registration %v, asked %v)", messaging.ErrDispatcherExists, req.Dispatcher, d.reg, req.Registration)
 	}
+	if err := svc.withinBoundsLocked(req.Span); err != nil {
+		return nil, nil, err
+	}
 	t, err := svc.targetForRegisterLocked(req.Target)
 	if err != nil {
 		return nil, nil, err
 	}
 	t.dispatchers++
+	svc.mu.spanKeyBytes += spanKeyBytes(req.Span)
 	d := &dispatcher{id: req.Dispatcher, reg: req.Registration, span: req.Span, target: t,
 		worker: req.Dispatcher.Index(len(svc.prepQueues)), svc: svc, registeredAt: req.StartTs}
 	d.mu.storeStart = req.StartTs
@@ -116,6 +120,24 @@ func (svc *Service) targetForRegisterLocked(name messaging.Target) (*target, err
 	}
 	return svc.targetLocked(name)
 }
+
+// withinBoundsLocked refuses one more dispatcher beyond MaxDispatchers,
+// or span keys beyond MaxSpanKeyBytes. REQUIRES: svc.mu held.
+func (svc *Service) withinBoundsLocked(span common.Span) error {
+	switch {
+	case len(svc.mu.dispatchers) >= svc.opts.MaxDispatchers:
+		svc.metrics.refusedControl.WithLabelValues(refusedMaxDispatchersTotal).Inc()
+		return fmt.Errorf("%w: %d dispatchers registered, MaxDispatchers %d", messaging.ErrLimitExceeded,
+			len(svc.mu.dispatchers), svc.opts.MaxDispatchers)
+	case svc.mu.spanKeyBytes+spanKeyBytes(span) > svc.opts.MaxSpanKeyBytes:
+		svc.metrics.refusedControl.WithLabelValues(refusedSpanKeyBytes).Inc()
+		return fmt.Errorf("%w: span keys would take %d bytes, MaxSpanKeyBytes %d", messaging.ErrLimitExceeded,
+			svc.mu.spanKeyBytes+spanKeyBytes(span), svc.opts.MaxSpanKeyBytes)
+	}
+	return nil
+}
+
+func spanKeyBytes(s common.Span) int64 { return int64(len(s.StartKey) + len(s.EndKey)) }
 
 // targetCount is the number of targets with registered dispatchers.
 func (svc *Service) targetCount() int {
@@ -347,10 +369,15 @@ func (svc *Service) lookupFor(ctx context.Context, id common.DispatcherID, reg m
 	return d, nil
 }
 
-// denied counts and builds the refusal of op on target to auth.
+// denied counts and builds the refusal of op on target to auth. The
+// message names the target only when the caller named it: a dispatcher's
+// current target is not the caller's business.
 func (svc *Service) denied(auth messaging.Authority, target messaging.Target, op string) error {
 	svc.metrics.refusedControl.WithLabelValues(refusedPermission).Inc()
-	return fmt.Errorf("%w: %q may not %s target %q", messaging.ErrPermissionDenied, auth.Identity(), op, target)
+	if op == "register" {
+		return fmt.Errorf("%w: %q may not register under target %q", messaging.ErrPermissionDenied, auth.Identity(), target)
+	}
+	return fmt.Errorf("%w: %q may not %s: it is another target's", messaging.ErrPermissionDenied, auth.Identity(), op)
 }
 
 // lookup returns the dispatcher of id if its registration is reg.

@@ -72,7 +72,7 @@ func newMetrics(svc *Service) *metrics {
 	m.keepalives = prometheus.NewCounter(prometheus.CounterOpts{Name: name("keepalives_total"),
 		Help: "Resolved-ts re-sent to collectors that had not acknowledged progress for SignalInterval."})
 	m.refusedControl = prometheus.NewCounterVec(prometheus.CounterOpts{Name: name("refused_control_requests_total"),
-		Help: "Control requests refused: max_targets, max_dispatchers_per_target (a bound of the service), permission_denied (the caller may not act for the target), epoch_jump (a reset too far ahead)."},
+		Help: "Control requests refused: max_targets, max_dispatchers_per_target, max_dispatchers, max_span_key_bytes (bounds of the service), permission_denied (the caller may not act for the target), epoch_jump (a reset too far ahead)."},
 		[]string{"reason"})
 	for _, r := range refusalReasons {
 		m.refusedControl.WithLabelValues(r)
@@ -125,11 +125,16 @@ func (m *metrics) unregister(reg prometheus.Registerer) {
 const (
 	refusedMaxTargets     = "max_targets"
 	refusedMaxDispatchers = "max_dispatchers_per_target"
-	refusedPermission     = "permission_denied"
-	refusedEpochJump      = "epoch_jump"
+	// refusedMaxDispatchersTotal and refusedSpanKeyBytes: the service-wide
+	// bounds.
+	refusedMaxDispatchersTotal = "max_dispatchers"
+	refusedSpanKeyBytes        = "max_span_key_bytes"
+	refusedPermission          = "permission_denied"
+	refusedEpochJump           = "epoch_jump"
 )
 
-var refusalReasons = []string{refusedMaxTargets, refusedMaxDispatchers, refusedPermission, refusedEpochJump}
+var refusalReasons = []string{refusedMaxTargets, refusedMaxDispatchers, refusedMaxDispatchersTotal, refusedSpanKeyBytes,
+	refusedPermission, refusedEpochJump}
 
 // walkCollector reports, at scrape time, what needs a walk over the
 // dispatchers: their count by scan state and the resolved-ts lag of the

@@ -86,10 +86,17 @@ type Options struct {
 	// other processes, so no peer may grow them without limit. Default
 	// 1024.
 	MaxTargets int
-	// MaxDispatchersPerTarget bounds one target's registered dispatchers
-	// (messaging.ErrLimitExceeded beyond it), so one collector cannot take
-	// the whole node's memory (about 1 KiB per dispatcher). Default 1<<22.
+	// MaxDispatchersPerTarget bounds one target's registered dispatchers,
+	// MaxDispatchers all of them (messaging.ErrLimitExceeded beyond
+	// either), and MaxSpanKeyBytes the bytes of their spans' keys, which
+	// a peer chooses (up to common.MaxSpanKeyBytes each): a dispatcher
+	// costs about 1 KiB plus its keys, so the service's memory for
+	// dispatchers stays below MaxDispatchers KiB plus MaxSpanKeyBytes
+	// (4 GiB + 256 MiB at the defaults) whatever its peers register.
+	// Defaults 1<<21, 1<<22 and 256 MiB.
 	MaxDispatchersPerTarget int
+	MaxDispatchers          int
+	MaxSpanKeyBytes         int64
 	// Logger receives the service's logs. Default zap.NewNop().
 	Logger *zap.Logger
 	// Registerer receives the service's metrics. Default nil: none.
@@ -100,20 +107,21 @@ type Options struct {
 
 // Defaults.
 const (
-	DefaultPrepareWorkers     = 2
-	DefaultScanWorkers        = 2
-	DefaultScanLimitBytes     = 1 << 20
-	DefaultScanLimitRows      = 8192
-	DefaultLargeTxnSplitBytes = 4 << 20
-	DefaultBatchRows          = 256
-	DefaultMaxMessagesPerTask = 256
-	DefaultBackoffBase        = 10 * time.Millisecond
-	DefaultBackoffMax         = time.Second
-	DefaultResolvedBatch      = 512
-	DefaultSignalInterval     = time.Second
-	DefaultMaxTargets         = 1024
-	// DefaultMaxDispatchersPerTarget: 4M dispatchers, a few GiB.
-	DefaultMaxDispatchersPerTarget = 1 << 22
+	DefaultPrepareWorkers                = 2
+	DefaultScanWorkers                   = 2
+	DefaultScanLimitBytes                = 1 << 20
+	DefaultScanLimitRows                 = 8192
+	DefaultLargeTxnSplitBytes            = 4 << 20
+	DefaultBatchRows                     = 256
+	DefaultMaxMessagesPerTask            = 256
+	DefaultBackoffBase                   = 10 * time.Millisecond
+	DefaultBackoffMax                    = time.Second
+	DefaultResolvedBatch                 = 512
+	DefaultSignalInterval                = time.Second
+	DefaultMaxTargets                    = 1024
+	DefaultMaxDispatchersPerTarget       = 1 << 21
+	DefaultMaxDispatchers                = 1 << 22
+	DefaultMaxSpanKeyBytes         int64 = 256 << 20
 )
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -134,6 +142,10 @@ func (o Options) EnsureDefaults() Options {
 	def(&o.ResolvedBatch, DefaultResolvedBatch)
 	def(&o.MaxTargets, DefaultMaxTargets)
 	def(&o.MaxDispatchersPerTarget, DefaultMaxDispatchersPerTarget)
+	def(&o.MaxDispatchers, DefaultMaxDispatchers)
+	if o.MaxSpanKeyBytes == 0 {
+		o.MaxSpanKeyBytes = DefaultMaxSpanKeyBytes
+	}
 	if o.BackoffBase == 0 {
 		o.BackoffBase = DefaultBackoffBase
 	}
@@ -168,6 +180,8 @@ func (o Options) Validate() error {
 	p.IntRange("ResolvedBatch", o.ResolvedBatch, 1, 1<<20)
 	p.IntRange("MaxTargets", o.MaxTargets, 1, 1<<20)
 	p.IntRange("MaxDispatchersPerTarget", o.MaxDispatchersPerTarget, 1, 1<<30)
+	p.IntRange("MaxDispatchers", o.MaxDispatchers, 1, 1<<30)
+	p.Require(o.MaxSpanKeyBytes > 0, "MaxSpanKeyBytes %d must be positive", o.MaxSpanKeyBytes)
 	p.Require(o.LargeTxnSplitBytes >= o.ScanLimitBytes, "LargeTxnSplitBytes %d below ScanLimitBytes %d", o.LargeTxnSplitBytes, o.ScanLimitBytes)
 	// Above this a large transaction would be read into memory whole.
 	p.IntRange("LargeTxnSplitBytes", o.LargeTxnSplitBytes, 1, 1<<30)

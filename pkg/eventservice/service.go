@@ -51,6 +51,9 @@ type Service struct {
 		closed      bool
 		dispatchers map[common.DispatcherID]*dispatcher
 		targets     map[messaging.Target]*target
+		// spanKeyBytes is the span keys' bytes of the registered
+		// dispatchers, bounded by Options.MaxSpanKeyBytes.
+		spanKeyBytes int64
 	}
 	schemaCancel func()
 
@@ -167,6 +170,7 @@ func (svc *Service) forget(d *dispatcher) {
 	svc.mu.Lock()
 	if svc.mu.dispatchers[d.id] == d {
 		delete(svc.mu.dispatchers, d.id)
+		svc.mu.spanKeyBytes -= spanKeyBytes(d.span)
 		t := d.target
 		t.dispatchers--
 		if t.dispatchers == 0 && !svc.mu.closed && svc.mu.targets[t.name] == t {

@@ -2,12 +2,14 @@ package remote
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"sort"
 	"strings"
 
+	"go.uber.org/zap"
 	"google.golang.org/grpc/credentials"
 	grpcpeer "google.golang.org/grpc/peer"
 
@@ -158,4 +160,51 @@ func (s *Server) authorityOf(ctx context.Context) messaging.Authority {
 		}
 	}
 	return a
+}
+
+// guardTLS returns cfg checking, at the end of each handshake, that the
+// peer's verified certificate has an identity the Policy grants
+// something: a peer the Policy does not know cannot hold a connection, or
+// a stream waiting for its hello, past its handshake. A configuration
+// supplied per handshake (GetConfigForClient) gets the same check.
+func (s *Server) guardTLS(cfg *tls.Config) *tls.Config {
+	cfg = cfg.Clone()
+	cfg.VerifyConnection = s.knownPeer(cfg.VerifyConnection)
+	if get := cfg.GetConfigForClient; get != nil {
+		cfg.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+			c, err := get(h)
+			if c == nil || err != nil {
+				return c, err
+			}
+			c = c.Clone()
+			c.VerifyConnection = s.knownPeer(c.VerifyConnection)
+			return c, nil
+		}
+	}
+	return cfg
+}
+
+// knownPeer runs next, then refuses a peer none of whose identities the
+// Policy names.
+func (s *Server) knownPeer(next func(tls.ConnectionState) error) func(tls.ConnectionState) error {
+	return func(cs tls.ConnectionState) error {
+		if next != nil {
+			if err := next(cs); err != nil {
+				return err
+			}
+		}
+		if len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
+			s.met.refusedCalls.WithLabelValues("permission_denied").Inc()
+			return errors.New("remote: no verified client certificate")
+		}
+		ids := identities(cs.VerifiedChains[0][0])
+		for _, id := range ids {
+			if _, ok := s.grants[id]; ok {
+				return nil
+			}
+		}
+		s.met.refusedCalls.WithLabelValues("permission_denied").Inc()
+		s.log.Warn("client certificate refused: the policy grants none of its identities", zap.Strings("identities", ids))
+		return fmt.Errorf("remote: the policy grants none of the certificate's identities %q", ids)
+	}
 }

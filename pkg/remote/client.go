@@ -280,8 +280,7 @@ func (c *Client) stream(ctx context.Context) (opened bool, err error) {
 	// What the inbox still holds from the last stream is not free: a
 	// collector that stalled opens with no credit and grants as it drains.
 	credit := max(c.opts.Capacity-c.inbox.Len(), 0)
-	live := &liveness{}
-	live.recv.Store(c.opts.Clock.Now().UnixNano())
+	live := newLinkWatch(c.opts.Clock)
 	if err := st.SendMsg(&frame{b: appendHello(nil, c.opts.Target, uint32(c.opts.Capacity), uint32(credit))}); err != nil {
 		return false, err
 	}
@@ -301,7 +300,7 @@ func (c *Client) stream(ctx context.Context) (opened bool, err error) {
 			}
 			return opened, err
 		}
-		live.recv.Store(c.opts.Clock.Now().UnixNano())
+		live.received()
 		if !opened {
 			// The service answers an accepted hello with a ping at once;
 			// a refused one ends the stream instead, and is no stream.
@@ -343,17 +342,9 @@ func (c *Client) stream(ctx context.Context) (opened bool, err error) {
 	}
 }
 
-// liveness is what a stream's watchdog reads: when a frame last arrived
-// and when the credit grant in progress began (0: none), in the client
-// clock's UnixNano.
-type liveness struct {
-	recv, sendStart atomic.Int64
-	sent            atomic.Bool // something went up since the last ping tick
-}
-
 // watch ends the stream (cause errDeadLink) once nothing arrived for the
 // liveness timeout or a grant has been blocked that long.
-func (c *Client) watch(ctx context.Context, cancel context.CancelCauseFunc, live *liveness) {
+func (c *Client) watch(ctx context.Context, cancel context.CancelCauseFunc, live *linkWatch) {
 	t := c.opts.Clock.NewTicker(c.opts.LivenessTimeout / 3)
 	defer t.Stop()
 	for {
@@ -362,9 +353,7 @@ func (c *Client) watch(ctx context.Context, cancel context.CancelCauseFunc, live
 			return
 		case <-t.C():
 		}
-		now, limit := c.opts.Clock.Now().UnixNano(), int64(c.opts.LivenessTimeout)
-		st := live.sendStart.Load()
-		if now-live.recv.Load() > limit || (st != 0 && now-st > limit) {
+		if live.state(c.opts.LivenessTimeout) != linkAlive {
 			c.log.Warn("the service's link is dead: dialling again", zap.String("target", string(c.opts.Target)),
 				zap.Duration("liveness_timeout", c.opts.LivenessTimeout))
 			cancel(errDeadLink)
@@ -378,14 +367,13 @@ func (c *Client) watch(ctx context.Context, cancel context.CancelCauseFunc, live
 // what is free and not already granted. When it sent nothing for a third
 // of the liveness timeout it sends a zero grant: a ping that tells the
 // service this collector is alive.
-func (c *Client) grant(ctx context.Context, st grpc.ClientStream, granted int64, got <-chan struct{}, live *liveness) {
+func (c *Client) grant(ctx context.Context, st grpc.ClientStream, granted int64, got <-chan struct{}, live *linkWatch) {
 	ping := c.opts.Clock.NewTicker(c.opts.LivenessTimeout / 3)
 	defer ping.Stop()
 	send := func(n uint32) bool {
-		live.sendStart.Store(c.opts.Clock.Now().UnixNano())
+		live.writing()
 		err := st.SendMsg(&frame{b: appendCredit(nil, n)})
-		live.sendStart.Store(0)
-		live.sent.Store(true)
+		live.written()
 		return err == nil // else the receiver sees the stream fail
 	}
 	var room <-chan struct{}
@@ -394,10 +382,12 @@ func (c *Client) grant(ctx context.Context, st grpc.ClientStream, granted int64,
 		case <-ctx.Done():
 			return
 		case <-ping.C():
-			if !live.sent.Swap(false) && !send(0) {
-				return
+			if live.idleSinceLastTick() {
+				if !send(0) {
+					return
+				}
+				live.pinged()
 			}
-			live.sent.Store(false)
 			continue
 		case <-got:
 			if room == nil {

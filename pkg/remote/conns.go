@@ -3,8 +3,11 @@ package remote
 import (
 	"net"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/pkg/clock"
 )
 
 // connTracker is the server's view of its TCP connections, below gRPC: it
@@ -16,20 +19,34 @@ import (
 // link that no longer answers: gRPC then fails the transport and cancels
 // its streams, whatever the peer does.
 type connTracker struct {
-	max     int
-	log     *zap.Logger
-	refused func()
+	max, maxPerIP int
+	log           *zap.Logger
+	clk           clock.Clock
+	refused       func()
 
 	mu struct {
 		sync.Mutex
-		conns map[string]*trackedConn // by remote address
+		conns    map[string]*trackedConn // by remote address
+		perIP    map[string]int
+		lastWarn time.Time
+		unwarned int // refusals since the last warning
 	}
 }
 
-func newConnTracker(maxConns int, log *zap.Logger, refused func()) *connTracker {
-	t := &connTracker{max: maxConns, log: log, refused: refused}
+func newConnTracker(maxConns, maxPerIP int, log *zap.Logger, clk clock.Clock, refused func()) *connTracker {
+	t := &connTracker{max: maxConns, maxPerIP: maxPerIP, log: log, clk: clk, refused: refused}
 	t.mu.conns = map[string]*trackedConn{}
+	t.mu.perIP = map[string]int{}
 	return t
+}
+
+// ipOf is the host part of a remote address.
+func ipOf(addr string) string {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	return host
 }
 
 // listener wraps lis so that every connection it accepts is tracked.
@@ -68,17 +85,34 @@ func (l *trackedListener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		tc := &trackedConn{Conn: c, t: l.t, key: c.RemoteAddr().String()}
+		ip := ipOf(tc.key)
 		l.t.mu.Lock()
-		full := len(l.t.mu.conns) >= l.t.max
+		full := len(l.t.mu.conns) >= l.t.max || l.t.mu.perIP[ip] >= l.t.maxPerIP
 		if !full {
 			l.t.mu.conns[tc.key] = tc
+			l.t.mu.perIP[ip]++
+		}
+		warn := false
+		if full {
+			// At most one warning a second: a flood must not flood the log.
+			l.t.mu.unwarned++
+			if now := l.t.clk.Now(); now.Sub(l.t.mu.lastWarn) >= time.Second {
+				warn, l.t.mu.lastWarn = true, now
+			}
+		}
+		n := l.t.mu.unwarned
+		if warn {
+			l.t.mu.unwarned = 0
 		}
 		l.t.mu.Unlock()
 		if !full {
 			return tc, nil
 		}
 		l.t.refused()
-		l.t.log.Warn("connection refused: MaxConnections open", zap.String("from", tc.key), zap.Int("max", l.t.max))
+		if warn {
+			l.t.log.Warn("connections refused: MaxConnections or MaxConnectionsPerIP open", zap.String("last_from", tc.key),
+				zap.Int("refused", n), zap.Int("max", l.t.max), zap.Int("max_per_ip", l.t.maxPerIP))
+		}
 		_ = c.Close()
 	}
 }
@@ -96,6 +130,10 @@ func (c *trackedConn) Close() error {
 		c.t.mu.Lock()
 		if c.t.mu.conns[c.key] == c {
 			delete(c.t.mu.conns, c.key)
+			ip := ipOf(c.key)
+			if c.t.mu.perIP[ip]--; c.t.mu.perIP[ip] <= 0 {
+				delete(c.t.mu.perIP, ip)
+			}
 		}
 		c.t.mu.Unlock()
 	})

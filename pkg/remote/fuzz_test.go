@@ -195,3 +195,27 @@ func errorsIsAny(err error, targets ...error) bool {
 	}
 	return false
 }
+
+// A Send is cut into frames of about frameTargetBytes between messages,
+// in order; each decodes on its own, and together they are the batch.
+func TestSendIsCutIntoFramesBetweenMessages(t *testing.T) {
+	var msgs []messaging.Message
+	for i := range 40 {
+		msgs = append(msgs, &messaging.DMLBatch{Header: hdr(uint64(i + 2)), Rows: []common.Row{{Op: common.OpPut, Key: []byte("k"),
+			Value: make([]byte, 20<<10), StartTs: 1, CommitTs: 2}}})
+	}
+	msgs = append(msgs, &messaging.Resolved{Header: hdr(41), Ts: 3})
+	frames := appendFrames(nil, msgs)
+	require.Greater(t, len(frames), 2)
+	var got []messaging.Message
+	for _, f := range frames {
+		require.LessOrEqual(t, len(f), frameTargetBytes+(21<<10), "cut at the first message past the target")
+		part, err := decodeMessages(f)
+		require.NoError(t, err)
+		got = append(got, part...)
+	}
+	require.Equal(t, msgs, got)
+	one := appendFrames(nil, msgs[:1])
+	require.Len(t, one, 1)
+	require.Equal(t, appendMessages(nil, msgs[:1]), one[0], "a small batch is the one frame appendMessages makes")
+}

@@ -2,8 +2,10 @@ package remote
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
@@ -202,20 +205,57 @@ func TestMaxTargetsBoundsTheServersTargetsAndSeries(t *testing.T) {
 	}
 }
 
-// Connections beyond MaxConnections are closed as they are accepted.
-func TestConnectionsBeyondMaxConnectionsAreClosed(t *testing.T) {
-	srv, addr, _ := serve(t, ServerOptions{MaxConnections: 1})
-	rawStream(t, rawConn(t, addr), appendHello(nil, "c1", 4, 4))
-	waitConnected(t, srv, "c1")
-	c, err := net.Dial("tcp", addr)
+// Connections beyond MaxConnections, or beyond MaxConnectionsPerIP from
+// one address, are closed as they are accepted.
+func TestConnectionsBeyondTheBoundsAreClosed(t *testing.T) {
+	for name, opts := range map[string]ServerOptions{"total": {MaxConnections: 1}, "per IP": {MaxConnectionsPerIP: 1}} {
+		t.Run(name, func(t *testing.T) {
+			srv, addr, _ := serve(t, opts)
+			rawStream(t, rawConn(t, addr), appendHello(nil, "c1", 4, 4))
+			waitConnected(t, srv, "c1")
+			c, err := net.Dial("tcp", addr)
+			require.NoError(t, err)
+			defer c.Close()
+			require.NoError(t, c.SetReadDeadline(time.Now().Add(30*time.Second)))
+			_, err = c.Read(make([]byte, 1))
+			require.Error(t, err)
+			require.NotErrorIs(t, err, os.ErrDeadlineExceeded, "closed by the server, not timed out")
+			require.Equal(t, 1.0, testutil.ToFloat64(srv.met.refusedConns))
+			require.Equal(t, 1, srv.conns.count())
+		})
+	}
+}
+
+// A connection carries at most maxStreamsPerConnection streams at once:
+// one more waits for a slot (here: until its deadline).
+func TestStreamsPerConnectionAreBounded(t *testing.T) {
+	_, addr, _ := serve(t, ServerOptions{})
+	conn := rawConn(t, addr)
+	for i := range maxStreamsPerConnection {
+		rawStream(t, conn, appendHello(nil, messaging.Target(fmt.Sprintf("c%d", i)), 4, 4))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	var reply frame
+	err := conn.Invoke(ctx, controlMethod, &frame{b: appendRemove(nil, messaging.RemoveRequest{Dispatcher: disp, Registration: 7})}, &reply)
+	require.Equal(t, codes.DeadlineExceeded, status.Code(err), "no stream slot for the call")
+	_, err = rawConn(t, addr).NewStream(context.Background(), &grpc.StreamDesc{StreamName: "Data", ServerStreams: true, ClientStreams: true}, dataMethod)
+	require.NoError(t, err, "another connection has its own slots")
+}
+
+// A stream that never sends its hello is ended after the liveness
+// timeout, so it cannot hold its slot for ever.
+func TestAStreamWithoutAHelloIsEnded(t *testing.T) {
+	clk := clock.NewFake(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
+	srv, addr, _ := serve(t, ServerOptions{Clock: clk, LivenessTimeout: time.Minute})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st, err := rawConn(t, addr).NewStream(ctx, &grpc.StreamDesc{StreamName: "Data", ServerStreams: true, ClientStreams: true}, dataMethod)
 	require.NoError(t, err)
-	defer c.Close()
-	require.NoError(t, c.SetReadDeadline(time.Now().Add(30*time.Second)))
-	_, err = c.Read(make([]byte, 1))
-	require.Error(t, err, "closed by the server, not timed out")
-	require.NotErrorIs(t, err, context.DeadlineExceeded)
-	require.Equal(t, 1.0, testutil.ToFloat64(srv.met.refusedConns))
-	require.Equal(t, 1, srv.conns.count())
+	require.NoError(t, clk.WaitWaiters(ctx, 1), "the handler waits for the hello")
+	clk.Advance(time.Minute)
+	require.Equal(t, codes.DeadlineExceeded, refusal(t, st).Code())
+	require.Equal(t, 1.0, testutil.ToFloat64(srv.met.refusedCalls.WithLabelValues("no_hello")))
 }
 
 // Plaintext is served on loopback only, unless allowed explicitly; TLS

@@ -47,18 +47,22 @@ func TestHalfOpenLinkIsDeclaredDeadOnBothSides(t *testing.T) {
 
 	down := proxy.Hold(faultproxy.Downstream)
 	proxy.Hold(faultproxy.Upstream)
-	// Two frames larger than HTTP/2's windows: the first blocks the
-	// writer in SendMsg, the second waits in the queue.
+	// Frames larger than HTTP/2's windows: the writer blocks in SendMsg
+	// on one (gRPC's write quota lets the first through, the second
+	// blocks) and the rest wait in the queue.
 	require.NoError(t, srv.Send("c1", []messaging.Message{bigBatch(2, 4<<20)}))
 	require.NoError(t, srv.Send("c1", []messaging.Message{bigBatch(3, 4<<20)}))
+	require.NoError(t, srv.Send("c1", []messaging.Message{bigBatch(4, 4<<20)}))
 	<-down
+	srv.mu.Lock()
 	p := srv.mu.peers["c1"]
-	require.Eventually(t, func() bool { return p.sendStart.Load() != 0 }, 30*time.Second, time.Millisecond, "the writer is in SendMsg")
-	require.NoError(t, srv.Send("c1", []messaging.Message{bigBatch(4, 1)}), "still credit: the link looks alive")
+	srv.mu.Unlock()
+	require.Eventually(t, func() bool { return p.live.writeStart.Load() != 0 }, 30*time.Second, time.Millisecond, "the writer is in SendMsg")
+	require.NoError(t, srv.Send("c1", []messaging.Message{bigBatch(5, 1)}), "still credit: the link looks alive")
 
 	clk.Advance(livenessForTest + time.Second)
 	require.Eventually(t, func() bool {
-		return errorsIsAny(srv.Send("c1", []messaging.Message{bigBatch(5, 1)}), messaging.ErrUnavailable)
+		return errorsIsAny(srv.Send("c1", []messaging.Message{bigBatch(6, 1)}), messaging.ErrUnavailable)
 	}, 30*time.Second, time.Millisecond, "declared dead: Send is ErrUnavailable")
 	p.mu.Lock()
 	queued := len(p.mu.queue)

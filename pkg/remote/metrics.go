@@ -74,7 +74,7 @@ func newServerMetrics(s *Server) *serverMetrics {
 		refusedCalls: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
 			Name: "server_refused_streams_total", Help: "Data streams and control calls refused before reaching the service, by reason: " +
 				"malformed (a hello that does not decode or names an invalid target), version (another wire version), " +
-				"permission_denied (the certificate's identity may not serve the target), max_targets."}, []string{"reason"}),
+				"permission_denied (the certificate's identity may not serve the target), max_targets, no_hello (none within the liveness timeout)."}, []string{"reason"}),
 		refusedConns: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
 			Name: "server_refused_connections_total", Help: "TCP connections closed on accept because MaxConnections were open."}),
 		deadLinks: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
@@ -86,7 +86,7 @@ func newServerMetrics(s *Server) *serverMetrics {
 			"Messages sent to a collector and not yet granted back: on the wire or in its inbox.", []string{"target"}, nil),
 	}
 	m.notConnected = m.refused.WithLabelValues(notConnectedLabel, "unavailable")
-	for _, r := range []string{"malformed", "version", "permission_denied", "max_targets"} {
+	for _, r := range []string{"malformed", "version", "permission_denied", "max_targets", "no_hello"} {
 		m.refusedCalls.WithLabelValues(r)
 	}
 	return m

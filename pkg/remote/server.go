@@ -33,6 +33,8 @@ const (
 	DefaultMaxTargets     = 1024
 	DefaultMaxCapacity    = 1 << 16
 	DefaultMaxConnections = 256
+	// DefaultMaxConnectionsPerIP: one host cannot take every connection.
+	DefaultMaxConnectionsPerIP = 64
 	// DefaultLivenessTimeout: a data stream on which nothing arrived for
 	// this long, or whose send has been blocked this long, is declared
 	// dead. Each side pings every third of it when it has nothing else to
@@ -77,9 +79,10 @@ type ServerOptions struct {
 	// announce: the messages the server queues for one target. A hello
 	// announcing more is served with this much. Default 65536.
 	MaxCapacity int
-	// MaxConnections bounds open TCP connections; more are closed on
-	// accept. Default 256.
-	MaxConnections int
+	// MaxConnections bounds open TCP connections, and MaxConnectionsPerIP
+	// those from one address; more are closed on accept. A collector
+	// process opens one per changefeed it serves. Defaults 256 and 64.
+	MaxConnections, MaxConnectionsPerIP int
 	// LivenessTimeout: a stream on which nothing arrived for this long, or
 	// whose send has been blocked this long, is declared dead: Sends to
 	// its target fail with ErrUnavailable at once, its frames are
@@ -106,6 +109,7 @@ func (o ServerOptions) withDefaults() ServerOptions {
 	def(&o.MaxTargets, DefaultMaxTargets)
 	def(&o.MaxCapacity, DefaultMaxCapacity)
 	def(&o.MaxConnections, DefaultMaxConnections)
+	def(&o.MaxConnectionsPerIP, DefaultMaxConnectionsPerIP)
 	if o.LivenessTimeout == 0 {
 		o.LivenessTimeout = DefaultLivenessTimeout
 	}
@@ -119,6 +123,7 @@ func (o ServerOptions) validate() error {
 	p.IntRange("MaxTargets", o.MaxTargets, 1, 1<<20)
 	p.IntRange("MaxCapacity", o.MaxCapacity, 1, 1<<30)
 	p.IntRange("MaxConnections", o.MaxConnections, 1, 1<<20)
+	p.IntRange("MaxConnectionsPerIP", o.MaxConnectionsPerIP, 1, 1<<20)
 	p.Require(o.LivenessTimeout >= 300*time.Millisecond, "LivenessTimeout %v below 300ms", o.LivenessTimeout)
 	p.Require(o.TLS == nil || o.Policy != nil, "TLS without a Policy: say which certificate identity may serve which targets")
 	p.Require(o.TLS != nil || o.Policy == nil, "a Policy needs TLS: a plaintext peer has no identity")
@@ -164,7 +169,7 @@ func NewServer(opts ServerOptions) (*Server, error) {
 	}
 	s.mu.peers = map[messaging.Target]*peer{}
 	s.met = newServerMetrics(s)
-	s.conns = newConnTracker(opts.MaxConnections, s.log, s.met.refusedConns.Inc)
+	s.conns = newConnTracker(opts.MaxConnections, opts.MaxConnectionsPerIP, s.log, opts.Clock, s.met.refusedConns.Inc)
 	if opts.Registerer != nil {
 		if err := opts.Registerer.Register(s.met); err != nil {
 			return nil, fmt.Errorf("remote: register metrics: %w", err)
@@ -182,7 +187,7 @@ func NewServer(opts ServerOptions) (*Server, error) {
 		// abuse (gRPC answers it with GOAWAY).
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: clientKeepaliveTime / 2, PermitWithoutStream: true})}
 	if opts.TLS != nil {
-		sopts = append(sopts, grpc.Creds(credentials.NewTLS(opts.TLS)))
+		sopts = append(sopts, grpc.Creds(credentials.NewTLS(s.guardTLS(opts.TLS))))
 	}
 	if opts.UnaryInterceptor != nil {
 		sopts = append(sopts, grpc.UnaryInterceptor(opts.UnaryInterceptor))

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -29,11 +28,9 @@ type peer struct {
 	wake     chan struct{}
 	counters peerCounters // the target's series, looked up once per stream
 
-	// lastRecv is when the reader last received a frame, and sendStart
-	// when the writer's SendMsg in progress began (0: none), in the
-	// server clock's UnixNano: the watchdog reads both.
-	lastRecv  atomic.Int64
-	sendStart atomic.Int64
+	// live is when the reader last received a frame and when the
+	// writer's SendMsg in progress began: the watchdog reads both.
+	live *linkWatch
 
 	mu struct {
 		sync.Mutex
@@ -77,7 +74,7 @@ func (p *peer) send(msgs []messaging.Message) error {
 	}
 	p.counters.sent.Add(float64(len(msgs)))
 	p.mu.credit -= len(msgs)
-	p.mu.queue = append(p.mu.queue, appendMessages(nil, msgs))
+	p.mu.queue = appendFrames(p.mu.queue, msgs)
 	p.poke()
 	return nil
 }
@@ -144,12 +141,12 @@ var (
 	errSendStalled = errors.New("remote: a send to the collector blocked for the liveness timeout")
 )
 
-// liveness reports why the stream is dead at now, or nil.
-func (p *peer) liveness(now int64, timeout time.Duration) error {
-	if now-p.lastRecv.Load() > int64(timeout) {
+// liveness reports why the stream is dead, or nil.
+func (p *peer) liveness(timeout time.Duration) error {
+	switch p.live.state(timeout) {
+	case linkSilent:
 		return errSilentPeer
-	}
-	if st := p.sendStart.Load(); st != 0 && now-st > int64(timeout) {
+	case linkStalled:
 		return errSendStalled
 	}
 	return nil
@@ -165,13 +162,16 @@ var pingFrame = appendMessages(nil, nil)
 // down.
 func (s *Server) data(stream grpc.ServerStream) error {
 	ctx := stream.Context()
-	var f frame
-	if err := stream.RecvMsg(&f); err != nil {
-		return err
-	}
 	remote := ""
 	if pr, ok := grpcpeer.FromContext(ctx); ok {
 		remote = pr.Addr.String()
+	}
+	f, err := s.awaitHello(stream)
+	if errors.Is(err, errNoHello) {
+		return s.refuseStream("no_hello", codes.DeadlineExceeded, remote, err)
+	}
+	if err != nil {
+		return err
 	}
 	h, err := decodeHello(f.b)
 	if err != nil {
@@ -189,8 +189,11 @@ func (s *Server) data(stream grpc.ServerStream) error {
 	p := &peer{target: h.target, capacity: capacity, remote: remote, wake: make(chan struct{}, 1)}
 	credit := min(int(h.credit), capacity)
 	p.mu.credit = credit
-	p.lastRecv.Store(s.opts.Clock.Now().UnixNano())
+	p.live = newLinkWatch(s.opts.Clock)
 	old, err := s.attach(p)
+	if errors.Is(err, messaging.ErrClosed) {
+		return status.Error(codes.Unavailable, err.Error())
+	}
 	if err != nil {
 		return s.refuseStream("max_targets", codes.ResourceExhausted, remote, err)
 	}
@@ -215,7 +218,7 @@ func (s *Server) data(stream grpc.ServerStream) error {
 		case err := <-written:
 			return err
 		case <-watch.C():
-			err := p.liveness(s.opts.Clock.Now().UnixNano(), s.opts.LivenessTimeout)
+			err := p.liveness(s.opts.LivenessTimeout)
 			if err == nil {
 				continue
 			}
@@ -231,6 +234,34 @@ func (s *Server) data(stream grpc.ServerStream) error {
 			<-written
 			return status.Error(codes.Unavailable, err.Error())
 		}
+	}
+}
+
+// errNoHello: a stream opened but sent no hello within the liveness
+// timeout; it would otherwise hold its slot for ever.
+var errNoHello = errors.New("remote: no hello within the liveness timeout")
+
+// awaitHello receives a stream's first frame, or gives up after the
+// liveness timeout. The receive runs on its own goroutine, which ends with
+// the stream (when this handler returns, if it gave up).
+func (s *Server) awaitHello(stream grpc.ServerStream) (frame, error) {
+	type result struct {
+		f   frame
+		err error
+	}
+	got := make(chan result, 1)
+	s.wg.Go(func() {
+		var r result
+		r.err = stream.RecvMsg(&r.f)
+		got <- r
+	})
+	timer := s.opts.Clock.NewTimer(s.opts.LivenessTimeout)
+	defer timer.Stop()
+	select {
+	case r := <-got:
+		return r.f, r.err
+	case <-timer.C():
+		return frame{}, errNoHello
 	}
 }
 
@@ -278,7 +309,7 @@ func (s *Server) read(stream grpc.ServerStream, p *peer) {
 			p.fail(err)
 			return
 		}
-		p.lastRecv.Store(s.opts.Clock.Now().UnixNano())
+		p.live.received()
 		n, err := decodeCredit(up.b)
 		if err != nil {
 			p.fail(fmt.Errorf("%w: expected a credit frame: %w", ErrMalformed, err))
@@ -299,20 +330,18 @@ func (s *Server) write(stream grpc.ServerStream, p *peer) error {
 	if err := s.sendFrames(stream, p, frames); err != nil {
 		return err
 	}
-	sent := true
 	for {
 		select {
 		case <-ctx.Done():
 			p.fail(ctx.Err())
 			return ctx.Err()
 		case <-ping.C():
-			if !sent {
-				frames = append(frames[:0], pingFrame)
-				if err := s.sendFrames(stream, p, frames); err != nil {
+			if p.live.idleSinceLastTick() {
+				if err := s.sendFrames(stream, p, append(frames[:0], pingFrame)); err != nil {
 					return err
 				}
+				p.live.pinged()
 			}
-			sent = false
 			continue
 		case <-p.wake:
 		}
@@ -321,11 +350,8 @@ func (s *Server) write(stream grpc.ServerStream, p *peer) error {
 			s.log.Info("collector stream ended", zap.String("target", string(p.target)), zap.Error(err))
 			return err
 		}
-		if len(frames) > 0 {
-			if err := s.sendFrames(stream, p, frames); err != nil {
-				return err
-			}
-			sent = true
+		if err := s.sendFrames(stream, p, frames); err != nil {
+			return err
 		}
 	}
 }
@@ -334,9 +360,9 @@ func (s *Server) write(stream grpc.ServerStream, p *peer) error {
 // watchdog.
 func (s *Server) sendFrames(stream grpc.ServerStream, p *peer, frames [][]byte) error {
 	for i, b := range frames {
-		p.sendStart.Store(s.opts.Clock.Now().UnixNano())
+		p.live.writing()
 		err := stream.SendMsg(&frame{b: b})
-		p.sendStart.Store(0)
+		p.live.written()
 		frames[i] = nil
 		if err != nil {
 			p.fail(err)

@@ -129,3 +129,23 @@ func TestCertificatesAreReloadedWhenTheirFilesChange(t *testing.T) {
 	require.NoError(t, os.WriteFile(live.Cert, []byte("torn"), 0o600))
 	require.NoError(t, call(cliNew), "files caught mid-rotation: the last good ones are kept")
 }
+
+// A certificate the CA signed but whose identities the Policy does not
+// name (no SAN but an IP address, or an unknown name) does not get past
+// the handshake: it can hold no connection and no stream slot.
+func TestACertificateThePolicyDoesNotKnowIsRefusedAtTheHandshake(t *testing.T) {
+	ca := tlstest.NewCA(t, t.TempDir(), "test")
+	srv, addr := serveTLS(t, ServerOptions{TLS: tlstest.ServerConfig(t, ca.Issue(t, "service", "service")),
+		Policy: Policy{"collector-1": {"c1"}}}, &authorityRecorder{seen: make(chan messaging.Authority, 8)})
+	for _, f := range []tlstest.Files{ca.Issue(t, "ip-only"), ca.Issue(t, "stranger", "collector-9")} {
+		cli, err := NewClient(ClientOptions{Addr: addr, Target: "c1", TLS: tlstest.ClientConfig(t, f), CallTimeout: 5 * time.Second})
+		require.NoError(t, err)
+		require.NoError(t, cli.Start())
+		err = cli.Remove(context.Background(), messaging.RemoveRequest{Dispatcher: disp, Registration: 7})
+		cli.Close()
+		require.ErrorIs(t, err, messaging.ErrUnavailable, "%s: refused at the handshake", f.Cert)
+	}
+	require.Eventually(t, func() bool { return srv.conns.count() == 0 }, 30*time.Second, 5*time.Millisecond, "no connection is left open")
+	require.GreaterOrEqual(t, testutil.ToFloat64(srv.met.refusedCalls.WithLabelValues("permission_denied")), 2.0)
+	require.Zero(t, srv.Connected())
+}

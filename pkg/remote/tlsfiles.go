@@ -120,6 +120,11 @@ func (f *TLSFiles) ClientConfig(serverName string) *tls.Config {
 		},
 		InsecureSkipVerify: true, //nolint:gosec // verified in VerifyConnection against the current CA
 		VerifyConnection: func(cs tls.ConnectionState) error {
+			if serverName == "" {
+				// An empty name would skip the host check: any certificate
+				// of the CA would pass as the service.
+				return errors.New("remote: no service name to verify the certificate against")
+			}
 			_, pool, err := f.current()
 			if err != nil {
 				return err

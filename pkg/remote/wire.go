@@ -166,40 +166,80 @@ func appendMessages(b []byte, msgs []messaging.Message) []byte {
 	e := encoder{b: b}
 	e.u(uint64(len(msgs)))
 	for _, m := range msgs {
-		h := m.MessageHeader()
-		e.byte(byte(m.Kind()))
-		e.id(h.Dispatcher)
-		e.u(uint64(h.Registration))
-		e.u(h.Epoch)
-		e.u(h.Seq)
-		switch m := m.(type) {
-		case *messaging.Handshake:
-			e.u(uint64(m.StartTs))
-		case *messaging.DMLBatch:
-			if m.Partial {
-				e.byte(1)
-			} else {
-				e.byte(0)
-			}
-			e.u(uint64(len(m.Rows)))
-			for i := range m.Rows {
-				r := &m.Rows[i]
-				e.byte(byte(r.Op))
-				e.bytes(r.Key)
-				e.bytes(r.Value)
-				e.bytes(r.OldValue)
-				e.u(uint64(r.StartTs))
-				e.u(uint64(r.CommitTs))
-			}
-		case *messaging.DDL:
-			e.i(m.TableID)
-			e.u(uint64(m.CommitTs))
-			e.str(m.Query)
-		case *messaging.Resolved:
-			e.u(uint64(m.Ts))
-		}
+		e.message(m)
 	}
 	return e.b
+}
+
+// frameTargetBytes is the size at which a Send's frames are cut (between
+// messages): the service's liveness watchdog times each frame's write, so
+// a frame must cross a slow link well within the liveness timeout. A
+// single message is never split; the largest (a DML batch, bounded by the
+// scan's byte limit or a large transaction's split) sets the slowest link
+// the defaults suit: 4 MiB in 6 s, about 6 Mbit/s.
+const frameTargetBytes = 256 << 10
+
+// appendFrames encodes msgs as data frames of about frameTargetBytes or
+// fewer (one message larger than that is a frame of its own), appended to
+// dst in order. Each frame is its own allocation: the count is written in
+// front of the messages, in room reserved for it.
+func appendFrames(dst [][]byte, msgs []messaging.Message) [][]byte {
+	const reserve = binary.MaxVarintLen64
+	e := encoder{b: make([]byte, reserve, reserve+512)}
+	n := 0
+	flush := func() {
+		var count [reserve]byte
+		k := binary.PutUvarint(count[:], uint64(n))
+		copy(e.b[reserve-k:], count[:k])
+		dst = append(dst, e.b[reserve-k:])
+		e.b, n = make([]byte, reserve, reserve+512), 0
+	}
+	for _, m := range msgs {
+		e.message(m)
+		if n++; len(e.b)-reserve >= frameTargetBytes {
+			flush()
+		}
+	}
+	if n > 0 {
+		flush()
+	}
+	return dst
+}
+
+// message encodes one message. REQUIRES: m is not nil.
+func (e *encoder) message(m messaging.Message) {
+	h := m.MessageHeader()
+	e.byte(byte(m.Kind()))
+	e.id(h.Dispatcher)
+	e.u(uint64(h.Registration))
+	e.u(h.Epoch)
+	e.u(h.Seq)
+	switch m := m.(type) {
+	case *messaging.Handshake:
+		e.u(uint64(m.StartTs))
+	case *messaging.DMLBatch:
+		if m.Partial {
+			e.byte(1)
+		} else {
+			e.byte(0)
+		}
+		e.u(uint64(len(m.Rows)))
+		for i := range m.Rows {
+			r := &m.Rows[i]
+			e.byte(byte(r.Op))
+			e.bytes(r.Key)
+			e.bytes(r.Value)
+			e.bytes(r.OldValue)
+			e.u(uint64(r.StartTs))
+			e.u(uint64(r.CommitTs))
+		}
+	case *messaging.DDL:
+		e.i(m.TableID)
+		e.u(uint64(m.CommitTs))
+		e.str(m.Query)
+	case *messaging.Resolved:
+		e.u(uint64(m.Ts))
+	}
 }
 
 // count reads a count of elements that take at least minBytes each, and
