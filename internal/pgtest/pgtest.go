@@ -4,6 +4,10 @@
 // loopback port, in a temporary directory that is removed when the test
 // ends. A test that cannot start the server fails; it never skips.
 //
+// StartWith takes Options: wal_level=logical for replication sources,
+// fsync on for benchmarks; Stop and Restart take a server down and back
+// on the same address; Launch starts one outside a test.
+//
 // StartProxy puts a loopback TCP proxy in front of a server that can delay
 // traffic (a slow link) and reset every connection (a network fault).
 //
@@ -21,6 +25,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -33,58 +38,129 @@ type Server struct {
 	// Addr is 127.0.0.1:port.
 	Addr string
 	// DSN connects as the superuser "postgres" to database "postgres".
-	DSN string
-	dir string
-	bin string
-	run func(name string, args ...string) *exec.Cmd
+	DSN  string
+	dir  string
+	data string
+	bin  string
+	opts string
+	run  func(name string, args ...string) *exec.Cmd
+}
+
+// Options shape a server. The zero value is the tests' default: fsync off,
+// wal_level replica, 50 connections.
+type Options struct {
+	// Logical sets wal_level=logical with room for replication slots and
+	// WAL senders, for logical replication sources.
+	Logical bool
+	// Fsync keeps fsync on (benchmarks that must pay for durability).
+	Fsync bool
+	// Settings are more "name=value" server settings.
+	Settings []string
 }
 
 // Start initialises a cluster in a fresh directory and starts it; the
 // test's cleanup stops it and removes the directory.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB) *Server { return StartWith(t, Options{}) }
+
+// StartWith is Start with opts.
+func StartWith(t testing.TB, opts Options) *Server {
 	t.Helper()
+	s, err := Launch(opts)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("pgtest: %v", err)
+		}
+	})
+	return s
+}
+
+// Launch starts a server outside a test (a benchmark program); Close
+// stops it and removes its directory.
+func Launch(opts Options) (*Server, error) {
 	bin, err := findBin()
 	if err != nil {
-		t.Fatalf("pgtest: %v (install Debian's postgresql-15; .ci/run does)", err)
+		return nil, fmt.Errorf("%w (install Debian's postgresql-15; .ci/run does)", err)
 	}
 	s := &Server{bin: bin}
 	var uid, gid int
-	s.run, uid, gid, err = runner()
-	if err != nil {
-		t.Fatalf("pgtest: %v", err)
+	if s.run, uid, gid, err = runner(); err != nil {
+		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "pgtest-")
-	if err != nil {
-		t.Fatalf("pgtest: %v", err)
+	if s.dir, err = os.MkdirTemp("", "pgtest-"); err != nil {
+		return nil, err
 	}
-	s.dir = dir
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	fail := func(err error) (*Server, error) {
+		_ = os.RemoveAll(s.dir)
+		return nil, err
+	}
 	if uid >= 0 {
-		if err := os.Chown(dir, uid, gid); err != nil {
-			t.Fatalf("pgtest: %v", err)
+		if err := os.Chown(s.dir, uid, gid); err != nil {
+			return fail(err)
 		}
 	}
 	port, err := freePort()
 	if err != nil {
-		t.Fatalf("pgtest: %v", err)
+		return fail(err)
 	}
 	s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	s.DSN = fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", s.Addr)
-	data := filepath.Join(dir, "data")
-	if out, err := s.run(filepath.Join(bin, "initdb"), "-D", data, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8").CombinedOutput(); err != nil {
-		t.Fatalf("pgtest: initdb: %v\n%s", err, out)
+	s.data = filepath.Join(s.dir, "data")
+	if out, err := s.run(filepath.Join(bin, "initdb"), "-D", s.data, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8").CombinedOutput(); err != nil {
+		return fail(fmt.Errorf("initdb: %v\n%s", err, out))
 	}
-	opts := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -c unix_socket_directories=%s -c fsync=off -c max_connections=50", port, dir)
-	if out, err := s.run(filepath.Join(bin, "pg_ctl"), "-D", data, "-o", opts, "-w", "-l", filepath.Join(dir, "log"), "start").CombinedOutput(); err != nil {
-		log, _ := os.ReadFile(filepath.Join(dir, "log"))
-		t.Fatalf("pgtest: pg_ctl start: %v\n%s\n%s", err, out, log)
+	settings := []string{"listen_addresses=127.0.0.1", "unix_socket_directories=" + s.dir, "max_connections=50"}
+	if !opts.Fsync {
+		settings = append(settings, "fsync=off")
 	}
-	t.Cleanup(func() {
-		if out, err := s.run(filepath.Join(bin, "pg_ctl"), "-D", data, "-m", "immediate", "-w", "stop").CombinedOutput(); err != nil {
-			t.Errorf("pgtest: pg_ctl stop: %v\n%s", err, out)
-		}
-	})
-	return s
+	if opts.Logical {
+		settings = append(settings, "wal_level=logical", "max_replication_slots=20", "max_wal_senders=20")
+	}
+	settings = append(settings, opts.Settings...)
+	s.opts = fmt.Sprintf("-p %d", port)
+	for _, kv := range settings {
+		s.opts += " -c " + kv
+	}
+	if err := s.Restart(); err != nil {
+		return fail(err)
+	}
+	return s, nil
+}
+
+// Stop stops the server (fast shutdown), keeping its data: Restart starts
+// it again on the same address.
+func (s *Server) Stop() error {
+	if out, err := s.run(filepath.Join(s.bin, "pg_ctl"), "-D", s.data, "-m", "fast", "-w", "stop").CombinedOutput(); err != nil {
+		return fmt.Errorf("pg_ctl stop: %v\n%s", err, out)
+	}
+	return nil
+}
+
+// Restart starts a stopped server again.
+func (s *Server) Restart() error {
+	if out, err := s.run(filepath.Join(s.bin, "pg_ctl"), "-D", s.data, "-o", s.opts, "-w", "-l", filepath.Join(s.dir, "log"), "start").CombinedOutput(); err != nil {
+		log, _ := os.ReadFile(filepath.Join(s.dir, "log"))
+		return fmt.Errorf("pg_ctl start: %v\n%s\n%s", err, out, log)
+	}
+	return nil
+}
+
+// Close stops the server at once (immediate shutdown) and removes its
+// directory.
+func (s *Server) Close() error {
+	defer os.RemoveAll(s.dir)
+	out, err := s.run(filepath.Join(s.bin, "pg_ctl"), "-D", s.data, "-m", "immediate", "-w", "stop").CombinedOutput()
+	if err != nil && !strings.Contains(string(out), "Is server running?") {
+		return fmt.Errorf("pg_ctl stop: %v\n%s", err, out)
+	}
+	return nil
+}
+
+// DSNFor connects to database db as the superuser.
+func (s *Server) DSNFor(db string) string {
+	return fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable", s.Addr, db)
 }
 
 func findBin() (string, error) {

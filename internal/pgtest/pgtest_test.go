@@ -22,3 +22,30 @@ func TestStartServesQueries(t *testing.T) {
 	require.NoError(t, conn.QueryRow(ctx, "SHOW server_version").Scan(&v))
 	require.Contains(t, v, "15.")
 }
+
+// A logical server has wal_level=logical; a stopped one refuses
+// connections and serves again on the same address after Restart, its
+// data kept.
+func TestLogicalServerStopsAndRestarts(t *testing.T) {
+	s := StartWith(t, Options{Logical: true})
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, s.DSN)
+	require.NoError(t, err)
+	var level string
+	require.NoError(t, conn.QueryRow(ctx, "SHOW wal_level").Scan(&level))
+	require.Equal(t, "logical", level)
+	_, err = conn.Exec(ctx, "CREATE TABLE kept (id int)")
+	require.NoError(t, err)
+	require.NoError(t, conn.Close(ctx))
+
+	require.NoError(t, s.Stop())
+	_, err = pgx.Connect(ctx, s.DSN)
+	require.Error(t, err, "a stopped server refuses connections")
+	require.NoError(t, s.Restart())
+	conn, err = pgx.Connect(ctx, s.DSN)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var n int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM pg_tables WHERE tablename = 'kept'").Scan(&n))
+	require.Equal(t, 1, n, "its data kept")
+}
