@@ -1,0 +1,345 @@
+package pgcodec
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+)
+
+// ErrMalformed wraps every decoding error.
+var ErrMalformed = errors.New("pgcodec: malformed")
+
+// Change is the kind of a row change.
+type Change byte
+
+// Changes.
+const (
+	Insert   Change = 'I'
+	Update   Change = 'U'
+	Delete   Change = 'D'
+	Truncate Change = 'T'
+)
+
+func (c Change) valid() bool { return c == Insert || c == Update || c == Delete || c == Truncate }
+
+// String names the change.
+func (c Change) String() string {
+	switch c {
+	case Insert:
+		return "insert"
+	case Update:
+		return "update"
+	case Delete:
+		return "delete"
+	case Truncate:
+		return "truncate"
+	}
+	return fmt.Sprintf("change(%d)", byte(c))
+}
+
+// Kind is what a column's value is.
+type Kind byte
+
+// Kinds, as pgoutput names them.
+const (
+	Null      Kind = 'n'
+	Unchanged Kind = 'u' // a TOASTed value an update left as it was
+	Text      Kind = 't'
+)
+
+// Datum is one column's value in a change.
+type Datum struct {
+	Name string
+	Kind Kind
+	Text []byte // Kind Text only
+}
+
+// RowChange is a decoded change.
+type RowChange struct {
+	Change  Change
+	Columns []Datum
+	// Cascade and RestartIdentity are a truncate's options.
+	Cascade, RestartIdentity bool
+}
+
+const rowVersion = 1
+
+// AppendValue appends the encoding of c to b.
+func AppendValue(b []byte, c RowChange) []byte {
+	b = append(b, rowVersion, byte(c.Change))
+	if c.Change == Truncate {
+		var opts byte
+		if c.Cascade {
+			opts |= 1
+		}
+		if c.RestartIdentity {
+			opts |= 2
+		}
+		return append(b, opts)
+	}
+	b = binary.AppendUvarint(b, uint64(len(c.Columns)))
+	for _, d := range c.Columns {
+		b = binary.AppendUvarint(b, uint64(len(d.Name)))
+		b = append(b, d.Name...)
+		b = append(b, byte(d.Kind))
+		if d.Kind == Text {
+			b = binary.AppendUvarint(b, uint64(len(d.Text)))
+			b = append(b, d.Text...)
+		}
+	}
+	return b
+}
+
+// AppendKey appends a change's row key: its index in the transaction,
+// then the key columns' values (length-prefixed; a null is length 0 with
+// no marker, which a key cannot hold).
+func AppendKey(b []byte, index uint32, key [][]byte) []byte {
+	b = binary.BigEndian.AppendUint32(b, index)
+	for _, v := range key {
+		b = binary.AppendUvarint(b, uint64(len(v)))
+		b = append(b, v...)
+	}
+	return b
+}
+
+// ChangeIndex returns the index a row key starts with.
+func ChangeIndex(key []byte) (uint32, error) {
+	if len(key) < 4 {
+		return 0, fmt.Errorf("%w: a %d-byte row key", ErrMalformed, len(key))
+	}
+	return binary.BigEndian.Uint32(key), nil
+}
+
+// Op is the store operation of a change.
+func Op(c Change) common.OpType {
+	if c == Delete || c == Truncate {
+		return common.OpDelete
+	}
+	return common.OpPut
+}
+
+// DecodeValue decodes a row value. Text slices alias b.
+func DecodeValue(b []byte) (RowChange, error) {
+	d := decoder{b: b}
+	if v := d.byte(); d.err == nil && v != rowVersion {
+		return RowChange{}, fmt.Errorf("%w: row version %d", ErrMalformed, v)
+	}
+	c := RowChange{Change: Change(d.byte())}
+	if d.err == nil && !c.Change.valid() {
+		return RowChange{}, fmt.Errorf("%w: change %d", ErrMalformed, byte(c.Change))
+	}
+	if c.Change == Truncate {
+		opts := d.byte()
+		c.Cascade, c.RestartIdentity = opts&1 != 0, opts&2 != 0
+		return c, d.end()
+	}
+	// A column takes at least a name length and a kind.
+	n := d.count(2)
+	if d.err != nil {
+		return RowChange{}, d.err
+	}
+	c.Columns = make([]Datum, n)
+	for i := range c.Columns {
+		col := &c.Columns[i]
+		col.Name = d.name()
+		col.Kind = Kind(d.byte())
+		switch col.Kind {
+		case Null, Unchanged:
+		case Text:
+			col.Text = d.take(d.u())
+			if col.Text == nil && d.err == nil {
+				col.Text = []byte{}
+			}
+		default:
+			d.fail(fmt.Sprintf("column kind %d", byte(col.Kind)))
+		}
+		if d.err != nil {
+			return RowChange{}, d.err
+		}
+	}
+	return c, d.end()
+}
+
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) fail(what string) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w: %s", ErrMalformed, what)
+	}
+	d.b = nil
+}
+
+func (d *decoder) byte() byte {
+	if len(d.b) < 1 {
+		d.fail("short value")
+		return 0
+	}
+	v := d.b[0]
+	d.b = d.b[1:]
+	return v
+}
+
+func (d *decoder) u() uint64 {
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail("bad uvarint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) count(minBytes int) int {
+	n := d.u()
+	if d.err == nil && n > uint64(len(d.b)/minBytes) {
+		d.fail(fmt.Sprintf("%d columns in %d bytes", n, len(d.b)))
+		return 0
+	}
+	return int(n)
+}
+
+func (d *decoder) take(n uint64) []byte {
+	if d.err != nil {
+		return nil
+	}
+	if n > uint64(len(d.b)) {
+		d.fail("length past the end")
+		return nil
+	}
+	v := d.b[:n:n]
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) name() string {
+	s := string(d.take(d.u()))
+	if d.err == nil {
+		if err := checkName(s); err != nil {
+			d.fail(err.Error())
+		}
+	}
+	return s
+}
+
+func (d *decoder) end() error {
+	if d.err == nil && len(d.b) != 0 {
+		d.fail(fmt.Sprintf("%d bytes after the end", len(d.b)))
+	}
+	return d.err
+}
+
+// maxNameBytes is PostgreSQL's identifier limit (NAMEDATALEN-1).
+const maxNameBytes = 63
+
+// checkName checks an identifier from the wire or a DDL: valid UTF-8,
+// no NUL, at most 63 bytes, not empty.
+func checkName(s string) error {
+	switch {
+	case s == "":
+		return errors.New("empty name")
+	case len(s) > maxNameBytes:
+		return fmt.Errorf("name of %d bytes", len(s))
+	case !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0:
+		return fmt.Errorf("name %q is not valid UTF-8 without NUL", s)
+	}
+	return nil
+}
+
+// Column is one column of a relation.
+type Column struct {
+	Name string `json:"name"`
+	// Type is the SQL type as format_type writes it ("integer",
+	// "character varying(20)").
+	Type    string `json:"type"`
+	TypeOID uint32 `json:"type_oid"`
+	Key     bool   `json:"key,omitempty"`
+}
+
+// Relation is a table as the source sees it.
+type Relation struct {
+	OID     uint32   `json:"oid"`
+	Schema  string   `json:"schema"`
+	Name    string   `json:"name"`
+	Columns []Column `json:"columns"`
+}
+
+// Validate checks what a sink will turn into SQL: names, types, at least
+// one key column.
+func (r Relation) Validate() error {
+	var errs []error
+	for _, n := range []string{r.Schema, r.Name} {
+		if err := checkName(n); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	keys := 0
+	seen := map[string]bool{}
+	for _, c := range r.Columns {
+		if err := checkName(c.Name); err != nil {
+			errs = append(errs, err)
+		}
+		if seen[c.Name] {
+			errs = append(errs, fmt.Errorf("column %q twice", c.Name))
+		}
+		seen[c.Name] = true
+		if c.Type == "" || len(c.Type) > 256 || !utf8.ValidString(c.Type) || strings.ContainsAny(c.Type, ";\x00") {
+			errs = append(errs, fmt.Errorf("column %q: type %q", c.Name, c.Type))
+		}
+		if c.Key {
+			keys++
+		}
+	}
+	if keys == 0 {
+		errs = append(errs, fmt.Errorf("%s has no key column", r.QualifiedName()))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: relation %d: %w", ErrMalformed, r.OID, err)
+	}
+	return nil
+}
+
+// QualifiedName is the quoted schema.name of r.
+func (r Relation) QualifiedName() string { return QuoteIdent(r.Schema) + "." + QuoteIdent(r.Name) }
+
+// KeyColumns returns the names of the key columns, in column order.
+func (r Relation) KeyColumns() []string {
+	var out []string
+	for _, c := range r.Columns {
+		if c.Key {
+			out = append(out, c.Name)
+		}
+	}
+	return out
+}
+
+// QuoteIdent quotes an identifier for SQL.
+func QuoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+const relationPrefix = "cdcflow/relation/v1 "
+
+// RelationDDL is the DDL text of r.
+func RelationDDL(r Relation) string {
+	b, _ := json.Marshal(r) // plain types: cannot fail
+	return relationPrefix + string(b)
+}
+
+// ParseRelationDDL parses what RelationDDL wrote, validated.
+func ParseRelationDDL(q string) (Relation, error) {
+	body, ok := strings.CutPrefix(q, relationPrefix)
+	if !ok {
+		return Relation{}, fmt.Errorf("%w: not a relation DDL: %.40q", ErrMalformed, q)
+	}
+	var r Relation
+	if err := json.Unmarshal([]byte(body), &r); err != nil {
+		return Relation{}, fmt.Errorf("%w: relation DDL: %w", ErrMalformed, err)
+	}
+	return r, r.Validate()
+}

@@ -1,0 +1,89 @@
+package pgcodec
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func sampleChanges() []RowChange {
+	return []RowChange{
+		{Change: Insert, Columns: []Datum{{Name: "id", Kind: Text, Text: []byte("1")}, {Name: "v", Kind: Null}, {Name: "e", Kind: Text, Text: []byte{}}}},
+		{Change: Update, Columns: []Datum{{Name: "id", Kind: Text, Text: []byte("1")}, {Name: "big", Kind: Unchanged}}},
+		{Change: Delete, Columns: []Datum{{Name: "id", Kind: Text, Text: []byte("1")}}},
+		{Change: Truncate, Cascade: true},
+		{Change: Truncate, RestartIdentity: true},
+	}
+}
+
+// Every change survives the encoding: null, empty text and unchanged
+// values stay apart; every strict prefix is malformed, never a panic.
+func TestValueRoundTrip(t *testing.T) {
+	for _, c := range sampleChanges() {
+		b := AppendValue(nil, c)
+		got, err := DecodeValue(b)
+		require.NoError(t, err)
+		require.Equal(t, c, got)
+		for n := range len(b) {
+			_, err := DecodeValue(b[:n])
+			require.ErrorIs(t, err, ErrMalformed, "prefix of %d bytes", n)
+		}
+	}
+	key := AppendKey(nil, 7, [][]byte{[]byte("a"), {}})
+	i, err := ChangeIndex(key)
+	require.NoError(t, err)
+	require.Equal(t, uint32(7), i)
+	require.Less(t, string(AppendKey(nil, 1, [][]byte{[]byte("z")})), string(AppendKey(nil, 2, [][]byte{[]byte("a")})),
+		"a transaction's changes sort in their order")
+}
+
+// Names that would become SQL identifiers are checked when decoded.
+func TestDecodeRefusesBadNames(t *testing.T) {
+	for _, name := range []string{"", "a\x00b", "\xff", string(make([]byte, 64))} {
+		b := AppendValue(nil, RowChange{Change: Insert, Columns: []Datum{{Name: name, Kind: Null}}})
+		_, err := DecodeValue(b)
+		require.ErrorIs(t, err, ErrMalformed, "%q", name)
+	}
+	_, err := DecodeValue(append([]byte{rowVersion, byte(Insert)}, 0xff, 0xff, 0xff, 0x0f))
+	require.ErrorIs(t, err, ErrMalformed, "a column count past the end")
+}
+
+func TestRelationDDLRoundTripAndValidate(t *testing.T) {
+	r := Relation{OID: 16384, Schema: "public", Name: `we"ird`, Columns: []Column{{Name: "id", Type: "integer", TypeOID: 23, Key: true},
+		{Name: "v", Type: "character varying(20)", TypeOID: 1043}}}
+	got, err := ParseRelationDDL(RelationDDL(r))
+	require.NoError(t, err)
+	require.Equal(t, r, got)
+	require.Equal(t, `"public"."we""ird"`, r.QualifiedName())
+	require.Equal(t, []string{"id"}, r.KeyColumns())
+	for name, bad := range map[string]Relation{
+		"no key":         {OID: 1, Schema: "s", Name: "t", Columns: []Column{{Name: "a", Type: "int"}}},
+		"injected type":  {OID: 1, Schema: "s", Name: "t", Columns: []Column{{Name: "a", Type: "int; DROP TABLE x", Key: true}}},
+		"column twice":   {OID: 1, Schema: "s", Name: "t", Columns: []Column{{Name: "a", Type: "int", Key: true}, {Name: "a", Type: "int"}}},
+		"bad table name": {OID: 1, Schema: "s", Name: "t\x00", Columns: []Column{{Name: "a", Type: "int", Key: true}}},
+	} {
+		_, err := ParseRelationDDL(RelationDDL(bad))
+		require.ErrorIs(t, err, ErrMalformed, name)
+	}
+	_, err = ParseRelationDDL("ALTER TABLE t ADD c int")
+	require.ErrorIs(t, err, ErrMalformed)
+}
+
+func FuzzDecodeValue(f *testing.F) {
+	for _, c := range sampleChanges() {
+		f.Add(AppendValue(nil, c))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := DecodeValue(b)
+		if err != nil {
+			require.ErrorIs(t, err, ErrMalformed)
+			return
+		}
+		again, err := DecodeValue(AppendValue(nil, c))
+		require.NoError(t, err)
+		require.Equal(t, c, again)
+	})
+}
