@@ -27,7 +27,7 @@ type genSub struct {
 	// lo is max(startTs, workload StartTs): rows at or below it are never
 	// pushed.
 	lo    common.Ts
-	guard sinkGuard
+	guard SinkGuard
 
 	// Driver-owned: only the driver goroutine reads or writes these.
 	//
@@ -64,7 +64,7 @@ type cursor struct {
 // again; an in-flight Push is cancelled through its context and waited for.
 // Idempotent.
 func (s *genSub) Close() {
-	if !s.guard.close() {
+	if !s.guard.Close() {
 		return
 	}
 	g := s.g
@@ -260,7 +260,7 @@ func (g *Generator) resolvedDue(s *genSub, f common.Ts) bool {
 // PushRowsMax rows, carrying ResolvedTs f if the chunk reaches f and s's
 // resolved-ts is due. It only visits ticks with rows.
 func (g *Generator) feed(s *genSub, f common.Ts, tg *tickGen) feedResult {
-	if s.sinkClosed.Load() || s.guard.isClosed() {
+	if s.sinkClosed.Load() || s.guard.IsClosed() {
 		return feedStop
 	}
 	if f <= common.Ts(s.resolved.Load()) {
@@ -307,7 +307,7 @@ func (g *Generator) feed(s *genSub, f common.Ts, tg *tickGen) feedResult {
 		// A Close cancelled the last push's context: take a fresh one.
 		g.pushCtx, g.pushCancel = context.WithCancel(g.ctx)
 	}
-	err := s.guard.push(g.pushCtx, g.pushCancel, b)
+	err := s.guard.Push(g.pushCtx, g.pushCancel, b)
 	switch {
 	case err == nil:
 		s.cur = cur
@@ -323,7 +323,7 @@ func (g *Generator) feed(s *genSub, f common.Ts, tg *tickGen) feedResult {
 			return feedWait
 		}
 		return feedMore
-	case errors.Is(err, errSubscriptionClosed):
+	case errors.Is(err, ErrSubscriptionClosed):
 		return feedStop
 	case errors.Is(err, eventstore.ErrClosed):
 		// The store is closing for good: stop feeding this sink.

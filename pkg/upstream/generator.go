@@ -40,7 +40,7 @@ import (
 // back-pressure is global anyway.
 //
 // Lock order: Generator.mu is never held while a sink is called. A
-// subscription's sinkGuard.mu is held across its sink call and may be taken
+// subscription's SinkGuard.mu is held across its sink call and may be taken
 // before Generator.mu (in Close), never after it.
 type Generator struct {
 	opts  GeneratorOptions // defaulted; StartTs resolved
@@ -213,7 +213,7 @@ func (g *Generator) Subscribe(span common.Span, startTs common.Ts, sink eventsto
 	g.mu.Lock()
 	if g.mu.closed {
 		g.mu.Unlock()
-		s.guard.close()
+		s.guard.Close()
 		return nil, ErrClosed
 	}
 	g.mu.nextID++

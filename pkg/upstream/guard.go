@@ -9,12 +9,12 @@ import (
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 )
 
-// errSubscriptionClosed is returned by sinkGuard.push after close; it never
-// leaves the package.
-var errSubscriptionClosed = errors.New("upstream: subscription closed")
+// ErrSubscriptionClosed is returned by SinkGuard.Push after Close.
+var ErrSubscriptionClosed = errors.New("upstream: subscription closed")
 
-// sinkGuard is the sink of one subscription plus what makes its Close
-// final: after close returns, push never calls the sink again.
+// SinkGuard is the sink of one subscription plus what makes its Close
+// final: after Close returns, Push never calls the sink again. Every
+// upstream of the module uses it (the generator, Manual, pkg/pgsource).
 //
 // A push holds mu for the duration of the sink call, and close takes mu to
 // set closed, so a concurrent push either completes before close returns or
@@ -24,7 +24,7 @@ var errSubscriptionClosed = errors.New("upstream: subscription closed")
 // bounded. The guard holds no context of its own: a million subscriptions
 // must not cost a million contexts, and the generator's one driver pushes
 // with one reusable context.
-type sinkGuard struct {
+type SinkGuard struct {
 	sink eventstore.Sink
 	// closing is set when close begins; push checks it after registering
 	// its cancel function (under cmu), so either push sees it or close sees
@@ -39,16 +39,16 @@ type sinkGuard struct {
 	}
 }
 
-func newSinkGuard(sink eventstore.Sink) *sinkGuard { return &sinkGuard{sink: sink} }
+func NewSinkGuard(sink eventstore.Sink) *SinkGuard { return &SinkGuard{sink: sink} }
 
-// isClosed reports whether close has begun, without waiting for an
+// IsClosed reports whether close has begun, without waiting for an
 // in-flight push.
-func (g *sinkGuard) isClosed() bool { return g.closing.Load() }
+func (g *SinkGuard) IsClosed() bool { return g.closing.Load() }
 
-// push calls the sink with ctx, which cancel cancels (close calls it if the
-// push is in flight). It returns errSubscriptionClosed, without calling the
+// Push calls the sink with ctx, which cancel cancels (close calls it if the
+// push is in flight). It returns ErrSubscriptionClosed, without calling the
 // sink, once close has started.
-func (g *sinkGuard) push(ctx context.Context, cancel context.CancelFunc, b eventstore.Batch) error {
+func (g *SinkGuard) Push(ctx context.Context, cancel context.CancelFunc, b eventstore.Batch) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.cmu.Lock()
@@ -61,14 +61,14 @@ func (g *sinkGuard) push(ctx context.Context, cancel context.CancelFunc, b event
 		g.cmu.Unlock()
 	}()
 	if g.mu.closed || closing {
-		return errSubscriptionClosed
+		return ErrSubscriptionClosed
 	}
 	return g.sink.Push(ctx, b)
 }
 
-// close marks the guard closed, cancels the push in flight and waits for it.
+// Close marks the guard closed, cancels the push in flight and waits for it.
 // It reports whether this call was the one that closed it.
-func (g *sinkGuard) close() bool {
+func (g *SinkGuard) Close() bool {
 	g.closing.Store(true)
 	g.cmu.Lock()
 	if g.cancel != nil {

@@ -18,7 +18,7 @@ import (
 // tests can inspect the history; it is meant for tests, not long runs.
 //
 // Lock order: Manual.mu is never held while a sink is called; a
-// subscription's sinkGuard.mu is held across its sink call and may be taken
+// subscription's SinkGuard.mu is held across its sink call and may be taken
 // before Manual.mu (in Close), never after it.
 type Manual struct {
 	mu struct {
@@ -52,7 +52,7 @@ type manualSub struct {
 	id      uint64
 	span    common.Span
 	startTs common.Ts
-	guard   *sinkGuard
+	guard   *SinkGuard
 	// live is guarded by m.mu.
 	live bool
 }
@@ -86,7 +86,7 @@ func (m *Manual) Subscribe(span common.Span, startTs common.Ts, sink eventstore.
 		id:      m.mu.nextID,
 		span:    cloneSpan(span),
 		startTs: startTs,
-		guard:   newSinkGuard(sink),
+		guard:   NewSinkGuard(sink),
 		live:    true,
 	}
 	m.mu.subs = append(m.mu.subs, s)
@@ -99,7 +99,7 @@ func (m *Manual) Subscribe(span common.Span, startTs common.Ts, sink eventstore.
 // again. A Push in progress is cancelled through its context and waited for.
 // Idempotent.
 func (s *manualSub) Close() {
-	if !s.guard.close() {
+	if !s.guard.Close() {
 		return
 	}
 	s.m.mu.Lock()
@@ -142,9 +142,9 @@ func (m *Manual) Push(ctx context.Context, span common.Span, b eventstore.Batch)
 	for _, s := range targets {
 		copied := eventstore.Batch{Rows: cloneRows(b.Rows), ResolvedTs: b.ResolvedTs}
 		pctx, cancel := context.WithCancel(ctx)
-		err := s.guard.push(pctx, cancel, copied)
+		err := s.guard.Push(pctx, cancel, copied)
 		cancel()
-		if errors.Is(err, errSubscriptionClosed) {
+		if errors.Is(err, ErrSubscriptionClosed) {
 			continue
 		}
 		delivered++
