@@ -1,0 +1,177 @@
+package pgsource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cdcflow/eventservice/pkg/pgcodec"
+)
+
+// connect opens a regular connection to the source.
+func connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConnect, err)
+	}
+	return conn, nil
+}
+
+// connectReplication opens a logical replication connection.
+func connectReplication(ctx context.Context, dsn string) (*pgconn.PgConn, error) {
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConnect, err)
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: replication connection: %w", ErrConnect, err)
+	}
+	return conn, nil
+}
+
+// checkLogical fails with ErrNotLogical unless wal_level is logical.
+func checkLogical(ctx context.Context, conn *pgx.Conn) error {
+	var level string
+	if err := conn.QueryRow(ctx, "SHOW wal_level").Scan(&level); err != nil {
+		return fmt.Errorf("%w: SHOW wal_level: %w", ErrConnect, err)
+	}
+	if level != "logical" {
+		return fmt.Errorf("%w: it is %q; set wal_level = logical and restart the server", ErrNotLogical, level)
+	}
+	return nil
+}
+
+// ensurePublication creates the publication FOR ALL TABLES when missing.
+func ensurePublication(ctx context.Context, conn *pgx.Conn, name string) (created bool, err error) {
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_publication WHERE pubname = $1", name).Scan(&n); err != nil {
+		return false, err
+	}
+	if n > 0 {
+		return false, nil
+	}
+	// The name passed Options' identifier check, so it needs no quoting.
+	if _, err := conn.Exec(ctx, "CREATE PUBLICATION "+name+" FOR ALL TABLES"); err != nil {
+		return false, fmt.Errorf("create publication %s: %w", name, err)
+	}
+	return true, nil
+}
+
+// catalogTable is a published table as the catalog describes it now.
+type catalogTable struct {
+	oid         uint32
+	schema      string
+	name        string
+	replIdent   byte
+	columns     []pgcodec.Column
+	reltuples   float64
+	relationErr error // why it cannot be replicated (no key), or nil
+}
+
+// publishedTables lists the publication's tables with their columns and
+// keys. A table without a usable key is listed with relationErr set.
+func publishedTables(ctx context.Context, conn *pgx.Conn, pub string) ([]catalogTable, error) {
+	rows, err := conn.Query(ctx, `
+SELECT c.oid, n.nspname, c.relname, c.relreplident, greatest(c.reltuples, 0)
+FROM pg_publication_tables pt
+JOIN pg_namespace n ON n.nspname = pt.schemaname
+JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+WHERE pt.pubname = $1
+ORDER BY n.nspname, c.relname`, pub)
+	if err != nil {
+		return nil, err
+	}
+	var tables []catalogTable
+	for rows.Next() {
+		var t catalogTable
+		var ident string
+		if err := rows.Scan(&t.oid, &t.schema, &t.name, &ident, &t.reltuples); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if ident != "" {
+			t.replIdent = ident[0]
+		}
+		tables = append(tables, t)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for i := range tables {
+		t := &tables[i]
+		if t.columns, err = tableColumns(ctx, conn, t.oid, t.replIdent); err != nil {
+			return nil, err
+		}
+		if err := t.relation().Validate(); err != nil {
+			t.relationErr = fmt.Errorf("%w: %s.%s (replica identity %q): add a primary key, or set REPLICA IDENTITY USING INDEX: %w",
+				ErrNoKey, t.schema, t.name, t.replIdent, err)
+		}
+	}
+	return tables, nil
+}
+
+func (t catalogTable) relation() pgcodec.Relation {
+	return pgcodec.Relation{OID: t.oid, Schema: t.schema, Name: t.name, Columns: t.columns}
+}
+
+// tableColumns returns a table's replicated columns (generated columns are
+// not) with the key: the replica identity index for REPLICA IDENTITY
+// USING INDEX, else the primary key (REPLICA IDENTITY FULL keeps the
+// primary key as the key: a sink upserts by it). NOTHING has no key.
+func tableColumns(ctx context.Context, conn *pgx.Conn, oid uint32, replIdent byte) ([]pgcodec.Column, error) {
+	rows, err := conn.Query(ctx, `
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid,
+       coalesce(a.attnum = ANY(k.indkey), false)
+FROM pg_attribute a
+LEFT JOIN LATERAL (
+  SELECT i.indkey FROM pg_index i
+  WHERE i.indrelid = a.attrelid AND $2 <> 'n' AND CASE WHEN $2 = 'i' THEN i.indisreplident ELSE i.indisprimary END
+  LIMIT 1) k ON true
+WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+ORDER BY a.attnum`, oid, string([]byte{replIdent}))
+	if err != nil {
+		return nil, err
+	}
+	var cols []pgcodec.Column
+	for rows.Next() {
+		var c pgcodec.Column
+		if err := rows.Scan(&c.Name, &c.Type, &c.TypeOID, &c.Key); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		cols = append(cols, c)
+	}
+	rows.Close()
+	return cols, rows.Err()
+}
+
+// slotLSN returns the slot's confirmed flush LSN, or ok false if there is
+// no such slot.
+func slotLSN(ctx context.Context, conn *pgx.Conn, slot string) (lsn uint64, ok bool, err error) {
+	var s *string
+	err = conn.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&s)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	if s == nil {
+		return 0, false, fmt.Errorf("slot %s has no confirmed flush LSN (is it a logical slot?)", slot)
+	}
+	l, err := pglogrepl.ParseLSN(*s)
+	return uint64(l), true, err
+}
+
+// dropSlot drops the slot if it exists.
+func dropSlot(ctx context.Context, conn *pgx.Conn, slot string) error {
+	_, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot)
+	return err
+}

@@ -1,0 +1,58 @@
+package pgsource
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cdcflow/eventservice/internal/promutil"
+)
+
+// metrics are a Source's.
+type metrics struct {
+	reg           prometheus.Registerer
+	commits       prometheus.Counter
+	rows          prometheus.Counter
+	ddls          prometheus.Counter
+	heartbeats    prometheus.Counter
+	replays       prometheus.Counter
+	reconnects    prometheus.Counter
+	skippedTables prometheus.Counter
+	committedTs   prometheus.Gauge
+	confirmedLSN  prometheus.Gauge
+	walEnd        prometheus.Gauge
+	snapshotRows  prometheus.Counter
+	snapshotDone  prometheus.Gauge
+}
+
+func newMetrics(s *Source, reg prometheus.Registerer) (*metrics, error) {
+	c := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "cdcflow", Subsystem: "pgsource", Name: name, Help: help})
+	}
+	g := func(name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "cdcflow", Subsystem: "pgsource", Name: name, Help: help})
+	}
+	m := &metrics{reg: reg,
+		commits:       c("commits_total", "Transactions decoded from the replication stream (reads of a replay included)."),
+		rows:          c("rows_total", "Row changes decoded for subscribed tables."),
+		ddls:          c("ddls_total", "New relation versions recorded as DDLs."),
+		heartbeats:    c("heartbeats_total", "Heartbeat messages decoded (written when the database was idle)."),
+		replays:       c("replays_total", "Times the stream started again from the slot for a subscription from a past start-ts."),
+		reconnects:    c("reconnects_total", "Times the replication connection was opened again after an error."),
+		skippedTables: c("skipped_tables_total", "Published tables whose changes are skipped: they have no key."),
+		committedTs:   g("committed_ts_seconds", "Physical time of the last commit's commit-ts (Unix seconds)."),
+		confirmedLSN:  g("confirmed_flush_lsn", "The LSN last confirmed to the slot: the WAL it retains starts here."),
+		walEnd:        g("server_wal_end_lsn", "The server's WAL end, from its keepalives."),
+		snapshotRows:  c("snapshot_rows_total", "Rows copied by the initial snapshot."),
+		snapshotDone:  g("snapshot_tables_done", "Tables the initial snapshot has copied."),
+	}
+	if err := promutil.RegisterAll(reg, m.all()...); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (m *metrics) all() []prometheus.Collector {
+	return []prometheus.Collector{m.commits, m.rows, m.ddls, m.heartbeats, m.replays, m.reconnects, m.skippedTables,
+		m.committedTs, m.confirmedLSN, m.walEnd, m.snapshotRows, m.snapshotDone}
+}
+
+func (m *metrics) unregister() { promutil.UnregisterAll(m.reg, m.all()...) }

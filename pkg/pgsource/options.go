@@ -1,0 +1,167 @@
+package pgsource
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/internal/optcheck"
+	"github.com/cdcflow/eventservice/pkg/clock"
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/pgcodec"
+	"github.com/cdcflow/eventservice/pkg/schemastore"
+)
+
+// Sentinel errors.
+var (
+	// ErrInvalidOptions: Options failed validation.
+	ErrInvalidOptions = errors.New("pgsource: invalid options")
+	// ErrConnect: the source database cannot be reached (a bad DSN, the
+	// server down, authentication).
+	ErrConnect = errors.New("pgsource: cannot connect to the source")
+	// ErrNotLogical: the source's wal_level is not logical.
+	ErrNotLogical = errors.New("pgsource: the source's wal_level is not logical")
+	// ErrNoKey: a published table has neither a primary key nor a replica
+	// identity index, so its updates and deletes cannot be applied.
+	ErrNoKey = errors.New("pgsource: table without a primary key or replica identity")
+	// ErrUnknownSlot: the slot exists but no position was saved for its
+	// confirmed flush LSN: its commit-ts cannot be recovered. Drop the
+	// slot (or point at the positions store it was made with).
+	ErrUnknownSlot = errors.New("pgsource: the slot's position is unknown")
+	// ErrStartTsTruncated: a subscription asks for changes the slot no
+	// longer holds (below its confirmed flush).
+	ErrStartTsTruncated = errors.New("pgsource: start-ts below what the slot retains")
+	// ErrUnsupportedSpan: a subscription of part of a table.
+	ErrUnsupportedSpan = errors.New("pgsource: only whole-table spans are supported")
+	// ErrClosed: the source is closed.
+	ErrClosed = errors.New("pgsource: closed")
+	// ErrProtocol: the server sent what pgoutput never sends (a tuple
+	// whose columns do not match its relation, a change outside a
+	// transaction).
+	ErrProtocol = errors.New("pgsource: protocol violation")
+)
+
+// SchemaSink receives relation versions as DDLs and the schema frontier
+// (schemastore.Memory implements it).
+type SchemaSink interface {
+	AddDDL(d schemastore.DDL) error
+	AdvanceResolvedTs(ts common.Ts) error
+}
+
+// Position pairs a WAL position with the commit-ts of the last commit at
+// or before it: where the slot's stream resumes and the commit-ts chain
+// it resumes from.
+type Position struct {
+	LSN uint64
+	Ts  common.Ts
+}
+
+// PositionStore keeps positions durably, keyed by slot and LSN. The
+// source saves a position before it confirms its LSN to the slot, so the
+// slot's confirmed flush LSN always has one (TablePositions keeps them in
+// a table of a PostgreSQL database, typically the sink's).
+type PositionStore interface {
+	Save(ctx context.Context, slot string, p Position) error
+	// Load returns the position saved for lsn, if any.
+	Load(ctx context.Context, slot string, lsn uint64) (Position, bool, error)
+}
+
+// Options configure a Source.
+type Options struct {
+	// DSN of the source database: a role with REPLICATION that may create
+	// the publication. Required.
+	DSN string
+	// Slot and Publication name the logical replication slot and the
+	// publication; both are created when missing (the publication FOR ALL
+	// TABLES). Defaults "cdcflow".
+	Slot, Publication string
+	// Schema receives each new relation version as a DDL and the schema
+	// frontier. Required.
+	Schema SchemaSink
+	// Positions keeps the slot's positions. Required.
+	Positions PositionStore
+	// SafePoint returns the commit-ts at or below which every dispatcher
+	// of every changefeed has checkpointed (ok false: not known yet). The
+	// slot's confirmed flush LSN follows it, never further.
+	SafePoint func() (ts common.Ts, ok bool)
+	// OnNewTable, if set, is told of a published table first seen in the
+	// stream (added to the publication while running) and the commit-ts
+	// of its first change; the slot is held before it until the table is
+	// subscribed from a start-ts below firstTs, which replays it from the
+	// slot.
+	OnNewTable func(rel pgcodec.Relation, firstTs common.Ts)
+	// ResolvedInterval is how often the subscriptions' resolved-ts and the
+	// schema frontier move to the last commit. Default 20ms.
+	ResolvedInterval time.Duration
+	// HeartbeatInterval: when no commit was decoded for this long the
+	// source writes a heartbeat (pg_logical_emit_message) so that an idle
+	// database's resolved-ts and the slot still advance. Default 1s.
+	HeartbeatInterval time.Duration
+	// StatusInterval is how often the source reports its position to the
+	// server. Default 1s.
+	StatusInterval time.Duration
+	// ChunkRows bounds the rows of one transaction held per table before
+	// they are pushed to the store: a large transaction is spilled to the
+	// store in chunks, never held whole. Default 1024.
+	ChunkRows int
+	// SnapshotWorkers copy tables of the initial snapshot in parallel.
+	// Default 2.
+	SnapshotWorkers int
+	// Logger defaults to zap.NewNop(); Clock to the real clock.
+	Logger *zap.Logger
+	Clock  clock.Clock
+	// Registerer, if set, receives the source's metrics (cdcflow_pgsource_*).
+	Registerer prometheus.Registerer
+}
+
+var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+func (o Options) withDefaults() Options {
+	if o.Slot == "" {
+		o.Slot = "cdcflow"
+	}
+	if o.Publication == "" {
+		o.Publication = "cdcflow"
+	}
+	if o.ResolvedInterval == 0 {
+		o.ResolvedInterval = 20 * time.Millisecond
+	}
+	if o.HeartbeatInterval == 0 {
+		o.HeartbeatInterval = time.Second
+	}
+	if o.StatusInterval == 0 {
+		o.StatusInterval = time.Second
+	}
+	if o.ChunkRows == 0 {
+		o.ChunkRows = 1024
+	}
+	if o.SnapshotWorkers == 0 {
+		o.SnapshotWorkers = 2
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	o.Clock = clock.OrReal(o.Clock)
+	if o.SafePoint == nil {
+		o.SafePoint = func() (common.Ts, bool) { return 0, false }
+	}
+	return o
+}
+
+func (o Options) validate() error {
+	p := optcheck.New(ErrInvalidOptions)
+	p.Require(o.DSN != "", "DSN is required")
+	p.Required("Schema", o.Schema)
+	p.Required("Positions", o.Positions)
+	p.NotTypedNil("Registerer", o.Registerer)
+	p.Require(identRE.MatchString(o.Slot), "Slot %q: lower-case letters, digits and _ (a replication slot name)", o.Slot)
+	p.Require(identRE.MatchString(o.Publication), "Publication %q: lower-case letters, digits and _", o.Publication)
+	p.Require(o.ResolvedInterval > 0 && o.HeartbeatInterval > 0 && o.StatusInterval > 0, "intervals must be positive")
+	p.IntRange("ChunkRows", o.ChunkRows, 1, 1<<20)
+	p.IntRange("SnapshotWorkers", o.SnapshotWorkers, 1, 64)
+	return p.Err()
+}

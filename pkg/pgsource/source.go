@@ -1,0 +1,347 @@
+package pgsource
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventstore"
+	"github.com/cdcflow/eventservice/pkg/pgcodec"
+	"github.com/cdcflow/eventservice/pkg/upstream"
+)
+
+// Source is a PostgreSQL logical replication source: an
+// eventstore.Upstream whose subscriptions are tables, fed from one
+// replication stream of a slot (pgoutput). New validates; Open connects,
+// checks the source, creates the publication and the slot when missing
+// and reports the tables; the embedder then subscribes (through the event
+// store); Start copies the initial snapshot if the slot is new and
+// streams; Close stops.
+type Source struct {
+	opts Options
+	log  *zap.Logger
+	met  *metrics
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	kick   chan struct{} // capacity 1: a replay was asked for
+
+	// Set by Open, read-only after.
+	tables   []catalogTable
+	snapshot *pendingSnapshot // nil unless Open created the slot
+	resume   Position         // where the stream starts
+
+	mu struct {
+		sync.Mutex
+		opened, started, closed bool
+		subs                    map[uint32][]*sub // by table OID
+		subsVersion             uint64
+		replay                  bool                 // restart the stream from the slot
+		holds                   map[uint32]common.Ts // new tables: the slot stays before these
+		saved                   Position             // the slot's position, as last saved
+		committed               common.Ts            // the last commit decoded
+		snapshotDone            bool
+		err                     error // why the source stopped, if it did
+	}
+	// lastCommit is when the last commit was decoded (clock UnixNano), for
+	// the heartbeat.
+	lastCommit atomic.Int64
+	progress   snapshotProgress
+}
+
+// pendingSnapshot is the exported snapshot of a slot Open created: its
+// connection must stay idle until the copy is done.
+type pendingSnapshot struct {
+	conn *pgconn.PgConn
+	name string
+	ts   common.Ts
+	lsn  uint64
+}
+
+// sub is one subscription: a table from a start-ts.
+type sub struct {
+	oid     uint32
+	startTs common.Ts
+	guard   *upstream.SinkGuard
+	s       *Source
+
+	// Owned by the stream goroutine.
+	have     common.Ts // the last commit whose rows were pushed (startTs at first)
+	partial  common.Ts // a commit whose rows are being pushed in chunks
+	resolved common.Ts // the last resolved-ts pushed
+}
+
+// New validates opts. It connects to nothing and starts nothing.
+func New(opts Options) (*Source, error) {
+	opts = opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	s := &Source{opts: opts, log: opts.Logger.Named("pgsource"), kick: make(chan struct{}, 1)}
+	s.mu.subs = map[uint32][]*sub{}
+	s.mu.holds = map[uint32]common.Ts{}
+	var err error
+	if s.met, err = newMetrics(s, opts.Registerer); err != nil {
+		return nil, err
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	return s, nil
+}
+
+// Info is what Open found.
+type Info struct {
+	// Tables are the published tables, in name order.
+	Tables []pgcodec.Relation
+	// Created reports that Open created the slot: Start copies a snapshot
+	// of every table at SnapshotTs, then streams from its consistent
+	// point. A changefeed that wants the rows that exist subscribes from
+	// SnapshotTs-1.
+	Created    bool
+	SnapshotTs common.Ts
+	// ResumeTs is the commit-ts the stream resumes after (SnapshotTs for a
+	// new slot); no subscription may start below it.
+	ResumeTs common.Ts
+}
+
+// Open connects, checks that the source can be replicated (wal_level,
+// every published table has a key: ErrNoKey names the first that has
+// not), creates the publication and the slot when missing and finds
+// where the stream resumes.
+func (s *Source) Open(ctx context.Context) (Info, error) {
+	s.mu.Lock()
+	if s.mu.opened || s.mu.closed {
+		s.mu.Unlock()
+		return Info{}, fmt.Errorf("%w: Open twice or after Close", ErrInvalidOptions)
+	}
+	s.mu.opened = true
+	s.mu.Unlock()
+	conn, err := connect(ctx, s.opts.DSN)
+	if err != nil {
+		return Info{}, err
+	}
+	defer conn.Close(context.Background())
+	if err := checkLogical(ctx, conn); err != nil {
+		return Info{}, err
+	}
+	if created, err := ensurePublication(ctx, conn, s.opts.Publication); err != nil {
+		return Info{}, err
+	} else if created {
+		s.log.Info("publication created FOR ALL TABLES", zap.String("publication", s.opts.Publication))
+	}
+	if s.tables, err = publishedTables(ctx, conn, s.opts.Publication); err != nil {
+		return Info{}, err
+	}
+	info := Info{}
+	for _, t := range s.tables {
+		if t.relationErr != nil {
+			return Info{}, t.relationErr
+		}
+		info.Tables = append(info.Tables, t.relation())
+	}
+	lsn, exists, err := slotLSN(ctx, conn, s.opts.Slot)
+	if err != nil {
+		return Info{}, err
+	}
+	if exists {
+		p, ok, err := s.opts.Positions.Load(ctx, s.opts.Slot, lsn)
+		if err != nil {
+			return Info{}, fmt.Errorf("pgsource: load the slot's position: %w", err)
+		}
+		if !ok {
+			return Info{}, fmt.Errorf("%w: slot %s at %v: drop it (SELECT pg_drop_replication_slot('%s')) to start over with a snapshot",
+				ErrUnknownSlot, s.opts.Slot, pglogrepl.LSN(lsn), s.opts.Slot)
+		}
+		s.resume = p
+	} else {
+		snap, err := s.createSlot(ctx)
+		if err != nil {
+			return Info{}, err
+		}
+		s.snapshot = snap
+		s.resume = Position{LSN: snap.lsn, Ts: snap.ts}
+		info.Created, info.SnapshotTs = true, snap.ts
+	}
+	info.ResumeTs = s.resume.Ts
+	s.mu.Lock()
+	s.mu.saved = s.resume
+	s.mu.committed = s.resume.Ts
+	s.mu.snapshotDone = s.snapshot == nil
+	s.mu.Unlock()
+	return info, nil
+}
+
+// createSlot creates the slot with an exported snapshot and saves its
+// first position: the consistent point, at the snapshot's commit-ts.
+func (s *Source) createSlot(ctx context.Context) (*pendingSnapshot, error) {
+	conn, err := connectReplication(ctx, s.opts.DSN)
+	if err != nil {
+		return nil, err
+	}
+	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, s.opts.Slot, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{SnapshotAction: "EXPORT_SNAPSHOT", Mode: pglogrepl.LogicalReplication})
+	if err != nil {
+		_ = conn.Close(context.Background())
+		return nil, fmt.Errorf("pgsource: create slot %s: %w", s.opts.Slot, err)
+	}
+	lsn, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	if err != nil {
+		_ = conn.Close(context.Background())
+		return nil, fmt.Errorf("%w: consistent point %q", ErrProtocol, res.ConsistentPoint)
+	}
+	snap := &pendingSnapshot{conn: conn, name: res.SnapshotName, lsn: uint64(lsn), ts: common.TsFromTime(s.opts.Clock.Now())}
+	if err := s.opts.Positions.Save(ctx, s.opts.Slot, Position{LSN: snap.lsn, Ts: snap.ts}); err != nil {
+		_ = conn.Close(context.Background())
+		return nil, fmt.Errorf("pgsource: save the slot's first position: %w", err)
+	}
+	s.log.Info("replication slot created", zap.String("slot", s.opts.Slot), zap.Stringer("consistent_point", lsn),
+		zap.Stringer("snapshot_ts", snap.ts))
+	return snap, nil
+}
+
+// Subscribe implements eventstore.Upstream: span is a whole table (its
+// TableID the relation's OID). A subscription from a start-ts the stream
+// has passed restarts the stream from the slot (the rows are read again,
+// never invented); one from below what the slot retains is
+// ErrStartTsTruncated.
+func (s *Source) Subscribe(span common.Span, startTs common.Ts, sink eventstore.Sink) (eventstore.Subscription, error) {
+	if sink == nil {
+		return nil, fmt.Errorf("%w: nil sink", ErrInvalidOptions)
+	}
+	if len(span.StartKey) != 0 || len(span.EndKey) != 0 || span.TableID < 0 || span.TableID > math.MaxUint32 {
+		return nil, fmt.Errorf("%w: %v", ErrUnsupportedSpan, span)
+	}
+	oid := uint32(span.TableID)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.mu.closed:
+		return nil, ErrClosed
+	case !s.mu.opened:
+		return nil, fmt.Errorf("%w: Subscribe before Open", ErrInvalidOptions)
+	case s.mu.snapshotDone && startTs < s.mu.saved.Ts:
+		return nil, fmt.Errorf("%w: table %d from %v, the slot resumes after %v", ErrStartTsTruncated, oid, startTs, s.mu.saved.Ts)
+	}
+	b := &sub{oid: oid, startTs: startTs, guard: upstream.NewSinkGuard(sink), s: s, have: startTs, resolved: startTs}
+	s.mu.subs[oid] = append(s.mu.subs[oid], b)
+	s.mu.subsVersion++
+	if hold, ok := s.mu.holds[oid]; ok && startTs < hold {
+		delete(s.mu.holds, oid)
+	}
+	if s.mu.started && s.mu.snapshotDone && startTs < s.mu.committed {
+		// The stream has passed startTs: read it again from the slot.
+		s.mu.replay = true
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
+	return b, nil
+}
+
+// Close implements eventstore.Subscription.
+func (b *sub) Close() {
+	if !b.guard.Close() {
+		return
+	}
+	s := b.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	list := s.mu.subs[b.oid]
+	for i, x := range list {
+		if x == b {
+			s.mu.subs[b.oid] = append(list[:i:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(s.mu.subs[b.oid]) == 0 {
+		delete(s.mu.subs, b.oid)
+	}
+	s.mu.subsVersion++
+}
+
+// Start copies the snapshot (if Open created the slot) and streams, until
+// Close. It fails after Close or twice.
+func (s *Source) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.mu.closed:
+		return ErrClosed
+	case !s.mu.opened || s.mu.started:
+		return fmt.Errorf("%w: Start needs one Open and starts once", ErrInvalidOptions)
+	}
+	s.mu.started = true
+	s.wg.Go(s.run)
+	s.wg.Go(s.runHeartbeat)
+	return nil
+}
+
+// Close stops the stream and the heartbeat and waits for them. The
+// subscriptions' sinks are called no more.
+func (s *Source) Close() {
+	s.mu.Lock()
+	if s.mu.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.mu.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+	if s.snapshot != nil && s.snapshot.conn != nil {
+		_ = s.snapshot.conn.Close(context.Background())
+	}
+	s.met.unregister()
+}
+
+// Err returns why the stream stopped for good (a protocol violation, a
+// slot that vanished), or nil while it runs or retries.
+func (s *Source) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.err
+}
+
+// Position returns the slot's position as last saved and confirmed.
+func (s *Source) Position() Position {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.saved
+}
+
+// Committed returns the commit-ts of the last commit decoded.
+func (s *Source) Committed() common.Ts {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.committed
+}
+
+// subsFor returns the subscriptions of table oid (a copy).
+func (s *Source) subsFor(oid uint32) []*sub {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]*sub(nil), s.mu.subs[oid]...)
+}
+
+// allSubs returns every subscription (a copy).
+func (s *Source) allSubs() []*sub {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*sub
+	for _, l := range s.mu.subs {
+		out = append(out, l...)
+	}
+	return out
+}
+
+// now is the clock's time.
+func (s *Source) now() time.Time { return s.opts.Clock.Now() }

@@ -1,0 +1,680 @@
+package pgsource
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventstore"
+	"github.com/cdcflow/eventservice/pkg/pgcodec"
+	"github.com/cdcflow/eventservice/pkg/schemastore"
+	"github.com/cdcflow/eventservice/pkg/upstream"
+)
+
+// The commit-ts scheme. Commit i of the stream gets
+//
+//	ts(i) = max(ts(i-1) + 2, commit-time(i) in ms << 18)
+//
+// so it increases strictly in commit order (commit times need not), stays
+// near the wall clock (resolved-ts lag is a time), and is a function of the
+// WAL alone once the chain's seed is known: reading the same commits from
+// the same position gives the same commit-ts, which is what lets the
+// stream be read again from the slot (after a restart, a dropped
+// connection, a late subscription) without duplicating or losing a row.
+// The seed is the position saved for the slot's confirmed flush LSN
+// (PositionStore). A new relation version inside commit i is a DDL at
+// ts(i)-1, hence the step of 2: the DDL comes before the rows that use it.
+
+// errReplay ends a stream session so that it starts again from the slot.
+var errReplay = errors.New("pgsource: replay from the slot")
+
+// heartbeatPrefix marks the source's own logical messages.
+const heartbeatPrefix = "cdcflow-heartbeat"
+
+// run copies the snapshot, if any, then keeps a stream session open,
+// restarting it from the slot's saved position after an error or a
+// replay request.
+func (s *Source) run() {
+	if s.snapshot != nil {
+		if err := s.copySnapshot(); err != nil {
+			if s.ctx.Err() == nil {
+				s.stop(fmt.Errorf("pgsource: initial snapshot: %w", err))
+			}
+			return
+		}
+	}
+	delay := 100 * time.Millisecond
+	known := map[uint32]pgcodec.Relation{}
+	for _, t := range s.tables {
+		known[t.oid] = t.relation()
+	}
+	for s.ctx.Err() == nil {
+		s.mu.Lock()
+		from := s.mu.saved
+		s.mu.replay = false
+		s.mu.Unlock()
+		err := s.session(from, known)
+		if s.ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, ErrProtocol) {
+			s.stop(err)
+			return
+		}
+		if errors.Is(err, errReplay) {
+			s.met.replays.Inc()
+			s.log.Info("stream restarts from the slot", zap.Stringer("from", pglogrepl.LSN(from.LSN)), zap.Stringer("ts", from.Ts))
+			continue
+		}
+		s.met.reconnects.Inc()
+		s.log.Warn("replication stream ended; reconnecting", zap.Error(err), zap.Duration("in", delay))
+		t := s.opts.Clock.NewTimer(delay)
+		select {
+		case <-s.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+}
+
+// stop records why the source stopped for good.
+func (s *Source) stop(err error) {
+	s.log.Error("source stopped", zap.Error(err))
+	s.mu.Lock()
+	if s.mu.err == nil {
+		s.mu.err = err
+	}
+	s.mu.Unlock()
+}
+
+// txn is the transaction being decoded.
+type txn struct {
+	ts      common.Ts
+	endLSN  uint64
+	index   uint32
+	pending map[uint32][]common.Row // rows not yet pushed, by table
+}
+
+// session is one replication connection, from a saved position.
+type session struct {
+	s       *Source
+	conn    *pgconn.PgConn
+	catalog *pgx.Conn // for type names of new relation versions
+	known   map[uint32]pgcodec.Relation
+	rels    map[uint32]*msgRelation // this connection's relation messages
+	last    common.Ts               // the chain: the last commit's ts
+	journal []Position              // commits since the saved position, thinned
+	cur     *txn
+	// announced: new tables already reported to OnNewTable.
+	announced map[uint32]bool
+}
+
+func (s *Source) session(from Position, known map[uint32]pgcodec.Relation) error {
+	ctx := s.ctx
+	var conn *pgconn.PgConn
+	if s.snapshot != nil && s.snapshot.conn != nil {
+		conn, s.snapshot.conn = s.snapshot.conn, nil // the slot's own connection, idle since the snapshot
+	} else {
+		var err error
+		if conn, err = connectReplication(ctx, s.opts.DSN); err != nil {
+			return err
+		}
+	}
+	defer conn.Close(context.Background())
+	catalog, err := connect(ctx, s.opts.DSN)
+	if err != nil {
+		return err
+	}
+	defer catalog.Close(context.Background())
+	args := []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", s.opts.Publication), "messages 'true'"}
+	if err := pglogrepl.StartReplication(ctx, conn, s.opts.Slot, pglogrepl.LSN(from.LSN), pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
+		return fmt.Errorf("start replication: %w", err)
+	}
+	ss := &session{s: s, conn: conn, catalog: catalog, known: known, rels: map[uint32]*msgRelation{}, last: from.Ts,
+		journal: []Position{from}, announced: map[uint32]bool{}}
+	return ss.loop(ctx)
+}
+
+// loop reads the stream, pushing rows as transactions arrive, advancing
+// the subscriptions' resolved-ts every ResolvedInterval and reporting the
+// safe position every StatusInterval.
+func (ss *session) loop(ctx context.Context) error {
+	s := ss.s
+	nextResolved := time.Now().Add(s.opts.ResolvedInterval)
+	nextStatus := time.Now().Add(s.opts.StatusInterval)
+	for {
+		select {
+		case <-s.kick:
+			s.mu.Lock()
+			replay := s.mu.replay
+			s.mu.Unlock()
+			if replay {
+				return errReplay
+			}
+		default:
+		}
+		now := time.Now()
+		if !now.Before(nextResolved) {
+			if err := ss.advanceResolved(ctx); err != nil {
+				return err
+			}
+			nextResolved = now.Add(s.opts.ResolvedInterval)
+		}
+		if !now.Before(nextStatus) {
+			if err := ss.sendStatus(ctx); err != nil {
+				return err
+			}
+			nextStatus = now.Add(s.opts.StatusInterval)
+		}
+		rctx, cancel := context.WithDeadline(ctx, minTime(nextResolved, nextStatus))
+		raw, err := ss.conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if pgconn.Timeout(err) && ctx.Err() == nil {
+				continue
+			}
+			return err
+		}
+		switch m := raw.(type) {
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("replication: %s (SQLSTATE %s)", m.Message, m.Code)
+		case *pgproto3.CopyData:
+			if len(m.Data) == 0 {
+				return fmt.Errorf("%w: empty CopyData", ErrProtocol)
+			}
+			switch m.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				k, err := pglogrepl.ParsePrimaryKeepaliveMessage(m.Data[1:])
+				if err != nil {
+					return fmt.Errorf("%w: keepalive: %w", ErrProtocol, err)
+				}
+				s.met.walEnd.Set(float64(k.ServerWALEnd))
+				if k.ReplyRequested {
+					if err := ss.sendStatus(ctx); err != nil {
+						return err
+					}
+					nextStatus = time.Now().Add(s.opts.StatusInterval)
+				}
+			case pglogrepl.XLogDataByteID:
+				x, err := pglogrepl.ParseXLogData(m.Data[1:])
+				if err != nil {
+					return fmt.Errorf("%w: XLogData: %w", ErrProtocol, err)
+				}
+				if err := ss.handle(ctx, x.WALData); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// handle applies one pgoutput message.
+func (ss *session) handle(ctx context.Context, data []byte) error {
+	msg, err := parseMessage(data)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrProtocol, err)
+	}
+	s := ss.s
+	switch m := msg.(type) {
+	case msgBegin:
+		if ss.cur != nil {
+			return fmt.Errorf("%w: BEGIN inside a transaction", ErrProtocol)
+		}
+		ts := max(ss.last+2, common.TsFromTime(m.commitTime))
+		ss.cur = &txn{ts: ts, pending: map[uint32][]common.Row{}}
+	case msgCommit:
+		if ss.cur == nil {
+			return fmt.Errorf("%w: COMMIT outside a transaction", ErrProtocol)
+		}
+		if err := ss.commit(ctx, m); err != nil {
+			return err
+		}
+	case msgRelation:
+		return ss.relation(ctx, &m)
+	case msgInsert:
+		return ss.change(ctx, m.rel, pgcodec.Insert, nil, 0, m.new)
+	case msgUpdate:
+		return ss.change(ctx, m.rel, pgcodec.Update, m.old, m.oldKind, m.new)
+	case msgDelete:
+		return ss.change(ctx, m.rel, pgcodec.Delete, m.old, m.oldKind, nil)
+	case msgTruncate:
+		if ss.cur == nil {
+			return fmt.Errorf("%w: TRUNCATE outside a transaction", ErrProtocol)
+		}
+		for _, oid := range m.rels {
+			v := pgcodec.AppendValue(nil, pgcodec.RowChange{Change: pgcodec.Truncate, Cascade: m.cascade, RestartIdentity: m.restartIdentity})
+			if err := ss.add(ctx, oid, pgcodec.Truncate, nil, v); err != nil {
+				return err
+			}
+		}
+	case msgMessage:
+		if m.prefix == heartbeatPrefix {
+			s.met.heartbeats.Inc()
+		}
+	case msgIgnored:
+	}
+	return nil
+}
+
+// relation records this connection's description of a relation and, if
+// it differs from the one known, a DDL at the current commit-ts minus one.
+func (ss *session) relation(ctx context.Context, m *msgRelation) error {
+	ss.rels[m.oid] = m
+	rel, err := ss.describe(ctx, m)
+	if err != nil {
+		return err
+	}
+	old, seen := ss.known[m.oid]
+	if seen && sameRelation(old, rel) {
+		return nil
+	}
+	ss.known[m.oid] = rel
+	if ss.cur == nil {
+		return nil // outside a transaction: it takes effect at the next one
+	}
+	ddl := schemastore.DDL{TableID: int64(m.oid), CommitTs: ss.cur.ts - 1, Query: pgcodec.RelationDDL(rel)}
+	if err := ss.s.opts.Schema.AddDDL(ddl); err != nil && !errors.Is(err, schemastore.ErrDDLBeforeFrontier) && !errors.Is(err, schemastore.ErrDuplicateDDL) {
+		return fmt.Errorf("pgsource: record the DDL of %s: %w", rel.QualifiedName(), err)
+	}
+	ss.s.met.ddls.Inc()
+	return nil
+}
+
+// describe turns a relation message into a pgcodec.Relation: SQL type
+// names from the catalog (cached) and the key from the message's flags,
+// or, for REPLICA IDENTITY FULL (every column flagged), the primary key.
+func (ss *session) describe(ctx context.Context, m *msgRelation) (pgcodec.Relation, error) {
+	rel := pgcodec.Relation{OID: m.oid, Schema: m.namespace, Name: m.name}
+	var pk map[string]bool
+	if m.replicaIdentity == 'f' {
+		cols, err := tableColumns(ctx, ss.catalog, m.oid, 'f')
+		if err != nil {
+			return rel, err
+		}
+		pk = map[string]bool{}
+		for _, c := range cols {
+			if c.Key {
+				pk[c.Name] = true
+			}
+		}
+	}
+	for _, c := range m.columns {
+		var typ string
+		if known, ok := ss.known[m.oid]; ok {
+			for _, kc := range known.Columns {
+				if kc.Name == c.name && kc.TypeOID == c.typeOID {
+					typ = kc.Type
+				}
+			}
+		}
+		if typ == "" {
+			if err := ss.catalog.QueryRow(ctx, "SELECT format_type($1, $2)", c.typeOID, c.typeMod).Scan(&typ); err != nil {
+				return rel, fmt.Errorf("pgsource: type %d of %s.%s: %w", c.typeOID, m.name, c.name, err)
+			}
+		}
+		key := c.key
+		if pk != nil {
+			key = pk[c.name]
+		}
+		rel.Columns = append(rel.Columns, pgcodec.Column{Name: c.name, Type: typ, TypeOID: c.typeOID, Key: key})
+	}
+	return rel, nil
+}
+
+func sameRelation(a, b pgcodec.Relation) bool {
+	if a.Schema != b.Schema || a.Name != b.Name || len(a.Columns) != len(b.Columns) {
+		return false
+	}
+	for i := range a.Columns {
+		if a.Columns[i] != b.Columns[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// change turns an insert, update or delete into rows of the transaction:
+// an update that changes the key is a delete of the old key and an insert.
+func (ss *session) change(ctx context.Context, oid uint32, c pgcodec.Change, old []tupleCol, oldKind byte, new []tupleCol) error {
+	if ss.cur == nil {
+		return fmt.Errorf("%w: a change outside a transaction", ErrProtocol)
+	}
+	m := ss.rels[oid]
+	if m == nil {
+		return fmt.Errorf("%w: a change of relation %d before its description", ErrProtocol, oid)
+	}
+	rel := ss.known[oid]
+	for _, t := range [][]tupleCol{old, new} {
+		if t != nil && len(t) != len(m.columns) {
+			return fmt.Errorf("%w: a tuple of %d columns for %s.%s of %d", ErrProtocol, len(t), m.namespace, m.name, len(m.columns))
+		}
+	}
+	keyOf := func(t []tupleCol) ([][]byte, bool) {
+		var k [][]byte
+		for i, col := range rel.Columns {
+			if col.Key {
+				if t[i].kind != 't' && t[i].kind != 'b' {
+					return nil, false
+				}
+				k = append(k, t[i].data)
+			}
+		}
+		return k, true
+	}
+	datums := func(t []tupleCol, keysOnly bool, fill []tupleCol) []pgcodec.Datum {
+		out := make([]pgcodec.Datum, 0, len(t))
+		for i, col := range rel.Columns {
+			if keysOnly && !col.Key {
+				continue
+			}
+			v := t[i]
+			if v.kind == 'u' && fill != nil && fill[i].kind == 't' {
+				v = fill[i] // REPLICA IDENTITY FULL: the old tuple has the value
+			}
+			d := pgcodec.Datum{Name: col.Name}
+			switch v.kind {
+			case 'n':
+				d.Kind = pgcodec.Null
+			case 'u':
+				d.Kind = pgcodec.Unchanged
+			default:
+				d.Kind, d.Text = pgcodec.Text, v.data
+			}
+			out = append(out, d)
+		}
+		return out
+	}
+	switch c {
+	case pgcodec.Insert:
+		key, ok := keyOf(new)
+		if !ok {
+			return fmt.Errorf("%w: %s without a key value", ErrProtocol, rel.QualifiedName())
+		}
+		return ss.add(ctx, oid, c, key, pgcodec.AppendValue(nil, pgcodec.RowChange{Change: c, Columns: datums(new, false, nil)}))
+	case pgcodec.Update:
+		newKey, ok := keyOf(new)
+		var fill []tupleCol
+		if oldKind == 'O' {
+			fill = old
+		}
+		if !ok && old != nil {
+			newKey, ok = keyOf(old) // a key column left unchanged (TOASTed)
+		}
+		if !ok {
+			return fmt.Errorf("%w: an update of %s without a key value", ErrProtocol, rel.QualifiedName())
+		}
+		if old != nil {
+			if oldKey, ok := keyOf(old); ok && !sameKey(oldKey, newKey) {
+				v := pgcodec.AppendValue(nil, pgcodec.RowChange{Change: pgcodec.Delete, Columns: datums(old, true, nil)})
+				if err := ss.add(ctx, oid, pgcodec.Delete, oldKey, v); err != nil {
+					return err
+				}
+				c = pgcodec.Insert // the new key's row did not exist
+			}
+		}
+		return ss.add(ctx, oid, c, newKey, pgcodec.AppendValue(nil, pgcodec.RowChange{Change: c, Columns: datums(new, false, fill)}))
+	default: // delete
+		key, ok := keyOf(old)
+		if !ok {
+			return fmt.Errorf("%w: a delete of %s without a key value", ErrProtocol, rel.QualifiedName())
+		}
+		return ss.add(ctx, oid, c, key, pgcodec.AppendValue(nil, pgcodec.RowChange{Change: c, Columns: datums(old, true, nil)}))
+	}
+}
+
+func sameKey(a, b [][]byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !bytes.Equal(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// add appends a row to the transaction, spilling the table's rows to the
+// store once it holds ChunkRows of them. A change of a published table
+// nobody subscribed is reported once (OnNewTable) and the slot is held
+// before it.
+func (ss *session) add(ctx context.Context, oid uint32, c pgcodec.Change, key [][]byte, value []byte) error {
+	t := ss.cur
+	s := ss.s
+	t.index++
+	if len(s.subsFor(oid)) == 0 {
+		ss.unsubscribed(oid, t.ts)
+		return nil
+	}
+	row := common.Row{Op: pgcodec.Op(c), Key: pgcodec.AppendKey(nil, t.index, key), Value: value, StartTs: t.ts - 1, CommitTs: t.ts}
+	t.pending[oid] = append(t.pending[oid], row)
+	s.met.rows.Inc()
+	if len(t.pending[oid]) >= s.opts.ChunkRows {
+		return ss.flush(ctx, oid, false)
+	}
+	return nil
+}
+
+// unsubscribed handles a change of a table without a subscription.
+func (ss *session) unsubscribed(oid uint32, ts common.Ts) {
+	s := ss.s
+	if ss.announced[oid] {
+		return
+	}
+	ss.announced[oid] = true
+	rel, ok := ss.known[oid]
+	if !ok || rel.Validate() != nil {
+		s.met.skippedTables.Inc()
+		s.log.Error("changes of a table that cannot be replicated are skipped (no key)", zap.Uint32("oid", oid),
+			zap.String("table", rel.QualifiedName()))
+		return
+	}
+	s.mu.Lock()
+	if _, held := s.mu.holds[oid]; !held {
+		s.mu.holds[oid] = ts
+	}
+	s.mu.Unlock()
+	s.log.Info("a new published table: holding the slot before its first change until it is subscribed",
+		zap.String("table", rel.QualifiedName()), zap.Stringer("first_ts", ts))
+	if f := s.opts.OnNewTable; f != nil {
+		f(rel, ts)
+	}
+}
+
+// flush pushes the transaction's pending rows of oid to its subscriptions
+// that have not had this commit yet; last marks the commit.
+func (ss *session) flush(ctx context.Context, oid uint32, last bool) error {
+	t := ss.cur
+	rows := t.pending[oid]
+	delete(t.pending, oid)
+	for _, b := range ss.s.subsFor(oid) {
+		if t.ts <= b.have && b.partial != t.ts {
+			continue // pushed before this session started again
+		}
+		if len(rows) > 0 {
+			b.partial = t.ts
+			if err := ss.push(ctx, b, eventstore.Batch{Rows: rows}); err != nil {
+				return err
+			}
+		}
+		if last {
+			b.have, b.partial = t.ts, 0
+		}
+	}
+	return nil
+}
+
+// push hands a batch to a subscription's sink. A closed subscription is
+// skipped; a store that is closing ends the session.
+func (ss *session) push(ctx context.Context, b *sub, batch eventstore.Batch) error {
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	err := b.guard.Push(pctx, cancel, batch)
+	switch {
+	case err == nil, errors.Is(err, upstream.ErrSubscriptionClosed):
+		return nil
+	case errors.Is(err, eventstore.ErrRowBeforeResolved), errors.Is(err, eventstore.ErrResolvedTsRegressed):
+		// Rows the store already had (a session read them again): harmless.
+		ss.s.log.Debug("store refused rows it has", zap.Uint32("table", b.oid), zap.Error(err))
+		return nil
+	}
+	return fmt.Errorf("pgsource: push to table %d: %w", b.oid, err)
+}
+
+// commit ends the transaction: its remaining rows go to the store and the
+// chain and the journal move on.
+func (ss *session) commit(ctx context.Context, m msgCommit) error {
+	t := ss.cur
+	t.endLSN = m.endLSN
+	for oid := range t.pending {
+		if err := ss.flush(ctx, oid, true); err != nil {
+			return err
+		}
+	}
+	// Subscriptions with rows in this commit whose last chunk was pushed
+	// early are marked too.
+	for _, b := range ss.s.allSubs() {
+		if b.partial == t.ts {
+			b.have, b.partial = t.ts, 0
+		}
+	}
+	ss.last = t.ts
+	ss.cur = nil
+	// Thin the journal to an entry per 10ms of commit-ts: the slot's
+	// position need not be finer.
+	if n := len(ss.journal); n > 1 && t.ts.PhysicalMs()/10 == ss.journal[n-1].Ts.PhysicalMs()/10 {
+		ss.journal[n-1] = Position{LSN: t.endLSN, Ts: t.ts}
+	} else {
+		ss.journal = append(ss.journal, Position{LSN: t.endLSN, Ts: t.ts})
+	}
+	s := ss.s
+	s.mu.Lock()
+	if t.ts > s.mu.committed {
+		s.mu.committed = t.ts
+	}
+	s.mu.Unlock()
+	s.lastCommit.Store(s.now().UnixNano())
+	s.met.commits.Inc()
+	s.met.committedTs.Set(float64(t.ts.PhysicalMs()) / 1000)
+	return nil
+}
+
+// advanceResolved moves the schema frontier and every subscription's
+// resolved-ts to the last commit.
+func (ss *session) advanceResolved(ctx context.Context) error {
+	ts := ss.last
+	if ss.cur != nil {
+		ts = min(ts, ss.cur.ts-2) // below the open transaction and its DDL
+	}
+	s := ss.s
+	if err := s.opts.Schema.AdvanceResolvedTs(ts); err != nil && !errors.Is(err, schemastore.ErrResolvedTsRegressed) {
+		return fmt.Errorf("pgsource: schema frontier: %w", err)
+	}
+	for _, b := range s.allSubs() {
+		if ts <= b.resolved || ts <= b.startTs || (b.partial != 0 && b.partial <= ts) {
+			continue
+		}
+		if err := ss.push(ctx, b, eventstore.Batch{ResolvedTs: ts}); err != nil {
+			return err
+		}
+		b.resolved = ts
+	}
+	return nil
+}
+
+// sendStatus confirms to the server the last position below the safe
+// point, after saving it.
+func (ss *session) sendStatus(ctx context.Context) error {
+	s := ss.s
+	safe, ok := s.opts.SafePoint()
+	s.mu.Lock()
+	saved := s.mu.saved
+	for _, hold := range s.mu.holds {
+		if hold-1 < safe {
+			safe = hold - 1
+		}
+	}
+	s.mu.Unlock()
+	next := saved
+	if ok {
+		for _, p := range ss.journal {
+			if p.Ts <= safe && p.LSN > next.LSN {
+				next = p
+			}
+		}
+	}
+	if next.LSN > saved.LSN {
+		if err := s.opts.Positions.Save(ctx, s.opts.Slot, next); err != nil {
+			return fmt.Errorf("pgsource: save position: %w", err)
+		}
+		s.mu.Lock()
+		s.mu.saved = next
+		s.mu.Unlock()
+		i := 0
+		for i < len(ss.journal)-1 && ss.journal[i+1].LSN <= next.LSN {
+			i++
+		}
+		ss.journal = append(ss.journal[:0], ss.journal[i:]...)
+		s.met.confirmedLSN.Set(float64(next.LSN))
+	}
+	lsn := pglogrepl.LSN(next.LSN)
+	return pglogrepl.SendStandbyStatusUpdate(ctx, ss.conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: lsn, WALFlushPosition: lsn, WALApplyPosition: lsn})
+}
+
+// runHeartbeat writes a heartbeat message when no commit was decoded for
+// HeartbeatInterval: an idle database's resolved-ts still advances, and
+// the slot can move past WAL of tables that are not published.
+func (s *Source) runHeartbeat() {
+	t := s.opts.Clock.NewTicker(s.opts.HeartbeatInterval)
+	defer t.Stop()
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close(context.Background())
+		}
+	}()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C():
+		}
+		if s.now().UnixNano()-s.lastCommit.Load() < int64(s.opts.HeartbeatInterval) {
+			continue
+		}
+		if conn == nil {
+			c, err := connect(s.ctx, s.opts.DSN)
+			if err != nil {
+				s.log.Debug("heartbeat: connect", zap.Error(err))
+				continue
+			}
+			conn = c
+		}
+		ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
+		_, err := conn.Exec(ctx, "SELECT pg_logical_emit_message(true, $1, '')", heartbeatPrefix)
+		cancel()
+		if err != nil {
+			s.log.Debug("heartbeat", zap.Error(err))
+			conn.Close(context.Background())
+			conn = nil
+		}
+	}
+}
