@@ -49,6 +49,7 @@ type Source struct {
 		holds                   map[uint32]common.Ts // new tables: the slot stays before these
 		saved                   Position             // the slot's position, as last saved
 		committed               common.Ts            // the last commit decoded
+		begun                   common.Ts            // the last transaction begun (its rows may be decoded already)
 		snapshotDone            bool
 		err                     error // why the source stopped, if it did
 	}
@@ -236,7 +237,7 @@ func (s *Source) Subscribe(span common.Span, startTs common.Ts, sink eventstore.
 	if hold, ok := s.mu.holds[oid]; ok && startTs < hold {
 		delete(s.mu.holds, oid)
 	}
-	if s.mu.started && s.mu.snapshotDone && startTs < s.mu.committed {
+	if s.mu.started && s.mu.snapshotDone && (startTs < s.mu.committed || startTs < s.mu.begun) {
 		// The stream has passed startTs: read it again from the slot.
 		s.mu.replay = true
 		select {

@@ -2,14 +2,15 @@ package pgsource
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/cdcflow/eventservice/internal/pgtest"
 	"github.com/cdcflow/eventservice/pkg/common"
@@ -150,7 +151,7 @@ func (e *srcEnv) oid(table string) uint32 {
 
 func (e *srcEnv) source(tweak func(*Options)) *Source {
 	e.t.Helper()
-	opts := Options{DSN: e.pg.DSN, Schema: e.schema, Positions: e.pos, HeartbeatInterval: 100 * time.Millisecond,
+	opts := Options{DSN: e.pg.DSN, Schema: e.schema, Positions: e.pos, HeartbeatInterval: 100 * time.Millisecond, Logger: zaptest.NewLogger(e.t),
 		StatusInterval: 100 * time.Millisecond, ResolvedInterval: 10 * time.Millisecond}
 	if tweak != nil {
 		tweak(&opts)
@@ -285,4 +286,8 @@ func TestOpenRefusesWhatCannotBeReplicated(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidOptions)
 }
 
-var _ = strings.Repeat
+func testutilValue(c interface{ Write(*dto.Metric) error }) float64 {
+	var m dto.Metric
+	_ = c.Write(&m)
+	return m.GetCounter().GetValue() + m.GetGauge().GetValue()
+}

@@ -37,6 +37,9 @@ import (
 // errReplay ends a stream session so that it starts again from the slot.
 var errReplay = errors.New("pgsource: replay from the slot")
 
+// maxJournal bounds the commits kept for choosing the slot's position.
+const maxJournal = 1 << 16
+
 // heartbeatPrefix marks the source's own logical messages.
 const heartbeatPrefix = "cdcflow-heartbeat"
 
@@ -240,6 +243,11 @@ func (ss *session) handle(ctx context.Context, data []byte) error {
 		}
 		ts := max(ss.last+2, common.TsFromTime(m.commitTime))
 		ss.cur = &txn{ts: ts, pending: map[uint32][]common.Row{}}
+		// A subscription that arrives from below ts while this
+		// transaction is decoded may have missed its rows: it replays.
+		s.mu.Lock()
+		s.mu.begun = max(s.mu.begun, ts)
+		s.mu.Unlock()
 	case msgCommit:
 		if ss.cur == nil {
 			return fmt.Errorf("%w: COMMIT outside a transaction", ErrProtocol)
@@ -558,12 +566,16 @@ func (ss *session) commit(ctx context.Context, m msgCommit) error {
 	}
 	ss.last = t.ts
 	ss.cur = nil
-	// Thin the journal to an entry per 10ms of commit-ts: the slot's
-	// position need not be finer.
-	if n := len(ss.journal); n > 1 && t.ts.PhysicalMs()/10 == ss.journal[n-1].Ts.PhysicalMs()/10 {
-		ss.journal[n-1] = Position{LSN: t.endLSN, Ts: t.ts}
-	} else {
-		ss.journal = append(ss.journal, Position{LSN: t.endLSN, Ts: t.ts})
+	ss.journal = append(ss.journal, Position{LSN: t.endLSN, Ts: t.ts})
+	if len(ss.journal) > maxJournal {
+		// The safe point has not moved for a long while: keep every
+		// other entry (the slot's position gets coarser, never wrong:
+		// it is chosen at or below the safe point).
+		j := ss.journal[:1]
+		for i := 2; i < len(ss.journal)-1; i += 2 {
+			j = append(j, ss.journal[i])
+		}
+		ss.journal = append(j, ss.journal[len(ss.journal)-1])
 	}
 	s := ss.s
 	s.mu.Lock()

@@ -1,0 +1,245 @@
+package pgsource
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/pgcodec"
+)
+
+// openAndSubscribe opens src, subscribes every table given from the
+// snapshot, and starts it.
+func openAndSubscribe(t *testing.T, e *srcEnv, src *Source, tables ...string) (Info, map[string]*recordingSink) {
+	t.Helper()
+	info, err := src.Open(context.Background())
+	require.NoError(t, err)
+	sinks := map[string]*recordingSink{}
+	for _, name := range tables {
+		sinks[name] = newRecordingSink(t, info.ResumeTs-1)
+		sub, err := src.Subscribe(common.TableSpan(int64(e.oid(name))), info.ResumeTs-1, sinks[name])
+		require.NoError(t, err)
+		t.Cleanup(sub.Close)
+	}
+	require.NoError(t, src.Start())
+	return info, sinks
+}
+
+// An update that leaves a TOASTed column alone carries it as unchanged,
+// never as null: the sink must keep the old value.
+func TestUnchangedToastIsMarkedUnchanged(t *testing.T) {
+	e := newSrcEnv(t)
+	e.exec("CREATE TABLE docs (id int PRIMARY KEY, n int, body text)")
+	e.exec("ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL") // stored out of line, uncompressed
+	e.exec("INSERT INTO docs VALUES (1, 0, repeat('x', 100000))")
+	_, sinks := openAndSubscribe(t, e, e.source(nil), "docs")
+	sink := sinks["docs"]
+	sink.waitFor("the snapshot", func() bool { return len(sink.rows) == 1 })
+	e.exec("UPDATE docs SET n = 1 WHERE id = 1")
+	sink.waitFor("the update", func() bool { return len(sink.rows) == 2 })
+	c := sink.changes()[1]
+	require.Equal(t, pgcodec.Update, c.Change)
+	require.Equal(t, "1", text(c, "n"))
+	require.Equal(t, "<unchanged>", text(c, "body"))
+}
+
+// A transaction larger than ChunkRows reaches the store in chunks before
+// its commit's resolved-ts: it is never held whole.
+func TestLargeTransactionIsSpilledInChunks(t *testing.T) {
+	e := newSrcEnv(t)
+	e.exec("CREATE TABLE big (id int PRIMARY KEY, v text)")
+	_, sinks := openAndSubscribe(t, e, e.source(func(o *Options) { o.ChunkRows = 100 }), "big")
+	sink := sinks["big"]
+	e.exec("INSERT INTO big SELECT g, 'v' FROM generate_series(1, 5000) g")
+	sink.waitFor("every row", func() bool { return len(sink.rows) == 5000 })
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	require.GreaterOrEqual(t, sink.batches, 50, "pushed in chunks of 100")
+	for i, r := range sink.rows {
+		idx, err := pgcodec.ChangeIndex(r.Key)
+		require.NoError(t, err)
+		require.Equal(t, uint32(i+1), idx, "in WAL order")
+	}
+}
+
+// A subscription from a start-ts the stream has passed is served by
+// reading the slot again: it gets every change above its start-ts, with
+// the same commit-ts the first reading gave, and the subscription that
+// already had them gets none twice. After a restart (a new Source on the
+// same slot and positions) the commit-ts of new commits continue the
+// chain and a subscription from its checkpoint resumes exactly there.
+func TestReplayAndRestartReadTheSameCommitTs(t *testing.T) {
+	e := newSrcEnv(t)
+	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
+	var mu sync.Mutex
+	var safe common.Ts
+	safePoint := func(o *Options) {
+		o.SafePoint = func() (common.Ts, bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			return safe, safe != 0
+		}
+	}
+	src := e.source(safePoint)
+	info, sinks := openAndSubscribe(t, e, src, "t1")
+	first := sinks["t1"]
+	for i := 1; i <= 3; i++ {
+		e.exec("INSERT INTO t1 VALUES ($1)", i)
+	}
+	first.waitFor("three rows", func() bool { return len(first.rows) == 3 })
+
+	// A late subscription from the snapshot's commit-ts: replayed.
+	late := newRecordingSink(t, info.SnapshotTs)
+	sub, err := src.Subscribe(common.TableSpan(int64(e.oid("t1"))), info.SnapshotTs, late)
+	require.NoError(t, err)
+	late.waitFor("the replay", func() bool { return len(late.rows) == 3 })
+	e.exec("INSERT INTO t1 VALUES (4)")
+	first.waitFor("the fourth", func() bool { return len(first.rows) == 4 })
+	late.waitFor("the fourth", func() bool { return len(late.rows) == 4 })
+	first.mu.Lock()
+	late.mu.Lock()
+	for i := range 4 {
+		require.Equal(t, first.rows[i].CommitTs, late.rows[i].CommitTs, "row %d: the same commit-ts on both readings", i)
+		require.Equal(t, first.rows[i].Key, late.rows[i].Key)
+	}
+	require.Len(t, first.rows, 4, "none twice on the first")
+	late.mu.Unlock()
+	first.mu.Unlock()
+	sub.Close()
+
+	// The safe point at the second row: the slot moves there.
+	first.mu.Lock()
+	checkpoint := first.rows[1].CommitTs
+	want := []common.Row{first.rows[2], first.rows[3]}
+	first.mu.Unlock()
+	start := src.Position()
+	mu.Lock()
+	safe = checkpoint
+	mu.Unlock()
+	require.Eventually(t, func() bool { p := src.Position(); return p.LSN > start.LSN && p.Ts == checkpoint }, 60*time.Second, 10*time.Millisecond)
+	src.Close()
+
+	again := e.source(nil)
+	info2, err := again.Open(context.Background())
+	require.NoError(t, err)
+	require.False(t, info2.Created)
+	require.Equal(t, checkpoint, info2.ResumeTs)
+	resumed := newRecordingSink(t, checkpoint)
+	sub2, err := again.Subscribe(common.TableSpan(int64(e.oid("t1"))), checkpoint, resumed)
+	require.NoError(t, err)
+	defer sub2.Close()
+	other, err := again.Subscribe(common.TableSpan(int64(e.oid("t1"))), info2.ResumeTs, newRecordingSink(t, info2.ResumeTs))
+	require.NoError(t, err, "a subscription at the resume point is served")
+	defer other.Close()
+	require.NoError(t, again.Start())
+	resumed.waitFor("the rows after the checkpoint", func() bool { return len(resumed.rows) == 2 })
+	resumed.mu.Lock()
+	defer resumed.mu.Unlock()
+	for i := range want {
+		require.Equal(t, want[i].CommitTs, resumed.rows[i].CommitTs, "row %d after the restart: the same commit-ts", i)
+		require.Equal(t, want[i].Key, resumed.rows[i].Key)
+	}
+	resumed.mu.Unlock()
+	e.exec("INSERT INTO t1 VALUES (5)")
+	resumed.waitFor("a new row", func() bool { return len(resumed.rows) == 3 })
+	resumed.mu.Lock()
+	require.Greater(t, resumed.rows[2].CommitTs, want[1].CommitTs)
+	_, err = again.Subscribe(common.TableSpan(int64(e.oid("t1"))), info.SnapshotTs, newRecordingSink(t, 0))
+	require.ErrorIs(t, err, ErrStartTsTruncated, "below what the slot retains")
+}
+
+// A table created (and so published, FOR ALL TABLES) while streaming is
+// announced with its first change's commit-ts; the slot waits for it, and
+// a subscription from just below that gets it from its first row.
+func TestTableAddedWhileStreaming(t *testing.T) {
+	e := newSrcEnv(t)
+	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
+	type announce struct {
+		rel pgcodec.Relation
+		ts  common.Ts
+	}
+	announced := make(chan announce, 4)
+	src := e.source(func(o *Options) {
+		o.OnNewTable = func(rel pgcodec.Relation, ts common.Ts) { announced <- announce{rel, ts} }
+		o.SafePoint = func() (common.Ts, bool) { return common.TsFromTime(time.Now().Add(time.Hour)), true }
+	})
+	_, sinks := openAndSubscribe(t, e, src, "t1")
+	e.exec("INSERT INTO t1 VALUES (1)")
+	sinks["t1"].waitFor("a row", func() bool { return len(sinks["t1"].rows) == 1 })
+	e.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text)")
+	e.exec("INSERT INTO t2 VALUES (1, 'a'), (2, 'b')")
+	e.exec("INSERT INTO t2 VALUES (3, 'c')")
+	var a announce
+	select {
+	case a = <-announced:
+	case <-time.After(60 * time.Second):
+		t.Fatal("t2 was never announced")
+	}
+	require.Equal(t, "t2", a.rel.Name)
+	require.Equal(t, []string{"id"}, a.rel.KeyColumns())
+	require.Less(t, src.Position().Ts, a.ts, "the slot is held before t2's first change")
+	sink := newRecordingSink(t, a.ts-1)
+	sub, err := src.Subscribe(common.TableSpan(int64(a.rel.OID)), a.ts-1, sink)
+	require.NoError(t, err)
+	defer sub.Close()
+	sink.waitFor("t2 from its first row", func() bool { return len(sink.rows) == 3 })
+	require.Equal(t, a.ts, sink.rows[0].CommitTs)
+}
+
+// A new column of a replicated table is a DDL at the commit-ts just below
+// the first commit that uses it, with the relation's new columns.
+func TestAddColumnIsADDLBeforeItsFirstRow(t *testing.T) {
+	e := newSrcEnv(t)
+	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
+	_, sinks := openAndSubscribe(t, e, e.source(nil), "t1")
+	sink := sinks["t1"]
+	e.exec("INSERT INTO t1 VALUES (1)")
+	sink.waitFor("a row", func() bool { return len(sink.rows) == 1 })
+	e.exec("ALTER TABLE t1 ADD COLUMN extra varchar(12)")
+	e.exec("INSERT INTO t1 VALUES (2, 'x')")
+	sink.waitFor("the second row", func() bool { return len(sink.rows) == 2 })
+	row := sink.rows[1]
+	require.Eventually(t, func() bool { return e.schema.ResolvedTs() >= row.CommitTs }, 60*time.Second, 10*time.Millisecond)
+	ddls, err := e.schema.FetchDDLs(int64(e.oid("t1")), 0, row.CommitTs, nil)
+	require.NoError(t, err)
+	require.Len(t, ddls, 1)
+	require.Equal(t, row.CommitTs-1, ddls[0].CommitTs)
+	rel, err := pgcodec.ParseRelationDDL(ddls[0].Query)
+	require.NoError(t, err)
+	require.Equal(t, []pgcodec.Column{{Name: "id", Type: "integer", TypeOID: 23, Key: true},
+		{Name: "extra", Type: "character varying(12)", TypeOID: 1043}}, rel.Columns)
+	require.Equal(t, "x", text(sink.changes()[1], "extra"))
+}
+
+// The replication connection terminated by the server: the source
+// connects again and resumes from the slot, nothing lost or twice.
+func TestTerminatedConnectionResumes(t *testing.T) {
+	e := newSrcEnv(t)
+	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
+	src := e.source(nil)
+	_, sinks := openAndSubscribe(t, e, src, "t1")
+	sink := sinks["t1"]
+	for i := 1; i <= 10; i++ {
+		e.exec("INSERT INTO t1 VALUES ($1)", i)
+		if i == 5 {
+			sink.waitFor("five rows", func() bool { return len(sink.rows) >= 5 })
+			var killed int
+			require.NoError(t, e.conn.QueryRow(context.Background(),
+				"SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots WHERE active_pid IS NOT NULL").Scan(&killed))
+			require.Equal(t, 1, killed, "the walsender was terminated")
+		}
+	}
+	sink.waitFor("ten rows", func() bool { return len(sink.rows) >= 10 })
+	require.Eventually(t, func() bool { return testutilValue(src.met.reconnects) >= 1 }, 60*time.Second, 10*time.Millisecond)
+	seen := map[string]bool{}
+	for _, c := range sink.changes() {
+		id := text(c, "id")
+		require.False(t, seen[id], "row %s twice", id)
+		seen[id] = true
+	}
+	require.Len(t, seen, 10)
+}
