@@ -62,6 +62,10 @@ type Collector struct {
 		sinkDone chan struct{}
 	}
 
+	// async: the sink is an AsyncSink, whose checkpoints count once it
+	// reports them durable.
+	async bool
+
 	// hooks are set by tests before Start; nil in production.
 	hooks hooks
 
@@ -163,6 +167,10 @@ func New(opts Options) (*Collector, error) {
 	c.regs.seed()
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.mu.dispatchers = make(map[common.DispatcherID]*dispatcher)
+	if a, ok := opts.Sink.(AsyncSink); ok {
+		c.async = true
+		a.SetDurable(c.durable)
+	}
 	c.metrics = newMetrics(c)
 	if err := c.metrics.register(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("eventcollector: register metrics: %w", err)

@@ -50,7 +50,10 @@
 //     expected seq and above the resolved-ts raises it, and, unless the last
 //     DML batch ended inside a split transaction, the sink's Checkpoint is
 //     called with it and, once that returned nil, it is the dispatcher's
-//     checkpoint. Checkpoints only move forward.
+//     checkpoint. Checkpoints only move forward. With an AsyncSink the
+//     checkpoint is the one the sink last reported durable (through the
+//     function SetDurable gave it), so heartbeats and resets never count
+//     what the sink only queued.
 //   - If the service's Reset says the epoch is stale (a concurrent reset won), the
 //     local epoch goes one above and the reset is retried once; any other
 //     failure keeps the dispatcher marked, and every heartbeat tick retries

@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
 
@@ -135,7 +136,7 @@ func (c *Collector) apply(d *dispatcher, epoch uint64, v verdict) {
 		c.afterReset(d, ResetSinkError, newEpoch, err, nil)
 		return
 	}
-	if v.kind == verdictCheckpoint {
+	if v.kind == verdictCheckpoint && !c.async {
 		d.st.checkpointed(v.ts)
 	}
 	if d.st.checkpoint > d.lastHeartbeat {
@@ -144,6 +145,22 @@ func (c *Collector) apply(d *dispatcher, epoch uint64, v verdict) {
 		c.dueLocked(d)
 	}
 	c.mu.Unlock()
+}
+
+// durable records a checkpoint an AsyncSink made durable: it counts for
+// heartbeats and resets from now on, if the dispatcher is still in that
+// epoch (a later epoch reports its own).
+func (c *Collector) durable(id common.DispatcherID, epoch uint64, ts common.Ts) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d := c.mu.dispatchers[id]
+	if d == nil || d.removed || d.st.epoch != epoch || ts <= d.st.checkpoint {
+		return
+	}
+	d.st.checkpointed(ts)
+	if d.st.checkpoint > d.lastHeartbeat {
+		c.dueLocked(d)
+	}
 }
 
 // afterReset counts and logs a reset the stream already made (its epoch is

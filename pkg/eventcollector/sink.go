@@ -50,3 +50,27 @@ type Sink interface {
 	// below it.
 	Checkpoint(id common.DispatcherID, ts common.Ts) error
 }
+
+// AsyncSink is a Sink that applies in the background: ApplyRows and
+// Checkpoint only queue (they may block while its queues are full, which
+// is back-pressure), and the sink reports each checkpoint once it is
+// durable, with the rows before it, through the function the collector
+// gives it. The collector then heartbeats only durable checkpoints, and a
+// reset starts from the last durable one, so nothing the sink had queued
+// but not persisted is lost. This is what lets a sink apply many
+// dispatchers' rows in parallel and in one transaction, where a Checkpoint
+// that persists before it returns would put every table behind one
+// database round trip.
+//
+// A sink that fails to apply a dispatcher's work returns the error from
+// its next call for that dispatcher (the collector resets it); a reset's
+// BeginEpoch discards what the sink had queued for the dispatcher and not
+// persisted.
+type AsyncSink interface {
+	Sink
+	// SetDurable is called once, by New, before any other call. durable
+	// may be called from any goroutine, not under a lock the sink's
+	// methods take (the collector may be calling one), with strictly
+	// increasing ts per dispatcher and epoch.
+	SetDurable(durable func(id common.DispatcherID, epoch uint64, ts common.Ts))
+}
