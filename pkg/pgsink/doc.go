@@ -1,0 +1,31 @@
+// Package pgsink applies the changes of pkg/pgsource (in pkg/pgcodec's
+// format) to a PostgreSQL database: an eventcollector.AsyncSink.
+//
+// Each dispatcher is one source table, bound to a target table of the same
+// schema and name (created when missing, with the source's columns and
+// key). Its calls are queued to one of Workers apply lanes (a lane owns a
+// dispatcher for its life, so per-table order holds; different tables
+// apply in parallel); a lane collects the queued work of many dispatchers
+// and applies it in one transaction: per table the changes collapse to
+// the last effect per key (an update that left a TOASTed column
+// unchanged keeps the value an earlier change of the batch gave it, and
+// the target's value otherwise), then deletes and upserts go out as
+// batched statements over unnest'ed arrays, and the dispatchers'
+// checkpoints are written in the same transaction. Once it commits, the
+// lane reports those checkpoints durable to the collector, which
+// heartbeats only durable checkpoints: a restart resumes exactly from
+// what the target holds, and a replay re-applies harmlessly (upserts and
+// deletes by key).
+//
+// Schema changes: a relation DDL with new columns adds them (ALTER TABLE
+// ... ADD COLUMN) before the rows that use them; any other difference (a
+// column gone, a type or the key changed) stops that table: its calls are
+// accepted and dropped, its checkpoint never advances (the slot keeps the
+// WAL), cdcflow_pgsink_stopped_tables counts it and Stopped names it.
+//
+// Invariants: a dispatcher's work is applied in call order; a checkpoint
+// is reported durable only after the transaction holding it and every row
+// before it committed; a BeginEpoch discards what was queued and not
+// committed for its dispatcher; memory is bounded by QueueRows per lane.
+// Goroutines: Start starts one per lane; Close stops them and waits.
+package pgsink

@@ -1,0 +1,343 @@
+package pgsink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/pgcodec"
+)
+
+type opKind uint8
+
+const (
+	opBegin opKind = iota + 1
+	opRows
+	opDDL
+	opCheckpoint
+)
+
+// op is one queued sink call.
+type op struct {
+	kind  opKind
+	id    common.DispatcherID
+	epoch uint64
+	ts    common.Ts
+	rows  []common.Row
+	ddl   string
+}
+
+type durableMark struct {
+	id    common.DispatcherID
+	epoch uint64
+	ts    common.Ts
+}
+
+// dstate is a dispatcher as its lane applies it.
+type dstate struct {
+	id       common.DispatcherID
+	table    *table
+	epoch    uint64
+	work     []op // since the last commit, in call order
+	failures int
+}
+
+// lane applies the dispatchers hashed to it, on its own connection.
+type lane struct {
+	s    *Sink
+	n    int
+	conn *pgx.Conn
+
+	mu      sync.Mutex
+	cond    *sync.Cond // signalled on enqueue, dequeue and close
+	queue   []op
+	qrows   int
+	closed  bool
+	tables  map[uint32]*table               // under mu
+	states  map[common.DispatcherID]*dstate // under mu; a dstate's fields are the lane goroutine's
+	pending int                             // rows in the dstates' work; the lane goroutine's
+}
+
+func newLane(s *Sink, n int, conn *pgx.Conn) *lane {
+	l := &lane{s: s, n: n, conn: conn, tables: map[uint32]*table{}, states: map[common.DispatcherID]*dstate{}}
+	l.cond = sync.NewCond(&l.mu)
+	return l
+}
+
+// bind creates rel's table if missing and loads it. Binds run before the
+// dispatcher's calls (the embedder binds, then registers).
+func (l *lane) bind(ctx context.Context, id common.DispatcherID, rel pgcodec.Relation) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t := l.tables[rel.OID]
+	if t == nil {
+		conn, err := pgx.Connect(ctx, l.s.opts.DSN)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrConnect, err)
+		}
+		defer conn.Close(context.Background())
+		if _, err := conn.Exec(ctx, createTableSQL(rel)); err != nil {
+			return fmt.Errorf("%w: create %s: %w", ErrApply, rel.QualifiedName(), err)
+		}
+		if t, err = loadTable(ctx, conn, rel); err != nil {
+			return fmt.Errorf("%w: read %s: %w", ErrApply, rel.QualifiedName(), err)
+		}
+		if _, err := t.evolve(rel); err != nil {
+			// An existing target table that does not match: stop it now.
+			l.s.failed(id, err, true)
+		}
+		l.tables[rel.OID] = t
+	}
+	if l.states[id] == nil {
+		l.states[id] = &dstate{id: id, table: t}
+	}
+	return nil
+}
+
+// enqueue queues o, waiting while the lane holds QueueRows rows.
+func (l *lane) enqueue(o op) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for !l.closed && len(o.rows) > 0 && l.qrows > 0 && l.qrows+len(o.rows) > l.s.opts.QueueRows {
+		l.cond.Wait()
+	}
+	if l.closed {
+		return ErrClosed
+	}
+	l.queue = append(l.queue, o)
+	l.qrows += len(o.rows)
+	l.cond.Broadcast()
+	return nil
+}
+
+func (l *lane) close() {
+	l.mu.Lock()
+	l.closed = true
+	l.cond.Broadcast()
+	l.mu.Unlock()
+}
+
+// take waits for queued work (or the flush deadline) and moves it into
+// the dispatchers' work lists.
+func (l *lane) take(deadline time.Time) bool {
+	l.mu.Lock()
+	if len(l.queue) == 0 && !l.closed {
+		// sync.Cond has no timeout: a timer wakes the wait at the
+		// deadline. Real time: the flush cadence batches work, it is not
+		// a behaviour tests observe.
+		t := time.AfterFunc(time.Until(deadline), func() {
+			l.mu.Lock()
+			l.cond.Broadcast()
+			l.mu.Unlock()
+		})
+		for len(l.queue) == 0 && !l.closed && time.Now().Before(deadline) {
+			l.cond.Wait()
+		}
+		t.Stop()
+	}
+	defer l.mu.Unlock()
+	q := l.queue
+	l.queue, l.qrows = nil, 0
+	closed := l.closed
+	l.cond.Broadcast()
+	// The states map is shared with bind (a table added while running),
+	// so it is read under mu; a dstate's fields are the lane's own.
+	for _, o := range q {
+		d := l.states[o.id]
+		if d == nil {
+			continue
+		}
+		if o.kind == opBegin {
+			// A new epoch: what was queued for the dispatcher and not
+			// committed is gone; the stream sends it again.
+			for _, w := range d.work {
+				l.pending -= len(w.rows)
+			}
+			d.work, d.epoch = nil, o.epoch
+			continue
+		}
+		d.work = append(d.work, o)
+		l.pending += len(o.rows)
+	}
+	return !closed
+}
+
+// run applies queued work in transactions until Close.
+func (l *lane) run() {
+	flush := l.s.opts.FlushInterval
+	last := time.Now()
+	for {
+		open := l.take(last.Add(flush))
+		if !open {
+			return
+		}
+		rowsDue := l.pending > 0 && (l.pending >= l.s.opts.BatchRows || time.Since(last) >= flush)
+		ckptDue := time.Since(last) >= 10*flush
+		if !rowsDue && !ckptDue {
+			continue
+		}
+		l.commitAll()
+		last = time.Now()
+	}
+}
+
+// commitAll applies every dispatcher's work in one transaction; if the
+// target refuses it, each dispatcher's work alone, so one bad table does
+// not hold the others.
+func (l *lane) commitAll() {
+	var ds []*dstate
+	l.mu.Lock()
+	for _, d := range l.states {
+		if len(d.work) > 0 {
+			ds = append(ds, d)
+		}
+	}
+	l.mu.Unlock()
+	if len(ds) == 0 {
+		return
+	}
+	start := time.Now()
+	err := l.commit(ds)
+	if err == nil {
+		l.s.met.commitSeconds.Observe(time.Since(start).Seconds())
+		return
+	}
+	if l.s.ctx.Err() != nil {
+		return
+	}
+	l.s.log.Warn("a lane's transaction failed; applying its tables one by one", zap.Int("lane", l.n), zap.Error(err))
+	for _, d := range ds {
+		if err := l.commit([]*dstate{d}); err != nil && l.s.ctx.Err() == nil {
+			d.failures++
+			stop := errors.Is(err, ErrSchemaChange) || d.failures >= l.s.opts.MaxFailures
+			l.s.failed(d.id, err, stop)
+			for _, w := range d.work {
+				l.pending -= len(w.rows)
+			}
+			d.work = nil
+		}
+	}
+}
+
+// commit applies ds's work and checkpoints in one transaction.
+func (l *lane) commit(ds []*dstate) error {
+	ctx := l.s.ctx
+	tx, err := l.conn.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: begin: %w", ErrApply, err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // after Commit it is a no-op
+	var marks []durableMark
+	var ckIDs, ckTargets []string
+	var ckOIDs, ckTs []int64
+	applied := 0
+	for _, d := range ds {
+		n, ckpt, err := l.applyWork(ctx, tx, d)
+		if err != nil {
+			return err
+		}
+		applied += n
+		if ckpt != 0 {
+			marks = append(marks, durableMark{id: d.id, epoch: d.epoch, ts: ckpt})
+			ckIDs = append(ckIDs, fmt.Sprintf("%016x%016x", d.id.Hi, d.id.Lo))
+			ckOIDs = append(ckOIDs, int64(d.table.rel.OID))
+			ckTargets = append(ckTargets, d.table.qname)
+			ckTs = append(ckTs, int64(ckpt))
+		}
+	}
+	if len(marks) > 0 {
+		if _, err := tx.Exec(ctx, `
+INSERT INTO cdcflow.checkpoints (dispatcher, table_oid, target, ts)
+SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[])
+ON CONFLICT (dispatcher) DO UPDATE SET ts = GREATEST(cdcflow.checkpoints.ts, EXCLUDED.ts), table_oid = EXCLUDED.table_oid,
+  target = EXCLUDED.target, updated_at = now()`, ckIDs, ckOIDs, ckTargets, ckTs); err != nil {
+			return fmt.Errorf("%w: checkpoints: %w", ErrApply, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("%w: commit: %w", ErrApply, err)
+	}
+	for _, d := range ds {
+		for _, w := range d.work {
+			l.pending -= len(w.rows)
+		}
+		d.work, d.failures = nil, 0
+	}
+	l.s.met.rows.Add(float64(applied))
+	l.s.met.commits.Inc()
+	l.s.committed(marks)
+	return nil
+}
+
+// applyWork applies one dispatcher's work in order: rows collapse into a
+// batch, flushed before a DDL and replaced by a truncate; it returns the
+// rows written and the last checkpoint of the work.
+func (l *lane) applyWork(ctx context.Context, tx pgx.Tx, d *dstate) (int, common.Ts, error) {
+	t := d.table
+	b := newBatch()
+	n := 0
+	var ckpt common.Ts
+	flush := func() error {
+		if b.empty() {
+			return nil
+		}
+		k, err := b.apply(ctx, tx, t)
+		n += k
+		b = newBatch()
+		return err
+	}
+	for _, w := range d.work {
+		switch w.kind {
+		case opRows:
+			for i := range w.rows {
+				r := &w.rows[i]
+				c, err := pgcodec.DecodeValue(r.Value)
+				if err != nil {
+					return 0, 0, fmt.Errorf("%w: %s: %w", ErrApply, t.qname, err)
+				}
+				if c.Change == pgcodec.Truncate {
+					b = newBatch() // what the transaction wrote before is gone too
+					if _, err := tx.Exec(ctx, "TRUNCATE "+t.qname); err != nil {
+						return 0, 0, fmt.Errorf("%w: truncate %s: %w", ErrApply, t.qname, err)
+					}
+					continue
+				}
+				if len(r.Key) < 4 {
+					return 0, 0, fmt.Errorf("%w: %s: a %d-byte row key", ErrApply, t.qname, len(r.Key))
+				}
+				b.add(string(r.Key[4:]), c)
+			}
+		case opDDL:
+			if err := flush(); err != nil {
+				return 0, 0, err
+			}
+			rel, err := pgcodec.ParseRelationDDL(w.ddl)
+			if err != nil {
+				return 0, 0, fmt.Errorf("%w: %s: %w", ErrSchemaChange, t.qname, err)
+			}
+			adds, err := t.evolve(rel)
+			if err != nil {
+				return 0, 0, err
+			}
+			for _, stmt := range adds {
+				if _, err := tx.Exec(ctx, stmt); err != nil {
+					return 0, 0, fmt.Errorf("%w: %s: %w", ErrApply, stmt, err)
+				}
+			}
+			t.added(rel) // if the transaction fails the columns stay: ADD COLUMN IF NOT EXISTS is idempotent
+			l.s.met.ddls.Inc()
+		case opCheckpoint:
+			ckpt = w.ts
+		}
+	}
+	if err := flush(); err != nil {
+		return 0, 0, err
+	}
+	return n, ckpt, nil
+}

@@ -1,0 +1,41 @@
+package pgsink
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cdcflow/eventservice/internal/promutil"
+)
+
+type metrics struct {
+	reg           prometheus.Registerer
+	rows          prometheus.Counter
+	commits       prometheus.Counter
+	ddls          prometheus.Counter
+	stopped       prometheus.Gauge
+	commitSeconds prometheus.Histogram
+}
+
+func newMetrics(_ *Sink, reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{reg: reg,
+		rows: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "cdcflow", Subsystem: "pgsink", Name: "rows_total",
+			Help: "Row effects written to the target (after collapsing several changes of a key in one transaction)."}),
+		commits: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "cdcflow", Subsystem: "pgsink", Name: "commits_total",
+			Help: "Transactions committed on the target (rows and checkpoints of many tables each)."}),
+		ddls: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "cdcflow", Subsystem: "pgsink", Name: "ddls_total",
+			Help: "Relation DDLs applied (new columns added)."}),
+		stopped: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "cdcflow", Subsystem: "pgsink", Name: "stopped_tables",
+			Help: "Tables stopped by a schema change the sink cannot apply, or changes the target kept refusing."}),
+		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "cdcflow", Subsystem: "pgsink", Name: "commit_duration_seconds",
+			Help: "Time to apply and commit one lane transaction.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+	}
+	if err := promutil.RegisterAll(reg, m.all()...); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (m *metrics) all() []prometheus.Collector {
+	return []prometheus.Collector{m.rows, m.commits, m.ddls, m.stopped, m.commitSeconds}
+}
+
+func (m *metrics) unregister() { promutil.UnregisterAll(m.reg, m.all()...) }

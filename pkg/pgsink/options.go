@@ -1,0 +1,88 @@
+package pgsink
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/internal/optcheck"
+	"github.com/cdcflow/eventservice/pkg/clock"
+)
+
+// Sentinel errors.
+var (
+	// ErrInvalidOptions: Options failed validation.
+	ErrInvalidOptions = errors.New("pgsink: invalid options")
+	// ErrConnect: the target cannot be reached.
+	ErrConnect = errors.New("pgsink: cannot connect to the target")
+	// ErrUnknownDispatcher: a call for a dispatcher that was never bound.
+	ErrUnknownDispatcher = errors.New("pgsink: unknown dispatcher")
+	// ErrSchemaChange: a schema change the sink cannot apply (a column
+	// dropped or renamed, a type or the key changed); the table stops.
+	ErrSchemaChange = errors.New("pgsink: unsupported schema change")
+	// ErrApply: the target refused a dispatcher's changes.
+	ErrApply = errors.New("pgsink: apply failed")
+	// ErrClosed: the sink is closed.
+	ErrClosed = errors.New("pgsink: closed")
+)
+
+// Options configure a Sink.
+type Options struct {
+	// DSN of the target database. Required.
+	DSN string
+	// Workers is the number of apply lanes, each with its own connection.
+	// Default 4.
+	Workers int
+	// BatchRows: a lane commits once it holds this many rows. Default
+	// 5000.
+	BatchRows int
+	// FlushInterval: a lane commits what it holds at least this often.
+	// Default 20ms; checkpoints alone wait up to 10x as long.
+	FlushInterval time.Duration
+	// QueueRows bounds the rows queued per lane; ApplyRows blocks beyond
+	// it (back-pressure). Default 20000.
+	QueueRows int
+	// MaxFailures: a table whose transaction the target refuses this many
+	// times in a row is stopped. Default 5.
+	MaxFailures int
+	// Logger defaults to zap.NewNop(); Clock to the real clock.
+	Logger *zap.Logger
+	Clock  clock.Clock
+	// Registerer, if set, receives the sink's metrics (cdcflow_pgsink_*).
+	Registerer prometheus.Registerer
+}
+
+func (o Options) withDefaults() Options {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&o.Workers, 4)
+	def(&o.BatchRows, 5000)
+	def(&o.QueueRows, 20000)
+	def(&o.MaxFailures, 5)
+	if o.FlushInterval == 0 {
+		o.FlushInterval = 20 * time.Millisecond
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	o.Clock = clock.OrReal(o.Clock)
+	return o
+}
+
+func (o Options) validate() error {
+	p := optcheck.New(ErrInvalidOptions)
+	p.Require(o.DSN != "", "DSN is required")
+	p.IntRange("Workers", o.Workers, 1, 256)
+	p.IntRange("BatchRows", o.BatchRows, 1, 1<<20)
+	p.IntRange("QueueRows", o.QueueRows, o.BatchRows, 1<<24)
+	p.IntRange("MaxFailures", o.MaxFailures, 1, 1000)
+	p.Require(o.FlushInterval > 0, "FlushInterval must be positive")
+	p.NotTypedNil("Registerer", o.Registerer)
+	p.NotTypedNil("Clock", o.Clock)
+	return p.Err()
+}

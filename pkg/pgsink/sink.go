@@ -1,0 +1,328 @@
+package pgsink
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"sort"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventcollector"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+	"github.com/cdcflow/eventservice/pkg/pgcodec"
+)
+
+var _ eventcollector.AsyncSink = (*Sink)(nil)
+
+// Sink applies changes to a PostgreSQL target. New validates; Start
+// connects and prepares the checkpoint table; Bind each dispatcher to its
+// table (before the collector registers it); Close stops.
+type Sink struct {
+	opts  Options
+	log   *zap.Logger
+	met   *metrics
+	lanes []*lane
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	durableFn func(id common.DispatcherID, epoch uint64, ts common.Ts)
+
+	mu struct {
+		sync.Mutex
+		started, closed bool
+		bound           map[common.DispatcherID]*binding
+		durable         map[common.DispatcherID]common.Ts
+		errs            map[common.DispatcherID]error
+		stopped         map[common.DispatcherID]string
+	}
+}
+
+// binding is a dispatcher's table and lane.
+type binding struct {
+	rel  pgcodec.Relation
+	lane *lane
+}
+
+// New validates opts. It connects to nothing and starts nothing.
+func New(opts Options) (*Sink, error) {
+	opts = opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	s := &Sink{opts: opts, log: opts.Logger.Named("pgsink")}
+	s.mu.bound = map[common.DispatcherID]*binding{}
+	s.mu.durable = map[common.DispatcherID]common.Ts{}
+	s.mu.errs = map[common.DispatcherID]error{}
+	s.mu.stopped = map[common.DispatcherID]string{}
+	var err error
+	if s.met, err = newMetrics(s, opts.Registerer); err != nil {
+		return nil, err
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	return s, nil
+}
+
+// Start connects the lanes and creates the checkpoint table if missing.
+func (s *Sink) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.closed {
+		return ErrClosed
+	}
+	if s.mu.started {
+		return nil
+	}
+	conn, err := pgx.Connect(ctx, s.opts.DSN)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrConnect, err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS cdcflow;
+CREATE TABLE IF NOT EXISTS cdcflow.checkpoints (
+  dispatcher text PRIMARY KEY, table_oid bigint NOT NULL, target text NOT NULL, ts bigint NOT NULL,
+  updated_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return fmt.Errorf("%w: checkpoint table: %w", ErrConnect, err)
+	}
+	for i := range s.opts.Workers {
+		c, err := pgx.Connect(ctx, s.opts.DSN)
+		if err != nil {
+			for _, l := range s.lanes {
+				l.conn.Close(context.Background())
+			}
+			s.lanes = nil
+			return fmt.Errorf("%w: lane %d: %w", ErrConnect, i, err)
+		}
+		s.lanes = append(s.lanes, newLane(s, i, c))
+	}
+	s.mu.started = true
+	for _, l := range s.lanes {
+		s.wg.Go(l.run)
+	}
+	return nil
+}
+
+// Checkpoints returns the checkpoints the target holds, by dispatcher: a
+// restart resumes each dispatcher from its own.
+func (s *Sink) Checkpoints(ctx context.Context) (map[common.DispatcherID]common.Ts, error) {
+	conn, err := pgx.Connect(ctx, s.opts.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConnect, err)
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, "SELECT dispatcher, ts FROM cdcflow.checkpoints")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[common.DispatcherID]common.Ts{}
+	for rows.Next() {
+		var key string
+		var ts int64
+		if err := rows.Scan(&key, &ts); err != nil {
+			return nil, err
+		}
+		var id common.DispatcherID
+		if _, err := fmt.Sscanf(key, "%016x%016x", &id.Hi, &id.Lo); err != nil {
+			continue // not one of ours
+		}
+		out[id] = common.Ts(ts)
+	}
+	return out, rows.Err()
+}
+
+// Bind maps dispatcher id to rel's target table (created when missing),
+// resuming from startTs: its durable checkpoint until the sink persists
+// a later one.
+func (s *Sink) Bind(ctx context.Context, id common.DispatcherID, rel pgcodec.Relation, startTs common.Ts) error {
+	if err := rel.Validate(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	started := s.mu.started
+	s.mu.Unlock()
+	if !started {
+		return fmt.Errorf("%w: Bind before Start", ErrInvalidOptions)
+	}
+	h := fnv.New32a()
+	fmt.Fprint(h, rel.OID)
+	l := s.lanes[int(h.Sum32()%uint32(len(s.lanes)))]
+	if err := l.bind(ctx, id, rel); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.mu.bound[id] = &binding{rel: rel, lane: l}
+	if s.mu.durable[id] < startTs {
+		s.mu.durable[id] = startTs
+	}
+	return nil
+}
+
+// Unbind forgets a dispatcher (its table removed from the changefeed).
+func (s *Sink) Unbind(id common.DispatcherID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.mu.bound, id)
+	delete(s.mu.durable, id)
+}
+
+// SetDurable implements eventcollector.AsyncSink.
+func (s *Sink) SetDurable(f func(id common.DispatcherID, epoch uint64, ts common.Ts)) {
+	s.durableFn = f
+}
+
+// MinDurable returns the lowest durable checkpoint of the bound
+// dispatchers (ok false with none): what the source's slot may follow.
+func (s *Sink) MinDurable() (common.Ts, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var lo common.Ts
+	ok := false
+	for id := range s.mu.bound {
+		ts := s.mu.durable[id]
+		if !ok || ts < lo {
+			lo, ok = ts, true
+		}
+	}
+	return lo, ok
+}
+
+// Durable returns a dispatcher's durable checkpoint.
+func (s *Sink) Durable(id common.DispatcherID) common.Ts {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.durable[id]
+}
+
+// Stopped names the tables stopped by a schema change the sink cannot
+// apply (or changes the target kept refusing), with why, sorted.
+func (s *Sink) Stopped() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.mu.stopped))
+	for _, why := range s.mu.stopped {
+		out = append(out, why)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// laneOf returns id's lane and any error its last work left, which the
+// caller returns (the collector then resets the dispatcher).
+func (s *Sink) laneOf(id common.DispatcherID) (*lane, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.closed {
+		return nil, false, ErrClosed
+	}
+	b := s.mu.bound[id]
+	if b == nil {
+		return nil, false, fmt.Errorf("%w: %v", ErrUnknownDispatcher, id)
+	}
+	if err := s.mu.errs[id]; err != nil {
+		delete(s.mu.errs, id)
+		return nil, false, err
+	}
+	_, stopped := s.mu.stopped[id]
+	return b.lane, stopped, nil
+}
+
+// BeginEpoch implements eventcollector.Sink.
+func (s *Sink) BeginEpoch(id common.DispatcherID, epoch uint64, startTs common.Ts) error {
+	s.mu.Lock()
+	delete(s.mu.errs, id) // the reset the error asked for
+	s.mu.Unlock()
+	l, stopped, err := s.laneOf(id)
+	if err != nil || stopped {
+		return err
+	}
+	return l.enqueue(op{kind: opBegin, id: id, epoch: epoch, ts: startTs})
+}
+
+// ApplyRows implements eventcollector.Sink: the rows are queued.
+func (s *Sink) ApplyRows(id common.DispatcherID, rows []common.Row) error {
+	l, stopped, err := s.laneOf(id)
+	if err != nil || stopped {
+		return err
+	}
+	return l.enqueue(op{kind: opRows, id: id, rows: rows})
+}
+
+// ApplyDDL implements eventcollector.Sink: a relation DDL is queued.
+func (s *Sink) ApplyDDL(id common.DispatcherID, ddl *messaging.DDL) error {
+	l, stopped, err := s.laneOf(id)
+	if err != nil || stopped {
+		return err
+	}
+	return l.enqueue(op{kind: opDDL, id: id, ddl: ddl.Query})
+}
+
+// Checkpoint implements eventcollector.Sink: the checkpoint is queued
+// behind the rows; it is durable once reported through SetDurable's
+// function.
+func (s *Sink) Checkpoint(id common.DispatcherID, ts common.Ts) error {
+	l, stopped, err := s.laneOf(id)
+	if err != nil || stopped {
+		return err
+	}
+	return l.enqueue(op{kind: opCheckpoint, id: id, ts: ts})
+}
+
+// Close stops the lanes (work not committed is dropped: it is above the
+// durable checkpoints and will be delivered again) and waits for them.
+func (s *Sink) Close() {
+	s.mu.Lock()
+	if s.mu.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.mu.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	for _, l := range s.lanes {
+		l.close()
+	}
+	s.wg.Wait()
+	for _, l := range s.lanes {
+		l.conn.Close(context.Background())
+	}
+	s.met.unregister()
+}
+
+// committed records what a lane's transaction made durable.
+func (s *Sink) committed(done []durableMark) {
+	s.mu.Lock()
+	for _, d := range done {
+		if s.mu.bound[d.id] != nil && d.ts > s.mu.durable[d.id] {
+			s.mu.durable[d.id] = d.ts
+		}
+	}
+	s.mu.Unlock()
+	if s.durableFn != nil {
+		for _, d := range done {
+			s.durableFn(d.id, d.epoch, d.ts)
+		}
+	}
+}
+
+// failed records a dispatcher's error for its next call; stop also stops
+// its table.
+func (s *Sink) failed(id common.DispatcherID, err error, stop bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if stop {
+		if _, was := s.mu.stopped[id]; !was {
+			s.mu.stopped[id] = err.Error()
+			s.met.stopped.Inc()
+			s.log.Error("table stopped", zap.Stringer("dispatcher", id), zap.Error(err))
+		}
+		return
+	}
+	s.mu.errs[id] = err
+}

@@ -1,0 +1,241 @@
+package pgsink
+
+import (
+	"context"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/cdcflow/eventservice/internal/pgtest"
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+	"github.com/cdcflow/eventservice/pkg/pgcodec"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// durables records what the sink reports durable (the collector's side
+// of the contract, the edge under test).
+type durables struct {
+	mu  sync.Mutex
+	got map[common.DispatcherID]common.Ts
+	ch  chan struct{}
+}
+
+func newDurables() *durables {
+	return &durables{got: map[common.DispatcherID]common.Ts{}, ch: make(chan struct{}, 1)}
+}
+
+func (d *durables) record(id common.DispatcherID, _ uint64, ts common.Ts) {
+	d.mu.Lock()
+	d.got[id] = ts
+	d.mu.Unlock()
+	select {
+	case d.ch <- struct{}{}:
+	default:
+	}
+}
+
+func (d *durables) wait(t *testing.T, id common.DispatcherID, ts common.Ts) {
+	t.Helper()
+	deadline := time.After(60 * time.Second)
+	for {
+		d.mu.Lock()
+		ok := d.got[id] >= ts
+		d.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-d.ch:
+		case <-deadline:
+			t.Fatalf("%v never durable at %v", id, ts)
+		}
+	}
+}
+
+type sinkEnv struct {
+	t    *testing.T
+	pg   *pgtest.Server
+	conn *pgx.Conn
+	sink *Sink
+	dur  *durables
+}
+
+func newSinkEnv(t *testing.T, tweak func(*Options)) *sinkEnv {
+	pg := pgtest.Start(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, pg.DSN)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	opts := Options{DSN: pg.DSN, Workers: 2, FlushInterval: 5 * time.Millisecond}
+	if tweak != nil {
+		tweak(&opts)
+	}
+	s, err := New(opts)
+	require.NoError(t, err)
+	e := &sinkEnv{t: t, pg: pg, conn: conn, sink: s, dur: newDurables()}
+	s.SetDurable(e.dur.record)
+	require.NoError(t, s.Start(ctx))
+	t.Cleanup(s.Close)
+	return e
+}
+
+var relT = pgcodec.Relation{OID: 100, Schema: "app", Name: "t", Columns: []pgcodec.Column{
+	{Name: "id", Type: "integer", TypeOID: 23, Key: true}, {Name: "v", Type: "text", TypeOID: 25}, {Name: "big", Type: "text", TypeOID: 25}}}
+
+func tx(c pgcodec.Change, cols ...pgcodec.Datum) pgcodec.RowChange { return pgcodec.RowChange{Change: c, Columns: cols} }
+func col(name, v string) pgcodec.Datum {
+	return pgcodec.Datum{Name: name, Kind: pgcodec.Text, Text: []byte(v)}
+}
+func null(name string) pgcodec.Datum      { return pgcodec.Datum{Name: name, Kind: pgcodec.Null} }
+func unchanged(name string) pgcodec.Datum { return pgcodec.Datum{Name: name, Kind: pgcodec.Unchanged} }
+
+// rows encodes changes of one transaction at ts, keyed by their first
+// column.
+func rows(ts common.Ts, changes ...pgcodec.RowChange) []common.Row {
+	out := make([]common.Row, len(changes))
+	for i, c := range changes {
+		var key [][]byte
+		if len(c.Columns) > 0 {
+			key = [][]byte{c.Columns[0].Text}
+		}
+		out[i] = common.Row{Op: pgcodec.Op(c.Change), Key: pgcodec.AppendKey(nil, uint32(i+1), key),
+			Value: pgcodec.AppendValue(nil, c), StartTs: ts - 1, CommitTs: ts}
+	}
+	return out
+}
+
+func (e *sinkEnv) contents(table string) []string {
+	e.t.Helper()
+	rs, err := e.conn.Query(context.Background(), "SELECT row_to_json(x)::text FROM "+table+" x")
+	require.NoError(e.t, err)
+	defer rs.Close()
+	var out []string
+	for rs.Next() {
+		var s string
+		require.NoError(e.t, rs.Scan(&s))
+		out = append(out, s)
+	}
+	require.NoError(e.t, rs.Err())
+	sort.Strings(out)
+	return out
+}
+
+// Inserts, updates, deletes and a truncate of one dispatcher reach the
+// target in order; an update that left a TOASTed column unchanged keeps
+// the old value, whether an earlier change of the same batch gave it or
+// the target had it; the checkpoint is durable with the rows and written
+// to cdcflow.checkpoints.
+func TestChangesAreAppliedInOrderAndCheckpointed(t *testing.T) {
+	e := newSinkEnv(t, nil)
+	id := common.DispatcherIDFromUint64(1)
+	require.NoError(t, e.sink.Bind(context.Background(), id, relT, 10))
+	require.NoError(t, e.sink.BeginEpoch(id, 1, 10))
+	require.NoError(t, e.sink.ApplyRows(id, rows(12,
+		tx(pgcodec.Insert, col("id", "1"), col("v", "a"), col("big", "BIG1")),
+		tx(pgcodec.Insert, col("id", "2"), col("v", "b"), col("big", "BIG2")),
+		tx(pgcodec.Update, col("id", "1"), col("v", "a2"), unchanged("big")))))
+	require.NoError(t, e.sink.Checkpoint(id, 12))
+	e.dur.wait(t, id, 12)
+	require.Equal(t, []string{`{"id":1,"v":"a2","big":"BIG1"}`, `{"id":2,"v":"b","big":"BIG2"}`}, e.contents("app.t"))
+
+	require.NoError(t, e.sink.ApplyRows(id, rows(14,
+		tx(pgcodec.Update, col("id", "2"), null("v"), unchanged("big")),
+		tx(pgcodec.Delete, col("id", "1")),
+		tx(pgcodec.Insert, col("id", "3"), col("v", "c"), col("big", "BIG3")))))
+	require.NoError(t, e.sink.Checkpoint(id, 14))
+	e.dur.wait(t, id, 14)
+	require.Equal(t, []string{`{"id":2,"v":null,"big":"BIG2"}`, `{"id":3,"v":"c","big":"BIG3"}`}, e.contents("app.t"),
+		"the target's TOASTed value kept")
+
+	require.NoError(t, e.sink.ApplyRows(id, rows(16,
+		tx(pgcodec.Insert, col("id", "4"), col("v", "gone"), null("big")),
+		pgcodec.RowChange{Change: pgcodec.Truncate},
+		tx(pgcodec.Insert, col("id", "5"), col("v", "after"), null("big")))))
+	require.NoError(t, e.sink.Checkpoint(id, 16))
+	e.dur.wait(t, id, 16)
+	require.Equal(t, []string{`{"id":5,"v":"after","big":null}`}, e.contents("app.t"), "the truncate in its place")
+	ckpts, err := e.sink.Checkpoints(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, common.Ts(16), ckpts[id])
+	ts, ok := e.sink.MinDurable()
+	require.True(t, ok)
+	require.Equal(t, common.Ts(16), ts)
+}
+
+// A new column is added before the rows that use it; a column that
+// disappears stops the table: its calls are accepted and dropped, its
+// checkpoint stays, Stopped names it, another table goes on.
+func TestSchemaChanges(t *testing.T) {
+	e := newSinkEnv(t, nil)
+	ctx := context.Background()
+	id, other := common.DispatcherIDFromUint64(1), common.DispatcherIDFromUint64(2)
+	relU := pgcodec.Relation{OID: 200, Schema: "app", Name: "u", Columns: relT.Columns[:2]}
+	require.NoError(t, e.sink.Bind(ctx, id, relT, 10))
+	require.NoError(t, e.sink.Bind(ctx, other, relU, 10))
+	for _, d := range []common.DispatcherID{id, other} {
+		require.NoError(t, e.sink.BeginEpoch(d, 1, 10))
+	}
+	added := relT
+	added.Columns = append(append([]pgcodec.Column(nil), relT.Columns...), pgcodec.Column{Name: "extra", Type: "character varying(12)", TypeOID: 1043})
+	require.NoError(t, e.sink.ApplyDDL(id, &messaging.DDL{TableID: 100, CommitTs: 11, Query: pgcodec.RelationDDL(added)}))
+	require.NoError(t, e.sink.ApplyRows(id, rows(12, tx(pgcodec.Insert, col("id", "1"), col("v", "a"), null("big"), col("extra", "x")))))
+	require.NoError(t, e.sink.Checkpoint(id, 12))
+	e.dur.wait(t, id, 12)
+	require.Equal(t, []string{`{"id":1,"v":"a","big":null,"extra":"x"}`}, e.contents("app.t"))
+
+	dropped := relT
+	dropped.Columns = relT.Columns[:1]
+	require.NoError(t, e.sink.ApplyDDL(id, &messaging.DDL{TableID: 100, CommitTs: 13, Query: pgcodec.RelationDDL(dropped)}))
+	require.NoError(t, e.sink.ApplyRows(id, rows(14, tx(pgcodec.Insert, col("id", "2")))))
+	require.NoError(t, e.sink.Checkpoint(id, 14))
+	require.NoError(t, e.sink.ApplyRows(other, rows(14, tx(pgcodec.Insert, col("id", "9"), col("v", "z")))))
+	require.NoError(t, e.sink.Checkpoint(other, 14))
+	e.dur.wait(t, other, 14)
+	require.Eventually(t, func() bool { return len(e.sink.Stopped()) == 1 }, 60*time.Second, 5*time.Millisecond)
+	require.Contains(t, e.sink.Stopped()[0], `column "v" is gone`)
+	require.NoError(t, e.sink.ApplyRows(id, rows(16, tx(pgcodec.Insert, col("id", "3")))), "a stopped table's calls are accepted")
+	require.Equal(t, common.Ts(12), e.sink.Durable(id), "and its checkpoint stays")
+	require.Equal(t, []string{`{"id":1,"v":"a","big":null,"extra":"x"}`}, e.contents("app.t"))
+}
+
+// Changes the target refuses (a value its type cannot take) fail only
+// their dispatcher, at its next call, with nothing of them applied; the
+// reset (BeginEpoch) clears it and the other tables of the lane commit.
+func TestARefusedChangeFailsOnlyItsTable(t *testing.T) {
+	e := newSinkEnv(t, func(o *Options) { o.Workers = 1 })
+	ctx := context.Background()
+	bad, good := common.DispatcherIDFromUint64(1), common.DispatcherIDFromUint64(2)
+	relU := pgcodec.Relation{OID: 200, Schema: "app", Name: "u", Columns: relT.Columns[:2]}
+	require.NoError(t, e.sink.Bind(ctx, bad, relT, 10))
+	require.NoError(t, e.sink.Bind(ctx, good, relU, 10))
+	for _, d := range []common.DispatcherID{bad, good} {
+		require.NoError(t, e.sink.BeginEpoch(d, 1, 10))
+	}
+	require.NoError(t, e.sink.ApplyRows(bad, rows(12, tx(pgcodec.Insert, col("id", "not a number"), col("v", "a"), null("big")))))
+	require.NoError(t, e.sink.Checkpoint(bad, 12))
+	require.NoError(t, e.sink.ApplyRows(good, rows(12, tx(pgcodec.Insert, col("id", "1"), col("v", "ok")))))
+	require.NoError(t, e.sink.Checkpoint(good, 12))
+	e.dur.wait(t, good, 12)
+	var err error
+	require.Eventually(t, func() bool {
+		err = e.sink.Checkpoint(bad, 13)
+		return err != nil
+	}, 60*time.Second, 5*time.Millisecond)
+	require.ErrorIs(t, err, ErrApply)
+	require.True(t, strings.Contains(err.Error(), "integer"), err.Error())
+	require.Equal(t, common.Ts(10), e.sink.Durable(bad))
+	require.Empty(t, e.contents("app.t"))
+	require.NoError(t, e.sink.BeginEpoch(bad, 2, 10), "the reset")
+	require.NoError(t, e.sink.ApplyRows(bad, rows(12, tx(pgcodec.Insert, col("id", "7"), col("v", "a"), null("big")))))
+	require.NoError(t, e.sink.Checkpoint(bad, 12))
+	e.dur.wait(t, bad, 12)
+	require.Equal(t, []string{`{"id":7,"v":"a","big":null}`}, e.contents("app.t"))
+}

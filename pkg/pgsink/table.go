@@ -1,0 +1,161 @@
+package pgsink
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/cdcflow/eventservice/pkg/pgcodec"
+)
+
+// table is a target table as a lane knows it: its columns' SQL types
+// (from the target's catalog, for the casts of the text values) and its
+// key. It belongs to the one lane that applies it.
+type table struct {
+	rel   pgcodec.Relation // the source's latest description
+	qname string
+	types map[string]string // column -> SQL type, in the target
+	order []string          // the target's columns, in order
+	key   []string
+}
+
+// loadTable reads the target table's columns and key.
+func loadTable(ctx context.Context, q querier, rel pgcodec.Relation) (*table, error) {
+	t := &table{rel: rel, qname: rel.QualifiedName(), types: map[string]string{}}
+	rows, err := q.Query(ctx, `
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), coalesce(a.attnum = ANY(k.indkey), false)
+FROM pg_attribute a
+LEFT JOIN LATERAL (SELECT i.indkey FROM pg_index i WHERE i.indrelid = a.attrelid AND i.indisprimary) k ON true
+WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum`, t.qname)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var name, typ string
+		var key bool
+		if err := rows.Scan(&name, &typ, &key); err != nil {
+			return nil, err
+		}
+		t.types[name] = typ
+		t.order = append(t.order, name)
+		if key {
+			t.key = append(t.key, name)
+		}
+	}
+	return t, rows.Err()
+}
+
+// querier is a connection or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// createTableSQL creates rel's schema and table if missing, with its
+// columns and key.
+func createTableSQL(rel pgcodec.Relation) string {
+	cols := make([]string, len(rel.Columns))
+	for i, c := range rel.Columns {
+		cols[i] = pgcodec.QuoteIdent(c.Name) + " " + c.Type
+	}
+	keys := make([]string, 0, 2)
+	for _, k := range rel.KeyColumns() {
+		keys = append(keys, pgcodec.QuoteIdent(k))
+	}
+	return fmt.Sprintf("CREATE SCHEMA IF NOT EXISTS %s; CREATE TABLE IF NOT EXISTS %s (%s, PRIMARY KEY (%s))",
+		pgcodec.QuoteIdent(rel.Schema), rel.QualifiedName(), strings.Join(cols, ", "), strings.Join(keys, ", "))
+}
+
+// evolve compares a new relation version with the target table: the
+// statements that add its new columns, or ErrSchemaChange for anything
+// else (a column gone, a type or the key changed).
+func (t *table) evolve(rel pgcodec.Relation) ([]string, error) {
+	var adds []string
+	inRel := map[string]bool{}
+	for _, c := range rel.Columns {
+		inRel[c.Name] = true
+		typ, ok := t.types[c.Name]
+		switch {
+		case !ok:
+			if c.Key {
+				return nil, fmt.Errorf("%w: %s: new key column %q", ErrSchemaChange, t.qname, c.Name)
+			}
+			adds = append(adds, fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s", t.qname, pgcodec.QuoteIdent(c.Name), c.Type))
+		case typ != c.Type:
+			return nil, fmt.Errorf("%w: %s.%s: type %s in the target, %s in the source", ErrSchemaChange, t.qname, c.Name, typ, c.Type)
+		}
+	}
+	for _, name := range t.order {
+		if !inRel[name] {
+			return nil, fmt.Errorf("%w: %s: column %q is gone from the source (dropped or renamed)", ErrSchemaChange, t.qname, name)
+		}
+	}
+	if !slices.Equal(rel.KeyColumns(), t.key) {
+		return nil, fmt.Errorf("%w: %s: key %v in the source, %v in the target", ErrSchemaChange, t.qname, rel.KeyColumns(), t.key)
+	}
+	return adds, nil
+}
+
+// added records columns an evolve added.
+func (t *table) added(rel pgcodec.Relation) {
+	for _, c := range rel.Columns {
+		if _, ok := t.types[c.Name]; !ok {
+			t.types[c.Name] = c.Type
+			t.order = append(t.order, c.Name)
+		}
+	}
+	t.rel = rel
+}
+
+// deleteSQL deletes the keys given as one text array per key column.
+func (t *table) deleteSQL() string {
+	arrays := make([]string, len(t.key))
+	cond := make([]string, len(t.key))
+	for i, k := range t.key {
+		q := pgcodec.QuoteIdent(k)
+		arrays[i] = fmt.Sprintf("$%d::text[]", i+1)
+		cond[i] = fmt.Sprintf("t.%s = k.%s::%s", q, q, t.types[k])
+	}
+	return fmt.Sprintf("DELETE FROM %s AS t USING unnest(%s) AS k(%s) WHERE %s", t.qname, strings.Join(arrays, ", "),
+		quoteAll(t.key), strings.Join(cond, " AND "))
+}
+
+// upsertSQL inserts rows of cols (text arrays, one per column), updating
+// the non-key columns of cols on a key conflict: a column absent from
+// cols (a TOASTed value left unchanged) keeps its value.
+func (t *table) upsertSQL(cols []string) string {
+	arrays := make([]string, len(cols))
+	casts := make([]string, len(cols))
+	var set []string
+	isKey := map[string]bool{}
+	for _, k := range t.key {
+		isKey[k] = true
+	}
+	for i, c := range cols {
+		q := pgcodec.QuoteIdent(c)
+		arrays[i] = fmt.Sprintf("$%d::text[]", i+1)
+		casts[i] = fmt.Sprintf("u.%s::%s", q, t.types[c])
+		if !isKey[c] {
+			set = append(set, fmt.Sprintf("%s = EXCLUDED.%s", q, q))
+		}
+	}
+	action := "DO NOTHING"
+	if len(set) > 0 {
+		action = "DO UPDATE SET " + strings.Join(set, ", ")
+	}
+	return fmt.Sprintf("INSERT INTO %s (%s) SELECT %s FROM unnest(%s) AS u(%s) ON CONFLICT (%s) %s", t.qname, quoteAll(cols),
+		strings.Join(casts, ", "), strings.Join(arrays, ", "), quoteAll(cols), quoteAll(t.key), action)
+}
+
+func quoteAll(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = pgcodec.QuoteIdent(n)
+	}
+	return strings.Join(q, ", ")
+}
