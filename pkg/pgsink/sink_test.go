@@ -90,7 +90,9 @@ func newSinkEnv(t *testing.T, tweak func(*Options)) *sinkEnv {
 var relT = pgcodec.Relation{OID: 100, Schema: "app", Name: "t", Columns: []pgcodec.Column{
 	{Name: "id", Type: "integer", TypeOID: 23, Key: true}, {Name: "v", Type: "text", TypeOID: 25}, {Name: "big", Type: "text", TypeOID: 25}}}
 
-func tx(c pgcodec.Change, cols ...pgcodec.Datum) pgcodec.RowChange { return pgcodec.RowChange{Change: c, Columns: cols} }
+func tx(c pgcodec.Change, cols ...pgcodec.Datum) pgcodec.RowChange {
+	return pgcodec.RowChange{Change: c, Columns: cols}
+}
 func col(name, v string) pgcodec.Datum {
 	return pgcodec.Datum{Name: name, Kind: pgcodec.Text, Text: []byte(v)}
 }
