@@ -81,7 +81,7 @@ func (b *batch) apply(ctx context.Context, q querier, t *table) (rows int, err e
 			for i, kc := range t.key {
 				j := indexOf(e.cols, kc)
 				if j < 0 || e.cols[j].Kind != pgcodec.Text {
-					return 0, fmt.Errorf("%w: %s: a delete without key column %q", ErrApply, t.qname, kc)
+					return 0, fmt.Errorf("%w: %w: %s: a delete without key column %q", ErrApply, errBadData, t.qname, kc)
 				}
 				delArgs[i] = append(delArgs[i], textPtr(e.cols[j].Text))
 			}

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/cdcflow/eventservice/pkg/common"
@@ -46,13 +49,17 @@ type dstate struct {
 	epoch    uint64
 	work     []op // since the last commit, in call order
 	failures int
+	// broken: its work failed; what follows is dropped until the reset's
+	// BeginEpoch (the stream sends it all again from the checkpoint).
+	broken bool
 }
 
 // lane applies the dispatchers hashed to it, on its own connection.
 type lane struct {
 	s    *Sink
 	n    int
-	conn *pgx.Conn
+	conn *pgx.Conn // the lane goroutine's (and bind's, before it runs)
+	down atomic.Bool
 
 	mu      sync.Mutex
 	cond    *sync.Cond // signalled on enqueue, dequeue and close
@@ -159,7 +166,10 @@ func (l *lane) take(deadline time.Time) bool {
 			for _, w := range d.work {
 				l.pending -= len(w.rows)
 			}
-			d.work, d.epoch = nil, o.epoch
+			d.work, d.epoch, d.broken = nil, o.epoch, false
+			continue
+		}
+		if d.broken {
 			continue
 		}
 		d.work = append(d.work, o)
@@ -211,16 +221,31 @@ func (l *lane) commitAll() {
 	if l.s.ctx.Err() != nil {
 		return
 	}
+	if l.lost(err) {
+		// The target is down or the connection broke: nothing is any
+		// table's fault. Keep the work, connect again and retry; the
+		// queue fills meanwhile, which is the back-pressure.
+		l.down.Store(true)
+		l.s.met.reconnects.Inc()
+		l.s.log.Warn("lost the target; reconnecting", zap.Int("lane", l.n), zap.Error(err))
+		l.reconnect()
+		return
+	}
 	l.s.log.Warn("a lane's transaction failed; applying its tables one by one", zap.Int("lane", l.n), zap.Error(err))
 	for _, d := range ds {
 		if err := l.commit([]*dstate{d}); err != nil && l.s.ctx.Err() == nil {
+			if l.lost(err) {
+				l.down.Store(true)
+				l.reconnect()
+				return
+			}
 			d.failures++
 			stop := errors.Is(err, ErrSchemaChange) || d.failures >= l.s.opts.MaxFailures
 			l.s.failed(d.id, err, stop)
 			for _, w := range d.work {
 				l.pending -= len(w.rows)
 			}
-			d.work = nil
+			d.work, d.broken = nil, true
 		}
 	}
 }
@@ -299,7 +324,7 @@ func (l *lane) applyWork(ctx context.Context, tx pgx.Tx, d *dstate) (int, common
 				r := &w.rows[i]
 				c, err := pgcodec.DecodeValue(r.Value)
 				if err != nil {
-					return 0, 0, fmt.Errorf("%w: %s: %w", ErrApply, t.qname, err)
+					return 0, 0, fmt.Errorf("%w: %w: %s: %w", ErrApply, errBadData, t.qname, err)
 				}
 				if c.Change == pgcodec.Truncate {
 					b = newBatch() // what the transaction wrote before is gone too
@@ -309,7 +334,7 @@ func (l *lane) applyWork(ctx context.Context, tx pgx.Tx, d *dstate) (int, common
 					continue
 				}
 				if len(r.Key) < 4 {
-					return 0, 0, fmt.Errorf("%w: %s: a %d-byte row key", ErrApply, t.qname, len(r.Key))
+					return 0, 0, fmt.Errorf("%w: %w: %s: a %d-byte row key", ErrApply, errBadData, t.qname, len(r.Key))
 				}
 				b.add(string(r.Key[4:]), c)
 			}
@@ -341,3 +366,49 @@ func (l *lane) applyWork(ctx context.Context, tx pgx.Tx, d *dstate) (int, common
 	}
 	return n, ckpt, nil
 }
+
+// lost reports whether err is the connection's fault, not the data's: the
+// connection closed, or an error the server did not send, or one of its
+// connection and shutdown classes (08, 57P).
+func (l *lane) lost(err error) bool {
+	if errors.Is(err, ErrSchemaChange) || errors.Is(err, errBadData) {
+		return false // the data's, found before the server saw it
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57P")
+	}
+	return true
+}
+
+// errBadData marks a dispatcher's work the sink itself refused (a value
+// that does not decode, a delete without its key).
+var errBadData = errors.New("pgsink: bad change")
+
+// reconnect replaces the lane's connection, retrying with a doubling
+// delay until it succeeds or the sink closes.
+func (l *lane) reconnect() {
+	delay := 50 * time.Millisecond
+	for l.s.ctx.Err() == nil {
+		_ = l.conn.Close(context.Background())
+		conn, err := pgx.Connect(l.s.ctx, l.s.opts.DSN)
+		if err == nil {
+			l.conn = conn
+			l.down.Store(false)
+			return
+		}
+		t := l.s.opts.Clock.NewTimer(delay)
+		select {
+		case <-l.s.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		}
+		delay = min(2*delay, 2*time.Second)
+	}
+}
+
+// connected reports whether the lane's connection was working when it
+// was last used (a pgx connection may not be asked from another
+// goroutine).
+func (l *lane) connected() bool { return !l.down.Load() }

@@ -11,6 +11,7 @@ type metrics struct {
 	rows          prometheus.Counter
 	commits       prometheus.Counter
 	ddls          prometheus.Counter
+	reconnects    prometheus.Counter
 	stopped       prometheus.Gauge
 	commitSeconds prometheus.Histogram
 }
@@ -23,6 +24,8 @@ func newMetrics(_ *Sink, reg prometheus.Registerer) (*metrics, error) {
 			Help: "Transactions committed on the target (rows and checkpoints of many tables each)."}),
 		ddls: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "cdcflow", Subsystem: "pgsink", Name: "ddls_total",
 			Help: "Relation DDLs applied (new columns added)."}),
+		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "cdcflow", Subsystem: "pgsink", Name: "reconnects_total",
+			Help: "Times a lane lost the target and connected again (its work kept and retried)."}),
 		stopped: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "cdcflow", Subsystem: "pgsink", Name: "stopped_tables",
 			Help: "Tables stopped by a schema change the sink cannot apply, or changes the target kept refusing."}),
 		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "cdcflow", Subsystem: "pgsink", Name: "commit_duration_seconds",
@@ -35,7 +38,7 @@ func newMetrics(_ *Sink, reg prometheus.Registerer) (*metrics, error) {
 }
 
 func (m *metrics) all() []prometheus.Collector {
-	return []prometheus.Collector{m.rows, m.commits, m.ddls, m.stopped, m.commitSeconds}
+	return []prometheus.Collector{m.rows, m.commits, m.ddls, m.reconnects, m.stopped, m.commitSeconds}
 }
 
 func (m *metrics) unregister() { promutil.UnregisterAll(m.reg, m.all()...) }

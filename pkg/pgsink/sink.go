@@ -200,6 +200,17 @@ func (s *Sink) Durable(id common.DispatcherID) common.Ts {
 	return s.mu.durable[id]
 }
 
+// Connected reports whether every lane's connection to the target is
+// open (for a readiness check).
+func (s *Sink) Connected() bool {
+	for _, l := range s.lanes {
+		if !l.connected() {
+			return false
+		}
+	}
+	return len(s.lanes) > 0
+}
+
 // Stopped names the tables stopped by a schema change the sink cannot
 // apply (or changes the target kept refusing), with why, sorted.
 func (s *Sink) Stopped() []string {

@@ -241,3 +241,26 @@ func TestARefusedChangeFailsOnlyItsTable(t *testing.T) {
 	e.dur.wait(t, bad, 12)
 	require.Equal(t, []string{`{"id":7,"v":"a","big":null}`}, e.contents("app.t"))
 }
+
+// The target going away is nobody's fault: the lane keeps its work,
+// connects again and applies it; no table is stopped, and the checkpoint
+// is durable only once the target holds the rows.
+func TestTargetDownIsRetriedNotStopped(t *testing.T) {
+	e := newSinkEnv(t, func(o *Options) { o.MaxFailures = 1 })
+	id := common.DispatcherIDFromUint64(1)
+	require.NoError(t, e.sink.Bind(context.Background(), id, relT, 10))
+	require.NoError(t, e.sink.BeginEpoch(id, 1, 10))
+	require.NoError(t, e.pg.Stop())
+	require.NoError(t, e.sink.ApplyRows(id, rows(12, tx(pgcodec.Insert, col("id", "1"), col("v", "a"), null("big")))))
+	require.NoError(t, e.sink.Checkpoint(id, 12))
+	require.Eventually(t, func() bool { return !e.sink.Connected() }, 60*time.Second, 5*time.Millisecond, "the lane sees the target gone")
+	require.Equal(t, common.Ts(10), e.sink.Durable(id))
+	require.NoError(t, e.pg.Restart())
+	e.dur.wait(t, id, 12)
+	require.Empty(t, e.sink.Stopped())
+	conn, err := pgx.Connect(context.Background(), e.pg.DSN)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	e.conn = conn
+	require.Equal(t, []string{`{"id":1,"v":"a","big":null}`}, e.contents("app.t"))
+}

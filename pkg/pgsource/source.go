@@ -56,7 +56,9 @@ type Source struct {
 	// lastCommit is when the last commit was decoded (clock UnixNano), for
 	// the heartbeat.
 	lastCommit atomic.Int64
-	progress   snapshotProgress
+	// streaming is set while a replication session is open.
+	streaming atomic.Bool
+	progress  snapshotProgress
 }
 
 // pendingSnapshot is the exported snapshot of a slot Open created: its
@@ -311,6 +313,10 @@ func (s *Source) Err() error {
 	defer s.mu.Unlock()
 	return s.mu.err
 }
+
+// Streaming reports whether a replication session is open (for a
+// readiness check).
+func (s *Source) Streaming() bool { return s.streaming.Load() }
 
 // Position returns the slot's position as last saved and confirmed.
 func (s *Source) Position() Position {

@@ -146,6 +146,8 @@ func (s *Source) session(from Position, known map[uint32]pgcodec.Relation) error
 	}
 	ss := &session{s: s, conn: conn, catalog: catalog, known: known, rels: map[uint32]*msgRelation{}, last: from.Ts,
 		journal: []Position{from}, announced: map[uint32]bool{}}
+	s.streaming.Store(true)
+	defer s.streaming.Store(false)
 	return ss.loop(ctx)
 }
 
