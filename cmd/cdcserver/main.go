@@ -10,6 +10,10 @@
 // collectors in other processes over gRPC; --role collector is such a
 // process.
 //
+// `cdcserver serve --source postgres://... --sink postgres://...` is a
+// long-running PostgreSQL-to-PostgreSQL changefeed (internal/replicate);
+// `cdcserver compare` checks the tables equal; `cdcserver --version`.
+//
 // Exit status: 0 verified (a collector: stopped cleanly); 1 verification
 // failed (a violation proven from what the sinks hold, drained or not); 2
 // bad flags or a setup error; 3 not drained: some dispatcher had not
@@ -34,6 +38,17 @@ import (
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "serve":
+			return runServe(args[1:], stderr)
+		case "compare":
+			return runCompare(args[1:], stdout, stderr)
+		case "--version", "-version", "version":
+			fmt.Fprintln(stdout, version())
+			return 0
+		}
+	}
 	cfg := server.DefaultConfig()
 	fs := flag.NewFlagSet("cdcserver", flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -2,6 +2,7 @@ package pgsink
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"sort"
@@ -86,7 +87,8 @@ func (s *Sink) Start(ctx context.Context) error {
 	if _, err := conn.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS cdcflow;
 CREATE TABLE IF NOT EXISTS cdcflow.checkpoints (
   dispatcher text PRIMARY KEY, table_oid bigint NOT NULL, target text NOT NULL, ts bigint NOT NULL,
-  updated_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+  updated_at timestamptz NOT NULL DEFAULT now());
+CREATE TABLE IF NOT EXISTS cdcflow.state (key text PRIMARY KEY, value text NOT NULL)`); err != nil {
 		return fmt.Errorf("%w: checkpoint table: %w", ErrConnect, err)
 	}
 	for i := range s.opts.Workers {
@@ -336,4 +338,55 @@ func (s *Sink) failed(id common.DispatcherID, err error, stop bool) {
 		return
 	}
 	s.mu.errs[id] = err
+}
+
+// State returns the value of key in the target's cdcflow.state (ok false
+// if unset): what an embedder records next to the checkpoints.
+func (s *Sink) State(ctx context.Context, key string) (string, bool, error) {
+	conn, err := pgx.Connect(ctx, s.opts.DSN)
+	if err != nil {
+		return "", false, fmt.Errorf("%w: %w", ErrConnect, err)
+	}
+	defer conn.Close(context.Background())
+	var v string
+	err = conn.QueryRow(ctx, "SELECT value FROM cdcflow.state WHERE key = $1", key).Scan(&v)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", false, nil
+	}
+	return v, err == nil, err
+}
+
+// SetState sets key to value in cdcflow.state.
+func (s *Sink) SetState(ctx context.Context, key, value string) error {
+	conn, err := pgx.Connect(ctx, s.opts.DSN)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrConnect, err)
+	}
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, "INSERT INTO cdcflow.state (key, value) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value", key, value)
+	return err
+}
+
+// Reset empties the target tables of rels (if they exist) and forgets
+// every checkpoint and state: a changefeed starting over from a new
+// snapshot.
+func (s *Sink) Reset(ctx context.Context, rels []pgcodec.Relation) error {
+	conn, err := pgx.Connect(ctx, s.opts.DSN)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrConnect, err)
+	}
+	defer conn.Close(context.Background())
+	for _, r := range rels {
+		var exists bool
+		if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", r.QualifiedName()).Scan(&exists); err != nil {
+			return err
+		}
+		if exists {
+			if _, err := conn.Exec(ctx, "TRUNCATE "+r.QualifiedName()); err != nil {
+				return fmt.Errorf("%w: truncate %s: %w", ErrApply, r.QualifiedName(), err)
+			}
+		}
+	}
+	_, err = conn.Exec(ctx, "DELETE FROM cdcflow.checkpoints; DELETE FROM cdcflow.state")
+	return err
 }

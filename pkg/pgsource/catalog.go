@@ -170,8 +170,14 @@ func slotLSN(ctx context.Context, conn *pgx.Conn, slot string) (lsn uint64, ok b
 	return uint64(l), true, err
 }
 
-// dropSlot drops the slot if it exists.
-func dropSlot(ctx context.Context, conn *pgx.Conn, slot string) error {
-	_, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot)
+// DropSlot drops the slot of the source at dsn if it exists (a changefeed
+// starting over). It fails if the slot is in use.
+func DropSlot(ctx context.Context, dsn, slot string) error {
+	conn, err := connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot)
 	return err
 }

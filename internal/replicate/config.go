@@ -1,0 +1,91 @@
+// Package replicate is cdcserver's long-running PostgreSQL-to-PostgreSQL
+// changefeed (`cdcserver serve`) and its table comparison (`cdcserver
+// compare`): a pgsource.Source feeds the event store, the event service
+// and an in-process collector deliver to a pgsink.Sink, until SIGTERM.
+//
+// Invariants: the slot's confirmed flush LSN follows the lowest durable
+// checkpoint of the sink (the slot is the durable log, the event store a
+// cache wiped at start); a restart resumes every table from its own
+// checkpoint in the sink; an initial snapshot that did not complete is
+// started over (slot dropped, target tables truncated), never resumed
+// with rows missing.
+package replicate
+
+import (
+	"errors"
+	"flag"
+	"net"
+	"time"
+
+	"github.com/cdcflow/eventservice/internal/optcheck"
+)
+
+// ErrInvalidConfig wraps every configuration error.
+var ErrInvalidConfig = errors.New("invalid configuration")
+
+// Config is serve's configuration; each field is one flag.
+type Config struct {
+	Source, Sink      string
+	Slot, Publication string
+	DataDir           string
+	MetricsAddr       string
+	PprofAddr         string
+	LogFormat         string
+	LogLevel          string
+	ProgressInterval  time.Duration
+	ReadyLag          time.Duration
+	SinkWorkers       int
+	// ShutdownTimeout bounds a clean stop.
+	ShutdownTimeout time.Duration
+}
+
+// DefaultConfig returns serve's defaults.
+func DefaultConfig() Config {
+	return Config{Slot: "cdcflow", Publication: "cdcflow", MetricsAddr: "127.0.0.1:9464", PprofAddr: "127.0.0.1:0",
+		LogFormat: "text", LogLevel: "info", ProgressInterval: 5 * time.Second, ReadyLag: 30 * time.Second,
+		SinkWorkers: 4, ShutdownTimeout: 30 * time.Second}
+}
+
+// BindFlags registers every field on fs.
+func (c *Config) BindFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Source, "source", c.Source, "the source database: postgres://user@host:port/db (wal_level=logical; a role with REPLICATION)")
+	fs.StringVar(&c.Sink, "sink", c.Sink, "the target database: postgres://user@host:port/db (tables are created there; checkpoints in schema cdcflow)")
+	fs.StringVar(&c.Slot, "slot", c.Slot, "the logical replication slot (created when missing)")
+	fs.StringVar(&c.Publication, "publication", c.Publication, "the publication (created FOR ALL TABLES when missing)")
+	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the event store, a cache wiped at start (default: a temporary directory)")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "address serving /metrics, /healthz and /readyz (empty: none)")
+	fs.StringVar(&c.PprofAddr, "pprof-addr", c.PprofAddr, "loopback address serving /debug/pprof (empty: none)")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log format: text or json")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn or error")
+	fs.DurationVar(&c.ProgressInterval, "progress-interval", c.ProgressInterval, "period of the progress line on stderr (0 = none)")
+	fs.DurationVar(&c.ReadyLag, "ready-lag", c.ReadyLag, "/readyz fails while the slowest table's checkpoint is further behind than this")
+	fs.IntVar(&c.SinkWorkers, "sink-workers", c.SinkWorkers, "parallel apply lanes (connections) to the target")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a clean stop may take")
+}
+
+// Validate reports every invalid field at once.
+func (c Config) Validate() error {
+	p := optcheck.New(ErrInvalidConfig)
+	p.Require(c.Source != "", "--source is required")
+	p.Require(c.Sink != "", "--sink is required")
+	p.Require(c.LogFormat == "text" || c.LogFormat == "json", "--log-format=%q: want text or json", c.LogFormat)
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		p.Addf("--log-level=%q: want debug, info, warn or error", c.LogLevel)
+	}
+	if c.PprofAddr != "" {
+		host, _, err := net.SplitHostPort(c.PprofAddr)
+		ip := net.ParseIP(host)
+		p.Require(err == nil && (host == "localhost" || (ip != nil && ip.IsLoopback())), "--pprof-addr=%q must be a loopback address", c.PprofAddr)
+	}
+	if c.MetricsAddr != "" {
+		_, _, err := net.SplitHostPort(c.MetricsAddr)
+		p.Require(err == nil, "--metrics-addr=%q: %v", c.MetricsAddr, err)
+	}
+	p.Require(c.ProgressInterval >= 0, "--progress-interval must not be negative")
+	p.Require(c.ReadyLag > 0, "--ready-lag must be positive")
+	p.IntRange("--sink-workers", c.SinkWorkers, 1, 256)
+	p.Require(c.ShutdownTimeout > 0, "--shutdown-timeout must be positive")
+	return p.Err()
+}

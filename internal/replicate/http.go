@@ -1,0 +1,110 @@
+package replicate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+)
+
+// httpServers are serve's endpoints: /metrics, /healthz and /readyz on
+// the metrics address, /debug/pprof on its own loopback address.
+type httpServers struct {
+	servers []*http.Server
+	addrs   []string
+	wg      sync.WaitGroup
+}
+
+func serveHTTP(cfg Config, p *parts) (*httpServers, error) {
+	h := &httpServers{}
+	start := func(addr string, mux *http.ServeMux) error {
+		if addr == "" {
+			h.addrs = append(h.addrs, "")
+			return nil
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("listen %s: %w", addr, err)
+		}
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		h.servers = append(h.servers, srv)
+		h.addrs = append(h.addrs, ln.Addr().String())
+		h.wg.Go(func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				p.log.Warn("http", zap.Error(err))
+			}
+		})
+		return nil
+	}
+	metrics := http.NewServeMux()
+	metrics.Handle("/metrics", promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{}))
+	metrics.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	metrics.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if why := p.notReady(cfg.ReadyLag); len(why) > 0 {
+			http.Error(w, "not ready: "+strings.Join(why, "; "), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	if err := start(cfg.MetricsAddr, metrics); err != nil {
+		return nil, err
+	}
+	prof := http.NewServeMux()
+	prof.HandleFunc("/debug/pprof/", pprof.Index)
+	prof.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	prof.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	prof.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	prof.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	if err := start(cfg.PprofAddr, prof); err != nil {
+		h.close()
+		return nil, err
+	}
+	return h, nil
+}
+
+func (h *httpServers) metricsAddr() string { return h.addrs[0] }
+func (h *httpServers) pprofAddr() string {
+	if len(h.addrs) < 2 {
+		return ""
+	}
+	return h.addrs[1]
+}
+
+func (h *httpServers) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	for _, s := range h.servers {
+		_ = s.Shutdown(ctx)
+	}
+	h.wg.Wait()
+}
+
+// notReady lists why serve is not ready: the source's stream or the sink
+// not connected, a table stopped, or the slowest table's checkpoint
+// further behind than maxLag.
+func (p *parts) notReady(maxLag time.Duration) []string {
+	var why []string
+	if err := p.source.Err(); err != nil {
+		why = append(why, "source stopped: "+err.Error())
+	} else if !p.source.Streaming() {
+		why = append(why, "source stream not connected")
+	}
+	if !p.sink.Connected() {
+		why = append(why, "sink not connected")
+	}
+	if stopped := p.sink.Stopped(); len(stopped) > 0 {
+		why = append(why, fmt.Sprintf("%d tables stopped (first: %s)", len(stopped), stopped[0]))
+	}
+	if lag := p.lag(); lag > maxLag {
+		why = append(why, fmt.Sprintf("lag %v above %v", lag.Round(time.Millisecond), maxLag))
+	}
+	return why
+}

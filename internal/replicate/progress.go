@@ -1,0 +1,65 @@
+package replicate
+
+import (
+	"fmt"
+	"io"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+)
+
+// progress prints serve's progress line: rows applied per second, lag,
+// pending tasks; during the initial snapshot, tables and rows copied, the
+// rate and an estimate of what is left.
+type progress struct {
+	p        *parts
+	w        io.Writer
+	lastRows float64
+	lastAt   time.Time
+}
+
+func newProgress(p *parts, w io.Writer) *progress {
+	return &progress{p: p, w: w, lastAt: time.Now()}
+}
+
+// rowsApplied reads the sink's row counter from the registry.
+func (g *progress) rowsApplied() float64 {
+	mfs, err := g.p.reg.Gather()
+	if err != nil {
+		return 0
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "cdcflow_pgsink_rows_total" {
+			return sumOf(mf.GetMetric())
+		}
+	}
+	return 0
+}
+
+func sumOf(ms []*dto.Metric) float64 {
+	var v float64
+	for _, m := range ms {
+		v += m.GetCounter().GetValue()
+	}
+	return v
+}
+
+func (g *progress) print() {
+	now := time.Now()
+	rows := g.rowsApplied()
+	rate := (rows - g.lastRows) / now.Sub(g.lastAt).Seconds()
+	g.lastRows, g.lastAt = rows, now
+	st := g.p.svc.Progress()
+	line := fmt.Sprintf("serve: rows/s %.0f  lag %v  pending prepare %d scan %d  stopped tables %d", rate,
+		g.p.lag().Round(time.Millisecond), st.PendingPrepare, st.PendingScan, len(g.p.sink.Stopped()))
+	if snap := g.p.source.Snapshot(); snap.Running {
+		copyRate := float64(snap.Rows) / max(snap.Elapsed.Seconds(), 0.001)
+		left := "unknown"
+		if snap.EstimatedRows > snap.Rows && copyRate > 0 {
+			left = (time.Duration(float64(snap.EstimatedRows-snap.Rows)/copyRate) * time.Second).Round(time.Second).String()
+		}
+		line += fmt.Sprintf("  snapshot: tables %d/%d, rows %d of ~%d, %.0f rows/s, ~%s left", snap.TablesDone, snap.Tables,
+			snap.Rows, snap.EstimatedRows, copyRate, left)
+	}
+	fmt.Fprintln(g.w, line)
+}

@@ -1,0 +1,339 @@
+package replicate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/pingcap/log"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventcollector"
+	"github.com/cdcflow/eventservice/pkg/eventservice"
+	"github.com/cdcflow/eventservice/pkg/eventstore"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+	"github.com/cdcflow/eventservice/pkg/pgcodec"
+	"github.com/cdcflow/eventservice/pkg/pgsink"
+	"github.com/cdcflow/eventservice/pkg/pgsource"
+	"github.com/cdcflow/eventservice/pkg/schemastore"
+)
+
+// ErrSetup wraps what stops serve before it runs: a bad DSN, a source
+// that cannot be replicated (wal_level, a table without a key), a target
+// that refuses the checkpoint table. cdcserver exits 2 for it.
+var ErrSetup = errors.New("setup failed")
+
+// target is the one target of serve's in-process transport.
+const target messaging.Target = "changefeed-1"
+
+// dispatcherOf is the dispatcher of a table.
+func dispatcherOf(oid uint32) common.DispatcherID { return common.DispatcherID{Hi: 1, Lo: uint64(oid)} }
+
+// parts is what serve runs, closed in reverse order of building.
+type parts struct {
+	reg       *prometheus.Registry
+	log       *zap.Logger
+	sink      *pgsink.Sink
+	positions *pgsource.TablePositions
+	source    *pgsource.Source
+	store     *eventstore.Store
+	schema    *schemastore.Memory
+	inproc    *messaging.InProcess
+	svc       *eventservice.Service
+	coll      *eventcollector.Collector
+	dataDir   string
+	tmpDir    bool
+	info      pgsource.Info
+	newTables chan newTable
+	wg        sync.WaitGroup
+	// cancel ends the goroutines of parts (new tables) at close.
+	cancel context.CancelFunc
+}
+
+type newTable struct {
+	rel     pgcodec.Relation
+	firstTs common.Ts
+}
+
+// Run is `cdcserver serve`: it replicates cfg.Source into cfg.Sink until
+// ctx ends (SIGTERM), then stops cleanly within ShutdownTimeout. A restart
+// resumes from the sink's checkpoints.
+func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	lg, err := newLogger(cfg, stderr)
+	if err != nil {
+		return fmt.Errorf("%w: logger: %w", ErrInvalidConfig, err)
+	}
+	p := &parts{reg: prometheus.NewRegistry(), log: lg, newTables: make(chan newTable, 64)}
+	p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	ctx, p.cancel = context.WithCancel(ctx)
+	defer p.close(cfg.ShutdownTimeout)
+	if err := p.build(ctx, cfg); err != nil {
+		return err
+	}
+	httpSrv, err := serveHTTP(cfg, p)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrSetup, err)
+	}
+	defer httpSrv.close()
+	lg.Info("serving", zap.Int("tables", len(p.info.Tables)), zap.Bool("snapshot", p.info.Created),
+		zap.Stringer("resume_ts", p.info.ResumeTs), zap.String("metrics", httpSrv.metricsAddr()), zap.String("pprof", httpSrv.pprofAddr()))
+	fmt.Fprintf(stderr, "serve: replicating %d tables; metrics at %s\n", len(p.info.Tables), orNone(httpSrv.metricsAddr()))
+	return p.loop(ctx, cfg, stderr)
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}
+
+// newLogger is a pingcap/log logger on stderr, text or JSON.
+func newLogger(cfg Config, stderr io.Writer) (*zap.Logger, error) {
+	lg, _, err := log.InitLoggerWithWriteSyncer(&log.Config{Level: cfg.LogLevel, Format: cfg.LogFormat},
+		zapcore.AddSync(stderr), zapcore.AddSync(stderr))
+	return lg, err
+}
+
+// build opens the sink, the source (starting over if its snapshot never
+// completed), the store, the service and the collector, and registers a
+// dispatcher per table from its checkpoint.
+func (p *parts) build(ctx context.Context, cfg Config) error {
+	var err error
+	setup := func(err error) error { return fmt.Errorf("%w: %w", ErrSetup, err) }
+	if p.sink, err = pgsink.New(pgsink.Options{DSN: cfg.Sink, Workers: cfg.SinkWorkers, Logger: p.log, Registerer: p.reg}); err != nil {
+		return setup(err)
+	}
+	if err := p.sink.Start(ctx); err != nil {
+		return setup(err)
+	}
+	if p.positions, err = pgsource.NewTablePositions(ctx, cfg.Sink); err != nil {
+		return setup(err)
+	}
+	if p.schema, err = schemastore.NewMemory(schemastore.MemoryOptions{InitialResolvedTs: 1, Logger: p.log}); err != nil {
+		return setup(err)
+	}
+	if err := p.openSource(ctx, cfg); err != nil {
+		return err
+	}
+	done, _, err := p.sink.State(ctx, snapshotKey(cfg.Slot))
+	if err != nil {
+		return setup(err)
+	}
+	if !p.info.Created && done == "" {
+		// The slot exists but its snapshot never completed: the target
+		// may lack rows nobody will send again. Start over.
+		p.log.Warn("the initial snapshot did not complete: dropping the slot and starting over", zap.String("slot", cfg.Slot))
+		p.source.Close()
+		if err := pgsource.DropSlot(ctx, cfg.Source, cfg.Slot); err != nil {
+			return setup(err)
+		}
+		if err := p.positions.Forget(ctx, cfg.Slot); err != nil {
+			return setup(err)
+		}
+		if err := p.sink.Reset(ctx, p.info.Tables); err != nil {
+			return setup(err)
+		}
+		if err := p.openSource(ctx, cfg); err != nil {
+			return err
+		}
+	}
+	p.dataDir = cfg.DataDir
+	if p.dataDir == "" {
+		if p.dataDir, err = os.MkdirTemp("", "cdcserver-serve-"); err != nil {
+			return setup(err)
+		}
+		p.tmpDir = true
+	}
+	storeDir := filepath.Join(p.dataDir, "eventstore")
+	_ = os.RemoveAll(storeDir) // a cache: the slot is the durable log
+	if p.store, err = eventstore.Open(eventstore.Options{Dir: storeDir, Upstream: p.source, Registerer: p.reg, Logger: p.log}); err != nil {
+		return setup(err)
+	}
+	if err := p.store.Start(); err != nil {
+		return setup(err)
+	}
+	if p.inproc, err = messaging.NewInProcess(messaging.InProcessOptions{Capacity: 8192, Logger: p.log}); err != nil {
+		return setup(err)
+	}
+	inbox, err := p.inproc.Register(target)
+	if err != nil {
+		return setup(err)
+	}
+	if p.svc, err = eventservice.New(eventservice.Options{Store: p.store, Schema: p.schema, Transport: p.inproc,
+		MaxMessagesPerTask: 2048, ResolvedBatch: 2048, Registerer: p.reg, Logger: p.log}); err != nil {
+		return setup(err)
+	}
+	if err := p.svc.Start(); err != nil {
+		return setup(err)
+	}
+	if p.coll, err = eventcollector.New(eventcollector.Options{Service: p.svc, Inbox: inbox, Sink: p.sink, Registerer: p.reg, Logger: p.log}); err != nil {
+		return setup(err)
+	}
+	if err := p.coll.Start(); err != nil {
+		return setup(err)
+	}
+	ckpts, err := p.sink.Checkpoints(ctx)
+	if err != nil {
+		return setup(err)
+	}
+	for _, rel := range p.info.Tables {
+		start := p.info.ResumeTs
+		if p.info.Created {
+			start = p.info.SnapshotTs - 1
+		} else if c, ok := ckpts[dispatcherOf(rel.OID)]; ok && c > start {
+			start = c
+		}
+		if err := p.add(ctx, rel, start); err != nil {
+			return setup(err)
+		}
+	}
+	if err := p.source.Start(); err != nil {
+		return setup(err)
+	}
+	p.wg.Go(func() { p.addNewTables(ctx) })
+	return nil
+}
+
+// openSource builds and opens the source.
+func (p *parts) openSource(ctx context.Context, cfg Config) error {
+	var err error
+	p.source, err = pgsource.New(pgsource.Options{DSN: cfg.Source, Slot: cfg.Slot, Publication: cfg.Publication,
+		Schema: p.schema, Positions: p.positions, SafePoint: p.sink.MinDurable, Logger: p.log, Registerer: p.reg,
+		OnNewTable: func(rel pgcodec.Relation, firstTs common.Ts) {
+			select {
+			case p.newTables <- newTable{rel, firstTs}:
+			case <-ctx.Done():
+			}
+		}})
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrSetup, err)
+	}
+	if p.info, err = p.source.Open(ctx); err != nil {
+		return fmt.Errorf("%w: %w", ErrSetup, err)
+	}
+	return nil
+}
+
+func snapshotKey(slot string) string { return "snapshot-done:" + slot }
+
+// add binds a table to the sink and registers its dispatcher from start.
+func (p *parts) add(ctx context.Context, rel pgcodec.Relation, start common.Ts) error {
+	id := dispatcherOf(rel.OID)
+	if err := p.sink.Bind(ctx, id, rel, start); err != nil {
+		return err
+	}
+	return p.coll.AddDispatcher(ctx, id, common.TableSpan(int64(rel.OID)), start)
+}
+
+// addNewTables registers the tables the source finds while streaming.
+func (p *parts) addNewTables(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case t := <-p.newTables:
+			if err := p.add(ctx, t.rel, t.firstTs-1); err != nil && ctx.Err() == nil {
+				p.log.Error("add a new table", zap.String("table", t.rel.QualifiedName()), zap.Error(err))
+				continue
+			}
+			p.log.Info("replicating a new table", zap.String("table", t.rel.QualifiedName()), zap.Stringer("from", t.firstTs))
+		}
+	}
+}
+
+// loop runs until ctx ends or the source stops for good: it records the
+// snapshot's completion and prints the progress line.
+func (p *parts) loop(ctx context.Context, cfg Config, stderr io.Writer) error {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	prog := newProgress(p, stderr)
+	nextProgress := time.Now().Add(cfg.ProgressInterval)
+	snapshotRecorded := !p.info.Created
+	for {
+		select {
+		case <-ctx.Done():
+			p.log.Info("stopping")
+			return nil
+		case <-tick.C:
+		}
+		if err := p.source.Err(); err != nil {
+			return err
+		}
+		if !snapshotRecorded {
+			if lo, ok := p.sink.MinDurable(); ok && lo >= p.info.SnapshotTs {
+				if err := p.sink.SetState(ctx, snapshotKey(cfg.Slot), strconv.FormatUint(uint64(p.info.SnapshotTs), 10)); err == nil {
+					snapshotRecorded = true
+					p.log.Info("initial snapshot applied")
+				}
+			}
+		}
+		if cfg.ProgressInterval > 0 && !time.Now().Before(nextProgress) {
+			prog.print()
+			nextProgress = time.Now().Add(cfg.ProgressInterval)
+		}
+	}
+}
+
+// lag is how far the slowest table's durable checkpoint is behind now.
+func (p *parts) lag() time.Duration {
+	lo, ok := p.sink.MinDurable()
+	if !ok {
+		return 0
+	}
+	return lo.Lag(time.Now())
+}
+
+// close stops everything in reverse order, within timeout.
+func (p *parts) close(timeout time.Duration) {
+	p.cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if p.coll != nil {
+			if err := p.coll.Close(); err != nil {
+				p.log.Warn("close collector", zap.Error(err))
+			}
+		}
+		if p.svc != nil {
+			p.svc.Close()
+		}
+		if p.source != nil {
+			p.source.Close()
+		}
+		if p.store != nil {
+			_ = p.store.Close()
+		}
+		p.wg.Wait()
+		if p.inproc != nil {
+			p.inproc.Close()
+		}
+		if p.sink != nil {
+			p.sink.Close()
+		}
+		if p.positions != nil {
+			p.positions.Close()
+		}
+		if p.tmpDir {
+			_ = os.RemoveAll(p.dataDir)
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		p.log.Error("shutdown timed out", zap.Duration("timeout", timeout))
+	}
+}
