@@ -1,0 +1,243 @@
+package tests
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os/exec"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/internal/linewatch"
+	"github.com/cdcflow/eventservice/internal/pgtest"
+	"github.com/cdcflow/eventservice/internal/replicate"
+)
+
+// serveProcess is a `cdcserver serve` process.
+type serveProcess struct {
+	cmd    *exec.Cmd
+	stderr *linewatch.Watcher
+	done   chan error
+}
+
+func startServe(t *testing.T, src, dst *pgtest.Server, dataDir string) *serveProcess {
+	t.Helper()
+	p := &serveProcess{done: make(chan error, 1), stderr: linewatch.New(`^serve: replicating (\d+) tables`)}
+	p.cmd = exec.Command(buildCDCServer(t), "serve", "--source", src.DSN, "--sink", dst.DSN, "--data-dir", dataDir,
+		"--metrics-addr", "127.0.0.1:0", "--pprof-addr", "", "--log-level", "warn", "--progress-interval", "0")
+	p.cmd.Stdout, p.cmd.Stderr = &bytes.Buffer{}, p.stderr
+	require.NoError(t, p.cmd.Start())
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	return p
+}
+
+// pgWorkload writes to tables t1..tN until stopped: inserts, updates of a
+// small column (the TOASTed body is left unchanged) and deletes, in
+// transactions of a few rows.
+type pgWorkload struct {
+	pool   *pgxpool.Pool
+	tables int
+	stop   chan struct{}
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	err    error
+	txns   int
+}
+
+func startWorkload(t *testing.T, dsn string, tables, workers int) *pgWorkload {
+	pool, err := pgxpool.New(context.Background(), dsn)
+	require.NoError(t, err)
+	w := &pgWorkload{pool: pool, tables: tables, stop: make(chan struct{})}
+	for i := range workers {
+		w.wg.Go(func() { w.run(uint64(i)) })
+	}
+	return w
+}
+
+func (w *pgWorkload) run(seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 42))
+	ctx := context.Background()
+	next := int(seed+1) * 1_000_000
+	for {
+		select {
+		case <-w.stop:
+			return
+		default:
+		}
+		tx, err := w.pool.Begin(ctx)
+		if err != nil {
+			w.fail(err)
+			return
+		}
+		for range 4 {
+			tbl := fmt.Sprintf("t%d", 1+rng.IntN(w.tables))
+			switch p := rng.IntN(100); {
+			case p < 70:
+				next++
+				_, err = tx.Exec(ctx, "INSERT INTO "+tbl+" VALUES ($1, 0, $2)", next, fmt.Sprintf("%x", rng.Uint64()))
+			case p < 90:
+				_, err = tx.Exec(ctx, "UPDATE "+tbl+" SET n = n + 1 WHERE id = (SELECT id FROM "+tbl+" ORDER BY random() LIMIT 1)")
+			default:
+				_, err = tx.Exec(ctx, "DELETE FROM "+tbl+" WHERE id = (SELECT id FROM "+tbl+" ORDER BY random() LIMIT 1)")
+			}
+			if err != nil {
+				break
+			}
+		}
+		if err == nil {
+			err = tx.Commit(ctx)
+		} else {
+			_ = tx.Rollback(ctx)
+		}
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "40P01" {
+			continue // two workers' updates deadlocked: the server rolled one back
+		}
+		if err != nil {
+			w.fail(err)
+			return
+		}
+		w.mu.Lock()
+		w.txns++
+		w.mu.Unlock()
+	}
+}
+
+func (w *pgWorkload) fail(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err == nil {
+		w.err = err
+	}
+}
+
+func (w *pgWorkload) finish(t *testing.T) int {
+	close(w.stop)
+	w.wg.Wait()
+	w.pool.Close()
+	require.NoError(t, w.err, "the workload")
+	return w.txns
+}
+
+// checkpointProgress returns the highest checkpoint the target holds.
+func checkpointProgress(t *testing.T, dst *pgtest.Server) int64 {
+	conn, err := pgx.Connect(context.Background(), dst.DSN)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	var ts int64
+	err = conn.QueryRow(context.Background(), "SELECT coalesce(max(ts), 0) FROM cdcflow.checkpoints").Scan(&ts)
+	if err != nil {
+		return 0 // not created yet
+	}
+	return ts
+}
+
+// confirmedFlush returns the slot's confirmed flush LSN.
+func confirmedFlush(t *testing.T, src *pgtest.Server) pglogrepl.LSN {
+	conn, err := pgx.Connect(context.Background(), src.DSN)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	var s string
+	require.NoError(t, conn.QueryRow(context.Background(), "SELECT coalesce(confirmed_flush_lsn::text, '0/0') FROM pg_replication_slots").Scan(&s))
+	lsn, err := pglogrepl.ParseLSN(s)
+	require.NoError(t, err)
+	return lsn
+}
+
+// waitFor polls cond (a database's state) until it holds, with a deadline.
+func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond) // polling another process's state with a deadline
+	}
+}
+
+// A real changefeed under load, 100 tables: `cdcserver serve` is killed
+// with SIGKILL mid-stream three times and started again, the replication
+// connection is terminated by the server, and the target is down for 5 s
+// (the slot keeps the WAL meanwhile; its confirmed flush moves on once
+// the target caught up). At the end `compare` finds every table equal.
+func TestServeSurvivesKillsAndOutages(t *testing.T) {
+	src := pgtest.StartWith(t, pgtest.Options{Logical: true, Settings: []string{"max_connections=100"}})
+	dst := pgtest.StartWith(t, pgtest.Options{Settings: []string{"max_connections=100"}})
+	conn, err := pgx.Connect(context.Background(), src.DSN)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	const tables = 100
+	for i := 1; i <= tables; i++ {
+		_, err := conn.Exec(context.Background(), fmt.Sprintf(`CREATE TABLE t%d (id int PRIMARY KEY, n int, body text);
+ALTER TABLE t%d ALTER COLUMN body SET STORAGE EXTERNAL;
+INSERT INTO t%d SELECT g, 0, repeat(md5(g::text), 100) FROM generate_series(1, 20) g`, i, i, i))
+		require.NoError(t, err)
+	}
+	dataDir := t.TempDir()
+	work := startWorkload(t, src.DSN, tables, 2)
+	defer func() {
+		if work != nil {
+			work.finish(t)
+		}
+	}()
+
+	// Three kills, each once the target's checkpoints moved since the
+	// (re)start.
+	for kill := range 3 {
+		proc := startServe(t, src, dst, dataDir)
+		base := checkpointProgress(t, dst)
+		waitFor(t, fmt.Sprintf("progress before kill %d", kill+1), scaled(t, 2*time.Minute), func() bool {
+			return checkpointProgress(t, dst) > base
+		})
+		require.NoError(t, proc.cmd.Process.Signal(syscall.SIGKILL))
+		<-proc.done
+	}
+
+	proc := startServe(t, src, dst, dataDir)
+	base := checkpointProgress(t, dst)
+	waitFor(t, "progress after the kills", scaled(t, 2*time.Minute), func() bool { return checkpointProgress(t, dst) > base })
+
+	// The replication connection terminated by the source.
+	_, err = conn.Exec(context.Background(), "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE active_pid IS NOT NULL")
+	require.NoError(t, err)
+	base = checkpointProgress(t, dst)
+	waitFor(t, "progress after the terminated connection", scaled(t, 2*time.Minute), func() bool { return checkpointProgress(t, dst) > base })
+
+	// The target down for 5 s: the slot holds its position meanwhile.
+	require.NoError(t, dst.Stop())
+	held := confirmedFlush(t, src)
+	time.Sleep(5 * time.Second) // the outage's length, not synchronisation
+	require.Equal(t, held, confirmedFlush(t, src), "the slot keeps the WAL while the target is down")
+	require.NoError(t, dst.Restart())
+	waitFor(t, "the slot moving on after the target caught up", scaled(t, 2*time.Minute), func() bool { return confirmedFlush(t, src) > held })
+
+	w := work
+	work = nil
+	txns := w.finish(t)
+	t.Logf("workload: %d transactions", txns)
+	require.Positive(t, txns)
+	var out bytes.Buffer
+	waitFor(t, "the target to equal the source", scaled(t, 3*time.Minute), func() bool {
+		out.Reset()
+		return replicate.Compare(context.Background(), src.DSN, dst.DSN, "cdcflow", &out) == nil
+	})
+	require.NoError(t, proc.cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, <-proc.done, "a clean stop exits 0: %s", tail(proc.stderr.String(), 2000))
+}
