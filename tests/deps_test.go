@@ -37,6 +37,11 @@ func TestPackageDependenciesFollowTheArchitecture(t *testing.T) {
 		// pendingset is a standalone primitive: the module's one clock is
 		// all it takes from the project.
 		{"pkg/pendingset", []string{"pkg/common", "pkg/messaging", "pkg/eventstore", "pkg/eventservice", "internal/"}},
+		// The PostgreSQL source feeds the store; the sink is a collector's
+		// downstream and may live in a collector's process.
+		{"pkg/pgsource", []string{"pkg/eventservice", "pkg/eventcollector"}},
+		{"pkg/pgsink", []string{"pkg/eventservice", "pkg/eventstore", "pkg/pgsource", "github.com/cockroachdb/pebble"}},
+		{"pkg/pgcodec", []string{"pkg/eventservice", "pkg/eventstore", "pkg/eventcollector", "pkg/messaging"}},
 		{"pkg/common", []string{module + "/"}},
 		{"pkg/clock", []string{module + "/"}},
 	} {
