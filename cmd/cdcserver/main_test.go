@@ -37,3 +37,24 @@ func TestJSONRunVerifiesAndExitsZero(t *testing.T) {
 	require.Equal(t, 10.0, sum["dispatchers"])
 	require.Equal(t, 0.0, sum["lost_wakeups"])
 }
+
+// serve and compare: bad flags and a source that cannot be reached exit
+// 2 with the reason; --version names the build.
+func TestServeAndCompareSetupErrorsExitTwo(t *testing.T) {
+	bad := "postgres://nobody@127.0.0.1:1/x?connect_timeout=2"
+	for _, args := range [][]string{
+		{"serve"}, // no --source, no --sink
+		{"serve", "--source", bad, "--sink", bad, "--log-format", "xml"},
+		{"serve", "--source", bad, "--sink", bad, "--metrics-addr", ""},
+		{"compare", "--source", bad},
+		{"compare", "--source", bad, "--sink", bad},
+	} {
+		var out, errOut bytes.Buffer
+		require.Equal(t, 2, run(args, &out, &errOut), "%v: %s", args, errOut.String())
+		require.NotEmpty(t, errOut.String(), "%v says why", args)
+	}
+	var out bytes.Buffer
+	require.Equal(t, 0, run([]string{"--version"}, &out, &bytes.Buffer{}))
+	require.Contains(t, out.String(), "cdcserver")
+	require.Contains(t, out.String(), "go1.")
+}
