@@ -84,11 +84,11 @@ func (l *lane) bind(ctx context.Context, id common.DispatcherID, rel pgcodec.Rel
 	defer l.mu.Unlock()
 	t := l.tables[rel.OID]
 	if t == nil {
-		conn, err := pgx.Connect(ctx, l.s.opts.DSN)
+		conn, release, err := l.s.adminConn(ctx)
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrConnect, err)
+			return err
 		}
-		defer conn.Close(context.Background())
+		defer release()
 		if _, err := conn.Exec(ctx, createTableSQL(rel)); err != nil {
 			return fmt.Errorf("%w: create %s: %w", ErrApply, rel.QualifiedName(), err)
 		}

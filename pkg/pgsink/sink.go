@@ -34,6 +34,11 @@ type Sink struct {
 
 	durableFn func(id common.DispatcherID, epoch uint64, ts common.Ts)
 
+	// admin is the connection binds create and read tables on (one at a
+	// time: a thousand tables must not cost a thousand connections).
+	adminMu sync.Mutex
+	admin   *pgx.Conn
+
 	mu struct {
 		sync.Mutex
 		started, closed bool
@@ -107,6 +112,21 @@ CREATE TABLE IF NOT EXISTS cdcflow.state (key text PRIMARY KEY, value text NOT N
 		s.wg.Go(l.run)
 	}
 	return nil
+}
+
+// adminConn returns the admin connection, (re)connecting it, held until
+// release.
+func (s *Sink) adminConn(ctx context.Context) (*pgx.Conn, func(), error) {
+	s.adminMu.Lock()
+	if s.admin == nil || s.admin.IsClosed() {
+		c, err := pgx.Connect(ctx, s.opts.DSN)
+		if err != nil {
+			s.adminMu.Unlock()
+			return nil, nil, fmt.Errorf("%w: %w", ErrConnect, err)
+		}
+		s.admin = c
+	}
+	return s.admin, s.adminMu.Unlock, nil
 }
 
 // Checkpoints returns the checkpoints the target holds, by dispatcher: a
@@ -305,6 +325,11 @@ func (s *Sink) Close() {
 	for _, l := range s.lanes {
 		l.conn.Close(context.Background())
 	}
+	s.adminMu.Lock()
+	if s.admin != nil {
+		s.admin.Close(context.Background())
+	}
+	s.adminMu.Unlock()
 	s.met.unregister()
 }
 

@@ -121,6 +121,26 @@ type session struct {
 	cur     *txn
 	// announced: new tables already reported to OnNewTable.
 	announced map[uint32]bool
+	// subs is the subscriptions by table as of the transaction's BEGIN
+	// (subsVer the version it copied): a subscription that arrives during
+	// a transaction it needs replays it (Subscribe checks begun).
+	subs    map[uint32][]*sub
+	subsVer uint64
+}
+
+// refreshSubs takes the subscriptions again if they changed.
+func (ss *session) refreshSubs() {
+	s := ss.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ss.subs != nil && ss.subsVer == s.mu.subsVersion {
+		return
+	}
+	ss.subs = make(map[uint32][]*sub, len(s.mu.subs))
+	for oid, l := range s.mu.subs {
+		ss.subs[oid] = append([]*sub(nil), l...)
+	}
+	ss.subsVer = s.mu.subsVersion
 }
 
 func (s *Source) session(from Position, known map[uint32]pgcodec.Relation) error {
@@ -245,6 +265,7 @@ func (ss *session) handle(ctx context.Context, data []byte) error {
 		}
 		ts := max(ss.last+2, common.TsFromTime(m.commitTime))
 		ss.cur = &txn{ts: ts, pending: map[uint32][]common.Row{}}
+		ss.refreshSubs()
 		// A subscription that arrives from below ts while this
 		// transaction is decoded may have missed its rows: it replays.
 		s.mu.Lock()
@@ -470,7 +491,7 @@ func (ss *session) add(ctx context.Context, oid uint32, c pgcodec.Change, key []
 	t := ss.cur
 	s := ss.s
 	t.index++
-	if len(s.subsFor(oid)) == 0 {
+	if len(ss.subs[oid]) == 0 {
 		ss.unsubscribed(oid, t.ts)
 		return nil
 	}
@@ -515,7 +536,7 @@ func (ss *session) flush(ctx context.Context, oid uint32, last bool) error {
 	t := ss.cur
 	rows := t.pending[oid]
 	delete(t.pending, oid)
-	for _, b := range ss.s.subsFor(oid) {
+	for _, b := range ss.subs[oid] {
 		if t.ts <= b.have && b.partial != t.ts {
 			continue // pushed before this session started again
 		}
@@ -561,9 +582,11 @@ func (ss *session) commit(ctx context.Context, m msgCommit) error {
 	}
 	// Subscriptions with rows in this commit whose last chunk was pushed
 	// early are marked too.
-	for _, b := range ss.s.allSubs() {
-		if b.partial == t.ts {
-			b.have, b.partial = t.ts, 0
+	for _, l := range ss.subs {
+		for _, b := range l {
+			if b.partial == t.ts {
+				b.have, b.partial = t.ts, 0
+			}
 		}
 	}
 	ss.last = t.ts
