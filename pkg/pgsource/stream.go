@@ -107,6 +107,7 @@ type txn struct {
 	endLSN  uint64
 	index   uint32
 	pending map[uint32][]common.Row // rows not yet pushed, by table
+	spilled []*sub                  // subscriptions that were pushed rows of this transaction
 }
 
 // session is one replication connection, from a saved position.
@@ -541,7 +542,10 @@ func (ss *session) flush(ctx context.Context, oid uint32, last bool) error {
 			continue // pushed before this session started again
 		}
 		if len(rows) > 0 {
-			b.partial = t.ts
+			if b.partial != t.ts {
+				b.partial = t.ts
+				t.spilled = append(t.spilled, b)
+			}
 			if err := ss.push(ctx, b, eventstore.Batch{Rows: rows}); err != nil {
 				return err
 			}
@@ -581,12 +585,11 @@ func (ss *session) commit(ctx context.Context, m msgCommit) error {
 		}
 	}
 	// Subscriptions with rows in this commit whose last chunk was pushed
-	// early are marked too.
-	for _, l := range ss.subs {
-		for _, b := range l {
-			if b.partial == t.ts {
-				b.have, b.partial = t.ts, 0
-			}
+	// early are marked too (the transaction lists them: a commit costs
+	// what it touched, not every subscription).
+	for _, b := range t.spilled {
+		if b.partial == t.ts {
+			b.have, b.partial = t.ts, 0
 		}
 	}
 	ss.last = t.ts
