@@ -90,3 +90,14 @@ run:
 SOAK_SEEDS ?= 100
 soak:
 	CDCFLOW_SOAK=1 CDCFLOW_MODEL_SEEDS=$(SOAK_SEEDS) $(GO) test -race -count=1 -run . -timeout 60m -v ./tests/
+
+# pgbench runs `cdcserver serve` side by side with PostgreSQL's native
+# logical replication (PG15 -> PG15, fresh servers, fsync on): 1M rows in
+# 4-row transactions over 100 and 1000 tables, the source's rows/s against
+# a run without replication, lag, catch-up, a 300k-row backlog's drain and
+# compare; scripts/pgbench prints the table and writes it into
+# docs/benchmarks.md. About 20 minutes. PGBENCH_FLAGS adds flags (-runs 3).
+PGBENCH_FLAGS ?=
+.PHONY: pgbench
+pgbench:
+	$(GO) run ./scripts/pgbench -update $(PGBENCH_FLAGS)

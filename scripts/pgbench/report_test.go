@@ -1,0 +1,94 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Pure helpers only: nothing here starts a server.
+
+func TestPercentileAndMedian(t *testing.T) {
+	xs := []float64{5, 1, 4, 2, 3, 10, 9, 8, 7, 6}
+	for _, c := range []struct{ p, want float64 }{{50, 5}, {99, 10}, {100, 10}, {10, 1}, {1, 1}} {
+		if got := percentile(xs, c.p); got != c.want {
+			t.Errorf("percentile(%v) = %v, want %v", c.p, got, c.want)
+		}
+	}
+	if got := percentile(nil, 50); got != -1 {
+		t.Errorf("percentile of nothing = %v, want -1", got)
+	}
+	if xs[0] != 5 {
+		t.Errorf("percentile sorted its argument")
+	}
+	if got := median([]float64{3, -1, 1, 2}); got != 2 {
+		t.Errorf("median skips unmeasured values: got %v, want 2", got)
+	}
+	if got := median([]float64{4, 1, 3, 2}); got != 2.5 {
+		t.Errorf("median of four = %v, want 2.5", got)
+	}
+	if got := median([]float64{-1}); got != -1 {
+		t.Errorf("median of nothing measured = %v, want -1", got)
+	}
+}
+
+func res(mode string, tables int, rows, p99, drain float64, verified, failure string) result {
+	r := newResult(mode, tables)
+	r.rowsPerSec, r.lagP99, r.drainRate, r.verified, r.failure = rows, p99, drain, verified, failure
+	return r
+}
+
+// A run that did not verify is marked in the table and the goals, never
+// dropped; medians are per configuration.
+func TestSummaryMarksFailuresAndGoals(t *testing.T) {
+	rs := []result{
+		res(modeNone, 1000, 20000, -1, -1, "n/a", ""),
+		res(modeNative, 1000, 15000, 200, 20000, "yes", ""),
+		res(modeCDCFlow, 1000, 16000, 800, 30000, "yes", ""),
+		res(modeNone, 1000, 22000, -1, -1, "n/a", ""),
+		res(modeNative, 1000, 17000, 300, 22000, "yes", ""),
+		res(modeCDCFlow, 1000, 14000, 1200, 10000, "NO", "run 2: compare: DIFFERENT"),
+	}
+	ss := summarize(rs)
+	if len(ss) != 3 {
+		t.Fatalf("%d summaries, want 3", len(ss))
+	}
+	c, _ := find(ss, modeCDCFlow, 1000)
+	if c.rowsPerSec != 15000 || c.lagP99 != 1000 || c.verified != "NO 1/2" {
+		t.Errorf("cdcflow summary: %+v", c)
+	}
+	out := render(ss)
+	for _, want := range []string{
+		"NO 1/2",
+		"source slowed no more than by native: cdcflow 0.71 of the baseline, native 0.76: NOT MET",
+		"lag p99 <= 1 s: cdcflow 1000 ms: met",
+		"cdcflow 20000 rows/s, native 21000 rows/s: NOT MET",
+		"target equal to source (compare at the end of every run): NOT MET (cdcflow/1000)",
+		"FAILED cdcflow/1000: run 2: compare: DIFFERENT",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in\n%s", want, out)
+		}
+	}
+}
+
+func TestReplaceBlock(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "doc.md")
+	if err := os.WriteFile(path, []byte("a\n<!-- pgbench:table -->\nstale\n<!-- /pgbench:table -->\nb\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := replaceBlock(path, "pgbench:table", "fresh\n"); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(path)
+	if want := "a\n<!-- pgbench:table -->\nfresh\n<!-- /pgbench:table -->\nb\n"; string(got) != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if err := os.WriteFile(path, []byte("no markers\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := replaceBlock(path, "pgbench:table", "x"); err == nil {
+		t.Error("a document without the block is an error")
+	}
+}
