@@ -190,14 +190,21 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return setup(err)
 	}
-	for _, rel := range p.info.Tables {
+	binds := make([]pgsink.Binding, len(p.info.Tables))
+	for i, rel := range p.info.Tables {
 		start := p.info.ResumeTs
 		if p.info.Created {
 			start = p.info.SnapshotTs - 1
 		} else if c, ok := ckpts[dispatcherOf(rel.OID)]; ok && c > start {
 			start = c
 		}
-		if err := p.add(ctx, rel, start); err != nil {
+		binds[i] = pgsink.Binding{ID: dispatcherOf(rel.OID), Rel: rel, StartTs: start}
+	}
+	if err := p.sink.BindAll(ctx, binds); err != nil {
+		return setup(err)
+	}
+	for _, b := range binds {
+		if err := p.coll.AddDispatcher(ctx, b.ID, common.TableSpan(int64(b.Rel.OID)), b.StartTs); err != nil {
 			return setup(err)
 		}
 	}

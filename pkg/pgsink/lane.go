@@ -77,34 +77,27 @@ func newLane(s *Sink, n int, conn *pgx.Conn) *lane {
 	return l
 }
 
-// bind creates rel's table if missing and loads it. Binds run before the
-// dispatcher's calls (the embedder binds, then registers).
-func (l *lane) bind(ctx context.Context, id common.DispatcherID, rel pgcodec.Relation) error {
+// attach gives the lane dispatcher id of table t (loaded by the sink);
+// the first dispatcher of a table brings its table.
+func (l *lane) attach(id common.DispatcherID, t *table) *table {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	t := l.tables[rel.OID]
-	if t == nil {
-		conn, release, err := l.s.adminConn(ctx)
-		if err != nil {
-			return err
-		}
-		defer release()
-		if _, err := conn.Exec(ctx, createTableSQL(rel)); err != nil {
-			return fmt.Errorf("%w: create %s: %w", ErrApply, rel.QualifiedName(), err)
-		}
-		if t, err = loadTable(ctx, conn, rel); err != nil {
-			return fmt.Errorf("%w: read %s: %w", ErrApply, rel.QualifiedName(), err)
-		}
-		if _, err := t.evolve(rel); err != nil {
-			// An existing target table that does not match: stop it now.
-			l.s.failed(id, err, true)
-		}
-		l.tables[rel.OID] = t
+	if have := l.tables[t.rel.OID]; have != nil {
+		t = have
+	} else {
+		l.tables[t.rel.OID] = t
 	}
 	if l.states[id] == nil {
 		l.states[id] = &dstate{id: id, table: t}
 	}
-	return nil
+	return t
+}
+
+// has reports whether the lane knows table oid.
+func (l *lane) has(oid uint32) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.tables[oid] != nil
 }
 
 // enqueue queues o, waiting while the lane holds QueueRows rows.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/jackc/pgx/v5"
@@ -158,32 +159,85 @@ func (s *Sink) Checkpoints(ctx context.Context) (map[common.DispatcherID]common.
 	return out, rows.Err()
 }
 
+// Binding is a dispatcher's table and where it resumes.
+type Binding struct {
+	ID  common.DispatcherID
+	Rel pgcodec.Relation
+	// StartTs is the dispatcher's durable checkpoint until the sink
+	// persists a later one.
+	StartTs common.Ts
+}
+
 // Bind maps dispatcher id to rel's target table (created when missing),
-// resuming from startTs: its durable checkpoint until the sink persists
-// a later one.
+// resuming from startTs.
 func (s *Sink) Bind(ctx context.Context, id common.DispatcherID, rel pgcodec.Relation, startTs common.Ts) error {
-	if err := rel.Validate(); err != nil {
-		return err
-	}
+	return s.BindAll(ctx, []Binding{{ID: id, Rel: rel, StartTs: startTs}})
+}
+
+// BindAll binds many dispatchers at once: the missing tables are created
+// in one round trip and one transaction, and every table's columns are
+// read in one query (a thousand tables must not take a thousand commits).
+// A target table that exists but does not match its relation stops that
+// table.
+func (s *Sink) BindAll(ctx context.Context, bs []Binding) error {
 	s.mu.Lock()
 	started := s.mu.started
 	s.mu.Unlock()
 	if !started {
 		return fmt.Errorf("%w: Bind before Start", ErrInvalidOptions)
 	}
-	h := fnv.New32a()
-	fmt.Fprint(h, rel.OID)
-	l := s.lanes[int(h.Sum32()%uint32(len(s.lanes)))]
-	if err := l.bind(ctx, id, rel); err != nil {
+	var creates []string
+	var fresh []pgcodec.Relation
+	for _, b := range bs {
+		if err := b.Rel.Validate(); err != nil {
+			return err
+		}
+		if !s.laneFor(b.Rel.OID).has(b.Rel.OID) {
+			creates = append(creates, createTableSQL(b.Rel))
+			fresh = append(fresh, b.Rel)
+		}
+	}
+	conn, release, err := s.adminConn(ctx)
+	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.mu.bound[id] = &binding{rel: rel, lane: l}
-	if s.mu.durable[id] < startTs {
-		s.mu.durable[id] = startTs
+	defer release()
+	tables := map[uint32]*table{}
+	if len(creates) > 0 {
+		if _, err := conn.Exec(ctx, "BEGIN; "+strings.Join(creates, "; ")+"; COMMIT"); err != nil {
+			return fmt.Errorf("%w: create tables: %w", ErrApply, err)
+		}
+		if tables, err = loadTables(ctx, conn, fresh); err != nil {
+			return fmt.Errorf("%w: read tables: %w", ErrApply, err)
+		}
+	}
+	for _, b := range bs {
+		l := s.laneFor(b.Rel.OID)
+		if t := tables[b.Rel.OID]; t != nil {
+			if _, err := t.evolve(b.Rel); err != nil {
+				s.failed(b.ID, err, true) // an existing target table that does not match
+			}
+			l.attach(b.ID, t)
+		} else if !l.has(b.Rel.OID) {
+			return fmt.Errorf("%w: table %s was not created", ErrApply, b.Rel.QualifiedName())
+		} else {
+			l.attach(b.ID, &table{rel: b.Rel})
+		}
+		s.mu.Lock()
+		s.mu.bound[b.ID] = &binding{rel: b.Rel, lane: l}
+		if s.mu.durable[b.ID] < b.StartTs {
+			s.mu.durable[b.ID] = b.StartTs
+		}
+		s.mu.Unlock()
 	}
 	return nil
+}
+
+// laneFor is the lane of table oid.
+func (s *Sink) laneFor(oid uint32) *lane {
+	h := fnv.New32a()
+	fmt.Fprint(h, oid)
+	return s.lanes[int(h.Sum32()%uint32(len(s.lanes)))]
 }
 
 // Unbind forgets a dispatcher (its table removed from the changefeed).

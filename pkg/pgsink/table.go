@@ -23,23 +23,38 @@ type table struct {
 	key   []string
 }
 
-// loadTable reads the target table's columns and key.
-func loadTable(ctx context.Context, q querier, rel pgcodec.Relation) (*table, error) {
-	t := &table{rel: rel, qname: rel.QualifiedName(), types: map[string]string{}}
+// loadTables reads the target tables' columns and keys, in one query.
+func loadTables(ctx context.Context, q querier, rels []pgcodec.Relation) (map[uint32]*table, error) {
+	byName := map[[2]string]*table{}
+	names := make([]string, len(rels))
+	out := map[uint32]*table{}
+	for i, r := range rels {
+		t := &table{rel: r, qname: r.QualifiedName(), types: map[string]string{}}
+		byName[[2]string{r.Schema, r.Name}] = t
+		out[r.OID] = t
+		names[i] = t.qname
+	}
 	rows, err := q.Query(ctx, `
-SELECT a.attname, format_type(a.atttypid, a.atttypmod), coalesce(a.attnum = ANY(k.indkey), false)
+SELECT n.nspname, c.relname, a.attname, format_type(a.atttypid, a.atttypmod), coalesce(a.attnum = ANY(k.indkey), false)
 FROM pg_attribute a
+JOIN pg_class c ON c.oid = a.attrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN LATERAL (SELECT i.indkey FROM pg_index i WHERE i.indrelid = a.attrelid AND i.indisprimary) k ON true
-WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum`, t.qname)
+WHERE a.attrelid = ANY($1::text[]::regclass[]) AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attrelid, a.attnum`, names)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var name, typ string
+		var schema, rel, name, typ string
 		var key bool
-		if err := rows.Scan(&name, &typ, &key); err != nil {
+		if err := rows.Scan(&schema, &rel, &name, &typ, &key); err != nil {
 			return nil, err
+		}
+		t := byName[[2]string{schema, rel}]
+		if t == nil {
+			continue
 		}
 		t.types[name] = typ
 		t.order = append(t.order, name)
@@ -47,7 +62,7 @@ WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY
 			t.key = append(t.key, name)
 		}
 	}
-	return t, rows.Err()
+	return out, rows.Err()
 }
 
 // querier is a connection or a transaction.

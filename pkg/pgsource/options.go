@@ -95,8 +95,12 @@ type Options struct {
 	// slot.
 	OnNewTable func(rel pgcodec.Relation, firstTs common.Ts)
 	// ResolvedInterval is how often the subscriptions' resolved-ts and the
-	// schema frontier move to the last commit. Default 20ms.
+	// schema frontier move to the last commit, at most. Default 20ms.
 	ResolvedInterval time.Duration
+	// ResolvedPushesPerSec bounds the resolved-ts pushes a second (one per
+	// subscription per interval): with many tables the interval grows to
+	// stay within it (1000 tables: 100 ms at the default). Default 10000.
+	ResolvedPushesPerSec int
 	// HeartbeatInterval: when no commit was decoded for this long the
 	// source writes a heartbeat (pg_logical_emit_message) so that an idle
 	// database's resolved-ts and the slot still advance. Default 1s.
@@ -130,6 +134,9 @@ func (o Options) withDefaults() Options {
 	if o.ResolvedInterval == 0 {
 		o.ResolvedInterval = 20 * time.Millisecond
 	}
+	if o.ResolvedPushesPerSec == 0 {
+		o.ResolvedPushesPerSec = 10000
+	}
 	if o.HeartbeatInterval == 0 {
 		o.HeartbeatInterval = time.Second
 	}
@@ -162,6 +169,7 @@ func (o Options) validate() error {
 	p.Require(identRE.MatchString(o.Publication), "Publication %q: lower-case letters, digits and _", o.Publication)
 	p.Require(o.ResolvedInterval > 0 && o.HeartbeatInterval > 0 && o.StatusInterval > 0, "intervals must be positive")
 	p.IntRange("ChunkRows", o.ChunkRows, 1, 1<<20)
+	p.IntRange("ResolvedPushesPerSec", o.ResolvedPushesPerSec, 1, 1<<30)
 	p.IntRange("SnapshotWorkers", o.SnapshotWorkers, 1, 64)
 	return p.Err()
 }
