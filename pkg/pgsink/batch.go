@@ -1,9 +1,10 @@
 package pgsink
 
 import (
-	"context"
 	"fmt"
 	"strings"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 )
@@ -66,9 +67,9 @@ func indexOf(ds []pgcodec.Datum, name string) int {
 	return -1
 }
 
-// apply writes the batch to t in q: one DELETE over the deleted keys,
-// then one upsert per set of columns present.
-func (b *batch) apply(ctx context.Context, q querier, t *table) (rows int, err error) {
+// queue adds the statements that write the batch to t to q: one DELETE
+// over the deleted keys, then one upsert per set of columns present.
+func (b *batch) queue(q *pgx.Batch, t *table) (rows int, err error) {
 	var delArgs [][]*string
 	groups := map[string]*upsertGroup{}
 	var groupOrder []string
@@ -114,16 +115,12 @@ func (b *batch) apply(ctx context.Context, q querier, t *table) (rows int, err e
 		g.n++
 	}
 	if delArgs != nil {
-		if _, err := q.Exec(ctx, t.deleteSQL(), anyArgs(delArgs)...); err != nil {
-			return 0, fmt.Errorf("%w: delete from %s: %w", ErrApply, t.qname, err)
-		}
+		q.Queue(t.deleteSQL(), anyArgs(delArgs)...)
 		rows += len(delArgs[0])
 	}
 	for _, sig := range groupOrder {
 		g := groups[sig]
-		if _, err := q.Exec(ctx, t.upsertSQL(g.cols), anyArgs(g.args)...); err != nil {
-			return 0, fmt.Errorf("%w: upsert into %s: %w", ErrApply, t.qname, err)
-		}
+		q.Queue(t.upsertSQL(g.cols), anyArgs(g.args)...)
 		rows += g.n
 	}
 	return rows, nil

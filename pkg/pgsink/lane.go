@@ -243,20 +243,19 @@ func (l *lane) commitAll() {
 	}
 }
 
-// commit applies ds's work and checkpoints in one transaction.
+// commit applies ds's work and checkpoints in one transaction: every
+// statement is queued in one pgx batch, sent as one pipeline and run in
+// one implicit transaction (one round trip, all or nothing), however many
+// tables the lane holds.
 func (l *lane) commit(ds []*dstate) error {
 	ctx := l.s.ctx
-	tx, err := l.conn.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("%w: begin: %w", ErrApply, err)
-	}
-	defer tx.Rollback(context.Background()) //nolint:errcheck // after Commit it is a no-op
+	b := &pgx.Batch{}
 	var marks []durableMark
 	var ckIDs, ckTargets []string
 	var ckOIDs, ckTs []int64
 	applied := 0
 	for _, d := range ds {
-		n, ckpt, err := l.applyWork(ctx, tx, d)
+		n, ckpt, err := l.queueWork(b, d)
 		if err != nil {
 			return err
 		}
@@ -270,16 +269,15 @@ func (l *lane) commit(ds []*dstate) error {
 		}
 	}
 	if len(marks) > 0 {
-		if _, err := tx.Exec(ctx, `
+		b.Queue(`
 INSERT INTO cdcflow.checkpoints (dispatcher, table_oid, target, ts)
 SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[])
 ON CONFLICT (dispatcher) DO UPDATE SET ts = GREATEST(cdcflow.checkpoints.ts, EXCLUDED.ts), table_oid = EXCLUDED.table_oid,
-  target = EXCLUDED.target, updated_at = now()`, ckIDs, ckOIDs, ckTargets, ckTs); err != nil {
-			return fmt.Errorf("%w: checkpoints: %w", ErrApply, err)
-		}
+  target = EXCLUDED.target, updated_at = now()`, ckIDs, ckOIDs, ckTargets, ckTs)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("%w: commit: %w", ErrApply, err)
+	if err := l.send(ctx, b); err != nil {
+		l.reloadTables(ds) // columns an ALTER of the batch added are gone again
+		return fmt.Errorf("%w: %w", ErrApply, err)
 	}
 	for _, d := range ds {
 		for _, w := range d.work {
@@ -293,10 +291,62 @@ ON CONFLICT (dispatcher) DO UPDATE SET ts = GREATEST(cdcflow.checkpoints.ts, EXC
 	return nil
 }
 
-// applyWork applies one dispatcher's work in order: rows collapse into a
-// batch, flushed before a DDL and replaced by a truncate; it returns the
+// send runs b in one transaction. A batch without DDL goes as one
+// pipeline (an implicit transaction); one with an ADD COLUMN runs its
+// statements one by one in an explicit transaction, because a pipeline
+// prepares every statement before running any, and the rows' upsert
+// names a column the ALTER before it has not added yet.
+func (l *lane) send(ctx context.Context, b *pgx.Batch) error {
+	ddl := false
+	for _, q := range b.QueuedQueries {
+		if strings.HasPrefix(q.SQL, "ALTER TABLE") {
+			ddl = true
+			break
+		}
+	}
+	if !ddl {
+		return l.conn.SendBatch(ctx, b).Close()
+	}
+	tx, err := l.conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // after Commit it is a no-op
+	for _, q := range b.QueuedQueries {
+		if _, err := tx.Exec(ctx, q.SQL, q.Arguments...); err != nil {
+			return err
+		}
+	}
+	return tx.Commit(ctx)
+}
+
+// reloadTables reads ds's tables from the target again after a failed
+// transaction, whose ADD COLUMNs rolled back with it.
+func (l *lane) reloadTables(ds []*dstate) {
+	rels := make([]pgcodec.Relation, 0, len(ds))
+	for _, d := range ds {
+		rels = append(rels, d.table.rel)
+	}
+	conn, release, err := l.s.adminConn(l.s.ctx)
+	if err != nil {
+		return
+	}
+	defer release()
+	fresh, err := loadTables(l.s.ctx, conn, rels)
+	if err != nil {
+		return
+	}
+	for _, d := range ds {
+		if t := fresh[d.table.rel.OID]; t != nil && len(t.order) > 0 {
+			d.table.types, d.table.order, d.table.key = t.types, t.order, t.key
+		}
+	}
+}
+
+// queueWork queues one dispatcher's work in order: rows collapse into a
+// batch, queued before a DDL and replaced by a truncate; it returns the
 // rows written and the last checkpoint of the work.
-func (l *lane) applyWork(ctx context.Context, tx pgx.Tx, d *dstate) (int, common.Ts, error) {
+func (l *lane) queueWork(q *pgx.Batch, d *dstate) (int, common.Ts, error) {
 	t := d.table
 	b := newBatch()
 	n := 0
@@ -305,7 +355,7 @@ func (l *lane) applyWork(ctx context.Context, tx pgx.Tx, d *dstate) (int, common
 		if b.empty() {
 			return nil
 		}
-		k, err := b.apply(ctx, tx, t)
+		k, err := b.queue(q, t)
 		n += k
 		b = newBatch()
 		return err
@@ -321,9 +371,7 @@ func (l *lane) applyWork(ctx context.Context, tx pgx.Tx, d *dstate) (int, common
 				}
 				if c.Change == pgcodec.Truncate {
 					b = newBatch() // what the transaction wrote before is gone too
-					if _, err := tx.Exec(ctx, "TRUNCATE "+t.qname); err != nil {
-						return 0, 0, fmt.Errorf("%w: truncate %s: %w", ErrApply, t.qname, err)
-					}
+					q.Queue("TRUNCATE " + t.qname)
 					continue
 				}
 				if len(r.Key) < 4 {
@@ -344,11 +392,9 @@ func (l *lane) applyWork(ctx context.Context, tx pgx.Tx, d *dstate) (int, common
 				return 0, 0, err
 			}
 			for _, stmt := range adds {
-				if _, err := tx.Exec(ctx, stmt); err != nil {
-					return 0, 0, fmt.Errorf("%w: %s: %w", ErrApply, stmt, err)
-				}
+				q.Queue(stmt)
 			}
-			t.added(rel) // if the transaction fails the columns stay: ADD COLUMN IF NOT EXISTS is idempotent
+			t.added(rel) // undone by reloadTables if the transaction fails
 			l.s.met.ddls.Inc()
 		case opCheckpoint:
 			ckpt = w.ts
