@@ -69,6 +69,7 @@ type lane struct {
 	tables  map[uint32]*table               // under mu
 	states  map[common.DispatcherID]*dstate // under mu; a dstate's fields are the lane goroutine's
 	pending int                             // rows in the dstates' work; the lane goroutine's
+	hasWork bool                            // some dstate has work; the lane goroutine's
 }
 
 func newLane(s *Sink, n int, conn *pgx.Conn) *lane {
@@ -123,31 +124,38 @@ func (l *lane) close() {
 	l.mu.Unlock()
 }
 
-// take waits for queued work (or the flush deadline) and moves it into
-// the dispatchers' work lists.
+// take waits for queued work (or the deadline; with a zero deadline, for
+// work only) and moves it into the dispatchers' work lists. It reports
+// false once the lane is closed.
 func (l *lane) take(deadline time.Time) bool {
 	l.mu.Lock()
 	if len(l.queue) == 0 && !l.closed {
-		// sync.Cond has no timeout: a timer wakes the wait at the
-		// deadline. Real time: the flush cadence batches work, it is not
-		// a behaviour tests observe.
-		t := time.AfterFunc(time.Until(deadline), func() {
-			l.mu.Lock()
-			l.cond.Broadcast()
-			l.mu.Unlock()
-		})
-		for len(l.queue) == 0 && !l.closed && time.Now().Before(deadline) {
-			l.cond.Wait()
+		if deadline.IsZero() {
+			for len(l.queue) == 0 && !l.closed {
+				l.cond.Wait()
+			}
+		} else if wait := time.Until(deadline); wait > 0 {
+			// sync.Cond has no timeout: a timer wakes the wait at the
+			// deadline. Real time: the flush cadence batches work, it is
+			// not a behaviour tests observe.
+			t := time.AfterFunc(wait, func() {
+				l.mu.Lock()
+				l.cond.Broadcast()
+				l.mu.Unlock()
+			})
+			for len(l.queue) == 0 && !l.closed && time.Now().Before(deadline) {
+				l.cond.Wait()
+			}
+			t.Stop()
 		}
-		t.Stop()
 	}
 	defer l.mu.Unlock()
 	q := l.queue
 	l.queue, l.qrows = nil, 0
 	closed := l.closed
 	l.cond.Broadcast()
-	// The states map is shared with bind (a table added while running),
-	// so it is read under mu; a dstate's fields are the lane's own.
+	// The states map is shared with attach (a table added while running),
+	// so it is read under mu; a dstate's fields are the lane goroutine's.
 	for _, o := range q {
 		d := l.states[o.id]
 		if d == nil {
@@ -167,27 +175,53 @@ func (l *lane) take(deadline time.Time) bool {
 		}
 		d.work = append(d.work, o)
 		l.pending += len(o.rows)
+		l.hasWork = true
 	}
 	return !closed
 }
 
-// run applies queued work in transactions until Close.
+// run applies queued work in transactions until Close: when it holds
+// BatchRows rows, or FlushInterval after the last commit if it holds rows,
+// or ten intervals after it if it holds checkpoints only. With nothing
+// held it waits for work, no timer running.
 func (l *lane) run() {
 	flush := l.s.opts.FlushInterval
 	last := time.Now()
 	for {
-		open := l.take(last.Add(flush))
-		if !open {
+		var deadline time.Time
+		switch {
+		case l.pending > 0:
+			deadline = last.Add(flush)
+		case l.hasWork:
+			deadline = last.Add(10 * flush)
+		}
+		if !l.take(deadline) {
 			return
 		}
-		rowsDue := l.pending > 0 && (l.pending >= l.s.opts.BatchRows || time.Since(last) >= flush)
-		ckptDue := time.Since(last) >= 10*flush
-		if !rowsDue && !ckptDue {
+		if !l.hasWork {
+			continue
+		}
+		due := l.pending >= l.s.opts.BatchRows || !time.Now().Before(last.Add(flush)) && l.pending > 0 ||
+			!time.Now().Before(last.Add(10*flush))
+		if !due {
 			continue
 		}
 		l.commitAll()
+		l.hasWork = l.anyWork() // work a failed or lost commit kept
 		last = time.Now()
 	}
+}
+
+// anyWork reports whether some dispatcher of the lane holds work.
+func (l *lane) anyWork() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, d := range l.states {
+		if len(d.work) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // commitAll applies every dispatcher's work in one transaction; if the
