@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/cdcflow/eventservice/internal/optcheck"
+	"github.com/cdcflow/eventservice/pkg/pgsink"
 )
 
 // ErrInvalidConfig wraps every configuration error.
@@ -35,6 +36,11 @@ type Config struct {
 	ProgressInterval  time.Duration
 	ReadyLag          time.Duration
 	SinkWorkers       int
+	// SinkFlushInterval is how often a sink lane commits the rows it
+	// holds; SinkCheckpointInterval how often an idle table's checkpoint
+	// is written (pgsink.Options).
+	SinkFlushInterval      time.Duration
+	SinkCheckpointInterval time.Duration
 	// ShutdownTimeout bounds a clean stop.
 	ShutdownTimeout time.Duration
 }
@@ -43,7 +49,8 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{Slot: "cdcflow", Publication: "cdcflow", MetricsAddr: "127.0.0.1:9464", PprofAddr: "127.0.0.1:0",
 		LogFormat: "text", LogLevel: "info", ProgressInterval: 5 * time.Second, ReadyLag: 30 * time.Second,
-		SinkWorkers: 4, ShutdownTimeout: 30 * time.Second}
+		SinkWorkers: 4, SinkFlushInterval: pgsink.DefaultFlushInterval,
+		SinkCheckpointInterval: pgsink.DefaultCheckpointInterval, ShutdownTimeout: 30 * time.Second}
 }
 
 // BindFlags registers every field on fs.
@@ -60,6 +67,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ProgressInterval, "progress-interval", c.ProgressInterval, "period of the progress line on stderr (0 = none)")
 	fs.DurationVar(&c.ReadyLag, "ready-lag", c.ReadyLag, "/readyz fails while the slowest table's checkpoint is further behind than this")
 	fs.IntVar(&c.SinkWorkers, "sink-workers", c.SinkWorkers, "parallel apply lanes (connections) to the target")
+	fs.DurationVar(&c.SinkFlushInterval, "sink-flush-interval", c.SinkFlushInterval, "how often a lane commits the rows it holds, each table's checkpoint with its rows (one transaction per lane)")
+	fs.DurationVar(&c.SinkCheckpointInterval, "sink-checkpoint-interval", c.SinkCheckpointInterval, "how often the checkpoint of a table without new rows is written (its resolved-ts advance)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a clean stop may take")
 }
 
@@ -86,6 +95,8 @@ func (c Config) Validate() error {
 	p.Require(c.ProgressInterval >= 0, "--progress-interval must not be negative")
 	p.Require(c.ReadyLag > 0, "--ready-lag must be positive")
 	p.IntRange("--sink-workers", c.SinkWorkers, 1, 256)
+	p.Require(c.SinkFlushInterval > 0, "--sink-flush-interval must be positive")
+	p.Require(c.SinkCheckpointInterval > 0, "--sink-checkpoint-interval must be positive")
 	p.Require(c.ShutdownTimeout > 0, "--shutdown-timeout must be positive")
 	return p.Err()
 }

@@ -44,10 +44,13 @@ type durableMark struct {
 
 // dstate is a dispatcher as its lane applies it.
 type dstate struct {
-	id       common.DispatcherID
-	table    *table
-	epoch    uint64
-	work     []op // since the last commit, in call order
+	id    common.DispatcherID
+	table *table
+	epoch uint64
+	work  []op // since the last commit, in call order
+	rows  bool // work holds rows or a DDL, not only checkpoints
+	// written is when the dispatcher's checkpoint was last committed.
+	written  time.Time
 	failures int
 	// broken: its work failed; what follows is dropped until the reset's
 	// BeginEpoch (the stream sends it all again from the checkpoint).
@@ -70,6 +73,9 @@ type lane struct {
 	states  map[common.DispatcherID]*dstate // under mu; a dstate's fields are the lane goroutine's
 	pending int                             // rows in the dstates' work; the lane goroutine's
 	hasWork bool                            // some dstate has work; the lane goroutine's
+	// ckptDue is when the earliest held checkpoint-only work is due
+	// (zero: none held); the lane goroutine's.
+	ckptDue time.Time
 }
 
 func newLane(s *Sink, n int, conn *pgx.Conn) *lane {
@@ -167,13 +173,21 @@ func (l *lane) take(deadline time.Time) bool {
 			for _, w := range d.work {
 				l.pending -= len(w.rows)
 			}
-			d.work, d.epoch, d.broken = nil, o.epoch, false
+			d.work, d.rows, d.epoch, d.broken = nil, false, o.epoch, false
 			continue
 		}
 		if d.broken {
 			continue
 		}
-		d.work = append(d.work, o)
+		if o.kind == opCheckpoint && len(d.work) > 0 && d.work[len(d.work)-1].kind == opCheckpoint {
+			d.work[len(d.work)-1] = o // a later checkpoint replaces one nothing follows
+		} else {
+			d.work = append(d.work, o)
+		}
+		d.rows = d.rows || o.kind != opCheckpoint
+		if !d.rows {
+			l.noteCheckpoint(d)
+		}
 		l.pending += len(o.rows)
 		l.hasWork = true
 	}
@@ -182,18 +196,19 @@ func (l *lane) take(deadline time.Time) bool {
 
 // run applies queued work in transactions until Close: when it holds
 // BatchRows rows, or FlushInterval after the last commit if it holds rows,
-// or ten intervals after it if it holds checkpoints only. With nothing
-// held it waits for work, no timer running.
+// or when a dispatcher's checkpoint-only work is due (CheckpointInterval
+// after its last write). With nothing held it waits for work, no timer
+// running.
 func (l *lane) run() {
 	flush := l.s.opts.FlushInterval
 	last := time.Now()
 	for {
 		var deadline time.Time
-		switch {
-		case l.pending > 0:
+		if l.pending > 0 {
 			deadline = last.Add(flush)
-		case l.hasWork:
-			deadline = last.Add(10 * flush)
+		}
+		if !l.ckptDue.IsZero() && (deadline.IsZero() || l.ckptDue.Before(deadline)) {
+			deadline = l.ckptDue
 		}
 		if !l.take(deadline) {
 			return
@@ -201,37 +216,59 @@ func (l *lane) run() {
 		if !l.hasWork {
 			continue
 		}
-		due := l.pending >= l.s.opts.BatchRows || !time.Now().Before(last.Add(flush)) && l.pending > 0 ||
-			!time.Now().Before(last.Add(10*flush))
-		if !due {
+		now := time.Now()
+		rowsDue := l.pending >= l.s.opts.BatchRows || !now.Before(last.Add(flush)) && l.pending > 0
+		ckptsDue := !l.ckptDue.IsZero() && !now.Before(l.ckptDue)
+		if !rowsDue && !ckptsDue {
 			continue
 		}
-		l.commitAll()
-		l.hasWork = l.anyWork() // work a failed or lost commit kept
-		last = time.Now()
+		l.commitAll(now)
+		l.reviewWork() // work a failed or lost commit kept, checkpoints not yet due
+		last = now
 	}
 }
 
-// anyWork reports whether some dispatcher of the lane holds work.
-func (l *lane) anyWork() bool {
+// noteCheckpoint records that d holds checkpoint-only work, due
+// CheckpointInterval after its last write (at once if never written).
+func (l *lane) noteCheckpoint(d *dstate) {
+	due := d.written.Add(l.s.opts.CheckpointInterval)
+	if d.written.IsZero() {
+		due = time.Now()
+	}
+	if l.ckptDue.IsZero() || due.Before(l.ckptDue) {
+		l.ckptDue = due
+	}
+}
+
+// reviewWork recomputes hasWork and ckptDue after a commit.
+func (l *lane) reviewWork() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.hasWork, l.ckptDue = false, time.Time{}
 	for _, d := range l.states {
-		if len(d.work) > 0 {
-			return true
+		if len(d.work) == 0 {
+			continue
+		}
+		l.hasWork = true
+		if !d.rows {
+			l.noteCheckpoint(d)
 		}
 	}
-	return false
 }
 
-// commitAll applies every dispatcher's work in one transaction; if the
+// commitAll applies the dispatchers' work in one transaction; if the
 // target refuses it, each dispatcher's work alone, so one bad table does
-// not hold the others.
-func (l *lane) commitAll() {
+// not hold the others. A dispatcher with rows is always in it, its
+// checkpoint with them (a restart resumes exactly after them); one whose
+// work is checkpoints only once its checkpoint was last written
+// CheckpointInterval ago (or never): an idle table's resolved-ts advances
+// every 100 ms or so, and writing each at every commit was a checkpoint
+// row per idle table per commit, more writes than the rows (1000 tables).
+func (l *lane) commitAll(now time.Time) {
 	var ds []*dstate
 	l.mu.Lock()
 	for _, d := range l.states {
-		if len(d.work) > 0 {
+		if len(d.work) > 0 && (d.rows || d.written.IsZero() || now.Sub(d.written) >= l.s.opts.CheckpointInterval) {
 			ds = append(ds, d)
 		}
 	}
@@ -272,7 +309,7 @@ func (l *lane) commitAll() {
 			for _, w := range d.work {
 				l.pending -= len(w.rows)
 			}
-			d.work, d.broken = nil, true
+			d.work, d.rows, d.broken = nil, false, true
 		}
 	}
 }
@@ -313,11 +350,13 @@ ON CONFLICT (dispatcher) DO UPDATE SET ts = GREATEST(cdcflow.checkpoints.ts, EXC
 		l.reloadTables(ds) // columns an ALTER of the batch added are gone again
 		return fmt.Errorf("%w: %w", ErrApply, err)
 	}
+	now := time.Now()
 	for _, d := range ds {
 		for _, w := range d.work {
 			l.pending -= len(w.rows)
 		}
-		d.work, d.failures = nil, 0
+		d.work, d.rows, d.failures = nil, false, 0
+		d.written = now
 	}
 	l.s.met.rows.Add(float64(applied))
 	l.s.met.commits.Inc()
@@ -464,7 +503,7 @@ func (l *lane) reconnect() {
 	delay := 50 * time.Millisecond
 	for l.s.ctx.Err() == nil {
 		_ = l.conn.Close(context.Background())
-		conn, err := pgx.Connect(l.s.ctx, l.s.opts.DSN)
+		conn, err := l.s.connectLane(l.s.ctx)
 		if err == nil {
 			l.conn = conn
 			l.down.Store(false)

@@ -28,6 +28,12 @@ var (
 	ErrClosed = errors.New("pgsink: closed")
 )
 
+// Defaults of Options' intervals.
+const (
+	DefaultFlushInterval      = 100 * time.Millisecond
+	DefaultCheckpointInterval = time.Second
+)
+
 // Options configure a Sink.
 type Options struct {
 	// DSN of the target database. Required.
@@ -38,12 +44,21 @@ type Options struct {
 	// BatchRows: a lane commits once it holds this many rows. Default
 	// 5000.
 	BatchRows int
-	// FlushInterval: a lane commits what it holds at least this often.
-	// Default 20ms; checkpoints alone wait up to 10x as long.
+	// FlushInterval: a lane commits the rows it holds at least this
+	// often. Default 100ms.
 	FlushInterval time.Duration
+	// CheckpointInterval: a dispatcher whose work is checkpoints only (an
+	// idle table's resolved-ts) is written at least and at most this
+	// often; one with rows is written with its rows. Default 1s.
+	CheckpointInterval time.Duration
 	// QueueRows bounds the rows queued per lane; ApplyRows blocks beyond
 	// it (back-pressure). Default 20000.
 	QueueRows int
+	// LaneStatements is the size of each lane connection's prepared
+	// statement cache (pgx's LRU). Default 8192: a lane's tables need
+	// two or three each, and a cache smaller than that prepares them
+	// again at every commit.
+	LaneStatements int
 	// MaxFailures: a table whose transaction the target refuses this many
 	// times in a row is stopped. Default 5.
 	MaxFailures int
@@ -64,8 +79,12 @@ func (o Options) withDefaults() Options {
 	def(&o.BatchRows, 5000)
 	def(&o.QueueRows, 20000)
 	def(&o.MaxFailures, 5)
+	def(&o.LaneStatements, 8192)
 	if o.FlushInterval == 0 {
-		o.FlushInterval = 20 * time.Millisecond
+		o.FlushInterval = DefaultFlushInterval
+	}
+	if o.CheckpointInterval == 0 {
+		o.CheckpointInterval = DefaultCheckpointInterval
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -81,7 +100,9 @@ func (o Options) validate() error {
 	p.IntRange("BatchRows", o.BatchRows, 1, 1<<20)
 	p.IntRange("QueueRows", o.QueueRows, o.BatchRows, 1<<24)
 	p.IntRange("MaxFailures", o.MaxFailures, 1, 1000)
+	p.IntRange("LaneStatements", o.LaneStatements, 16, 1<<20)
 	p.Require(o.FlushInterval > 0, "FlushInterval must be positive")
+	p.Require(o.CheckpointInterval > 0, "CheckpointInterval must be positive")
 	p.NotTypedNil("Registerer", o.Registerer)
 	p.NotTypedNil("Clock", o.Clock)
 	return p.Err()

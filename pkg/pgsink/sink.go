@@ -98,7 +98,7 @@ CREATE TABLE IF NOT EXISTS cdcflow.state (key text PRIMARY KEY, value text NOT N
 		return fmt.Errorf("%w: checkpoint table: %w", ErrConnect, err)
 	}
 	for i := range s.opts.Workers {
-		c, err := pgx.Connect(ctx, s.opts.DSN)
+		c, err := s.connectLane(ctx)
 		if err != nil {
 			for _, l := range s.lanes {
 				l.conn.Close(context.Background())
@@ -113,6 +113,20 @@ CREATE TABLE IF NOT EXISTS cdcflow.state (key text PRIMARY KEY, value text NOT N
 		s.wg.Go(l.run)
 	}
 	return nil
+}
+
+// connectLane opens a lane's connection. Its prepared-statement cache
+// holds LaneStatements statements: a lane writes every table hashed to it
+// with two or three statements each (delete, upsert per column set), and
+// pgx's default of 512 is an LRU that a lane of 250 tables cycles
+// through, so every commit would prepare its statements again.
+func (s *Sink) connectLane(ctx context.Context) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(s.opts.DSN)
+	if err != nil {
+		return nil, err
+	}
+	cfg.StatementCacheCapacity = s.opts.LaneStatements
+	return pgx.ConnectConfig(ctx, cfg)
 }
 
 // adminConn returns the admin connection, (re)connecting it, held until

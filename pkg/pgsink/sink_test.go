@@ -74,7 +74,7 @@ func newSinkEnv(t *testing.T, tweak func(*Options)) *sinkEnv {
 	conn, err := pgx.Connect(ctx, pg.DSN)
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close(context.Background()) })
-	opts := Options{DSN: pg.DSN, Workers: 2, FlushInterval: 5 * time.Millisecond}
+	opts := Options{DSN: pg.DSN, Workers: 2, FlushInterval: 5 * time.Millisecond, CheckpointInterval: 20 * time.Millisecond}
 	if tweak != nil {
 		tweak(&opts)
 	}
@@ -170,6 +170,45 @@ func TestChangesAreAppliedInOrderAndCheckpointed(t *testing.T) {
 	ts, ok := e.sink.MinDurable()
 	require.True(t, ok)
 	require.Equal(t, common.Ts(16), ts)
+}
+
+// A dispatcher's checkpoint is written with its rows; one whose work is
+// checkpoints only is not written at every commit of its lane, only once
+// CheckpointInterval has passed since its last write (its first at once).
+func TestIdleCheckpointsWaitForTheirInterval(t *testing.T) {
+	ctx := context.Background()
+	busy, idle := common.DispatcherIDFromUint64(1), common.DispatcherIDFromUint64(2)
+	relU := pgcodec.Relation{OID: 200, Schema: "app", Name: "u", Columns: relT.Columns[:2]}
+	start := func(e *sinkEnv) {
+		require.NoError(t, e.sink.Bind(ctx, busy, relT, 10))
+		require.NoError(t, e.sink.Bind(ctx, idle, relU, 10))
+		for _, d := range []common.DispatcherID{busy, idle} {
+			require.NoError(t, e.sink.BeginEpoch(d, 1, 10))
+		}
+		require.NoError(t, e.sink.Checkpoint(idle, 11))
+		e.dur.wait(t, idle, 11) // never written before: written at once
+	}
+
+	e := newSinkEnv(t, func(o *Options) { o.Workers = 1; o.CheckpointInterval = time.Hour })
+	start(e)
+	require.NoError(t, e.sink.Checkpoint(idle, 12))
+	require.NoError(t, e.sink.ApplyRows(busy, rows(13, tx(pgcodec.Insert, col("id", "1"), col("v", "a"), null("big")))))
+	require.NoError(t, e.sink.Checkpoint(busy, 13))
+	e.dur.wait(t, busy, 13)
+	ckpts, err := e.sink.Checkpoints(ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[common.DispatcherID]common.Ts{busy: 13, idle: 11}, ckpts, "the idle checkpoint waits for its interval")
+	require.NoError(t, e.sink.ApplyRows(idle, rows(14, tx(pgcodec.Insert, col("id", "1"), col("v", "b")))))
+	require.NoError(t, e.sink.Checkpoint(idle, 14))
+	e.dur.wait(t, idle, 14) // with its rows, at once
+
+	e = newSinkEnv(t, func(o *Options) { o.Workers = 1 }) // CheckpointInterval 20ms
+	start(e)
+	require.NoError(t, e.sink.Checkpoint(idle, 12))
+	e.dur.wait(t, idle, 12)
+	ckpts, err = e.sink.Checkpoints(ctx)
+	require.NoError(t, err)
+	require.Equal(t, common.Ts(12), ckpts[idle])
 }
 
 // A new column is added before the rows that use it; a column that
