@@ -115,12 +115,12 @@ func (b *batch) queue(q *pgx.Batch, t *table) (rows int, err error) {
 		g.n++
 	}
 	if delArgs != nil {
-		q.Queue(t.deleteSQL(), anyArgs(delArgs)...)
+		q.Queue(t.statement(deleteSig, t.deleteSQL), anyArgs(delArgs)...)
 		rows += len(delArgs[0])
 	}
 	for _, sig := range groupOrder {
 		g := groups[sig]
-		q.Queue(t.upsertSQL(g.cols), anyArgs(g.args)...)
+		q.Queue(t.statement(sig, func() string { return t.upsertSQL(g.cols) }), anyArgs(g.args)...)
 		rows += g.n
 	}
 	return rows, nil

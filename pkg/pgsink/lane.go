@@ -411,7 +411,7 @@ func (l *lane) reloadTables(ds []*dstate) {
 	}
 	for _, d := range ds {
 		if t := fresh[d.table.rel.OID]; t != nil && len(t.order) > 0 {
-			d.table.types, d.table.order, d.table.key = t.types, t.order, t.key
+			d.table.types, d.table.order, d.table.key, d.table.stmts = t.types, t.order, t.key, nil
 		}
 	}
 }

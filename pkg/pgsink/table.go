@@ -21,6 +21,27 @@ type table struct {
 	types map[string]string // column -> SQL type, in the target
 	order []string          // the target's columns, in order
 	key   []string
+	// stmts caches the statements built from types and key, by the
+	// upserted columns' signature (deleteSig for the delete): building
+	// them was 6% of serve's CPU at 1000 tables. Cleared when a column
+	// is added or the table reloaded.
+	stmts map[string]string
+}
+
+// deleteSig is the stmts key of the delete (no column signature has it).
+const deleteSig = "\x01delete"
+
+// statement returns the cached statement of sig, built by build if new.
+func (t *table) statement(sig string, build func() string) string {
+	if s, ok := t.stmts[sig]; ok {
+		return s
+	}
+	if t.stmts == nil {
+		t.stmts = map[string]string{}
+	}
+	s := build()
+	t.stmts[sig] = s
+	return s
 }
 
 // loadTables reads the target tables' columns and keys, in one query.
@@ -122,6 +143,7 @@ func (t *table) added(rel pgcodec.Relation) {
 		if _, ok := t.types[c.Name]; !ok {
 			t.types[c.Name] = c.Type
 			t.order = append(t.order, c.Name)
+			t.stmts = nil
 		}
 	}
 	t.rel = rel
