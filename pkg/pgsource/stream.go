@@ -179,6 +179,14 @@ func (ss *session) loop(ctx context.Context) error {
 	s := ss.s
 	nextResolved := time.Now().Add(s.opts.ResolvedInterval)
 	nextStatus := time.Now().Add(s.opts.StatusInterval)
+	// The read wakes at the next tick by the connection's read deadline,
+	// set when the tick moves, and at ctx's end by a deadline in the past:
+	// a context deadline per message (pgconn watches each one) was 15% of
+	// the stream's CPU.
+	netConn := ss.conn.Conn()
+	stopWatch := context.AfterFunc(ctx, func() { _ = netConn.SetReadDeadline(time.Unix(1, 0)) })
+	defer stopWatch()
+	var armed time.Time
 	for {
 		select {
 		case <-s.kick:
@@ -203,9 +211,18 @@ func (ss *session) loop(ctx context.Context) error {
 			}
 			nextStatus = now.Add(s.opts.StatusInterval)
 		}
-		rctx, cancel := context.WithDeadline(ctx, minTime(nextResolved, nextStatus))
-		raw, err := ss.conn.ReceiveMessage(rctx)
-		cancel()
+		if wake := minTime(nextResolved, nextStatus); !wake.Equal(armed) {
+			if err := netConn.SetReadDeadline(wake); err != nil {
+				return err
+			}
+			armed = wake
+		}
+		// Checked after arming: a cancel before it ends the loop here, one
+		// after it moves the deadline past (AfterFunc runs once ctx ended).
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		raw, err := ss.conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if pgconn.Timeout(err) && ctx.Err() == nil {
 				continue

@@ -75,7 +75,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&o.update, "update", false, "also write the table into -doc")
 	fs.StringVar(&o.doc, "doc", "docs/benchmarks.md", "the document whose <!-- pgbench:table --> block -update rewrites")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "longest wait for a changefeed to stream, catch up or drain")
-	fs.StringVar(&o.profileDir, "profile", "", "directory for a 20 s CPU profile of cdcserver serve during each main load (empty: none)")
+	fs.StringVar(&o.profileDir, "profile", "", "directory for CPU profiles of cdcserver serve: 20 s of each main load, 5 s of each drain (empty: none)")
 	fs.StringVar(&o.logs, "logs", "", "directory that keeps cdcserver serve's logs (empty: removed with the run's temporary directory)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the load's random streams")
 	if err := fs.Parse(args); err != nil {

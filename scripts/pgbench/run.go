@@ -194,7 +194,21 @@ func (b *bench) runConfig(ctx context.Context, mode string, tables, run int) (re
 			return fail("restart the changefeed", err)
 		}
 		res.startUp = seconds(first.Sub(t0))
+		var drainProf chan error
+		if cf != nil && b.opts.profileDir != "" {
+			// Shorter than the drain at 1000 tables (about 10 s); a profile
+			// cut short by the drain's end still holds what it sampled.
+			drainProf = make(chan error, 1)
+			go func() {
+				drainProf <- cf.cpuProfile(ctx, 5*time.Second, filepath.Join(b.opts.profileDir, fmt.Sprintf("cdcflow-%d-tables-run%d-drain.pprof", tables, run+1)))
+			}()
+		}
 		drained, err := waitFence(ctx, dst.DSN, tables, fenceBacklog, probeID, b.opts.timeout, check)
+		if drainProf != nil {
+			if err := <-drainProf; err != nil {
+				b.logf("%s/%d: no drain CPU profile: %v", mode, tables, err)
+			}
+		}
 		if err != nil {
 			return fail("drain the backlog", err)
 		}
