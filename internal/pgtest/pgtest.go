@@ -203,3 +203,14 @@ func freePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// PostmasterPID is the running server's postmaster process id, from its
+// postmaster.pid (benchmarks read the server's CPU time from it).
+func (s *Server) PostmasterPID() (int, error) {
+	b, err := os.ReadFile(filepath.Join(s.data, "postmaster.pid"))
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	return strconv.Atoi(strings.TrimSpace(line))
+}

@@ -215,6 +215,21 @@ func (f *cdcflowFeed) pause(context.Context) error {
 
 func (f *cdcflowFeed) close() error { return f.pause(context.Background()) }
 
+// cpuTime is the CPU time serve has used over all its starts so far: the
+// exited processes' and the running one's from /proc (read between
+// start/resume and pause, on the goroutine that calls them).
+func (f *cdcflowFeed) cpuTime() (time.Duration, error) {
+	total := f.cpu
+	if f.cmd != nil {
+		st, err := readProcStat(f.cmd.Process.Pid)
+		if err != nil {
+			return 0, err
+		}
+		total += st.self + st.reaped
+	}
+	return total, nil
+}
+
 // cpuProfile fetches a CPU profile of the running serve process.
 func (f *cdcflowFeed) cpuProfile(ctx context.Context, d time.Duration, path string) error {
 	if f.pprof == "" {

@@ -35,6 +35,10 @@ type result struct {
 	// drain: seconds from the restart of the stopped changefeed until the
 	// target held the backlog's fence; drainRate the backlog's rows/s.
 	drain, drainRate float64
+	// cpuLoad, cpuDrain: CPU per row (µs) of the source server, the
+	// target server, the changefeed process and all three, over the main
+	// load and over the drain (-1: not measured).
+	cpuLoad, cpuDrain [4]float64
 	// verified: "yes", "NO" (compare found a difference) or "n/a".
 	verified string
 	// failure says what went wrong, if anything did.
@@ -43,7 +47,8 @@ type result struct {
 
 func newResult(mode string, tables int) result {
 	return result{mode: mode, tables: tables, rowsPerSec: -1, lagP50: -1, lagP99: -1, lagMax: -1,
-		catchUp: -1, startUp: -1, drain: -1, drainRate: -1, verified: "n/a"}
+		catchUp: -1, startUp: -1, drain: -1, drainRate: -1, verified: "n/a",
+		cpuLoad: [4]float64{-1, -1, -1, -1}, cpuDrain: [4]float64{-1, -1, -1, -1}}
 }
 
 // ok is a run that measured everything and verified (or, the baseline,
@@ -120,6 +125,10 @@ func summarize(rs []result) []summary {
 		s.startUp = field(func(g result) float64 { return g.startUp })
 		s.drain = field(func(g result) float64 { return g.drain })
 		s.drainRate = field(func(g result) float64 { return g.drainRate })
+		for i := range s.cpuLoad {
+			s.cpuLoad[i] = field(func(g result) float64 { return g.cpuLoad[i] })
+			s.cpuDrain[i] = field(func(g result) float64 { return g.cpuDrain[i] })
+		}
 		for _, g := range group {
 			if g.verified == "yes" {
 				s.verifiedRuns++
@@ -175,6 +184,12 @@ func render(ss []summary) string {
 		fmt.Fprintf(&b, "%-11s %6d %13s %8s %10s %9s %9s %10s %9s %9s %12s  %s\n", s.mode, s.tables, num(s.rowsPerSec, 0), ratio,
 			num(s.lagP50, 0), num(s.lagP99, 0), num(s.lagMax, 0), num(s.catchUp, 1), num(s.startUp, 1), num(s.drain, 1),
 			num(s.drainRate, 0), s.verified)
+	}
+	b.WriteString("\nCPU per row (µs)     main load: source target changefeed    all | drain: source target changefeed    all\n")
+	for _, s := range ss {
+		fmt.Fprintf(&b, "%-11s %6d %16s %6s %10s %6s | %13s %6s %10s %6s\n", s.mode, s.tables,
+			num(s.cpuLoad[0], 0), num(s.cpuLoad[1], 0), num(s.cpuLoad[2], 0), num(s.cpuLoad[3], 0),
+			num(s.cpuDrain[0], 0), num(s.cpuDrain[1], 0), num(s.cpuDrain[2], 0), num(s.cpuDrain[3], 0))
 	}
 	goals := goalLines(ss)
 	if len(goals) > 0 {

@@ -5,7 +5,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // Pure helpers only: nothing here starts a server.
 
@@ -91,4 +97,24 @@ func TestReplaceBlock(t *testing.T) {
 	if err := replaceBlock(path, "pgbench:table", "x"); err == nil {
 		t.Error("a document without the block is an error")
 	}
+}
+
+// perRow divides each present part's CPU by the rows and totals them; an
+// absent part is -1 and left out of the total, and no rows measure
+// nothing.
+func TestPerRow(t *testing.T) {
+	from := cpuParts{time.Second, 2 * time.Second, 0}
+	to := cpuParts{3 * time.Second, 3 * time.Second, 0}
+	require.Equal(t, [4]float64{20, 10, -1, 30}, perRow(from, to, [3]bool{true, true, false}, 100000))
+	require.Equal(t, [4]float64{-1, -1, -1, -1}, perRow(from, to, [3]bool{true, true, true}, 0))
+}
+
+// readProcStat reads this process's own times and parent.
+func TestReadProcStat(t *testing.T) {
+	st, err := readProcStat(os.Getpid())
+	require.NoError(t, err)
+	require.Equal(t, os.Getppid(), st.ppid)
+	total, err := treeCPU(os.Getpid())
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, total, st.self)
 }

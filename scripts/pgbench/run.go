@@ -125,7 +125,28 @@ func (b *bench) runConfig(ctx context.Context, mode string, tables, run int) (re
 			profDone <- cf.cpuProfile(ctx, 20*time.Second, filepath.Join(b.opts.profileDir, fmt.Sprintf("cdcflow-%d-tables-run%d.pprof", tables, run+1)))
 		}()
 	}
+	meter := cpuMeter{}
+	if meter.src, err = src.PostmasterPID(); err != nil {
+		return fail("the source's postmaster", err)
+	}
+	if dst != nil {
+		if meter.dst, err = dst.PostmasterPID(); err != nil {
+			return fail("the target's postmaster", err)
+		}
+	}
+	if cf != nil {
+		meter.feed = cf.cpuTime
+	}
+	cpuBefore, err := meter.read()
+	if err != nil {
+		return fail("read CPU times", err)
+	}
 	st, loadErr := ld.run(ctx, b.opts.rows)
+	if cpuAfter, err := meter.read(); err == nil {
+		res.cpuLoad = perRow(cpuBefore, cpuAfter, meter.present(), st.rows)
+	} else {
+		b.logf("%s/%d: no CPU figures for the main load: %v", mode, tables, err)
+	}
 	probeErr := stopProbe()
 	if stopSampler != nil {
 		lags, err := stopSampler()
@@ -185,6 +206,7 @@ func (b *bench) runConfig(ctx context.Context, mode string, tables, run int) (re
 		// idle through the drain, they would only take CPU from it (see
 		// connectLean). Nothing loads after the backlog.
 		ld.close()
+		cpuBefore, cpuErr := meter.read()
 		t0 := time.Now()
 		if err := f.resume(ctx); err != nil {
 			return fail("restart the changefeed", err)
@@ -204,6 +226,15 @@ func (b *bench) runConfig(ctx context.Context, mode string, tables, run int) (re
 			}()
 		}
 		drained, err := waitFence(ctx, dst.DSN, tables, fenceBacklog, probeID, b.opts.timeout, check)
+		if cpuErr == nil && err == nil {
+			var cpuAfter cpuParts
+			if cpuAfter, cpuErr = meter.read(); cpuErr == nil {
+				res.cpuDrain = perRow(cpuBefore, cpuAfter, meter.present(), bst.rows)
+			}
+		}
+		if cpuErr != nil {
+			b.logf("%s/%d: no CPU figures for the drain: %v", mode, tables, cpuErr)
+		}
 		if drainProf != nil {
 			if err := <-drainProf; err != nil {
 				b.logf("%s/%d: no drain CPU profile: %v", mode, tables, err)
