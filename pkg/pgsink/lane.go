@@ -49,6 +49,7 @@ type dstate struct {
 	epoch uint64
 	work  []op // since the last commit, in call order
 	rows  bool // work holds rows or a DDL, not only checkpoints
+	held  bool // in the lane's held list
 	// written is when the dispatcher's checkpoint was last committed.
 	written  time.Time
 	failures int
@@ -72,7 +73,10 @@ type lane struct {
 	tables  map[uint32]*table               // under mu
 	states  map[common.DispatcherID]*dstate // under mu; a dstate's fields are the lane goroutine's
 	pending int                             // rows in the dstates' work; the lane goroutine's
-	hasWork bool                            // some dstate has work; the lane goroutine's
+	// held lists the dstates that have (or had, since the last review)
+	// work, each once: a commit and its review walk them, not every
+	// dispatcher of the lane. The lane goroutine's.
+	held []*dstate
 	// ckptDue is when the earliest held checkpoint-only work is due
 	// (zero: none held); the lane goroutine's.
 	ckptDue time.Time
@@ -188,8 +192,11 @@ func (l *lane) take(deadline time.Time) bool {
 		if !d.rows {
 			l.noteCheckpoint(d)
 		}
+		if !d.held {
+			d.held = true
+			l.held = append(l.held, d)
+		}
 		l.pending += len(o.rows)
-		l.hasWork = true
 	}
 	return !closed
 }
@@ -213,7 +220,7 @@ func (l *lane) run() {
 		if !l.take(deadline) {
 			return
 		}
-		if !l.hasWork {
+		if len(l.held) == 0 {
 			continue
 		}
 		now := time.Now()
@@ -240,20 +247,23 @@ func (l *lane) noteCheckpoint(d *dstate) {
 	}
 }
 
-// reviewWork recomputes hasWork and ckptDue after a commit.
+// reviewWork drops the dstates without work from held and recomputes
+// ckptDue, after a commit.
 func (l *lane) reviewWork() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.hasWork, l.ckptDue = false, time.Time{}
-	for _, d := range l.states {
+	l.ckptDue = time.Time{}
+	kept := l.held[:0]
+	for _, d := range l.held {
 		if len(d.work) == 0 {
+			d.held = false
 			continue
 		}
-		l.hasWork = true
+		kept = append(kept, d)
 		if !d.rows {
 			l.noteCheckpoint(d)
 		}
 	}
+	clear(l.held[len(kept):])
+	l.held = kept
 }
 
 // commitAll applies the dispatchers' work in one transaction; if the
@@ -266,13 +276,11 @@ func (l *lane) reviewWork() {
 // row per idle table per commit, more writes than the rows (1000 tables).
 func (l *lane) commitAll(now time.Time) {
 	var ds []*dstate
-	l.mu.Lock()
-	for _, d := range l.states {
+	for _, d := range l.held {
 		if len(d.work) > 0 && (d.rows || d.written.IsZero() || now.Sub(d.written) >= l.s.opts.CheckpointInterval) {
 			ds = append(ds, d)
 		}
 	}
-	l.mu.Unlock()
 	if len(ds) == 0 {
 		return
 	}
