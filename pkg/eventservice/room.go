@@ -22,7 +22,7 @@ type roomWatch struct {
 	rn   messaging.RoomNotifier
 	bell chan struct{} // capacity one: someone waits for room
 	stop chan struct{}
-	done chan struct{}
+	wg   sync.WaitGroup // the watcher goroutine
 	mu   struct {
 		sync.Mutex
 		waiting []*session
@@ -30,7 +30,7 @@ type roomWatch struct {
 }
 
 func newRoomWatch(rn messaging.RoomNotifier) *roomWatch {
-	return &roomWatch{rn: rn, bell: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	return &roomWatch{rn: rn, bell: make(chan struct{}, 1), stop: make(chan struct{})}
 }
 
 // wait parks s, which just moved to backing_off after a busy refusal,
@@ -50,9 +50,10 @@ func (w *roomWatch) ring() {
 	}
 }
 
-// run is the watcher goroutine of target t.
+// start runs the watcher goroutine of target t until close.
+func (w *roomWatch) start(t *target) { w.wg.Go(func() { w.run(t) }) }
+
 func (w *roomWatch) run(t *target) {
-	defer close(w.done)
 	for {
 		select {
 		case <-w.bell:
@@ -80,5 +81,5 @@ func (w *roomWatch) run(t *target) {
 // close stops the watcher and waits for it.
 func (w *roomWatch) close() {
 	close(w.stop)
-	<-w.done
+	w.wg.Wait()
 }

@@ -128,7 +128,7 @@ func (t *target) start() error {
 	}
 	t.started = true
 	if t.room != nil {
-		go t.room.run(t)
+		t.room.start(t)
 	}
 	return t.pump.Start()
 }

@@ -65,8 +65,12 @@ type lane struct {
 	conn *pgx.Conn // the lane goroutine's (and bind's, before it runs)
 	down atomic.Bool
 
+	// wake (capacity one) tells the lane goroutine work was queued or the
+	// lane closed; it is rung after the change, under mu.
+	wake chan struct{}
+
 	mu      sync.Mutex
-	cond    *sync.Cond // signalled on enqueue, dequeue and close
+	cond    *sync.Cond // enqueuers waiting for room: signalled on dequeue and close
 	queue   []op
 	qrows   int
 	closed  bool
@@ -85,6 +89,7 @@ type lane struct {
 func newLane(s *Sink, n int, conn *pgx.Conn) *lane {
 	l := &lane{s: s, n: n, conn: conn, tables: map[uint32]*table{}, states: map[common.DispatcherID]*dstate{}}
 	l.cond = sync.NewCond(&l.mu)
+	l.wake = make(chan struct{}, 1)
 	return l
 }
 
@@ -123,7 +128,7 @@ func (l *lane) enqueue(o op) error {
 	}
 	l.queue = append(l.queue, o)
 	l.qrows += len(o.rows)
-	l.cond.Broadcast()
+	l.ring()
 	return nil
 }
 
@@ -131,33 +136,46 @@ func (l *lane) close() {
 	l.mu.Lock()
 	l.closed = true
 	l.cond.Broadcast()
+	l.ring()
 	l.mu.Unlock()
 }
 
-// take waits for queued work (or the deadline; with a zero deadline, for
-// work only) and moves it into the dispatchers' work lists. It reports
-// false once the lane is closed.
+func (l *lane) ring() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take waits for queued work (or the deadline, on the sink's clock; with
+// a zero deadline, for work only) and moves it into the dispatchers' work
+// lists. It reports false once the lane is closed.
 func (l *lane) take(deadline time.Time) bool {
-	l.mu.Lock()
-	if len(l.queue) == 0 && !l.closed {
-		if deadline.IsZero() {
-			for len(l.queue) == 0 && !l.closed {
-				l.cond.Wait()
-			}
-		} else if wait := time.Until(deadline); wait > 0 {
-			// sync.Cond has no timeout: a timer wakes the wait at the
-			// deadline. Real time: the flush cadence batches work, it is
-			// not a behaviour tests observe.
-			t := time.AfterFunc(wait, func() {
-				l.mu.Lock()
-				l.cond.Broadcast()
-				l.mu.Unlock()
-			})
-			for len(l.queue) == 0 && !l.closed && time.Now().Before(deadline) {
-				l.cond.Wait()
-			}
-			t.Stop()
+	clk := l.s.opts.Clock
+	for {
+		l.mu.Lock()
+		if len(l.queue) > 0 || l.closed {
+			break
 		}
+		l.mu.Unlock()
+		if deadline.IsZero() {
+			<-l.wake
+			continue
+		}
+		wait := deadline.Sub(clk.Now())
+		if wait <= 0 {
+			l.mu.Lock()
+			break
+		}
+		t := clk.NewTimer(wait)
+		select {
+		case <-l.wake:
+			t.Stop()
+			continue
+		case <-t.C():
+		}
+		l.mu.Lock()
+		break
 	}
 	defer l.mu.Unlock()
 	q := l.queue
@@ -208,7 +226,8 @@ func (l *lane) take(deadline time.Time) bool {
 // running.
 func (l *lane) run() {
 	flush := l.s.opts.FlushInterval
-	last := time.Now()
+	clk := l.s.opts.Clock
+	last := clk.Now()
 	for {
 		var deadline time.Time
 		if l.pending > 0 {
@@ -223,7 +242,7 @@ func (l *lane) run() {
 		if len(l.held) == 0 {
 			continue
 		}
-		now := time.Now()
+		now := clk.Now()
 		rowsDue := l.pending >= l.s.opts.BatchRows || !now.Before(last.Add(flush)) && l.pending > 0
 		ckptsDue := !l.ckptDue.IsZero() && !now.Before(l.ckptDue)
 		if !rowsDue && !ckptsDue {
@@ -240,7 +259,7 @@ func (l *lane) run() {
 func (l *lane) noteCheckpoint(d *dstate) {
 	due := d.written.Add(l.s.opts.CheckpointInterval)
 	if d.written.IsZero() {
-		due = time.Now()
+		due = l.s.opts.Clock.Now()
 	}
 	if l.ckptDue.IsZero() || due.Before(l.ckptDue) {
 		l.ckptDue = due
@@ -284,10 +303,9 @@ func (l *lane) commitAll(now time.Time) {
 	if len(ds) == 0 {
 		return
 	}
-	start := time.Now()
 	err := l.commit(ds)
 	if err == nil {
-		l.s.met.commitSeconds.Observe(time.Since(start).Seconds())
+		l.s.met.commitSeconds.Observe(l.s.opts.Clock.Now().Sub(now).Seconds())
 		return
 	}
 	if l.s.ctx.Err() != nil {
@@ -358,7 +376,7 @@ ON CONFLICT (dispatcher) DO UPDATE SET ts = GREATEST(cdcflow.checkpoints.ts, EXC
 		l.reloadTables(ds) // columns an ALTER of the batch added are gone again
 		return fmt.Errorf("%w: %w", ErrApply, err)
 	}
-	now := time.Now()
+	now := l.s.opts.Clock.Now()
 	for _, d := range ds {
 		for _, w := range d.work {
 			l.pending -= len(w.rows)

@@ -62,7 +62,8 @@ type Options struct {
 	// MaxFailures: a table whose transaction the target refuses this many
 	// times in a row is stopped. Default 5.
 	MaxFailures int
-	// Logger defaults to zap.NewNop(); Clock to the real clock.
+	// Logger defaults to zap.NewNop(); Clock (the lanes' flush and
+	// checkpoint cadence, the reconnect back-off) to the real clock.
 	Logger *zap.Logger
 	Clock  clock.Clock
 	// Registerer, if set, receives the sink's metrics (cdcflow_pgsink_*).

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/cdcflow/eventservice/internal/pgtest"
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
@@ -209,6 +210,31 @@ func TestIdleCheckpointsWaitForTheirInterval(t *testing.T) {
 	ckpts, err = e.sink.Checkpoints(ctx)
 	require.NoError(t, err)
 	require.Equal(t, common.Ts(12), ckpts[idle])
+}
+
+// A lane's flush cadence runs on the sink's clock: rows it holds are
+// committed once the injected clock passes FlushInterval, not before.
+func TestLaneFlushesOnTheInjectedClock(t *testing.T) {
+	fake := clock.NewFake(time.Unix(1_800_000_000, 0))
+	e := newSinkEnv(t, func(o *Options) { o.Workers = 1; o.FlushInterval = time.Hour; o.Clock = fake })
+	ctx := context.Background()
+	id := common.DispatcherIDFromUint64(1)
+	require.NoError(t, e.sink.Bind(ctx, id, relT, 10))
+	require.NoError(t, e.sink.BeginEpoch(id, 1, 10))
+	require.NoError(t, e.sink.ApplyRows(id, rows(12, tx(pgcodec.Insert, col("id", "1"), col("v", "a"), null("big")))))
+	require.NoError(t, e.sink.Checkpoint(id, 12))
+	// The lane holds the rows and waits for its flush deadline.
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	require.NoError(t, fake.WaitWaiters(wctx, 1))
+	e.dur.mu.Lock()
+	_, early := e.dur.got[id]
+	e.dur.mu.Unlock()
+	require.False(t, early, "committed before the clock reached the flush deadline")
+	require.Empty(t, e.contents("app.t"))
+	fake.Advance(time.Hour)
+	e.dur.wait(t, id, 12)
+	require.Equal(t, []string{`{"id":1,"v":"a","big":null}`}, e.contents("app.t"))
 }
 
 // A new column is added before the rows that use it; a column that
