@@ -15,8 +15,7 @@ import (
 // The service's side of the control plane: Service implements
 // messaging.ControlPlane. Errors wrap messaging's control-plane sentinels
 // (so a network transport can carry them as a messaging.Code) and, where
-// the service has a sentinel of its own (ErrClosed, ErrNotStarted), that
-// one too (ErrClosed).
+// the service has a sentinel of its own (ErrClosed), that one too.
 var _ messaging.ControlPlane = (*Service)(nil)
 
 // Register adds a dispatcher registration and starts its first epoch: the

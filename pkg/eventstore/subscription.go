@@ -17,6 +17,16 @@ import (
 //
 // Calls for one dispatcher are serialised and strictly increasing in
 // resolvedTs. The store measures the real time spent inside the callback.
+//
+// Lock rule: the callback runs holding the dispatcher's subscriber lock, on
+// the store's writer goroutine (or its throttle's, or the goroutine of
+// RegisterDispatcher for the first call), with no store-wide lock held.
+// It must not block, and must call neither UnregisterDispatcher for its
+// own dispatcher (it waits for a callback in flight under that lock) nor
+// Close (it waits for the writer): either would wait for itself. Other
+// store calls are safe from it, but a callback that does real work delays
+// every subscription behind it: queue the work and return (the event
+// service's does).
 type Notifier func(resolvedTs, maxCommitTs common.Ts)
 
 // subscriber is one registered dispatcher.
