@@ -1,0 +1,386 @@
+package pgsource
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventstore"
+	"github.com/cdcflow/eventservice/pkg/pgcodec"
+	"github.com/cdcflow/eventservice/pkg/schemastore"
+	"github.com/cdcflow/eventservice/pkg/upstream"
+)
+
+// A session decodes one transaction at a time: its rows are routed to
+// their table's subscriptions and pushed to the store in chunks, a new
+// relation version becomes a DDL at commit-ts - 1, and the commit gives
+// the transaction its commit-ts and marks the subscriptions it pushed to.
+
+// handle applies one pgoutput message.
+func (ss *session) handle(ctx context.Context, data []byte) error {
+	msg, err := parseMessage(data)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrProtocol, err)
+	}
+	s := ss.s
+	switch m := msg.(type) {
+	case msgBegin:
+		if ss.cur != nil {
+			return fmt.Errorf("%w: BEGIN inside a transaction", ErrProtocol)
+		}
+		ts := max(ss.last+2, common.TsFromTime(m.commitTime))
+		ss.cur = &txn{ts: ts, pending: map[uint32][]common.Row{}}
+		ss.refreshSubs()
+		// A subscription that arrives from below ts while this
+		// transaction is decoded may have missed its rows: it replays.
+		s.mu.Lock()
+		s.mu.begun = max(s.mu.begun, ts)
+		s.mu.Unlock()
+	case msgCommit:
+		if ss.cur == nil {
+			return fmt.Errorf("%w: COMMIT outside a transaction", ErrProtocol)
+		}
+		if err := ss.commit(ctx, m); err != nil {
+			return err
+		}
+	case msgRelation:
+		return ss.relation(ctx, &m)
+	case msgInsert:
+		return ss.change(ctx, m.rel, pgcodec.Insert, nil, 0, m.new)
+	case msgUpdate:
+		return ss.change(ctx, m.rel, pgcodec.Update, m.old, m.oldKind, m.new)
+	case msgDelete:
+		return ss.change(ctx, m.rel, pgcodec.Delete, m.old, m.oldKind, nil)
+	case msgTruncate:
+		if ss.cur == nil {
+			return fmt.Errorf("%w: TRUNCATE outside a transaction", ErrProtocol)
+		}
+		for _, oid := range m.rels {
+			v := pgcodec.AppendValue(nil, pgcodec.RowChange{Change: pgcodec.Truncate, Cascade: m.cascade, RestartIdentity: m.restartIdentity})
+			if err := ss.add(ctx, oid, pgcodec.Truncate, nil, v); err != nil {
+				return err
+			}
+		}
+	case msgMessage:
+		if m.prefix == heartbeatPrefix {
+			s.met.heartbeats.Inc()
+		}
+	case msgIgnored:
+	}
+	return nil
+}
+
+// relation records this connection's description of a relation and, if
+// it differs from the one known, a DDL at the current commit-ts minus one.
+func (ss *session) relation(ctx context.Context, m *msgRelation) error {
+	ss.rels[m.oid] = m
+	rel, err := ss.describe(ctx, m)
+	if err != nil {
+		return err
+	}
+	old, seen := ss.known[m.oid]
+	if seen && sameRelation(old, rel) {
+		return nil
+	}
+	ss.known[m.oid] = rel
+	if ss.cur == nil {
+		return nil // outside a transaction: it takes effect at the next one
+	}
+	ddl := schemastore.DDL{TableID: int64(m.oid), CommitTs: ss.cur.ts - 1, Query: pgcodec.RelationDDL(rel)}
+	if err := ss.s.opts.Schema.AddDDL(ddl); err != nil && !errors.Is(err, schemastore.ErrDDLBeforeFrontier) && !errors.Is(err, schemastore.ErrDuplicateDDL) {
+		return fmt.Errorf("pgsource: record the DDL of %s: %w", rel.QualifiedName(), err)
+	}
+	ss.s.met.ddls.Inc()
+	return nil
+}
+
+// describe turns a relation message into a pgcodec.Relation: SQL type
+// names from the catalog (cached) and the key from the message's flags,
+// or, for REPLICA IDENTITY FULL (every column flagged), the primary key.
+func (ss *session) describe(ctx context.Context, m *msgRelation) (pgcodec.Relation, error) {
+	rel := pgcodec.Relation{OID: m.oid, Schema: m.namespace, Name: m.name}
+	var pk map[string]bool
+	if m.replicaIdentity == 'f' {
+		cols, err := tableColumns(ctx, ss.catalog, m.oid, 'f')
+		if err != nil {
+			return rel, err
+		}
+		pk = map[string]bool{}
+		for _, c := range cols {
+			if c.Key {
+				pk[c.Name] = true
+			}
+		}
+	}
+	for _, c := range m.columns {
+		var typ string
+		if known, ok := ss.known[m.oid]; ok {
+			for _, kc := range known.Columns {
+				if kc.Name == c.name && kc.TypeOID == c.typeOID {
+					typ = kc.Type
+				}
+			}
+		}
+		if typ == "" {
+			if err := ss.catalog.QueryRow(ctx, "SELECT format_type($1, $2)", c.typeOID, c.typeMod).Scan(&typ); err != nil {
+				return rel, fmt.Errorf("pgsource: type %d of %s.%s: %w", c.typeOID, m.name, c.name, err)
+			}
+		}
+		key := c.key
+		if pk != nil {
+			key = pk[c.name]
+		}
+		rel.Columns = append(rel.Columns, pgcodec.Column{Name: c.name, Type: typ, TypeOID: c.typeOID, Key: key})
+	}
+	return rel, nil
+}
+
+func sameRelation(a, b pgcodec.Relation) bool {
+	if a.Schema != b.Schema || a.Name != b.Name || len(a.Columns) != len(b.Columns) {
+		return false
+	}
+	for i := range a.Columns {
+		if a.Columns[i] != b.Columns[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// change turns an insert, update or delete into rows of the transaction:
+// an update that changes the key is a delete of the old key and an insert.
+func (ss *session) change(ctx context.Context, oid uint32, c pgcodec.Change, old []tupleCol, oldKind byte, new []tupleCol) error {
+	if ss.cur == nil {
+		return fmt.Errorf("%w: a change outside a transaction", ErrProtocol)
+	}
+	m := ss.rels[oid]
+	if m == nil {
+		return fmt.Errorf("%w: a change of relation %d before its description", ErrProtocol, oid)
+	}
+	rel := ss.known[oid]
+	for _, t := range [][]tupleCol{old, new} {
+		if t != nil && len(t) != len(m.columns) {
+			return fmt.Errorf("%w: a tuple of %d columns for %s.%s of %d", ErrProtocol, len(t), m.namespace, m.name, len(m.columns))
+		}
+	}
+	keyOf := func(t []tupleCol) ([][]byte, bool) {
+		var k [][]byte
+		for i, col := range rel.Columns {
+			if col.Key {
+				if t[i].kind != 't' && t[i].kind != 'b' {
+					return nil, false
+				}
+				k = append(k, t[i].data)
+			}
+		}
+		return k, true
+	}
+	datums := func(t []tupleCol, keysOnly bool, fill []tupleCol) []pgcodec.Datum {
+		out := make([]pgcodec.Datum, 0, len(t))
+		for i, col := range rel.Columns {
+			if keysOnly && !col.Key {
+				continue
+			}
+			v := t[i]
+			if v.kind == 'u' && fill != nil && fill[i].kind == 't' {
+				v = fill[i] // REPLICA IDENTITY FULL: the old tuple has the value
+			}
+			d := pgcodec.Datum{Name: col.Name}
+			switch v.kind {
+			case 'n':
+				d.Kind = pgcodec.Null
+			case 'u':
+				d.Kind = pgcodec.Unchanged
+			default:
+				d.Kind, d.Text = pgcodec.Text, v.data
+			}
+			out = append(out, d)
+		}
+		return out
+	}
+	switch c {
+	case pgcodec.Insert:
+		key, ok := keyOf(new)
+		if !ok {
+			return fmt.Errorf("%w: %s without a key value", ErrProtocol, rel.QualifiedName())
+		}
+		return ss.add(ctx, oid, c, key, pgcodec.AppendValue(nil, pgcodec.RowChange{Change: c, Columns: datums(new, false, nil)}))
+	case pgcodec.Update:
+		newKey, ok := keyOf(new)
+		var fill []tupleCol
+		if oldKind == 'O' {
+			fill = old
+		}
+		if !ok && old != nil {
+			newKey, ok = keyOf(old) // a key column left unchanged (TOASTed)
+		}
+		if !ok {
+			return fmt.Errorf("%w: an update of %s without a key value", ErrProtocol, rel.QualifiedName())
+		}
+		if old != nil {
+			if oldKey, ok := keyOf(old); ok && !sameKey(oldKey, newKey) {
+				v := pgcodec.AppendValue(nil, pgcodec.RowChange{Change: pgcodec.Delete, Columns: datums(old, true, nil)})
+				if err := ss.add(ctx, oid, pgcodec.Delete, oldKey, v); err != nil {
+					return err
+				}
+				c = pgcodec.Insert // the new key's row did not exist
+			}
+		}
+		return ss.add(ctx, oid, c, newKey, pgcodec.AppendValue(nil, pgcodec.RowChange{Change: c, Columns: datums(new, false, fill)}))
+	default: // delete
+		key, ok := keyOf(old)
+		if !ok {
+			return fmt.Errorf("%w: a delete of %s without a key value", ErrProtocol, rel.QualifiedName())
+		}
+		return ss.add(ctx, oid, c, key, pgcodec.AppendValue(nil, pgcodec.RowChange{Change: c, Columns: datums(old, true, nil)}))
+	}
+}
+
+func sameKey(a, b [][]byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !bytes.Equal(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// add appends a row to the transaction, spilling the table's rows to the
+// store once it holds ChunkRows of them. A change of a published table
+// nobody subscribed is reported once (OnNewTable) and the slot is held
+// before it.
+func (ss *session) add(ctx context.Context, oid uint32, c pgcodec.Change, key [][]byte, value []byte) error {
+	t := ss.cur
+	s := ss.s
+	t.index++
+	if len(ss.subs[oid]) == 0 {
+		ss.unsubscribed(oid, t.ts)
+		return nil
+	}
+	row := common.Row{Op: pgcodec.Op(c), Key: pgcodec.AppendKey(nil, t.index, key), Value: value, StartTs: t.ts - 1, CommitTs: t.ts}
+	t.pending[oid] = append(t.pending[oid], row)
+	s.met.rows.Inc()
+	if len(t.pending[oid]) >= s.opts.ChunkRows {
+		return ss.flush(ctx, oid, false)
+	}
+	return nil
+}
+
+// unsubscribed handles a change of a table without a subscription.
+func (ss *session) unsubscribed(oid uint32, ts common.Ts) {
+	s := ss.s
+	if ss.announced[oid] {
+		return
+	}
+	ss.announced[oid] = true
+	rel, ok := ss.known[oid]
+	if !ok || rel.Validate() != nil {
+		s.met.skippedTables.Inc()
+		s.log.Error("changes of a table that cannot be replicated are skipped (no key)", zap.Uint32("oid", oid),
+			zap.String("table", rel.QualifiedName()))
+		return
+	}
+	s.mu.Lock()
+	if _, held := s.mu.holds[oid]; !held {
+		s.mu.holds[oid] = ts
+	}
+	s.mu.Unlock()
+	s.log.Info("a new published table: holding the slot before its first change until it is subscribed",
+		zap.String("table", rel.QualifiedName()), zap.Stringer("first_ts", ts))
+	if f := s.opts.OnNewTable; f != nil {
+		f(rel, ts)
+	}
+}
+
+// flush pushes the transaction's pending rows of oid to its subscriptions
+// that have not had this commit yet; last marks the commit.
+func (ss *session) flush(ctx context.Context, oid uint32, last bool) error {
+	t := ss.cur
+	rows := t.pending[oid]
+	delete(t.pending, oid)
+	for _, b := range ss.subs[oid] {
+		if t.ts <= b.have && b.partial != t.ts {
+			continue // pushed before this session started again
+		}
+		if len(rows) > 0 {
+			if b.partial != t.ts {
+				b.partial = t.ts
+				t.spilled = append(t.spilled, b)
+			}
+			if err := ss.push(ctx, b, eventstore.Batch{Rows: rows}); err != nil {
+				return err
+			}
+		}
+		if last {
+			b.have, b.partial = t.ts, 0
+		}
+	}
+	return nil
+}
+
+// push hands a batch to a subscription's sink. A closed subscription is
+// skipped; a store that is closing ends the session.
+func (ss *session) push(ctx context.Context, b *sub, batch eventstore.Batch) error {
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	err := b.guard.Push(pctx, cancel, batch)
+	switch {
+	case err == nil, errors.Is(err, upstream.ErrSubscriptionClosed):
+		return nil
+	case errors.Is(err, eventstore.ErrRowBeforeResolved), errors.Is(err, eventstore.ErrResolvedTsRegressed):
+		// Rows the store already had (a session read them again): harmless.
+		ss.s.log.Debug("store refused rows it has", zap.Uint32("table", b.oid), zap.Error(err))
+		return nil
+	}
+	return fmt.Errorf("pgsource: push to table %d: %w", b.oid, err)
+}
+
+// commit ends the transaction: its remaining rows go to the store and the
+// chain and the journal move on.
+func (ss *session) commit(ctx context.Context, m msgCommit) error {
+	t := ss.cur
+	t.endLSN = m.endLSN
+	for oid := range t.pending {
+		if err := ss.flush(ctx, oid, true); err != nil {
+			return err
+		}
+	}
+	// Subscriptions with rows in this commit whose last chunk was pushed
+	// early are marked too (the transaction lists them: a commit costs
+	// what it touched, not every subscription).
+	for _, b := range t.spilled {
+		if b.partial == t.ts {
+			b.have, b.partial = t.ts, 0
+		}
+	}
+	ss.last = t.ts
+	ss.cur = nil
+	ss.journal = append(ss.journal, Position{LSN: t.endLSN, Ts: t.ts})
+	if len(ss.journal) > maxJournal {
+		// The safe point has not moved for a long while: keep every
+		// other entry (the slot's position gets coarser, never wrong:
+		// it is chosen at or below the safe point).
+		j := ss.journal[:1]
+		for i := 2; i < len(ss.journal)-1; i += 2 {
+			j = append(j, ss.journal[i])
+		}
+		ss.journal = append(j, ss.journal[len(ss.journal)-1])
+	}
+	s := ss.s
+	s.mu.Lock()
+	if t.ts > s.mu.committed {
+		s.mu.committed = t.ts
+	}
+	s.mu.Unlock()
+	s.lastCommit.Store(s.now().UnixNano())
+	s.met.commits.Inc()
+	s.met.committedTs.Set(float64(t.ts.PhysicalMs()) / 1000)
+	return nil
+}
