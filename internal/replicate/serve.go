@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"time"
@@ -75,6 +76,11 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 	lg, err := newLogger(cfg, stderr)
 	if err != nil {
 		return fmt.Errorf("%w: logger: %w", ErrInvalidConfig, err)
+	}
+	if cfg.GCPercent > 0 && os.Getenv("GOGC") == "" {
+		// Process-wide, so restored when Run returns (tests run it in
+		// their own process).
+		defer debug.SetGCPercent(debug.SetGCPercent(cfg.GCPercent))
 	}
 	p := &parts{reg: prometheus.NewRegistry(), log: lg, newTables: make(chan newTable, 64)}
 	p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

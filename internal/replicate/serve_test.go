@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"testing"
 	"time"
@@ -162,7 +163,13 @@ func TestServeRefusesAtStart(t *testing.T) {
 
 	cfg = p.config()
 	cfg.Source = "postgres://nobody@127.0.0.1:1/x?connect_timeout=2"
+	gcBefore := debug.SetGCPercent(100)
+	debug.SetGCPercent(gcBefore)
 	require.ErrorIs(t, run(cfg), ErrSetup)
+	gcAfter := debug.SetGCPercent(gcBefore)
+	require.Equal(t, gcBefore, gcAfter, "the collector's target is restored when Run returns")
+	cfg.GCPercent = 5
+	require.ErrorIs(t, cfg.Validate(), ErrInvalidConfig)
 	require.ErrorIs(t, Config{}.Validate(), ErrInvalidConfig)
 	cfg = p.config()
 	cfg.PprofAddr = "0.0.0.0:6060"

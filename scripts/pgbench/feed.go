@@ -131,6 +131,7 @@ type cdcflowFeed struct {
 	starts   int
 	logs     []string
 	cpu      time.Duration // CPU time of the processes that have exited
+	maxRSS   int64         // the largest peak RSS of those, in bytes
 	stopping bool
 }
 
@@ -205,6 +206,9 @@ func (f *cdcflowFeed) pause(context.Context) error {
 	}
 	if ps := f.cmd.ProcessState; ps != nil {
 		f.cpu += ps.UserTime() + ps.SystemTime()
+		if ru, ok := ps.SysUsage().(*syscall.Rusage); ok {
+			f.maxRSS = max(f.maxRSS, ru.Maxrss<<10) // Linux reports KiB
+		}
 	}
 	f.cmd = nil
 	if err != nil {

@@ -264,7 +264,7 @@ func (b *bench) runConfig(ctx context.Context, mode string, tables, run int) (re
 		if err := cf.pause(ctx); err != nil {
 			return fail("stop cdcserver serve", err)
 		}
-		b.logf("%s/%d: cdcserver serve used %.1fs of CPU over %d starts", mode, tables, cf.cpu.Seconds(), cf.starts)
+		b.logf("%s/%d: cdcserver serve used %.1fs of CPU over %d starts, peak RSS %d MiB", mode, tables, cf.cpu.Seconds(), cf.starts, cf.maxRSS>>20)
 	}
 	b.logf("%s/%d: verified %s", mode, tables, res.verified)
 	return res
