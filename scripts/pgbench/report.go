@@ -1,10 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"math"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -270,23 +268,3 @@ func goalLines(ss []summary) []string {
 
 // seconds is d in seconds.
 func seconds(d time.Duration) float64 { return d.Seconds() }
-
-// replaceBlock replaces what lies between <!-- name --> and <!-- /name -->
-// in path with body.
-func replaceBlock(path, name, body string) error {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	begin, end := "<!-- "+name+" -->\n", "<!-- /"+name+" -->"
-	i := bytes.Index(b, []byte(begin))
-	j := bytes.Index(b, []byte(end))
-	if i < 0 || j < i {
-		return fmt.Errorf("%s: no %q ... %q block", path, strings.TrimSpace(begin), end)
-	}
-	var next bytes.Buffer
-	next.Write(b[:i+len(begin)])
-	next.WriteString(body)
-	next.Write(b[j:])
-	return os.WriteFile(path, next.Bytes(), 0o644)
-}

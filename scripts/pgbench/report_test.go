@@ -2,7 +2,6 @@ package main
 
 import (
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -76,26 +75,6 @@ func TestSummaryMarksFailuresAndGoals(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in\n%s", want, out)
 		}
-	}
-}
-
-func TestReplaceBlock(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "doc.md")
-	if err := os.WriteFile(path, []byte("a\n<!-- pgbench:table -->\nstale\n<!-- /pgbench:table -->\nb\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := replaceBlock(path, "pgbench:table", "fresh\n"); err != nil {
-		t.Fatal(err)
-	}
-	got, _ := os.ReadFile(path)
-	if want := "a\n<!-- pgbench:table -->\nfresh\n<!-- /pgbench:table -->\nb\n"; string(got) != want {
-		t.Errorf("got %q, want %q", got, want)
-	}
-	if err := os.WriteFile(path, []byte("no markers\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := replaceBlock(path, "pgbench:table", "x"); err == nil {
-		t.Error("a document without the block is an error")
 	}
 }
 
