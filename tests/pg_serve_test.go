@@ -23,28 +23,11 @@ import (
 	"github.com/cdcflow/eventservice/internal/replicate"
 )
 
-// serveProcess is a `cdcserver serve` process.
-type serveProcess struct {
-	cmd    *exec.Cmd
-	stderr *linewatch.Watcher
-	done   chan error
-}
-
-func startServe(t *testing.T, src, dst *pgtest.Server, dataDir string) *serveProcess {
+func startServe(t *testing.T, src, dst *pgtest.Server, dataDir string) *childProcess {
 	t.Helper()
-	p := &serveProcess{done: make(chan error, 1), stderr: linewatch.New(`^serve: replicating (\d+) tables`)}
-	p.cmd = exec.Command(buildCDCServer(t), "serve", "--source", src.DSN, "--sink", dst.DSN, "--data-dir", dataDir,
+	cmd := exec.Command(buildCDCServer(t), "serve", "--source", src.DSN, "--sink", dst.DSN, "--data-dir", dataDir,
 		"--metrics-addr", "127.0.0.1:0", "--pprof-addr", "", "--log-level", "warn", "--progress-interval", "0")
-	p.cmd.Stdout, p.cmd.Stderr = &bytes.Buffer{}, p.stderr
-	require.NoError(t, p.cmd.Start())
-	go func() { p.done <- p.cmd.Wait() }()
-	t.Cleanup(func() {
-		if p.cmd.ProcessState == nil {
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-	})
-	return p
+	return startChild(t, cmd, linewatch.New(`^serve: replicating (\d+) tables`))
 }
 
 // pgWorkload writes to tables t1..tN until stopped: inserts, updates of a
@@ -207,7 +190,7 @@ INSERT INTO t%d SELECT g, 0, repeat(md5(g::text), 100) FROM generate_series(1, 2
 			return checkpointProgress(t, dst) > base
 		})
 		require.NoError(t, proc.cmd.Process.Signal(syscall.SIGKILL))
-		<-proc.done
+		_ = proc.wait() // SIGKILLed: not a clean exit
 	}
 
 	proc := startServe(t, src, dst, dataDir)
@@ -239,5 +222,5 @@ INSERT INTO t%d SELECT g, 0, repeat(md5(g::text), 100) FROM generate_series(1, 2
 		return replicate.Compare(context.Background(), src.DSN, dst.DSN, "cdcflow", &out) == nil
 	})
 	require.NoError(t, proc.cmd.Process.Signal(syscall.SIGTERM))
-	require.NoError(t, <-proc.done, "a clean stop exits 0: %s", tail(proc.stderr.String(), 2000))
+	require.NoError(t, proc.wait(), "a clean stop exits 0: %s", tail(proc.stderr.String(), 2000))
 }

@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os/exec"
@@ -18,32 +17,14 @@ import (
 	"github.com/cdcflow/eventservice/internal/tlstest"
 )
 
-// collectorProcess is a cdcserver --role collector started by a test.
-type collectorProcess struct {
-	cmd    *exec.Cmd
-	stderr *linewatch.Watcher
-	done   chan error
-}
-
 // startCollectorProcess starts a collector process with certs, serving
 // feeds of the service at addr from dir.
-func startCollectorProcess(t *testing.T, addr string, startTs uint64, cfg server.Config, feeds, dir string, certs tlstest.Files) *collectorProcess {
+func startCollectorProcess(t *testing.T, addr string, startTs uint64, cfg server.Config, feeds, dir string, certs tlstest.Files) *childProcess {
 	t.Helper()
 	args := []string{"--role", server.RoleCollector, "--connect", addr, "--start-ts", strconv.FormatUint(startTs, 10),
 		"--changefeeds", strconv.Itoa(cfg.Changefeeds), "--tables", strconv.Itoa(cfg.Tables), "--feeds", feeds, "--data-dir", dir,
 		"--tls-cert", certs.Cert, "--tls-key", certs.Key, "--tls-ca", certs.CA, "--metrics-addr", "127.0.0.1:0", "--log-level", "warn"}
-	p := &collectorProcess{cmd: exec.Command(buildCDCServer(t), args...), done: make(chan error, 1),
-		stderr: linewatch.New(`^collector: serving .*; metrics at (\S+)`)}
-	p.cmd.Stdout, p.cmd.Stderr = &bytes.Buffer{}, p.stderr
-	require.NoError(t, p.cmd.Start())
-	go func() { p.done <- p.cmd.Wait() }()
-	t.Cleanup(func() {
-		if p.cmd.ProcessState == nil {
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-	})
-	return p
+	return startChild(t, exec.Command(buildCDCServer(t), args...), linewatch.New(`^collector: serving .*; metrics at (\S+)`))
 }
 
 // With mutual TLS, a second collector holding a valid certificate (signed
@@ -92,13 +73,13 @@ func TestRemoteCollectorWithAnotherIdentityCannotTakeOver(t *testing.T) {
 	}
 	// attempt runs the intruder once the owner serves, and watches the
 	// owner through it.
-	attempt := func(addr string, start uint64, owner *collectorProcess) {
+	attempt := func(addr string, start uint64, owner *childProcess) {
 		var ownerMetrics string
 		select {
 		case mm := <-owner.stderr.Matches():
 			ownerMetrics = mm[1]
-		case err := <-owner.done:
-			fail(fmt.Errorf("the owner exited: %v: %s", err, owner.stderr.String()))
+		case <-owner.exited:
+			fail(fmt.Errorf("the owner exited: %v: %s", owner.err, owner.stderr.String()))
 			return
 		case <-ctx.Done():
 			return
@@ -109,7 +90,8 @@ func TestRemoteCollectorWithAnotherIdentityCannotTakeOver(t *testing.T) {
 		}
 		intruder := startCollectorProcess(t, addr, start, cfg, "1", t.TempDir(), intruderCerts)
 		select {
-		case out.intruderErr = <-intruder.done:
+		case <-intruder.exited:
+			out.intruderErr = intruder.err
 		case <-ctx.Done():
 			return
 		}
@@ -136,7 +118,7 @@ func TestRemoteCollectorWithAnotherIdentityCannotTakeOver(t *testing.T) {
 		}
 	}
 	wg.Go(func() {
-		var owner *collectorProcess
+		var owner *childProcess
 		for {
 			var m []string
 			select {
@@ -153,7 +135,7 @@ func TestRemoteCollectorWithAnotherIdentityCannotTakeOver(t *testing.T) {
 				svcMetricsAt <- m[3]
 			case m[4] != "":
 				_ = owner.cmd.Process.Signal(syscall.SIGTERM)
-				<-owner.done
+				_ = owner.wait() // stopped by the test
 				return
 			}
 		}
