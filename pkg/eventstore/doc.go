@@ -26,6 +26,11 @@
 //     checkpoint of a subscription's dispatchers; an iterator may not start
 //     below its dispatcher's checkpoint or end above the resolved-ts, so it
 //     never observes a deleted or incomplete range.
+//   - Fresh rows: every committed row of a subscription above its fresh
+//     floor is also held in memory (bounded per subscription and store-wide),
+//     and an iterator whose range starts at or above that floor is served
+//     from them with exactly the rows, order and transaction starts a pebble
+//     iterator would give (fresh.go).
 //   - The store is a cache: the upstream is the source of truth. An on-disk
 //     directory is wiped at Open, and the WAL is off.
 //   - Close stops notifications, ends upstream feeds, waits for the write

@@ -29,8 +29,12 @@ type ScanRange struct {
 // row-key order. It is not safe for concurrent use. Close it before the
 // store is closed.
 type Iterator struct {
-	s      *Store
-	it     *pebble.Iterator
+	s  *Store
+	it *pebble.Iterator // nil when the scan is served from fresh rows
+	// fresh holds the range's rows in order when it is served from the
+	// subscription's fresh rows (next is the index of the next one).
+	fresh  []common.Row
+	next   int
 	row    common.Row
 	newTxn bool
 	began  bool
@@ -61,13 +65,22 @@ func (s *Store) NewIterator(id common.DispatcherID, r ScanRange) (*Iterator, err
 	sub := sb.sub
 	sub.mu.Lock()
 	checkpoint, resolved := sb.checkpoint, sub.mu.resolved
-	sub.mu.Unlock()
 	if r.Start < checkpoint {
+		sub.mu.Unlock()
 		return nil, fmt.Errorf("%w: start %v, checkpoint %v", ErrRangeBelowCheckpoint, r.Start, checkpoint)
 	}
 	if r.End > resolved {
+		sub.mu.Unlock()
 		return nil, fmt.Errorf("%w: end %v, resolved-ts %v", ErrRangeAboveResolved, r.End, resolved)
 	}
+	rows, fresh := s.freshScanLocked(sub, r)
+	sub.mu.Unlock()
+	if fresh {
+		s.metrics.scansFresh.Inc()
+		s.openIters.Add(1)
+		return &Iterator{s: s, fresh: rows}, nil
+	}
+	s.metrics.scansPebble.Inc()
 	lower := tsBoundary(sub.id, r.Start+1)
 	if c := r.After; c != nil {
 		if c.Key == nil {
@@ -88,6 +101,9 @@ func (s *Store) NewIterator(id common.DispatcherID, r ScanRange) (*Iterator, err
 func (it *Iterator) Next() bool {
 	if it.err != nil || it.closed {
 		return false
+	}
+	if it.it == nil {
+		return it.nextFresh()
 	}
 	var ok bool
 	if !it.began {
@@ -118,6 +134,19 @@ func (it *Iterator) Next() bool {
 	return true
 }
 
+// nextFresh is Next over fresh rows.
+func (it *Iterator) nextFresh() bool {
+	if it.next >= len(it.fresh) {
+		return false
+	}
+	r := &it.fresh[it.next]
+	it.next++
+	it.newTxn = !it.began || r.CommitTs != it.row.CommitTs || r.StartTs != it.row.StartTs
+	it.began = true
+	it.row = *r
+	return true
+}
+
 // Row returns the current row. Its byte slices are only valid until the
 // next call to Next or Close; Clone the row to keep it.
 func (it *Iterator) Row() *common.Row { return &it.row }
@@ -135,7 +164,10 @@ func (it *Iterator) Close() error {
 		return nil
 	}
 	it.closed = true
-	err := it.it.Close()
 	it.s.openIters.Add(-1)
-	return err
+	if it.it == nil {
+		it.fresh = nil
+		return nil
+	}
+	return it.it.Close()
 }

@@ -245,6 +245,7 @@ func (s *Store) expireIfIdle(sub *subscription, now time.Time) {
 	if idle {
 		// Marked under s.mu, so RegisterDispatcher can no longer pick it.
 		sub.mu.removed = true
+		s.dropFreshLocked(sub)
 		key := sub.span.Key()
 		list := s.mu.subsBySpan[key]
 		for i, x := range list {

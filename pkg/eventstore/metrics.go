@@ -21,6 +21,11 @@ type metrics struct {
 	gcRangesDeleted prometheus.Counter
 	gcRounds        prometheus.Counter
 	subsRemoved     prometheus.Counter
+	scans           *prometheus.CounterVec
+	scansFresh      prometheus.Counter // scans' children, resolved once: a scan is hot
+	scansPebble     prometheus.Counter
+	freshDropped    prometheus.Counter
+	freshBytes      prometheus.GaugeFunc
 }
 
 const (
@@ -30,9 +35,12 @@ const (
 	rejectBeforeResolved = "before_resolved"
 	rejectOutsideSpan    = "outside_span"
 	rejectInvalid        = "invalid"
+
+	scanFromMemory = "memory"
+	scanFromPebble = "pebble"
 )
 
-func newMetrics() *metrics {
+func newMetrics(fresh *freshBudget) *metrics {
 	opts := func(name, help string) prometheus.Opts {
 		return prometheus.Opts{Namespace: namespace, Subsystem: subsystem, Name: name, Help: help}
 	}
@@ -62,7 +70,14 @@ func newMetrics() *metrics {
 		gcRangesDeleted: prometheus.NewCounter(prometheus.CounterOpts(opts("gc_ranges_deleted_total", "Range deletions issued by checkpoint GC."))),
 		gcRounds:        prometheus.NewCounter(prometheus.CounterOpts(opts("gc_rounds_total", "Checkpoint GC rounds that deleted ranges, each written as one pebble batch."))),
 		subsRemoved:     prometheus.NewCounter(prometheus.CounterOpts(opts("subscriptions_removed_total", "Idle subscriptions ended and deleted."))),
+		scans: prometheus.NewCounterVec(prometheus.CounterOpts(opts("scans_total",
+			"Iterators opened, by what served them (memory: the subscription's fresh rows; pebble).")), []string{"from"}),
+		freshDropped: prometheus.NewCounter(prometheus.CounterOpts(opts("fresh_dropped_total",
+			"Times a subscription dropped its fresh rows because FreshBytes was used up."))),
+		freshBytes: prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts("fresh_bytes",
+			"Bytes of fresh rows kept in memory (bounded by FreshBytes).")), func() float64 { return float64(fresh.used.Load()) }),
 	}
+	m.scansFresh, m.scansPebble = m.scans.WithLabelValues(scanFromMemory), m.scans.WithLabelValues(scanFromPebble)
 	for _, r := range []string{rejectBeforeResolved, rejectOutsideSpan, rejectInvalid} {
 		m.rejectedRows.WithLabelValues(r)
 	}
@@ -71,7 +86,8 @@ func newMetrics() *metrics {
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.rowsWritten, m.bytesWritten, m.writeBatch, m.notifyDuration, m.notifications,
-		m.subscriptions, m.dispatchers, m.resolvedLag, m.rejectedRows, m.gcRangesDeleted, m.gcRounds, m.subsRemoved}
+		m.subscriptions, m.dispatchers, m.resolvedLag, m.rejectedRows, m.gcRangesDeleted, m.gcRounds, m.subsRemoved,
+		m.scans, m.freshDropped, m.freshBytes}
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {

@@ -67,6 +67,15 @@ type Options struct {
 	CacheBytes int64
 	// MemTableBytes is pebble's memtable size. Default 64 MiB.
 	MemTableBytes uint64
+	// FreshBytes bounds the memory of all subscriptions' fresh rows: the
+	// newest committed rows, kept beside pebble so that a dispatcher that
+	// keeps up is scanned without a pebble iterator (see fresh.go). Default
+	// 64 MiB; negative: none kept, every scan reads pebble.
+	FreshBytes int64
+	// FreshSubscriptionBytes bounds one subscription's fresh rows; its
+	// oldest transactions are dropped beyond it (they stay in pebble).
+	// Default 256 KiB.
+	FreshSubscriptionBytes int64
 	// Logger receives the store's logs. Default zap.NewNop().
 	Logger *zap.Logger
 	// Registerer receives the store's metrics. Default nil: no metrics are
@@ -79,16 +88,18 @@ type Options struct {
 
 // Defaults.
 const (
-	DefaultWriteWorkers        = 2
-	DefaultWriteQueueSize      = 1024
-	DefaultMaxBatchRows        = 4096
-	DefaultIdleTTL             = time.Second
-	DefaultMaintenanceInterval = 100 * time.Millisecond
-	DefaultGCMinSpan           = 5 * time.Second
-	DefaultGCMaxDelay          = 30 * time.Second
-	DefaultGCInterval          = time.Second
-	DefaultCacheBytes          = 64 << 20
-	DefaultMemTableBytes       = 64 << 20
+	DefaultWriteWorkers           = 2
+	DefaultWriteQueueSize         = 1024
+	DefaultMaxBatchRows           = 4096
+	DefaultIdleTTL                = time.Second
+	DefaultMaintenanceInterval    = 100 * time.Millisecond
+	DefaultGCMinSpan              = 5 * time.Second
+	DefaultGCMaxDelay             = 30 * time.Second
+	DefaultGCInterval             = time.Second
+	DefaultCacheBytes             = 64 << 20
+	DefaultMemTableBytes          = 64 << 20
+	DefaultFreshBytes             = 64 << 20
+	DefaultFreshSubscriptionBytes = 256 << 10
 )
 
 // EnsureDefaults fills every zero field with its default and returns o.
@@ -123,6 +134,12 @@ func (o Options) EnsureDefaults() Options {
 	if o.MemTableBytes == 0 {
 		o.MemTableBytes = DefaultMemTableBytes
 	}
+	if o.FreshBytes == 0 {
+		o.FreshBytes = DefaultFreshBytes
+	}
+	if o.FreshSubscriptionBytes == 0 {
+		o.FreshSubscriptionBytes = DefaultFreshSubscriptionBytes
+	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
@@ -147,6 +164,7 @@ func (o Options) Validate() error {
 	p.Require(o.GCInterval >= 0, "GCInterval %v must not be negative", o.GCInterval)
 	p.Require(o.NotifyInterval >= 0, "NotifyInterval %v must not be negative", o.NotifyInterval)
 	p.Require(o.CacheBytes >= 0, "CacheBytes %d must not be negative", o.CacheBytes)
+	p.Require(o.FreshSubscriptionBytes > 0, "FreshSubscriptionBytes %d must be positive", o.FreshSubscriptionBytes)
 	p.Require(o.MemTableBytes >= 1<<20 && o.MemTableBytes <= 4<<30, "MemTableBytes %d not in [1 MiB, 4 GiB]", o.MemTableBytes)
 	return p.Err()
 }

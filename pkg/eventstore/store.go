@@ -38,6 +38,8 @@ type Store struct {
 
 	// openIters counts iterators not yet closed (checked by Close).
 	openIters atomic.Int64
+	// fresh accounts the subscriptions' fresh rows (fresh.go).
+	fresh freshBudget
 
 	// notifyLatency records the real time of every notifier callback.
 	notifyLatency latency.Histogram
@@ -80,8 +82,10 @@ func Open(opts Options) (*Store, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Store{opts: opts, log: opts.Logger.Named("eventstore"), metrics: newMetrics(), closing: make(chan struct{})}
+	s := &Store{opts: opts, log: opts.Logger.Named("eventstore"), closing: make(chan struct{})}
 	s.throttle.doorbell = make(chan struct{}, 1)
+	s.fresh.limit = opts.FreshBytes
+	s.metrics = newMetrics(&s.fresh)
 	s.mu.dispatchers = make(map[common.DispatcherID]*subscriber)
 	s.mu.subsBySpan = make(map[string][]*subscription)
 	s.mu.subs = make(map[uint64]*subscription)
@@ -403,6 +407,7 @@ func (s *Store) UpdateCheckpoint(id common.DispatcherID, ts common.Ts) error {
 	if ts > sb.checkpoint {
 		sb.checkpoint = ts
 		sub.recomputeGCLocked()
+		s.trimFreshLocked(sub, sub.mu.gcTarget)
 		s.noteGCLocked(sub, s.opts.Clock.Now())
 	}
 	return nil

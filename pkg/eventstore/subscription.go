@@ -122,6 +122,9 @@ type subscription struct {
 		// gcTarget is the minimum checkpoint of the subscribers; rows below
 		// it may be deleted. gcDone is how far deletion went.
 		gcTarget, gcDone common.Ts
+		// fresh is the newest committed rows, served to scans without
+		// pebble (fresh.go); nil until the first row is committed.
+		fresh *freshRows
 		// gcPendingSince is when [gcDone, gcTarget) became pending (zero:
 		// nothing pending, or taken by a GC round); gcRipe: it is in the
 		// ripe list (see maintenance).

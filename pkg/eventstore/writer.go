@@ -115,6 +115,7 @@ func (s *Store) publish(ev writeEvent, now time.Time) {
 	}
 	sub.mu.Lock()
 	sub.mu.maxCommit = max(sub.mu.maxCommit, maxCommit)
+	s.keepFreshLocked(sub, ev.rows)
 	if ev.resolved <= sub.mu.resolved {
 		sub.mu.Unlock()
 		return

@@ -363,6 +363,7 @@ var ratios = []ratio{
 	{"scheduler scan, 1 dispatcher / raw pebble scan (rows/s)", "BenchmarkScanThroughput/dispatchers=1", "BenchmarkRawPebbleScanReference", "rows/s", ">= 0.5"},
 	{"scheduler scan, 2 dispatchers / raw pebble scan (rows/s)", "BenchmarkScanThroughput/dispatchers=2", "BenchmarkRawPebbleScanReference", "rows/s", ">= 0.5"},
 	{"store scan / raw pebble scan (rows/s)", "BenchmarkStoreScan", "BenchmarkRawPebbleScan", "rows/s", ">= 0.7"},
+	{"scan of a table's newest row, fresh rows / pebble (ns/op)", "BenchmarkScanNewestRow/from=memory", "BenchmarkScanNewestRow/from=pebble", "ns/op", "<= 0.5"},
 	{"new iterator + first row, 100k / 1k GC'd subscriptions (ns/op)", "BenchmarkNewIteratorAfterGC/gcd=100000", "BenchmarkNewIteratorAfterGC/gcd=1000", "ns/op", "<= 2"},
 	{"pgnotify / seed 001's FIFO at 4 ms RTT (notifications/s)", "BenchmarkSeedScenario/design=pgnotify/updates=200000", "BenchmarkSeedScenario/design=seed-fifo/updates=1000", "notifications/s", ">= 50"},
 	{"pgnotify, 4 connections / seed 001's FIFO (notifications/s)", "BenchmarkSeedScenario/design=pgnotify/connections=4/updates=200000", "BenchmarkSeedScenario/design=seed-fifo/updates=1000", "notifications/s", ">= 50"},
