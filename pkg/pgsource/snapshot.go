@@ -215,5 +215,6 @@ func (s *Source) copyTable(ctx context.Context, tx pgx.Tx, ts common.Ts, t catal
 // own the subscriptions until the stream starts).
 func (s *Source) pushSnapshot(ctx context.Context, b *sub, batch eventstore.Batch) error {
 	ss := &session{s: s}
+	defer ss.endPushes()
 	return ss.push(ctx, b, batch)
 }

@@ -125,6 +125,10 @@ type session struct {
 	// a transaction it needs replays it (Subscribe checks begun).
 	subs    map[uint32][]*sub
 	subsVer uint64
+	// pushCtx is the context of pushes (see push); pushCancel ends it,
+	// at the latest when the session ends.
+	pushCtx    context.Context
+	pushCancel context.CancelFunc
 }
 
 // refreshSubs takes the subscriptions again if they changed.
@@ -167,6 +171,7 @@ func (s *Source) session(from Position, known map[uint32]pgcodec.Relation) error
 		journal: []Position{from}, announced: map[uint32]bool{}}
 	s.streaming.Store(true)
 	defer s.streaming.Store(false)
+	defer ss.endPushes()
 	return ss.loop(ctx)
 }
 

@@ -7,9 +7,12 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
+	"github.com/cdcflow/eventservice/pkg/upstream"
 )
 
 // openAndSubscribe opens src, subscribes every table given from the
@@ -242,4 +245,38 @@ func TestTerminatedConnectionResumes(t *testing.T) {
 		seen[id] = true
 	}
 	require.Len(t, seen, 10)
+}
+
+// sinkFunc is a Sink made of a function (the edge under test is the
+// session's push context).
+type sinkFunc func(ctx context.Context, b eventstore.Batch) error
+
+func (f sinkFunc) Push(ctx context.Context, b eventstore.Batch) error { return f(ctx, b) }
+
+// TestAPushCancelledByACloseLeavesTheNextPushesLive: the session pushes
+// with one context; a subscription's Close cancels the push in flight
+// through it. When that push still completes, the pushes to the other
+// subscriptions that follow must get a live context, not the cancelled one
+// (they would fail and restart the stream for nothing).
+func TestAPushCancelledByACloseLeavesTheNextPushesLive(t *testing.T) {
+	ss := &session{s: &Source{log: zaptest.NewLogger(t)}}
+	defer ss.endPushes()
+	closed := make(chan struct{})
+	var closing *sub
+	closing = &sub{oid: 1, guard: upstream.NewSinkGuard(sinkFunc(func(ctx context.Context, _ eventstore.Batch) error {
+		go func() { closing.guard.Close(); close(closed) }()
+		<-ctx.Done() // Close cancelled this push; it completes anyway
+		return nil
+	}))}
+	var live []error
+	other := &sub{oid: 2, guard: upstream.NewSinkGuard(sinkFunc(func(ctx context.Context, _ eventstore.Batch) error {
+		live = append(live, ctx.Err())
+		return nil
+	}))}
+	ctx := context.Background()
+	require.NoError(t, ss.push(ctx, closing, eventstore.Batch{ResolvedTs: 10}))
+	<-closed
+	require.NoError(t, ss.push(ctx, other, eventstore.Batch{ResolvedTs: 10}))
+	require.NoError(t, ss.push(ctx, other, eventstore.Batch{ResolvedTs: 12}))
+	require.Equal(t, []error{nil, nil}, live)
 }
