@@ -37,9 +37,11 @@ type Config struct {
 	ReadyLag          time.Duration
 	SinkWorkers       int
 	// SinkFlushInterval is how often a sink lane commits the rows it
-	// holds; SinkCheckpointInterval how often an idle table's checkpoint
-	// is written (pgsink.Options).
+	// holds, SinkMaxFlushInterval how far a lane stretches that while its
+	// rows are far behind; SinkCheckpointInterval how often an idle
+	// table's checkpoint is written (pgsink.Options).
 	SinkFlushInterval      time.Duration
+	SinkMaxFlushInterval   time.Duration
 	SinkCheckpointInterval time.Duration
 	// GCPercent is the Go collector's target (GOGC) while serving; 0
 	// leaves the runtime's (the GOGC environment variable, or 100). A set
@@ -53,7 +55,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{Slot: "cdcflow", Publication: "cdcflow", MetricsAddr: "127.0.0.1:9464", PprofAddr: "127.0.0.1:0",
 		LogFormat: "text", LogLevel: "info", ProgressInterval: 5 * time.Second, ReadyLag: 30 * time.Second,
-		SinkWorkers: 4, SinkFlushInterval: pgsink.DefaultFlushInterval,
+		SinkWorkers: 4, SinkFlushInterval: pgsink.DefaultFlushInterval, SinkMaxFlushInterval: pgsink.DefaultMaxFlushInterval,
 		SinkCheckpointInterval: pgsink.DefaultCheckpointInterval, GCPercent: 300, ShutdownTimeout: 30 * time.Second}
 }
 
@@ -72,6 +74,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ReadyLag, "ready-lag", c.ReadyLag, "/readyz fails while the slowest table's checkpoint is further behind than this")
 	fs.IntVar(&c.SinkWorkers, "sink-workers", c.SinkWorkers, "parallel apply lanes (connections) to the target")
 	fs.DurationVar(&c.SinkFlushInterval, "sink-flush-interval", c.SinkFlushInterval, "how often a lane commits the rows it holds, each table's checkpoint with its rows (one transaction per lane)")
+	fs.DurationVar(&c.SinkMaxFlushInterval, "sink-max-flush-interval", c.SinkMaxFlushInterval, "while a lane's rows are far behind (a backlog), it commits every quarter of their lag, at most this often (at least --sink-flush-interval; equal to it: no stretching)")
 	fs.DurationVar(&c.SinkCheckpointInterval, "sink-checkpoint-interval", c.SinkCheckpointInterval, "how often the checkpoint of a table without new rows is written (its resolved-ts advance)")
 	fs.IntVar(&c.GCPercent, "gc-percent", c.GCPercent, "the Go collector's target while serving (GOGC; 0 = the runtime's; a set GOGC variable wins): above 100 trades heap for less CPU per row")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a clean stop may take")
@@ -101,6 +104,7 @@ func (c Config) Validate() error {
 	p.Require(c.ReadyLag > 0, "--ready-lag must be positive")
 	p.IntRange("--sink-workers", c.SinkWorkers, 1, 256)
 	p.Require(c.SinkFlushInterval > 0, "--sink-flush-interval must be positive")
+	p.Require(c.SinkMaxFlushInterval >= c.SinkFlushInterval, "--sink-max-flush-interval must be at least --sink-flush-interval")
 	p.Require(c.SinkCheckpointInterval > 0, "--sink-checkpoint-interval must be positive")
 	p.Require(c.GCPercent == 0 || c.GCPercent >= 25 && c.GCPercent <= 10000, "--gc-percent must be 0 or 25..10000")
 	p.Require(c.ShutdownTimeout > 0, "--shutdown-timeout must be positive")

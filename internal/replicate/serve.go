@@ -120,7 +120,7 @@ func newLogger(cfg Config, stderr io.Writer) (*zap.Logger, error) {
 func (p *parts) build(ctx context.Context, cfg Config) error {
 	var err error
 	setup := func(err error) error { return fmt.Errorf("%w: %w", ErrSetup, err) }
-	if p.sink, err = pgsink.New(pgsink.Options{DSN: cfg.Sink, Workers: cfg.SinkWorkers, FlushInterval: cfg.SinkFlushInterval,
+	if p.sink, err = pgsink.New(pgsink.Options{DSN: cfg.Sink, Workers: cfg.SinkWorkers, FlushInterval: cfg.SinkFlushInterval, MaxFlushInterval: cfg.SinkMaxFlushInterval,
 		CheckpointInterval: cfg.SinkCheckpointInterval, Logger: p.log, Registerer: p.reg}); err != nil {
 		return setup(err)
 	}

@@ -84,6 +84,9 @@ type lane struct {
 	// ckptDue is when the earliest held checkpoint-only work is due
 	// (zero: none held); the lane goroutine's.
 	ckptDue time.Time
+	// newest is the largest commit-ts of the rows taken since the last
+	// commit (zero: none), for flushInterval; the lane goroutine's.
+	newest common.Ts
 }
 
 func newLane(s *Sink, n int, conn *pgx.Conn) *lane {
@@ -207,6 +210,9 @@ func (l *lane) take(deadline time.Time) bool {
 			d.work = append(d.work, o)
 		}
 		d.rows = d.rows || o.kind != opCheckpoint
+		if n := len(o.rows); n > 0 {
+			l.newest = max(l.newest, o.rows[n-1].CommitTs)
+		}
 		if !d.rows {
 			l.noteCheckpoint(d)
 		}
@@ -225,10 +231,10 @@ func (l *lane) take(deadline time.Time) bool {
 // after its last write). With nothing held it waits for work, no timer
 // running.
 func (l *lane) run() {
-	flush := l.s.opts.FlushInterval
 	clk := l.s.opts.Clock
 	last := clk.Now()
 	for {
+		flush := l.flushInterval(last)
 		var deadline time.Time
 		if l.pending > 0 {
 			deadline = last.Add(flush)
@@ -243,6 +249,7 @@ func (l *lane) run() {
 			continue
 		}
 		now := clk.Now()
+		flush = l.flushInterval(last)
 		rowsDue := l.pending >= l.s.opts.BatchRows || !now.Before(last.Add(flush)) && l.pending > 0
 		ckptsDue := !l.ckptDue.IsZero() && !now.Before(l.ckptDue)
 		if !rowsDue && !ckptsDue {
@@ -250,8 +257,24 @@ func (l *lane) run() {
 		}
 		l.commitAll(now)
 		l.reviewWork() // work a failed or lost commit kept, checkpoints not yet due
-		last = now
+		last, l.newest = now, 0
 	}
+}
+
+// flushInterval is FlushInterval, stretched while the rows held are far
+// behind: a quarter of the lag the newest of them had at the last commit
+// (a fixed point: a lag taken now would grow while the lane waits and push
+// its own deadline away), at most MaxFlushInterval. A backlog then goes in larger statements: at 1000
+// tables a 100 ms cadence gave each table's statement three or four rows,
+// and the target spent about half its CPU per statement, not per row. Rows
+// that keep up (lag under four FlushIntervals) wait FlushInterval, so the
+// lag of a changefeed that keeps up does not change.
+func (l *lane) flushInterval(last time.Time) time.Duration {
+	f := l.s.opts.FlushInterval
+	if l.newest == 0 {
+		return f
+	}
+	return min(max(f, l.newest.Lag(last)/4), l.s.opts.MaxFlushInterval)
 }
 
 // noteCheckpoint records that d holds checkpoint-only work, due

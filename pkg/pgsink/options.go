@@ -31,6 +31,7 @@ var (
 // Defaults of Options' intervals.
 const (
 	DefaultFlushInterval      = 100 * time.Millisecond
+	DefaultMaxFlushInterval   = time.Second
 	DefaultCheckpointInterval = time.Second
 )
 
@@ -47,6 +48,12 @@ type Options struct {
 	// FlushInterval: a lane commits the rows it holds at least this
 	// often. Default 100ms.
 	FlushInterval time.Duration
+	// MaxFlushInterval: while the rows a lane holds are far behind (their
+	// newest commit more than four FlushIntervals ago), the lane waits a
+	// quarter of their lag instead of FlushInterval, at most this long, so
+	// that a backlog is applied in larger statements. Default 1s (or
+	// FlushInterval, if larger); FlushInterval turns the stretching off.
+	MaxFlushInterval time.Duration
 	// CheckpointInterval: a dispatcher whose work is checkpoints only (an
 	// idle table's resolved-ts) is written at least and at most this
 	// often; one with rows is written with its rows. Default 1s.
@@ -84,6 +91,9 @@ func (o Options) withDefaults() Options {
 	if o.FlushInterval == 0 {
 		o.FlushInterval = DefaultFlushInterval
 	}
+	if o.MaxFlushInterval == 0 {
+		o.MaxFlushInterval = max(DefaultMaxFlushInterval, o.FlushInterval)
+	}
 	if o.CheckpointInterval == 0 {
 		o.CheckpointInterval = DefaultCheckpointInterval
 	}
@@ -103,6 +113,7 @@ func (o Options) validate() error {
 	p.IntRange("MaxFailures", o.MaxFailures, 1, 1000)
 	p.IntRange("LaneStatements", o.LaneStatements, 16, 1<<20)
 	p.Require(o.FlushInterval > 0, "FlushInterval must be positive")
+	p.Require(o.MaxFlushInterval >= o.FlushInterval, "MaxFlushInterval %v must be at least FlushInterval %v", o.MaxFlushInterval, o.FlushInterval)
 	p.Require(o.CheckpointInterval > 0, "CheckpointInterval must be positive")
 	p.NotTypedNil("Registerer", o.Registerer)
 	p.NotTypedNil("Clock", o.Clock)

@@ -2,6 +2,7 @@ package pgsink
 
 import (
 	"context"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -78,6 +79,11 @@ func newSinkEnv(t *testing.T, tweak func(*Options)) *sinkEnv {
 	opts := Options{DSN: pg.DSN, Workers: 2, FlushInterval: 5 * time.Millisecond, CheckpointInterval: 20 * time.Millisecond}
 	if tweak != nil {
 		tweak(&opts)
+	}
+	if opts.MaxFlushInterval == 0 {
+		// The tests' commit-ts are small numbers, decades behind any
+		// clock: without this every lane would stretch its cadence.
+		opts.MaxFlushInterval = max(opts.FlushInterval, DefaultFlushInterval)
 	}
 	s, err := New(opts)
 	require.NoError(t, err)
@@ -235,6 +241,48 @@ func TestLaneFlushesOnTheInjectedClock(t *testing.T) {
 	fake.Advance(time.Hour)
 	e.dur.wait(t, id, 12)
 	require.Equal(t, []string{`{"id":1,"v":"a","big":null}`}, e.contents("app.t"))
+}
+
+// TestLaneStretchesItsCadenceWhileBehind: rows far behind the clock wait a
+// quarter of their lag (capped by MaxFlushInterval) before the lane
+// commits, so a backlog goes in larger statements; rows that keep up wait
+// FlushInterval. The deadline the lane arms is read off the injected clock.
+func TestLaneStretchesItsCadenceWhileBehind(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	fake := clock.NewFake(now)
+	e := newSinkEnv(t, func(o *Options) {
+		o.Workers, o.Clock, o.FlushInterval, o.MaxFlushInterval, o.CheckpointInterval = 1, fake, 100*time.Millisecond, time.Second, time.Hour
+	})
+	ctx := context.Background()
+	id := common.DispatcherIDFromUint64(1)
+	require.NoError(t, e.sink.Bind(ctx, id, relT, 10))
+	require.NoError(t, e.sink.BeginEpoch(id, 1, 10))
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	step := func(behind time.Duration, key string, wantWait time.Duration) {
+		t.Helper()
+		ts := common.TsFromTime(fake.Now().Add(-behind))
+		require.NoError(t, e.sink.ApplyRows(id, rows(ts, tx(pgcodec.Insert, col("id", key), col("v", "a"), null("big")))))
+		require.NoError(t, e.sink.Checkpoint(id, ts))
+		require.NoError(t, fake.WaitWaiters(wctx, 1))
+		// The lane may arm before it takes the rows; wait until its
+		// deadline is the one for the rows it holds.
+		for {
+			due, ok := fake.NextDue()
+			if ok && due == wantWait {
+				break
+			}
+			require.True(t, !ok || due <= time.Hour, "armed %v", due)
+			require.NoError(t, wctx.Err(), "the lane never armed %v (last %v)", wantWait, due)
+			runtime.Gosched()
+		}
+		fake.Advance(wantWait)
+		e.dur.wait(t, id, ts)
+	}
+	step(40*time.Second, "1", time.Second)               // a quarter of 40 s, capped at 1 s
+	step(2*time.Second, "2", 500*time.Millisecond)       // a quarter of 2 s
+	step(50*time.Millisecond, "3", 100*time.Millisecond) // keeping up: FlushInterval
+	require.Len(t, e.contents("app.t"), 3)
 }
 
 // A new column is added before the rows that use it; a column that
