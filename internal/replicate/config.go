@@ -74,7 +74,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ReadyLag, "ready-lag", c.ReadyLag, "/readyz fails while the slowest table's checkpoint is further behind than this")
 	fs.IntVar(&c.SinkWorkers, "sink-workers", c.SinkWorkers, "parallel apply lanes (connections) to the target")
 	fs.DurationVar(&c.SinkFlushInterval, "sink-flush-interval", c.SinkFlushInterval, "how often a lane commits the rows it holds, each table's checkpoint with its rows (one transaction per lane)")
-	fs.DurationVar(&c.SinkMaxFlushInterval, "sink-max-flush-interval", c.SinkMaxFlushInterval, "while a lane's rows are far behind (a backlog), it commits every quarter of their lag, at most this often (at least --sink-flush-interval; equal to it: no stretching)")
+	fs.DurationVar(&c.SinkMaxFlushInterval, "sink-max-flush-interval", c.SinkMaxFlushInterval, "while a lane's rows are more than four times this behind (a backlog), it commits this often instead of every --sink-flush-interval (at least that; equal to it: no stretching)")
 	fs.DurationVar(&c.SinkCheckpointInterval, "sink-checkpoint-interval", c.SinkCheckpointInterval, "how often the checkpoint of a table without new rows is written (its resolved-ts advance)")
 	fs.IntVar(&c.GCPercent, "gc-percent", c.GCPercent, "the Go collector's target while serving (GOGC; 0 = the runtime's; a set GOGC variable wins): above 100 trades heap for less CPU per row")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a clean stop may take")

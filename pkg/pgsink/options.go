@@ -49,9 +49,9 @@ type Options struct {
 	// often. Default 100ms.
 	FlushInterval time.Duration
 	// MaxFlushInterval: while the rows a lane holds are far behind (their
-	// newest commit more than four FlushIntervals ago), the lane waits a
-	// quarter of their lag instead of FlushInterval, at most this long, so
-	// that a backlog is applied in larger statements. Default 1s (or
+	// newest commit more than four MaxFlushIntervals before the lane's
+	// last commit), the lane commits this often instead of FlushInterval,
+	// so that a backlog is applied in larger statements. Default 1s (or
 	// FlushInterval, if larger); FlushInterval turns the stretching off.
 	MaxFlushInterval time.Duration
 	// CheckpointInterval: a dispatcher whose work is checkpoints only (an

@@ -243,9 +243,9 @@ func TestLaneFlushesOnTheInjectedClock(t *testing.T) {
 	require.Equal(t, []string{`{"id":1,"v":"a","big":null}`}, e.contents("app.t"))
 }
 
-// TestLaneStretchesItsCadenceWhileBehind: rows far behind the clock wait a
-// quarter of their lag (capped by MaxFlushInterval) before the lane
-// commits, so a backlog goes in larger statements; rows that keep up wait
+// TestLaneStretchesItsCadenceWhileBehind: rows far behind the clock (more
+// than four MaxFlushIntervals) wait MaxFlushInterval before the lane
+// commits, so a backlog goes in larger statements; rows less behind wait
 // FlushInterval. The deadline the lane arms is read off the injected clock.
 func TestLaneStretchesItsCadenceWhileBehind(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
@@ -279,10 +279,12 @@ func TestLaneStretchesItsCadenceWhileBehind(t *testing.T) {
 		fake.Advance(wantWait)
 		e.dur.wait(t, id, ts)
 	}
-	step(40*time.Second, "1", time.Second)               // a quarter of 40 s, capped at 1 s
-	step(2*time.Second, "2", 500*time.Millisecond)       // a quarter of 2 s
-	step(50*time.Millisecond, "3", 100*time.Millisecond) // keeping up: FlushInterval
-	require.Len(t, e.contents("app.t"), 3)
+	// Each step's commit-ts is above the one before (the stream's order).
+	step(40*time.Second, "1", time.Second)               // a backlog
+	step(5*time.Second, "2", time.Second)                // still far behind
+	step(3*time.Second, "3", 100*time.Millisecond)       // behind, not far: FlushInterval
+	step(50*time.Millisecond, "4", 100*time.Millisecond) // keeping up
+	require.Len(t, e.contents("app.t"), 4)
 }
 
 // A new column is added before the rows that use it; a column that
