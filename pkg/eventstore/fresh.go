@@ -194,18 +194,16 @@ func (s *Store) freshScanLocked(sub *subscription, r ScanRange) ([]common.Row, b
 	if r.Start < f.from {
 		return nil, false
 	}
-	first := 0
-	if !f.unordered {
-		first, _ = slices.BinarySearchFunc(f.rows, r.Start+1, func(row common.Row, ts common.Ts) int {
-			return cmpTs(row.CommitTs, ts)
-		})
-	}
+	first, end := 0, len(f.rows)
 	var out []common.Row
-	for i := first; i < len(f.rows); i++ {
+	if !f.unordered {
+		byCommit := func(row common.Row, ts common.Ts) int { return cmpTs(row.CommitTs, ts) }
+		first, _ = slices.BinarySearchFunc(f.rows, r.Start+1, byCommit)
+		end, _ = slices.BinarySearchFunc(f.rows, r.End+1, byCommit)
+		out = make([]common.Row, 0, end-first)
+	}
+	for i := first; i < end; i++ {
 		row := &f.rows[i]
-		if row.CommitTs > r.End && !f.unordered {
-			break
-		}
 		if row.CommitTs <= r.Start || row.CommitTs > r.End || (r.After != nil && !afterCursor(row, r.After)) {
 			continue
 		}
