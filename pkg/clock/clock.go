@@ -1,8 +1,11 @@
 // Package clock is the module's one time source: the Clock interface every
 // component takes in its options (eventstore, eventservice, eventcollector,
-// upstream, pendingset), the real clock, and Fake, a manually advanced
-// clock for tests. It is a leaf: it imports only the standard library, so
-// any package may depend on it, pendingset included.
+// upstream, pendingset, pgsource, pgsink), the real clock, Fake, a manually
+// advanced clock for tests, and Stopwatch and RealDeadline for the two
+// things that must count real time whatever the clock (a latency metric;
+// an operating-system deadline). Nothing else in pkg/ reads the wall clock
+// (tests/hygiene_test.go). It is a leaf: it imports only the standard
+// library, so any package may depend on it, pendingset included.
 //
 // Invariants: Real is stateless. Fake moves only in Advance and Set, fires
 // timers and tickers only there (or, for a timer of d <= 0, when it is

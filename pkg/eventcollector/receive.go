@@ -3,10 +3,10 @@ package eventcollector
 import (
 	"context"
 	"errors"
-	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
@@ -97,7 +97,7 @@ func (c *Collector) handle(m messaging.Message) {
 // outcome: a confirmed checkpoint, or a reset on error.
 func (c *Collector) apply(d *dispatcher, epoch uint64, v verdict) {
 	sink := c.opts.Sink
-	start := time.Now()
+	sw := clock.StartStopwatch()
 	var err error
 	op := opBegin
 	switch v.kind {
@@ -115,7 +115,7 @@ func (c *Collector) apply(d *dispatcher, epoch uint64, v verdict) {
 		op = opCheckpoint
 		err = sink.Checkpoint(d.id, v.ts)
 	}
-	c.metrics.observeSink(op, time.Since(start))
+	c.metrics.observeSink(op, sw.Elapsed())
 
 	c.mu.Lock()
 	c.mu.inSink = nil

@@ -2,10 +2,10 @@ package eventservice
 
 import (
 	"errors"
-	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/messaging"
@@ -44,9 +44,9 @@ func (svc *Service) runScan(sc *scanner, s *session) {
 	if h := svc.hooks.beforeScan; h != nil {
 		h(s)
 	}
-	start := time.Now()
+	sw := clock.StartStopwatch()
 	out, blockedAt := sc.scan(s)
-	svc.metrics.scanDuration.Observe(time.Since(start).Seconds())
+	svc.metrics.scanDuration.Observe(sw.Elapsed().Seconds())
 	if h := svc.hooks.scanned; h != nil {
 		defer h(s, out)
 	}

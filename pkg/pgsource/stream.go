@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
@@ -180,8 +181,8 @@ func (s *Source) session(from Position, known map[uint32]pgcodec.Relation) error
 // safe position every StatusInterval.
 func (ss *session) loop(ctx context.Context) error {
 	s := ss.s
-	nextResolved := time.Now().Add(s.opts.ResolvedInterval)
-	nextStatus := time.Now().Add(s.opts.StatusInterval)
+	nextResolved := s.now().Add(s.opts.ResolvedInterval)
+	nextStatus := s.now().Add(s.opts.StatusInterval)
 	// The read wakes at the next tick by the connection's read deadline,
 	// set when the tick moves, and at ctx's end by a deadline in the past:
 	// a context deadline per message (pgconn watches each one) was 15% of
@@ -201,7 +202,7 @@ func (ss *session) loop(ctx context.Context) error {
 			}
 		default:
 		}
-		now := time.Now()
+		now := s.now()
 		if !now.Before(nextResolved) {
 			if err := ss.advanceResolved(ctx); err != nil {
 				return err
@@ -215,7 +216,9 @@ func (ss *session) loop(ctx context.Context) error {
 			nextStatus = now.Add(s.opts.StatusInterval)
 		}
 		if wake := minTime(nextResolved, nextStatus); !wake.Equal(armed) {
-			if err := netConn.SetReadDeadline(wake); err != nil {
+			// The ticks are on the source's clock; the socket counts
+			// real time, so it gets the wait, not the instant.
+			if err := netConn.SetReadDeadline(clock.RealDeadline(wake.Sub(now))); err != nil {
 				return err
 			}
 			armed = wake
@@ -228,6 +231,7 @@ func (ss *session) loop(ctx context.Context) error {
 		raw, err := ss.conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if pgconn.Timeout(err) && ctx.Err() == nil {
+				armed = time.Time{} // re-arm: on a fake clock the tick may not be due yet
 				continue
 			}
 			return err
@@ -250,7 +254,7 @@ func (ss *session) loop(ctx context.Context) error {
 					if err := ss.sendStatus(ctx); err != nil {
 						return err
 					}
-					nextStatus = time.Now().Add(s.opts.StatusInterval)
+					nextStatus = s.now().Add(s.opts.StatusInterval)
 				}
 			case pglogrepl.XLogDataByteID:
 				x, err := pglogrepl.ParseXLogData(m.Data[1:])
