@@ -34,7 +34,7 @@ func (nopStoreForBench) RegisterDispatcher(common.DispatcherID, common.Span, com
 }
 func (nopStoreForBench) UnregisterDispatcher(common.DispatcherID) error        { return nil }
 func (nopStoreForBench) UpdateCheckpoint(common.DispatcherID, common.Ts) error { return nil }
-func (nopStoreForBench) NewIterator(common.DispatcherID, eventstore.ScanRange) (*eventstore.Iterator, error) {
+func (nopStoreForBench) NewIterator(common.DispatcherID, eventstore.ScanRange) (eventstore.RowIterator, error) {
 	return nil, errNoRowsForBench
 }
 

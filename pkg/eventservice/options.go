@@ -20,7 +20,7 @@ type EventStore interface {
 	RegisterDispatcher(id common.DispatcherID, span common.Span, startTs common.Ts, notifier eventstore.Notifier) error
 	UnregisterDispatcher(id common.DispatcherID) error
 	UpdateCheckpoint(id common.DispatcherID, ts common.Ts) error
-	NewIterator(id common.DispatcherID, r eventstore.ScanRange) (*eventstore.Iterator, error)
+	NewIterator(id common.DispatcherID, r eventstore.ScanRange) (eventstore.RowIterator, error)
 }
 
 // Options configures a Service. Zero fields take the documented defaults;

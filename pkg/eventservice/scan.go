@@ -230,7 +230,7 @@ func (sc *scanner) newBuild(s *session, end common.Ts) *build {
 }
 
 // run consumes the iterator and returns the progress the messages reach.
-func (b *build) run(it *eventstore.Iterator) (progress, error) {
+func (b *build) run(it eventstore.RowIterator) (progress, error) {
 	o := &b.sc.svc.opts
 	var lastCommit, lastStart common.Ts
 	var lastKey []byte

@@ -25,6 +25,20 @@ type ScanRange struct {
 	After      *Cursor
 }
 
+// RowIterator is what a scan reads: the rows of one dispatcher's range in
+// commit-ts, start-ts, row-key order. NewIterator returns the store's
+// (*Iterator); a test store may return its own. Row's byte slices are valid
+// until the next Next or Close; Close is idempotent and must be called.
+type RowIterator interface {
+	Next() bool
+	Row() *common.Row
+	NewTxn() bool
+	Err() error
+	Close() error
+}
+
+var _ RowIterator = (*Iterator)(nil)
+
 // Iterator yields the rows of one dispatcher's span in commit-ts, start-ts,
 // row-key order. It is not safe for concurrent use. Close it before the
 // store is closed.
@@ -46,7 +60,7 @@ type Iterator struct {
 // starts below the dispatcher's checkpoint (data may be collected) or ends
 // above the subscription's committed resolved-ts (data may be incomplete)
 // is refused with ErrRangeBelowCheckpoint or ErrRangeAboveResolved.
-func (s *Store) NewIterator(id common.DispatcherID, r ScanRange) (*Iterator, error) {
+func (s *Store) NewIterator(id common.DispatcherID, r ScanRange) (RowIterator, error) {
 	if r.Start > r.End {
 		return nil, fmt.Errorf("%w: start %v after end %v", ErrInvalidRange, r.Start, r.End)
 	}
