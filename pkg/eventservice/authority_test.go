@@ -129,3 +129,39 @@ func TestResetFarAheadIsRefused(t *testing.T) {
 	require.NoError(t, h.svc.Reset(ctx, messaging.ResetRequest{Dispatcher: id, Registration: reg, Epoch: 1 + messaging.MaxEpochStep, StartTs: 1}),
 		"the largest step is accepted")
 }
+
+// A control call whose caller already gave up (its context ended) is
+// refused with ErrUnavailable wrapping the context's error, and does
+// nothing: the dispatcher is not registered, not reset, not removed, and
+// no checkpoint is recorded.
+func TestControlCallsOfACallerThatGaveUpDoNothing(t *testing.T) {
+	h := newHarness(t, nil, hooks{})
+	h.advanceSchema(100)
+	id := h.register(1, 1)
+	reg := h.regOf(id)
+	h.push(1, 10, row("a", 4, 5))
+	h.check.waitResolved(id, 10)
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+
+	other := messaging.RegisterRequest{Dispatcher: common.DispatcherIDFromUint64(2), Registration: 200, Span: common.TableSpan(2), StartTs: 1, Target: testTarget}
+	for name, err := range map[string]error{
+		"register": h.svc.Register(gone, other),
+		"reset":    h.svc.Reset(gone, messaging.ResetRequest{Dispatcher: id, Registration: reg, Epoch: 2, StartTs: 1}),
+		"remove":   h.svc.Remove(gone, messaging.RemoveRequest{Dispatcher: id, Registration: reg}),
+		"heartbeat": func() error {
+			_, err := h.svc.Heartbeat(gone, messaging.HeartbeatRequest{Checkpoints: []messaging.DispatcherCheckpoint{{Dispatcher: id, Registration: reg, Epoch: 1, Ts: 10}}})
+			return err
+		}(),
+	} {
+		require.ErrorIs(t, err, messaging.ErrUnavailable, name)
+		require.ErrorIs(t, err, context.Canceled, name)
+	}
+	_, err := h.svc.Inspect(other.Dispatcher)
+	require.ErrorIs(t, err, messaging.ErrUnknownDispatcher, "not registered")
+	snap, err := h.svc.Inspect(id)
+	require.NoError(t, err, "not removed")
+	require.Equal(t, uint64(1), snap.Epoch, "not reset")
+	require.Equal(t, common.Ts(1), snap.Checkpoint, "no checkpoint recorded")
+	require.NoError(t, h.svc.Register(context.Background(), other), "the refused register left nothing behind")
+}

@@ -29,6 +29,9 @@ func (svc *Service) Register(ctx context.Context, req messaging.RegisterRequest)
 	if err := req.Validate(); err != nil {
 		return err
 	}
+	if err := callerGone(ctx, "register"); err != nil {
+		return err
+	}
 	auth := messaging.AuthorityOf(ctx)
 	if !messaging.MayServe(auth, req.Target) {
 		return svc.denied(auth, req.Target, "register")
@@ -174,6 +177,9 @@ func (svc *Service) Reset(ctx context.Context, req messaging.ResetRequest) error
 	if err := req.Validate(); err != nil {
 		return err
 	}
+	if err := callerGone(ctx, "reset"); err != nil {
+		return err
+	}
 	d, err := svc.lookupFor(ctx, req.Dispatcher, req.Registration, "reset")
 	if err != nil {
 		return err
@@ -224,6 +230,9 @@ func (svc *Service) resetLocked(d *dispatcher, req messaging.ResetRequest) (*ses
 // wait is bounded by one transport call.
 func (svc *Service) Remove(ctx context.Context, req messaging.RemoveRequest) error {
 	if err := req.Validate(); err != nil {
+		return err
+	}
+	if err := callerGone(ctx, "remove"); err != nil {
 		return err
 	}
 	d, err := svc.lookupFor(ctx, req.Dispatcher, req.Registration, "remove")
@@ -296,6 +305,9 @@ func (svc *Service) unregisterLocked(d *dispatcher) error {
 // closed service.
 func (svc *Service) Heartbeat(ctx context.Context, req messaging.HeartbeatRequest) (messaging.HeartbeatReply, error) {
 	if err := req.Validate(); err != nil {
+		return messaging.HeartbeatReply{}, err
+	}
+	if err := callerGone(ctx, "heartbeat"); err != nil {
 		return messaging.HeartbeatReply{}, err
 	}
 	ds := make([]*dispatcher, len(req.Checkpoints))
@@ -409,4 +421,19 @@ func (svc *Service) lookupID(id common.DispatcherID) (*dispatcher, error) {
 // closedError is the error of a control-plane call on a closed service.
 func closedError(op string) error {
 	return fmt.Errorf("%w: %w: %s", ErrClosed, messaging.ErrClosed, op)
+}
+
+// callerGone refuses a control call whose context has already ended: the
+// caller gave up (a deadline, a cancelled stream), so acting on it would
+// change the service behind the back of someone who reports failure. The
+// error is messaging.ErrUnavailable wrapping the context's, as a remote
+// call that ran out of time is, and nothing was done. Once a call has
+// started it runs to its end: each is bounded (a Remove waits for at most
+// one transport call), and stopping one half-way would leave it undone in
+// an unknown place.
+func callerGone(ctx context.Context, op string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w: %s: the caller gave up: %w", messaging.ErrUnavailable, op, err)
+	}
+	return nil
 }
