@@ -71,6 +71,7 @@ type AsyncSink interface {
 	// SetDurable is called once, by New, before any other call. durable
 	// may be called from any goroutine, not under a lock the sink's
 	// methods take (the collector may be calling one), with strictly
-	// increasing ts per dispatcher and epoch.
+	// increasing ts per dispatcher and epoch. durable takes the collector's
+	// lock briefly and calls nothing of the sink, so it returns at once.
 	SetDurable(durable func(id common.DispatcherID, epoch uint64, ts common.Ts))
 }

@@ -21,9 +21,15 @@ type ListenOptions struct {
 	// OnConnect runs after every successful (re)connect and LISTEN, before
 	// any notification is handed out: NOTIFY is not durable, so a listener
 	// that was away re-reads the state it follows here. An error drops the
-	// connection and retries after the back-off.
+	// connection and retries after the back-off. It runs on Listen's
+	// goroutine, holding no lock, with notifications held back until it
+	// returns.
 	OnConnect func(ctx context.Context) error
-	// OnNotify receives each notification, in order. Required.
+	// OnNotify receives each notification, in order, on Listen's goroutine
+	// and holding no lock. Required. While it runs the next notification
+	// waits (in the connection's buffer, then in the server's queue, which
+	// is bounded: a listener that falls far behind is cut off by the
+	// server), so it should record and return.
 	OnNotify func(channel, payload string)
 	// RetryBase and RetryMax bound the reconnect back-off (doubling).
 	// Defaults 50ms and 5s.

@@ -86,13 +86,20 @@ type Options struct {
 	Positions PositionStore
 	// SafePoint returns the commit-ts at or below which every dispatcher
 	// of every changefeed has checkpointed (ok false: not known yet). The
-	// slot's confirmed flush LSN follows it, never further.
+	// slot's confirmed flush LSN follows it, never further. It is called
+	// on the stream's goroutine at every status report (StatusInterval),
+	// holding no lock of the source: it may call the source, but the stream
+	// waits for it, so it must return at once (read a value kept up to
+	// date elsewhere, as the sink's MinDurable does).
 	SafePoint func() (ts common.Ts, ok bool)
 	// OnNewTable, if set, is told of a published table first seen in the
 	// stream (added to the publication while running) and the commit-ts
 	// of its first change; the slot is held before it until the table is
 	// subscribed from a start-ts below firstTs, which replays it from the
-	// slot.
+	// slot. It is called on the stream's goroutine, holding no lock of the
+	// source, once per table; the stream waits for it, so it should hand
+	// the table to another goroutine and return (serve queues it for the
+	// goroutine that binds and registers new tables).
 	OnNewTable func(rel pgcodec.Relation, firstTs common.Ts)
 	// ResolvedInterval is how often the subscriptions' resolved-ts and the
 	// schema frontier move to the last commit, at most. Default 20ms.
