@@ -27,9 +27,9 @@ type ListenOptions struct {
 	OnConnect func(ctx context.Context) error
 	// OnNotify receives each notification, in order, on Listen's goroutine
 	// and holding no lock. Required. While it runs the next notification
-	// waits (in the connection's buffer, then in the server's queue, which
-	// is bounded: a listener that falls far behind is cut off by the
-	// server), so it should record and return.
+	// waits (in the connection's buffer, then in the server's notification
+	// queue, which is bounded: once a lagging listener has filled it, the
+	// senders' NOTIFYs fail), so it should record and return.
 	OnNotify func(channel, payload string)
 	// RetryBase and RetryMax bound the reconnect back-off (doubling).
 	// Defaults 50ms and 5s.
