@@ -87,6 +87,8 @@ type lane struct {
 	// newest is the largest commit-ts of the rows taken since the last
 	// commit (zero: none), for flushInterval; the lane goroutine's.
 	newest common.Ts
+	// arrived is when rows were last taken; the lane goroutine's.
+	arrived time.Time
 }
 
 func newLane(s *Sink, n int, conn *pgx.Conn) *lane {
@@ -212,6 +214,7 @@ func (l *lane) take(deadline time.Time) bool {
 		d.rows = d.rows || o.kind != opCheckpoint
 		if n := len(o.rows); n > 0 {
 			l.newest = max(l.newest, o.rows[n-1].CommitTs)
+			l.arrived = clk.Now()
 		}
 		if !d.rows {
 			l.noteCheckpoint(d)
@@ -234,10 +237,9 @@ func (l *lane) run() {
 	clk := l.s.opts.Clock
 	last := clk.Now()
 	for {
-		flush := l.flushInterval(last)
 		var deadline time.Time
 		if l.pending > 0 {
-			deadline = last.Add(flush)
+			deadline = l.rowsDeadline(last)
 		}
 		if !l.ckptDue.IsZero() && (deadline.IsZero() || l.ckptDue.Before(deadline)) {
 			deadline = l.ckptDue
@@ -249,8 +251,7 @@ func (l *lane) run() {
 			continue
 		}
 		now := clk.Now()
-		flush = l.flushInterval(last)
-		rowsDue := l.pending >= l.s.opts.BatchRows || !now.Before(last.Add(flush)) && l.pending > 0
+		rowsDue := l.pending >= l.s.opts.BatchRows || l.pending > 0 && !now.Before(l.rowsDeadline(last))
 		ckptsDue := !l.ckptDue.IsZero() && !now.Before(l.ckptDue)
 		if !rowsDue && !ckptsDue {
 			continue
@@ -259,6 +260,19 @@ func (l *lane) run() {
 		l.reviewWork() // work a failed or lost commit kept, checkpoints not yet due
 		last, l.newest = now, 0
 	}
+}
+
+// rowsDeadline is when the rows held are due: flushInterval after the last
+// commit, but, while that is stretched, no later than FlushInterval after
+// rows last arrived: a backlog that stops arriving (its end, a fence a
+// benchmark waits for) is committed at once instead of waiting out the
+// stretch, which only pays while rows keep coming.
+func (l *lane) rowsDeadline(last time.Time) time.Time {
+	due := last.Add(l.flushInterval(last))
+	if quiet := l.arrived.Add(l.s.opts.FlushInterval); quiet.Before(due) {
+		due = quiet
+	}
+	return due
 }
 
 // flushInterval is FlushInterval, or MaxFlushInterval while the rows held

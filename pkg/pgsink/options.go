@@ -51,7 +51,8 @@ type Options struct {
 	// MaxFlushInterval: while the rows a lane holds are far behind (their
 	// newest commit more than four MaxFlushIntervals before the lane's
 	// last commit), the lane commits this often instead of FlushInterval,
-	// so that a backlog is applied in larger statements. Default 1s (or
+	// so that a backlog is applied in larger statements; but FlushInterval
+	// after rows stopped arriving at the latest. Default 1s (or
 	// FlushInterval, if larger); FlushInterval turns the stretching off.
 	MaxFlushInterval time.Duration
 	// CheckpointInterval: a dispatcher whose work is checkpoints only (an

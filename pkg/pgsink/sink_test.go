@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -243,15 +244,18 @@ func TestLaneFlushesOnTheInjectedClock(t *testing.T) {
 	require.Equal(t, []string{`{"id":1,"v":"a","big":null}`}, e.contents("app.t"))
 }
 
-// TestLaneStretchesItsCadenceWhileBehind: rows far behind the clock (more
-// than four MaxFlushIntervals) wait MaxFlushInterval before the lane
-// commits, so a backlog goes in larger statements; rows less behind wait
-// FlushInterval. The deadline the lane arms is read off the injected clock.
+// TestLaneStretchesItsCadenceWhileBehind: while rows far behind the clock
+// (more than four MaxFlushIntervals) keep arriving, the lane holds them
+// until MaxFlushInterval after its last commit, so a backlog goes in larger
+// statements; once they stop arriving it commits FlushInterval after the
+// last (the end of a backlog does not wait out the stretch); rows less far
+// behind wait FlushInterval. Each deadline the lane arms is read off the
+// injected clock.
 func TestLaneStretchesItsCadenceWhileBehind(t *testing.T) {
-	now := time.Unix(1_800_000_000, 0)
-	fake := clock.NewFake(now)
+	const flush, maxFlush = 100 * time.Millisecond, time.Second
+	fake := clock.NewFake(time.Unix(1_800_000_000, 0))
 	e := newSinkEnv(t, func(o *Options) {
-		o.Workers, o.Clock, o.FlushInterval, o.MaxFlushInterval, o.CheckpointInterval = 1, fake, 100*time.Millisecond, time.Second, time.Hour
+		o.Workers, o.Clock, o.FlushInterval, o.MaxFlushInterval, o.CheckpointInterval = 1, fake, flush, maxFlush, time.Hour
 	})
 	ctx := context.Background()
 	id := common.DispatcherIDFromUint64(1)
@@ -259,32 +263,55 @@ func TestLaneStretchesItsCadenceWhileBehind(t *testing.T) {
 	require.NoError(t, e.sink.BeginEpoch(id, 1, 10))
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	step := func(behind time.Duration, key string, wantWait time.Duration) {
+	lastCommit := fake.Now() // the lane's start counts as its last commit
+	var lastTs common.Ts
+	n := 0
+	// apply queues one row committed behind the clock (each above the one
+	// before, as the stream's are) and waits until the lane armed want.
+	apply := func(behind, want time.Duration) {
 		t.Helper()
-		ts := common.TsFromTime(fake.Now().Add(-behind))
-		require.NoError(t, e.sink.ApplyRows(id, rows(ts, tx(pgcodec.Insert, col("id", key), col("v", "a"), null("big")))))
-		require.NoError(t, e.sink.Checkpoint(id, ts))
-		require.NoError(t, fake.WaitWaiters(wctx, 1))
-		// The lane may arm before it takes the rows; wait until its
-		// deadline is the one for the rows it holds.
+		n++
+		lastTs = max(lastTs+1, common.TsFromTime(fake.Now().Add(-behind)))
+		require.NoError(t, e.sink.ApplyRows(id, rows(lastTs, tx(pgcodec.Insert, col("id", strconv.Itoa(n)), col("v", "a"), null("big")))))
+		require.NoError(t, e.sink.Checkpoint(id, lastTs))
 		for {
 			due, ok := fake.NextDue()
-			if ok && due == wantWait {
-				break
+			if ok && due == want {
+				return
 			}
-			require.True(t, !ok || due <= time.Hour, "armed %v", due)
-			require.NoError(t, wctx.Err(), "the lane never armed %v (last %v)", wantWait, due)
+			require.NoError(t, wctx.Err(), "the lane never armed %v (last seen %v, %v)", want, due, ok)
 			runtime.Gosched()
 		}
-		fake.Advance(wantWait)
-		e.dur.wait(t, id, ts)
 	}
-	// Each step's commit-ts is above the one before (the stream's order).
-	step(40*time.Second, "1", time.Second)               // a backlog
-	step(5*time.Second, "2", time.Second)                // still far behind
-	step(3*time.Second, "3", 100*time.Millisecond)       // behind, not far: FlushInterval
-	step(50*time.Millisecond, "4", 100*time.Millisecond) // keeping up
-	require.Len(t, e.contents("app.t"), 4)
+	durable := func() common.Ts { return e.sink.Durable(id) }
+
+	// A backlog keeps arriving, a row every 60 ms: each re-arms the quiet
+	// deadline (100 ms after it) until the cap, 1 s after the last commit.
+	for {
+		left := lastCommit.Add(maxFlush).Sub(fake.Now())
+		apply(40*time.Second, min(flush, left))
+		require.Less(t, durable(), lastTs, "committed before the stretch ran out")
+		if left <= 60*time.Millisecond {
+			fake.Advance(left)
+			break
+		}
+		fake.Advance(60 * time.Millisecond)
+	}
+	e.dur.wait(t, id, lastTs)
+	lastCommit = fake.Now()
+
+	// Far behind, but nothing follows: committed FlushInterval after it.
+	apply(40*time.Second, flush)
+	fake.Advance(flush)
+	e.dur.wait(t, id, lastTs)
+
+	// Behind, not far; then keeping up: FlushInterval after the last commit.
+	for _, behind := range []time.Duration{3 * time.Second, 50 * time.Millisecond} {
+		apply(behind, flush)
+		fake.Advance(flush)
+		e.dur.wait(t, id, lastTs)
+	}
+	require.Len(t, e.contents("app.t"), n)
 }
 
 // A new column is added before the rows that use it; a column that
