@@ -42,6 +42,8 @@ func TestPackageDependenciesFollowTheArchitecture(t *testing.T) {
 		{"pkg/pgsource", []string{"pkg/eventservice", "pkg/eventcollector"}},
 		{"pkg/pgsink", []string{"pkg/eventservice", "pkg/eventstore", "pkg/pgsource", "github.com/cockroachdb/pebble"}},
 		{"pkg/pgcodec", []string{"pkg/eventservice", "pkg/eventstore", "pkg/eventcollector", "pkg/messaging"}},
+		// The durable sink is a collector's downstream, like the memory sink.
+		{"pkg/pebblesink", []string{"pkg/eventservice", "pkg/eventstore", "pkg/pendingset", "pkg/upstream"}},
 		{"pkg/common", []string{module + "/"}},
 		{"pkg/clock", []string{module + "/"}},
 	} {

@@ -19,6 +19,7 @@ import (
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventcollector"
 	"github.com/cdcflow/eventservice/pkg/messaging"
+	"github.com/cdcflow/eventservice/pkg/pebblesink"
 	"github.com/cdcflow/eventservice/pkg/remote"
 )
 
@@ -45,7 +46,7 @@ type remoteFeed struct {
 	feed   int
 	client *remote.Client
 	coll   *eventcollector.Collector
-	sink   *DurableSink
+	sink   *pebblesink.Sink
 	ids    []common.DispatcherID
 	// startTs is where a dispatcher with no checkpoint in the sink starts.
 	startTs common.Ts
@@ -120,7 +121,7 @@ func RunCollector(ctx context.Context, cfg Config, stdout, stderr io.Writer) (Co
 	for _, feed := range feeds {
 		rf := &remoteFeed{feed: feed, startTs: common.Ts(cfg.StartTs)}
 		rfs = append(rfs, rf)
-		if rf.sink, err = OpenDurableSink(sinkDir(cfg.DataDir, feed)); err != nil {
+		if rf.sink, err = pebblesink.Open(sinkDir(cfg.DataDir, feed)); err != nil {
 			return sum, err
 		}
 		if rf.client, err = remote.NewClient(remote.ClientOptions{Addr: cfg.Connect, Target: targetOf(feed),

@@ -17,6 +17,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/pkg/pebblesink"
 	"github.com/cdcflow/eventservice/pkg/remote"
 )
 
@@ -291,7 +292,7 @@ func (s *server) openRemoteSinks() {
 		if !ok {
 			continue
 		}
-		sink, err := OpenDurableSink(sinkDir(dir, i+1))
+		sink, err := pebblesink.Open(sinkDir(dir, i+1))
 		if err != nil {
 			s.log.Warn("open collector sink", zap.Int("feed", i+1), zap.Error(err))
 			continue

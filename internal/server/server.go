@@ -31,6 +31,7 @@ import (
 	"github.com/cdcflow/eventservice/pkg/eventservice"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/messaging"
+	"github.com/cdcflow/eventservice/pkg/pebblesink"
 	"github.com/cdcflow/eventservice/pkg/schemastore"
 	"github.com/cdcflow/eventservice/pkg/upstream"
 )
@@ -42,7 +43,7 @@ type feed struct {
 	mem    *eventcollector.MemorySink // nil with a durable sink
 	// durable is the feed's durable sink: --durable-sink's, or, with the
 	// collector in another process, its sink opened for verification.
-	durable *DurableSink
+	durable *pebblesink.Sink
 	// remote: the feed's collector runs in another process (coll is nil).
 	remote bool
 	ds     []dispatcherRef
@@ -75,7 +76,7 @@ type server struct {
 	rs       *remoteSide          // nil with collectors in this process
 	faulty   *messaging.Faulty
 	svc      *eventservice.Service
-	durable  *DurableSink
+	durable  *pebblesink.Sink
 	feeds    []*feed
 	mover    *mover // nil unless --move-interval
 
@@ -220,7 +221,7 @@ func (s *server) buildParts(resumed bool) error {
 		return err
 	}
 	if cfg.DurableSink {
-		if s.durable, err = OpenDurableSink(filepath.Join(s.dataDir, "sink")); err != nil {
+		if s.durable, err = pebblesink.Open(filepath.Join(s.dataDir, "sink")); err != nil {
 			return err
 		}
 	}

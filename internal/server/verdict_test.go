@@ -14,6 +14,7 @@ import (
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventcollector"
 	"github.com/cdcflow/eventservice/pkg/messaging"
+	"github.com/cdcflow/eventservice/pkg/pebblesink"
 	"github.com/cdcflow/eventservice/pkg/schemastore"
 )
 
@@ -75,9 +76,9 @@ func verdictFixture(t *testing.T, got []common.Ts, gotDDLs []common.Ts, ckpt com
 	w := windowOf(50, ckpt, behind)
 	diffRows(&sum, d, want, have, w)
 	compareDDLs(&sum, d, haveDDLs, wantDDLs, w)
-	var versions []Version
+	var versions []pebblesink.Version
 	for i, r := range have {
-		versions = append(versions, Version{Key: r.Key, CommitTs: r.CommitTs, Seq: uint64(i + 1), Op: r.Op, Value: r.Value})
+		versions = append(versions, pebblesink.Version{Key: r.Key, CommitTs: r.CommitTs, Seq: uint64(i + 1), Op: r.Op, Value: r.Value})
 	}
 	var durable Summary
 	verifyVersions(&durable, d, want, versions, w)

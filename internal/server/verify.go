@@ -11,6 +11,7 @@ import (
 
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
+	"github.com/cdcflow/eventservice/pkg/pebblesink"
 	"github.com/cdcflow/eventservice/pkg/schemastore"
 )
 
@@ -402,7 +403,7 @@ func dedupDDLs(ddls []messaging.DDL) []messaging.DDL {
 
 // verifyDurable checks a durable sink: exactly the upstream's versions,
 // each once, per key applied in commit-ts order, and the scheduled DDLs.
-func (s *server) verifyDurable(sum *Summary, sink *DurableSink, d dispatcherRef, final common.Ts, behind bool, want []common.Row, wantDDLs []schemastore.DDL) {
+func (s *server) verifyDurable(sum *Summary, sink *pebblesink.Sink, d dispatcherRef, final common.Ts, behind bool, want []common.Row, wantDDLs []schemastore.DDL) {
 	if sink == nil {
 		sum.SinkErrors++
 		sum.problem("%v (table %d): its collector's sink could not be read", d.id, d.table)
@@ -438,7 +439,7 @@ func (s *server) verifyDurable(sum *Summary, sink *DurableSink, d dispatcherRef,
 // verifyVersions compares stored versions with the upstream's rows of the
 // whole workload for one table; absent rows are missing or undelivered by
 // w (countAbsent).
-func verifyVersions(sum *Summary, d dispatcherRef, want []common.Row, versions []Version, w window) {
+func verifyVersions(sum *Summary, d dispatcherRef, want []common.Row, versions []pebblesink.Version, w window) {
 	type vk struct {
 		key      string
 		commitTs common.Ts
@@ -452,7 +453,7 @@ func verifyVersions(sum *Summary, d dispatcherRef, want []common.Row, versions [
 	// together, in commit-ts order. The sink's scan gives that order;
 	// verification does not rely on it (the raw key layout once broke it
 	// for keys that prefix others, and the check missed violations).
-	byKeyThenTs := func(a, b Version) int {
+	byKeyThenTs := func(a, b pebblesink.Version) int {
 		return cmp.Or(bytes.Compare(a.Key, b.Key), cmp.Compare(a.CommitTs, b.CommitTs))
 	}
 	if !slices.IsSortedFunc(versions, byKeyThenTs) {

@@ -1,4 +1,4 @@
-package server
+package pebblesink
 
 import (
 	"bytes"
@@ -11,10 +11,13 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // prefixKeys are row keys that prefix one another, with the bytes an
 // encoding must not confuse with a terminator or a commit-ts: 0x00, 0x01
@@ -27,9 +30,9 @@ var prefixKeys = [][]byte{{}, {0}, {0, 0}, []byte("a"), []byte("a\x00"), []byte(
 var prefixTs = []common.Ts{1, 0x0100, 0x6100_0000_0000_0000, common.ComposeTs(1_700_000_000_000, 0),
 	common.ComposeTs(1_700_000_000_001, 3), math.MaxUint64}
 
-func openTestSink(t *testing.T) *DurableSink {
+func openTestSink(t *testing.T) *Sink {
 	t.Helper()
-	s, err := OpenDurableSink(t.TempDir())
+	s, err := Open(t.TempDir())
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, s.Close()) })
 	return s
@@ -37,7 +40,7 @@ func openTestSink(t *testing.T) *DurableSink {
 
 // applyVersions applies rows as dispatcher id of table, one checkpoint per
 // row so that each gets the next sequence number in the order given.
-func applyVersions(t *testing.T, s *DurableSink, id common.DispatcherID, table int64, rows []common.Row) {
+func applyVersions(t *testing.T, s *Sink, id common.DispatcherID, table int64, rows []common.Row) {
 	t.Helper()
 	s.Bind(id, table)
 	for i := range rows {
@@ -94,49 +97,6 @@ func TestDurableSinkVersionsOrderedByKeyThenCommitTsWhenKeysArePrefixes(t *testi
 	for _, v := range again {
 		require.Equal(t, seqs[string(v.Key)+"@"+string(binary.BigEndian.AppendUint64(nil, uint64(v.CommitTs)))], v.Seq)
 	}
-}
-
-// TestVerifierReportsOrderViolationOnKeyThatPrefixesAnother applies key
-// "a" at a later commit-ts t2 before the earlier t1, with a key that "a"
-// prefixes stored too: "a" + t1's first 7 bytes + 0xFF, which in the raw
-// layout sorted between "a"@t1 and "a"@t2, so the neighbour check never
-// compared them.
-func TestVerifierReportsOrderViolationOnKeyThatPrefixesAnother(t *testing.T) {
-	t1, t2 := common.ComposeTs(1_700_000_000_000, 0), common.ComposeTs(1_700_000_000_001, 0)
-	a1 := common.Row{Key: []byte("a"), CommitTs: t1, Op: common.OpPut, Value: []byte("1")}
-	a2 := common.Row{Key: []byte("a"), CommitTs: t2, Op: common.OpPut, Value: []byte("2")}
-	otherKey := append(append([]byte("a"), binary.BigEndian.AppendUint64(nil, uint64(t1))[:7]...), 0xFF)
-	other := common.Row{Key: otherKey, CommitTs: t1, Op: common.OpPut, Value: []byte("x")}
-	raw := func(r common.Row) []byte {
-		return binary.BigEndian.AppendUint64(bytes.Clone(r.Key), uint64(r.CommitTs))
-	}
-	require.True(t, bytes.Compare(raw(a1), raw(other)) < 0 && bytes.Compare(raw(other), raw(a2)) < 0,
-		"the fixture: in the raw layout the other key sorts between a's versions")
-	want := []common.Row{a1, other, a2}
-	d := dispatcherRef{id: common.DispatcherIDFromUint64(1), table: 3}
-
-	t.Run("through the sink", func(t *testing.T) {
-		s := openTestSink(t)
-		applyVersions(t, s, d.id, d.table, []common.Row{a2, other, a1}) // a1 applied after a2: a violation
-		versions, err := s.Versions(d.table)
-		require.NoError(t, err)
-		var sum Summary
-		verifyVersions(&sum, d, want, versions, window{final: t2, certified: t2})
-		require.Equal(t, 1, sum.OrderViolations, "%v", sum.Problems)
-		require.Zero(t, sum.MissingRows+sum.UnexpectedRows+sum.Duplicates)
-	})
-	t.Run("versions in the raw layout's order", func(t *testing.T) {
-		// What the raw layout's scan returned: the verifier must not rely
-		// on the scan order to find one key's versions.
-		versions := []Version{
-			{Key: a1.Key, CommitTs: t1, Seq: 3, Op: common.OpPut, Value: a1.Value},
-			{Key: other.Key, CommitTs: t1, Seq: 2, Op: common.OpPut, Value: other.Value},
-			{Key: a2.Key, CommitTs: t2, Seq: 1, Op: common.OpPut, Value: a2.Value},
-		}
-		var sum Summary
-		verifyVersions(&sum, d, want, versions, window{final: t2, certified: t2})
-		require.Equal(t, 1, sum.OrderViolations, "%v", sum.Problems)
-	})
 }
 
 // TestDurableSinkTablesAtTheEndsOfTheIDSpace round-trips versions and
@@ -211,7 +171,7 @@ func TestDurableSinkRefusesAnotherFormatAndReportsCorruptEntries(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, db.Set([]byte("s"), binary.BigEndian.AppendUint64(nil, 5), pebble.Sync))
 		require.NoError(t, db.Close())
-		_, err = OpenDurableSink(dir)
+		_, err = Open(dir)
 		require.ErrorIs(t, err, ErrSinkFormat)
 	})
 	t.Run("unknown format", func(t *testing.T) {
@@ -220,16 +180,16 @@ func TestDurableSinkRefusesAnotherFormatAndReportsCorruptEntries(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, db.Set([]byte("f"), []byte{9}, pebble.Sync))
 		require.NoError(t, db.Close())
-		_, err = OpenDurableSink(dir)
+		_, err = Open(dir)
 		require.ErrorIs(t, err, ErrSinkFormat)
 	})
 	t.Run("reopened", func(t *testing.T) {
 		dir := t.TempDir()
-		s, err := OpenDurableSink(dir)
+		s, err := Open(dir)
 		require.NoError(t, err)
 		applyVersions(t, s, common.DispatcherIDFromUint64(1), 1, prefixRows(t)[:3])
 		require.NoError(t, s.Close())
-		s, err = OpenDurableSink(dir)
+		s, err = Open(dir)
 		require.NoError(t, err, "a sink of this format opens again")
 		vs, err := s.Versions(1)
 		require.NoError(t, err)

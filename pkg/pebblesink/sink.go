@@ -1,4 +1,4 @@
-package server
+package pebblesink
 
 import (
 	"bytes"
@@ -11,10 +11,11 @@ import (
 	"github.com/cockroachdb/pebble/v2/bloom"
 
 	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventcollector"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
 
-// DurableSink is the downstream of the crash/restart tests: a pebble
+// Sink is the downstream of cdcserver's crash and restart runs: a pebble
 // database that, like a real downstream database, applies row versions
 // idempotently by (table, key, commit-ts) and persists each dispatcher's
 // rows together with its checkpoint in one atomic batch. After a crash the
@@ -43,7 +44,7 @@ import (
 // seq numbers versions in the order they were first applied, so the
 // verifier can check per-key order across restarts: for every key, a
 // version with a higher commit-ts must have been applied later.
-type DurableSink struct {
+type Sink struct {
 	db *pebble.DB
 
 	mu struct {
@@ -56,11 +57,13 @@ type DurableSink struct {
 	}
 }
 
+var _ eventcollector.Sink = (*Sink)(nil)
+
 // sinkCacheBytes is the durable sink's block cache.
 const sinkCacheBytes = 64 << 20
 
-// OpenDurableSink opens (or creates) the sink in dir.
-func OpenDurableSink(dir string) (*DurableSink, error) {
+// Open opens (or creates) the sink in dir.
+func Open(dir string) (*Sink, error) {
 	// Each row is looked up before it is written (a re-delivery must keep
 	// its first application's sequence number), and nearly all lookups
 	// miss: bloom filters answer those without reading the tables' index
@@ -76,7 +79,7 @@ func OpenDurableSink(dir string) (*DurableSink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open durable sink: %w", err)
 	}
-	s := &DurableSink{db: db}
+	s := &Sink{db: db}
 	s.mu.tables = map[common.DispatcherID]int64{}
 	s.mu.pending = map[common.DispatcherID][]common.Row{}
 	s.mu.ddls = map[common.DispatcherID][]messaging.DDL{}
@@ -105,7 +108,7 @@ const sinkFormat = 2
 
 // load reads the next sequence number and checks the format marker,
 // writing it into a sink that holds nothing yet.
-func (s *DurableSink) load() error {
+func (s *Sink) load() error {
 	seq, err := s.getUint64([]byte("s"))
 	if err != nil {
 		return err
@@ -132,7 +135,7 @@ func (s *DurableSink) load() error {
 }
 
 // getUint64 reads a big-endian uint64 value, 0 when the key is absent.
-func (s *DurableSink) getUint64(key []byte) (uint64, error) {
+func (s *Sink) getUint64(key []byte) (uint64, error) {
 	v, closer, err := s.db.Get(key)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return 0, nil
@@ -148,17 +151,17 @@ func (s *DurableSink) getUint64(key []byte) (uint64, error) {
 }
 
 // Close closes the database.
-func (s *DurableSink) Close() error { return s.db.Close() }
+func (s *Sink) Close() error { return s.db.Close() }
 
 // Bind tells the sink which table a dispatcher applies to.
-func (s *DurableSink) Bind(id common.DispatcherID, table int64) {
+func (s *Sink) Bind(id common.DispatcherID, table int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.mu.tables[id] = table
 }
 
 // CheckpointOf returns the persisted checkpoint of id, or 0.
-func (s *DurableSink) CheckpointOf(id common.DispatcherID) (common.Ts, error) {
+func (s *Sink) CheckpointOf(id common.DispatcherID) (common.Ts, error) {
 	b := id.Bytes()
 	v, err := s.getUint64(append([]byte("c"), b[:]...))
 	return common.Ts(v), err
@@ -166,7 +169,7 @@ func (s *DurableSink) CheckpointOf(id common.DispatcherID) (common.Ts, error) {
 
 // BeginEpoch drops what was applied since the last checkpoint: the new
 // epoch re-sends it.
-func (s *DurableSink) BeginEpoch(id common.DispatcherID, _ uint64, _ common.Ts) error {
+func (s *Sink) BeginEpoch(id common.DispatcherID, _ uint64, _ common.Ts) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.mu.pending[id] = s.mu.pending[id][:0]
@@ -175,7 +178,7 @@ func (s *DurableSink) BeginEpoch(id common.DispatcherID, _ uint64, _ common.Ts) 
 }
 
 // ApplyRows stages rows until the next checkpoint.
-func (s *DurableSink) ApplyRows(id common.DispatcherID, rows []common.Row) error {
+func (s *Sink) ApplyRows(id common.DispatcherID, rows []common.Row) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.mu.pending[id] = append(s.mu.pending[id], rows...)
@@ -183,7 +186,7 @@ func (s *DurableSink) ApplyRows(id common.DispatcherID, rows []common.Row) error
 }
 
 // ApplyDDL stages a schema change until the next checkpoint, as rows are.
-func (s *DurableSink) ApplyDDL(id common.DispatcherID, ddl *messaging.DDL) error {
+func (s *Sink) ApplyDDL(id common.DispatcherID, ddl *messaging.DDL) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.mu.ddls[id] = append(s.mu.ddls[id], *ddl)
@@ -192,7 +195,7 @@ func (s *DurableSink) ApplyDDL(id common.DispatcherID, ddl *messaging.DDL) error
 
 // Checkpoint writes the staged rows of id (skipping versions already
 // present) and the checkpoint in one batch.
-func (s *DurableSink) Checkpoint(id common.DispatcherID, ts common.Ts) error {
+func (s *Sink) Checkpoint(id common.DispatcherID, ts common.Ts) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	table, ok := s.mu.tables[id]
@@ -254,7 +257,7 @@ func ddlKey(table int64, commitTs common.Ts) []byte {
 }
 
 // DDLs returns the stored DDLs of table in commit-ts order.
-func (s *DurableSink) DDLs(table int64) ([]messaging.DDL, error) {
+func (s *Sink) DDLs(table int64) ([]messaging.DDL, error) {
 	var out []messaging.DDL
 	err := s.scanTable('d', table, func(k, v []byte) error {
 		if len(k) != 8 {
@@ -296,7 +299,7 @@ func prefixSuccessor(p []byte) []byte {
 // scanTable calls fn, in key order, with every entry of table under the
 // one-byte prefix kind: its key after the prefix and table, and its value
 // (both valid only during the call). fn's error stops the scan.
-func (s *DurableSink) scanTable(kind byte, table int64, fn func(k, v []byte) error) error {
+func (s *Sink) scanTable(kind byte, table int64, fn func(k, v []byte) error) error {
 	lo, hi, err := tableBounds(kind, table)
 	if err != nil {
 		return err
@@ -395,7 +398,7 @@ type Version struct {
 
 // Versions returns the stored versions of table, ordered by key then
 // commit-ts (the escaped layout makes that the scan's order).
-func (s *DurableSink) Versions(table int64) ([]Version, error) {
+func (s *Sink) Versions(table int64) ([]Version, error) {
 	var out []Version
 	err := s.scanTable('v', table, func(k, v []byte) error {
 		ver, err := decodeVersion(k, v)
