@@ -16,8 +16,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/cdcflow/eventservice/internal/server"
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/server"
 	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/pebblesink"
 	"github.com/cdcflow/eventservice/pkg/upstream"
 )
 
@@ -242,7 +243,7 @@ func inspectDurable(t *testing.T, dir string, tables int) durableState {
 		RowBytes: w.RowBytes, HotFraction: w.HotFraction, Seed: w.Seed, StartTs: w.StartTs, EndTs: w.EndTs})
 	require.NoError(t, err)
 	defer gen.Close()
-	sink, err := server.OpenDurableSink(filepath.Join(dir, "sink"))
+	sink, err := pebblesink.Open(filepath.Join(dir, "sink"))
 	require.NoError(t, err)
 	defer func() { require.NoError(t, sink.Close()) }()
 
@@ -266,7 +267,7 @@ func inspectDurable(t *testing.T, dir string, tables int) durableState {
 // requireVersions checks one table's stored versions: each is an upstream
 // row with its exact content, per key applied in commit-ts order, and every
 // upstream row at or below the checkpoint is there.
-func requireVersions(t *testing.T, table int64, ckpt common.Ts, all, below []common.Row, versions []server.Version) {
+func requireVersions(t *testing.T, table int64, ckpt common.Ts, all, below []common.Row, versions []pebblesink.Version) {
 	t.Helper()
 	type vk struct {
 		key string

@@ -44,6 +44,10 @@ func TestPackageDependenciesFollowTheArchitecture(t *testing.T) {
 		{"pkg/pgcodec", []string{"pkg/eventservice", "pkg/eventstore", "pkg/eventcollector", "pkg/messaging"}},
 		// The durable sink is a collector's downstream, like the memory sink.
 		{"pkg/pebblesink", []string{"pkg/eventservice", "pkg/eventstore", "pkg/pendingset", "pkg/upstream"}},
+		// Seed 001's publisher stays separable from the scheduler: of the
+		// module it links only the pending set and the clock.
+		{"pkg/pgnotify", []string{"pkg/common", "pkg/messaging", "pkg/eventstore", "pkg/eventservice", "pkg/eventcollector",
+			"pkg/upstream", "pkg/schemastore", "pkg/pgsource", "pkg/pgsink", "pkg/pgcodec", "pkg/remote", "internal/", "cmd/"}},
 		{"pkg/common", []string{module + "/"}},
 		{"pkg/clock", []string{module + "/"}},
 	} {
@@ -64,5 +68,41 @@ func TestPackageDependenciesFollowTheArchitecture(t *testing.T) {
 		if rule.pkg == "pkg/eventcollector" {
 			require.True(t, slices.Contains(deps, module+"/pkg/messaging"), "the collector speaks messaging's protocol")
 		}
+	}
+}
+
+// TestFloorsRunOneWay checks the house's floors with `go list -deps`:
+// internal/ is the ground floor (leaf helpers and test kits, importing
+// nothing of the module's library or programs), pkg/ is the library and
+// links only internal/'s leaf helpers (never a test kit, never the
+// programs), and cmd/ (the cdcserver program and its app/ packages) sits on
+// top. An arrow back down-up (pkg/ importing the server, a helper
+// importing pkg/) is how the first layout ended with 6 arrows running up.
+func TestFloorsRunOneWay(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	deps := func(pattern string) []string {
+		out, err := exec.Command(goTool, "list", "-deps", module+"/"+pattern).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		return strings.Fields(string(out))
+	}
+	leaves := []string{"internal/dueheap", "internal/latency", "internal/optcheck", "internal/promutil"}
+	library := deps("pkg/...")
+	require.Contains(t, library, module+"/pkg/eventservice", "the walk listed the library")
+	for _, dep := range library {
+		rel, ours := strings.CutPrefix(dep, module+"/")
+		if !ours {
+			continue
+		}
+		require.False(t, strings.HasPrefix(rel, "cmd/"), "the library links the program's %s", rel)
+		if strings.HasPrefix(rel, "internal/") {
+			require.True(t, slices.Contains(leaves, rel), "the library links %s, which is not a leaf helper (%v)", rel, leaves)
+		}
+	}
+	for _, dep := range deps("internal/...") {
+		rel, ours := strings.CutPrefix(dep, module+"/")
+		require.False(t, ours && !strings.HasPrefix(rel, "internal/"), "internal/ links %s: it is the ground floor", rel)
 	}
 }

@@ -18,9 +18,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/replicate"
 	"github.com/cdcflow/eventservice/internal/linewatch"
 	"github.com/cdcflow/eventservice/internal/pgtest"
-	"github.com/cdcflow/eventservice/internal/replicate"
 )
 
 func startServe(t *testing.T, src, dst *pgtest.Server, dataDir string) *childProcess {

@@ -12,8 +12,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/server"
 	"github.com/cdcflow/eventservice/internal/linewatch"
-	"github.com/cdcflow/eventservice/internal/server"
 	"github.com/cdcflow/eventservice/internal/tlstest"
 )
 

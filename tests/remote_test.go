@@ -20,9 +20,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/server"
 	"github.com/cdcflow/eventservice/internal/faultproxy"
 	"github.com/cdcflow/eventservice/internal/linewatch"
-	"github.com/cdcflow/eventservice/internal/server"
 )
 
 // The multi-process tests run the service in the test process (under the

@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/cdcflow/eventservice/internal/server"
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/server"
 )
 
 // serverConfig returns a quiet server configuration for tests: no metrics

@@ -11,7 +11,7 @@
 // process.
 //
 // `cdcserver serve --source postgres://... --sink postgres://...` is a
-// long-running PostgreSQL-to-PostgreSQL changefeed (internal/replicate);
+// long-running PostgreSQL-to-PostgreSQL changefeed (cmd/cdcserver/app/replicate);
 // `cdcserver compare` checks the tables equal; `cdcserver --version`.
 //
 // Exit status: 0 verified (a collector: stopped cleanly); 1 verification
@@ -32,7 +32,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/cdcflow/eventservice/internal/server"
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/server"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }

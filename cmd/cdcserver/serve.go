@@ -11,8 +11,8 @@ import (
 	"runtime/debug"
 	"syscall"
 
-	"github.com/cdcflow/eventservice/internal/replicate"
-	"github.com/cdcflow/eventservice/internal/server"
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/replicate"
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/server"
 )
 
 // Exit statuses of serve and compare: 0 a clean stop (compare: equal),

@@ -107,7 +107,7 @@ func TestServiceAndCollectorOverMutualTLS(t *testing.T) {
 	require.NoError(t, scrapeErr)
 	require.NotEmpty(t, svcMetrics, "the service served /metrics")
 	require.NotEmpty(t, collMetrics, "the collector served /metrics")
-	named := dashboardMetrics(t, "../../deploy/grafana/cdcflow-eventservice.json")
+	named := dashboardMetrics(t, "../../../../deploy/grafana/cdcflow-eventservice.json")
 	require.Greater(t, len(named), 20)
 	for _, name := range named {
 		require.True(t, scraped[name], "the dashboard names %s, which neither the service nor the collector exports", name)
