@@ -123,36 +123,67 @@ func (svc *Service) decide(s *session) prepareOutcome {
 	received := common.Ts(d.received.Load())
 	maxCommit := common.Ts(d.maxCommit.Load())
 	schemaTs, lastDDL := svc.opts.Schema.TableState(d.span.TableID)
-	end := min(received, schemaTs)
-	if p.cursor != nil {
-		return outcomeScan // a split transaction or an interrupted commit-ts
+	dec := decideScan(decideInput{resolved: p.resolved, cursor: p.cursor != nil, received: received, maxCommit: maxCommit,
+		schemaTs: schemaTs, lastDDL: lastDDL})
+	if dec.advance != 0 {
+		p.resolved = dec.advance
+		s.sent.Store(uint64(dec.advance))
+		d.target.resolved.Add(d.id, resolvedValue{s: s, epoch: s.epoch, seq: p.seq, ts: dec.advance})
+		s.publish(dec.advance, p.seq, svc.opts.Clock.Now())
 	}
-	if end <= p.resolved {
-		if received > p.resolved && schemaTs <= p.resolved {
+	if dec.outcome == outcomeSchemaBlocked {
+		s.blockedAt.Store(uint64(dec.blockedAt))
+	}
+	return dec.outcome
+}
+
+// decideInput is what preparation decides from: the session's progress,
+// what the store holds for the dispatcher and the table's schema state.
+type decideInput struct {
+	resolved  common.Ts // progress: delivered up to here
+	cursor    bool      // progress: a resume position above resolved
+	received  common.Ts // the store's resolved-ts notified for the dispatcher
+	maxCommit common.Ts // the largest commit-ts of its rows (a hint)
+	schemaTs  common.Ts // the table's schema frontier
+	lastDDL   common.Ts // the commit-ts of its last DDL
+}
+
+// decision is what preparation does: its outcome, a resolved-ts to deliver
+// without a scan (advance, zero for none; the fast path), and for
+// outcomeSchemaBlocked the ts the schema frontier must pass.
+type decision struct {
+	outcome   prepareOutcome
+	advance   common.Ts
+	blockedAt common.Ts
+}
+
+// decideScan is the pure part of preparation (traced by
+// testdata/decide): no I/O, no session, its result a function of in alone.
+func decideScan(in decideInput) decision {
+	if in.cursor {
+		return decision{outcome: outcomeScan} // a split transaction or an interrupted commit-ts
+	}
+	end := min(in.received, in.schemaTs)
+	if end <= in.resolved {
+		if in.received > in.resolved && in.schemaTs <= in.resolved {
 			// Wait for the frontier to pass what was already delivered:
 			// any earlier advance could not let this dispatcher move.
-			s.blockedAt.Store(uint64(p.resolved))
-			return outcomeSchemaBlocked
+			return decision{outcome: outcomeSchemaBlocked, blockedAt: in.resolved}
 		}
-		return outcomeNothing
+		return decision{outcome: outcomeNothing}
 	}
 	// Fast path: no row and no DDL in (resolved, end]. The test is strict:
 	// rows at commit-ts == resolved were delivered (several transactions
 	// may share a commit-ts, and an interrupted one leaves a cursor, handled
 	// above), but a row at resolved+1 must not be skipped, so the bound is
 	// maxCommit <= resolved, never maxCommit < end.
-	if maxCommit <= p.resolved && lastDDL <= p.resolved {
-		p.resolved = end
-		s.sent.Store(uint64(end))
-		d.target.resolved.Add(d.id, resolvedValue{s: s, epoch: s.epoch, seq: p.seq, ts: end})
-		s.publish(end, p.seq, svc.opts.Clock.Now())
-		if end < received {
-			s.blockedAt.Store(uint64(end))
-			return outcomeSchemaBlocked
+	if in.maxCommit <= in.resolved && in.lastDDL <= in.resolved {
+		if end < in.received {
+			return decision{outcome: outcomeSchemaBlocked, advance: end, blockedAt: end}
 		}
-		return outcomeFastPath
+		return decision{outcome: outcomeFastPath, advance: end}
 	}
-	return outcomeScan
+	return decision{outcome: outcomeScan}
 }
 
 // backOff parks s until its back-off delay expires. REQUIRES: s owned.
