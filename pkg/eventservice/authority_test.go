@@ -32,12 +32,7 @@ func (a authorityForTest) MayServe(t messaging.Target) bool {
 // or reset, remove or heartbeat another target's registration. The owner
 // is unaffected and keeps receiving.
 func TestControlRequestsActOnlyForTheCallersTargets(t *testing.T) {
-	h := newHarness(t, nil, hooks{})
-	h.advanceSchema(100)
-	id := h.register(1, 1)
-	reg := h.regOf(id)
-	h.push(1, 10, row("a", 4, 5))
-	h.check.waitResolved(id, 10)
+	h, id, reg := deliveringOneDispatcher(t)
 
 	owner := messaging.WithAuthority(context.Background(), authorityForTest{id: "collector-1", targets: []messaging.Target{testTarget}})
 	intruder := messaging.WithAuthority(context.Background(), authorityForTest{id: "collector-2", targets: []messaging.Target{"collector-2"}})
@@ -135,12 +130,7 @@ func TestResetFarAheadIsRefused(t *testing.T) {
 // nothing: the dispatcher is not registered, not reset, not removed, and
 // no checkpoint is recorded.
 func TestControlCallsOfACallerThatGaveUpDoNothing(t *testing.T) {
-	h := newHarness(t, nil, hooks{})
-	h.advanceSchema(100)
-	id := h.register(1, 1)
-	reg := h.regOf(id)
-	h.push(1, 10, row("a", 4, 5))
-	h.check.waitResolved(id, 10)
+	h, id, reg := deliveringOneDispatcher(t)
 	gone, cancel := context.WithCancel(context.Background())
 	cancel()
 
@@ -164,4 +154,17 @@ func TestControlCallsOfACallerThatGaveUpDoNothing(t *testing.T) {
 	require.Equal(t, uint64(1), snap.Epoch, "not reset")
 	require.Equal(t, common.Ts(1), snap.Checkpoint, "no checkpoint recorded")
 	require.NoError(t, h.svc.Register(context.Background(), other), "the refused register left nothing behind")
+}
+
+// deliveringOneDispatcher is a service with dispatcher 1 registered on
+// table 1, whose first row the collector has received (resolved-ts 10).
+func deliveringOneDispatcher(t *testing.T) (*harness, common.DispatcherID, messaging.RegistrationID) {
+	t.Helper()
+	h := newHarness(t, nil, hooks{})
+	h.advanceSchema(100)
+	id := h.register(1, 1)
+	reg := h.regOf(id)
+	h.push(1, 10, row("a", 4, 5))
+	h.check.waitResolved(id, 10)
+	return h, id, reg
 }
