@@ -49,18 +49,8 @@ type Store struct {
 	// throttle holds back notifications within NotifyInterval.
 	throttle notifyThrottle
 
-	// published, if set (by tests only, before use), runs on the write
-	// worker after each resolved-ts advance was committed and published
-	// (notified, or held back by NotifyInterval).
-	published func(resolved common.Ts)
-	// throttleArmed, if set (by tests only, before Start), runs when the
-	// throttle's flusher armed its timer for wait.
-	throttleArmed func(wait time.Duration)
-
-	// stopWaits, if set (by tests only, before use), runs when an
-	// unregistration finds its dispatcher's callback in flight and is
-	// about to wait for it.
-	stopWaits func()
+	// knobs are the store's test hooks, nil in production.
+	knobs testingKnobs
 
 	mu struct {
 		sync.RWMutex
@@ -74,6 +64,22 @@ type Store struct {
 		// upstream (outside the lock); the channel closes when it is done.
 		subscribing map[string]chan struct{}
 	}
+}
+
+// testingKnobs are the points where tests observe the store's goroutines.
+// They are set by tests only, before Start (or before the call they watch),
+// and are nil in production; each is one nil check on its path.
+type testingKnobs struct {
+	// published runs on the write worker after each resolved-ts advance
+	// was committed and published (notified, or held back by
+	// NotifyInterval).
+	published func(resolved common.Ts)
+	// throttleArmed runs when the throttle's flusher armed its timer for
+	// wait.
+	throttleArmed func(wait time.Duration)
+	// stopWaits runs when an unregistration finds its dispatcher's
+	// callback in flight and is about to wait for it.
+	stopWaits func()
 }
 
 // Open creates a store. It starts no goroutine: call Start.
@@ -382,7 +388,7 @@ func (s *Store) UnregisterDispatcher(id common.DispatcherID) error {
 	s.noteGCLocked(sb.sub, now)
 	sb.sub.mu.Unlock()
 	s.mu.Unlock()
-	sb.stop(s.stopWaits)
+	sb.stop(s.knobs.stopWaits)
 	return nil
 }
 
@@ -503,7 +509,7 @@ func (s *Store) Close() error {
 	// 1. Stop notifications (waiting for a callback in flight): none runs
 	// once Close returns.
 	for _, sb := range subscribers {
-		sb.stop(s.stopWaits)
+		sb.stop(s.knobs.stopWaits)
 	}
 	// 2. End the upstream feeds; pushes already blocked return ErrClosed.
 	for _, sub := range subs {

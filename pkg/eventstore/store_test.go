@@ -233,7 +233,7 @@ func TestUnregisterStopsNotifications(t *testing.T) {
 	var waitingOnce sync.Once
 	// Idempotent: Close at cleanup may find the second dispatcher's
 	// callback in flight too and fire the hook again.
-	env.store.stopWaits = func() { waitingOnce.Do(func() { close(waiting) }) }
+	env.store.knobs.stopWaits = func() { waitingOnce.Do(func() { close(waiting) }) }
 	entered, release := make(chan struct{}, 1), make(chan struct{})
 	var releaseOnce sync.Once
 	releaseCallback := func() { releaseOnce.Do(func() { close(release) }) }
@@ -696,8 +696,8 @@ func TestNotifyIntervalHoldsBackButNeverLosesTheLastAdvance(t *testing.T) {
 	armed := make(chan time.Duration, 16)
 	published := make(chan common.Ts, 16)
 	env := newTestEnv(t, func(o *Options) { o.NotifyInterval = 100 * time.Millisecond }, func(s *Store) {
-		s.published = func(ts common.Ts) { published <- ts }
-		s.throttleArmed = func(d time.Duration) {
+		s.knobs.published = func(ts common.Ts) { published <- ts }
+		s.knobs.throttleArmed = func(d time.Duration) {
 			select { // never block the flusher (Close waits for it)
 			case armed <- d:
 			default:

@@ -84,7 +84,7 @@ func (s *Store) runThrottle() {
 		}
 		timer.Stop()
 		timer.Reset(wait)
-		if h := s.throttleArmed; h != nil {
+		if h := s.knobs.throttleArmed; h != nil {
 			h(wait)
 		}
 		select {

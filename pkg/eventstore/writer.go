@@ -130,7 +130,7 @@ func (s *Store) publish(ev writeEvent, now time.Time) {
 			sb.notify(s, ev.resolved, mc)
 		}
 	}
-	if h := s.published; h != nil {
+	if h := s.knobs.published; h != nil {
 		h(ev.resolved)
 	}
 }
