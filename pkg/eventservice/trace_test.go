@@ -2,6 +2,7 @@ package eventservice
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -89,5 +90,61 @@ func TestDecideTrace(t *testing.T) {
 			out += fmt.Sprintf(" blocked-at=%d", dec.blockedAt)
 		}
 		return out + "\n"
+	})
+}
+
+// TestResolvedMergeTrace: testdata/resolved runs the resolved set's merge
+// rule, newerResolved, which keeps one pending advance per dispatcher: the
+// third step of the ordering argument (docs/design/eventservice.md) is that
+// coalescing never swaps an old value in for a newer one.
+//
+//	sessions <name>...     live sessions (epochs come with the values)
+//	retire <name>          the session is reset or removed
+//	merge old=<session>/<epoch>/<ts> fresh=<session>/<epoch>/<ts>
+//	                       prints which value the set keeps
+func TestResolvedMergeTrace(t *testing.T) {
+	var byName map[string]*session
+	datadriven.RunTest(t, "testdata/resolved", func(t *testing.T, d *datadriven.TestData) string {
+		switch d.Cmd {
+		case "sessions":
+			byName = map[string]*session{}
+			for _, arg := range d.CmdArgs {
+				byName[arg.Key] = &session{}
+			}
+			return "ok\n"
+		case "retire":
+			s := byName[d.CmdArgs[0].Key]
+			if s == nil {
+				d.Fatalf(t, "unknown session %q", d.CmdArgs[0].Key)
+			}
+			s.sched.fire(evRemove)
+			return "ok\n"
+		case "merge":
+			value := func(key string) (resolvedValue, string) {
+				var spec string
+				d.ScanArgs(t, key, &spec)
+				parts := strings.Split(spec, "/")
+				if len(parts) != 3 || byName[parts[0]] == nil {
+					d.Fatalf(t, "%s=%q: want <session>/<epoch>/<ts>", key, spec)
+				}
+				epoch, err1 := strconv.ParseUint(parts[1], 10, 64)
+				ts, err2 := strconv.ParseUint(parts[2], 10, 64)
+				if err1 != nil || err2 != nil {
+					d.Fatalf(t, "%s=%q: want numbers", key, spec)
+				}
+				return resolvedValue{s: byName[parts[0]], epoch: epoch, ts: common.Ts(ts)}, spec
+			}
+			old, oldSpec := value("old")
+			fresh, freshSpec := value("fresh")
+			switch kept := newerResolved(old, fresh); kept {
+			case fresh:
+				return "fresh " + freshSpec + "\n"
+			case old:
+				return "old " + oldSpec + "\n"
+			}
+			return "neither\n"
+		}
+		d.Fatalf(t, "unknown command %q", d.Cmd)
+		return ""
 	})
 }
