@@ -17,6 +17,7 @@
 //     key's versions are contiguous in a table's scan; the layout is
 //     versioned, and a directory of another layout is refused
 //     (ErrSinkFormat), a stored entry that does not decode reported
-//     (ErrCorruptSink), a negative table refused (ErrInvalidTable).
+//     (ErrCorruptSink), a negative table refused (ErrInvalidTable), a
+//     checkpoint of a dispatcher never bound refused (ErrNotBound).
 //   - No goroutine is started; Close closes pebble.
 package pebblesink

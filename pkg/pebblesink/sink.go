@@ -100,6 +100,9 @@ var (
 	// (common.Span.Validate) and whose key range this layout does not
 	// order with the others'.
 	ErrInvalidTable = errors.New("invalid table ID")
+	// ErrNotBound: a checkpoint of a dispatcher Bind never named, whose
+	// rows would have no table to go to.
+	ErrNotBound = errors.New("dispatcher not bound to a table")
 )
 
 // sinkFormat is the layout above: 2, escaped keys (1, never written down,
@@ -200,7 +203,7 @@ func (s *Sink) Checkpoint(id common.DispatcherID, ts common.Ts) error {
 	defer s.mu.Unlock()
 	table, ok := s.mu.tables[id]
 	if !ok {
-		return fmt.Errorf("durable sink: dispatcher %v not bound", id)
+		return fmt.Errorf("durable sink: %w: %v", ErrNotBound, id)
 	}
 	if table < 0 {
 		return fmt.Errorf("durable sink: dispatcher %v: %w %d", id, ErrInvalidTable, table)

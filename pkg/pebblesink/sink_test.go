@@ -242,3 +242,15 @@ func FuzzEscapedKeyOrder(f *testing.F) {
 		}
 	})
 }
+
+// A checkpoint of a dispatcher that was never bound is refused with
+// ErrNotBound and persists nothing: its rows have no table.
+func TestCheckpointOfAnUnboundDispatcherIsRefused(t *testing.T) {
+	s := openTestSink(t)
+	id := common.DispatcherIDFromUint64(7)
+	require.NoError(t, s.ApplyRows(id, prefixRows(t)[:1]))
+	require.ErrorIs(t, s.Checkpoint(id, 5), ErrNotBound)
+	ckpt, err := s.CheckpointOf(id)
+	require.NoError(t, err)
+	require.Zero(t, ckpt)
+}
