@@ -66,8 +66,8 @@ type Collector struct {
 	// reports them durable.
 	async bool
 
-	// hooks are set by tests before Start; nil in production.
-	hooks hooks
+	// knobs are set by tests before Start; zero in production.
+	knobs testingKnobs
 
 	// hbBuf is the heartbeat goroutine's scratch lists: cps[i] is the
 	// checkpoint of ds[i].
@@ -78,8 +78,9 @@ type Collector struct {
 	}
 }
 
-// hooks let tests observe the goroutines at known points.
-type hooks struct {
+// testingKnobs are the collector's test hooks, all in one place: tests
+// observe the goroutines at known points through them.
+type testingKnobs struct {
 	// afterHandle runs on the receive goroutine after each message was
 	// handled (sink call and reset included).
 	afterHandle func(m messaging.Message)
@@ -254,7 +255,7 @@ func (c *Collector) AddDispatcher(ctx context.Context, id common.DispatcherID, s
 		return fmt.Errorf("%w: %v", ErrDispatcherExists, id)
 	}
 	reg := c.regs.next()
-	if h := c.hooks.registration; h != nil {
+	if h := c.knobs.registration; h != nil {
 		reg = h(id)
 	}
 	d := &dispatcher{id: id, reg: reg, st: newStream(startTs), lastHeartbeat: startTs}
@@ -312,7 +313,7 @@ func (c *Collector) RemoveDispatcher(ctx context.Context, id common.DispatcherID
 	}
 	c.mu.Unlock()
 	if inSink != nil {
-		if h := c.hooks.removeWaitsForSink; h != nil {
+		if h := c.knobs.removeWaitsForSink; h != nil {
 			h(id)
 		}
 		select {

@@ -167,14 +167,14 @@ func newCrafted(t *testing.T, wrap func(Sink) Sink, tweak func(*Options)) *craft
 	}
 	h.coll, err = New(opts)
 	require.NoError(t, err)
-	h.coll.hooks.registration = craftedReg
-	h.coll.hooks.afterHandle = func(m messaging.Message) {
+	h.coll.knobs.registration = craftedReg
+	h.coll.knobs.afterHandle = func(m messaging.Message) {
 		select {
 		case h.handled <- m:
 		case <-h.done:
 		}
 	}
-	h.coll.hooks.afterTick = func() {
+	h.coll.knobs.afterTick = func() {
 		select {
 		case h.ticks <- struct{}{}:
 		case <-h.done:
@@ -224,7 +224,7 @@ func (h *craftedForTest) status(id common.DispatcherID) DispatcherStatus {
 // Crafted messages.
 
 // craftedReg is the registration the crafted collector gives dispatcher id
-// (hooks.registration), so crafted messages can carry it.
+// (knobs.registration), so crafted messages can carry it.
 func craftedReg(id common.DispatcherID) messaging.RegistrationID {
 	return messaging.RegistrationID(id.Lo<<8 | 1)
 }

@@ -22,7 +22,7 @@ func (c *Collector) runHeartbeats(t clock.Ticker) {
 		case <-t.C():
 		}
 		c.tick()
-		if h := c.hooks.afterTick; h != nil {
+		if h := c.knobs.afterTick; h != nil {
 			h()
 		}
 	}

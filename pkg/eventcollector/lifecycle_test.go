@@ -129,7 +129,7 @@ func TestInboxClosedBeforeStartIsDrained(t *testing.T) {
 	sink := NewMemorySink()
 	c, err := New(Options{Service: newRecordingService(), Inbox: inbox, Sink: sink})
 	require.NoError(t, err)
-	c.hooks.registration = craftedReg
+	c.knobs.registration = craftedReg
 	id := did(1)
 	require.NoError(t, c.AddDispatcher(context.Background(), id, common.TableSpan(1), 10))
 	require.NoError(t, inproc.Send(testTarget, []messaging.Message{handshake(id, 1, 10),

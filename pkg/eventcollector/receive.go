@@ -36,7 +36,7 @@ func (c *Collector) runReceive() {
 				break
 			}
 			c.handle(m)
-			if h := c.hooks.afterHandle; h != nil {
+			if h := c.knobs.afterHandle; h != nil {
 				h(m)
 			}
 		}

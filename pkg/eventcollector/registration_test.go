@@ -37,7 +37,7 @@ func withReg[M messaging.Message](m M, reg messaging.RegistrationID) M {
 func TestLateMessagesOfAnEarlierRegistrationAreIgnored(t *testing.T) {
 	h := newCrafted(t, nil, nil)
 	regs := []messaging.RegistrationID{11, 22}
-	h.coll.hooks.registration = func(common.DispatcherID) messaging.RegistrationID {
+	h.coll.knobs.registration = func(common.DispatcherID) messaging.RegistrationID {
 		r := regs[0]
 		regs = regs[1:]
 		return r
@@ -75,7 +75,7 @@ func TestRemoveDispatcherWaitsForItsSinkCallInFlight(t *testing.T) {
 	h := newCrafted(t, func(s Sink) Sink { block.Sink = s; return block }, nil)
 	t.Cleanup(block.unblock)
 	waiting := make(chan struct{}, 1)
-	h.coll.hooks.removeWaitsForSink = func(common.DispatcherID) { waiting <- struct{}{} }
+	h.coll.knobs.removeWaitsForSink = func(common.DispatcherID) { waiting <- struct{}{} }
 	id := h.addAndHandshake(1, 10)
 	require.NoError(t, h.inproc.Send(testTarget, []messaging.Message{dml(id, 1, 2, false, row("a", 15, 20))}))
 	<-block.entered

@@ -104,13 +104,13 @@ func newStack(t *testing.T, cfg stackConfig) *stackForTest {
 	h.coll, err = New(copts)
 	require.NoError(t, err)
 	h.handled.ch = make(chan struct{})
-	h.coll.hooks.afterHandle = func(messaging.Message) {
+	h.coll.knobs.afterHandle = func(messaging.Message) {
 		h.handled.Lock()
 		close(h.handled.ch)
 		h.handled.ch = make(chan struct{})
 		h.handled.Unlock()
 	}
-	h.coll.hooks.afterTick = func() {
+	h.coll.knobs.afterTick = func() {
 		select {
 		case h.ticks <- struct{}{}:
 		case <-h.done:

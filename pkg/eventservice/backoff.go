@@ -9,32 +9,36 @@ import (
 	"github.com/cdcflow/eventservice/pkg/clock"
 )
 
-// backoffTimers is a min-heap of sessions waiting out a back-off, served by
-// one goroutine and one timer, so a million backed-off dispatchers cost a
-// million heap entries, not a million timers.
-type backoffTimers struct {
+// dueTimers is a min-heap of items waiting out a back-off, served by one
+// goroutine and one timer, so a million backed-off dispatchers cost a
+// million heap entries, not a million timers. The service has two: backed
+// off sessions (the data plane) and dispatchers whose store re-registration
+// failed (the control plane's registrar).
+type dueTimers[T comparable] struct {
 	clk clock.Clock
 	mu  struct {
 		sync.Mutex
-		h dueheap.Heap[*session]
+		h dueheap.Heap[T]
 	}
 	doorbell chan struct{} // the earliest deadline changed
-	scratch  []dueheap.Entry[*session]
+	scratch  []dueheap.Entry[T]
+	ready    []T
 }
 
-func newBackoffTimers(clk clock.Clock) *backoffTimers {
-	return &backoffTimers{clk: clk, doorbell: make(chan struct{}, 1)}
+func newDueTimers[T comparable](clk clock.Clock) *dueTimers[T] {
+	return &dueTimers[T]{clk: clk, doorbell: make(chan struct{}, 1)}
 }
 
-// arm schedules s's evBackoffExpired after d. A removed session's entry
-// stays until it fires and is then dropped as stale; the heap is bounded by
-// live sessions plus those removed within the last BackoffMax.
-func (b *backoffTimers) arm(s *session, d time.Duration) {
+// arm schedules item after d. An entry whose item no longer waits (a
+// removed session) stays until it fires and is then dropped as stale by
+// its handler; the heap is bounded by live items plus those removed within
+// the last BackoffMax.
+func (b *dueTimers[T]) arm(item T, d time.Duration) {
 	b.mu.Lock()
-	b.mu.h.Push(b.clk.Now().Add(d), s)
+	b.mu.h.Push(b.clk.Now().Add(d), item)
 	first, _ := b.mu.h.Peek()
 	b.mu.Unlock()
-	if first.Item == s {
+	if first.Item == item {
 		select {
 		case b.doorbell <- struct{}{}:
 		default:
@@ -42,57 +46,41 @@ func (b *backoffTimers) arm(s *session, d time.Duration) {
 	}
 }
 
-func (b *backoffTimers) len() int {
+func (b *dueTimers[T]) len() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.mu.h.Len()
 }
 
-// due pops the entries due at now and returns the delay to the next one.
-// Only the timer goroutine calls it (it owns scratch).
-func (b *backoffTimers) due(now time.Time, dst []*session) ([]*session, time.Duration, bool) {
+// fireDue pops the entries due at now, hands each to fire (outside the
+// lock) and returns the delay to the next one. Only the timer goroutine
+// calls it (it owns scratch and ready).
+func (b *dueTimers[T]) fireDue(now time.Time, fire func(T)) (time.Duration, bool) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	b.scratch = b.mu.h.PopDue(now, b.scratch[:0])
 	for _, e := range b.scratch {
-		dst = append(dst, e.Item)
+		b.ready = append(b.ready, e.Item)
 	}
 	clear(b.scratch)
 	next, ok := b.mu.h.Peek()
+	b.mu.Unlock()
+	for _, item := range b.ready {
+		fire(item)
+	}
+	clear(b.ready)
+	b.ready = b.ready[:0]
 	if !ok {
-		return dst, 0, false
+		return 0, false
 	}
-	return dst, next.Due.Sub(now), true
+	return next.Due.Sub(now), true
 }
 
-// backoffDelay is the owner's next back-off delay: BackoffBase doubled per
-// consecutive refusal, capped at BackoffMax, shortened by up to 20% of
-// jitter so dispatchers refused together do not retry together.
-func (svc *Service) backoffDelay(s *session) time.Duration {
-	d := svc.opts.BackoffBase << min(s.backoffN, 30)
-	if d <= 0 || d > svc.opts.BackoffMax {
-		d = svc.opts.BackoffMax
-	}
-	s.backoffN++
-	return d - time.Duration(rand.Float64()*0.2*float64(d))
-}
-
-// runBackoffTimers re-queues sessions whose back-off expired.
-func (svc *Service) runBackoffTimers() {
-	b := svc.backoff
+// run fires b's entries as they fall due, until closing is closed.
+func (b *dueTimers[T]) run(closing <-chan struct{}, fire func(T)) {
 	timer := b.clk.NewTimer(time.Hour)
 	defer timer.Stop()
-	var ready []*session
 	for {
-		var wait time.Duration
-		var ok bool
-		ready, wait, ok = b.due(b.clk.Now(), ready[:0])
-		for _, s := range ready {
-			if act, _ := s.sched.fire(evBackoffExpired); act == actEnqueuePrepare {
-				svc.enqueue(s)
-			}
-		}
-		clear(ready)
+		wait, ok := b.fireDue(b.clk.Now(), fire)
 		if !ok {
 			wait = time.Hour
 		}
@@ -101,8 +89,29 @@ func (svc *Service) runBackoffTimers() {
 		select {
 		case <-timer.C():
 		case <-b.doorbell:
-		case <-svc.closing:
+		case <-closing:
 			return
 		}
+	}
+}
+
+// backoffDelay is the delay of back-off attempt n (counted from 0 since the
+// last success): BackoffBase doubled per attempt, capped at BackoffMax,
+// shortened by up to 20% of jitter so dispatchers refused together do not
+// retry together. It is the service's one back-off, for sends and for
+// store re-registrations alike.
+func (svc *Service) backoffDelay(n int) time.Duration {
+	d := svc.opts.BackoffBase << min(n, 30)
+	if d <= 0 || d > svc.opts.BackoffMax {
+		d = svc.opts.BackoffMax
+	}
+	return d - time.Duration(rand.Float64()*0.2*float64(d))
+}
+
+// backoffExpired re-queues a session whose back-off expired (a stale entry
+// of a retired session is dropped by its transition).
+func (svc *Service) backoffExpired(s *session) {
+	if act, _ := s.sched.fire(evBackoffExpired); act == actEnqueuePrepare {
+		svc.enqueue(s)
 	}
 }

@@ -85,7 +85,7 @@ func newNotifyBench(b *testing.B, n int, saturate bool) *notifyBench {
 	if err != nil {
 		b.Fatal(err)
 	}
-	svc.hooks = hk
+	svc.knobs = hk.knobs()
 	nb := &notifyBench{svc: svc, ds: make([]*dispatcher, n), maxCommit: 5}
 	if saturate {
 		nb.maxCommit = 15

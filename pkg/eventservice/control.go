@@ -173,6 +173,14 @@ func (svc *Service) registerInStore(d *dispatcher, s *session, startTs common.Ts
 // discarded, and the new epoch begins with a handshake. An epoch that is
 // not newer than the current one is refused with messaging.ErrStaleEpoch,
 // so among concurrent resets the highest epoch wins.
+//
+// A start-ts below what the store may have collected for the dispatcher
+// (its checkpoint, or its store registration's start) re-registers it in
+// the store from the start-ts, here, on the control plane: the store then
+// finds (or subscribes) a subscription that still holds those rows. If the
+// store refuses, the reset stands and the registrar retries with the
+// service's back-off; the new epoch sends its handshake and waits, since
+// its frontier stays empty until the store registration exists.
 func (svc *Service) Reset(ctx context.Context, req messaging.ResetRequest) error {
 	if err := req.Validate(); err != nil {
 		return err
@@ -208,18 +216,56 @@ func (svc *Service) resetLocked(d *dispatcher, req messaging.ResetRequest) (*ses
 		return nil, fmt.Errorf("%w: reset to epoch %d, current %d: more than %d ahead", messaging.ErrInvalidRequest,
 			req.Epoch, old.epoch, messaging.MaxEpochStep)
 	}
+	again := req.StartTs < d.mu.checkpoint || req.StartTs < d.mu.storeStart || d.mu.needRegister
+	if again {
+		// End the old store registration before the new session exists:
+		// once Unregister returns the store calls d's notifier no more, so
+		// no notification of the old registration can give the new epoch
+		// a frontier its own registration has not confirmed. Unregister
+		// waits for a callback in flight; the notify path takes no lock of
+		// ours, so holding d.mu here cannot deadlock.
+		if err := svc.opts.Store.UnregisterDispatcher(d.id); err != nil && !errors.Is(err, eventstore.ErrDispatcherNotFound) {
+			return nil, fmt.Errorf("%w: reset %v: end its store registration: %w", messaging.ErrInternal, d.id, err)
+		}
+		d.received.Store(0)
+		d.maxCommit.Store(0)
+	}
 	s := newSession(d, req.Epoch, req.StartTs)
 	d.session.Store(s)
 	svc.retire(old)
-	if req.StartTs < d.mu.checkpoint || req.StartTs < d.mu.storeStart {
-		// The store may have collected rows above StartTs for this
-		// dispatcher: the new session's first preparation registers it
-		// afresh, so the store finds (or subscribes) a subscription that
-		// still holds them. Doing it there, not here, lets a failure back
-		// off and retry instead of stranding the new epoch.
-		d.mu.needRegister, d.mu.registerTs = true, req.StartTs
+	if again {
+		d.mu.needRegister, d.mu.registerTs, d.mu.attempt = true, req.StartTs, 0
+		svc.registerAgainLocked(d)
 	}
 	return s, nil
+}
+
+// registerAgainLocked registers d in the store from the start-ts a reset
+// asked for; on failure the registrar retries after the next back-off.
+// REQUIRES: d.mu held, d.mu.needRegister.
+func (svc *Service) registerAgainLocked(d *dispatcher) {
+	if err := svc.opts.Store.RegisterDispatcher(d.id, d.span, d.mu.registerTs, d.onNotify); err != nil {
+		svc.log.Warn("re-register in the store failed; retrying", zap.Stringer("dispatcher", d.id),
+			zap.Int("attempt", d.mu.attempt), zap.Error(err))
+		svc.registrar.arm(d, svc.backoffDelay(d.mu.attempt))
+		d.mu.attempt++
+		return
+	}
+	d.mu.needRegister = false
+	d.mu.storeStart, d.mu.checkpoint = d.mu.registerTs, d.mu.registerTs
+}
+
+// retryStoreRegistration is the registrar's retry of d's re-registration.
+// A dispatcher removed meanwhile (by Remove or Close, which take d.mu) or
+// registered by a later reset is left alone.
+func (svc *Service) retryStoreRegistration(d *dispatcher) {
+	svc.knobs.reach(pointBeforeReRegister, nil, d)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.mu.removed || !d.mu.needRegister {
+		return
+	}
+	svc.registerAgainLocked(d)
 }
 
 // Remove ends the registration: its queued and in-flight work is
@@ -272,9 +318,7 @@ func (svc *Service) unregister(d *dispatcher) error {
 // waits for the one send that may have passed its check before it, and
 // every later one sees the retirement and sends nothing.
 func (svc *Service) fence(d *dispatcher) {
-	if h := svc.hooks.beforeFence; h != nil {
-		h(d)
-	}
+	svc.knobs.reach(pointBeforeFence, nil, d)
 	d.sendMu.Lock()
 	d.sendMu.Unlock() //nolint:staticcheck // an empty critical section is the fence
 	d.target.deliverMu.Lock()
@@ -283,7 +327,7 @@ func (svc *Service) fence(d *dispatcher) {
 
 // unregisterLocked marks d removed, retires its session and ends its store
 // registration; when it returns the store calls d's notifier no more, and
-// no preparation can register d again (ensureStoreRegistration checks
+// the registrar cannot register d again (retryStoreRegistration checks
 // removed under d.mu). A dispatcher the store does not know (a failed
 // re-registration) counts as unregistered. REQUIRES: d.mu held.
 func (svc *Service) unregisterLocked(d *dispatcher) error {

@@ -61,11 +61,12 @@ type dispatcher struct {
 		// store; storeStart the start-ts of the store registration.
 		checkpoint common.Ts
 		storeStart common.Ts
-		// needRegister asks the next preparation to re-register the
-		// dispatcher in the store from registerTs (set by a reset below
-		// the store's checkpoint); a failure backs off and retries.
+		// needRegister: a reset below the store's checkpoint re-registers
+		// the dispatcher in the store from registerTs, and that failed;
+		// the registrar retries (attempt counts the tries).
 		needRegister bool
 		registerTs   common.Ts
+		attempt      int
 	}
 }
 
@@ -96,12 +97,8 @@ type session struct {
 	epoch        uint64
 	startTs      common.Ts
 
-	// Owner-only state.
-	progress progress
-	backoffN int
-	// refusedBusy: the owner's last send was refused as busy (set by
-	// sendOwned, consumed by backOff).
-	refusedBusy bool
+	// own is the owner-only state, which only the core's step changes.
+	own owner
 
 	// sent is progress.resolved, published for heartbeats and metrics.
 	sent atomic.Uint64
@@ -155,7 +152,8 @@ func newSession(d *dispatcher, epoch uint64, startTs common.Ts) *session {
 // init prepares a zero session for epoch of d from startTs.
 func (s *session) init(d *dispatcher, epoch uint64, startTs common.Ts) {
 	s.d, s.epoch, s.startTs = d, epoch, startTs
-	s.progress.resolved = startTs
+	s.own.progress.resolved, s.own.startTs = startTs, startTs
+	s.own.roomSignal = d.target != nil && d.target.room != nil
 	s.sent.Store(uint64(startTs))
 }
 

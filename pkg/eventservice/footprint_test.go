@@ -72,11 +72,11 @@ func idleFootprint(b *testing.B, n int) (bytesPerDispatcher, nsPerRegister float
 	// Idle means prepared: every handshake sent, nothing queued.
 	var prepared atomic.Int64
 	allPrepared := make(chan struct{})
-	svc.hooks.prepared = func(*session, prepareOutcome) {
+	svc.knobs = hooks{prepared: func(*session, prepareOutcome) {
 		if prepared.Add(1) == int64(n) {
 			close(allPrepared)
 		}
-	}
+	}}.knobs()
 	if err := svc.Start(); err != nil {
 		b.Fatal(err)
 	}

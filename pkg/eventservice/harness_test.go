@@ -68,7 +68,7 @@ func newHarness(t *testing.T, tweak func(*Options), hk hooks, gates ...*gateForT
 	}
 	h.svc, err = New(opts)
 	require.NoError(t, err)
-	h.svc.hooks = hk
+	h.svc.knobs = hk.knobs()
 	require.NoError(t, h.svc.Start())
 	h.check = newStreamChecker(t, inbox)
 	t.Cleanup(h.close)

@@ -70,27 +70,34 @@ func (k *keepaliveSet) len() int {
 // collector sees the gap and resets.
 func (svc *Service) runKeepalive(t clock.Ticker) {
 	defer t.Stop()
-	var prev, spare []*session
+	var spare []*session
 	for {
 		select {
 		case <-t.C():
 		case <-svc.closing:
 			return
 		}
-		prev = svc.kaSet.swap(spare)
-		now := svc.opts.Clock.Now()
-		gen := svc.kaSet.gen.Load()
-		for _, s := range prev {
-			if s.kaGen.Load() != gen {
-				svc.keepalive(s, now)
-			}
-		}
-		if h := svc.hooks.keepaliveRound; h != nil {
-			h(len(prev))
-		}
-		clear(prev)
-		spare = prev[:0]
+		spare = svc.keepaliveRound(spare)
 	}
+}
+
+// keepaliveRound is one round of the keepalive loop: it swaps in a new
+// generation (its list in spare's storage) and examines the previous one's
+// sessions; it returns that list's storage, the next round's spare.
+func (svc *Service) keepaliveRound(spare []*session) []*session {
+	prev := svc.kaSet.swap(spare)
+	now := svc.opts.Clock.Now()
+	gen := svc.kaSet.gen.Load()
+	for _, s := range prev {
+		if s.kaGen.Load() != gen {
+			svc.keepalive(s, now)
+		}
+	}
+	if k := svc.knobs.keepaliveRound; k != nil {
+		k(len(prev))
+	}
+	clear(prev)
+	return prev[:0]
 }
 
 // keepalive examines s, which published progress in an earlier interval:

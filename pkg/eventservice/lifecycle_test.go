@@ -302,16 +302,25 @@ func TestHeartbeatDrivesStoreCheckpoint(t *testing.T) {
 
 // TestResetReRegistrationFailureRetries: when the store cannot
 // re-register a reset dispatcher (the upstream refuses the subscription),
-// the new epoch backs off and retries instead of being stranded.
+// the reset stands and the control plane's registrar retries with the
+// back-off, instead of the new epoch being stranded.
 func TestResetReRegistrationFailureRetries(t *testing.T) {
-	log := newPreparedLog(1)
-	h := newHarness(t, nil, hooks{prepared: log.hook})
+	retried := make(chan struct{}, 1)
+	h := newHarness(t, nil, hooks{beforeReRegister: func(*dispatcher) {
+		select {
+		case retried <- struct{}{}:
+		default:
+		}
+	}})
 	h.advanceSchema(1 << 40)
 	id := h.deliveredAndCheckpointed()
 	boom := errors.New("upstream refuses subscriptions")
 	h.up.SetSubscribeErr(boom)
 	require.NoError(t, h.reset(id, 2, 15))
-	log.waitFor(outcomeBackoff) // the re-registration failed and the session backed off
+	snap, err := h.svc.Inspect(id)
+	require.NoError(t, err)
+	require.True(t, snap.NeedsStore, "the re-registration failed and is outstanding")
+	<-retried // the registrar retried (and failed again, or not: either way it goes on)
 	h.up.SetSubscribeErr(nil)
 	require.NoError(t, h.up.WaitLive(context.Background(), common.TableSpan(1), 2))
 	_ = h.up.Push(context.Background(), common.TableSpan(1), eventstore.Batch{Rows: []common.Row{row("a", 15, 20)}, ResolvedTs: 40})
@@ -320,64 +329,55 @@ func TestResetReRegistrationFailureRetries(t *testing.T) {
 }
 
 // TestCloseRacingReRegistrationLeavesNoStoreRegistration: a reset below
-// the checkpoint makes the new epoch's preparation re-register the
-// dispatcher in the store. If Close unregisters every dispatcher after
-// that preparation checked its session but before it re-registers, the
-// preparation must not register it again: no store registration (and its
-// upstream subscription and rows) outlives Close.
+// the checkpoint whose store re-registration failed leaves it to the
+// registrar. If Close unregisters every dispatcher after the registrar's
+// retry began but before it takes the dispatcher's lock, the retry must not
+// register it again: no store registration (and its upstream subscription
+// and rows) outlives Close. (A re-registration that Reset itself performs
+// holds the same lock as Close's unregistration, so it cannot interleave.)
 func TestCloseRacingReRegistrationLeavesNoStoreRegistration(t *testing.T) {
-	for _, stage := range []string{"before the state check", "after the state check"} {
-		t.Run(stage, func(t *testing.T) {
-			var armed atomic.Bool
-			held, release := make(chan struct{}), make(chan struct{})
-			hold := func() {
-				if armed.CompareAndSwap(true, false) {
-					close(held)
-					<-release
-				}
-			}
-			hk := hooks{}
-			if stage == "before the state check" {
-				hk.beforePrepare = func(*session) { hold() }
-			} else {
-				hk.beforeReRegister = func(*dispatcher) { hold() }
-			}
-			unregistered := make(chan struct{})
-			hk.closeUnregistered = func() { close(unregistered) }
-			h := newHarness(t, nil, hk)
-			defer func() {
-				select {
-				case <-release:
-				default:
-					close(release) // a failed run must not leave the worker held
-				}
-			}()
-			h.advanceSchema(1 << 40)
-			id := h.deliveredAndCheckpointed()
-			armed.Store(true)
-			require.NoError(t, h.reset(id, 2, 15)) // below the checkpoint: re-register
-			<-held
-			closed := make(chan error, 1)
-			go func() { closed <- h.svc.Close() }()
-			<-unregistered
-			close(release) // the held preparation now runs, after the unregistration
-			require.NoError(t, <-closed)
-			_, err := h.store.Dispatcher(id)
-			require.ErrorIs(t, err, eventstore.ErrDispatcherNotFound)
-		})
-	}
+	var armed atomic.Bool
+	held, release := make(chan struct{}), make(chan struct{})
+	hk := hooks{beforeReRegister: func(*dispatcher) {
+		if armed.CompareAndSwap(true, false) {
+			close(held)
+			<-release
+		}
+	}}
+	unregistered := make(chan struct{})
+	hk.closeUnregistered = func() { close(unregistered) }
+	h := newHarness(t, nil, hk)
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release) // a failed run must not leave the registrar held
+		}
+	}()
+	h.advanceSchema(1 << 40)
+	id := h.deliveredAndCheckpointed()
+	h.up.SetSubscribeErr(errors.New("upstream refuses subscriptions"))
+	armed.Store(true)
+	require.NoError(t, h.reset(id, 2, 15)) // below the checkpoint: re-register, which fails
+	<-held
+	h.up.SetSubscribeErr(nil) // the held retry would now succeed
+	closed := make(chan error, 1)
+	go func() { closed <- h.svc.Close() }()
+	<-unregistered
+	close(release) // the held retry now runs, after the unregistration
+	require.NoError(t, <-closed)
+	_, err := h.store.Dispatcher(id)
+	require.ErrorIs(t, err, eventstore.ErrDispatcherNotFound)
 }
 
 // TestRemoveAfterFailedReRegistration: a dispatcher whose re-registration
 // failed is not in the store; removing it succeeds all the same.
 func TestRemoveAfterFailedReRegistration(t *testing.T) {
-	log := newPreparedLog(1)
-	h := newHarness(t, nil, hooks{prepared: log.hook})
+	h := newHarness(t, nil, hooks{})
 	h.advanceSchema(1 << 40)
 	id := h.deliveredAndCheckpointed()
 	h.up.SetSubscribeErr(errors.New("upstream refuses subscriptions"))
-	require.NoError(t, h.reset(id, 2, 15))
-	log.waitFor(outcomeBackoff) // the store no longer knows the dispatcher
+	require.NoError(t, h.reset(id, 2, 15)) // the re-registration failed: the store no longer knows the dispatcher
 	_, err := h.store.Dispatcher(id)
 	require.ErrorIs(t, err, eventstore.ErrDispatcherNotFound)
 	require.NoError(t, h.remove(id))

@@ -65,17 +65,21 @@ func (w *roomWatch) run(t *target) {
 		case <-w.stop:
 			return
 		}
-		w.mu.Lock()
-		waiting := w.mu.waiting
-		w.mu.waiting = nil
-		w.mu.Unlock()
-		for _, s := range waiting {
-			if act, _ := s.sched.fire(evBackoffExpired); act == actEnqueuePrepare {
-				t.svc.enqueue(s)
-			}
-		}
-		t.pump.Wake()
+		w.wake(t)
 	}
+}
+
+// wake re-queues every waiter of target t, which has room again, and wakes
+// its resolved-ts pump.
+func (w *roomWatch) wake(t *target) {
+	w.mu.Lock()
+	waiting := w.mu.waiting
+	w.mu.waiting = nil
+	w.mu.Unlock()
+	for _, s := range waiting {
+		t.svc.backoffExpired(s)
+	}
+	t.pump.Wake()
 }
 
 // close stops the watcher and waits for it.

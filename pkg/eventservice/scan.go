@@ -1,8 +1,6 @@
 package eventservice
 
 import (
-	"errors"
-
 	"go.uber.org/zap"
 
 	"github.com/cdcflow/eventservice/pkg/clock"
@@ -22,52 +20,33 @@ const (
 	scanFailed                         // transport refused or failed, or the store erred
 )
 
+var scanOutcomeNames = [...]string{"done", "interrupted", "blocked", "failed"}
+
 // runScanWorker executes scan tasks from the scan channel.
 func (svc *Service) runScanWorker() {
-	sc := newScanner(svc)
+	w := &ownerWork{sc: newScanner(svc)}
 	for {
 		select {
 		case s := <-svc.scanCh:
-			svc.scanPending.Add(-1)
-			if act, _ := s.sched.fire(evPopScan); act != actOwn {
-				continue // removed while queued
-			}
-			svc.runScan(sc, s)
+			svc.scanOne(w, s)
 		case <-svc.closing:
 			return
 		}
 	}
 }
 
-// runScan executes one scan of s (owned) and completes its transition.
-func (svc *Service) runScan(sc *scanner, s *session) {
-	if h := svc.hooks.beforeScan; h != nil {
-		h(s)
+// scanOne runs the scan of s, just taken from the scan channel (one
+// iteration of a scan worker).
+func (svc *Service) scanOne(w *ownerWork, s *session) {
+	svc.scanPending.Add(-1)
+	if act, _ := s.sched.fire(evPopScan); act != actOwn {
+		return // removed while queued
 	}
+	svc.knobs.reach(pointBeforeScan, s, nil)
 	sw := clock.StartStopwatch()
-	out, blockedAt := sc.scan(s)
+	read := w.sc.read(s)
 	svc.metrics.scanDuration.Observe(sw.Elapsed().Seconds())
-	if h := svc.hooks.scanned; h != nil {
-		defer h(s, out)
-	}
-	switch out {
-	case scanFailed:
-		svc.backOff(s)
-	case scanInterrupted:
-		svc.metrics.interruptedScans.Inc()
-		if act, _ := s.sched.fire(evScanInterrupted); act == actEnqueuePrepare {
-			svc.enqueue(s)
-		}
-	case scanBlocked:
-		s.blockedAt.Store(uint64(blockedAt))
-		if act, _ := s.sched.fire(evSchemaBlock); act == actPark {
-			svc.park(s, blockedAt)
-		}
-	default:
-		if act, _ := s.sched.fire(evScanDone); act == actEnqueuePrepare {
-			svc.enqueue(s)
-		}
-	}
+	svc.run(w, s, input{kind: inScanRead, read: read})
 }
 
 // scanner is a scan worker's reusable state.
@@ -89,14 +68,15 @@ type scanner struct {
 
 func newScanner(svc *Service) *scanner { return &scanner{svc: svc} }
 
-// scan reads (resolved, min(received, schema frontier)] of s's span after
+// read reads (resolved, min(received, schema frontier)] of s's span after
 // its cursor, merges the table's DDLs by commit-ts (a DDL after the DML of
-// its commit-ts), stops at a transaction boundary once a task limit is
+// its commit-ts), and stops at a transaction boundary once a task limit is
 // reached (or inside a transaction larger than LargeTxnSplitBytes, at a
-// row), sends everything in one all-or-nothing transport call, and only then
-// publishes the new progress. REQUIRES: s owned.
-func (sc *scanner) scan(s *session) (scanOutcome, common.Ts) {
-	svc, d, p := sc.svc, s.d, s.progress
+// row). The messages wait in sc.msgs for the step to send them in one
+// all-or-nothing transport call (fxSendScan); the progress they reach is
+// published only once they are accepted. REQUIRES: s owned.
+func (sc *scanner) read(s *session) scanRead {
+	svc, d, p := sc.svc, s.d, s.own.progress
 	received := common.Ts(d.received.Load())
 	schemaTs := svc.opts.Schema.ResolvedTs()
 	end := min(received, schemaTs)
@@ -104,13 +84,13 @@ func (sc *scanner) scan(s *session) (scanOutcome, common.Ts) {
 		end = max(end, p.cursor.CommitTs) // never below a resume point
 	}
 	if end <= p.resolved && p.cursor == nil {
-		return sc.idleOrBlocked(received, schemaTs, p.resolved)
+		return scanRead{nothing: true, received: received, schemaTs: schemaTs}
 	}
 	var err error
 	sc.ddls, err = svc.opts.Schema.FetchDDLs(d.span.TableID, p.resolved, end, sc.ddls[:0])
 	if err != nil {
 		svc.log.Warn("fetch DDLs failed; retrying later", zap.Stringer("dispatcher", d.id), zap.Error(err))
-		return scanFailed, 0
+		return scanRead{failed: true}
 	}
 	trimmed := false
 	if limit := svc.maxDDLsPerTask(); len(sc.ddls) > limit {
@@ -125,7 +105,7 @@ func (sc *scanner) scan(s *session) (scanOutcome, common.Ts) {
 	it, err := svc.opts.Store.NewIterator(d.id, eventstore.ScanRange{Start: p.resolved, End: end, After: p.cursor})
 	if err != nil {
 		svc.log.Warn("open iterator failed; retrying later", zap.Stringer("dispatcher", d.id), zap.Error(err))
-		return scanFailed, 0
+		return scanRead{failed: true}
 	}
 	b := sc.newBuild(s, end)
 	next, err := b.run(it)
@@ -135,60 +115,14 @@ func (sc *scanner) scan(s *session) (scanOutcome, common.Ts) {
 	if err != nil {
 		sc.reset() // never let a failed task's messages leak into the next
 		svc.log.Warn("scan failed; retrying later", zap.Stringer("dispatcher", d.id), zap.Error(err))
-		return scanFailed, 0
+		return scanRead{failed: true}
 	}
 	svc.metrics.scannedRows.Add(float64(b.rows))
 	svc.metrics.scannedBytes.Add(float64(b.bytes))
 	svc.scannedRows.Add(uint64(b.rows))
 	svc.scannedBytes.Add(uint64(b.bytes))
 	sc.compactSmallTask(b)
-	if len(sc.msgs) == 0 {
-		// Nothing but progress: it goes through the resolved set like the
-		// fast path, so resolved-ts of one seq leave in order.
-		if next.resolved > p.resolved {
-			s.sent.Store(uint64(next.resolved)) // before the pump can deliver it
-			d.target.resolved.Add(d.id, resolvedValue{s: s, epoch: s.epoch, seq: next.seq, ts: next.resolved})
-		}
-	} else {
-		if next.resolved > p.resolved {
-			sc.msgs = append(sc.msgs, &messaging.Resolved{Header: sc.header(s, next.seq), Ts: next.resolved})
-		}
-		// sent caps heartbeats. It is raised before the send because the
-		// receiver may apply the messages and heartbeat their checkpoint
-		// before Send even returns here; it is lowered again if the send
-		// fails (a receiver cannot heartbeat what it never got).
-		prevSent := s.sent.Swap(uint64(next.resolved))
-		nmsgs := len(sc.msgs)
-		err := svc.sendOwned(s, sc.msgs)
-		sc.reset()
-		if err != nil {
-			s.sent.Store(prevSent)
-			if errors.Is(err, errRetired) {
-				return scanDone, 0 // the owner's transition discards it
-			}
-			if errors.Is(err, messaging.ErrBatchTooLarge) {
-				// A configuration error, not congestion: the task's limits
-				// (MaxMessagesPerTask, ScanLimitBytes, LargeTxnSplitBytes)
-				// exceed what the target can ever accept. Retrying cannot
-				// help until they are lowered, so say so loudly.
-				svc.log.Error("scan task larger than the target's capacity; lower the task limits",
-					zap.Stringer("dispatcher", d.id), zap.String("target", string(d.target.name)),
-					zap.Int("messages", nmsgs), zap.Error(err))
-			}
-			return scanFailed, 0
-		}
-	}
-	// Accepted: publish the progress as one step.
-	s.progress = next
-	s.sent.Store(uint64(next.resolved))
-	s.backoffN = 0
-	if next.resolved > p.resolved || next.seq > p.seq {
-		s.publish(next.resolved, next.seq, svc.opts.Clock.Now())
-	}
-	if b.interrupted || trimmed {
-		return scanInterrupted, 0
-	}
-	return sc.idleOrBlocked(received, schemaTs, next.resolved)
+	return scanRead{msgs: len(sc.msgs), next: next, cut: b.interrupted || trimmed, received: received, schemaTs: schemaTs}
 }
 
 // reset drops the task's messages (the transport owns accepted ones) and
@@ -197,15 +131,6 @@ func (sc *scanner) reset() {
 	sc.batchStart = len(sc.slab)
 	clear(sc.msgs)
 	sc.msgs = sc.msgs[:0]
-}
-
-// idleOrBlocked tells a finished scan whether the schema frontier is what
-// holds data back.
-func (sc *scanner) idleOrBlocked(received, schemaTs, resolved common.Ts) (scanOutcome, common.Ts) {
-	if received > resolved && schemaTs <= resolved {
-		return scanBlocked, resolved // nothing moves until the frontier passes resolved
-	}
-	return scanDone, 0
 }
 
 func (sc *scanner) header(s *session, seq uint64) messaging.Header {
@@ -226,7 +151,7 @@ type build struct {
 }
 
 func (sc *scanner) newBuild(s *session, end common.Ts) *build {
-	return &build{sc: sc, s: s, end: end, next: s.progress, mark: sc.markRowMem()}
+	return &build{sc: sc, s: s, end: end, next: s.own.progress, mark: sc.markRowMem()}
 }
 
 // run consumes the iterator and returns the progress the messages reach.

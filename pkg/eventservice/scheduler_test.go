@@ -260,7 +260,7 @@ func TestCoalescingWhileScanning(t *testing.T) {
 	log.mu.Lock()
 	seq := log.seq
 	log.mu.Unlock()
-	require.Equal(t, outcomeNothing, out, "follow-up outcome %s; %+v; progress %+v; outcomes %v", outcomeNames[out], snap, s.progress, seq)
+	require.Equal(t, outcomeNothing, out, "follow-up outcome %s; %+v; progress %+v; outcomes %v", outcomeNames[out], snap, s.own.progress, seq)
 	require.Equal(t, before+1, log.count(1), "one follow-up preparation after the scan")
 	state, pending := s.sched.load()
 	require.Equal(t, stateIdle, state)
@@ -355,23 +355,31 @@ func TestDecideFastPathIsStrict(t *testing.T) {
 	d := &dispatcher{id: common.DispatcherIDFromUint64(7), span: common.TableSpan(7), svc: svc}
 	d.target = h.targetFor(t)
 	s := newSession(d, 1, 20)
-	s.progress.seq = 1 // handshake done
+	s.own.progress.seq = 1 // handshake done
 	d.received.Store(30)
 	d.maxCommit.Store(20) // the last row is at the commit-ts already delivered
-	require.Equal(t, outcomeFastPath, svc.decide(s))
-	require.Equal(t, common.Ts(30), s.progress.resolved)
+	require.Equal(t, outcomeFastPath, decideOf(svc, s))
+	require.Equal(t, common.Ts(30), s.own.progress.resolved)
 
 	s = newSession(d, 1, 20)
-	s.progress.seq = 1
+	s.own.progress.seq = 1
 	d.maxCommit.Store(21) // one row right above the delivered commit-ts
-	require.Equal(t, outcomeScan, svc.decide(s))
-	require.Equal(t, common.Ts(20), s.progress.resolved)
+	require.Equal(t, outcomeScan, decideOf(svc, s))
+	require.Equal(t, common.Ts(20), s.own.progress.resolved)
 
 	require.NoError(t, h.schema.AddDDL(schemastore.DDL{TableID: 7, CommitTs: h.schema.ResolvedTs() + 1}))
 	require.NoError(t, h.schema.AdvanceResolvedTs(h.schema.ResolvedTs()+2))
 	s = newSession(d, 1, 20)
-	s.progress.seq = 1
+	s.own.progress.seq = 1
 	d.maxCommit.Store(0)
 	d.received.Store(1 << 41)
-	require.Equal(t, outcomeScan, svc.decide(s), "a DDL in range forces a scan")
+	require.Equal(t, outcomeScan, decideOf(svc, s), "a DDL in range forces a scan")
+}
+
+// decideOf is preparation's step for s (handshake done) on what the
+// service observes, without carrying its effects out: the outcome its end
+// effect counts.
+func decideOf(svc *Service, s *session) prepareOutcome {
+	fx := s.own.step(input{kind: inPrepare, obs: svc.observe(s)}, nil)
+	return prepareOutcome(fx[len(fx)-1].outcome)
 }

@@ -71,9 +71,7 @@ func (b *blockedSet) takeReady(frontier common.Ts, dst []*session) []*session {
 // session left in the set would stay until the frontier passes at, which
 // for a dropped table may be never.
 func (svc *Service) park(s *session, at common.Ts) {
-	if h := svc.hooks.beforePark; h != nil {
-		h(s)
-	}
+	svc.knobs.reach(pointBeforePark, s, nil)
 	s.blockedAt.Store(uint64(at))
 	svc.blocked.add(s)
 	if st, _ := s.sched.load(); st == stateRemoved {
@@ -102,10 +100,17 @@ func (svc *Service) runSchemaRetry() {
 		case <-svc.closing:
 			return
 		}
-		ready = svc.blocked.takeReady(svc.opts.Schema.ResolvedTs(), ready[:0])
-		for _, s := range ready {
-			svc.unblock(s)
-		}
-		clear(ready)
+		ready = svc.retryBlocked(ready)
 	}
+}
+
+// retryBlocked re-queues the schema-blocked sessions the frontier passed
+// (one round of runSchemaRetry); ready is scratch space, returned for reuse.
+func (svc *Service) retryBlocked(ready []*session) []*session {
+	ready = svc.blocked.takeReady(svc.opts.Schema.ResolvedTs(), ready[:0])
+	for _, s := range ready {
+		svc.unblock(s)
+	}
+	clear(ready)
+	return ready[:0]
 }

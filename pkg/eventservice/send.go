@@ -19,9 +19,7 @@ func (svc *Service) sendOwned(s *session, msgs []messaging.Message) error {
 	if st, _ := s.sched.load(); st == stateRemoved {
 		return errRetired
 	}
-	err := svc.send(d.target.name, msgs)
-	s.refusedBusy = errors.Is(err, messaging.ErrBusy)
-	return err
+	return svc.send(d.target.name, msgs)
 }
 
 // send hands msgs to the transport, counting refusals and failures.

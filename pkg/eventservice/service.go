@@ -9,7 +9,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcflow/eventservice/pkg/common"
-	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
 
@@ -34,8 +33,11 @@ type Service struct {
 
 	counters []workerCounters // indexed by preparation worker
 	blocked  *blockedSet
-	backoff  *backoffTimers
-	kaSet    keepaliveSet
+	backoff  *dueTimers[*session]
+	// registrar retries the store re-registrations of resets that failed
+	// (control-plane work: see Reset).
+	registrar *dueTimers[*dispatcher]
+	kaSet     keepaliveSet
 
 	// scanPending counts sessions in scanQueued (in the channel or waiting
 	// to enter it).
@@ -57,44 +59,8 @@ type Service struct {
 	}
 	schemaCancel func()
 
-	// hooks are set by tests before Start; nil in production.
-	hooks hooks
-}
-
-// hooks let tests hold a worker at a known point. Each is called on the
-// worker's goroutine; a nil hook costs one comparison.
-type hooks struct {
-	// beforePrepare runs when a preparation worker owns s, before deciding.
-	beforePrepare func(s *session)
-	// beforeScan runs when a scan worker owns s, before reading the store.
-	beforeScan func(s *session)
-	// prepared runs after a preparation's transition, with its outcome.
-	prepared func(s *session, out prepareOutcome)
-	// scanned runs after a scan's transition, with its outcome.
-	scanned func(s *session, out scanOutcome)
-	// scanChannelFull runs when a preparation worker finds the scan
-	// channel full and is about to wait for room.
-	scanChannelFull func(s *session)
-	// beforeReRegister runs at every preparation's re-registration check,
-	// after the session's state check and before taking the dispatcher's
-	// lock (most preparations then find nothing to re-register).
-	beforeReRegister func(d *dispatcher)
-	// targetStopping runs when forget is about to stop the pump of a
-	// target whose last dispatcher was removed (the target is already out
-	// of the map and its metrics unregistered).
-	targetStopping func(name messaging.Target)
-	// beforePark runs when an owner that moved s to schemaBlocked is about
-	// to put it into the blocked set.
-	beforePark func(s *session)
-	// beforeFence runs in Remove after the registration was retired and
-	// unregistered from the store, before it waits for sends in flight.
-	beforeFence func(d *dispatcher)
-	// keepaliveRound runs after each keepalive round with the number of
-	// sessions it examined.
-	keepaliveRound func(examined int)
-	// closeUnregistered runs in Close once every dispatcher is
-	// unregistered from the store, before the workers are stopped.
-	closeUnregistered func()
+	// knobs are set by tests before Start; zero in production.
+	knobs testingKnobs
 }
 
 // New builds a service. It starts no goroutine: call Start.
@@ -118,7 +84,8 @@ func New(opts Options) (*Service, error) {
 	}
 	svc.blocked = newBlockedSet()
 	svc.kaSet.gen.Store(1) // a new session's kaGen, 0, is in no list
-	svc.backoff = newBackoffTimers(opts.Clock)
+	svc.backoff = newDueTimers[*session](opts.Clock)
+	svc.registrar = newDueTimers[*dispatcher](opts.Clock)
 	svc.metrics = newMetrics(svc)
 	if err := svc.metrics.register(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("eventservice: register metrics: %w", err)
@@ -147,7 +114,8 @@ func (svc *Service) Start() error {
 		svc.wg.Go(svc.runScanWorker)
 	}
 	svc.wg.Go(svc.runSchemaRetry)
-	svc.wg.Go(svc.runBackoffTimers)
+	svc.wg.Go(func() { svc.backoff.run(svc.closing, svc.backoffExpired) })
+	svc.wg.Go(func() { svc.registrar.run(svc.closing, svc.retryStoreRegistration) })
 	// The ticker exists before Start returns, so a test's fake clock can be
 	// advanced right away.
 	keepaliveTicker := svc.opts.Clock.NewTicker(svc.opts.SignalInterval)
@@ -188,42 +156,12 @@ func (svc *Service) forget(d *dispatcher) {
 	}
 	svc.mu.Unlock()
 	if idle != nil {
-		if h := svc.hooks.targetStopping; h != nil {
-			h(idle.name)
+		if k := svc.knobs.targetStopping; k != nil {
+			k(idle.name)
 		}
 		idle.stopWorkers()
 		svc.stopping.Done()
 	}
-}
-
-// ensureStoreRegistration performs a re-registration a reset asked for. It
-// returns false if it failed (the caller backs off; the flag stays).
-// REQUIRES: the caller owns d's current session.
-func (svc *Service) ensureStoreRegistration(d *dispatcher) bool {
-	if h := svc.hooks.beforeReRegister; h != nil {
-		h(d)
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.mu.removed || !d.mu.needRegister {
-		return true
-	}
-	// Unregister waits for a callback in flight; the notify path takes no
-	// lock of ours, so holding d.mu here cannot deadlock.
-	if err := svc.opts.Store.UnregisterDispatcher(d.id); err != nil && !errors.Is(err, eventstore.ErrDispatcherNotFound) {
-		svc.log.Warn("re-register: unregister failed; retrying", zap.Stringer("dispatcher", d.id), zap.Error(err))
-		return false
-	}
-	// The frontier restarts with the new registration's notifications.
-	d.received.Store(0)
-	d.maxCommit.Store(0)
-	if err := svc.opts.Store.RegisterDispatcher(d.id, d.span, d.mu.registerTs, d.onNotify); err != nil {
-		svc.log.Warn("re-register failed; retrying", zap.Stringer("dispatcher", d.id), zap.Error(err))
-		return false
-	}
-	d.mu.needRegister = false
-	d.mu.storeStart, d.mu.checkpoint = d.mu.registerTs, d.mu.registerTs
-	return true
 }
 
 // retire removes session s: it leaves every queue and set it is in, and an
@@ -301,9 +239,7 @@ func (svc *Service) Close() error {
 			errs = append(errs, err)
 		}
 	}
-	if h := svc.hooks.closeUnregistered; h != nil {
-		h()
-	}
+	svc.knobs.reach(pointCloseUnregistered, nil, nil)
 	if svc.schemaCancel != nil {
 		svc.schemaCancel()
 	}
