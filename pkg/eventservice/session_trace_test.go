@@ -416,7 +416,7 @@ func parseTraceRow(t *testing.T, d *datadriven.TestData, spec string) common.Row
 // scriptedStoreForTrace is the event store of a trace: rows the script
 // wrote, notifications the script sends.
 type scriptedStoreForTrace struct {
-	w  *traceWorld
+	w         *traceWorld
 	mu        sync.Mutex
 	rows      map[common.DispatcherID][]common.Row
 	notifiers map[common.DispatcherID]eventstore.Notifier
@@ -491,7 +491,7 @@ type sliceIteratorForTrace struct {
 	i    int
 }
 
-func (it *sliceIteratorForTrace) Next() bool      { it.i++; return it.i < len(it.rows) }
+func (it *sliceIteratorForTrace) Next() bool       { it.i++; return it.i < len(it.rows) }
 func (it *sliceIteratorForTrace) Row() *common.Row { return &it.rows[it.i] }
 func (it *sliceIteratorForTrace) Err() error       { return nil }
 func (it *sliceIteratorForTrace) Close() error     { return nil }
@@ -512,7 +512,9 @@ type scriptedTransportForTrace struct {
 
 var closedRoomForTrace = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
-func (tr *scriptedTransportForTrace) Room(messaging.Target) <-chan struct{} { return closedRoomForTrace }
+func (tr *scriptedTransportForTrace) Room(messaging.Target) <-chan struct{} {
+	return closedRoomForTrace
+}
 
 func (tr *scriptedTransportForTrace) Send(_ messaging.Target, msgs []messaging.Message) error {
 	switch tr.mode {
