@@ -15,6 +15,16 @@
 //	resolved-only progress -> per-target pendingset (coalesced, batched,
 //	  merged back on failure) -> transport
 //
+// The core: two pure functions decide everything a session does.
+// transition (state.go) applies an event to the session's scheduling word,
+// shared and fired by CAS; owner.step (core.go) applies an input
+// (prepare, handshake_sent, scan_read, scan_sent) to the state only the
+// owner touches and returns the effects to carry out, without I/O. The
+// workers (carry.go) observe, step, carry the effects out and feed each
+// send's result back. Store re-registration after a reset is control-plane
+// work (Reset, then the registrar's retries), never a worker's. The
+// traces in testdata/ drive both, and a whole unstarted service.
+//
 // Invariants:
 //   - Notify never blocks: onNotify does two atomic max-stores, one CAS on
 //     the session's scheduling word and, at most, one push onto an
@@ -31,7 +41,8 @@
 //     The preparation queue never drops; the scan channel is entered by a
 //     preparation worker that waits (watching Close), never by the notifier.
 //   - One owner: only the holder of preparing or scanning reads or writes a
-//     session's progress; ownership passes through the CAS.
+//     session's owner state (progress, back-off count); ownership passes
+//     through the CAS, and only owner.step changes that state.
 //   - Order: per session, messages leave in seq order from its single
 //     owner: the handshake (seq 1), then DML batches in commit-ts order with
 //     each commit-ts's DDLs after its rows, each DML/DDL taking the next
