@@ -43,10 +43,9 @@ func (svc *Service) scanOne(w *ownerWork, s *session) {
 		return // removed while queued
 	}
 	svc.knobs.reach(pointBeforeScan, s, nil)
-	sw := clock.StartStopwatch()
-	read := w.sc.read(s)
+	sw := clock.StartStopwatch() // the task: its read and its send
+	svc.run(w, s, input{kind: inScanRead, read: w.sc.read(s)})
 	svc.metrics.scanDuration.Observe(sw.Elapsed().Seconds())
-	svc.run(w, s, input{kind: inScanRead, read: read})
 }
 
 // scanner is a scan worker's reusable state.

@@ -35,6 +35,8 @@ import (
 //
 // Commands (dispatcher dN is on table N, target t1):
 //
+//	options k=v...                 first, if at all: scan-limit-rows, batch-rows,
+//	                               scan-limit-bytes, large-txn-split-bytes
 //	register dN start=T            Register
 //	rows dN key@commit[/start]...  rows the store holds for dN
 //	notify dN resolved=T [max=M]   the store's notification
@@ -99,10 +101,22 @@ func newTraceWorld(t *testing.T) *traceWorld {
 	var err error
 	w.schema, err = schemastore.NewMemory(schemastore.MemoryOptions{InitialResolvedTs: 1})
 	require.NoError(t, err)
-	w.svc, err = New(Options{Store: w.store, Schema: w.schema, Transport: w.tr, Clock: w.clk,
+	w.build(nil)
+	return w
+}
+
+// build makes the world's service, with tweak applied to its options.
+func (w *traceWorld) build(tweak func(*Options)) {
+	t := w.t
+	opts := Options{Store: w.store, Schema: w.schema, Transport: w.tr, Clock: w.clk,
 		PrepareWorkers: 1, ScanWorkers: 1, ScanQueueSize: 1, BatchRows: 2,
 		BackoffBase: 10 * time.Millisecond, BackoffMax: 40 * time.Millisecond, SignalInterval: time.Second,
-		Logger: zap.NewNop()})
+		Logger: zap.NewNop()}
+	if tweak != nil {
+		tweak(&opts)
+	}
+	var err error
+	w.svc, err = New(opts)
 	require.NoError(t, err)
 	w.prepare, w.scan = &ownerWork{}, &ownerWork{sc: newScanner(w.svc)}
 	w.svc.knobs = testingKnobs{
@@ -133,7 +147,6 @@ func newTraceWorld(t *testing.T) *traceWorld {
 			}
 		},
 	}
-	return w
 }
 
 func (w *traceWorld) close() {
@@ -182,6 +195,29 @@ func (w *traceWorld) run(t *testing.T, d *datadriven.TestData) string {
 		}
 	}
 	switch d.Cmd {
+	case "options":
+		// Before anything else: the service is made again with these.
+		if len(w.regs) > 0 {
+			d.Fatalf(t, "options must come before the first register")
+		}
+		require.NoError(t, w.svc.Close())
+		args := traceArgs(t, d, d.CmdArgs)
+		w.build(func(o *Options) {
+			for k, v := range args {
+				switch k {
+				case "scan-limit-rows":
+					o.ScanLimitRows = int(v)
+				case "batch-rows":
+					o.BatchRows = int(v)
+				case "scan-limit-bytes":
+					o.ScanLimitBytes = int(v)
+				case "large-txn-split-bytes":
+					o.LargeTxnSplitBytes = int(v)
+				default:
+					d.Fatalf(t, "options: unknown %q", k)
+				}
+			}
+		})
 	case "register":
 		did := id()
 		reg := messaging.RegistrationID(len(w.regs) + 1)
