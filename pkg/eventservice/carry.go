@@ -32,6 +32,9 @@ func (svc *Service) run(w *ownerWork, s *session, in input) bool {
 		if !more {
 			return ok
 		}
+		if next.kind == inScanSent {
+			next.read = in.read // the scan the send belongs to
+		}
 		in = next
 	}
 }

@@ -246,9 +246,11 @@ func (svc *Service) resetLocked(d *dispatcher, req messaging.ResetRequest) (*ses
 func (svc *Service) registerAgainLocked(d *dispatcher) {
 	if err := svc.opts.Store.RegisterDispatcher(d.id, d.span, d.mu.registerTs, d.onNotify); err != nil {
 		svc.log.Warn("re-register in the store failed; retrying", zap.Stringer("dispatcher", d.id),
-			zap.Int("attempt", d.mu.attempt), zap.Error(err))
-		svc.registrar.arm(d, svc.backoffDelay(d.mu.attempt))
-		d.mu.attempt++
+			zap.Int32("attempt", d.mu.attempt), zap.Error(err))
+		svc.registrar.arm(d, svc.backoffDelay(int(d.mu.attempt)))
+		if d.mu.attempt < 30 {
+			d.mu.attempt++ // the delay is capped long before
+		}
 		return
 	}
 	d.mu.needRegister = false

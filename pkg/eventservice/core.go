@@ -32,7 +32,8 @@ type input struct {
 	obs observation
 	// sent: inHandshakeSent and inScanSent.
 	sent sendResult
-	// read: inScanRead.
+	// read: inScanRead, and inScanSent (the read whose messages were sent:
+	// the worker hands it back, so the session need not hold it).
 	read scanRead
 }
 
@@ -128,8 +129,6 @@ var effectNames = [...]string{"send_handshake", "add_resolved", "publish", "send
 // owner is the session state only its owner reads or writes.
 type owner struct {
 	progress progress
-	// read is the scan whose messages' send is in flight.
-	read scanRead
 	// backoffN counts consecutive failed sends (the back-off's exponent).
 	backoffN int
 	// busy: the last send was refused as busy.
@@ -137,7 +136,7 @@ type owner struct {
 	// roomSignal: the target can say when it has room again (a busy
 	// refusal then waits for that instead of a timer).
 	roomSignal bool
-	// startTs is the epoch's start (the handshake's).
+	// startTs is the epoch's start (the handshake's); immutable.
 	startTs common.Ts
 }
 
@@ -172,7 +171,7 @@ func (o *owner) step(in input, fx []effect) []effect {
 		o.busy = in.sent == sentBusy
 		switch in.sent {
 		case sentOK:
-			return o.accepted(fx)
+			return o.accepted(in.read, fx)
 		case sentRetired:
 			return append(fx, endScan(evScanDone, scanDone, 0)) // the transition discards it
 		}
@@ -209,14 +208,13 @@ func (o *owner) scanRead(r scanRead, fx []effect) []effect {
 	case r.nothing:
 		return append(fx, idleOrBlocked(r.received, r.schemaTs, p.resolved))
 	}
-	o.read = r
 	if r.msgs == 0 {
 		// Nothing but progress: it goes through the resolved set like the
 		// fast path, so resolved-ts of one seq leave in order.
 		if r.next.resolved > p.resolved {
 			fx = append(fx, effect{kind: fxAddResolved, ts: r.next.resolved, seq: r.next.seq})
 		}
-		return o.accepted(fx)
+		return o.accepted(r, fx)
 	}
 	send := effect{kind: fxSendScan, seq: r.next.seq}
 	if r.next.resolved > p.resolved {
@@ -225,10 +223,10 @@ func (o *owner) scanRead(r scanRead, fx []effect) []effect {
 	return append(fx, send)
 }
 
-// accepted publishes a scan's progress as one step, then ends the scan.
-func (o *owner) accepted(fx []effect) []effect {
-	p, r := o.progress, o.read
-	o.progress, o.read = r.next, scanRead{}
+// accepted publishes the progress of scan r as one step, then ends the scan.
+func (o *owner) accepted(r scanRead, fx []effect) []effect {
+	p := o.progress
+	o.progress = r.next
 	o.backoffN = 0
 	if r.next.resolved > p.resolved || r.next.seq > p.seq {
 		fx = append(fx, effect{kind: fxPublish, ts: r.next.resolved, seq: r.next.seq})

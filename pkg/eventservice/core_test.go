@@ -78,11 +78,12 @@ func TestOwnerStepIsWellFormed(t *testing.T) {
 		case fxSendScan:
 			require.Equal(t, inScanRead, in.kind, name)
 			for _, r := range results {
+				sent := input{kind: inScanSent, sent: r, read: in.read}
 				if next := o; r != sentOK {
-					next.step(input{kind: inScanSent, sent: r}, nil)
+					next.step(sent, nil)
 					require.Equal(t, before, next.progress, "%s: a %s send changed progress", name, sendResultNames[r])
 				}
-				drive(fmt.Sprintf("%s/scan_%s", name, sendResultNames[r]), o, input{kind: inScanSent, sent: r}, state, depth+1)
+				drive(fmt.Sprintf("%s/scan_%s", name, sendResultNames[r]), o, sent, state, depth+1)
 			}
 		case fxEndPrepare, fxEndScan:
 			wantKind := fxEndPrepare
@@ -133,7 +134,7 @@ func TestOwnerBackoffCountsAttempts(t *testing.T) {
 	require.True(t, fx[len(fx)-1].room)
 	require.Equal(t, 3, o.backoffN, "waiting for room is not a timed attempt")
 	o.step(read, nil)
-	o.step(input{kind: inScanSent, sent: sentOK}, nil)
+	o.step(input{kind: inScanSent, sent: sentOK, read: read.read}, nil)
 	require.Zero(t, o.backoffN)
 	require.Equal(t, common.Ts(20), o.progress.resolved)
 }

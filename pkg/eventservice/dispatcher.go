@@ -57,16 +57,17 @@ type dispatcher struct {
 	mu struct {
 		sync.Mutex
 		removed bool
+		// needRegister: a reset below the store's checkpoint re-registers
+		// the dispatcher in the store from registerTs, and that failed;
+		// the registrar retries (attempt counts the tries). The small
+		// fields share a word: there is one of these per dispatcher.
+		needRegister bool
+		attempt      int32
+		registerTs   common.Ts
 		// checkpoint is the largest heartbeat checkpoint passed to the
 		// store; storeStart the start-ts of the store registration.
 		checkpoint common.Ts
 		storeStart common.Ts
-		// needRegister: a reset below the store's checkpoint re-registers
-		// the dispatcher in the store from registerTs, and that failed;
-		// the registrar retries (attempt counts the tries).
-		needRegister bool
-		registerTs   common.Ts
-		attempt      int
 	}
 }
 
@@ -95,7 +96,6 @@ type session struct {
 	qprev, qnext *session
 	d            *dispatcher
 	epoch        uint64
-	startTs      common.Ts
 
 	// own is the owner-only state, which only the core's step changes.
 	own owner
@@ -151,7 +151,7 @@ func newSession(d *dispatcher, epoch uint64, startTs common.Ts) *session {
 
 // init prepares a zero session for epoch of d from startTs.
 func (s *session) init(d *dispatcher, epoch uint64, startTs common.Ts) {
-	s.d, s.epoch, s.startTs = d, epoch, startTs
+	s.d, s.epoch = d, epoch
 	s.own.progress.resolved, s.own.startTs = startTs, startTs
 	s.own.roomSignal = d.target != nil && d.target.room != nil
 	s.sent.Store(uint64(startTs))

@@ -89,7 +89,7 @@ func (svc *Service) Inspect(id common.DispatcherID) (DispatcherSnapshot, error) 
 	defer d.mu.Unlock()
 	s := d.session.Load()
 	st, pending := s.sched.load()
-	return DispatcherSnapshot{Registration: d.reg, Epoch: s.epoch, StartTs: s.startTs, State: st.String(), Pending: pending,
+	return DispatcherSnapshot{Registration: d.reg, Epoch: s.epoch, StartTs: s.own.startTs, State: st.String(), Pending: pending,
 		Queued: svc.prepQueues[d.worker].contains(s), Received: common.Ts(d.received.Load()),
 		MaxCommit: common.Ts(d.maxCommit.Load()), Sent: common.Ts(s.sent.Load()), BlockedAt: common.Ts(s.blockedAt.Load()),
 		NeedsStore: d.mu.needRegister, Checkpoint: d.mu.checkpoint, StoreStart: d.mu.storeStart}, nil

@@ -138,7 +138,7 @@ func TestConcurrentResetsHighestEpochWins(t *testing.T) {
 	}
 	s := h.dispatcher(id).session.Load()
 	require.Equal(t, uint64(21), s.epoch)
-	require.Equal(t, common.Ts(31), s.startTs)
+	require.Equal(t, common.Ts(31), s.own.startTs)
 	require.ErrorIs(t, h.reset(id, 21, 50), messaging.ErrStaleEpoch)
 	h.check.waitEpochResolved(id, 21, 31)
 
@@ -150,7 +150,7 @@ func TestConcurrentResetsHighestEpochWins(t *testing.T) {
 	}
 	s = h.dispatcher(id).session.Load()
 	require.Equal(t, uint64(30), s.epoch)
-	require.Equal(t, common.Ts(40), s.startTs)
+	require.Equal(t, common.Ts(40), s.own.startTs)
 	h.check.waitEpochResolved(id, 30, 40)
 }
 
