@@ -103,15 +103,18 @@ type session struct {
 	// sent is progress.resolved, published for heartbeats and metrics.
 	sent atomic.Uint64
 	// pub is the last progress known delivered to the transport or the
-	// resolved set, as one consistent (ts, seq) pair, and when it changed:
-	// the keepalive loop re-sends it to a collector that has not
-	// acknowledged it (a dropped last message is otherwise undetectable).
+	// resolved set, as one consistent (ts, seq) pair, and pubAt when it
+	// changed (nanoseconds since Service.clockBase, 0 for never): the keepalive loop re-sends it to a
+	// collector that has not acknowledged it (a dropped last message is
+	// otherwise undetectable). pubAt is apart, an atomic, so that the loop
+	// tells young progress (most of what it examines) without the lock; a
+	// read of it torn from the pair only moves a keepalive by one round.
 	pub struct {
 		sync.Mutex
 		ts  common.Ts
 		seq uint64
-		at  time.Time
 	}
+	pubAt atomic.Int64
 	// blockedAt is the schema frontier the session waits to see pass.
 	blockedAt atomic.Uint64
 	// kaGen is the keepalive generation whose list holds the session (see
@@ -123,23 +126,23 @@ type session struct {
 // loop look at the session an interval later.
 func (s *session) publish(ts common.Ts, seq uint64, now time.Time) {
 	s.pub.Lock()
-	s.pub.ts, s.pub.seq, s.pub.at = ts, seq, now
+	s.pub.ts, s.pub.seq = ts, seq
 	s.pub.Unlock()
+	s.pubAt.Store(s.d.svc.sinceBase(now))
 	s.d.svc.kaSet.note(s)
 }
 
 // published returns the last delivered progress and when it changed.
 func (s *session) published() (common.Ts, uint64, time.Time) {
 	s.pub.Lock()
-	defer s.pub.Unlock()
-	return s.pub.ts, s.pub.seq, s.pub.at
+	ts, seq := s.pub.ts, s.pub.seq
+	s.pub.Unlock()
+	return ts, seq, s.d.svc.clockBase.Add(time.Duration(s.pubAt.Load()))
 }
 
 // touch restarts the keepalive timer of the published progress.
 func (s *session) touch(now time.Time) {
-	s.pub.Lock()
-	s.pub.at = now
-	s.pub.Unlock()
+	s.pubAt.Store(s.d.svc.sinceBase(now))
 	s.d.svc.kaSet.note(s)
 }
 

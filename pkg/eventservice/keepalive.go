@@ -44,6 +44,22 @@ func (k *keepaliveSet) note(s *session) {
 	k.mu.cur = append(k.mu.cur, s)
 }
 
+// noteAll notes every session of ss, under one lock.
+func (k *keepaliveSet) noteAll(ss []*session) {
+	if len(ss) == 0 {
+		return
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	g := k.gen.Load()
+	for _, s := range ss {
+		if s.kaGen.Load() != g {
+			s.kaGen.Store(g)
+			k.mu.cur = append(k.mu.cur, s)
+		}
+	}
+}
+
 // swap starts a new generation and returns the previous list; spare is
 // reused for the new one.
 func (k *keepaliveSet) swap(spare []*session) []*session {
@@ -88,11 +104,15 @@ func (svc *Service) keepaliveRound(spare []*session) []*session {
 	prev := svc.kaSet.swap(spare)
 	now := svc.opts.Clock.Now()
 	gen := svc.kaSet.gen.Load()
+	carry := svc.kaCarry[:0]
 	for _, s := range prev {
-		if s.kaGen.Load() != gen {
-			svc.keepalive(s, now)
+		if s.kaGen.Load() != gen && svc.examine(s, now) {
+			carry = append(carry, s)
 		}
 	}
+	svc.kaSet.noteAll(carry) // one lock for the round's carry-overs, not one each
+	clear(carry)
+	svc.kaCarry = carry[:0]
 	if k := svc.knobs.keepaliveRound; k != nil {
 		k(len(prev))
 	}
@@ -104,35 +124,47 @@ func (svc *Service) keepaliveRound(spare []*session) []*session {
 // a keepalive if that progress is unacknowledged and SignalInterval old,
 // a carry-over into the current list if it is younger.
 func (svc *Service) keepalive(s *session, now time.Time) {
+	if svc.examine(s, now) {
+		svc.kaSet.note(s)
+	}
+}
+
+// examine is keepalive without the carry-over: it reports whether s is to
+// be looked at again next interval (the round notes those in one go).
+func (svc *Service) examine(s *session, now time.Time) (carry bool) {
 	st, _ := s.sched.load()
 	if st == stateRemoved {
-		return
+		return false
 	}
-	ts, seq, at := s.published()
-	if seq == 0 {
-		return
+	at := s.pubAt.Load()
+	if at == 0 {
+		return false // never published (not in a list by itself)
 	}
-	if now.Sub(at) < svc.opts.SignalInterval || inPipeline(st) {
+	if time.Duration(svc.sinceBase(now)-at) < svc.opts.SignalInterval || inPipeline(st) {
 		// Young progress, or a preparation or scan under way that will
 		// publish anew or return the session to rest (under overload
 		// acknowledgements lag, and a keepalive then would only add to the
 		// load): look again next interval. A session parked (schema
 		// blocked, backing off) is not skipped: it may stay parked for
 		// good, and its last message may be the lost one.
-		svc.kaSet.note(s)
-		return
+		return true
 	}
+	ts, seq, _ := s.published()
 	d := s.d
 	d.mu.Lock()
 	acked := d.mu.checkpoint >= ts && !d.mu.needRegister
 	d.mu.Unlock()
 	if acked || d.session.Load() != s {
-		return
+		return false
 	}
 	s.touch(now)
 	svc.metrics.keepalives.Inc()
 	d.target.resolved.Add(d.id, resolvedValue{s: s, epoch: s.epoch, seq: seq, ts: ts})
+	return false
 }
+
+// sinceBase is now as an offset from the service's clock base.
+func (svc *Service) sinceBase(now time.Time) int64 { return int64(now.Sub(svc.clockBase)) }
 
 // inPipeline reports whether a session in state st is being prepared or
 // scanned, or queued for it: states it leaves on its own, soon.

@@ -215,3 +215,22 @@ func signal(ch chan struct{}) {
 	default:
 	}
 }
+
+// TestKeepaliveCarryOverListsASessionOnce: the round notes its carry-overs
+// in one go, after examining them; a session that published meanwhile is
+// already in the new list and must not be listed twice (the list would
+// grow by the carry-overs every round).
+func TestKeepaliveCarryOverListsASessionOnce(t *testing.T) {
+	var k keepaliveSet
+	k.gen.Store(1)
+	a, b := &session{}, &session{}
+	k.note(a)
+	k.note(b)
+	prev := k.swap(nil)
+	require.Len(t, prev, 2)
+	k.note(a) // a publishes again between its examination and the carry-over
+	k.noteAll(prev)
+	require.Equal(t, 2, k.len(), "a once, b once")
+	k.noteAll(prev)
+	require.Equal(t, 2, k.len(), "noting again lists nobody twice")
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -59,6 +60,13 @@ type Service struct {
 	}
 	schemaCancel func()
 
+	// clockBase is the clock's reading at New: published progress records
+	// its time as an offset from it (sinceBase), one atomic word.
+	clockBase time.Time
+	// kaCarry is the keepalive round's scratch list of carried-over
+	// sessions (only the keepalive goroutine uses it).
+	kaCarry []*session
+
 	// knobs are set by tests before Start; zero in production.
 	knobs testingKnobs
 }
@@ -76,6 +84,8 @@ func New(opts Options) (*Service, error) {
 		closing:  make(chan struct{}),
 		counters: make([]workerCounters, opts.PrepareWorkers),
 	}
+	// One nanosecond before now, so that no offset is 0 ("never").
+	svc.clockBase = opts.Clock.Now().Add(-time.Nanosecond)
 	svc.mu.dispatchers = make(map[common.DispatcherID]*dispatcher)
 	svc.mu.targets = make(map[messaging.Target]*target)
 	svc.prepQueues = make([]*prepareQueue, opts.PrepareWorkers)
