@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"strconv"
 )
 
 // ErrInvalidSpan is returned (wrapped) for a span that fails validation.
@@ -69,9 +70,17 @@ func (s Span) Equal(o Span) bool {
 }
 
 // Key returns a string that is equal for equal spans, usable as a map key.
+//
+// It is "<table>/<len(start)>:<start><end>": the start key's length makes
+// the split between the two keys unambiguous. It is built with strconv,
+// not fmt: a registration computes it several times, and at a million
+// registrations fmt was a seventh of their cost.
 func (s Span) Key() string {
-	var b []byte
-	b = fmt.Appendf(b, "%d/%d:", s.TableID, len(s.StartKey))
+	b := make([]byte, 0, 24+len(s.StartKey)+len(s.EndKey))
+	b = strconv.AppendInt(b, s.TableID, 10)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, int64(len(s.StartKey)), 10)
+	b = append(b, ':')
 	b = append(b, s.StartKey...)
 	b = append(b, s.EndKey...)
 	return string(b)
