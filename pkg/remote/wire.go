@@ -265,7 +265,13 @@ func decodeMessages(b []byte) ([]messaging.Message, error) {
 		return nil, d.err
 	}
 	msgs := make([]messaging.Message, 0, n)
-	for range n {
+	// Resolved-ts messages, most of a frame at scale, share one slab (one
+	// allocation for the GC, not one each). Its capacity is the messages
+	// left when the first one is met, so appends never move it (a move
+	// would be correct, the earlier messages staying in the old array, but
+	// two slabs), and it is bounded by the frame's size like msgs.
+	var resolved []messaging.Resolved
+	for i := range n {
 		kind := messaging.Kind(d.byte())
 		h := messaging.Header{Dispatcher: d.id(), Registration: messaging.RegistrationID(d.u()), Epoch: d.u(), Seq: d.u()}
 		switch kind {
@@ -288,7 +294,11 @@ func decodeMessages(b []byte) ([]messaging.Message, error) {
 		case messaging.KindDDL:
 			msgs = append(msgs, &messaging.DDL{Header: h, TableID: d.i(), CommitTs: common.Ts(d.u()), Query: d.str()})
 		case messaging.KindResolved:
-			msgs = append(msgs, &messaging.Resolved{Header: h, Ts: common.Ts(d.u())})
+			if resolved == nil {
+				resolved = make([]messaging.Resolved, 0, n-i)
+			}
+			resolved = append(resolved, messaging.Resolved{Header: h, Ts: common.Ts(d.u())})
+			msgs = append(msgs, &resolved[len(resolved)-1])
 		default:
 			d.fail(fmt.Sprintf("unknown message kind %d", kind))
 		}
