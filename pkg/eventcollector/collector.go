@@ -49,16 +49,21 @@ type Collector struct {
 		sync.Mutex
 		started, closed bool
 		dispatchers     map[common.DispatcherID]*dispatcher
+		// slots indexes the dispatchers by the slot their registration
+		// gave the service (RegisterRequest.Slot), which it echoes in
+		// their resolved-ts: at a million dispatchers an index is one
+		// cache line where a map probe on a 16-byte ID is several. Slot 0
+		// is never used (zero means none); free lists the slots to reuse.
+		slots []*dispatcher
+		free  []uint32
 		// due lists the dispatchers the next heartbeat tick must look at:
 		// a checkpoint to report, or a reset to retry (dispatcher.due
 		// says whether one is listed). Ticks cost what changed, never a
 		// walk over every dispatcher.
 		due []*dispatcher
-		// inSink is the dispatcher whose sink call is in progress (set
-		// with the verdict that asks for it, under mu, so a
-		// RemoveDispatcher either sees it or prevents it); sinkDone, if
-		// a RemoveDispatcher waits for that call, is closed when it ends.
-		inSink   *dispatcher
+		// sinkDone, if a RemoveDispatcher waits for a sink call in
+		// progress (dispatcher.inSink), is closed when the calls of the
+		// message being applied end.
 		sinkDone chan struct{}
 	}
 
@@ -68,6 +73,12 @@ type Collector struct {
 
 	// knobs are set by tests before Start; zero in production.
 	knobs testingKnobs
+
+	// batchBuf is the receive goroutine's scratch for a resolved-ts batch.
+	batchBuf struct {
+		calls  []batchCall
+		resets []batchReset
+	}
 
 	// hbBuf is the heartbeat goroutine's scratch lists: cps[i] is the
 	// checkpoint of ds[i].
@@ -113,6 +124,14 @@ type dispatcher struct {
 	resetting bool
 	// lastHeartbeat is the highest checkpoint the service accepted.
 	lastHeartbeat common.Ts
+	// slot is the dispatcher's index in Collector.mu.slots; serviceSlot
+	// the service's, from the last handshake accepted, echoed in
+	// heartbeats.
+	slot, serviceSlot uint32
+	// inSink: a sink call for it is in progress or about to start (set
+	// with the verdict that asks for it, under mu, so a RemoveDispatcher
+	// either sees it or prevents it).
+	inSink bool
 }
 
 // counters are the collector's statistics, read by Stats and the metrics
@@ -126,7 +145,7 @@ type counters struct {
 }
 
 // numKinds is the number of message kinds (messaging.Kind starts at 1).
-const numKinds = int(messaging.KindResolved)
+const numKinds = int(messaging.KindResolvedBatch)
 
 // ignoreReason says why a message was dropped without effect.
 type ignoreReason uint8
@@ -136,6 +155,7 @@ const (
 	ignoreStaleResolved                         // a resolved-ts overtaken by later messages
 	ignoreUnknownDispatcher                     // not (or no longer) one of ours
 	ignoreStaleRegistration                     // of another registration of the ID (one removed before)
+	ignoreInvalidBatch                          // a resolved-ts batch of no entries or too many
 	numIgnoreReasons
 )
 
@@ -147,6 +167,8 @@ func (r ignoreReason) String() string {
 		return "stale_resolved"
 	case ignoreStaleRegistration:
 		return "stale_registration"
+	case ignoreInvalidBatch:
+		return "invalid_batch"
 	default:
 		return "unknown_dispatcher"
 	}
@@ -260,20 +282,59 @@ func (c *Collector) AddDispatcher(ctx context.Context, id common.DispatcherID, s
 	}
 	d := &dispatcher{id: id, reg: reg, st: newStream(startTs), lastHeartbeat: startTs}
 	c.mu.dispatchers[id] = d
+	c.takeSlotLocked(d)
 	c.mu.Unlock()
 
 	err := c.opts.Service.Register(ctx, messaging.RegisterRequest{Dispatcher: id, Registration: d.reg, Span: span,
-		StartTs: startTs, Target: c.opts.Target, Replace: c.opts.TakeOver})
+		StartTs: startTs, Target: c.opts.Target, Replace: c.opts.TakeOver, Slot: d.slot})
 	if err != nil {
 		c.mu.Lock()
 		d.removed = true
 		delete(c.mu.dispatchers, id)
+		c.freeSlotLocked(d)
 		c.mu.Unlock()
 		return fmt.Errorf("eventcollector: register %v: %w", id, err)
 	}
 	c.log.Debug("dispatcher added", zap.Stringer("dispatcher", id), zap.Stringer("registration", d.reg),
 		zap.Stringer("startTs", startTs))
 	return nil
+}
+
+// takeSlotLocked gives d a slot. REQUIRES: c.mu held.
+func (c *Collector) takeSlotLocked(d *dispatcher) {
+	if n := len(c.mu.free); n > 0 {
+		d.slot = c.mu.free[n-1]
+		c.mu.free = c.mu.free[:n-1]
+		c.mu.slots[d.slot] = d
+		return
+	}
+	if len(c.mu.slots) == 0 {
+		c.mu.slots = append(c.mu.slots, nil) // slot 0 means none
+	}
+	d.slot = uint32(len(c.mu.slots))
+	c.mu.slots = append(c.mu.slots, d)
+}
+
+// freeSlotLocked returns d's slot for reuse. REQUIRES: c.mu held.
+func (c *Collector) freeSlotLocked(d *dispatcher) {
+	if d.slot == 0 || c.mu.slots[d.slot] != d {
+		return
+	}
+	c.mu.slots[d.slot] = nil
+	c.mu.free = append(c.mu.free, d.slot)
+}
+
+// lookupLocked finds the dispatcher a resolved-ts names: by its slot when
+// the slot holds that ID (a service may echo any slot; it is a hint), by
+// ID otherwise. The caller still checks the registration. REQUIRES: c.mu
+// held.
+func (c *Collector) lookupLocked(r *messaging.Resolved) *dispatcher {
+	if r.Slot != 0 && int64(r.Slot) < int64(len(c.mu.slots)) {
+		if d := c.mu.slots[r.Slot]; d != nil && d.id == r.Dispatcher {
+			return d
+		}
+	}
+	return c.mu.dispatchers[r.Dispatcher]
 }
 
 // RemoveDispatcher ends dispatcher id's registration at the service, then
@@ -304,8 +365,9 @@ func (c *Collector) RemoveDispatcher(ctx context.Context, id common.DispatcherID
 	c.mu.Lock()
 	d.removed = true
 	delete(c.mu.dispatchers, id)
+	c.freeSlotLocked(d)
 	var inSink chan struct{}
-	if c.mu.inSink == d {
+	if d.inSink {
 		if c.mu.sinkDone == nil {
 			c.mu.sinkDone = make(chan struct{})
 		}

@@ -54,6 +54,15 @@
 //     checkpoint is the one the sink last reported durable (through the
 //     function SetDurable gave it), so heartbeats and resets never count
 //     what the sink only queued.
+//   - A ResolvedBatch is its entries applied one after another, each as a
+//     Resolved alone: each entry has its own verdict (one bad entry resets
+//     only its dispatcher). The dispatcher is found by the slot the entry
+//     echoes (the one AddDispatcher registered) when that slot holds the
+//     ID the entry names, by ID otherwise; a batch of no or too many
+//     entries is ignored and counted (invalid_batch). Its verdicts are
+//     taken under one lock, its sink calls made after it, in order;
+//     RemoveDispatcher of a dispatcher with a call still to come waits
+//     for them.
 //   - If the service's Reset says the epoch is stale (a concurrent reset won), the
 //     local epoch goes one above and the reset is retried once; any other
 //     failure keeps the dispatcher marked, and every heartbeat tick retries

@@ -55,6 +55,7 @@ type recordingServiceForTest struct {
 	removes       []messaging.RemoveRequest
 	resets        []resetCallForTest
 	heartbeats    []heartbeatCallForTest
+	heartbeatSlot []uint32 // heartbeatSlot[i] is the slot heartbeats[i] echoed
 	heartbeatReqs int
 	registerErr   error
 	removeErr     error
@@ -102,6 +103,7 @@ func (s *recordingServiceForTest) Heartbeat(_ context.Context, req messaging.Hea
 	s.heartbeatReqs++
 	for i, cp := range req.Checkpoints {
 		calls[i] = heartbeatCallForTest{cp.Dispatcher, cp.Epoch, cp.Ts}
+		s.heartbeatSlot = append(s.heartbeatSlot, cp.Slot)
 		if len(s.heartbeatErrs) > 0 {
 			reply.Codes[i] = messaging.CodeOf(s.heartbeatErrs[0])
 			s.heartbeatErrs = s.heartbeatErrs[1:]

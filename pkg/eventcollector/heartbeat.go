@@ -53,7 +53,8 @@ func (c *Collector) tick() {
 				resets = append(resets, d)
 			}
 		case d.st.checkpoint > d.lastHeartbeat:
-			cps = append(cps, messaging.DispatcherCheckpoint{Dispatcher: d.id, Registration: d.reg, Epoch: d.st.epoch, Ts: d.st.checkpoint})
+			cps = append(cps, messaging.DispatcherCheckpoint{Dispatcher: d.id, Registration: d.reg, Epoch: d.st.epoch, Ts: d.st.checkpoint,
+				Slot: d.serviceSlot})
 			ds = append(ds, d)
 		}
 	}

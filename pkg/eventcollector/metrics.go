@@ -107,7 +107,7 @@ func newMetrics(c *Collector) *metrics {
 	m.rows = desc("rows_applied_total", "Rows the sink accepted, re-deliveries after a reset included.")
 	m.resets = desc("resets_total", "Dispatcher resets, by reason.", "reason")
 	m.ignored = desc("ignored_messages_total",
-		"Messages ignored: of an older epoch, a resolved-ts overtaken by later messages, of an earlier registration of the dispatcher, or of an unknown dispatcher.", "reason")
+		"Messages ignored: of an older epoch, a resolved-ts overtaken by later messages, of an earlier registration of the dispatcher, of an unknown dispatcher, or a resolved-ts batch of no or too many entries.", "reason")
 	m.calls = desc("service_calls_total", "Reset calls, and checkpoints reported in batched heartbeats, by the service's answer.", "call", "result")
 	m.dispatchers = desc("dispatchers", "Dispatchers of the collector.")
 	m.lag = desc("checkpoint_lag_seconds", "Physical lag of the smallest dispatcher checkpoint; zero with no dispatchers.")

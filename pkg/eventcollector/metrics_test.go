@@ -40,8 +40,9 @@ cdcflow_eventcollector_checkpoint_lag_seconds{target="collector-test"} 3
 # HELP cdcflow_eventcollector_dispatchers Dispatchers of the collector.
 # TYPE cdcflow_eventcollector_dispatchers gauge
 cdcflow_eventcollector_dispatchers{target="collector-test"} 1
-# HELP cdcflow_eventcollector_ignored_messages_total Messages ignored: of an older epoch, a resolved-ts overtaken by later messages, of an earlier registration of the dispatcher, or of an unknown dispatcher.
+# HELP cdcflow_eventcollector_ignored_messages_total Messages ignored: of an older epoch, a resolved-ts overtaken by later messages, of an earlier registration of the dispatcher, of an unknown dispatcher, or a resolved-ts batch of no or too many entries.
 # TYPE cdcflow_eventcollector_ignored_messages_total counter
+cdcflow_eventcollector_ignored_messages_total{reason="invalid_batch",target="collector-test"} 0
 cdcflow_eventcollector_ignored_messages_total{reason="stale_epoch",target="collector-test"} 0
 cdcflow_eventcollector_ignored_messages_total{reason="stale_registration",target="collector-test"} 0
 cdcflow_eventcollector_ignored_messages_total{reason="stale_resolved",target="collector-test"} 1
@@ -52,6 +53,7 @@ cdcflow_eventcollector_messages_received_total{kind="ddl",target="collector-test
 cdcflow_eventcollector_messages_received_total{kind="dml",target="collector-test"} 2
 cdcflow_eventcollector_messages_received_total{kind="handshake",target="collector-test"} 2
 cdcflow_eventcollector_messages_received_total{kind="resolved",target="collector-test"} 2
+cdcflow_eventcollector_messages_received_total{kind="resolved_batch",target="collector-test"} 0
 # HELP cdcflow_eventcollector_resets_total Dispatcher resets, by reason.
 # TYPE cdcflow_eventcollector_resets_total counter
 cdcflow_eventcollector_resets_total{reason="before_handshake",target="collector-test"} 0

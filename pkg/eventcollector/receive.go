@@ -54,10 +54,19 @@ func (c *Collector) handle(m messaging.Message) {
 	if k := int(m.Kind()); k >= 1 && k <= numKinds {
 		c.cnt.received[k-1].Add(1)
 	}
+	if b, ok := m.(*messaging.ResolvedBatch); ok {
+		c.handleBatch(b)
+		return
+	}
 	verr := messaging.Validate(m)
 	h := m.MessageHeader()
 	c.mu.Lock()
-	d := c.mu.dispatchers[h.Dispatcher]
+	var d *dispatcher
+	if r, ok := m.(*messaging.Resolved); ok {
+		d = c.lookupLocked(r)
+	} else {
+		d = c.mu.dispatchers[h.Dispatcher]
+	}
 	switch {
 	case d == nil:
 		c.mu.Unlock()
@@ -73,68 +82,172 @@ func (c *Collector) handle(m messaging.Message) {
 	}
 	v := d.st.receive(m, verr != nil)
 	epoch := d.st.epoch
+	if v.kind == verdictBegin {
+		d.serviceSlot = m.(*messaging.Handshake).Slot
+	}
 	if v.kind.callsSink() {
-		c.mu.inSink = d // under the verdict's lock: see Collector.mu.inSink
+		d.inSink = true // under the verdict's lock: see dispatcher.inSink
 	}
 	c.mu.Unlock()
 
 	switch v.kind {
 	case verdictNone:
 	case verdictStale:
-		if h.Epoch < epoch {
-			c.cnt.ignored[ignoreStaleEpoch].Add(1)
-		} else {
-			c.cnt.ignored[ignoreStaleResolved].Add(1)
-		}
+		c.countStale(h.Epoch, epoch)
 	case verdictReset:
 		c.afterReset(d, v.reason, epoch, verr, m)
 	default:
-		c.apply(d, epoch, v)
+		sw := clock.StartStopwatch()
+		err := c.call(d, epoch, v)
+		c.metrics.observeSink(v.kind.op(), sw.Elapsed())
+		c.mu.Lock()
+		c.sinkCallsEndedLocked()
+		d.inSink = false
+		reset, newEpoch := c.recordLocked(d, epoch, v, err)
+		c.mu.Unlock()
+		if reset {
+			c.afterReset(d, ResetSinkError, newEpoch, err, nil)
+		}
 	}
 }
 
-// apply makes the sink call of v, outside the lock, and records its
-// outcome: a confirmed checkpoint, or a reset on error.
-func (c *Collector) apply(d *dispatcher, epoch uint64, v verdict) {
+// countStale counts a stale verdict: of an older epoch, or a resolved-ts
+// overtaken by later messages.
+func (c *Collector) countStale(msgEpoch, epoch uint64) {
+	if msgEpoch < epoch {
+		c.cnt.ignored[ignoreStaleEpoch].Add(1)
+	} else {
+		c.cnt.ignored[ignoreStaleResolved].Add(1)
+	}
+}
+
+// batchCall is one sink call a resolved-ts batch asks for.
+type batchCall struct {
+	d     *dispatcher
+	epoch uint64
+	v     verdict
+	err   error
+}
+
+// batchReset is one reset a resolved-ts batch's entry caused.
+type batchReset struct {
+	d      *dispatcher
+	reason ResetReason
+	epoch  uint64
+	cause  error
+	m      messaging.Message
+}
+
+// handleBatch applies a resolved-ts batch: each entry as a Resolved alone
+// would be, in order, with one lock for all the verdicts and one for all
+// the outcomes instead of two per entry, each dispatcher found by its
+// slot, and the sink calls timed back to back.
+func (c *Collector) handleBatch(b *messaging.ResolvedBatch) {
+	if err := messaging.Validate(b); err != nil {
+		c.cnt.ignored[ignoreInvalidBatch].Add(1)
+		c.log.Warn("ignoring an invalid resolved-ts batch", zap.Error(err))
+		return
+	}
+	c.cnt.received[messaging.KindResolved-1].Add(uint64(len(b.Entries)))
+	calls, resets := c.batchBuf.calls[:0], c.batchBuf.resets[:0]
+	c.mu.Lock()
+	for i := range b.Entries {
+		e := &b.Entries[i]
+		verr := messaging.ValidateEntry(e)
+		d := c.lookupLocked(e)
+		switch {
+		case d == nil:
+			c.cnt.ignored[ignoreUnknownDispatcher].Add(1)
+			continue
+		case e.Registration != d.reg:
+			c.cnt.ignored[ignoreStaleRegistration].Add(1)
+			continue
+		}
+		v := d.st.receive(e, verr != nil)
+		switch v.kind {
+		case verdictNone:
+		case verdictStale:
+			c.countStale(e.Epoch, d.st.epoch)
+		case verdictReset:
+			resets = append(resets, batchReset{d: d, reason: v.reason, epoch: d.st.epoch, cause: verr, m: e})
+		default:
+			d.inSink = true // under the verdict's lock: see dispatcher.inSink
+			calls = append(calls, batchCall{d: d, epoch: d.st.epoch, v: v})
+		}
+	}
+	c.mu.Unlock()
+
+	if len(calls) > 0 {
+		lap := clock.StartStopwatch()
+		for i := range calls {
+			k := &calls[i]
+			k.err = c.call(k.d, k.epoch, k.v)
+			c.metrics.observeSink(k.v.kind.op(), lap.Lap())
+		}
+		c.mu.Lock()
+		c.sinkCallsEndedLocked()
+		for i := range calls {
+			k := &calls[i]
+			k.d.inSink = false
+			if reset, newEpoch := c.recordLocked(k.d, k.epoch, k.v, k.err); reset {
+				resets = append(resets, batchReset{d: k.d, reason: ResetSinkError, epoch: newEpoch, cause: k.err})
+			}
+		}
+		c.mu.Unlock()
+	}
+	for _, r := range resets {
+		if c.isClosing() {
+			break
+		}
+		c.afterReset(r.d, r.reason, r.epoch, r.cause, r.m)
+	}
+	clear(calls) // drop the dispatcher pointers
+	clear(resets)
+	c.batchBuf.calls, c.batchBuf.resets = calls[:0], resets[:0]
+}
+
+// call makes the sink call of verdict v for d.
+func (c *Collector) call(d *dispatcher, epoch uint64, v verdict) error {
 	sink := c.opts.Sink
-	sw := clock.StartStopwatch()
-	var err error
-	op := opBegin
 	switch v.kind {
 	case verdictBegin:
-		err = sink.BeginEpoch(d.id, epoch, v.ts)
+		return sink.BeginEpoch(d.id, epoch, v.ts)
 	case verdictRows:
-		op = opRows
-		if err = sink.ApplyRows(d.id, v.rows); err == nil {
+		err := sink.ApplyRows(d.id, v.rows)
+		if err == nil {
 			c.cnt.rowsApplied.Add(uint64(len(v.rows)))
 		}
+		return err
 	case verdictDDL:
-		op = opDDL
-		err = sink.ApplyDDL(d.id, v.ddl)
+		return sink.ApplyDDL(d.id, v.ddl)
 	case verdictCheckpoint:
-		op = opCheckpoint
-		err = sink.Checkpoint(d.id, v.ts)
+		return sink.Checkpoint(d.id, v.ts)
 	}
-	c.metrics.observeSink(op, sw.Elapsed())
+	return nil
+}
 
-	c.mu.Lock()
-	c.mu.inSink = nil
+// sinkCallsEndedLocked wakes a RemoveDispatcher waiting for the sink calls
+// that just ended. REQUIRES: c.mu held.
+func (c *Collector) sinkCallsEndedLocked() {
 	if c.mu.sinkDone != nil {
-		close(c.mu.sinkDone) // a RemoveDispatcher waits for this call
+		close(c.mu.sinkDone)
 		c.mu.sinkDone = nil
 	}
+}
+
+// recordLocked records the outcome of d's sink call for v in epoch: a
+// confirmed checkpoint, or (reset true) a reset to newEpoch on error,
+// which the caller then asks the service for (afterReset) outside the
+// lock. REQUIRES: c.mu held.
+func (c *Collector) recordLocked(d *dispatcher, epoch uint64, v verdict, err error) (reset bool, newEpoch uint64) {
 	if d.removed || d.st.epoch != epoch {
 		// Removed meanwhile; nothing else changes the epoch while the
 		// receive goroutine is in the sink.
-		c.mu.Unlock()
-		return
+		return false, 0
 	}
 	if err != nil {
 		d.st.reset(ResetSinkError, 0)
-		newEpoch := d.st.epoch
-		c.mu.Unlock()
-		c.afterReset(d, ResetSinkError, newEpoch, err, nil)
-		return
+		return true, d.st.epoch
 	}
 	if v.kind == verdictCheckpoint && !c.async {
 		d.st.checkpointed(v.ts)
@@ -144,7 +257,7 @@ func (c *Collector) apply(d *dispatcher, epoch uint64, v verdict) {
 		// until this epoch's handshake acknowledged the reset.
 		c.dueLocked(d)
 	}
-	c.mu.Unlock()
+	return false, 0
 }
 
 // durable records a checkpoint an AsyncSink made durable: it counts for

@@ -27,7 +27,7 @@ func TestAddDispatcherRegistersEpochOneWithTarget(t *testing.T) {
 	id := did(1)
 	require.NoError(t, h.coll.AddDispatcher(context.Background(), id, common.TableSpan(1), 10))
 	h.svc.mu.Lock()
-	require.Equal(t, []messaging.RegisterRequest{{Dispatcher: id, Registration: craftedReg(id), Span: common.TableSpan(1), StartTs: 10, Target: testTarget}}, h.svc.registers)
+	require.Equal(t, []messaging.RegisterRequest{{Dispatcher: id, Registration: craftedReg(id), Span: common.TableSpan(1), StartTs: 10, Target: testTarget, Slot: 1}}, h.svc.registers)
 	h.svc.mu.Unlock()
 	st := h.status(id)
 	require.Equal(t, DispatcherStatus{Registration: craftedReg(id), Epoch: 1, StartTs: 10, Checkpoint: 10, Resolved: 10, LastHeartbeat: 10}, st)

@@ -83,6 +83,21 @@ func (k verdictKind) callsSink() bool {
 	}
 }
 
+// op is the sink operation a verdict that calls the sink makes, for the
+// sink-latency metric.
+func (k verdictKind) op() sinkOp {
+	switch k {
+	case verdictRows:
+		return opRows
+	case verdictDDL:
+		return opDDL
+	case verdictCheckpoint:
+		return opCheckpoint
+	default:
+		return opBegin
+	}
+}
+
 // verdict is receive's answer.
 type verdict struct {
 	kind   verdictKind

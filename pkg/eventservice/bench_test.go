@@ -275,6 +275,12 @@ func benchScanThroughput(b *testing.B, n int) {
 					if msg.Ts >= end {
 						done++
 					}
+				case *messaging.ResolvedBatch:
+					for i := range msg.Entries {
+						if msg.Entries[i].Ts >= end {
+							done++
+						}
+					}
 				}
 			}
 			clear(buf)

@@ -47,7 +47,7 @@ func (svc *Service) carry(w *ownerWork, s *session, fx []effect) (next input, mo
 	for _, e := range fx {
 		switch e.kind {
 		case fxSendHandshake:
-			hs := &messaging.Handshake{Header: messaging.Header{Dispatcher: d.id, Registration: d.reg, Epoch: s.epoch, Seq: e.seq}, StartTs: e.ts}
+			hs := &messaging.Handshake{Header: messaging.Header{Dispatcher: d.id, Registration: d.reg, Epoch: s.epoch, Seq: e.seq}, StartTs: e.ts, Slot: d.slot}
 			res := sendResultOf(svc.sendOwned(s, []messaging.Message{hs}))
 			return input{kind: inHandshakeSent, sent: res, obs: svc.observe(s)}, true, true
 		case fxAddResolved:
@@ -94,7 +94,7 @@ func (svc *Service) observe(s *session) observation {
 func (svc *Service) sendScan(sc *scanner, s *session, e effect) sendResult {
 	var prevSent uint64
 	if e.ts != 0 {
-		sc.msgs = append(sc.msgs, &messaging.Resolved{Header: sc.header(s, e.seq), Ts: e.ts})
+		sc.msgs = append(sc.msgs, &messaging.Resolved{Header: sc.header(s, e.seq), Ts: e.ts, Slot: s.d.collectorSlot})
 		prevSent = s.sent.Swap(uint64(e.ts))
 	}
 	nmsgs := len(sc.msgs)

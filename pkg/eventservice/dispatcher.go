@@ -46,6 +46,11 @@ type dispatcher struct {
 	// registeredAt is the start-ts of the Register request, to recognise
 	// a repeated request.
 	registeredAt common.Ts
+	// collectorSlot is the collector's index of the dispatcher
+	// (RegisterRequest.Slot), echoed in its resolved-ts; slot is the
+	// service's (Service.mu.slots), sent in its handshakes for the
+	// collector to echo in heartbeats.
+	collectorSlot, slot uint32
 
 	// sendMu is held by an owner (a preparation or scan worker) from its
 	// check that its session is not retired through its transport send, so

@@ -133,7 +133,7 @@ func TestTableMovedBackGetsEveryRowOnce(t *testing.T) {
 // Remove waits for it, so that progress lands before Remove returns and
 // nothing of the registration is sent afterwards.
 func TestRemoveWaitsForTheResolvedPumpsHeldDelivery(t *testing.T) {
-	tr := newHoldSend(messaging.KindResolved)
+	tr := newHoldSend(messaging.KindResolvedBatch)
 	fencing := make(chan struct{}, 1)
 	h := newHarness(t, func(o *Options) { tr.inner = o.Transport; o.Transport = tr }, hooks{beforeFence: fenceHook(fencing)})
 	defer tr.unblock()

@@ -280,6 +280,15 @@ func (c *streamCheckerForTest) drain() int {
 }
 
 func (c *streamCheckerForTest) apply(m messaging.Message) {
+	if b, ok := m.(*messaging.ResolvedBatch); ok {
+		if err := messaging.Validate(b); err != nil {
+			c.violate("%v", err)
+		}
+		for i := range b.Entries {
+			c.apply(&b.Entries[i]) // as if sent one by one, in order
+		}
+		return
+	}
 	hd := m.MessageHeader()
 	if hd.Registration != c.current[hd.Dispatcher] {
 		c.staleReg[hd.Dispatcher]++

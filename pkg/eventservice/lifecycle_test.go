@@ -603,7 +603,7 @@ type blockResolvedForTest struct {
 }
 
 func (b *blockResolvedForTest) Send(to messaging.Target, msgs []messaging.Message) error {
-	if _, ok := msgs[0].(*messaging.Resolved); ok && b.armed.CompareAndSwap(true, false) {
+	if _, ok := msgs[0].(*messaging.ResolvedBatch); ok && b.armed.CompareAndSwap(true, false) {
 		close(b.blocked)
 		<-b.release
 	}
@@ -656,4 +656,50 @@ func (h *harness) deliveredAndCheckpointed() common.DispatcherID {
 	h.check.waitResolved(id, 40)
 	require.NoError(h.t, h.heartbeat(id, 1, 40))
 	return id
+}
+
+// TestHeartbeatFindsTheDispatcherBySlotOrByID: a heartbeat entry's slot
+// (the one the dispatcher's handshake carried) is a hint: an entry whose
+// slot names another dispatcher, or lies out of range, still reaches the
+// dispatcher it names, and never another; a removed dispatcher's slot goes
+// to the next one registered.
+func TestHeartbeatFindsTheDispatcherBySlotOrByID(t *testing.T) {
+	h := newHarness(t, nil, hooks{})
+	h.advanceSchema(1 << 40)
+	d1, d2 := h.register(1, 10), h.register(2, 10)
+	h.push(1, 40, row("a", 15, 20))
+	h.push(2, 40, row("b", 15, 20))
+	h.check.waitResolved(d1, 40)
+	h.check.waitResolved(d2, 40)
+	slotOf := func(id common.DispatcherID) uint32 {
+		h.svc.mu.RLock()
+		defer h.svc.mu.RUnlock()
+		return h.svc.mu.dispatchers[id].slot
+	}
+	s1, s2 := slotOf(d1), slotOf(d2)
+	require.NotEqual(t, s1, s2)
+	cp := func(id common.DispatcherID, ts common.Ts, slot uint32) messaging.DispatcherCheckpoint {
+		return messaging.DispatcherCheckpoint{Dispatcher: id, Registration: h.regOf(id), Epoch: 1, Ts: ts, Slot: slot}
+	}
+	reply, err := h.svc.Heartbeat(context.Background(), messaging.HeartbeatRequest{Checkpoints: []messaging.DispatcherCheckpoint{
+		cp(d1, 30, s1), cp(d2, 25, s1), cp(common.DispatcherIDFromUint64(9), 35, s2), cp(d1, 35, 1<<31),
+	}})
+	require.NoError(t, err)
+	require.Equal(t, []messaging.Code{messaging.CodeOK, messaging.CodeOK, messaging.CodeUnknownDispatcher, messaging.CodeOK}, reply.Codes)
+	st1, err := h.store.Dispatcher(d1)
+	require.NoError(t, err)
+	st2, err := h.store.Dispatcher(d2)
+	require.NoError(t, err)
+	require.Equal(t, common.Ts(35), st1.Checkpoint)
+	require.Equal(t, common.Ts(25), st2.Checkpoint, "d2's entry, in d1's slot, reached d2")
+
+	require.NoError(t, h.svc.Remove(context.Background(), messaging.RemoveRequest{Dispatcher: d1, Registration: h.regOf(d1)}))
+	d3 := h.register(3, 10)
+	require.Equal(t, s1, slotOf(d3), "the slot was reused")
+	reply, err = h.svc.Heartbeat(context.Background(), messaging.HeartbeatRequest{Checkpoints: []messaging.DispatcherCheckpoint{cp(d1, 40, s1)}})
+	require.NoError(t, err)
+	require.Equal(t, []messaging.Code{messaging.CodeUnknownDispatcher}, reply.Codes, "the removed dispatcher's entry in its old slot reaches nobody")
+	st3, err := h.store.Dispatcher(d3)
+	require.NoError(t, err)
+	require.Equal(t, common.Ts(10), st3.Checkpoint)
 }

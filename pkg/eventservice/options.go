@@ -73,11 +73,11 @@ type Options struct {
 	// message to reveal the seq gap; the keepalive is that later message.
 	// Default 1s (TiCDC re-sends every 2s; heartbeats come every 200ms).
 	SignalInterval time.Duration
-	// ResolvedBatch is the number of resolved-ts messages sent to a target
-	// per transport call. Default 512. Keep it well below the target's
-	// inbound capacity: a batch the target reports as too large is split,
-	// but a batch near the capacity is accepted only when the target is
-	// nearly empty.
+	// ResolvedBatch is the number of resolved-ts advances the target's pump
+	// delivers per round. They travel as messaging.ResolvedBatch messages
+	// of at most messaging.MaxResolvedBatchEntries entries, one transport
+	// call each. Default 512 (one message a round). A message the target
+	// reports as too large is split.
 	ResolvedBatch int
 	// MaxTargets bounds the targets (collectors) the service serves at
 	// once; a Register that would add one more is refused with

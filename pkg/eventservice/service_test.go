@@ -69,12 +69,14 @@ func TestScanLimitsStopAtBoundariesAndSplitLargeTxnsExactly(t *testing.T) {
 	require.Positive(t, testutilCounter(h.svc.metrics.interruptedScans))
 }
 
-// TestResolvedBatchesShrinkToTheTargetsCapacity: a target whose inbox is
-// smaller than ResolvedBatch answers a whole batch with ErrBatchTooLarge;
-// the target's pump sends smaller batches instead of retrying the same one
-// forever, and every dispatcher reaches the final resolved-ts.
+// TestResolvedBatchesShrinkToTheTargetsCapacity: a target whose inbox
+// holds fewer bytes than a ResolvedBatch of every advance answers it with
+// ErrBatchTooLarge; the target's pump sends smaller batches instead of
+// retrying the same one forever, and every dispatcher reaches the final
+// resolved-ts.
 func TestResolvedBatchesShrinkToTheTargetsCapacity(t *testing.T) {
-	small, err := messaging.NewInProcess(messaging.InProcessOptions{Capacity: 8})
+	// 512 bytes: 9 entries of 52 bytes fit in a batch, 40 do not.
+	small, err := messaging.NewInProcess(messaging.InProcessOptions{MaxBytes: 512})
 	require.NoError(t, err)
 	defer small.Close()
 	inbox, err := small.Register(testTarget)

@@ -213,6 +213,8 @@ func (w *traceWorld) run(t *testing.T, d *datadriven.TestData) string {
 					o.ScanLimitBytes = int(v)
 				case "large-txn-split-bytes":
 					o.LargeTxnSplitBytes = int(v)
+				case "resolved-batch":
+					o.ResolvedBatch = int(v)
 				default:
 					d.Fatalf(t, "options: unknown %q", k)
 				}
@@ -586,6 +588,13 @@ func describeForTrace(m messaging.Message) string {
 		return fmt.Sprintf("ddl %s at=%d", hd(m.Header), m.CommitTs)
 	case *messaging.Resolved:
 		return fmt.Sprintf("resolved %s ts=%d", hd(m.Header), m.Ts)
+	case *messaging.ResolvedBatch:
+		entries := make([]string, len(m.Entries))
+		for i := range m.Entries {
+			e := &m.Entries[i]
+			entries[i] = fmt.Sprintf("%s ts=%d", hd(e.Header), e.Ts)
+		}
+		return fmt.Sprintf("resolved_batch [%s]", strings.Join(entries, ", "))
 	}
 	return fmt.Sprintf("%T", m)
 }

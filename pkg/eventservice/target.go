@@ -73,17 +73,18 @@ type target struct {
 	// takes it once after retiring the session, waits for a delivery in
 	// flight that may carry the removed registration's resolved-ts.
 	deliverMu sync.Mutex
-	// msgs and owners are deliver's scratch, under deliverMu: a transport
-	// does not keep the slice it is handed (the scan workers reuse theirs
-	// likewise), only the messages.
+	// msgs (one message) and owners are deliver's scratch, under
+	// deliverMu: a transport does not keep the slice it is handed (the
+	// scan workers reuse theirs likewise), only the messages.
 	msgs   []messaging.Message
 	owners []int
 	// room wakes refused senders when the target has room again; nil when
 	// the transport cannot tell (then back-offs are timed).
 	room *roomWatch
-	// chunk is the most resolved-ts messages one Send carries: ResolvedBatch
-	// until the target reports ErrBatchTooLarge, then halved until batches
-	// fit. Only the pump's goroutine reads or writes it.
+	// chunk is the most entries one ResolvedBatch message carries:
+	// ResolvedBatch capped at messaging.MaxResolvedBatchEntries, until the
+	// target reports ErrBatchTooLarge, then halved until messages fit. Only
+	// the pump's goroutine reads or writes it.
 	chunk int
 }
 
@@ -93,7 +94,7 @@ func (svc *Service) targetLocked(name messaging.Target) (*target, error) {
 	if t, ok := svc.mu.targets[name]; ok {
 		return t, nil
 	}
-	t := &target{svc: svc, name: name, chunk: svc.opts.ResolvedBatch}
+	t := &target{svc: svc, name: name, chunk: min(svc.opts.ResolvedBatch, messaging.MaxResolvedBatchEntries)}
 	set, err := pendingset.New(pendingset.Options[common.DispatcherID, resolvedValue]{
 		Merge:         newerResolved,
 		MaxBatch:      svc.opts.ResolvedBatch,
@@ -151,26 +152,27 @@ func (t *target) stop() {
 	t.resolved.Unregister()
 }
 
-// deliver sends one batch of resolved-ts messages. Advances of a session
-// that is no longer its dispatcher's current one are dropped: an older
-// epoch's would be ignored by the collector, and a removed dispatcher's
-// could be taken for progress of a new dispatcher registered under the
-// same ID and epoch.
+// deliver sends one batch of resolved-ts advances, as ResolvedBatch
+// messages of up to chunk entries each. Advances of a session that is no
+// longer its dispatcher's current one are dropped: an older epoch's would
+// be ignored by the collector, and a removed dispatcher's could be taken
+// for progress of a new dispatcher registered under the same ID and epoch.
 // A refusal or failure fails the whole batch: every key is kept, no budget
-// is spent, and the pump backs off. A target whose capacity is below the
-// batch (ErrBatchTooLarge) gets smaller sends from then on, so a batch it
-// could never accept is not retried forever. When a later send of a batch
-// is refused, the keys already accepted are delivered and the rest retry
-// per key (RetryKey: no budget spent). Failing the whole batch instead
-// would re-send the accepted keys first on every retry and could keep the
-// others out of a small inbox indefinitely.
+// is spent, and the pump backs off. A target that cannot take a message of
+// chunk entries (ErrBatchTooLarge: a byte bound below it) gets smaller
+// messages from then on, so a message it could never accept is not retried
+// forever. When a later message of a batch is refused, the keys already
+// accepted are delivered and the rest retry per key (RetryKey: no budget
+// spent). Failing the whole batch instead would re-send the accepted keys
+// first on every retry and could keep the others out of a small inbox
+// indefinitely.
 func (t *target) deliver(_ context.Context, batch []pendingset.Entry[common.DispatcherID, resolvedValue]) error {
 	t.deliverMu.Lock()
 	defer t.deliverMu.Unlock()
-	msgs, owners := t.msgs[:0], t.owners[:0] // msgs[j] carries batch[owners[j]]
+	owners := t.owners[:0] // entry j carries batch[owners[j]]
 	defer func() {
-		clear(msgs) // the receiver owns the messages now; do not pin them
-		t.msgs, t.owners = msgs[:0], owners[:0]
+		clear(t.msgs) // the receiver owns the message now; do not pin it
+		t.owners = owners[:0]
 	}()
 	svc := t.svc
 	for i := range batch {
@@ -178,22 +180,28 @@ func (t *target) deliver(_ context.Context, batch []pendingset.Entry[common.Disp
 			owners = append(owners, i)
 		}
 	}
-	// The batch's messages in one allocation, not one each: at a million
-	// advances a second they were a third of the service's garbage. The
-	// receiver holds them until it drained the last, so the slab lives as
-	// long as its longest-lived message, bounded by the target's inbox.
+	// The batch's entries in one allocation, which the messages share: at
+	// a million advances a second one allocation each was a third of the
+	// service's garbage. The receiver holds them until it applied the last
+	// message, so the slab lives as long as its longest-lived message,
+	// bounded by the target's inbox.
 	slab := make([]messaging.Resolved, len(owners))
 	for j, i := range owners {
 		e := &batch[i]
+		d := e.Value.s.d
 		slab[j] = messaging.Resolved{
-			Header: messaging.Header{Dispatcher: e.Key, Registration: e.Value.s.d.reg, Epoch: e.Value.epoch, Seq: e.Value.seq},
+			Header: messaging.Header{Dispatcher: e.Key, Registration: d.reg, Epoch: e.Value.epoch, Seq: e.Value.seq},
 			Ts:     e.Value.ts,
+			Slot:   d.collectorSlot,
 		}
-		msgs = append(msgs, &slab[j])
 	}
-	for sent := 0; sent < len(msgs); {
-		n := min(t.chunk, len(msgs)-sent)
-		err := svc.send(t.name, msgs[sent:sent+n])
+	if len(t.msgs) == 0 {
+		t.msgs = make([]messaging.Message, 1)
+	}
+	for sent := 0; sent < len(slab); {
+		n := min(t.chunk, len(slab)-sent)
+		t.msgs[0] = &messaging.ResolvedBatch{Entries: slab[sent : sent+n : sent+n]}
+		err := svc.send(t.name, t.msgs)
 		switch {
 		case err == nil:
 			sent += n

@@ -280,7 +280,7 @@ func (s *Store) attachLocked(sb *subscriber, sub *subscription) {
 	sb.sub = sub
 	sub.mu.Lock()
 	sub.addSubscriberLocked(sb)
-	s.noteGCLocked(sub, s.opts.Clock.Now())
+	s.noteGCLocked(sub, time.Time{})
 	sub.mu.Unlock()
 	s.mu.dispatchers[sb.id] = sb
 	s.metrics.dispatchers.Set(float64(len(s.mu.dispatchers)))
@@ -414,7 +414,7 @@ func (s *Store) UpdateCheckpoint(id common.DispatcherID, ts common.Ts) error {
 		sb.checkpoint = ts
 		sub.recomputeGCLocked()
 		s.trimFreshLocked(sub, sub.mu.gcTarget)
-		s.noteGCLocked(sub, s.opts.Clock.Now())
+		s.noteGCLocked(sub, time.Time{})
 	}
 	return nil
 }

@@ -1,5 +1,6 @@
 // Package messaging defines the messages the event service sends to event
-// collectors (Handshake, DMLBatch, DDL, Resolved), the Transport they travel
+// collectors (Handshake, DMLBatch, DDL, Resolved, and ResolvedBatch, many
+// dispatchers' Resolved in one message), the Transport they travel
 // over, an in-process Transport (InProcess) and a fault-injecting wrapper
 // (Faulty) for tests and the demo server; and the control plane the other
 // way (ControlPlane: Register, Reset, Remove and a batched Heartbeat), whose
@@ -30,7 +31,8 @@
 //     also says when a refused target has room again, so the caller can
 //     wait for that instead of guessing. A batch that could never fit fails with ErrBatchTooLarge.
 //   - Memory is bounded: an InProcess inbox holds at most Capacity messages
-//     (and, if set, MaxBytes approximate bytes).
+//     (a ResolvedBatch is one, of at most MaxResolvedBatchEntries entries)
+//     and, if set, MaxBytes approximate bytes.
 //   - Messages are passed by pointer, never copied: after a successful Send
 //     the sender must not modify them. The msgs slice itself is not retained.
 //   - Nothing here starts a goroutine or holds package-level state.

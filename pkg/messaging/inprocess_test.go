@@ -102,18 +102,18 @@ func TestSendAllOrNothingAtCapacity(t *testing.T) {
 }
 
 func TestSendByteBound(t *testing.T) {
-	// A Resolved is 48 bytes.
-	p, ins := newTransport(t, InProcessOptions{Capacity: 10, MaxBytes: 100}, "a")
+	// A Resolved is 52 bytes.
+	p, ins := newTransport(t, InProcessOptions{Capacity: 10, MaxBytes: 110}, "a")
 	in := ins[0]
 	require.NoError(t, p.Send("a", resN(1, 2)))
-	require.Equal(t, 96, in.Bytes())
+	require.Equal(t, 104, in.Bytes())
 	require.Equal(t, ErrBusy, p.Send("a", resN(3, 1)))
 	require.ErrorIs(t, p.Send("a", resN(3, 3)), ErrBatchTooLarge)
-	require.Equal(t, 96, in.Bytes())
+	require.Equal(t, 104, in.Bytes())
 	require.Equal(t, 2, in.Len())
 
 	require.Equal(t, []uint64{1}, seqs(in.Drain(nil, 1)))
-	require.Equal(t, 48, in.Bytes())
+	require.Equal(t, 52, in.Bytes())
 	require.NoError(t, p.Send("a", resN(3, 1)))
 	require.Equal(t, []uint64{2, 3}, seqs(in.Drain(nil, 0)))
 	require.Zero(t, in.Bytes())

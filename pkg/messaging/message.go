@@ -18,6 +18,9 @@ const (
 	KindDDL
 	// KindResolved carries resolved-ts progress.
 	KindResolved
+	// KindResolvedBatch carries the resolved-ts progress of many
+	// dispatchers of one target.
+	KindResolvedBatch
 )
 
 // String returns the kind's name, or "kind(N)" for an unknown one.
@@ -31,6 +34,8 @@ func (k Kind) String() string {
 		return "ddl"
 	case KindResolved:
 		return "resolved"
+	case KindResolvedBatch:
+		return "resolved_batch"
 	default:
 		return fmt.Sprintf("kind(%d)", uint8(k))
 	}
@@ -52,11 +57,12 @@ type Header struct {
 // MessageHeader returns h; promoted to every message type.
 func (h Header) MessageHeader() Header { return h }
 
-// Message is one of *Handshake, *DMLBatch, *DDL, *Resolved. The set is
-// closed (an unexported method seals it), so receivers may type-switch
-// exhaustively.
+// Message is one of *Handshake, *DMLBatch, *DDL, *Resolved, *ResolvedBatch.
+// The set is closed (an unexported method seals it), so receivers may
+// type-switch exhaustively.
 type Message interface {
-	// MessageHeader returns the message's header.
+	// MessageHeader returns the message's header: the zero Header for a
+	// ResolvedBatch, whose entries carry one each.
 	MessageHeader() Header
 	// Kind returns the message's type.
 	Kind() Kind
@@ -74,6 +80,7 @@ const (
 	headerSize  = 16 + 8 + 8 + 8 // dispatcher, registration, epoch, seq
 	tsSize      = 8
 	rowOverhead = 1 + 2*tsSize // op, start-ts, commit-ts
+	slotSize    = 4
 )
 
 // Handshake opens an epoch: it is the first message of each epoch, at Seq 1,
@@ -82,6 +89,11 @@ const (
 type Handshake struct {
 	Header
 	StartTs common.Ts
+	// Slot is the service's index of the dispatcher (zero: none), which
+	// the receiver echoes in its heartbeats (DispatcherCheckpoint.Slot) so
+	// the service finds the dispatcher by index instead of by ID. The
+	// receiver does not interpret it.
+	Slot uint32
 }
 
 // DMLBatch carries rows of one dispatcher in commit-ts order: one or more
@@ -144,13 +156,40 @@ type DDL struct {
 type Resolved struct {
 	Header
 	Ts common.Ts
+	// Slot is the receiver's slot of the dispatcher, as its registration
+	// gave it (RegisterRequest.Slot), echoed so the receiver can find the
+	// dispatcher by index instead of by ID. It is a hint: a receiver
+	// checks that the dispatcher in the slot is the one named, and looks
+	// it up by ID when it is not. Zero means none.
+	Slot uint32
 }
+
+// MaxResolvedBatchEntries bounds a ResolvedBatch. It is TiCDC's figure for
+// its batched resolved-ts (512 per destination), and keeps a batch near
+// 24 KiB on the wire, so an inbox's Capacity (counted in messages) bounds
+// its resolved-ts entries to Capacity times this.
+const MaxResolvedBatchEntries = 512
+
+// ResolvedBatch carries resolved-ts progress of many dispatchers of one
+// target in one message: each entry means what a Resolved alone would,
+// and the batch means what its entries sent one after another in order
+// would. A sender that batches the resolved-ts it would have sent
+// consecutively keeps every ordering guarantee (each entry is for its own
+// dispatcher, and the batch sits where they would have). It has 1 to
+// MaxResolvedBatchEntries entries.
+type ResolvedBatch struct {
+	Entries []Resolved
+}
+
+// MessageHeader implements Message: a batch has no header of its own.
+func (m *ResolvedBatch) MessageHeader() Header { return Header{} }
 
 var (
 	_ Message = (*Handshake)(nil)
 	_ Message = (*DMLBatch)(nil)
 	_ Message = (*DDL)(nil)
 	_ Message = (*Resolved)(nil)
+	_ Message = (*ResolvedBatch)(nil)
 )
 
 // Kind implements Message.
@@ -165,8 +204,11 @@ func (m *DDL) Kind() Kind { return KindDDL }
 // Kind implements Message.
 func (m *Resolved) Kind() Kind { return KindResolved }
 
+// Kind implements Message.
+func (m *ResolvedBatch) Kind() Kind { return KindResolvedBatch }
+
 // Size implements Message.
-func (m *Handshake) Size() int { return headerSize + tsSize }
+func (m *Handshake) Size() int { return headerSize + tsSize + slotSize }
 
 // Size implements Message.
 func (m *DMLBatch) Size() int {
@@ -181,23 +223,36 @@ func (m *DMLBatch) Size() int {
 func (m *DDL) Size() int { return headerSize + 8 + tsSize + len(m.Query) }
 
 // Size implements Message.
-func (m *Resolved) Size() int { return headerSize + tsSize }
+func (m *Resolved) Size() int { return headerSize + tsSize + slotSize }
 
-func (m *Handshake) nonNil() bool { return m != nil }
-func (m *DMLBatch) nonNil() bool  { return m != nil }
-func (m *DDL) nonNil() bool       { return m != nil }
-func (m *Resolved) nonNil() bool  { return m != nil }
+// Size implements Message.
+func (m *ResolvedBatch) Size() int { return 2 + len(m.Entries)*(headerSize+tsSize+slotSize) }
+
+func (m *Handshake) nonNil() bool     { return m != nil }
+func (m *DMLBatch) nonNil() bool      { return m != nil }
+func (m *DDL) nonNil() bool           { return m != nil }
+func (m *Resolved) nonNil() bool      { return m != nil }
+func (m *ResolvedBatch) nonNil() bool { return m != nil }
 
 // Validate checks what can be checked of m on its own: a non-nil message,
 // a non-zero dispatcher and registration, Epoch >= 1, Seq 1 for a Handshake, Seq >= 2 for a
 // DMLBatch or DDL (they follow the handshake), Seq >= 1 for a Resolved; a
 // DMLBatch has rows, each with a valid op and a non-zero commit-ts, in
 // commit-ts order; a DDL has a non-negative table and a non-zero commit-ts.
+// A ResolvedBatch has 1 to MaxResolvedBatchEntries entries; its entries
+// are checked one by one with ValidateEntry (one bad entry does not make
+// the others unusable), not here.
 // Errors wrap ErrInvalidMessage. Transports do not call it (it is O(rows));
 // receivers should.
 func Validate(m Message) error {
 	if m == nil || !m.nonNil() {
 		return fmt.Errorf("%w: nil message", ErrInvalidMessage)
+	}
+	if b, ok := m.(*ResolvedBatch); ok {
+		if n := len(b.Entries); n == 0 || n > MaxResolvedBatchEntries {
+			return fmt.Errorf("%w: resolved_batch of %d entries (1 to %d)", ErrInvalidMessage, n, MaxResolvedBatchEntries)
+		}
+		return nil
 	}
 	h := m.MessageHeader()
 	bad := func(format string, args ...any) error {
@@ -250,3 +305,7 @@ func Validate(m Message) error {
 	}
 	return nil
 }
+
+// ValidateEntry checks one entry of a ResolvedBatch as Validate checks a
+// Resolved.
+func ValidateEntry(r *Resolved) error { return Validate(r) }

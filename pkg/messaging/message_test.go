@@ -39,8 +39,9 @@ func TestHeaderIsPromoted(t *testing.T) {
 }
 
 func TestSize(t *testing.T) {
-	require.Equal(t, 48, (&Handshake{}).Size())
-	require.Equal(t, 48, (&Resolved{}).Size())
+	require.Equal(t, 52, (&Handshake{}).Size())
+	require.Equal(t, 52, (&Resolved{}).Size())
+	require.Equal(t, 2+3*52, (&ResolvedBatch{Entries: make([]Resolved, 3)}).Size())
 	require.Equal(t, 40+16+5, (&DDL{Query: "hello"}).Size())
 	require.Equal(t, 41, (&DMLBatch{}).Size())
 	b := &DMLBatch{Rows: []common.Row{row(5, "ab"), row(6, "c")}}

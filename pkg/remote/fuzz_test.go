@@ -41,13 +41,21 @@ func dmlFrameClaimingRows(rows uint64, tail []byte) []byte {
 // not (each row needs at least minRowBytes).
 func TestDecodeRefusesRowCountsTheFrameCannotHold(t *testing.T) {
 	for name, b := range map[string][]byte{
-		"count past the end":        dmlFrameClaimingRows(1<<40, nil),
-		"count of 2^64-1":           dmlFrameClaimingRows(^uint64(0), nil),
-		"a byte per claimed row":    dmlFrameClaimingRows(1000, make([]byte, 1000)),
-		"messages past the end":     binary.AppendUvarint(nil, 1<<40),
-		"a byte per message":        append(binary.AppendUvarint(nil, 100), make([]byte, 100)...),
-		"control: checkpoints":      append(append([]byte(wireMagic), WireVersion, opHeartbeat), binary.AppendUvarint(nil, 5000)...),
-		"control: 2^64 checkpoints": append(append([]byte(wireMagic), WireVersion, opHeartbeat), binary.AppendUvarint(nil, ^uint64(0))...),
+		"count past the end":          dmlFrameClaimingRows(1<<40, nil),
+		"count of 2^64-1":             dmlFrameClaimingRows(^uint64(0), nil),
+		"a byte per claimed row":      dmlFrameClaimingRows(1000, make([]byte, 1000)),
+		"messages past the end":       binary.AppendUvarint(nil, 1<<40),
+		"a byte per message":          append(binary.AppendUvarint(nil, 100), make([]byte, 100)...),
+		"control: checkpoints":        append(append([]byte(wireMagic), WireVersion, opHeartbeat), binary.AppendUvarint(nil, 5000)...),
+		"control: 2^64 checkpoints":   append(append([]byte(wireMagic), WireVersion, opHeartbeat), binary.AppendUvarint(nil, ^uint64(0))...),
+		"batch: entries past the end": resolvedBatchFrame(1<<40, nil),
+		"batch: a byte per entry":     resolvedBatchFrame(100, make([]byte, 100)),
+		"batch: no entries":           resolvedBatchFrame(0, make([]byte, 32)),
+		"batch: too many entries":     resolvedBatchFrame(messaging.MaxResolvedBatchEntries+1, make([]byte, (messaging.MaxResolvedBatchEntries+1)*minBatchEntryBytes)),
+		"batch: a slot beyond 32 bits": func() []byte {
+			entry := make([]byte, 16+4) // dispatcher, registration, epoch, seq, ts
+			return resolvedBatchFrame(1, binary.AppendUvarint(entry, 1<<32))
+		}(),
 	} {
 		require.NotPanics(t, func() {
 			if name[:8] == "control:" {
@@ -77,6 +85,18 @@ func TestDecodeAllocationIsBoundedByTheFrame(t *testing.T) {
 		// The most rows the bytes allow, then garbage: decoding fails
 		// after allocating the rows.
 		"lying count": dmlFrameClaimingRows(size/minRowBytes, make([]byte, size)),
+		// As many minimal resolved-ts batches as fit.
+		"minimal batches": func() []byte {
+			var b []byte
+			n := 0
+			for len(b)+2+messaging.MaxResolvedBatchEntries*minBatchEntryBytes <= size {
+				b = append(b, byte(messaging.KindResolvedBatch))
+				b = binary.AppendUvarint(b, messaging.MaxResolvedBatchEntries)
+				b = append(b, make([]byte, messaging.MaxResolvedBatchEntries*minBatchEntryBytes)...)
+				n++
+			}
+			return append(binary.AppendUvarint(nil, uint64(n)), b...)
+		}(),
 		// As many minimal valid rows as fit: the worst valid frame.
 		"minimal rows": func() []byte {
 			var rows []byte
@@ -100,11 +120,11 @@ func TestDecodeAllocationIsBoundedByTheFrame(t *testing.T) {
 
 func FuzzDecodeControl(f *testing.F) {
 	reg := messaging.RegisterRequest{Dispatcher: disp, Registration: 7, Span: common.Span{TableID: 3, StartKey: []byte("a"), EndKey: []byte("b")},
-		StartTs: 9, Target: "c1", Replace: true}
+		StartTs: 9, Target: "c1", Replace: true, Slot: 11}
 	f.Add(appendRegister(nil, reg))
 	f.Add(appendReset(nil, messaging.ResetRequest{Dispatcher: disp, Registration: 7, Epoch: 2, StartTs: 5}))
 	f.Add(appendRemove(nil, messaging.RemoveRequest{Dispatcher: disp, Registration: 7}))
-	f.Add(appendHeartbeat(nil, messaging.HeartbeatRequest{Checkpoints: []messaging.DispatcherCheckpoint{{Dispatcher: disp, Registration: 7, Epoch: 1, Ts: 4}}}))
+	f.Add(appendHeartbeat(nil, messaging.HeartbeatRequest{Checkpoints: []messaging.DispatcherCheckpoint{{Dispatcher: disp, Registration: 7, Epoch: 1, Ts: 4, Slot: 12}}}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := decodeControl(b)
 		if err != nil {
@@ -218,4 +238,11 @@ func TestSendIsCutIntoFramesBetweenMessages(t *testing.T) {
 	one := appendFrames(nil, msgs[:1])
 	require.Len(t, one, 1)
 	require.Equal(t, appendMessages(nil, msgs[:1]), one[0], "a small batch is the one frame appendMessages makes")
+}
+
+// resolvedBatchFrame is a data frame of one ResolvedBatch claiming n
+// entries, followed by body.
+func resolvedBatchFrame(n uint64, body []byte) []byte {
+	b := append(binary.AppendUvarint(nil, 1), byte(messaging.KindResolvedBatch))
+	return append(binary.AppendUvarint(b, n), body...)
 }

@@ -27,13 +27,17 @@ func hdr(seq uint64) messaging.Header {
 // and empty are different for a row's OldValue.
 func sampleMessages() []messaging.Message {
 	return []messaging.Message{
-		&messaging.Handshake{Header: hdr(1), StartTs: 100},
+		&messaging.Handshake{Header: hdr(1), StartTs: 100, Slot: 3},
 		&messaging.DMLBatch{Header: hdr(2), Partial: true, Rows: []common.Row{
 			{Op: common.OpPut, Key: []byte("k1"), Value: []byte("v1"), OldValue: nil, StartTs: 101, CommitTs: 102},
 			{Op: common.OpDelete, Key: []byte("k2"), Value: []byte{}, OldValue: []byte("old"), StartTs: 103, CommitTs: 104},
 		}},
 		&messaging.DDL{Header: hdr(3), TableID: 5, CommitTs: 105, Query: "ALTER TABLE t ADD c int"},
-		&messaging.Resolved{Header: hdr(3), Ts: 106},
+		&messaging.Resolved{Header: hdr(3), Ts: 106, Slot: 7},
+		&messaging.ResolvedBatch{Entries: []messaging.Resolved{
+			{Header: hdr(3), Ts: 107, Slot: 1},
+			{Header: messaging.Header{Dispatcher: common.DispatcherID{Hi: 9, Lo: 9}, Registration: 8, Epoch: 2, Seq: 5}, Ts: 108, Slot: 1<<32 - 1},
+		}},
 	}
 }
 
@@ -56,7 +60,7 @@ func TestWireRoundTrip(t *testing.T) {
 func resolvedAmongOthers() []messaging.Message {
 	return []messaging.Message{
 		&messaging.Resolved{Header: hdr(1), Ts: 99},
-		&messaging.Handshake{Header: hdr(1), StartTs: 100},
+		&messaging.Handshake{Header: hdr(1), StartTs: 100, Slot: 3},
 		&messaging.Resolved{Header: hdr(1), Ts: 100},
 		&messaging.DDL{Header: hdr(2), TableID: 5, CommitTs: 105, Query: "ALTER TABLE t ADD c int"},
 		&messaging.Resolved{Header: hdr(2), Ts: 106},
@@ -81,6 +85,7 @@ func FuzzDecodeMessages(f *testing.F) {
 	f.Add(appendMessages(nil, sampleMessages()))
 	f.Add(appendMessages(nil, resolvedAmongOthers()))
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0x0f})
+	f.Add(resolvedBatchFrame(3, make([]byte, 3*minBatchEntryBytes)))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		msgs, err := decodeMessages(b)
 		if err != nil {
@@ -254,7 +259,7 @@ func TestBrokenStreamIsUnavailableUntilReconnect(t *testing.T) {
 func TestControlCallsCarryTheirCodes(t *testing.T) {
 	p := start(t, 4)
 	ctx := context.Background()
-	reg := messaging.RegisterRequest{Dispatcher: disp, Registration: 7, Span: common.TableSpan(3), StartTs: 5, Target: "c1"}
+	reg := messaging.RegisterRequest{Dispatcher: disp, Registration: 7, Span: common.TableSpan(3), StartTs: 5, Target: "c1", Slot: 42}
 	require.NoError(t, p.cli.Register(ctx, reg))
 	require.Equal(t, reg, <-p.cp.calls)
 	reg.Registration, reg.Replace = 8, true // a takeover crosses the wire as one
@@ -353,8 +358,8 @@ func TestClientReconnectsToARestartedService(t *testing.T) {
 		t.Fatal("no reconnect signalled")
 	}
 	waitConnected(t, srv2, "c1")
-	require.NoError(t, srv2.Send("c1", sampleMessages()[2:]))
-	require.Equal(t, sampleMessages()[2:], receive(t, cli.Inbox(), 2))
+	require.NoError(t, srv2.Send("c1", sampleMessages()[2:4]))
+	require.Equal(t, sampleMessages()[2:4], receive(t, cli.Inbox(), 2))
 	require.Equal(t, int64(2), cli.Streams())
 	requireMetric(t, cliReg, "cdcflow_remote_client_streams_total", 2)
 	requireMetric(t, cliReg, "cdcflow_remote_client_received_messages_total", 4)

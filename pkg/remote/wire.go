@@ -18,10 +18,11 @@ import (
 //
 //	data frame    = count, message*                  (service -> collector; count 0: a ping)
 //	message       = kind, dispatcher, registration, epoch, seq, body
-//	Handshake     = start-ts
+//	              | kind(resolved batch), count, (dispatcher, registration, epoch, seq, ts, slot)*
+//	Handshake     = start-ts, slot
 //	DMLBatch      = partial, rows, (op, key, value, old-value, start-ts, commit-ts)*
 //	DDL           = table-id, commit-ts, query
-//	Resolved      = ts
+//	Resolved      = ts, slot
 //	stream frame  = magic, version, hello(target, capacity, credit)   (collector -> service, first)
 //	              | credit(n)                                         (then; n = 0: a ping)
 //	control call  = magic, version, op, request      (collector -> service)
@@ -45,8 +46,10 @@ const (
 	minMessageBytes = 1 + 16 + 3 + 1
 	// op, three byte strings (a length byte each) and two ts.
 	minRowBytes = 1 + 3 + 2
-	// dispatcher (16), registration, epoch, ts.
-	minCheckpointBytes = 16 + 3
+	// dispatcher (16), registration, epoch, ts, slot.
+	minCheckpointBytes = 16 + 4
+	// a batch's entry: dispatcher (16), registration, epoch, seq, ts, slot.
+	minBatchEntryBytes = 16 + 5
 )
 
 // maxDecodeAmplification bounds the bytes decoding a frame allocates, as
@@ -208,6 +211,20 @@ func appendFrames(dst [][]byte, msgs []messaging.Message) [][]byte {
 
 // message encodes one message. REQUIRES: m is not nil.
 func (e *encoder) message(m messaging.Message) {
+	if b, ok := m.(*messaging.ResolvedBatch); ok {
+		e.byte(byte(messaging.KindResolvedBatch))
+		e.u(uint64(len(b.Entries)))
+		for i := range b.Entries {
+			r := &b.Entries[i]
+			e.id(r.Dispatcher)
+			e.u(uint64(r.Registration))
+			e.u(r.Epoch)
+			e.u(r.Seq)
+			e.u(uint64(r.Ts))
+			e.u(uint64(r.Slot))
+		}
+		return
+	}
 	h := m.MessageHeader()
 	e.byte(byte(m.Kind()))
 	e.id(h.Dispatcher)
@@ -217,6 +234,7 @@ func (e *encoder) message(m messaging.Message) {
 	switch m := m.(type) {
 	case *messaging.Handshake:
 		e.u(uint64(m.StartTs))
+		e.u(uint64(m.Slot))
 	case *messaging.DMLBatch:
 		if m.Partial {
 			e.byte(1)
@@ -239,6 +257,7 @@ func (e *encoder) message(m messaging.Message) {
 		e.str(m.Query)
 	case *messaging.Resolved:
 		e.u(uint64(m.Ts))
+		e.u(uint64(m.Slot))
 	}
 }
 
@@ -273,10 +292,17 @@ func decodeMessages(b []byte) ([]messaging.Message, error) {
 	var resolved []messaging.Resolved
 	for i := range n {
 		kind := messaging.Kind(d.byte())
+		if kind == messaging.KindResolvedBatch {
+			if b := d.resolvedBatch(); d.err == nil {
+				msgs = append(msgs, b)
+				continue
+			}
+			return nil, d.err
+		}
 		h := messaging.Header{Dispatcher: d.id(), Registration: messaging.RegistrationID(d.u()), Epoch: d.u(), Seq: d.u()}
 		switch kind {
 		case messaging.KindHandshake:
-			msgs = append(msgs, &messaging.Handshake{Header: h, StartTs: common.Ts(d.u())})
+			msgs = append(msgs, &messaging.Handshake{Header: h, StartTs: common.Ts(d.u()), Slot: d.slot()})
 		case messaging.KindDMLBatch:
 			m := &messaging.DMLBatch{Header: h, Partial: d.byte() == 1}
 			rows := d.count(minRowBytes, "rows")
@@ -297,7 +323,7 @@ func decodeMessages(b []byte) ([]messaging.Message, error) {
 			if resolved == nil {
 				resolved = make([]messaging.Resolved, 0, n-i)
 			}
-			resolved = append(resolved, messaging.Resolved{Header: h, Ts: common.Ts(d.u())})
+			resolved = append(resolved, messaging.Resolved{Header: h, Ts: common.Ts(d.u()), Slot: d.slot()})
 			msgs = append(msgs, &resolved[len(resolved)-1])
 		default:
 			d.fail(fmt.Sprintf("unknown message kind %d", kind))
@@ -310,4 +336,34 @@ func decodeMessages(b []byte) ([]messaging.Message, error) {
 		return nil, err
 	}
 	return msgs, nil
+}
+
+// resolvedBatch decodes a ResolvedBatch's body: 1 to
+// messaging.MaxResolvedBatchEntries entries, counted against the bytes
+// left.
+func (d *decoder) resolvedBatch() *messaging.ResolvedBatch {
+	n := d.count(minBatchEntryBytes, "resolved-ts entries")
+	if d.err == nil && (n == 0 || n > messaging.MaxResolvedBatchEntries) {
+		d.fail(fmt.Sprintf("resolved-ts batch of %d entries (1 to %d)", n, messaging.MaxResolvedBatchEntries))
+	}
+	if d.err != nil {
+		return nil
+	}
+	b := &messaging.ResolvedBatch{Entries: make([]messaging.Resolved, n)}
+	for i := range b.Entries {
+		r := &b.Entries[i]
+		r.Header = messaging.Header{Dispatcher: d.id(), Registration: messaging.RegistrationID(d.u()), Epoch: d.u(), Seq: d.u()}
+		r.Ts, r.Slot = common.Ts(d.u()), d.slot()
+	}
+	return b
+}
+
+// slot reads a slot, which must fit 32 bits.
+func (d *decoder) slot() uint32 {
+	v := d.u()
+	if v > 1<<32-1 {
+		d.fail(fmt.Sprintf("slot %d does not fit 32 bits", v))
+		return 0
+	}
+	return uint32(v)
 }

@@ -17,7 +17,7 @@ import (
 // instead of decoding garbage. The gRPC service name carries it too
 // (serviceName), so a build whose name differs is refused by gRPC itself
 // (Unimplemented), which the client reports as the same error.
-const WireVersion = 1
+const WireVersion = 2
 
 // wireMagic opens a hello and a control request: bytes that are not ours
 // are malformed, bytes that are ours with another version are a version
@@ -31,15 +31,15 @@ var ErrVersionMismatch = errors.New("remote: wire version mismatch")
 
 // maxUpFrameBytes bounds every frame the service receives: control
 // requests and stream frames. The largest valid one is a full heartbeat
-// (MaxHeartbeatCheckpoints entries of at most 46 bytes: about 370 KiB);
+// (MaxHeartbeatCheckpoints entries of at most 51 bytes: about 410 KiB);
 // a Register with two span keys of common.MaxSpanKeyBytes is smaller. The
 // server's gRPC receive limit is this, so a peer cannot make it read and
 // copy 64 MiB before refusing.
-const maxUpFrameBytes = 64 + messaging.MaxHeartbeatCheckpoints*(16+3*binary.MaxVarintLen64)
+const maxUpFrameBytes = 64 + messaging.MaxHeartbeatCheckpoints*(16+3*binary.MaxVarintLen64+binary.MaxVarintLen32)
 
 // maxRegisterBytes is the largest valid Register request.
 const maxRegisterBytes = 64 + 16 + 3*binary.MaxVarintLen64 + 2*(common.MaxSpanKeyBytes+binary.MaxVarintLen64) +
-	messaging.MaxTargetBytes + binary.MaxVarintLen64 + 1
+	messaging.MaxTargetBytes + binary.MaxVarintLen64 + 1 + binary.MaxVarintLen32
 
 func (e *encoder) header() {
 	e.b = append(e.b, wireMagic...)
@@ -156,6 +156,7 @@ func appendRegister(b []byte, r messaging.RegisterRequest) []byte {
 		replace = 1
 	}
 	e.byte(replace)
+	e.u(uint64(r.Slot))
 	return e.b
 }
 
@@ -189,6 +190,7 @@ func appendHeartbeat(b []byte, r messaging.HeartbeatRequest) []byte {
 		e.u(uint64(c.Registration))
 		e.u(c.Epoch)
 		e.u(uint64(c.Ts))
+		e.u(uint64(c.Slot))
 	}
 	return e.b
 }
@@ -226,6 +228,7 @@ func decodeControl(b []byte) (controlRequest, error) {
 		default:
 			d.fail("replace flag not 0 or 1")
 		}
+		q.Slot = d.slot()
 	case opReset:
 		r.reset = messaging.ResetRequest{Dispatcher: d.id(), Registration: messaging.RegistrationID(d.u()), Epoch: d.u(), StartTs: common.Ts(d.u())}
 	case opRemove:
@@ -241,7 +244,7 @@ func decodeControl(b []byte) (controlRequest, error) {
 		r.heartbeat.Checkpoints = make([]messaging.DispatcherCheckpoint, n)
 		for i := range r.heartbeat.Checkpoints {
 			r.heartbeat.Checkpoints[i] = messaging.DispatcherCheckpoint{Dispatcher: d.id(), Registration: messaging.RegistrationID(d.u()),
-				Epoch: d.u(), Ts: common.Ts(d.u())}
+				Epoch: d.u(), Ts: common.Ts(d.u()), Slot: d.slot()}
 		}
 	default:
 		d.fail(fmt.Sprintf("unknown control op %d", r.op))
