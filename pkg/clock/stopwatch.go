@@ -16,16 +16,6 @@ func StartStopwatch() Stopwatch { return Stopwatch{start: time.Now()} }
 // Elapsed is the real time since the stopwatch started (monotonic).
 func (s Stopwatch) Elapsed() time.Duration { return time.Since(s.start) }
 
-// Lap returns the real time since the stopwatch started or last lapped and
-// restarts it there: timing calls made back to back reads the clock once
-// per call, not twice.
-func (s *Stopwatch) Lap() time.Duration {
-	now := time.Now()
-	d := now.Sub(s.start)
-	s.start = now
-	return d
-}
-
 // RealDeadline is the wall-clock instant d from now, for the operating
 // system's deadlines (a socket's read deadline), which count real time:
 // a component computes d on its Clock, then hands the OS this.

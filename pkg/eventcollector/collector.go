@@ -76,8 +76,9 @@ type Collector struct {
 
 	// batchBuf is the receive goroutine's scratch for a resolved-ts batch.
 	batchBuf struct {
-		calls  []batchCall
+		list   []batchCall
 		resets []batchReset
+		calls  uint64 // sink calls made for batches, to sample their timing
 	}
 
 	// hbBuf is the heartbeat goroutine's scratch lists: cps[i] is the

@@ -54,7 +54,7 @@ func newMetrics(fresh *freshBudget) *metrics {
 		}),
 		notifyDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: subsystem, Name: "notify_duration_seconds",
-			Help:    "Real time spent inside one dispatcher notifier callback.",
+			Help:    "Real time spent inside one dispatcher notifier callback (one callback in 8 of each dispatcher is timed).",
 			Buckets: prometheus.ExponentialBuckets(50e-9, 4, 12),
 		}),
 		notifications: prometheus.NewCounter(prometheus.CounterOpts(opts("notifications_total", "Notifier callbacks invoked."))),

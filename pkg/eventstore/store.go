@@ -11,6 +11,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
+	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
 
 	"github.com/cdcflow/eventservice/internal/latency"
@@ -41,7 +42,8 @@ type Store struct {
 	// fresh accounts the subscriptions' fresh rows (fresh.go).
 	fresh freshBudget
 
-	// notifyLatency records the real time of every notifier callback.
+	// notifyLatency records the real time of the notifier callbacks timed
+	// (one in notifySampleEvery of each dispatcher).
 	notifyLatency latency.Histogram
 
 	// maint schedules GC and idle expiry (see maintenance.go).
@@ -462,8 +464,9 @@ func (s *Store) Flush() error {
 type Stats struct {
 	Subscriptions int
 	Dispatchers   int
-	// NotifyCount, NotifyMax, NotifyP50 and NotifyP99 describe the real time
-	// spent inside notifier callbacks.
+	// NotifyCount counts notifier callbacks. NotifyMax, NotifyP50 and
+	// NotifyP99 describe the real time spent inside the ones timed: one in
+	// 8 of each dispatcher, its first included.
 	NotifyCount          uint64
 	NotifyP50, NotifyP99 time.Duration
 	NotifyMax            time.Duration
@@ -474,7 +477,10 @@ func (s *Store) Stats() Stats {
 	s.mu.RLock()
 	st := Stats{Subscriptions: len(s.mu.subs), Dispatchers: len(s.mu.dispatchers)}
 	s.mu.RUnlock()
-	st.NotifyCount = s.notifyLatency.Count()
+	var m dto.Metric
+	if s.metrics.notifications.Write(&m) == nil {
+		st.NotifyCount = uint64(m.GetCounter().GetValue())
+	}
 	st.NotifyP50 = s.notifyLatency.Quantile(0.5)
 	st.NotifyP99 = s.notifyLatency.Quantile(0.99)
 	st.NotifyMax = s.notifyLatency.Max()

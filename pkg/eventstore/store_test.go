@@ -726,3 +726,24 @@ func TestNotifyIntervalHoldsBackButNeverLosesTheLastAdvance(t *testing.T) {
 	require.Equal(t, common.Ts(26), n.maxCommit)
 	require.Empty(t, r.ch)
 }
+
+// TestNotifyTimesOneCallbackInEightAndCountsEvery: every callback is
+// counted; one in notifySampleEvery of each dispatcher, its first
+// included, is timed.
+func TestNotifyTimesOneCallbackInEightAndCountsEvery(t *testing.T) {
+	env := newTestEnv(t, nil)
+	r1, r2 := newRecorder(), newRecorder()
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r1.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(2), common.TableSpan(2), 0, r2.notify))
+	const n = 2*notifySampleEvery + 1 // callbacks 1, 9 and 17 of each are timed
+	for ts := common.Ts(1); ts <= n; ts++ {
+		push(t, env.up.last(t, common.TableSpan(1)), ts)
+		push(t, env.up.last(t, common.TableSpan(2)), ts)
+		r1.waitResolved(t, ts)
+		r2.waitResolved(t, ts)
+	}
+	st := env.store.Stats()
+	require.Equal(t, uint64(2*n), st.NotifyCount, "every callback counted")
+	require.Equal(t, uint64(2*3), env.store.notifyLatency.Count(), "three of each dispatcher's timed")
+	require.Positive(t, st.NotifyMax)
+}

@@ -50,8 +50,20 @@ type subscriber struct {
 		sync.Mutex
 		lastNotified common.Ts
 		stopped      bool
+		// notifies counts the callbacks, to time one in notifySampleEvery.
+		notifies uint32
 	}
 }
+
+// notifySampleEvery: one callback in this many of each dispatcher is timed
+// (its first, then every notifySampleEvery-th). Timing costs two clock
+// reads and two histogram updates, about 250 ns on a VM whose clock read
+// is 77 ns, several times the callback itself (about 40 ns): at a million
+// notifications a second, timing each was a fifth of a core. A sample
+// per dispatcher's sequence is unrelated to how long a callback takes, so
+// the quantiles stay unbiased; the count of callbacks is exact
+// (notifications_total).
+const notifySampleEvery = 8
 
 // notify calls the notifier if resolved is news for this dispatcher.
 func (sb *subscriber) notify(s *Store, resolved, maxCommit common.Ts) {
@@ -61,12 +73,17 @@ func (sb *subscriber) notify(s *Store, resolved, maxCommit common.Ts) {
 		return
 	}
 	sb.mu.lastNotified = resolved
+	s.metrics.notifications.Inc()
+	sb.mu.notifies++
+	if sb.mu.notifies%notifySampleEvery != 1 {
+		sb.notifier(resolved, maxCommit)
+		return
+	}
 	sw := clock.StartStopwatch() // real time, the one place the notify path is timed
 	sb.notifier(resolved, maxCommit)
 	d := sw.Elapsed()
 	s.notifyLatency.Record(d)
 	s.metrics.notifyDuration.Observe(d.Seconds())
-	s.metrics.notifications.Inc()
 }
 
 // stop prevents further callbacks, waiting for one in flight. waiting, if
