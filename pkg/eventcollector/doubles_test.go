@@ -57,6 +57,8 @@ type recordingServiceForTest struct {
 	heartbeats    []heartbeatCallForTest
 	heartbeatSlot []uint32 // heartbeatSlot[i] is the slot heartbeats[i] echoed
 	heartbeatReqs int
+	batches       []int                                // the sizes of the RegisterBatch calls
+	refuseEntry   func(messaging.RegisterRequest) bool // RegisterBatch refuses these entries
 	registerErr   error
 	removeErr     error
 	resetErrs     []error // consumed in order by Reset
@@ -94,6 +96,20 @@ func (s *recordingServiceForTest) Remove(_ context.Context, req messaging.Remove
 	defer s.mu.Unlock()
 	s.removes = append(s.removes, req)
 	return s.removeErr
+}
+
+func (s *recordingServiceForTest) RegisterBatch(ctx context.Context, r messaging.RegisterBatchRequest) (messaging.RegisterBatchReply, error) {
+	s.mu.Lock()
+	s.batches = append(s.batches, len(r.Requests))
+	refuse := s.refuseEntry
+	s.mu.Unlock()
+	reply, err := messaging.RegisterEach(ctx, s.Register, r)
+	for i, q := range r.Requests {
+		if refuse != nil && refuse(q) {
+			reply.Codes[i] = messaging.CodeLimitExceeded
+		}
+	}
+	return reply, err
 }
 
 func (s *recordingServiceForTest) Heartbeat(_ context.Context, req messaging.HeartbeatRequest) (messaging.HeartbeatReply, error) {

@@ -64,6 +64,66 @@ func (svc *Service) Register(ctx context.Context, req messaging.RegisterRequest)
 	return nil
 }
 
+// RegisterBatch registers each entry as Register would and answers entry
+// by entry. The entries that are new dispatchers are mapped under one
+// acquisition of the service's lock, not one each; a take-over (Replace of
+// a registered ID) goes through Register.
+func (svc *Service) RegisterBatch(ctx context.Context, req messaging.RegisterBatchRequest) (messaging.RegisterBatchReply, error) {
+	if err := req.Validate(); err != nil {
+		return messaging.RegisterBatchReply{}, err
+	}
+	if err := callerGone(ctx, "register"); err != nil {
+		return messaging.RegisterBatchReply{}, err
+	}
+	reply := messaging.RegisterBatchReply{Codes: make([]messaging.Code, len(req.Requests))}
+	auth := messaging.AuthorityOf(ctx)
+	added := make([]addedDispatcher, len(req.Requests))
+	errs := make([]error, len(req.Requests))
+	for i := range req.Requests {
+		r := &req.Requests[i]
+		if err := r.Validate(); err != nil {
+			errs[i] = err
+		} else if !messaging.MayServe(auth, r.Target) {
+			errs[i] = svc.denied(auth, r.Target, "register")
+		}
+	}
+	svc.addDispatchers(req.Requests, errs, added)
+	for i := range req.Requests {
+		r, a, err := &req.Requests[i], added[i], errs[i]
+		switch {
+		case a.d != nil:
+			if err = svc.registerInStore(a.d, a.s, r.StartTs); err != nil {
+				svc.forget(a.d)
+			} else {
+				svc.request(a.s, false)
+			}
+		case r.Replace && errors.Is(err, messaging.ErrDispatcherExists):
+			err = svc.Register(ctx, *r)
+		}
+		reply.Codes[i] = messaging.CodeOf(err)
+	}
+	return reply, nil
+}
+
+// addedDispatcher is a dispatcher addDispatchers created (nil d: none).
+type addedDispatcher struct {
+	d *dispatcher
+	s *session
+}
+
+// addDispatchers is addDispatcher for every reqs[i] whose errs[i] is nil,
+// under one acquisition of the service's lock: added[i] or errs[i] is set
+// (neither for a repeated request).
+func (svc *Service) addDispatchers(reqs []messaging.RegisterRequest, errs []error, added []addedDispatcher) {
+	svc.mu.Lock()
+	defer svc.mu.Unlock()
+	for i := range reqs {
+		if errs[i] == nil {
+			added[i].d, added[i].s, errs[i] = svc.addDispatcherLocked(reqs[i])
+		}
+	}
+}
+
 // addDispatcher creates and maps the dispatcher of req, with d.mu held (so
 // a Remove or Close that finds it waits for its store registration). It
 // returns a nil dispatcher with the error to return (nil for a repeated
@@ -71,6 +131,11 @@ func (svc *Service) Register(ctx context.Context, req messaging.RegisterRequest)
 func (svc *Service) addDispatcher(req messaging.RegisterRequest) (*dispatcher, *session, error) {
 	svc.mu.Lock()
 	defer svc.mu.Unlock()
+	return svc.addDispatcherLocked(req)
+}
+
+// addDispatcherLocked is addDispatcher's body. REQUIRES: svc.mu held.
+func (svc *Service) addDispatcherLocked(req messaging.RegisterRequest) (*dispatcher, *session, error) {
 	if svc.mu.closed {
 		return nil, nil, closedError("register")
 	}

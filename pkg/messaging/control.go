@@ -60,6 +60,48 @@ func (r RegisterRequest) Validate() error {
 	return errors.Join(errs...)
 }
 
+// MaxRegisterBatch bounds a RegisterBatchRequest: a thousand table
+// registrations encode to about 200 KiB, within a network message. A
+// collector with more dispatchers sends several.
+const MaxRegisterBatch = 1024
+
+// RegisterBatchRequest registers many dispatchers in one call, each entry
+// as a Register of its own would (a collector adding a changefeed's
+// tables, or registering them again after a reconnect, pays one round
+// trip per batch, not one per table).
+type RegisterBatchRequest struct {
+	Requests []RegisterRequest
+}
+
+// Validate checks the request's size. Entries are judged one by one by the
+// service (RegisterBatchReply.Codes), so one bad entry does not refuse the
+// others. Errors wrap ErrInvalidRequest.
+func (r RegisterBatchRequest) Validate() error {
+	if n := len(r.Requests); n == 0 || n > MaxRegisterBatch {
+		return fmt.Errorf("%w: %d registrations in one batch, 1 to %d", ErrInvalidRequest, n, MaxRegisterBatch)
+	}
+	return nil
+}
+
+// RegisterBatchReply answers a RegisterBatchRequest entry by entry:
+// Codes[i] is the outcome of Requests[i], as Register's error's code.
+type RegisterBatchReply struct {
+	Codes []Code
+}
+
+// RegisterEach answers req with one register call per entry, in order: the
+// RegisterBatch of a control plane with nothing to share between entries.
+func RegisterEach(ctx context.Context, register func(context.Context, RegisterRequest) error, req RegisterBatchRequest) (RegisterBatchReply, error) {
+	if err := req.Validate(); err != nil {
+		return RegisterBatchReply{}, err
+	}
+	reply := RegisterBatchReply{Codes: make([]Code, len(req.Requests))}
+	for i, r := range req.Requests {
+		reply.Codes[i] = CodeOf(register(ctx, r))
+	}
+	return reply, nil
+}
+
 // ResetRequest asks the service to start epoch Epoch of the registration
 // from StartTs: the old epoch's queued and in-flight work is discarded and
 // the new epoch opens with a handshake. Epoch must be above the current
@@ -154,6 +196,10 @@ type HeartbeatReply struct {
 //   - ErrStaleEpoch: a reset to an epoch that is not above the current one.
 type ControlPlane interface {
 	Register(ctx context.Context, req RegisterRequest) error
+	// RegisterBatch registers each entry as Register would. Its error is
+	// the call's (an invalid batch, or one that never reached the
+	// service); the entries' outcomes are the reply's codes.
+	RegisterBatch(ctx context.Context, req RegisterBatchRequest) (RegisterBatchReply, error)
 	Reset(ctx context.Context, req ResetRequest) error
 	Remove(ctx context.Context, req RemoveRequest) error
 	Heartbeat(ctx context.Context, req HeartbeatRequest) (HeartbeatReply, error)

@@ -1,6 +1,7 @@
 package messaging
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -68,4 +69,28 @@ func TestTargetValidate(t *testing.T) {
 	for _, bad := range []Target{"", "\xff\xfe", "é", "a\x00b", "a b", "a\n", "{x}", "a\"b", Target(strings.Repeat("z", MaxTargetBytes+1))} {
 		require.ErrorIs(t, bad.Validate(), ErrInvalidTarget, "%q", bad)
 	}
+}
+
+// TestRegisterEachAnswersEveryEntry: RegisterEach calls register once per
+// entry, in order, and answers each with its error's code; a batch of no
+// or too many entries is refused whole.
+func TestRegisterEachAnswersEveryEntry(t *testing.T) {
+	var seen []common.DispatcherID
+	register := func(_ context.Context, r RegisterRequest) error {
+		seen = append(seen, r.Dispatcher)
+		if r.Dispatcher.Lo == 2 {
+			return fmt.Errorf("%w: taken", ErrDispatcherExists)
+		}
+		return nil
+	}
+	req := RegisterBatchRequest{Requests: []RegisterRequest{{Dispatcher: common.DispatcherID{Lo: 1}}, {Dispatcher: common.DispatcherID{Lo: 2}}}}
+	reply, err := RegisterEach(context.Background(), register, req)
+	require.NoError(t, err)
+	require.Equal(t, []Code{CodeOK, CodeDispatcherExists}, reply.Codes)
+	require.Equal(t, []common.DispatcherID{{Lo: 1}, {Lo: 2}}, seen)
+	for _, bad := range []RegisterBatchRequest{{}, {Requests: make([]RegisterRequest, MaxRegisterBatch+1)}} {
+		_, err := RegisterEach(context.Background(), register, bad)
+		require.ErrorIs(t, err, ErrInvalidRequest)
+	}
+	require.Len(t, seen, 2, "a refused batch calls nothing")
 }

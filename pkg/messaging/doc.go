@@ -3,7 +3,8 @@
 // dispatchers' Resolved in one message), the Transport they travel
 // over, an in-process Transport (InProcess) and a fault-injecting wrapper
 // (Faulty) for tests and the demo server; and the control plane the other
-// way (ControlPlane: Register, Reset, Remove and a batched Heartbeat), whose
+// way (ControlPlane: Register, a batched RegisterBatch, Reset, Remove and a
+// batched Heartbeat), whose
 // requests and replies are plain values and whose errors map to a Code, so
 // that a collector can live in another process.
 //
@@ -41,8 +42,9 @@
 // a reply's errors are ErrInvalidRequest, ErrClosed, ErrUnavailable,
 // ErrDispatcherExists, ErrUnknownDispatcher, ErrStaleRegistration,
 // ErrStaleEpoch or ErrInternal, and CodeOf / Code.Err map each to a wire code
-// and back; a heartbeat carries at most MaxHeartbeatCheckpoints entries and
-// is answered entry by entry.
+// and back; a heartbeat carries at most MaxHeartbeatCheckpoints entries, a
+// register batch at most MaxRegisterBatch, and both are answered entry by
+// entry.
 //
 // Every error wraps one of the sentinels in errors.go; test with errors.Is.
 package messaging

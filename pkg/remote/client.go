@@ -445,6 +445,36 @@ func (c *Client) Register(ctx context.Context, req messaging.RegisterRequest) er
 	return err
 }
 
+// RegisterBatch implements messaging.ControlPlane: one control call per
+// part of the batch that fits a frame the service reads (maxUpFrameBytes),
+// so a batch of registrations with long span keys is cut in several.
+func (c *Client) RegisterBatch(ctx context.Context, req messaging.RegisterBatchRequest) (messaging.RegisterBatchReply, error) {
+	if err := req.Validate(); err != nil {
+		return messaging.RegisterBatchReply{}, err
+	}
+	reply := messaging.RegisterBatchReply{Codes: make([]messaging.Code, 0, len(req.Requests))}
+	rest := req.Requests
+	for len(rest) > 0 {
+		n, frame := len(rest), appendRegisterBatch(nil, rest)
+		for len(frame) > maxUpFrameBytes && n > 1 {
+			n /= 2
+			frame = appendRegisterBatch(frame[:0], rest[:n])
+		}
+		codes, err := c.call(ctx, frame)
+		if err == nil && len(codes) != n {
+			err = fmt.Errorf("%w: %d codes for %d registrations", messaging.ErrInternal, len(codes), n)
+		}
+		if err != nil {
+			// Entries sent before keep their outcomes; the call's error
+			// says the rest were not (all) registered.
+			return reply, err
+		}
+		reply.Codes = append(reply.Codes, codes...)
+		rest = rest[n:]
+	}
+	return reply, nil
+}
+
 // Reset implements messaging.ControlPlane.
 func (c *Client) Reset(ctx context.Context, req messaging.ResetRequest) error {
 	if err := req.Validate(); err != nil {

@@ -41,13 +41,17 @@ func dmlFrameClaimingRows(rows uint64, tail []byte) []byte {
 // not (each row needs at least minRowBytes).
 func TestDecodeRefusesRowCountsTheFrameCannotHold(t *testing.T) {
 	for name, b := range map[string][]byte{
-		"count past the end":          dmlFrameClaimingRows(1<<40, nil),
-		"count of 2^64-1":             dmlFrameClaimingRows(^uint64(0), nil),
-		"a byte per claimed row":      dmlFrameClaimingRows(1000, make([]byte, 1000)),
-		"messages past the end":       binary.AppendUvarint(nil, 1<<40),
-		"a byte per message":          append(binary.AppendUvarint(nil, 100), make([]byte, 100)...),
-		"control: checkpoints":        append(append([]byte(wireMagic), WireVersion, opHeartbeat), binary.AppendUvarint(nil, 5000)...),
-		"control: 2^64 checkpoints":   append(append([]byte(wireMagic), WireVersion, opHeartbeat), binary.AppendUvarint(nil, ^uint64(0))...),
+		"count past the end":                  dmlFrameClaimingRows(1<<40, nil),
+		"count of 2^64-1":                     dmlFrameClaimingRows(^uint64(0), nil),
+		"a byte per claimed row":              dmlFrameClaimingRows(1000, make([]byte, 1000)),
+		"messages past the end":               binary.AppendUvarint(nil, 1<<40),
+		"a byte per message":                  append(binary.AppendUvarint(nil, 100), make([]byte, 100)...),
+		"control: checkpoints":                append(append([]byte(wireMagic), WireVersion, opHeartbeat), binary.AppendUvarint(nil, 5000)...),
+		"control: 2^64 checkpoints":           append(append([]byte(wireMagic), WireVersion, opHeartbeat), binary.AppendUvarint(nil, ^uint64(0))...),
+		"control: registrations past the end": append(append([]byte(wireMagic), WireVersion, opRegisterBatch), binary.AppendUvarint(nil, 1<<40)...),
+		"control: no registrations":           append(append([]byte(wireMagic), WireVersion, opRegisterBatch), 0),
+		"control: too many registrations": append(append(append([]byte(wireMagic), WireVersion, opRegisterBatch),
+			binary.AppendUvarint(nil, messaging.MaxRegisterBatch+1)...), make([]byte, (messaging.MaxRegisterBatch+1)*minRegisterBytes)...),
 		"batch: entries past the end": resolvedBatchFrame(1<<40, nil),
 		"batch: a byte per entry":     resolvedBatchFrame(100, make([]byte, 100)),
 		"batch: no entries":           resolvedBatchFrame(0, make([]byte, 32)),
@@ -125,6 +129,9 @@ func FuzzDecodeControl(f *testing.F) {
 	f.Add(appendReset(nil, messaging.ResetRequest{Dispatcher: disp, Registration: 7, Epoch: 2, StartTs: 5}))
 	f.Add(appendRemove(nil, messaging.RemoveRequest{Dispatcher: disp, Registration: 7}))
 	f.Add(appendHeartbeat(nil, messaging.HeartbeatRequest{Checkpoints: []messaging.DispatcherCheckpoint{{Dispatcher: disp, Registration: 7, Epoch: 1, Ts: 4, Slot: 12}}}))
+	reg2 := reg
+	reg2.Dispatcher, reg2.Replace = common.DispatcherID{Lo: 5}, false
+	f.Add(appendRegisterBatch(nil, []messaging.RegisterRequest{reg, reg2}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := decodeControl(b)
 		if err != nil {
@@ -141,6 +148,8 @@ func FuzzDecodeControl(f *testing.F) {
 			again = appendRemove(nil, r.remove)
 		case opHeartbeat:
 			again = appendHeartbeat(nil, r.heartbeat)
+		case opRegisterBatch:
+			again = appendRegisterBatch(nil, r.batch.Requests)
 		}
 		r2, err := decodeControl(again)
 		require.NoError(t, err)

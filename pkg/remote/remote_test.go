@@ -1,8 +1,10 @@
 package remote
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -120,6 +122,18 @@ func (c *controlForTest) Remove(_ context.Context, r messaging.RemoveRequest) er
 	c.calls <- r
 	return c.err
 }
+
+// RegisterBatch records the whole batch as one call and answers every
+// entry CodeOK, or with codes when the test set as many.
+func (c *controlForTest) RegisterBatch(_ context.Context, r messaging.RegisterBatchRequest) (messaging.RegisterBatchReply, error) {
+	c.calls <- r
+	reply := messaging.RegisterBatchReply{Codes: make([]messaging.Code, len(r.Requests))}
+	if len(c.codes) == len(r.Requests) {
+		copy(reply.Codes, c.codes)
+	}
+	return reply, c.err
+}
+
 func (c *controlForTest) Heartbeat(_ context.Context, r messaging.HeartbeatRequest) (messaging.HeartbeatReply, error) {
 	c.calls <- r
 	return messaging.HeartbeatReply{Codes: c.codes}, c.err
@@ -286,8 +300,55 @@ func TestControlCallsCarryTheirCodes(t *testing.T) {
 	require.Equal(t, p.cp.codes, reply.Codes)
 	require.Equal(t, hb, <-p.cp.calls)
 
+	// A batch of registrations is one call, answered entry by entry.
+	p.cp.codes = []messaging.Code{messaging.CodeOK, messaging.CodeDispatcherExists}
+	batch := messaging.RegisterBatchRequest{Requests: []messaging.RegisterRequest{reg, {Dispatcher: common.DispatcherID{Lo: 9},
+		Registration: 9, Span: common.Span{TableID: 4, StartKey: []byte("a"), EndKey: []byte("b")}, StartTs: 6, Target: "c1", Slot: 43}}}
+	breply, err := p.cli.RegisterBatch(ctx, batch)
+	require.NoError(t, err)
+	require.Equal(t, p.cp.codes, breply.Codes)
+	require.Equal(t, batch, <-p.cp.calls)
+
 	// Invalid requests are refused before the wire.
 	require.ErrorIs(t, p.cli.Register(ctx, messaging.RegisterRequest{}), messaging.ErrInvalidRequest)
+	_, err = p.cli.RegisterBatch(ctx, messaging.RegisterBatchRequest{})
+	require.ErrorIs(t, err, messaging.ErrInvalidRequest)
+}
+
+// TestRegisterBatchBeyondAFrameIsCut: a batch whose encoding exceeds the
+// largest frame the service reads (long span keys) goes as several calls,
+// every entry in order, every code back.
+func TestRegisterBatchBeyondAFrameIsCut(t *testing.T) {
+	p := start(t, 4)
+	key := func(b byte) []byte { return bytes.Repeat([]byte{b}, common.MaxSpanKeyBytes) }
+	var batch messaging.RegisterBatchRequest
+	for i := range 40 { // 40 x 32 KiB of keys: about 1.3 MiB
+		batch.Requests = append(batch.Requests, messaging.RegisterRequest{Dispatcher: common.DispatcherID{Lo: uint64(i + 1)},
+			Registration: 7, Span: common.Span{TableID: 1, StartKey: key('a'), EndKey: key('b')}, Target: "c1"})
+	}
+	go func() {
+		reply, err := p.cli.RegisterBatch(context.Background(), batch)
+		if err == nil && len(reply.Codes) != len(batch.Requests) {
+			err = fmt.Errorf("%d codes", len(reply.Codes))
+		}
+		p.cp.calls <- err
+	}()
+	var got []messaging.RegisterRequest
+	calls := 0
+	for done := false; !done; {
+		switch c := (<-p.cp.calls).(type) {
+		case messaging.RegisterBatchRequest:
+			calls++
+			got = append(got, c.Requests...)
+		case error:
+			require.NoError(t, c)
+			done = true
+		default: // the nil error: the call returned
+			done = true
+		}
+	}
+	require.Greater(t, calls, 1, "cut into several calls")
+	require.Equal(t, batch.Requests, got)
 }
 
 // A service that cannot be reached is ErrUnavailable for control calls.

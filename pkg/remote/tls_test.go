@@ -35,6 +35,10 @@ func (a *authorityRecorder) Reset(ctx context.Context, _ messaging.ResetRequest)
 func (a *authorityRecorder) Remove(ctx context.Context, _ messaging.RemoveRequest) error {
 	return nil
 }
+func (a *authorityRecorder) RegisterBatch(ctx context.Context, r messaging.RegisterBatchRequest) (messaging.RegisterBatchReply, error) {
+	return messaging.RegisterEach(ctx, a.Register, r)
+}
+
 func (a *authorityRecorder) Heartbeat(context.Context, messaging.HeartbeatRequest) (messaging.HeartbeatReply, error) {
 	return messaging.HeartbeatReply{}, nil
 }

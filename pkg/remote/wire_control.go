@@ -138,12 +138,37 @@ const (
 	opReset
 	opRemove
 	opHeartbeat
+	opRegisterBatch
 )
+
+// minRegisterBytes is the fewest bytes a Register's body takes:
+// dispatcher (16), registration, table, two key lengths, start-ts, target
+// length, replace, slot.
+const minRegisterBytes = 16 + 8
 
 func appendRegister(b []byte, r messaging.RegisterRequest) []byte {
 	e := encoder{b: b}
 	e.header()
 	e.byte(opRegister)
+	e.register(r)
+	return e.b
+}
+
+// appendRegisterBatch encodes a batch of registrations. The caller keeps
+// it within maxUpFrameBytes (Client.RegisterBatch splits).
+func appendRegisterBatch(b []byte, reqs []messaging.RegisterRequest) []byte {
+	e := encoder{b: b}
+	e.header()
+	e.byte(opRegisterBatch)
+	e.u(uint64(len(reqs)))
+	for _, r := range reqs {
+		e.register(r)
+	}
+	return e.b
+}
+
+// register encodes a Register's body.
+func (e *encoder) register(r messaging.RegisterRequest) {
 	e.id(r.Dispatcher)
 	e.u(uint64(r.Registration))
 	e.i(r.Span.TableID)
@@ -157,7 +182,6 @@ func appendRegister(b []byte, r messaging.RegisterRequest) []byte {
 	}
 	e.byte(replace)
 	e.u(uint64(r.Slot))
-	return e.b
 }
 
 func appendReset(b []byte, r messaging.ResetRequest) []byte {
@@ -199,6 +223,7 @@ func appendHeartbeat(b []byte, r messaging.HeartbeatRequest) []byte {
 type controlRequest struct {
 	op        byte
 	register  messaging.RegisterRequest
+	batch     messaging.RegisterBatchRequest
 	reset     messaging.ResetRequest
 	remove    messaging.RemoveRequest
 	heartbeat messaging.HeartbeatRequest
@@ -216,19 +241,19 @@ func decodeControl(b []byte) (controlRequest, error) {
 	}
 	switch r.op {
 	case opRegister:
-		q := &r.register
-		q.Dispatcher, q.Registration = d.id(), messaging.RegistrationID(d.u())
-		q.Span.TableID = d.i()
-		q.Span.StartKey, q.Span.EndKey = d.bytes(), d.bytes()
-		q.StartTs, q.Target = common.Ts(d.u()), messaging.Target(d.str())
-		switch d.byte() {
-		case 0:
-		case 1:
-			q.Replace = true
-		default:
-			d.fail("replace flag not 0 or 1")
+		r.register = d.register()
+	case opRegisterBatch:
+		n := d.count(minRegisterBytes, "registrations")
+		if d.err == nil && (n == 0 || n > messaging.MaxRegisterBatch) {
+			d.fail(fmt.Sprintf("%d registrations, 1 to %d", n, messaging.MaxRegisterBatch))
 		}
-		q.Slot = d.slot()
+		if d.err != nil {
+			return controlRequest{}, d.err
+		}
+		r.batch.Requests = make([]messaging.RegisterRequest, n)
+		for i := range r.batch.Requests {
+			r.batch.Requests[i] = d.register()
+		}
 	case opReset:
 		r.reset = messaging.ResetRequest{Dispatcher: d.id(), Registration: messaging.RegistrationID(d.u()), Epoch: d.u(), StartTs: common.Ts(d.u())}
 	case opRemove:
@@ -253,6 +278,24 @@ func decodeControl(b []byte) (controlRequest, error) {
 		return controlRequest{}, err
 	}
 	return r, nil
+}
+
+// register decodes a Register's body.
+func (d *decoder) register() messaging.RegisterRequest {
+	var q messaging.RegisterRequest
+	q.Dispatcher, q.Registration = d.id(), messaging.RegistrationID(d.u())
+	q.Span.TableID = d.i()
+	q.Span.StartKey, q.Span.EndKey = d.bytes(), d.bytes()
+	q.StartTs, q.Target = common.Ts(d.u()), messaging.Target(d.str())
+	switch d.byte() {
+	case 0:
+	case 1:
+		q.Replace = true
+	default:
+		d.fail("replace flag not 0 or 1")
+	}
+	q.Slot = d.slot()
+	return q
 }
 
 // maxReplyMessage bounds the explanation a reply carries.
@@ -325,6 +368,10 @@ func serveControl(ctx context.Context, cp messaging.ControlPlane, b []byte) ([]b
 		switch r.op {
 		case opRegister:
 			err = cp.Register(ctx, r.register)
+		case opRegisterBatch:
+			var reply messaging.RegisterBatchReply
+			reply, err = cp.RegisterBatch(ctx, r.batch)
+			codes = reply.Codes
 		case opReset:
 			err = cp.Reset(ctx, r.reset)
 		case opRemove:

@@ -138,6 +138,7 @@ func RunCollector(ctx context.Context, cfg Config, stdout, stderr io.Writer) (Co
 		if err := rf.coll.Start(); err != nil {
 			return sum, err
 		}
+		specs := make([]eventcollector.DispatcherSpec, 0, cfg.Tables)
 		for t := 1; t <= cfg.Tables; t++ {
 			id := common.DispatcherID{Hi: uint64(feed), Lo: uint64(t)}
 			rf.sink.Bind(id, int64(t))
@@ -149,9 +150,10 @@ func RunCollector(ctx context.Context, cfg Config, stdout, stderr io.Writer) (Co
 				start = ckpt
 				sum.Resumed++
 			}
-			if err := addWithRetry(runCtx, rf.coll, id, int64(t), start); err != nil {
-				return sum, err
-			}
+			specs = append(specs, eventcollector.DispatcherSpec{ID: id, Span: common.TableSpan(int64(t)), StartTs: start})
+		}
+		if err := addAllWithRetry(runCtx, rf.coll, specs); err != nil {
+			return sum, err
 		}
 		sum.Dispatchers += len(rf.ids)
 		lg.Info("changefeed registered", zap.Int("feed", feed), zap.Int("dispatchers", len(rf.ids)))
@@ -174,16 +176,27 @@ func RunCollector(ctx context.Context, cfg Config, stdout, stderr io.Writer) (Co
 	return sum, nil
 }
 
-// addWithRetry registers a dispatcher, retrying while the service cannot
-// be reached (it may not be up yet, or the connection is being rebuilt)
-// with a doubling delay, until ctx ends.
-func addWithRetry(ctx context.Context, coll *eventcollector.Collector, id common.DispatcherID, table int64, start common.Ts) error {
+// addAllWithRetry registers dispatchers in batches (one control call per
+// messaging.MaxRegisterBatch), retrying those the service could not be
+// asked (it may not be up yet, or the connection is being rebuilt) with a
+// doubling delay, until ctx ends. Any other refusal is the error.
+func addAllWithRetry(ctx context.Context, coll *eventcollector.Collector, specs []eventcollector.DispatcherSpec) error {
 	delay := 20 * time.Millisecond
 	for {
-		err := coll.AddDispatcher(ctx, id, common.TableSpan(table), start)
-		if err == nil || !errors.Is(err, messaging.ErrUnavailable) {
-			return err
+		var retry []eventcollector.DispatcherSpec
+		for i, err := range coll.AddDispatchers(ctx, specs) {
+			switch {
+			case err == nil:
+			case errors.Is(err, messaging.ErrUnavailable):
+				retry = append(retry, specs[i])
+			default:
+				return err
+			}
 		}
+		if len(retry) == 0 {
+			return nil
+		}
+		specs = retry
 		t := time.NewTimer(delay) // a retry delay, not synchronisation
 		select {
 		case <-ctx.Done():
@@ -206,6 +219,7 @@ func reregisterOnReconnect(ctx context.Context, rf *remoteFeed, lg *zap.Logger) 
 		case <-rf.client.Reconnected():
 		}
 		lg.Info("reconnected: registering the changefeed's dispatchers again", zap.Int("feed", rf.feed))
+		specs := make([]eventcollector.DispatcherSpec, 0, len(rf.ids))
 		for _, id := range rf.ids {
 			// RemoveDispatcher drops the collector's state even when the
 			// service cannot be told; TakeOver then ends the service's old
@@ -217,14 +231,15 @@ func reregisterOnReconnect(ctx context.Context, rf *remoteFeed, lg *zap.Logger) 
 			if err != nil {
 				lg.Warn("reconnect: read checkpoint", zap.Stringer("dispatcher", id), zap.Error(err))
 			}
-			if err := addWithRetry(ctx, rf.coll, id, int64(id.Lo), max(rf.startTs, ckpt)); err != nil {
-				if ctx.Err() == nil {
-					lg.Warn("reconnect: register", zap.Stringer("dispatcher", id), zap.Error(err))
-				}
-				return
-			}
-			rf.reregistered++
+			specs = append(specs, eventcollector.DispatcherSpec{ID: id, Span: common.TableSpan(int64(id.Lo)), StartTs: max(rf.startTs, ckpt)})
 		}
+		if err := addAllWithRetry(ctx, rf.coll, specs); err != nil {
+			if ctx.Err() == nil {
+				lg.Warn("reconnect: register", zap.Error(err))
+			}
+			return
+		}
+		rf.reregistered += int64(len(specs))
 	}
 }
 

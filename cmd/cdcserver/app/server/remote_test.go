@@ -235,6 +235,10 @@ func (refuseAllForTest) Reset(context.Context, messaging.ResetRequest) error {
 func (refuseAllForTest) Remove(context.Context, messaging.RemoveRequest) error {
 	return messaging.ErrInternal
 }
+func (x refuseAllForTest) RegisterBatch(ctx context.Context, r messaging.RegisterBatchRequest) (messaging.RegisterBatchReply, error) {
+	return messaging.RegisterEach(ctx, x.Register, r)
+}
+
 func (refuseAllForTest) Heartbeat(context.Context, messaging.HeartbeatRequest) (messaging.HeartbeatReply, error) {
 	return messaging.HeartbeatReply{}, messaging.ErrInternal
 }

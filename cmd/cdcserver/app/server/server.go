@@ -306,9 +306,13 @@ func (s *server) start(stderr io.Writer) error {
 		if err := f.coll.Start(); err != nil {
 			return err
 		}
-		for _, d := range f.ds {
-			if err := f.coll.AddDispatcher(context.Background(), d.id, common.TableSpan(d.table), d.startTs); err != nil {
-				return fmt.Errorf("add dispatcher of table %d: %w", d.table, err)
+		specs := make([]eventcollector.DispatcherSpec, len(f.ds))
+		for i, d := range f.ds {
+			specs[i] = eventcollector.DispatcherSpec{ID: d.id, Span: common.TableSpan(d.table), StartTs: d.startTs}
+		}
+		for i, err := range f.coll.AddDispatchers(context.Background(), specs) {
+			if err != nil {
+				return fmt.Errorf("add dispatcher of table %d: %w", f.ds[i].table, err)
 			}
 		}
 	}

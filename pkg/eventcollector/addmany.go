@@ -1,0 +1,114 @@
+package eventcollector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/messaging"
+)
+
+// DispatcherSpec is one dispatcher for AddDispatchers: what AddDispatcher
+// takes.
+type DispatcherSpec struct {
+	ID      common.DispatcherID
+	Span    common.Span
+	StartTs common.Ts
+}
+
+// AddDispatchers adds every spec as AddDispatcher would, registering them
+// with the service in batches of up to messaging.MaxRegisterBatch, one
+// control call each (a changefeed's million tables take a thousand calls,
+// not a million round trips). errs[i] is specs[i]'s outcome, nil when it
+// was added; a spec that failed was dropped again, as AddDispatcher drops
+// it. Errors are AddDispatcher's; a batch the service could not be asked
+// fails its entries with the call's error.
+func (c *Collector) AddDispatchers(ctx context.Context, specs []DispatcherSpec) []error {
+	errs := make([]error, len(specs))
+	for i, sp := range specs {
+		switch {
+		case sp.ID.IsZero():
+			errs[i] = fmt.Errorf("%w: zero dispatcher id", ErrInvalidArgument)
+		default:
+			if err := sp.Span.Validate(); err != nil {
+				errs[i] = fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+			}
+		}
+	}
+	c.adminMu.Lock()
+	defer c.adminMu.Unlock()
+	for start := 0; start < len(specs); start += messaging.MaxRegisterBatch {
+		end := min(start+messaging.MaxRegisterBatch, len(specs))
+		c.addBatch(ctx, specs[start:end], errs[start:end])
+	}
+	return errs
+}
+
+// addBatch adds specs whose errs entry is nil with one RegisterBatch.
+// REQUIRES: c.adminMu held, len(specs) <= messaging.MaxRegisterBatch.
+func (c *Collector) addBatch(ctx context.Context, specs []DispatcherSpec, errs []error) {
+	ds := make([]*dispatcher, len(specs))
+	reqs := make([]messaging.RegisterRequest, 0, len(specs))
+	idx := make([]int, 0, len(specs)) // reqs[j] is specs[idx[j]]
+	c.mu.Lock()
+	for i, sp := range specs {
+		if errs[i] != nil {
+			continue
+		}
+		if c.mu.closed {
+			errs[i] = ErrClosed
+			continue
+		}
+		if _, ok := c.mu.dispatchers[sp.ID]; ok {
+			errs[i] = fmt.Errorf("%w: %v", ErrDispatcherExists, sp.ID)
+			continue
+		}
+		reg := c.regs.next()
+		if h := c.knobs.registration; h != nil {
+			reg = h(sp.ID)
+		}
+		d := &dispatcher{id: sp.ID, reg: reg, st: newStream(sp.StartTs), lastHeartbeat: sp.StartTs}
+		c.mu.dispatchers[sp.ID] = d
+		c.takeSlotLocked(d)
+		ds[i] = d
+		reqs = append(reqs, messaging.RegisterRequest{Dispatcher: sp.ID, Registration: reg, Span: sp.Span,
+			StartTs: sp.StartTs, Target: c.opts.Target, Replace: c.opts.TakeOver, Slot: d.slot})
+		idx = append(idx, i)
+	}
+	c.mu.Unlock()
+	if len(reqs) == 0 {
+		return
+	}
+
+	reply, callErr := c.opts.Service.RegisterBatch(ctx, messaging.RegisterBatchRequest{Requests: reqs})
+	if callErr == nil && len(reply.Codes) != len(reqs) {
+		callErr = fmt.Errorf("%w: %d codes for %d registrations", messaging.ErrInternal, len(reply.Codes), len(reqs))
+	}
+	c.mu.Lock()
+	for j, i := range idx {
+		var err error
+		switch {
+		case j < len(reply.Codes):
+			err = reply.Codes[j].Err()
+		case callErr != nil:
+			err = callErr
+		}
+		if err == nil {
+			continue
+		}
+		d := ds[i]
+		d.removed = true
+		if c.mu.dispatchers[d.id] == d {
+			delete(c.mu.dispatchers, d.id)
+		}
+		c.freeSlotLocked(d)
+		errs[i] = fmt.Errorf("eventcollector: register %v: %w", d.id, err)
+	}
+	c.mu.Unlock()
+	if callErr != nil && !errors.Is(callErr, context.Canceled) {
+		c.log.Debug("register batch failed", zap.Int("registrations", len(reqs)), zap.Error(callErr))
+	}
+}
