@@ -162,9 +162,12 @@ func TestScale(t *testing.T) {
 	})
 
 	start := time.Now()
+	specs := make([]eventcollector.DispatcherSpec, n)
 	for i := range n {
-		require.NoError(t, coll.AddDispatcher(context.Background(), common.DispatcherIDFromUint64(uint64(i+1)),
-			common.TableSpan(int64(i+1)), ts(0)))
+		specs[i] = eventcollector.DispatcherSpec{ID: common.DispatcherIDFromUint64(uint64(i + 1)), Span: common.TableSpan(int64(i + 1)), StartTs: ts(0)}
+	}
+	for i, err := range coll.AddDispatchers(context.Background(), specs) { // in batches of messaging.MaxRegisterBatch
+		require.NoError(t, err, "dispatcher %d", i+1)
 	}
 	t.Logf("registered %d dispatchers in %v", n, time.Since(start))
 	ctx, cancel := context.WithTimeout(context.Background(), scaled(t, 10*time.Minute))
@@ -207,6 +210,13 @@ func TestScale(t *testing.T) {
 		}
 		t.Logf("round %d: %d dispatchers advanced in %v", round, n, time.Since(start))
 	}
+	// The advances travelled batched: far fewer resolved-ts messages than
+	// advances.
+	st := coll.Stats()
+	batches, entries := st.Messages[messaging.KindResolvedBatch-1], st.Messages[messaging.KindResolved-1]
+	t.Logf("%d resolved-ts in %d batches", entries, batches)
+	require.Positive(t, batches)
+	require.Greater(t, entries, 10*batches, "resolved-ts arrive in batches")
 	sink.mu.Lock()
 	defer sink.mu.Unlock()
 	require.Empty(t, sink.bad)
