@@ -224,6 +224,7 @@ func (svc *Service) registerInStore(d *dispatcher, s *session, startTs common.Ts
 	// (the notify path takes no lock of ours).
 	err := svc.opts.Store.RegisterDispatcher(d.id, d.span, startTs, d.onNotify)
 	if err == nil {
+		svc.takeHandleLocked(d)
 		return nil
 	}
 	d.mu.removed = true
@@ -290,6 +291,7 @@ func (svc *Service) resetLocked(d *dispatcher, req messaging.ResetRequest) (*ses
 		// a frontier its own registration has not confirmed. Unregister
 		// waits for a callback in flight; the notify path takes no lock of
 		// ours, so holding d.mu here cannot deadlock.
+		d.mu.store = eventstore.Handle{}
 		if err := svc.opts.Store.UnregisterDispatcher(d.id); err != nil && !errors.Is(err, eventstore.ErrDispatcherNotFound) {
 			return nil, fmt.Errorf("%w: reset %v: end its store registration: %w", messaging.ErrInternal, d.id, err)
 		}
@@ -321,6 +323,19 @@ func (svc *Service) registerAgainLocked(d *dispatcher) {
 	}
 	d.mu.needRegister = false
 	d.mu.storeStart, d.mu.checkpoint = d.mu.registerTs, d.mu.registerTs
+	svc.takeHandleLocked(d)
+}
+
+// takeHandleLocked records the handle of d's store registration, just
+// made, if the store gives handles. REQUIRES: d.mu held.
+func (svc *Service) takeHandleLocked(d *dispatcher) {
+	if hs, ok := svc.opts.Store.(handleStore); ok {
+		h, err := hs.Handle(d.id)
+		if err != nil {
+			h = eventstore.Handle{} // updates go by ID, which reports the error
+		}
+		d.mu.store = h
+	}
 }
 
 // retryStoreRegistration is the registrar's retry of d's re-registration.
@@ -400,6 +415,7 @@ func (svc *Service) fence(d *dispatcher) {
 // re-registration) counts as unregistered. REQUIRES: d.mu held.
 func (svc *Service) unregisterLocked(d *dispatcher) error {
 	d.mu.removed = true
+	d.mu.store = eventstore.Handle{}
 	svc.retire(d.session.Load())
 	err := svc.opts.Store.UnregisterDispatcher(d.id)
 	if err != nil && !errors.Is(err, eventstore.ErrClosed) && !errors.Is(err, eventstore.ErrDispatcherNotFound) {
@@ -511,7 +527,13 @@ func (svc *Service) checkpoint(d *dispatcher, cp *messaging.DispatcherCheckpoint
 		return nil
 	}
 	d.mu.checkpoint = ts
-	if err := svc.opts.Store.UpdateCheckpoint(d.id, ts); err != nil {
+	var err error
+	if d.mu.store.Valid() {
+		err = d.mu.store.UpdateCheckpoint(ts)
+	} else {
+		err = svc.opts.Store.UpdateCheckpoint(d.id, ts)
+	}
+	if err != nil {
 		return fmt.Errorf("%w: checkpoint %v: %w", messaging.ErrInternal, d.id, err)
 	}
 	return nil

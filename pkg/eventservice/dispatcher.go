@@ -73,6 +73,9 @@ type dispatcher struct {
 		// store; storeStart the start-ts of the store registration.
 		checkpoint common.Ts
 		storeStart common.Ts
+		// store is the store registration's handle (zero: none, or a
+		// store without handles): heartbeats update through it.
+		store eventstore.Handle
 	}
 }
 

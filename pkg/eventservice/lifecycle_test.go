@@ -298,6 +298,12 @@ func TestHeartbeatDrivesStoreCheckpoint(t *testing.T) {
 	require.ErrorIs(t, err, eventstore.ErrRowBeforeResolved)
 	es := h.check.waitEpochResolved(id, 2, 40)
 	require.Equal(t, []string{"a"}, keys(es.rows))
+	// The new store registration takes the heartbeats (the service's
+	// handle of the old one was dropped with it).
+	require.NoError(t, h.heartbeat(id, 2, 35))
+	st, err = h.store.Dispatcher(id)
+	require.NoError(t, err)
+	require.Equal(t, common.Ts(35), st.Checkpoint)
 }
 
 // TestResetReRegistrationFailureRetries: when the store cannot

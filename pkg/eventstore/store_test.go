@@ -747,3 +747,39 @@ func TestNotifyTimesOneCallbackInEightAndCountsEvery(t *testing.T) {
 	require.Equal(t, uint64(2*3), env.store.notifyLatency.Count(), "three of each dispatcher's timed")
 	require.Positive(t, st.NotifyMax)
 }
+
+// TestHandleUpdatesItsRegistrationOnly: a handle moves its registration's
+// checkpoint (capped at the resolved-ts, as by ID); once the dispatcher is
+// unregistered it fails as the ID would, and stays failed after the ID is
+// registered again (the new registration has its own handle).
+func TestHandleUpdatesItsRegistrationOnly(t *testing.T) {
+	env := newTestEnv(t, nil)
+	r := newRecorder()
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r.notify))
+	push(t, env.up.last(t, common.TableSpan(1)), 20, put("a", 5, 10))
+	r.waitResolved(t, 20)
+	h, err := env.store.Handle(did(1))
+	require.NoError(t, err)
+	require.True(t, h.Valid())
+	require.NoError(t, h.UpdateCheckpoint(15))
+	st, err := env.store.Dispatcher(did(1))
+	require.NoError(t, err)
+	require.Equal(t, common.Ts(15), st.Checkpoint)
+	require.NoError(t, h.UpdateCheckpoint(1000))
+	st, _ = env.store.Dispatcher(did(1))
+	require.Equal(t, common.Ts(20), st.Checkpoint, "capped at the resolved-ts")
+
+	require.NoError(t, env.store.UnregisterDispatcher(did(1)))
+	require.ErrorIs(t, h.UpdateCheckpoint(20), ErrDispatcherNotFound)
+	r2 := newRecorder()
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r2.notify))
+	require.ErrorIs(t, h.UpdateCheckpoint(20), ErrDispatcherNotFound, "the old handle is not the new registration's")
+	h2, err := env.store.Handle(did(1))
+	require.NoError(t, err)
+	require.NoError(t, h2.UpdateCheckpoint(5))
+
+	_, err = env.store.Handle(did(9))
+	require.ErrorIs(t, err, ErrDispatcherNotFound)
+	require.ErrorIs(t, Handle{}.UpdateCheckpoint(1), ErrInvalidArgument)
+	require.False(t, Handle{}.Valid())
+}

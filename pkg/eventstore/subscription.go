@@ -40,8 +40,10 @@ type subscriber struct {
 	sub      *subscription
 	notifier Notifier
 
-	// checkpoint is guarded by sub.mu.
+	// checkpoint and detached (removed from sub by UnregisterDispatcher)
+	// are guarded by sub.mu.
 	checkpoint common.Ts
+	detached   bool
 
 	// mu serialises callbacks of this dispatcher and orders them against
 	// stop. It is held across the callback, so stop waits for one in
@@ -183,6 +185,7 @@ func (sub *subscription) addSubscriberLocked(sb *subscriber) {
 // removeSubscriberLocked unpublishes sb and reports whether sub became
 // idle. REQUIRES: sub.mu held.
 func (sub *subscription) removeSubscriberLocked(sb *subscriber, now time.Time) (idle bool) {
+	sb.detached = true
 	next := make([]*subscriber, 0, len(sub.mu.subscribers))
 	for _, x := range sub.mu.subscribers {
 		if x != sb {
