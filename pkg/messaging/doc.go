@@ -32,8 +32,8 @@
 //     also says when a refused target has room again, so the caller can
 //     wait for that instead of guessing. A batch that could never fit fails with ErrBatchTooLarge.
 //   - Memory is bounded: an InProcess inbox holds at most Capacity messages
-//     (a ResolvedBatch is one, of at most MaxResolvedBatchEntries entries)
-//     and, if set, MaxBytes approximate bytes.
+//     (a ResolvedBatch counts its entries: Weight) and, if set, MaxBytes
+//     approximate bytes.
 //   - Messages are passed by pointer, never copied: after a successful Send
 //     the sender must not modify them. The msgs slice itself is not retained.
 //   - Nothing here starts a goroutine or holds package-level state.

@@ -16,10 +16,11 @@ const (
 	inboxClosed
 )
 
-// entry is one queued message and the size it was charged.
+// entry is one queued message and the size and weight it was charged.
 type entry struct {
-	msg  Message
-	size int
+	msg    Message
+	size   int
+	weight int
 }
 
 // minRing is the ring's first allocation; it then doubles up to capacity, so
@@ -45,7 +46,9 @@ const minRing = 64
 // or Receive, which wraps the same. The receiver applies back-pressure simply
 // by not draining: once the queue is full, Send refuses with ErrBusy.
 //
-// INVARIANT: mu.n <= capacity, and mu.bytes <= maxBytes when maxBytes > 0.
+// INVARIANT: mu.n <= mu.weight <= capacity (a message's Weight: a
+// ResolvedBatch counts its entries), and mu.bytes <= maxBytes when
+// maxBytes > 0.
 // INVARIANT: once the state leaves inboxOpen nothing is enqueued again, and
 // done is closed.
 // INVARIANT (no lost wakeup): whenever the queue is non-empty after an
@@ -67,6 +70,7 @@ type Inbox struct {
 		// buf[head], buf[head+1 mod len], ... (n of them).
 		buf     []entry
 		head, n int
+		weight  int // the queued messages' Weight
 		bytes   int
 		state   inboxState
 		// room, if not nil, is closed (and reset) once the queue is at or
@@ -101,7 +105,7 @@ func (in *Inbox) Room() <-chan struct{} {
 // hasRoomLocked reports whether the queue is at or below half its bounds:
 // enough room for a refused sender to be worth waking. REQUIRES: in.mu held.
 func (in *Inbox) hasRoomLocked() bool {
-	return 2*in.mu.n <= in.capacity && (in.maxBytes <= 0 || 2*in.mu.bytes <= in.maxBytes)
+	return 2*in.mu.weight <= in.capacity && (in.maxBytes <= 0 || 2*in.mu.bytes <= in.maxBytes)
 }
 
 func newInbox(target Target, capacity, maxBytes int) *Inbox {
@@ -127,11 +131,12 @@ func (in *Inbox) Ready() <-chan struct{} { return in.ready }
 // drainable.
 func (in *Inbox) Done() <-chan struct{} { return in.done }
 
-// Len returns the number of queued messages.
+// Len returns the queued messages' weight (Weight: a ResolvedBatch counts
+// its entries), the count Capacity bounds.
 func (in *Inbox) Len() int {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	return in.mu.n
+	return in.mu.weight
 }
 
 // Bytes returns the approximate bytes queued; always zero when the transport
@@ -192,6 +197,7 @@ func (in *Inbox) drain(dst []Message, limit int) ([]Message, int, inboxState) {
 		e := &in.mu.buf[in.mu.head]
 		dst = append(dst, e.msg)
 		in.mu.bytes -= e.size
+		in.mu.weight -= e.weight
 		*e = entry{} // Do not keep delivered messages alive.
 		in.mu.head++
 		if in.mu.head == len(in.mu.buf) {
@@ -216,11 +222,12 @@ func (in *Inbox) ring() {
 
 // enqueue appends all of msgs or none. REQUIRES: every element is non-nil.
 func (in *Inbox) enqueue(msgs []Message) error {
-	if len(msgs) > in.capacity {
-		return fmt.Errorf("%w: %d messages for target %q, capacity %d", ErrBatchTooLarge, len(msgs), in.target, in.capacity)
+	w := WeightOf(msgs)
+	if w > in.capacity {
+		return fmt.Errorf("%w: %d messages (weight %d) for target %q, capacity %d", ErrBatchTooLarge, len(msgs), w, in.target, in.capacity)
 	}
 	in.mu.Lock()
-	if err := in.enqueueLocked(msgs); err != nil {
+	if err := in.enqueueLocked(msgs, w); err != nil {
 		in.mu.Unlock()
 		return err
 	}
@@ -231,15 +238,16 @@ func (in *Inbox) enqueue(msgs []Message) error {
 	return nil
 }
 
-// enqueueLocked is enqueue's body. REQUIRES: in.mu held, len(msgs) <= capacity.
-func (in *Inbox) enqueueLocked(msgs []Message) error {
+// enqueueLocked is enqueue's body; w is msgs' weight. REQUIRES: in.mu
+// held, len(msgs) <= w <= capacity.
+func (in *Inbox) enqueueLocked(msgs []Message, w int) error {
 	switch in.mu.state {
 	case inboxUnregistered:
 		return fmt.Errorf("%w: %q was unregistered", ErrUnknownTarget, in.target)
 	case inboxClosed:
 		return fmt.Errorf("%w: transport closed, target %q", ErrClosed, in.target)
 	}
-	if in.mu.n+len(msgs) > in.capacity {
+	if in.mu.weight+w > in.capacity {
 		return ErrBusy
 	}
 	in.growLocked(in.mu.n + len(msgs))
@@ -249,7 +257,7 @@ func (in *Inbox) enqueueLocked(msgs []Message) error {
 	total := 0
 	for i, m := range msgs {
 		e := &in.mu.buf[(end+i)%size]
-		e.msg = m
+		e.msg, e.weight = m, Weight(m)
 		if in.maxBytes > 0 {
 			e.size = m.Size()
 			total += e.size
@@ -265,6 +273,7 @@ func (in *Inbox) enqueueLocked(msgs []Message) error {
 		return ErrBusy
 	}
 	in.mu.n += len(msgs)
+	in.mu.weight += w
 	in.mu.bytes += total
 	return nil
 }

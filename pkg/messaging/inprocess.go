@@ -14,7 +14,8 @@ const DefaultCapacity = 4096
 
 // InProcessOptions configures NewInProcess.
 type InProcessOptions struct {
-	// Capacity bounds each target's queue in messages. Default
+	// Capacity bounds each target's queue in messages, a ResolvedBatch
+	// counting its entries (Weight). Default
 	// DefaultCapacity; negative is invalid.
 	Capacity int
 	// MaxBytes, if positive, also bounds each target's queue in approximate

@@ -407,3 +407,30 @@ func TestRoomWakesARefusedSender(t *testing.T) {
 	require.NoError(t, p.Unregister("a"))
 	require.True(t, isClosed(room), "the target went away")
 }
+
+// TestResolvedBatchCountsItsEntriesAgainstCapacity: a ResolvedBatch takes
+// as much of an inbox's Capacity as its entries sent one by one would, so
+// batching cannot hand a slow receiver more progress than its bound.
+func TestResolvedBatchCountsItsEntriesAgainstCapacity(t *testing.T) {
+	batch := func(n int) Message {
+		b := &ResolvedBatch{Entries: make([]Resolved, n)}
+		for i := range b.Entries {
+			b.Entries[i] = Resolved{Header: hdr(uint64(i + 1)), Ts: 10}
+		}
+		return b
+	}
+	p, ins := newTransport(t, InProcessOptions{Capacity: 4}, "a")
+	in := ins[0]
+	require.Equal(t, 3, Weight(batch(3)))
+	require.Equal(t, 1, Weight(res(1)))
+	require.Equal(t, 4, WeightOf([]Message{batch(3), res(1)}))
+	require.ErrorIs(t, p.Send("a", []Message{batch(5)}), ErrBatchTooLarge, "more entries than the capacity")
+	require.NoError(t, p.Send("a", []Message{batch(3)}))
+	require.Equal(t, 3, in.Len())
+	require.Equal(t, ErrBusy, p.Send("a", []Message{batch(2)}), "3 + 2 entries exceed 4")
+	require.NoError(t, p.Send("a", resN(1, 1)))
+	require.Equal(t, ErrBusy, p.Send("a", resN(2, 1)))
+	require.Len(t, in.Drain(nil, 1), 1)
+	require.Equal(t, 1, in.Len(), "draining the batch frees its entries")
+	require.NoError(t, p.Send("a", []Message{batch(3)}))
+}

@@ -166,9 +166,30 @@ type Resolved struct {
 
 // MaxResolvedBatchEntries bounds a ResolvedBatch. It is TiCDC's figure for
 // its batched resolved-ts (512 per destination), and keeps a batch near
-// 24 KiB on the wire, so an inbox's Capacity (counted in messages) bounds
-// its resolved-ts entries to Capacity times this.
+// 26 KiB on the wire.
 const MaxResolvedBatchEntries = 512
+
+// Weight is what m counts against a bounded queue's capacity (an inbox's
+// Capacity, a remote collector's credit): 1, or a ResolvedBatch's entries.
+// Batching then changes how many sends carry the resolved-ts, not how many
+// a queue holds: counting a batch as one would let a slow collector be
+// handed 512 times more progress per slot, and the sender's resolved set,
+// which coalesces what waits, would coalesce less.
+func Weight(m Message) int {
+	if b, ok := m.(*ResolvedBatch); ok {
+		return len(b.Entries)
+	}
+	return 1
+}
+
+// WeightOf is the sum of msgs' weights.
+func WeightOf(msgs []Message) int {
+	n := 0
+	for _, m := range msgs {
+		n += Weight(m)
+	}
+	return n
+}
 
 // ResolvedBatch carries resolved-ts progress of many dispatchers of one
 // target in one message: each entry means what a Resolved alone would,

@@ -334,7 +334,7 @@ func (c *Client) stream(ctx context.Context) (opened bool, err error) {
 			// The service sent beyond its credit, or the inbox closed.
 			return opened, fmt.Errorf("remote: local inbox refused %d messages: %w", len(msgs), err)
 		}
-		c.received.Add(int64(len(msgs)))
+		c.received.Add(int64(messaging.WeightOf(msgs))) // credit counts weight, as the inbox does
 		select {
 		case got <- struct{}{}:
 		default:

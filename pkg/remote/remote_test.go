@@ -227,6 +227,29 @@ func TestCreditRefusesThenWakes(t *testing.T) {
 	}
 	require.NoError(t, p.srv.Send("c1", one(capacity+1)))
 	require.Equal(t, one(capacity+1), receive(t, p.cli.Inbox(), 1))
+
+	// Credit counts a resolved-ts batch by its entries, as the inbox does.
+	batch := func(n int) []messaging.Message {
+		b := &messaging.ResolvedBatch{Entries: make([]messaging.Resolved, n)}
+		for i := range b.Entries {
+			b.Entries[i] = messaging.Resolved{Header: hdr(uint64(i + 1)), Ts: 10}
+		}
+		return []messaging.Message{b}
+	}
+	require.ErrorIs(t, p.srv.Send("c1", batch(capacity+1)), messaging.ErrBatchTooLarge)
+	waitCredit := func(n int) { // the grant for what was received comes back asynchronously
+		t.Helper()
+		for p.srv.Send("c1", batch(n)) != nil {
+			select {
+			case <-p.srv.Room("c1"):
+			case <-time.After(30 * time.Second):
+				t.Fatal("no credit came back")
+			}
+		}
+	}
+	waitCredit(capacity - 1)
+	require.ErrorIs(t, p.srv.Send("c1", batch(2)), messaging.ErrBusy, "one entry of credit left")
+	require.Len(t, receive(t, p.cli.Inbox(), 1), 1)
 }
 
 func TestBatchLargerThanTheCollectorIsTooLarge(t *testing.T) {

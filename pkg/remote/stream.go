@@ -59,21 +59,24 @@ func (p *peer) poke() {
 func (p *peer) send(msgs []messaging.Message) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	switch {
-	case p.mu.broken != nil:
+	if p.mu.broken != nil {
 		p.counters.unavailable.Inc()
 		return fmt.Errorf("%w: %w: %q: %v", messaging.ErrSendFailed, messaging.ErrUnavailable, p.target, p.mu.broken)
-	case len(msgs) > p.capacity:
+	}
+	// Credit counts messages by Weight, as the collector's inbox does.
+	w := messaging.WeightOf(msgs)
+	switch {
+	case w > p.capacity:
 		p.counters.tooLarge.Inc()
-		return fmt.Errorf("%w: %d messages, %q takes %d", messaging.ErrBatchTooLarge, len(msgs), p.target, p.capacity)
-	case len(msgs) > p.mu.credit:
+		return fmt.Errorf("%w: %d messages (weight %d), %q takes %d", messaging.ErrBatchTooLarge, len(msgs), w, p.target, p.capacity)
+	case w > p.mu.credit:
 		p.counters.busy.Inc()
 		return messaging.ErrBusy
 	case len(msgs) == 0:
 		return nil
 	}
 	p.counters.sent.Add(float64(len(msgs)))
-	p.mu.credit -= len(msgs)
+	p.mu.credit -= w
 	p.mu.queue = appendFrames(p.mu.queue, msgs)
 	p.poke()
 	return nil
