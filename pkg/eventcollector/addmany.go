@@ -72,7 +72,7 @@ func (c *Collector) addBatch(ctx context.Context, specs []DispatcherSpec, errs [
 		}
 		d := &dispatcher{id: sp.ID, reg: reg, st: newStream(sp.StartTs), lastHeartbeat: sp.StartTs}
 		c.mu.dispatchers[sp.ID] = d
-		c.takeSlotLocked(d)
+		d.slot = c.mu.slots.Take(d)
 		ds[i] = d
 		reqs = append(reqs, messaging.RegisterRequest{Dispatcher: sp.ID, Registration: reg, Span: sp.Span,
 			StartTs: sp.StartTs, Target: c.opts.Target, Replace: c.opts.TakeOver, Slot: d.slot})
@@ -104,7 +104,7 @@ func (c *Collector) addBatch(ctx context.Context, specs []DispatcherSpec, errs [
 		if c.mu.dispatchers[d.id] == d {
 			delete(c.mu.dispatchers, d.id)
 		}
-		c.freeSlotLocked(d)
+		c.mu.slots.Free(d.slot, d)
 		errs[i] = fmt.Errorf("eventcollector: register %v: %w", d.id, err)
 	}
 	c.mu.Unlock()

@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/internal/slots"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
@@ -52,10 +53,8 @@ type Collector struct {
 		// slots indexes the dispatchers by the slot their registration
 		// gave the service (RegisterRequest.Slot), which it echoes in
 		// their resolved-ts: at a million dispatchers an index is one
-		// cache line where a map probe on a 16-byte ID is several. Slot 0
-		// is never used (zero means none); free lists the slots to reuse.
-		slots []*dispatcher
-		free  []uint32
+		// cache line where a map probe on a 16-byte ID is several.
+		slots slots.Table[*dispatcher]
 		// due lists the dispatchers the next heartbeat tick must look at:
 		// a checkpoint to report, or a reset to retry (dispatcher.due
 		// says whether one is listed). Ticks cost what changed, never a
@@ -283,7 +282,7 @@ func (c *Collector) AddDispatcher(ctx context.Context, id common.DispatcherID, s
 	}
 	d := &dispatcher{id: id, reg: reg, st: newStream(startTs), lastHeartbeat: startTs}
 	c.mu.dispatchers[id] = d
-	c.takeSlotLocked(d)
+	d.slot = c.mu.slots.Take(d)
 	c.mu.Unlock()
 
 	err := c.opts.Service.Register(ctx, messaging.RegisterRequest{Dispatcher: id, Registration: d.reg, Span: span,
@@ -292,7 +291,7 @@ func (c *Collector) AddDispatcher(ctx context.Context, id common.DispatcherID, s
 		c.mu.Lock()
 		d.removed = true
 		delete(c.mu.dispatchers, id)
-		c.freeSlotLocked(d)
+		c.mu.slots.Free(d.slot, d)
 		c.mu.Unlock()
 		return fmt.Errorf("eventcollector: register %v: %w", id, err)
 	}
@@ -301,39 +300,13 @@ func (c *Collector) AddDispatcher(ctx context.Context, id common.DispatcherID, s
 	return nil
 }
 
-// takeSlotLocked gives d a slot. REQUIRES: c.mu held.
-func (c *Collector) takeSlotLocked(d *dispatcher) {
-	if n := len(c.mu.free); n > 0 {
-		d.slot = c.mu.free[n-1]
-		c.mu.free = c.mu.free[:n-1]
-		c.mu.slots[d.slot] = d
-		return
-	}
-	if len(c.mu.slots) == 0 {
-		c.mu.slots = append(c.mu.slots, nil) // slot 0 means none
-	}
-	d.slot = uint32(len(c.mu.slots))
-	c.mu.slots = append(c.mu.slots, d)
-}
-
-// freeSlotLocked returns d's slot for reuse. REQUIRES: c.mu held.
-func (c *Collector) freeSlotLocked(d *dispatcher) {
-	if d.slot == 0 || c.mu.slots[d.slot] != d {
-		return
-	}
-	c.mu.slots[d.slot] = nil
-	c.mu.free = append(c.mu.free, d.slot)
-}
-
 // lookupLocked finds the dispatcher a resolved-ts names: by its slot when
 // the slot holds that ID (a service may echo any slot; it is a hint), by
 // ID otherwise. The caller still checks the registration. REQUIRES: c.mu
 // held.
 func (c *Collector) lookupLocked(r *messaging.Resolved) *dispatcher {
-	if r.Slot != 0 && int64(r.Slot) < int64(len(c.mu.slots)) {
-		if d := c.mu.slots[r.Slot]; d != nil && d.id == r.Dispatcher {
-			return d
-		}
+	if d, ok := c.mu.slots.Get(r.Slot); ok && d.id == r.Dispatcher {
+		return d
 	}
 	return c.mu.dispatchers[r.Dispatcher]
 }
@@ -366,7 +339,7 @@ func (c *Collector) RemoveDispatcher(ctx context.Context, id common.DispatcherID
 	c.mu.Lock()
 	d.removed = true
 	delete(c.mu.dispatchers, id)
-	c.freeSlotLocked(d)
+	c.mu.slots.Free(d.slot, d)
 	var inSink chan struct{}
 	if d.inSink {
 		if c.mu.sinkDone == nil {

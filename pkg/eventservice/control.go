@@ -162,7 +162,7 @@ func (svc *Service) addDispatcherLocked(req messaging.RegisterRequest) (*dispatc
 	s.init(d, 1, req.StartTs)
 	d.session.Store(s)
 	svc.mu.dispatchers[req.Dispatcher] = d
-	svc.takeSlotLocked(d)
+	d.slot = svc.mu.slots.Take(d)
 	// d.mu is taken before d is visible to anyone else and held across the
 	// store registration (registerInStore releases it).
 	d.mu.Lock()
@@ -471,36 +471,10 @@ func (svc *Service) Heartbeat(ctx context.Context, req messaging.HeartbeatReques
 // registration and authority are checked after), by ID otherwise.
 // REQUIRES: svc.mu held (read).
 func (svc *Service) lookupCheckpointLocked(cp *messaging.DispatcherCheckpoint) *dispatcher {
-	if cp.Slot != 0 && int64(cp.Slot) < int64(len(svc.mu.slots)) {
-		if d := svc.mu.slots[cp.Slot]; d != nil && d.id == cp.Dispatcher {
-			return d
-		}
+	if d, ok := svc.mu.slots.Get(cp.Slot); ok && d.id == cp.Dispatcher {
+		return d
 	}
 	return svc.mu.dispatchers[cp.Dispatcher]
-}
-
-// takeSlotLocked gives d a slot. REQUIRES: svc.mu held.
-func (svc *Service) takeSlotLocked(d *dispatcher) {
-	if n := len(svc.mu.free); n > 0 {
-		d.slot = svc.mu.free[n-1]
-		svc.mu.free = svc.mu.free[:n-1]
-		svc.mu.slots[d.slot] = d
-		return
-	}
-	if len(svc.mu.slots) == 0 {
-		svc.mu.slots = append(svc.mu.slots, nil) // slot 0 means none
-	}
-	d.slot = uint32(len(svc.mu.slots))
-	svc.mu.slots = append(svc.mu.slots, d)
-}
-
-// freeSlotLocked returns d's slot for reuse. REQUIRES: svc.mu held.
-func (svc *Service) freeSlotLocked(d *dispatcher) {
-	if d.slot == 0 || svc.mu.slots[d.slot] != d {
-		return
-	}
-	svc.mu.slots[d.slot] = nil
-	svc.mu.free = append(svc.mu.free, d.slot)
 }
 
 // checkpoint records one heartbeat entry for d (nil: not registered).

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/internal/slots"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
@@ -56,10 +57,8 @@ type Service struct {
 		// slots indexes the dispatchers by the slot their handshakes
 		// carry, which collectors echo in heartbeats: an index is one
 		// cache line where a map probe on a 16-byte ID is several, at a
-		// million checkpoints a second. Slot 0 is never used (zero means
-		// none); free lists the slots to reuse. Bounded by MaxDispatchers.
-		slots   []*dispatcher
-		free    []uint32
+		// million checkpoints a second. Bounded by MaxDispatchers.
+		slots   slots.Table[*dispatcher]
 		targets map[messaging.Target]*target
 		// spanKeyBytes is the span keys' bytes of the registered
 		// dispatchers, bounded by Options.MaxSpanKeyBytes.
@@ -155,7 +154,7 @@ func (svc *Service) forget(d *dispatcher) {
 	svc.mu.Lock()
 	if svc.mu.dispatchers[d.id] == d {
 		delete(svc.mu.dispatchers, d.id)
-		svc.freeSlotLocked(d)
+		svc.mu.slots.Free(d.slot, d)
 		svc.mu.spanKeyBytes -= spanKeyBytes(d.span)
 		t := d.target
 		t.dispatchers--
