@@ -27,6 +27,7 @@ import (
 //	v | table(8) | esc(key) | commitTs(8)  -> seq(8) | op(1) | value   (one row version)
 //	d | table(8) | commitTs(8)             -> query                    (one DDL)
 //	c | dispatcher(16)                     -> ts(8)                    (checkpoint)
+//	m | table(8)                           -> commitTs(8)              (the table's newest version)
 //	s                                      -> next seq(8)
 //	f                                      -> format(1)
 //
@@ -44,6 +45,13 @@ import (
 // seq numbers versions in the order they were first applied, so the
 // verifier can check per-key order across restarts: for every key, a
 // version with a higher commit-ts must have been applied later.
+//
+// m is the highest commit-ts of any version of the table, written in the
+// batch that writes the version. Only a row at or below it can be a
+// re-delivery, so only those are looked up (the lookup, one per row, was
+// the durable sink's cost: issue 22); a row above it is new, except for a
+// repeat of a row earlier in the same batch, which the batch's own index
+// of its transaction's keys catches.
 type Sink struct {
 	db *pebble.DB
 
@@ -54,6 +62,11 @@ type Sink struct {
 		pending map[common.DispatcherID][]common.Row
 		ddls    map[common.DispatcherID][]messaging.DDL
 		applied uint64
+		// newest caches m per table (present: read or written).
+		newest map[int64]common.Ts
+		// group is Checkpoint's scratch: the keys of the rows above m
+		// at the current commit-ts.
+		group map[string]struct{}
 	}
 }
 
@@ -83,6 +96,8 @@ func Open(dir string) (*Sink, error) {
 	s.mu.tables = map[common.DispatcherID]int64{}
 	s.mu.pending = map[common.DispatcherID][]common.Row{}
 	s.mu.ddls = map[common.DispatcherID][]messaging.DDL{}
+	s.mu.newest = map[int64]common.Ts{}
+	s.mu.group = map[string]struct{}{}
 	if err := s.load(); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("open durable sink %s: %w", dir, err)
@@ -105,9 +120,9 @@ var (
 	ErrNotBound = errors.New("dispatcher not bound to a table")
 )
 
-// sinkFormat is the layout above: 2, escaped keys (1, never written down,
-// had raw keys).
-const sinkFormat = 2
+// sinkFormat is the layout above: 3, with m (2 had none, so its tables'
+// newest versions are unknown; 1, never written down, had raw keys).
+const sinkFormat = 3
 
 // load reads the next sequence number and checks the format marker,
 // writing it into a sink that holds nothing yet.
@@ -208,18 +223,39 @@ func (s *Sink) Checkpoint(id common.DispatcherID, ts common.Ts) error {
 	if table < 0 {
 		return fmt.Errorf("durable sink: dispatcher %v: %w %d", id, ErrInvalidTable, table)
 	}
+	newest, err := s.newestLocked(table)
+	if err != nil {
+		return err
+	}
+	hi := newest
 	b := s.db.NewIndexedBatch()
 	defer b.Close()
 	seq := s.mu.nextSeq
+	var groupTs common.Ts
 	for _, r := range s.mu.pending[id] {
 		// The lookup uses the same encoding as the write, so a re-delivery
 		// finds its first application whatever other keys it prefixes.
 		k := versionKey(table, r.Key, r.CommitTs)
-		if _, closer, err := b.Get(k); err == nil {
-			_ = closer.Close()
-			continue // a re-delivery: idempotent
-		} else if !errors.Is(err, pebble.ErrNotFound) {
-			return err
+		if r.CommitTs <= newest {
+			if _, closer, err := b.Get(k); err == nil {
+				_ = closer.Close()
+				continue // a re-delivery: idempotent
+			} else if !errors.Is(err, pebble.ErrNotFound) {
+				return err
+			}
+		} else {
+			// Above every stored version: new, unless this batch
+			// already holds it (rows come in commit-ts order, so a repeat
+			// is in the same commit-ts group).
+			if r.CommitTs != groupTs {
+				clear(s.mu.group)
+				groupTs = r.CommitTs
+			}
+			if _, dup := s.mu.group[string(k)]; dup {
+				continue
+			}
+			s.mu.group[string(k)] = struct{}{}
+			hi = max(hi, r.CommitTs)
 		}
 		v := binary.BigEndian.AppendUint64(nil, seq)
 		v = append(v, byte(r.Op))
@@ -236,6 +272,12 @@ func (s *Sink) Checkpoint(id common.DispatcherID, ts common.Ts) error {
 			return err
 		}
 	}
+	clear(s.mu.group)
+	if hi > newest {
+		if err := b.Set(newestKey(table), binary.BigEndian.AppendUint64(nil, uint64(hi)), nil); err != nil {
+			return err
+		}
+	}
 	idb := id.Bytes()
 	if err := b.Set(append([]byte("c"), idb[:]...), binary.BigEndian.AppendUint64(nil, uint64(ts)), nil); err != nil {
 		return err
@@ -249,10 +291,27 @@ func (s *Sink) Checkpoint(id common.DispatcherID, ts common.Ts) error {
 		return err
 	}
 	s.mu.nextSeq = seq
+	s.mu.newest[table] = hi
 	s.mu.pending[id] = s.mu.pending[id][:0]
 	s.mu.ddls[id] = s.mu.ddls[id][:0]
 	return nil
 }
+
+// newestLocked returns m of table, read once from the database.
+// REQUIRES: s.mu held.
+func (s *Sink) newestLocked(table int64) (common.Ts, error) {
+	if ts, ok := s.mu.newest[table]; ok {
+		return ts, nil
+	}
+	v, err := s.getUint64(newestKey(table))
+	if err != nil {
+		return 0, err
+	}
+	s.mu.newest[table] = common.Ts(v)
+	return common.Ts(v), nil
+}
+
+func newestKey(table int64) []byte { return binary.BigEndian.AppendUint64([]byte{'m'}, uint64(table)) }
 
 func ddlKey(table int64, commitTs common.Ts) []byte {
 	k := binary.BigEndian.AppendUint64([]byte{'d'}, uint64(table))

@@ -254,3 +254,56 @@ func TestCheckpointOfAnUnboundDispatcherIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, ckpt)
 }
+
+// TestReDeliveriesKeepTheirFirstApplicationWithoutALookupAboveTheNewest:
+// only rows at or below the table's newest stored version are looked up,
+// yet every re-delivery keeps its first application's seq: one at or
+// below the newest (looked up, also after a reopen, which reads the newest
+// back), and a repeat of a row above it within the same batch.
+func TestReDeliveriesKeepTheirFirstApplicationWithoutALookupAboveTheNewest(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	require.NoError(t, err)
+	id := common.DispatcherIDFromUint64(1)
+	s.Bind(id, 1)
+	put := func(key string, ts common.Ts) common.Row {
+		return common.Row{Op: common.OpPut, Key: []byte(key), Value: []byte(key), CommitTs: ts}
+	}
+	require.NoError(t, s.ApplyRows(id, []common.Row{put("a", 10), put("b", 10), put("a", 20)}))
+	require.NoError(t, s.Checkpoint(id, 20))
+	first, err := s.Versions(1)
+	require.NoError(t, err)
+	require.Len(t, first, 3)
+
+	// A replay from an older checkpoint, then a new row, repeated within
+	// the batch above the newest.
+	require.NoError(t, s.BeginEpoch(id, 2, 5))
+	require.NoError(t, s.ApplyRows(id, []common.Row{put("a", 10), put("b", 10), put("a", 20), put("c", 30), put("c", 30)}))
+	require.NoError(t, s.Checkpoint(id, 30))
+	mid, err := s.Versions(1)
+	require.NoError(t, err)
+	var maxFirst uint64
+	for _, v := range first {
+		maxFirst = max(maxFirst, v.Seq)
+	}
+	cSeq := mid[slices.IndexFunc(mid, func(w Version) bool { return string(w.Key) == "c" })].Seq
+	require.Equal(t, maxFirst+1, cSeq, "c, repeated in its batch, took one seq")
+	require.NoError(t, s.Close())
+
+	s, err = Open(dir)
+	require.NoError(t, err)
+	defer s.Close()
+	s.Bind(id, 1)
+	require.NoError(t, s.ApplyRows(id, []common.Row{put("c", 30), put("d", 40)})) // c again, after the reopen
+	require.NoError(t, s.Checkpoint(id, 40))
+	vs, err := s.Versions(1)
+	require.NoError(t, err)
+	require.Len(t, vs, 5, "a@10, a@20, b@10, c@30, d@40: each once")
+	for _, v := range first {
+		i := slices.IndexFunc(vs, func(w Version) bool { return bytes.Equal(w.Key, v.Key) && w.CommitTs == v.CommitTs })
+		require.GreaterOrEqual(t, i, 0)
+		require.Equal(t, v.Seq, vs[i].Seq, "%s@%d kept its first seq", v.Key, v.CommitTs)
+	}
+	c := vs[slices.IndexFunc(vs, func(w Version) bool { return string(w.Key) == "c" })]
+	require.Equal(t, cSeq, c.Seq, "c, re-delivered after the reopen, kept its first seq (the newest was read back)")
+}
