@@ -2,6 +2,7 @@ package eventcollector
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 
@@ -175,4 +176,53 @@ func TestHeartbeatsEchoTheHandshakesSlot(t *testing.T) {
 	h.svc.mu.Lock()
 	defer h.svc.mu.Unlock()
 	require.Equal(t, []uint32{9}, h.svc.heartbeatSlot)
+}
+
+// batchingSinkForTest is a MemorySink that also confirms checkpoints in
+// batches (a CheckpointBatcher), failing the entries of fail.
+type batchingSinkForTest struct {
+	Sink
+	mu    sync.Mutex
+	calls [][]SinkCheckpoint
+	fail  common.DispatcherID
+}
+
+func (b *batchingSinkForTest) CheckpointBatch(cps []SinkCheckpoint, errs []error) {
+	b.mu.Lock()
+	b.calls = append(b.calls, append([]SinkCheckpoint(nil), cps...))
+	b.mu.Unlock()
+	for i, cp := range cps {
+		if cp.ID == b.fail {
+			errs[i] = errors.New("disk full")
+			continue
+		}
+		errs[i] = b.Sink.Checkpoint(cp.ID, cp.Ts)
+	}
+}
+
+// TestResolvedBatchCheckpointsInOneSinkCall: with a CheckpointBatcher
+// sink a resolved-ts batch's checkpoints are one CheckpointBatch, and an
+// entry it fails resets only its dispatcher.
+func TestResolvedBatchCheckpointsInOneSinkCall(t *testing.T) {
+	bs := &batchingSinkForTest{fail: did(2)}
+	h := newCrafted(t, func(s Sink) Sink { bs.Sink = s; return bs }, nil)
+	d1, d2, d3 := h.addAndHandshake(1, 10), h.addAndHandshake(2, 10), h.addAndHandshake(3, 10)
+	h.deliver(&messaging.ResolvedBatch{Entries: []messaging.Resolved{
+		entry(d1, 1, 1, 20, h.slotOf(d1)), entry(d2, 1, 1, 20, h.slotOf(d2)), entry(d3, 1, 1, 30, h.slotOf(d3)),
+	}})
+	bs.mu.Lock()
+	require.Equal(t, [][]SinkCheckpoint{{{ID: d1, Ts: 20}, {ID: d2, Ts: 20}, {ID: d3, Ts: 30}}}, bs.calls, "one call for the batch")
+	bs.mu.Unlock()
+	require.Equal(t, common.Ts(20), h.status(d1).Checkpoint)
+	require.Equal(t, common.Ts(30), h.status(d3).Checkpoint)
+	require.Equal(t, resetCallForTest{d2, 2, 10}, h.svc.nextReset(t))
+	require.Equal(t, uint64(1), h.coll.Stats().Resets[ResetSinkError])
+
+	// A batch naming a dispatcher twice (a lying service) is called entry
+	// by entry, in order.
+	h.deliver(&messaging.ResolvedBatch{Entries: []messaging.Resolved{entry(d1, 1, 1, 40, 0), entry(d1, 1, 1, 50, 0)}})
+	bs.mu.Lock()
+	require.Len(t, bs.calls, 1, "no batch call for repeated entries")
+	bs.mu.Unlock()
+	require.Equal(t, common.Ts(50), h.status(d1).Checkpoint)
 }

@@ -78,6 +78,9 @@ type Collector struct {
 		list   []batchCall
 		resets []batchReset
 		calls  uint64 // sink calls made for batches, to sample their timing
+		seen   map[*dispatcher]struct{}
+		cps    []SinkCheckpoint
+		errs   []error
 	}
 
 	// hbBuf is the heartbeat goroutine's scratch lists: cps[i] is the

@@ -181,7 +181,9 @@ func (c *Collector) handleBatch(b *messaging.ResolvedBatch) {
 	}
 	c.mu.Unlock()
 
-	if len(calls) > 0 {
+	if cb, ok := c.opts.Sink.(CheckpointBatcher); ok && len(calls) > 1 && c.distinct(calls) {
+		c.checkpointBatch(cb, calls)
+	} else if len(calls) > 0 {
 		for i := range calls {
 			k := &calls[i]
 			// One checkpoint call in sampleSinkEvery is timed: a clock
@@ -194,6 +196,8 @@ func (c *Collector) handleBatch(b *messaging.ResolvedBatch) {
 			k.err = c.call(k.d, k.epoch, k.v)
 			c.metrics.observeSink(k.v.kind.op(), sw.Elapsed())
 		}
+	}
+	if len(calls) > 0 {
 		c.mu.Lock()
 		c.sinkCallsEndedLocked()
 		for i := range calls {
@@ -214,6 +218,44 @@ func (c *Collector) handleBatch(b *messaging.ResolvedBatch) {
 	clear(calls) // drop the dispatcher pointers
 	clear(resets)
 	c.batchBuf.list, c.batchBuf.resets = calls[:0], resets[:0]
+}
+
+// distinct reports whether calls name each dispatcher once (a batch from
+// our service always does; a lying one may repeat an entry, and then the
+// calls go one by one, in order, as for a sink without batches).
+func (c *Collector) distinct(calls []batchCall) bool {
+	seen := c.batchBuf.seen
+	clear(seen)
+	if seen == nil {
+		seen = make(map[*dispatcher]struct{}, len(calls))
+		c.batchBuf.seen = seen
+	}
+	for i := range calls {
+		if _, dup := seen[calls[i].d]; dup {
+			return false
+		}
+		seen[calls[i].d] = struct{}{}
+	}
+	clear(seen)
+	return true
+}
+
+// checkpointBatch makes a batch's checkpoint calls (every call of a
+// resolved-ts batch is one) as one CheckpointBatch, timed as one call.
+func (c *Collector) checkpointBatch(cb CheckpointBatcher, calls []batchCall) {
+	cps, errs := c.batchBuf.cps[:0], c.batchBuf.errs[:0]
+	for i := range calls {
+		cps = append(cps, SinkCheckpoint{ID: calls[i].d.id, Ts: calls[i].v.ts})
+		errs = append(errs, nil)
+	}
+	sw := clock.StartStopwatch()
+	cb.CheckpointBatch(cps, errs)
+	c.metrics.observeSink(opCheckpoint, sw.Elapsed())
+	for i := range calls {
+		calls[i].err = errs[i]
+	}
+	clear(errs)
+	c.batchBuf.cps, c.batchBuf.errs = cps[:0], errs[:0]
 }
 
 // call makes the sink call of verdict v for d.

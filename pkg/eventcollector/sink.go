@@ -75,3 +75,21 @@ type AsyncSink interface {
 	// lock briefly and calls nothing of the sink, so it returns at once.
 	SetDurable(durable func(id common.DispatcherID, epoch uint64, ts common.Ts))
 }
+
+// SinkCheckpoint is one entry of a CheckpointBatcher call.
+type SinkCheckpoint struct {
+	ID common.DispatcherID
+	Ts common.Ts
+}
+
+// CheckpointBatcher is a Sink that confirms many dispatchers' checkpoints
+// in one call: for a resolved-ts batch the collector makes one
+// CheckpointBatch instead of one Checkpoint per entry, so a durable sink
+// commits once for all of them (one pebble commit per dispatcher was a
+// collector process's cost). errs[i] (len(errs) == len(cps)) is what
+// Checkpoint(cps[i].ID, cps[i].Ts) would have returned, and each entry is
+// as atomic with its rows as there: a sink that cannot commit the batch
+// fails every entry of it. The dispatchers of one call are distinct.
+type CheckpointBatcher interface {
+	CheckpointBatch(cps []SinkCheckpoint, errs []error)
+}

@@ -65,8 +65,10 @@ type Sink struct {
 		// newest caches m per table (present: read or written).
 		newest map[int64]common.Ts
 		// group is Checkpoint's scratch: the keys of the rows above m
-		// at the current commit-ts.
-		group map[string]struct{}
+		// at the current commit-ts; staged, each table's newest commit-ts
+		// with the batch being written.
+		group  map[string]struct{}
+		staged map[int64]common.Ts
 	}
 }
 
@@ -98,6 +100,7 @@ func Open(dir string) (*Sink, error) {
 	s.mu.ddls = map[common.DispatcherID][]messaging.DDL{}
 	s.mu.newest = map[int64]common.Ts{}
 	s.mu.group = map[string]struct{}{}
+	s.mu.staged = map[int64]common.Ts{}
 	if err := s.load(); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("open durable sink %s: %w", dir, err)
@@ -214,24 +217,97 @@ func (s *Sink) ApplyDDL(id common.DispatcherID, ddl *messaging.DDL) error {
 // Checkpoint writes the staged rows of id (skipping versions already
 // present) and the checkpoint in one batch.
 func (s *Sink) Checkpoint(id common.DispatcherID, ts common.Ts) error {
+	errs := []error{nil}
+	s.CheckpointBatch([]eventcollector.SinkCheckpoint{{ID: id, Ts: ts}}, errs)
+	return errs[0]
+}
+
+var _ eventcollector.CheckpointBatcher = (*Sink)(nil)
+
+// CheckpointBatch is Checkpoint of every entry, in one pebble batch and
+// one commit: an entry of an unbound dispatcher fails alone; a batch that
+// cannot be written or committed fails every entry it holds, and nothing
+// of it is applied.
+func (s *Sink) CheckpointBatch(cps []eventcollector.SinkCheckpoint, errs []error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	table, ok := s.mu.tables[id]
-	if !ok {
-		return fmt.Errorf("durable sink: %w: %v", ErrNotBound, id)
-	}
-	if table < 0 {
-		return fmt.Errorf("durable sink: dispatcher %v: %w %d", id, ErrInvalidTable, table)
-	}
-	newest, err := s.newestLocked(table)
-	if err != nil {
-		return err
-	}
-	hi := newest
 	b := s.db.NewIndexedBatch()
 	defer b.Close()
-	seq := s.mu.nextSeq
+	seq, applied := s.mu.nextSeq, uint64(0)
+	staged := s.mu.staged // table -> its newest commit-ts with this batch
+	clear(staged)
+	defer clear(staged)
+	n := 0
+	fail := func(err error) {
+		for i := range errs {
+			if errs[i] == nil {
+				errs[i] = err
+			}
+		}
+	}
+	for i, cp := range cps {
+		table, ok := s.mu.tables[cp.ID]
+		switch {
+		case !ok:
+			errs[i] = fmt.Errorf("durable sink: %w: %v", ErrNotBound, cp.ID)
+			continue
+		case table < 0:
+			errs[i] = fmt.Errorf("durable sink: dispatcher %v: %w %d", cp.ID, ErrInvalidTable, table)
+			continue
+		}
+		newest, seen := staged[table]
+		if !seen {
+			var err error
+			if newest, err = s.newestLocked(table); err != nil {
+				errs[i] = err
+				continue
+			}
+		}
+		hi, versions, err := s.stageLocked(b, cp.ID, table, newest, cp.Ts, &seq)
+		if err != nil {
+			fail(err) // the batch holds part of this entry: write none of it
+			return
+		}
+		staged[table] = hi
+		applied += versions
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	if err := b.Set([]byte("s"), binary.BigEndian.AppendUint64(nil, seq), nil); err != nil {
+		fail(err)
+		return
+	}
+	// NoSync: the crash tests kill the process, not the machine; the WAL
+	// write reaches the OS. Rows and checkpoint are in one batch either way.
+	if err := b.Commit(pebble.NoSync); err != nil {
+		fail(err)
+		return
+	}
+	s.mu.nextSeq = seq
+	s.mu.applied += applied
+	for table, hi := range staged {
+		s.mu.newest[table] = hi
+	}
+	for i, cp := range cps {
+		if errs[i] == nil {
+			s.mu.pending[cp.ID] = s.mu.pending[cp.ID][:0]
+			s.mu.ddls[cp.ID] = s.mu.ddls[cp.ID][:0]
+		}
+	}
+}
+
+// stageLocked writes id's staged rows (skipping versions already present),
+// DDLs and checkpoint ts into b, numbering new versions from *seq; newest
+// is table's newest commit-ts so far. It returns the table's newest
+// commit-ts with these rows and how many versions it wrote. REQUIRES: s.mu
+// held.
+func (s *Sink) stageLocked(b *pebble.Batch, id common.DispatcherID, table int64, newest, ts common.Ts, seq *uint64) (common.Ts, uint64, error) {
+	hi := newest
 	var groupTs common.Ts
+	var versions uint64
+	defer clear(s.mu.group)
 	for _, r := range s.mu.pending[id] {
 		// The lookup uses the same encoding as the write, so a re-delivery
 		// finds its first application whatever other keys it prefixes.
@@ -241,7 +317,7 @@ func (s *Sink) Checkpoint(id common.DispatcherID, ts common.Ts) error {
 				_ = closer.Close()
 				continue // a re-delivery: idempotent
 			} else if !errors.Is(err, pebble.ErrNotFound) {
-				return err
+				return 0, 0, err
 			}
 		} else {
 			// Above every stored version: new, unless this batch
@@ -257,44 +333,31 @@ func (s *Sink) Checkpoint(id common.DispatcherID, ts common.Ts) error {
 			s.mu.group[string(k)] = struct{}{}
 			hi = max(hi, r.CommitTs)
 		}
-		v := binary.BigEndian.AppendUint64(nil, seq)
+		v := binary.BigEndian.AppendUint64(nil, *seq)
 		v = append(v, byte(r.Op))
 		v = append(v, r.Value...)
 		if err := b.Set(k, v, nil); err != nil {
-			return err
+			return 0, 0, err
 		}
-		seq++
-		s.mu.applied++
+		*seq++
+		versions++
 	}
 	for _, dl := range s.mu.ddls[id] {
 		// Keyed by (table, commit-ts): a re-delivered DDL overwrites itself.
 		if err := b.Set(ddlKey(table, dl.CommitTs), []byte(dl.Query), nil); err != nil {
-			return err
+			return 0, 0, err
 		}
 	}
-	clear(s.mu.group)
 	if hi > newest {
 		if err := b.Set(newestKey(table), binary.BigEndian.AppendUint64(nil, uint64(hi)), nil); err != nil {
-			return err
+			return 0, 0, err
 		}
 	}
 	idb := id.Bytes()
 	if err := b.Set(append([]byte("c"), idb[:]...), binary.BigEndian.AppendUint64(nil, uint64(ts)), nil); err != nil {
-		return err
+		return 0, 0, err
 	}
-	if err := b.Set([]byte("s"), binary.BigEndian.AppendUint64(nil, seq), nil); err != nil {
-		return err
-	}
-	// NoSync: the crash tests kill the process, not the machine; the WAL
-	// write reaches the OS. Rows and checkpoint are in one batch either way.
-	if err := b.Commit(pebble.NoSync); err != nil {
-		return err
-	}
-	s.mu.nextSeq = seq
-	s.mu.newest[table] = hi
-	s.mu.pending[id] = s.mu.pending[id][:0]
-	s.mu.ddls[id] = s.mu.ddls[id][:0]
-	return nil
+	return hi, versions, nil
 }
 
 // newestLocked returns m of table, read once from the database.

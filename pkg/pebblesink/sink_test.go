@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventcollector"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
 
@@ -306,4 +307,44 @@ func TestReDeliveriesKeepTheirFirstApplicationWithoutALookupAboveTheNewest(t *te
 	}
 	c := vs[slices.IndexFunc(vs, func(w Version) bool { return string(w.Key) == "c" })]
 	require.Equal(t, cSeq, c.Seq, "c, re-delivered after the reopen, kept its first seq (the newest was read back)")
+}
+
+// TestCheckpointBatchPersistsEveryEntryInOneBatch: the entries of a batch
+// are persisted with their rows as Checkpoint would persist each, an
+// unbound dispatcher fails alone, and a reopened sink reads them all back.
+func TestCheckpointBatchPersistsEveryEntryInOneBatch(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	require.NoError(t, err)
+	d1, d2, unbound := common.DispatcherIDFromUint64(1), common.DispatcherIDFromUint64(2), common.DispatcherIDFromUint64(3)
+	s.Bind(d1, 1)
+	s.Bind(d2, 2)
+	row := func(key string, ts common.Ts) common.Row {
+		return common.Row{Op: common.OpPut, Key: []byte(key), Value: []byte(key), CommitTs: ts}
+	}
+	require.NoError(t, s.ApplyRows(d1, []common.Row{row("a", 10)}))
+	require.NoError(t, s.ApplyRows(d2, []common.Row{row("b", 11), row("c", 12)}))
+	require.NoError(t, s.ApplyRows(unbound, []common.Row{row("z", 13)}))
+	errs := make([]error, 3)
+	s.CheckpointBatch([]eventcollector.SinkCheckpoint{{ID: d1, Ts: 20}, {ID: unbound, Ts: 20}, {ID: d2, Ts: 21}}, errs)
+	require.NoError(t, errs[0])
+	require.ErrorIs(t, errs[1], ErrNotBound)
+	require.NoError(t, errs[2])
+	require.NoError(t, s.Close())
+
+	s, err = Open(dir)
+	require.NoError(t, err)
+	defer s.Close()
+	for id, want := range map[common.DispatcherID]common.Ts{d1: 20, d2: 21, unbound: 0} {
+		got, err := s.CheckpointOf(id)
+		require.NoError(t, err)
+		require.Equal(t, want, got, "%v", id)
+	}
+	v1, err := s.Versions(1)
+	require.NoError(t, err)
+	v2, err := s.Versions(2)
+	require.NoError(t, err)
+	require.Len(t, v1, 1)
+	require.Len(t, v2, 2)
+	require.Equal(t, []uint64{v1[0].Seq + 1, v1[0].Seq + 2}, []uint64{v2[0].Seq, v2[1].Seq}, "one numbering across the batch")
 }
