@@ -401,15 +401,26 @@ func (s *Store) UnregisterDispatcher(id common.DispatcherID) error {
 func (s *Store) UpdateCheckpoint(id common.DispatcherID, ts common.Ts) error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if s.mu.closed {
-		return ErrClosed
-	}
-	sb, ok := s.mu.dispatchers[id]
-	if !ok {
-		return fmt.Errorf("%w: %v", ErrDispatcherNotFound, id)
+	sb, err := s.subscriberLocked(id)
+	if err != nil {
+		return err
 	}
 	s.updateCheckpoint(sb, ts)
 	return nil
+}
+
+// subscriberLocked returns dispatcher id's registration: ErrClosed once the
+// store closed, ErrDispatcherNotFound for an ID it does not have.
+// REQUIRES: s.mu held (read).
+func (s *Store) subscriberLocked(id common.DispatcherID) (*subscriber, error) {
+	if s.mu.closed {
+		return nil, ErrClosed
+	}
+	sb, ok := s.mu.dispatchers[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: %v", ErrDispatcherNotFound, id)
+	}
+	return sb, nil
 }
 
 // Handle is a registered dispatcher's handle for checkpoint updates
@@ -428,12 +439,9 @@ type Handle struct {
 func (s *Store) Handle(id common.DispatcherID) (Handle, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if s.mu.closed {
-		return Handle{}, ErrClosed
-	}
-	sb, ok := s.mu.dispatchers[id]
-	if !ok {
-		return Handle{}, fmt.Errorf("%w: %v", ErrDispatcherNotFound, id)
+	sb, err := s.subscriberLocked(id)
+	if err != nil {
+		return Handle{}, err
 	}
 	return Handle{s: s, sb: sb}, nil
 }
@@ -488,12 +496,9 @@ type DispatcherState struct {
 func (s *Store) Dispatcher(id common.DispatcherID) (DispatcherState, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if s.mu.closed {
-		return DispatcherState{}, ErrClosed
-	}
-	sb, ok := s.mu.dispatchers[id]
-	if !ok {
-		return DispatcherState{}, fmt.Errorf("%w: %v", ErrDispatcherNotFound, id)
+	sb, err := s.subscriberLocked(id)
+	if err != nil {
+		return DispatcherState{}, err
 	}
 	sub := sb.sub
 	sub.mu.Lock()
