@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os/exec"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -146,13 +147,15 @@ func confirmedFlush(t *testing.T, src *pgtest.Server) pglogrepl.LSN {
 // waitFor polls cond (a database's state) until it holds, with a deadline.
 func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
+	start := time.Now()
+	deadline := start.Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(50 * time.Millisecond) // polling another process's state with a deadline
 	}
+	t.Logf("%s: after %.1f s", what, time.Since(start).Seconds())
 }
 
 // A real changefeed under load, 100 tables: `cdcserver serve` is killed
@@ -183,6 +186,7 @@ INSERT INTO t%d SELECT g, 0, repeat(md5(g::text), 100) FROM generate_series(1, 2
 
 	// Three kills, each once the target's checkpoints moved since the
 	// (re)start.
+	var killedLogs bytes.Buffer
 	for kill := range 3 {
 		proc := startServe(t, src, dst, dataDir)
 		base := checkpointProgress(t, dst)
@@ -191,6 +195,7 @@ INSERT INTO t%d SELECT g, 0, repeat(md5(g::text), 100) FROM generate_series(1, 2
 		})
 		require.NoError(t, proc.cmd.Process.Signal(syscall.SIGKILL))
 		_ = proc.wait() // SIGKILLed: not a clean exit
+		fmt.Fprintf(&killedLogs, "--- run %d\n%s", kill+1, tail(proc.stderr.String(), 4000))
 	}
 
 	proc := startServe(t, src, dst, dataDir)
@@ -217,10 +222,32 @@ INSERT INTO t%d SELECT g, 0, repeat(md5(g::text), 100) FROM generate_series(1, 2
 	t.Logf("workload: %d transactions", txns)
 	require.Positive(t, txns)
 	var out bytes.Buffer
-	waitFor(t, "the target to equal the source", scaled(t, 3*time.Minute), func() bool {
+	var cmpErr error
+	deadline := time.Now().Add(scaled(t, 3*time.Minute))
+	for {
 		out.Reset()
-		return replicate.Compare(context.Background(), src.DSN, dst.DSN, "cdcflow", &out) == nil
-	})
+		if cmpErr = replicate.Compare(context.Background(), src.DSN, dst.DSN, "cdcflow", &out); cmpErr == nil {
+			t.Logf("the target equals the source: after %.1f s", time.Since(deadline.Add(-scaled(t, 3*time.Minute))).Seconds())
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the target never equalled the source: %v\n%s\nserve's log:\n%s\nthe killed runs' logs:\n%s",
+				cmpErr, differing(out.String()), tail(proc.stderr.String(), 8000), tail(killedLogs.String(), 8000))
+		}
+		time.Sleep(50 * time.Millisecond) // polling another process's state with a deadline
+	}
 	require.NoError(t, proc.cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, proc.wait(), "a clean stop exits 0: %s", tail(proc.stderr.String(), 2000))
+}
+
+// differing keeps compare's lines of tables that differ (all 100 lines
+// would hide them).
+func differing(report string) string {
+	var b strings.Builder
+	for _, line := range strings.Split(report, "\n") {
+		if strings.HasSuffix(line, "DIFFERENT") {
+			b.WriteString(line + "\n")
+		}
+	}
+	return b.String()
 }
