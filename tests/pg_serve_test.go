@@ -119,6 +119,36 @@ func (w *pgWorkload) finish(t *testing.T) int {
 	return w.txns
 }
 
+// startedOver is what serve logs when it starts a changefeed over.
+const startedOver = "the initial snapshot did not complete"
+
+// waitReplicating waits for serve's "replicating" line (it has fenced out
+// the processes before it and decided to resume or start over) and
+// returns the target's checkpoint progress then.
+func waitReplicating(t *testing.T, proc *childProcess, dst *pgtest.Server) int64 {
+	t.Helper()
+	select {
+	case <-proc.stderr.Matches():
+	case <-proc.exited:
+		t.Fatalf("serve exited: %v\n%s", proc.err, tail(proc.stderr.String(), 4000))
+	case <-time.After(scaled(t, 2*time.Minute)):
+		t.Fatalf("serve never started replicating:\n%s", tail(proc.stderr.String(), 4000))
+	}
+	return checkpointProgress(t, dst)
+}
+
+// snapshotRecorded reports whether serve recorded its snapshot as done.
+func snapshotRecorded(t *testing.T, dst *pgtest.Server) bool {
+	conn, err := pgx.Connect(context.Background(), dst.DSN)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	var n int
+	if err := conn.QueryRow(context.Background(), "SELECT count(*) FROM cdcflow.state WHERE key LIKE 'snapshot-done:%'").Scan(&n); err != nil {
+		return false // not created yet
+	}
+	return n > 0
+}
+
 // checkpointProgress returns the highest checkpoint the target holds.
 func checkpointProgress(t *testing.T, dst *pgtest.Server) int64 {
 	conn, err := pgx.Connect(context.Background(), dst.DSN)
@@ -185,22 +215,36 @@ INSERT INTO t%d SELECT g, 0, repeat(md5(g::text), 100) FROM generate_series(1, 2
 	}()
 
 	// Three kills, each once the target's checkpoints moved since the
-	// (re)start.
+	// process started: the first most likely while the snapshot is
+	// copied (the next run starts over), the others once the snapshot
+	// is recorded as done, so that the runs after them resume from the
+	// checkpoints (checked: they do not start over). A killed process may
+	// leave a transaction on its way to commit; the next one's fence waits
+	// for it.
 	var killedLogs bytes.Buffer
 	for kill := range 3 {
 		proc := startServe(t, src, dst, dataDir)
-		base := checkpointProgress(t, dst)
+		base := waitReplicating(t, proc, dst)
+		if kill > 0 {
+			waitFor(t, fmt.Sprintf("the snapshot recorded before kill %d", kill+1), scaled(t, 2*time.Minute), func() bool {
+				return snapshotRecorded(t, dst)
+			})
+		}
 		waitFor(t, fmt.Sprintf("progress before kill %d", kill+1), scaled(t, 2*time.Minute), func() bool {
 			return checkpointProgress(t, dst) > base
 		})
+		if kill > 1 {
+			require.NotContains(t, proc.stderr.String(), startedOver, "run %d resumed", kill+1)
+		}
 		require.NoError(t, proc.cmd.Process.Signal(syscall.SIGKILL))
 		_ = proc.wait() // SIGKILLed: not a clean exit
 		fmt.Fprintf(&killedLogs, "--- run %d\n%s", kill+1, tail(proc.stderr.String(), 4000))
 	}
 
 	proc := startServe(t, src, dst, dataDir)
-	base := checkpointProgress(t, dst)
+	base := waitReplicating(t, proc, dst)
 	waitFor(t, "progress after the kills", scaled(t, 2*time.Minute), func() bool { return checkpointProgress(t, dst) > base })
+	require.NotContains(t, proc.stderr.String(), startedOver, "the run after the kills resumed")
 
 	// The replication connection terminated by the source.
 	_, err = conn.Exec(context.Background(), "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE active_pid IS NOT NULL")

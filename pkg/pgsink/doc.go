@@ -23,7 +23,14 @@
 // accepted and dropped, its checkpoint never advances (the slot keeps the
 // WAL), cdcflow_pgsink_stopped_tables counts it and Stopped names it.
 //
-// Invariants: a dispatcher's work is applied in call order; a checkpoint
+// Owners: a sink writes as an owner's generation (cdcflow.owners); Start
+// raises the generation, waiting for every transaction of an earlier sink
+// of the owner still on its way to commit, and every write transaction
+// opens with cdcflow.fence, which fails once a later sink started (see
+// fence.go). A superseded sink writes nothing more (Err, Superseded).
+//
+// Invariants: no transaction of a sink commits after a later sink of its
+// owner returned from Start; a dispatcher's work is applied in call order; a checkpoint
 // is reported durable only after the transaction holding it and every row
 // before it committed; a BeginEpoch discards what was queued and not
 // committed for its dispatcher; memory is bounded by QueueRows per lane.

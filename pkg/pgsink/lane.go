@@ -332,6 +332,10 @@ func (l *lane) reviewWork() {
 // every 100 ms or so, and writing each at every commit was a checkpoint
 // row per idle table per commit, more writes than the rows (1000 tables).
 func (l *lane) commitAll(now time.Time) {
+	if l.s.Err() != nil {
+		l.dropHeld() // superseded: nothing is written any more
+		return
+	}
 	var ds []*dstate
 	for _, d := range l.held {
 		if len(d.work) > 0 && (d.rows || d.written.IsZero() || now.Sub(d.written) >= l.s.opts.CheckpointInterval) {
@@ -349,6 +353,11 @@ func (l *lane) commitAll(now time.Time) {
 	if l.s.ctx.Err() != nil {
 		return
 	}
+	if isSuperseded(err) {
+		l.s.supersede()
+		l.dropHeld()
+		return
+	}
 	if l.lost(err) {
 		// The target is down or the connection broke: nothing is any
 		// table's fault. Keep the work, connect again and retry; the
@@ -362,6 +371,11 @@ func (l *lane) commitAll(now time.Time) {
 	l.s.log.Warn("a lane's transaction failed; applying its tables one by one", zap.Int("lane", l.n), zap.Error(err))
 	for _, d := range ds {
 		if err := l.commit([]*dstate{d}); err != nil && l.s.ctx.Err() == nil {
+			if isSuperseded(err) {
+				l.s.supersede()
+				l.dropHeld()
+				return
+			}
 			if l.lost(err) {
 				l.down.Store(true)
 				l.reconnect()
@@ -378,6 +392,15 @@ func (l *lane) commitAll(now time.Time) {
 	}
 }
 
+// dropHeld drops the work of every dispatcher the lane holds: the sink
+// was superseded and writes nothing more.
+func (l *lane) dropHeld() {
+	for _, d := range l.held {
+		d.work, d.rows = nil, false
+	}
+	l.pending = 0
+}
+
 // commit applies ds's work and checkpoints in one transaction: every
 // statement is queued in one pgx batch, sent as one pipeline and run in
 // one implicit transaction (one round trip, all or nothing), however many
@@ -385,6 +408,7 @@ func (l *lane) commitAll(now time.Time) {
 func (l *lane) commit(ds []*dstate) error {
 	ctx := l.s.ctx
 	b := &pgx.Batch{}
+	b.Queue(fenceSQL, l.s.opts.Owner, l.s.generation) // first: see fence.go
 	var marks []durableMark
 	var ckIDs, ckTargets []string
 	var ckOIDs, ckTs []int64

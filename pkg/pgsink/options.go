@@ -2,7 +2,9 @@ package pgsink
 
 import (
 	"errors"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -70,6 +72,19 @@ type Options struct {
 	// MaxFailures: a table whose transaction the target refuses this many
 	// times in a row is stopped. Default 5.
 	MaxFailures int
+	// Owner names the changefeed in the target (cdcflow.owners). Start
+	// fences out every earlier sink of the same owner: it waits for their
+	// transactions still on their way to commit, and any they try later
+	// fails (fence.go), so a sink that died or was paused never writes
+	// after its successor started. Two sinks of one owner never write
+	// at once: the later one wins, the earlier one stops (Err). At most
+	// 63 bytes of UTF-8 without NUL. Default "default".
+	Owner string
+	// FenceWait bounds Start's wait for an earlier sink's open
+	// transactions (ErrConnect after it). Default 1m: a lane's
+	// connection that lost its client ends within 30 s
+	// (idle_in_transaction_session_timeout) once its pipeline is done.
+	FenceWait time.Duration
 	// Logger defaults to zap.NewNop(); Clock (the lanes' flush and
 	// checkpoint cadence, the reconnect back-off) to the real clock.
 	Logger *zap.Logger
@@ -98,6 +113,12 @@ func (o Options) withDefaults() Options {
 	if o.CheckpointInterval == 0 {
 		o.CheckpointInterval = DefaultCheckpointInterval
 	}
+	if o.Owner == "" {
+		o.Owner = "default"
+	}
+	if o.FenceWait == 0 {
+		o.FenceWait = time.Minute
+	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
@@ -116,6 +137,9 @@ func (o Options) validate() error {
 	p.Require(o.FlushInterval > 0, "FlushInterval must be positive")
 	p.Require(o.MaxFlushInterval >= o.FlushInterval, "MaxFlushInterval %v must be at least FlushInterval %v", o.MaxFlushInterval, o.FlushInterval)
 	p.Require(o.CheckpointInterval > 0, "CheckpointInterval must be positive")
+	p.Require(len(o.Owner) <= 63 && utf8.ValidString(o.Owner) && !strings.ContainsRune(o.Owner, 0),
+		"Owner must be at most 63 bytes of UTF-8 without NUL")
+	p.Require(o.FenceWait >= time.Millisecond, "FenceWait must be at least 1ms")
 	p.NotTypedNil("Registerer", o.Registerer)
 	p.NotTypedNil("Clock", o.Clock)
 	return p.Err()

@@ -34,6 +34,11 @@ type Sink struct {
 	wg     sync.WaitGroup
 
 	durableFn func(id common.DispatcherID, epoch uint64, ts common.Ts)
+	// generation is the owner's generation this sink writes at (Start
+	// sets it before any lane runs; read-only after).
+	generation int64
+	// supersededCh is closed when mu.superseded is set.
+	supersededCh chan struct{}
 
 	// admin is the connection binds create and read tables on (one at a
 	// time: a thousand tables must not cost a thousand connections).
@@ -43,6 +48,7 @@ type Sink struct {
 	mu struct {
 		sync.Mutex
 		started, closed bool
+		superseded      bool // a later sink of the owner started (fence.go)
 		bound           map[common.DispatcherID]*binding
 		durable         map[common.DispatcherID]common.Ts
 		errs            map[common.DispatcherID]error
@@ -62,7 +68,7 @@ func New(opts Options) (*Sink, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	s := &Sink{opts: opts, log: opts.Logger.Named("pgsink")}
+	s := &Sink{opts: opts, log: opts.Logger.Named("pgsink"), supersededCh: make(chan struct{})}
 	s.mu.bound = map[common.DispatcherID]*binding{}
 	s.mu.durable = map[common.DispatcherID]common.Ts{}
 	s.mu.errs = map[common.DispatcherID]error{}
@@ -90,12 +96,13 @@ func (s *Sink) Start(ctx context.Context) error {
 		return fmt.Errorf("%w: %w", ErrConnect, err)
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS cdcflow;
-CREATE TABLE IF NOT EXISTS cdcflow.checkpoints (
-  dispatcher text PRIMARY KEY, table_oid bigint NOT NULL, target text NOT NULL, ts bigint NOT NULL,
-  updated_at timestamptz NOT NULL DEFAULT now());
-CREATE TABLE IF NOT EXISTS cdcflow.state (key text PRIMARY KEY, value text NOT NULL)`); err != nil {
-		return fmt.Errorf("%w: checkpoint table: %w", ErrConnect, err)
+	if _, err := conn.Exec(ctx, schemaSQL); err != nil {
+		return fmt.Errorf("%w: the cdcflow schema: %w", ErrConnect, err)
+	}
+	// Before anything is read or written: an earlier sink of the owner
+	// may still have a transaction on its way to commit (fence.go).
+	if s.generation, err = acquireFence(ctx, conn, s.opts.Owner, s.opts.FenceWait); err != nil {
+		return fmt.Errorf("%w: fence owner %q: %w", ErrConnect, s.opts.Owner, err)
 	}
 	for i := range s.opts.Workers {
 		c, err := s.connectLane(ctx)
@@ -126,6 +133,11 @@ func (s *Sink) connectLane(ctx context.Context) (*pgx.Conn, error) {
 		return nil, err
 	}
 	cfg.StatementCacheCapacity = s.opts.LaneStatements
+	// A lane is never idle inside a transaction (a pipeline, or an
+	// explicit one sent statement after statement); one that is has lost
+	// its client without the server noticing, and holds the owner's fence
+	// lock that a later sink's Start waits for.
+	cfg.RuntimeParams["idle_in_transaction_session_timeout"] = "30s"
 	return pgx.ConnectConfig(ctx, cfg)
 }
 
@@ -331,7 +343,7 @@ func (s *Sink) laneOf(id common.DispatcherID) (*lane, bool, error) {
 		return nil, false, err
 	}
 	_, stopped := s.mu.stopped[id]
-	return b.lane, stopped, nil
+	return b.lane, stopped || s.mu.superseded, nil
 }
 
 // BeginEpoch implements eventcollector.Sink.
@@ -450,36 +462,54 @@ func (s *Sink) State(ctx context.Context, key string) (string, bool, error) {
 }
 
 // SetState sets key to value in cdcflow.state.
+// It is fenced: a superseded sink gets ErrSuperseded and writes nothing.
 func (s *Sink) SetState(ctx context.Context, key, value string) error {
-	conn, err := pgx.Connect(ctx, s.opts.DSN)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrConnect, err)
-	}
-	defer conn.Close(context.Background())
-	_, err = conn.Exec(ctx, "INSERT INTO cdcflow.state (key, value) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value", key, value)
-	return err
+	return s.fenced(ctx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "INSERT INTO cdcflow.state (key, value) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value", key, value)
+		return err
+	})
 }
 
-// Reset empties the target tables of rels (if they exist) and forgets
-// every checkpoint and state: a changefeed starting over from a new
-// snapshot.
+// Reset empties the target tables of rels and the ones cdcflow.checkpoints
+// names (those that exist) and forgets every checkpoint and state, in one
+// fenced transaction: a changefeed starting over from a new snapshot.
+// Interrupted, it did nothing; done, it left nothing of the earlier
+// changefeed.
 func (s *Sink) Reset(ctx context.Context, rels []pgcodec.Relation) error {
-	conn, err := pgx.Connect(ctx, s.opts.DSN)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrConnect, err)
+	names := make([]string, len(rels))
+	for i, r := range rels {
+		names[i] = r.QualifiedName()
 	}
-	defer conn.Close(context.Background())
-	for _, r := range rels {
-		var exists bool
-		if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", r.QualifiedName()).Scan(&exists); err != nil {
+	return s.fenced(ctx, func(tx pgx.Tx) error {
+		// The checkpoints' targets were written by a sink (quoted as
+		// pgcodec.QualifiedName quotes), but they are read back from a
+		// database: a name is only compared with the relations' names
+		// quoted alike, never parsed, and becomes SQL only as a relation
+		// that exists, quoted by the server.
+		rows, err := tx.Query(ctx, `
+SELECT DISTINCT format('%I.%I', n.nspname, c.relname)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN (SELECT unnest($1::text[]) UNION SELECT target FROM cdcflow.checkpoints) AS t(name)
+  ON t.name = '"' || replace(n.nspname, '"', '""') || '"."' || replace(c.relname, '"', '""') || '"'
+WHERE c.relkind IN ('r', 'p')`, names)
+		if err != nil {
 			return err
 		}
-		if exists {
-			if _, err := conn.Exec(ctx, "TRUNCATE "+r.QualifiedName()); err != nil {
-				return fmt.Errorf("%w: truncate %s: %w", ErrApply, r.QualifiedName(), err)
+		tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
+		if len(tables) > 0 {
+			if _, err := tx.Exec(ctx, "TRUNCATE "+strings.Join(tables, ", ")); err != nil {
+				return fmt.Errorf("%w: truncate %s: %w", ErrApply, strings.Join(tables, ", "), err)
 			}
 		}
-	}
-	_, err = conn.Exec(ctx, "DELETE FROM cdcflow.checkpoints; DELETE FROM cdcflow.state")
-	return err
+		_, err = tx.Exec(ctx, "DELETE FROM cdcflow.checkpoints; DELETE FROM cdcflow.state")
+		return err
+	})
 }
+
+// Generation is the owner's generation this sink writes at: 1 for the
+// first sink of its owner on the target, more if earlier ones started
+// there (serve starts a new slot's changefeed over only then).
+func (s *Sink) Generation() int64 { return s.generation }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 )
 
@@ -191,14 +193,63 @@ func slotLSN(ctx context.Context, conn *pgx.Conn, slot string) (lsn uint64, ok b
 	return uint64(l), true, err
 }
 
+// slotWait bounds the wait for a walsender to leave the slot: one that
+// was terminated, or, without a take-over, one whose client closed its
+// connection (it exits within milliseconds) or died (the server notices at
+// its next write, a keepalive at the latest).
+const slotWait = 10 * time.Second
+
+// releaseSlot makes sure no walsender is attached to the slot. With
+// takeOver it terminates the one that is (pg_terminate_backend with a
+// timeout waits for the process to exit); without, it waits up to
+// slotWait for it to leave, on clk, then fails with ErrSlotInUse. A slot
+// that does not exist is released.
+func releaseSlot(ctx context.Context, conn *pgx.Conn, slot string, takeOver bool, clk clock.Clock) error {
+	deadline := clk.Now().Add(slotWait)
+	for tries := 0; ; tries++ {
+		var pid *int32
+		err := conn.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&pid)
+		if errors.Is(err, pgx.ErrNoRows) || err == nil && pid == nil {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if !takeOver || tries >= 3 { // taken again at once after each take-over: give up
+			if !clk.Now().Before(deadline) || takeOver {
+				return fmt.Errorf("%w: slot %s is attached to walsender pid %d", ErrSlotInUse, slot, *pid)
+			}
+			t := clk.NewTimer(50 * time.Millisecond) // polling the server's state, bounded by deadline
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C():
+			}
+			continue
+		}
+		var gone bool
+		if err := conn.QueryRow(ctx, "SELECT pg_terminate_backend($1, $2)", *pid, slotWait.Milliseconds()).Scan(&gone); err != nil {
+			return fmt.Errorf("pgsource: take over slot %s from pid %d: %w", slot, *pid, err)
+		}
+		if !gone {
+			return fmt.Errorf("%w: slot %s: walsender pid %d did not exit within %v", ErrSlotInUse, slot, *pid, slotWait)
+		}
+	}
+}
+
 // DropSlot drops the slot of the source at dsn if it exists (a changefeed
-// starting over). It fails if the slot is in use.
+// starting over, which owns the slot: a walsender still attached to it is
+// terminated first).
 func DropSlot(ctx context.Context, dsn, slot string) error {
 	conn, err := connect(ctx, dsn)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.Background())
+	if err := releaseSlot(ctx, conn, slot, true, clock.Real{}); err != nil {
+		return err
+	}
 	_, err = conn.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot)
 	return err
 }

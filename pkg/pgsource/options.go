@@ -32,6 +32,11 @@ var (
 	// confirmed flush LSN: its commit-ts cannot be recovered. Drop the
 	// slot (or point at the positions store it was made with).
 	ErrUnknownSlot = errors.New("pgsource: the slot's position is unknown")
+	// ErrSlotInUse: the slot is attached to a walsender (another process
+	// streams it, or one that died and the server has not noticed yet) and
+	// Options.TakeOver is off: its confirmed flush LSN may still move, so
+	// it is no place to resume from.
+	ErrSlotInUse = errors.New("pgsource: the slot is in use")
 	// ErrStartTsTruncated: a subscription asks for changes the slot no
 	// longer holds (below its confirmed flush).
 	ErrStartTsTruncated = errors.New("pgsource: start-ts below what the slot retains")
@@ -119,6 +124,14 @@ type Options struct {
 	// they are pushed to the store: a large transaction is spilled to the
 	// store in chunks, never held whole. Default 1024.
 	ChunkRows int
+	// TakeOver: Open terminates a walsender still attached to the slot
+	// and waits for it to exit before it reads where to resume (the slot's
+	// confirmed flush LSN moves until the walsender has read its client's
+	// last status report). For an embedder that has already fenced out
+	// the slot's earlier user, as serve does with the sink's owner fence.
+	// Without it Open waits up to 10 s for the walsender to leave, then
+	// fails with ErrSlotInUse.
+	TakeOver bool
 	// SnapshotWorkers copy tables of the initial snapshot in parallel.
 	// Default 2.
 	SnapshotWorkers int

@@ -118,7 +118,8 @@ type Info struct {
 // Open connects, checks that the source can be replicated (wal_level,
 // every published table has a key: ErrNoKey names the first that has
 // not), creates the publication and the slot when missing and finds
-// where the stream resumes.
+// where the stream resumes. With ErrUnknownSlot it still reports the
+// tables (an embedder that starts over empties their targets).
 func (s *Source) Open(ctx context.Context) (Info, error) {
 	s.mu.Lock()
 	if s.mu.opened || s.mu.closed {
@@ -150,6 +151,12 @@ func (s *Source) Open(ctx context.Context) (Info, error) {
 		}
 		info.Tables = append(info.Tables, t.relation())
 	}
+	// The slot's confirmed flush LSN is final only once no walsender is
+	// attached: one of a process that just died may still read its last
+	// status report.
+	if err := releaseSlot(ctx, conn, s.opts.Slot, s.opts.TakeOver, s.opts.Clock); err != nil {
+		return Info{}, err
+	}
 	lsn, exists, err := slotLSN(ctx, conn, s.opts.Slot)
 	if err != nil {
 		return Info{}, err
@@ -160,7 +167,7 @@ func (s *Source) Open(ctx context.Context) (Info, error) {
 			return Info{}, fmt.Errorf("pgsource: load the slot's position: %w", err)
 		}
 		if !ok {
-			return Info{}, fmt.Errorf("%w: slot %s at %v: drop it (SELECT pg_drop_replication_slot('%s')) to start over with a snapshot",
+			return info, fmt.Errorf("%w: slot %s at %v: drop it (SELECT pg_drop_replication_slot('%s')) to start over with a snapshot",
 				ErrUnknownSlot, s.opts.Slot, pglogrepl.LSN(lsn), s.opts.Slot)
 		}
 		s.resume = p

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
@@ -279,4 +280,41 @@ func TestAPushCancelledByACloseLeavesTheNextPushesLive(t *testing.T) {
 	require.NoError(t, ss.push(ctx, other, eventstore.Batch{ResolvedTs: 10}))
 	require.NoError(t, ss.push(ctx, other, eventstore.Batch{ResolvedTs: 12}))
 	require.Equal(t, []error{nil, nil}, live)
+}
+
+// Open reads where to resume only from a slot no walsender is attached to
+// (one that is may still read its client's last status report and move
+// the slot's confirmed flush LSN): without TakeOver it waits, on its
+// clock, for the walsender to leave and then fails with ErrSlotInUse;
+// with TakeOver it terminates the walsender and goes on.
+func TestOpenWaitsForOrTakesOverAnAttachedSlot(t *testing.T) {
+	e := newSrcEnv(t)
+	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
+	first := e.source(nil)
+	_, sinks := openAndSubscribe(t, e, first, "t1")
+	e.exec("INSERT INTO t1 VALUES (1)")
+	sinks["t1"].waitFor("a row", func() bool { return len(sinks["t1"].rows) >= 1 })
+	var pid int32
+	require.NoError(t, e.conn.QueryRow(context.Background(),
+		"SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'cdcflow' AND active_pid IS NOT NULL").Scan(&pid))
+
+	fake := clock.NewFake(time.Unix(1_800_000_000, 0))
+	waiting := e.source(func(o *Options) { o.Clock = fake })
+	errc := make(chan error, 1)
+	go func() {
+		_, err := waiting.Open(context.Background())
+		errc <- err
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, fake.WaitWaiters(ctx, 1)) // it polls the slot on its clock
+	fake.Advance(slotWait)
+	require.ErrorIs(t, <-errc, ErrSlotInUse)
+
+	taker := e.source(func(o *Options) { o.TakeOver = true })
+	_, err := taker.Open(context.Background())
+	require.NoError(t, err)
+	var alive bool
+	require.NoError(t, e.conn.QueryRow(context.Background(), "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", pid).Scan(&alive))
+	require.False(t, alive, "the walsender that held the slot was terminated")
 }

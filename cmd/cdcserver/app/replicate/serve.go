@@ -121,7 +121,7 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 	var err error
 	setup := func(err error) error { return fmt.Errorf("%w: %w", ErrSetup, err) }
 	if p.sink, err = pgsink.New(pgsink.Options{DSN: cfg.Sink, Workers: cfg.SinkWorkers, FlushInterval: cfg.SinkFlushInterval, MaxFlushInterval: cfg.SinkMaxFlushInterval,
-		CheckpointInterval: cfg.SinkCheckpointInterval, Logger: p.log, Registerer: p.reg}); err != nil {
+		CheckpointInterval: cfg.SinkCheckpointInterval, Owner: cfg.Slot, Logger: p.log, Registerer: p.reg}); err != nil {
 		return setup(err)
 	}
 	if err := p.sink.Start(ctx); err != nil {
@@ -133,30 +133,8 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 	if p.schema, err = schemastore.NewMemory(schemastore.MemoryOptions{InitialResolvedTs: 1, Logger: p.log}); err != nil {
 		return setup(err)
 	}
-	if err := p.openSource(ctx, cfg); err != nil {
+	if err := p.startOrResume(ctx, cfg); err != nil {
 		return err
-	}
-	done, _, err := p.sink.State(ctx, snapshotKey(cfg.Slot))
-	if err != nil {
-		return setup(err)
-	}
-	if !p.info.Created && done == "" {
-		// The slot exists but its snapshot never completed: the target
-		// may lack rows nobody will send again. Start over.
-		p.log.Warn("the initial snapshot did not complete: dropping the slot and starting over", zap.String("slot", cfg.Slot))
-		p.source.Close()
-		if err := pgsource.DropSlot(ctx, cfg.Source, cfg.Slot); err != nil {
-			return setup(err)
-		}
-		if err := p.positions.Forget(ctx, cfg.Slot); err != nil {
-			return setup(err)
-		}
-		if err := p.sink.Reset(ctx, p.info.Tables); err != nil {
-			return setup(err)
-		}
-		if err := p.openSource(ctx, cfg); err != nil {
-			return err
-		}
 	}
 	p.dataDir = cfg.DataDir
 	if p.dataDir == "" {
@@ -222,10 +200,70 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 	return nil
 }
 
+// startOrResume opens the source and decides, with what the target
+// holds, whether the changefeed resumes or starts over from a new
+// snapshot. The sink's Start fenced out every earlier process of the
+// changefeed before (none of their transactions commits after this), so
+// what the target holds is final.
+//
+//   - The slot exists and its snapshot completed: resume.
+//   - The slot exists but its snapshot never completed, or its first
+//     position was never saved: the target may lack rows nobody will send
+//     again. Start over: empty the target (one transaction), forget the
+//     positions, drop the slot, create it again. Each step leaves a state
+//     the next start recognises (a slot without a completed snapshot, a
+//     slot without a position, no slot), so a start-over interrupted at
+//     any point starts over again.
+//   - A new slot on a target an earlier sink of this changefeed wrote to
+//     (the owner's generation above 1): what the target holds belongs to
+//     an earlier slot and would survive the snapshot (rows deleted
+//     meanwhile); empty it first. On a target the changefeed never wrote
+//     to, existing tables are left as they are.
+func (p *parts) startOrResume(ctx context.Context, cfg Config) error {
+	setup := func(err error) error { return fmt.Errorf("%w: %w", ErrSetup, err) }
+	done, _, err := p.sink.State(ctx, snapshotKey(cfg.Slot))
+	if err != nil {
+		return setup(err)
+	}
+	err = p.openSource(ctx, cfg)
+	dropSlot := false
+	switch {
+	case errors.Is(err, pgsource.ErrUnknownSlot) && done == "":
+		dropSlot = true
+	case err != nil:
+		return err
+	case !p.info.Created && done == "":
+		dropSlot = true
+	}
+	if !dropSlot && !(p.info.Created && p.sink.Generation() > 1) {
+		return nil
+	}
+	tables := p.info.Tables
+	if dropSlot {
+		p.log.Warn("the initial snapshot did not complete: emptying the target, dropping the slot and starting over", zap.String("slot", cfg.Slot))
+		p.source.Close()
+	} else {
+		p.log.Warn("a new slot on a target this changefeed wrote to before: emptying the target before the snapshot", zap.String("slot", cfg.Slot))
+	}
+	if err := p.sink.Reset(ctx, tables); err != nil {
+		return setup(err)
+	}
+	if !dropSlot {
+		return nil
+	}
+	if err := p.positions.Forget(ctx, cfg.Slot); err != nil {
+		return setup(err)
+	}
+	if err := pgsource.DropSlot(ctx, cfg.Source, cfg.Slot); err != nil {
+		return setup(err)
+	}
+	return p.openSource(ctx, cfg)
+}
+
 // openSource builds and opens the source.
 func (p *parts) openSource(ctx context.Context, cfg Config) error {
 	var err error
-	p.source, err = pgsource.New(pgsource.Options{DSN: cfg.Source, Slot: cfg.Slot, Publication: cfg.Publication,
+	p.source, err = pgsource.New(pgsource.Options{DSN: cfg.Source, Slot: cfg.Slot, Publication: cfg.Publication, TakeOver: true,
 		Schema: p.schema, Positions: p.positions, SafePoint: p.sink.MinDurable, Logger: p.log, Registerer: p.reg,
 		OnNewTable: func(rel pgcodec.Relation, firstTs common.Ts) {
 			select {
@@ -286,6 +324,9 @@ func (p *parts) loop(ctx context.Context, cfg Config, stderr io.Writer) error {
 		}
 		if err := p.source.Err(); err != nil {
 			return err
+		}
+		if err := p.sink.CheckFence(ctx); errors.Is(err, pgsink.ErrSuperseded) {
+			return err // a later serve of this changefeed took over
 		}
 		if !snapshotRecorded {
 			if lo, ok := p.sink.MinDurable(); ok && lo >= p.info.SnapshotTs {

@@ -1,0 +1,125 @@
+package replicate
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/pkg/pgsink"
+	"github.com/cdcflow/eventservice/pkg/pgsource"
+)
+
+// targetExec runs sql on the target (standing in for what an interrupted
+// run or an operator left there).
+func (p *pair) targetExec(sql string) {
+	p.t.Helper()
+	conn, err := pgx.Connect(context.Background(), p.dst.DSN)
+	require.NoError(p.t, err)
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(context.Background(), sql)
+	require.NoError(p.t, err, sql)
+}
+
+// waitSnapshotRecorded waits until serve recorded its snapshot as done
+// in the target (polling a database with a deadline).
+func (p *pair) waitSnapshotRecorded() {
+	p.t.Helper()
+	conn, err := pgx.Connect(context.Background(), p.dst.DSN)
+	require.NoError(p.t, err)
+	defer conn.Close(context.Background())
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var n int
+		require.NoError(p.t, conn.QueryRow(context.Background(), "SELECT count(*) FROM cdcflow.state WHERE key LIKE 'snapshot-done:%'").Scan(&n))
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatal("the snapshot was never recorded as done")
+		}
+		time.Sleep(50 * time.Millisecond) // polling a database with a deadline, not ordering
+	}
+}
+
+// What serve cannot resume it starts over, emptying what an earlier run
+// of the changefeed left in the target; each case leaves in the target a
+// row the source never had (a stand-in for a row whose delete the new
+// slot will never stream), and compare finds the tables equal only if
+// serve emptied the target before its snapshot.
+//
+//   - a slot created by hand, with no saved position (a start-over
+//     interrupted between the slot's creation and its first position):
+//     started over, not refused;
+//   - a slot whose snapshot never completed (no snapshot-done record);
+//   - a new slot on a target this changefeed wrote to (its slot dropped:
+//     by an operator, or by a start-over interrupted right after the drop);
+//   - a slot with no saved position after a completed snapshot cannot be
+//     resumed or started over safely: ErrUnknownSlot, at start.
+func TestServeStartsOverWhatItCannotResume(t *testing.T) {
+	p := newPair(t)
+	for i := 1; i <= 3; i++ {
+		p.exec(fmt.Sprintf("CREATE TABLE t%d (id int PRIMARY KEY, v text)", i))
+		p.exec(fmt.Sprintf("INSERT INTO t%d SELECT g, 'v' || g FROM generate_series(1, 50) g", i))
+	}
+	p.exec("SELECT pg_create_logical_replication_slot('cdcflow', 'pgoutput')")
+	stop, stderr := p.serve(p.config())
+	p.waitEqual("a hand-made slot started over")
+	require.NoError(t, stop(), stderr.String())
+	require.Contains(t, stderr.String(), "the initial snapshot did not complete")
+
+	p.targetExec("DELETE FROM cdcflow.state") // the snapshot never recorded as done
+	p.targetExec("INSERT INTO public.t1 VALUES (1000, 'stray')")
+	p.exec("DELETE FROM t2 WHERE id <= 10")
+	stop, stderr = p.serve(p.config())
+	p.waitEqual("an incomplete snapshot started over")
+	require.NoError(t, stop(), stderr.String())
+	require.Contains(t, stderr.String(), "the initial snapshot did not complete")
+
+	p.exec("SELECT pg_drop_replication_slot('cdcflow')")
+	p.targetExec("INSERT INTO public.t1 VALUES (1001, 'stray')")
+	p.exec("DELETE FROM t3 WHERE id <= 10")
+	stop, stderr = p.serve(p.config())
+	p.waitEqual("a new slot on a target the changefeed wrote to")
+	p.waitSnapshotRecorded()
+	require.NoError(t, stop(), stderr.String())
+	require.Contains(t, stderr.String(), "a new slot on a target this changefeed wrote to before")
+
+	p.targetExec("DELETE FROM cdcflow.source_positions")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err := Run(ctx, p.config(), &syncBuffer{})
+	require.ErrorIs(t, err, ErrSetup)
+	require.ErrorIs(t, err, pgsource.ErrUnknownSlot)
+}
+
+// A second serve of the same changefeed takes it over: it fences out the
+// first one's sink (no transaction of the first commits after the
+// second started) and its slot, and the first, finding itself
+// superseded, stops with ErrSuperseded while the second replicates.
+func TestASecondServeTakesOverAndTheFirstStops(t *testing.T) {
+	p := newPair(t)
+	p.exec("CREATE TABLE t1 (id int PRIMARY KEY, v text)")
+	p.exec("INSERT INTO t1 SELECT g, 'v' || g FROM generate_series(1, 50) g")
+	ctxA, cancelA := context.WithCancel(context.Background())
+	defer cancelA()
+	stderrA := &syncBuffer{}
+	doneA := make(chan error, 1)
+	go func() { doneA <- Run(ctxA, p.config(), stderrA) }()
+	p.waitEqual("the first serve")
+
+	stopB, stderrB := p.serve(p.config())
+	select {
+	case err := <-doneA:
+		require.ErrorIs(t, err, pgsink.ErrSuperseded, stderrA.String())
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("the first serve never stopped:\n%s", stderrA.String())
+	}
+	p.exec("INSERT INTO t1 VALUES (51, 'after the take-over')")
+	p.exec("DELETE FROM t1 WHERE id <= 5")
+	p.waitEqual("the second serve")
+	require.NoError(t, stopB(), stderrB.String())
+}

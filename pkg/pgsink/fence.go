@@ -1,0 +1,177 @@
+package pgsink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
+)
+
+// The owner fence. A sink that dies (SIGKILL, a lost host) can leave a
+// transaction behind in the target: a lane's pipeline the server had
+// received in full runs to its commit after its client is gone. A sink
+// that started meanwhile would then have its own writes (a reset's
+// TRUNCATE, newer rows) overwritten by older ones, a difference no later
+// change repairs. And a sink that was only paused (a stopped VM) may wake
+// up and go on writing what it held.
+//
+// So every sink has an owner name and a generation in the target
+// (cdcflow.owners). Every write transaction of a sink first calls
+// cdcflow.fence(owner, generation), which takes a shared transaction-level
+// advisory lock of the owner and fails with SQLSTATE CF001 unless the
+// generation is still the owner's. Start takes the same lock exclusively
+// in the transaction that raises the generation: it waits for every
+// transaction of an earlier sink that passed its fence (committed or
+// rolled back, it is final then), and every later one fails. A sink that
+// fails its fence is superseded: it writes nothing more (Err reports it).
+//
+// The advisory lock, not a row lock on the owner's row: a row share-locked
+// by every lane transaction would write a multixact and WAL per commit; an
+// advisory lock lives in the lock table only.
+
+// ErrSuperseded: a later sink of the same Owner started on the target;
+// this one writes nothing more.
+var ErrSuperseded = errors.New("pgsink: superseded by a later sink of the same owner")
+
+// fenceSQLState is the SQLSTATE cdcflow.fence raises.
+const fenceSQLState = "CF001"
+
+// fenceLockClass is the first key of the owners' advisory locks ("cdcf");
+// the second is hashtext(owner).
+const fenceLockClass = 0x63646366
+
+// schemaSQL creates what the sink keeps in the target, serialised by a
+// transaction-level advisory lock: CREATE OR REPLACE FUNCTION of two
+// sessions at once fails ("tuple concurrently updated").
+var schemaSQL = fmt.Sprintf(`BEGIN;
+SELECT pg_advisory_xact_lock(%[1]d, 0);
+CREATE SCHEMA IF NOT EXISTS cdcflow;
+CREATE TABLE IF NOT EXISTS cdcflow.checkpoints (
+  dispatcher text PRIMARY KEY, table_oid bigint NOT NULL, target text NOT NULL, ts bigint NOT NULL,
+  updated_at timestamptz NOT NULL DEFAULT now());
+CREATE TABLE IF NOT EXISTS cdcflow.state (key text PRIMARY KEY, value text NOT NULL);
+CREATE TABLE IF NOT EXISTS cdcflow.owners (
+  owner text PRIMARY KEY, generation bigint NOT NULL, started_at timestamptz NOT NULL DEFAULT now());
+CREATE OR REPLACE FUNCTION cdcflow.fence(p_owner text, p_generation bigint) RETURNS void LANGUAGE plpgsql AS $f$
+BEGIN
+  PERFORM pg_advisory_xact_lock_shared(%[1]d, hashtext(p_owner));
+  PERFORM 1 FROM cdcflow.owners WHERE owner = p_owner AND generation = p_generation;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'cdcflow: the sink of owner %% at generation %% was superseded', p_owner, p_generation
+      USING ERRCODE = '%[2]s';
+  END IF;
+END $f$;
+COMMIT`, fenceLockClass, fenceSQLState)
+
+// fenceSQL is the statement that opens every write transaction.
+const fenceSQL = "SELECT cdcflow.fence($1, $2)"
+
+// acquireFence raises the owner's generation, waiting (up to wait) for
+// the transactions of earlier sinks of the owner that passed their fence,
+// and returns the new generation.
+func acquireFence(ctx context.Context, conn *pgx.Conn, owner string, wait time.Duration) (int64, error) {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // after Commit it is a no-op
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", wait.Milliseconds())); err != nil {
+		return 0, err
+	}
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SELECT pg_advisory_xact_lock(%d, hashtext($1))", fenceLockClass), owner); err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "55P03" { // lock_not_available
+			return 0, fmt.Errorf("%w: a transaction of an earlier sink of owner %q is still open in the target after %v "+
+				"(its process is gone but its connection is not, or it is still running): %w", ErrConnect, owner, wait, err)
+		}
+		return 0, err
+	}
+	var gen int64
+	if err := tx.QueryRow(ctx, `
+INSERT INTO cdcflow.owners (owner, generation) VALUES ($1, 1)
+ON CONFLICT (owner) DO UPDATE SET generation = cdcflow.owners.generation + 1, started_at = now()
+RETURNING generation`, owner).Scan(&gen); err != nil {
+		return 0, err
+	}
+	return gen, tx.Commit(ctx)
+}
+
+// isSuperseded reports whether err is cdcflow.fence's refusal.
+func isSuperseded(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == fenceSQLState
+}
+
+// fenced runs f in a transaction that passed the fence (State writes and
+// Reset: a superseded sink must not record a snapshot as done, nor empty
+// tables).
+func (s *Sink) fenced(ctx context.Context, f func(tx pgx.Tx) error) error {
+	conn, release, err := s.adminConn(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // after Commit it is a no-op
+	if _, err := tx.Exec(ctx, fenceSQL, s.opts.Owner, s.generation); err != nil {
+		return s.fenceErr(err)
+	}
+	if err := f(tx); err != nil {
+		return err
+	}
+	return s.fenceErr(tx.Commit(ctx))
+}
+
+// fenceErr turns the fence's refusal into ErrSuperseded (and records it).
+func (s *Sink) fenceErr(err error) error {
+	if err == nil || !isSuperseded(err) {
+		return err
+	}
+	s.supersede()
+	return fmt.Errorf("%w: %w", ErrSuperseded, err)
+}
+
+// supersede records that a later sink of the owner started: nothing is
+// written any more, every call is accepted and dropped, Err reports it.
+func (s *Sink) supersede() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.mu.superseded {
+		s.mu.superseded = true
+		close(s.supersededCh)
+		s.log.Error("a later sink of the same owner started on the target: this one writes nothing more",
+			zap.String("owner", s.opts.Owner), zap.Int64("generation", s.generation))
+	}
+}
+
+// Err returns ErrSuperseded once a later sink of the same owner started
+// on the target (the embedder should stop), nil before.
+func (s *Sink) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.superseded {
+		return fmt.Errorf("%w (owner %q, generation %d)", ErrSuperseded, s.opts.Owner, s.generation)
+	}
+	return nil
+}
+
+// Superseded is closed once a later sink of the same owner started on the
+// target and this one found out (at its next write).
+func (s *Sink) Superseded() <-chan struct{} { return s.supersededCh }
+
+// CheckFence asks the target whether this sink is still the latest of its
+// owner, without writing: a sink with nothing to write would not find out
+// otherwise (serve asks every second, so that a process that a later one
+// took over exits). A superseded sink records it (Err, Superseded) and
+// gets ErrSuperseded; any other error (the target unreachable) is
+// returned as it is.
+func (s *Sink) CheckFence(ctx context.Context) error {
+	return s.fenced(ctx, func(pgx.Tx) error { return nil })
+}

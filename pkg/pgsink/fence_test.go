@@ -1,0 +1,155 @@
+package pgsink
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/pgcodec"
+)
+
+// waitServer polls the target (another process's state) until query
+// counts at least one row, with a deadline.
+func waitServer(t *testing.T, conn *pgx.Conn, what, query string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var n int
+		require.NoError(t, conn.QueryRow(context.Background(), query).Scan(&n))
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the server's state, bounded by the deadline
+	}
+}
+
+// A sink that starts while an earlier sink of the same owner has a
+// transaction on its way to commit (a process killed after sending its
+// pipeline leaves one behind) waits for it, and every transaction the
+// earlier sink tries afterwards fails its fence: it writes nothing more,
+// accepts and drops its calls, and its state writes and resets fail with
+// ErrSuperseded. Without the fence the later sink would start at once
+// and the earlier one's rows would land after it.
+func TestALaterSinkWaitsForAndFencesOutAnEarlierOne(t *testing.T) {
+	ctx := context.Background()
+	a := newSinkEnv(t, func(o *Options) { o.Workers = 1; o.Owner = "feed" })
+	require.Equal(t, int64(1), a.sink.Generation())
+	id := common.DispatcherIDFromUint64(1)
+	require.NoError(t, a.sink.Bind(ctx, id, relT, 10))
+	require.NoError(t, a.sink.BeginEpoch(id, 1, 10))
+	require.NoError(t, a.sink.ApplyRows(id, rows(12, tx(pgcodec.Insert, col("id", "1"), col("v", "a"), null("big")))))
+	require.NoError(t, a.sink.Checkpoint(id, 12))
+	a.dur.wait(t, id, 12)
+
+	// The test holds the table: A's next transaction passes its fence,
+	// then waits for the table.
+	hold, err := a.conn.Begin(ctx)
+	require.NoError(t, err)
+	_, err = hold.Exec(ctx, "LOCK TABLE app.t IN SHARE MODE")
+	require.NoError(t, err)
+	watch, err := pgx.Connect(ctx, a.pg.DSN)
+	require.NoError(t, err)
+	defer watch.Close(context.Background())
+	require.NoError(t, a.sink.ApplyRows(id, rows(14, tx(pgcodec.Update, col("id", "1"), col("v", "a2"), null("big")))))
+	require.NoError(t, a.sink.Checkpoint(id, 14))
+	waitServer(t, watch, "A's transaction waiting for the table",
+		"SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND NOT granted")
+
+	// B, of the same owner, starts: it waits for A's transaction.
+	b, err := New(Options{DSN: a.pg.DSN, Workers: 1, Owner: "feed", FlushInterval: 5 * time.Millisecond})
+	require.NoError(t, err)
+	bDur := newDurables()
+	b.SetDurable(bDur.record)
+	t.Cleanup(b.Close)
+	started := make(chan error, 1)
+	go func() { started <- b.Start(ctx) }()
+	waitServer(t, watch, "B waiting for the owner's fence",
+		"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+	select {
+	case err := <-started:
+		t.Fatalf("B started while A's transaction was open (err %v)", err)
+	default:
+	}
+	require.NoError(t, hold.Commit(ctx))
+	require.NoError(t, <-started)
+	require.Equal(t, int64(2), b.Generation())
+	a.dur.wait(t, id, 14) // A's transaction committed, before B started
+	require.Equal(t, []string{`{"id":1,"v":"a2","big":null}`}, a.contents("app.t"))
+
+	// A is fenced out.
+	require.NoError(t, a.sink.ApplyRows(id, rows(16, tx(pgcodec.Insert, col("id", "2"), col("v", "late"), null("big")))))
+	require.NoError(t, a.sink.Checkpoint(id, 16))
+	select {
+	case <-a.sink.Superseded():
+	case <-time.After(time.Minute):
+		t.Fatal("A never found out it was superseded")
+	}
+	require.ErrorIs(t, a.sink.Err(), ErrSuperseded)
+	require.NoError(t, a.sink.ApplyRows(id, rows(18, tx(pgcodec.Insert, col("id", "3"), col("v", "late"), null("big")))),
+		"a superseded sink accepts and drops")
+	require.ErrorIs(t, a.sink.SetState(ctx, "k", "v"), ErrSuperseded)
+	require.ErrorIs(t, a.sink.Reset(ctx, []pgcodec.Relation{relT}), ErrSuperseded)
+	require.Equal(t, common.Ts(14), a.sink.Durable(id))
+	_, found, err := b.State(ctx, "k")
+	require.NoError(t, err)
+	require.False(t, found, "A's state write did not land")
+
+	// B writes.
+	require.NoError(t, b.Bind(ctx, id, relT, 14))
+	require.NoError(t, b.BeginEpoch(id, 1, 14))
+	require.NoError(t, b.ApplyRows(id, rows(16, tx(pgcodec.Insert, col("id", "2"), col("v", "b"), null("big")))))
+	require.NoError(t, b.Checkpoint(id, 16))
+	bDur.wait(t, id, 16)
+	require.NoError(t, b.Err())
+	require.Equal(t, []string{`{"id":1,"v":"a2","big":null}`, `{"id":2,"v":"b","big":null}`}, a.contents("app.t"),
+		"only B's rows after B started")
+}
+
+// Reset empties, in one transaction, the tables it is given and the
+// ones the checkpoints name (a table bound before and no longer
+// published), and forgets the checkpoints and the state; a checkpoint
+// naming no relation, or one that is not valid SQL, becomes no SQL.
+func TestResetEmptiesWhatTheChangefeedWrote(t *testing.T) {
+	ctx := context.Background()
+	e := newSinkEnv(t, nil)
+	relU := pgcodec.Relation{OID: 200, Schema: "app", Name: "u", Columns: relT.Columns[:2]}
+	idT, idU := common.DispatcherIDFromUint64(1), common.DispatcherIDFromUint64(2)
+	require.NoError(t, e.sink.BindAll(ctx, []Binding{{ID: idT, Rel: relT, StartTs: 10}, {ID: idU, Rel: relU, StartTs: 10}}))
+	for _, id := range []common.DispatcherID{idT, idU} {
+		require.NoError(t, e.sink.BeginEpoch(id, 1, 10))
+		require.NoError(t, e.sink.ApplyRows(id, rows(12, tx(pgcodec.Insert, col("id", "1"), col("v", "a")))))
+		require.NoError(t, e.sink.Checkpoint(id, 12))
+		e.dur.wait(t, id, 12)
+	}
+	require.NoError(t, e.sink.SetState(ctx, "snapshot-done:x", "1"))
+	_, err := e.conn.Exec(ctx, `INSERT INTO cdcflow.checkpoints (dispatcher, table_oid, target, ts) VALUES
+  ('hostile', 1, 'app.t; DROP TABLE app.u', 1), ('gone', 2, 'app.nothing', 1)`)
+	require.NoError(t, err)
+
+	require.NoError(t, e.sink.Reset(ctx, []pgcodec.Relation{relT}))
+	require.Empty(t, e.contents("app.t"))
+	require.Empty(t, e.contents("app.u"), "named by its checkpoint only")
+	ckpts, err := e.sink.Checkpoints(ctx)
+	require.NoError(t, err)
+	require.Empty(t, ckpts)
+	_, found, err := e.sink.State(ctx, "snapshot-done:x")
+	require.NoError(t, err)
+	require.False(t, found)
+}
+
+// Owner is bounded before it reaches the target.
+func TestOwnerIsValidated(t *testing.T) {
+	for _, owner := range []string{string(make([]byte, 64)), "a\x00b", "\xff"} {
+		_, err := New(Options{DSN: "postgres://x", Owner: owner})
+		require.ErrorIs(t, err, ErrInvalidOptions, "%q", owner)
+	}
+	_, err := New(Options{DSN: "postgres://x", Owner: "cdcflow_feed-1"})
+	require.NoError(t, err)
+}
