@@ -20,9 +20,16 @@ import (
 //
 // Notify must never wait for the scan pipeline. Two relative measures, no
 // wall-clock threshold:
-//   - the p99 of the callbacks the store timed is under a quarter of the
-//     mean scan task: a notify that waited for the scan channel (or a lock
-//     held across a scan) would wait about one scan;
+//   - the median of the callbacks the store timed is under an eighth of the
+//     mean scan task: under this saturation (the scan channel always full,
+//     the one scan worker always busy) a notify that waited for the scan
+//     channel, or for a lock held across a scan, would wait in most
+//     callbacks, about half a scan each. The median, not the p99: the p99
+//     of a 2 µs callback under -race on 2 shared cores is the scheduler's
+//     and the race detector's noise (10-18 µs, near a quarter of a 47 µs
+//     scan, in runs before and after stop 27 alike), and the interleaving
+//     itself is pinned deterministically by
+//     pkg/eventservice's TestNotifyNeverBlocksWithScanQueueSaturated;
 //   - the slowest callback is under 1% of the run, plus the longest time the
 //     Go scheduler kept any goroutine waiting for a CPU meanwhile: the store
 //     times the callback in real time, so a write worker preempted inside
@@ -82,5 +89,5 @@ func TestSaturation(t *testing.T) {
 		scans, meanScan, schedMax)
 	require.Greater(t, ns.NotifyCount, uint64(2*dispatchers), "notifications outnumber dispatchers")
 	require.Less(t, ns.NotifyMax, run/100+schedMax, "the slowest notify is tiny relative to the run")
-	require.Less(t, ns.NotifyP99, meanScan/4, "notify never waits for a scan")
+	require.Less(t, ns.NotifyP50, meanScan/8, "notify never waits for a scan")
 }

@@ -208,6 +208,7 @@ func (s *Store) RegisterDispatcher(id common.DispatcherID, span common.Span, sta
 	}
 	span = common.Span{TableID: span.TableID, StartKey: cloneKey(span.StartKey), EndKey: cloneKey(span.EndKey)}
 	sb := &subscriber{id: id, startTs: startTs, notifier: notifier, checkpoint: startTs}
+	sb.mu.notifies = sampleOffset(id)
 	resolved, maxCommit, err := s.addSubscriber(sb, span)
 	if err != nil {
 		return err

@@ -531,15 +531,19 @@ func TestMetricsRegisterAndLint(t *testing.T) {
 	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r.notify))
 	push(t, env.up.last(t, common.TableSpan(1)), 20, put("a", 5, 10))
 	r.waitResolved(t, 20)
+	for ts := common.Ts(21); ts < 20+notifySampleEvery; ts++ { // one of any notifySampleEvery in a row is timed
+		push(t, env.up.last(t, common.TableSpan(1)), ts)
+		r.waitResolved(t, ts)
+	}
 	for _, c := range env.store.metrics.collectors() {
 		problems, err := testutil.CollectAndLint(c)
 		require.NoError(t, err)
 		require.Empty(t, problems)
 	}
 	require.Equal(t, 1.0, testutil.ToFloat64(env.store.metrics.rowsWritten))
-	require.Equal(t, 1.0, testutil.ToFloat64(env.store.metrics.notifications))
+	require.Equal(t, float64(notifySampleEvery), testutil.ToFloat64(env.store.metrics.notifications))
 	st := env.store.Stats()
-	require.Equal(t, uint64(1), st.NotifyCount)
+	require.Equal(t, uint64(notifySampleEvery), st.NotifyCount)
 	require.Positive(t, st.NotifyMax)
 	// A second store cannot register on the same registry: an error, not a panic.
 	_, err := Open(Options{Upstream: &fakeUpstreamForTest{}, Registerer: reg})
@@ -728,14 +732,27 @@ func TestNotifyIntervalHoldsBackButNeverLosesTheLastAdvance(t *testing.T) {
 }
 
 // TestNotifyTimesOneCallbackInEightAndCountsEvery: every callback is
-// counted; one in notifySampleEvery of each dispatcher, its first
-// included, is timed.
+// counted; one in notifySampleEvery of each dispatcher is timed, from an
+// offset of its own: any notifySampleEvery callbacks in a row hold one
+// timed, and which of a dispatcher's callbacks is the first timed is
+// spread over the dispatchers (a first callback is slower than the
+// others, and timing every dispatcher's first biased the quantiles).
 func TestNotifyTimesOneCallbackInEightAndCountsEvery(t *testing.T) {
+	firstTimed := make([]int, notifySampleEvery)
+	for i := range uint64(8000) {
+		off := sampleOffset(common.DispatcherID{Hi: i / 100, Lo: i})
+		require.Less(t, off, uint32(notifySampleEvery))
+		firstTimed[(notifySampleEvery+1-off)%notifySampleEvery]++ // the callback numbered off+k ≡ 1
+	}
+	for k, n := range firstTimed {
+		require.InDelta(t, 1000, n, 200, "dispatchers whose callback %d (mod %d) is their first timed", k, notifySampleEvery)
+	}
+
 	env := newTestEnv(t, nil)
 	r1, r2 := newRecorder(), newRecorder()
 	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r1.notify))
 	require.NoError(t, env.store.RegisterDispatcher(did(2), common.TableSpan(2), 0, r2.notify))
-	const n = 2*notifySampleEvery + 1 // callbacks 1, 9 and 17 of each are timed
+	const n = 3 * notifySampleEvery // three of each are timed, whatever its offset
 	for ts := common.Ts(1); ts <= n; ts++ {
 		push(t, env.up.last(t, common.TableSpan(1)), ts)
 		push(t, env.up.last(t, common.TableSpan(2)), ts)
