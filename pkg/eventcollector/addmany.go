@@ -87,14 +87,26 @@ func (c *Collector) addBatch(ctx context.Context, specs []DispatcherSpec, errs [
 	if callErr == nil && len(reply.Codes) != len(reqs) {
 		callErr = fmt.Errorf("%w: %d codes for %d registrations", messaging.ErrInternal, len(reply.Codes), len(reqs))
 	}
+	// A batch answers with codes; an entry it refused is asked again
+	// alone, for the service's own error, which says why (whose identity
+	// may not register under which target): refusals are rare, and "permission
+	// denied" alone does not tell an operator what to fix.
+	refused := make([]error, len(reqs))
+	if callErr == nil {
+		for j := range reqs {
+			if reply.Codes[j] != messaging.CodeOK {
+				refused[j] = c.opts.Service.Register(ctx, reqs[j])
+			}
+		}
+	}
 	c.mu.Lock()
 	for j, i := range idx {
 		var err error
 		switch {
-		case j < len(reply.Codes):
-			err = reply.Codes[j].Err()
 		case callErr != nil:
 			err = callErr
+		case reply.Codes[j] != messaging.CodeOK:
+			err = refused[j] // nil: registered when asked alone
 		}
 		if err == nil {
 			continue

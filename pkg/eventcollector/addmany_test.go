@@ -12,8 +12,9 @@ import (
 
 // TestAddDispatchersRegistersInBatches: many dispatchers take one
 // RegisterBatch call per messaging.MaxRegisterBatch; an entry the service
-// refuses, a duplicate and an invalid spec fail alone and leave no state,
-// every other dispatcher is added with its slot and takes messages.
+// refuses (asked again alone, it fails with the service's own error, which
+// says why), a duplicate and an invalid spec fail alone and leave no
+// state, every other dispatcher is added with its slot and takes messages.
 func TestAddDispatchersRegistersInBatches(t *testing.T) {
 	h := newCrafted(t, nil, nil)
 	const n = messaging.MaxRegisterBatch + 10
@@ -30,6 +31,7 @@ func TestAddDispatchersRegistersInBatches(t *testing.T) {
 		switch {
 		case specs[i].ID == refused:
 			require.ErrorIs(t, err, messaging.ErrLimitExceeded)
+			require.ErrorContains(t, err, "the test's service refuses", "the service's own error, asked alone")
 		case i == n:
 			require.ErrorIs(t, err, ErrDispatcherExists)
 		case i == n+1:

@@ -2,6 +2,7 @@ package eventcollector
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -58,7 +59,7 @@ type recordingServiceForTest struct {
 	heartbeatSlot []uint32 // heartbeatSlot[i] is the slot heartbeats[i] echoed
 	heartbeatReqs int
 	batches       []int                                // the sizes of the RegisterBatch calls
-	refuseEntry   func(messaging.RegisterRequest) bool // RegisterBatch refuses these entries
+	refuseEntry   func(messaging.RegisterRequest) bool // Register and RegisterBatch refuse these entries (limit exceeded)
 	registerErr   error
 	removeErr     error
 	resetErrs     []error // consumed in order by Reset
@@ -74,6 +75,9 @@ func newRecordingService() *recordingServiceForTest {
 func (s *recordingServiceForTest) Register(_ context.Context, req messaging.RegisterRequest) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.refuseEntry != nil && s.refuseEntry(req) {
+		return fmt.Errorf("%w: the test's service refuses %v", messaging.ErrLimitExceeded, req.Dispatcher)
+	}
 	s.registers = append(s.registers, req)
 	return s.registerErr
 }
@@ -101,15 +105,8 @@ func (s *recordingServiceForTest) Remove(_ context.Context, req messaging.Remove
 func (s *recordingServiceForTest) RegisterBatch(ctx context.Context, r messaging.RegisterBatchRequest) (messaging.RegisterBatchReply, error) {
 	s.mu.Lock()
 	s.batches = append(s.batches, len(r.Requests))
-	refuse := s.refuseEntry
 	s.mu.Unlock()
-	reply, err := messaging.RegisterEach(ctx, s.Register, r)
-	for i, q := range r.Requests {
-		if refuse != nil && refuse(q) {
-			reply.Codes[i] = messaging.CodeLimitExceeded
-		}
-	}
-	return reply, err
+	return messaging.RegisterEach(ctx, s.Register, r)
 }
 
 func (s *recordingServiceForTest) Heartbeat(_ context.Context, req messaging.HeartbeatRequest) (messaging.HeartbeatReply, error) {
