@@ -106,12 +106,18 @@ type Options struct {
 	// the table to another goroutine and return (serve queues it for the
 	// goroutine that binds and registers new tables).
 	OnNewTable func(rel pgcodec.Relation, firstTs common.Ts)
-	// ResolvedInterval is how often the subscriptions' resolved-ts and the
-	// schema frontier move to the last commit, at most. Default 20ms.
+	// ResolvedInterval is how often every subscription's resolved-ts and
+	// the schema frontier move to the last commit. A table's own commits
+	// resolve it at once (each commit's push carries its commit-ts as the
+	// resolved-ts of the tables it wrote), so this is the cadence of
+	// tables without changes: how soon their checkpoints, and the slot,
+	// follow. Default 1s (an idle table's checkpoint is written at most
+	// once a second by pgsink anyway).
 	ResolvedInterval time.Duration
-	// ResolvedPushesPerSec bounds the resolved-ts pushes a second (one per
-	// subscription per interval): with many tables the interval grows to
-	// stay within it (1000 tables: 100 ms at the default). Default 10000.
+	// ResolvedPushesPerSec bounds the pushes of those rounds a second
+	// (one per subscription per round): with many tables the interval
+	// grows to stay within it (100k tables: 10 s at the default). Default
+	// 10000.
 	ResolvedPushesPerSec int
 	// HeartbeatInterval: when no commit was decoded for this long the
 	// source writes a heartbeat (pg_logical_emit_message) so that an idle
@@ -152,7 +158,7 @@ func (o Options) withDefaults() Options {
 		o.Publication = "cdcflow"
 	}
 	if o.ResolvedInterval == 0 {
-		o.ResolvedInterval = 20 * time.Millisecond
+		o.ResolvedInterval = time.Second
 	}
 	if o.ResolvedPushesPerSec == 0 {
 		o.ResolvedPushesPerSec = 10000

@@ -199,9 +199,12 @@ func (p *prober) write(ctx context.Context) (int64, error) {
 }
 
 // every writes a probe row every period until the returned stop is
-// called; stop returns the first error.
+// called; stop returns the first error. stop waits for a write in flight
+// rather than cancel it: pgx closes a connection whose query's context
+// ends mid-flight, and the fence that follows uses the same connection
+// (a run failed with "write the fence: conn closed").
 func (p *prober) every(ctx context.Context, period time.Duration) (stop func() error) {
-	ctx, cancel := context.WithCancel(ctx)
+	stopped := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
 		tick := time.NewTicker(period)
@@ -209,6 +212,9 @@ func (p *prober) every(ctx context.Context, period time.Duration) (stop func() e
 		for {
 			select {
 			case <-ctx.Done():
+				done <- nil
+				return
+			case <-stopped:
 				done <- nil
 				return
 			case <-tick.C:
@@ -220,7 +226,7 @@ func (p *prober) every(ctx context.Context, period time.Duration) (stop func() e
 		}
 	}()
 	return func() error {
-		cancel()
+		close(stopped)
 		return <-done
 	}
 }

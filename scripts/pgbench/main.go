@@ -51,6 +51,7 @@ type options struct {
 	doc                          string
 	timeout                      time.Duration
 	profileDir, logs             string
+	baseline                     string // another build's cdcserver, for modeBaseline
 	seed                         uint64
 }
 
@@ -80,6 +81,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.profileDir, "profile", "", "directory for CPU profiles of cdcserver serve: 20 s of each main load, 5 s of each drain (empty: none)")
 	fs.StringVar(&o.logs, "logs", "", "directory that keeps cdcserver serve's logs (empty: removed with the run's temporary directory)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the load's random streams")
+	fs.StringVar(&o.baseline, "baseline", "", "a cdcserver binary of another build, run as mode "+modeBaseline+" (an A/B in one sitting: -modes cdcflow,"+modeBaseline+" -runs 3)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -89,8 +91,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	o.modes = strings.Split(*modes, ",")
 	for _, m := range o.modes {
-		if m != modeNone && m != modeNative && m != modeCDCFlow {
+		if m != modeNone && m != modeNative && m != modeCDCFlow && m != modeBaseline {
 			return fmt.Errorf("-modes: unknown %q", m)
+		}
+		if m == modeBaseline && o.baseline == "" {
+			return fmt.Errorf("-modes %s needs -baseline", modeBaseline)
 		}
 	}
 	if o.rows < rowsPerTxn || o.clients < 1 || o.runs < 1 || o.backlog < 0 {

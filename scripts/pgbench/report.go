@@ -13,6 +13,9 @@ const (
 	modeNone    = "none" // the baseline: no replication at all
 	modeNative  = "native"
 	modeCDCFlow = "cdcflow"
+	// modeBaseline is cdcflow run from another build (-baseline): an A/B
+	// of two builds in one sitting, interleaved; it counts for no goal.
+	modeBaseline = "cdcflow-base"
 )
 
 // result is one run of one configuration. A figure that was not measured

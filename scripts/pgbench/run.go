@@ -73,8 +73,12 @@ func (b *bench) runConfig(ctx context.Context, mode string, tables, run int) (re
 	switch mode {
 	case modeNative:
 		f = &nativeFeed{src: src, dst: dst, tables: tables}
-	case modeCDCFlow:
-		cf = &cdcflowFeed{bin: b.bin, src: src.DSN, dst: dst.DSN, logDir: b.logDir(), tables: tables, profile: b.opts.profileDir != ""}
+	case modeCDCFlow, modeBaseline:
+		bin := b.bin
+		if mode == modeBaseline {
+			bin = b.opts.baseline
+		}
+		cf = &cdcflowFeed{bin: bin, src: src.DSN, dst: dst.DSN, logDir: b.logDir(), tables: tables, profile: b.opts.profileDir != ""}
 		f = cf
 	}
 	probeConn, err := connectLean(ctx, src.DSN)
@@ -122,7 +126,7 @@ func (b *bench) runConfig(ctx context.Context, mode string, tables, run int) (re
 		profDone = make(chan error, 1)
 		go func() {
 			time.Sleep(5 * time.Second)
-			profDone <- cf.cpuProfile(ctx, 20*time.Second, filepath.Join(b.opts.profileDir, fmt.Sprintf("cdcflow-%d-tables-run%d.pprof", tables, run+1)))
+			profDone <- cf.cpuProfile(ctx, 20*time.Second, filepath.Join(b.opts.profileDir, fmt.Sprintf("%s-%d-tables-run%d.pprof", mode, tables, run+1)))
 		}()
 	}
 	meter := cpuMeter{}
@@ -222,7 +226,7 @@ func (b *bench) runConfig(ctx context.Context, mode string, tables, run int) (re
 			// cut short by the drain's end still holds what it sampled.
 			drainProf = make(chan error, 1)
 			go func() {
-				drainProf <- cf.cpuProfile(ctx, 5*time.Second, filepath.Join(b.opts.profileDir, fmt.Sprintf("cdcflow-%d-tables-run%d-drain.pprof", tables, run+1)))
+				drainProf <- cf.cpuProfile(ctx, 5*time.Second, filepath.Join(b.opts.profileDir, fmt.Sprintf("%s-%d-tables-run%d-drain.pprof", mode, tables, run+1)))
 			}()
 		}
 		drained, err := waitFence(ctx, dst.DSN, tables, fenceBacklog, probeID, b.opts.timeout, check)
