@@ -159,8 +159,8 @@ func (l *lane) take(deadline time.Time) bool {
 	clk := l.s.opts.Clock
 	for {
 		l.mu.Lock()
-		if len(l.queue) > 0 || l.closed {
-			break
+		if len(l.queue) > 0 || l.closed || l.s.draining.Load() && !l.ckptDue.IsZero() {
+			break // (draining: held checkpoints are due now; see Sink.Drain)
 		}
 		l.mu.Unlock()
 		if deadline.IsZero() {
@@ -252,7 +252,7 @@ func (l *lane) run() {
 		}
 		now := clk.Now()
 		rowsDue := l.pending >= l.s.opts.BatchRows || l.pending > 0 && !now.Before(l.rowsDeadline(last))
-		ckptsDue := !l.ckptDue.IsZero() && !now.Before(l.ckptDue)
+		ckptsDue := !l.ckptDue.IsZero() && (!now.Before(l.ckptDue) || l.s.draining.Load())
 		if !rowsDue && !ckptsDue {
 			continue
 		}
@@ -337,8 +337,9 @@ func (l *lane) commitAll(now time.Time) {
 		return
 	}
 	var ds []*dstate
+	draining := l.s.draining.Load()
 	for _, d := range l.held {
-		if len(d.work) > 0 && (d.rows || d.written.IsZero() || now.Sub(d.written) >= l.s.opts.CheckpointInterval) {
+		if len(d.work) > 0 && (d.rows || draining || d.written.IsZero() || now.Sub(d.written) >= l.s.opts.CheckpointInterval) {
 			ds = append(ds, d)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
@@ -39,6 +40,9 @@ type Sink struct {
 	generation int64
 	// supersededCh is closed when mu.superseded is set.
 	supersededCh chan struct{}
+	// draining: Drain was called; checkpoint-only work is committed at
+	// once, not every CheckpointInterval.
+	draining atomic.Bool
 
 	// admin is the connection binds create and read tables on (one at a
 	// time: a thousand tables must not cost a thousand connections).
@@ -385,6 +389,20 @@ func (s *Sink) Checkpoint(id common.DispatcherID, ts common.Ts) error {
 		return err
 	}
 	return l.enqueue(op{kind: opCheckpoint, id: id, ts: ts})
+}
+
+// Drain prepares a clean stop: from now on a dispatcher's checkpoint is
+// committed as soon as its lane takes it, rows or not (CheckpointInterval
+// no longer holds an idle table's back), so that every table's durable
+// checkpoint can reach the source's last commit before the process exits
+// (pgsource.Source.Quiesce waits for that).
+func (s *Sink) Drain() {
+	s.draining.Store(true)
+	for _, l := range s.lanes {
+		l.mu.Lock()
+		l.ring()
+		l.mu.Unlock()
+	}
 }
 
 // Close stops the lanes (work not committed is dropped: it is above the

@@ -33,7 +33,7 @@ type Source struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	kick   chan struct{} // capacity 1: a replay was asked for
+	kick   chan struct{} // capacity 1: a replay or a quiesce was asked for
 
 	// Set by Open, read-only after.
 	tables   []catalogTable
@@ -52,6 +52,12 @@ type Source struct {
 		begun                   common.Ts            // the last transaction begun (its rows may be decoded already)
 		snapshotDone            bool
 		err                     error // why the source stopped, if it did
+		// quiesce is a pending Quiesce (nil: none).
+		quiesce *quiesceReq
+		// quiesced: the stream ended at a Quiesce; it opens no session.
+		quiesced bool
+		// streamConn is the open session's connection, for poke.
+		streamConn interface{ SetReadDeadline(time.Time) error }
 	}
 	// lastCommit is when the last commit was decoded (clock UnixNano), for
 	// the heartbeat.
@@ -249,10 +255,7 @@ func (s *Source) Subscribe(span common.Span, startTs common.Ts, sink eventstore.
 	if s.mu.started && s.mu.snapshotDone && (startTs < s.mu.committed || startTs < s.mu.begun) {
 		// The stream has passed startTs: read it again from the slot.
 		s.mu.replay = true
-		select {
-		case s.kick <- struct{}{}:
-		default:
-		}
+		s.pokeLocked()
 	}
 	return b, nil
 }

@@ -63,9 +63,18 @@ func (s *Source) run() {
 		s.mu.Lock()
 		from := s.mu.saved
 		s.mu.replay = false
+		if q := s.mu.quiesce; q != nil {
+			// A Quiesce while no session is open: nothing decoded since
+			// the last confirmed position is lost, but nothing more can
+			// be confirmed without a session either.
+			s.mu.quiesce, s.mu.quiesced = nil, true
+			s.mu.Unlock()
+			q.reply <- errNotStreaming
+			return
+		}
 		s.mu.Unlock()
 		err := s.session(from, known)
-		if s.ctx.Err() != nil {
+		if s.ctx.Err() != nil || errors.Is(err, errQuiesced) {
 			return
 		}
 		if errors.Is(err, ErrProtocol) {
@@ -84,6 +93,9 @@ func (s *Source) run() {
 		case <-s.ctx.Done():
 			t.Stop()
 			return
+		case <-s.kick: // a replay or a Quiesce: the loop's top takes it
+			t.Stop()
+			s.kick <- struct{}{} // for the session, if one opens
 		case <-t.C():
 		}
 		delay = min(2*delay, 5*time.Second)
@@ -190,16 +202,30 @@ func (ss *session) loop(ctx context.Context) error {
 	netConn := ss.conn.Conn()
 	stopWatch := context.AfterFunc(ctx, func() { _ = netConn.SetReadDeadline(time.Unix(1, 0)) })
 	defer stopWatch()
+	s.mu.Lock()
+	s.mu.streamConn = netConn
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.mu.streamConn = nil
+		s.mu.Unlock()
+	}()
 	var armed time.Time
 	for {
 		select {
 		case <-s.kick:
 			s.mu.Lock()
-			replay := s.mu.replay
+			replay, q := s.mu.replay, s.mu.quiesce
+			s.mu.quiesce = nil
 			s.mu.Unlock()
+			if q != nil {
+				q.reply <- ss.quiesce(ctx, q)
+				return errQuiesced
+			}
 			if replay {
 				return errReplay
 			}
+			armed = time.Time{} // poke moved the read deadline
 		default:
 		}
 		now := s.now()

@@ -319,6 +319,7 @@ func (p *parts) loop(ctx context.Context, cfg Config, stderr io.Writer) error {
 		select {
 		case <-ctx.Done():
 			p.log.Info("stopping")
+			p.quiesce(cfg.ShutdownTimeout / 2)
 			return nil
 		case <-tick.C:
 		}
@@ -341,6 +342,24 @@ func (p *parts) loop(ctx context.Context, cfg Config, stderr io.Writer) error {
 			nextProgress = time.Now().Add(cfg.ProgressInterval)
 		}
 	}
+}
+
+// quiesce ends the stream at its last commit for a clean stop: the sink
+// commits every checkpoint at once from now on, and the source waits
+// (within timeout) until every table has durably applied the last commit,
+// then confirms it to the slot, so that the next start reads nothing
+// again. If it cannot (the target is down, a table is stopped), the slot
+// keeps the position it had, as after a crash.
+func (p *parts) quiesce(timeout time.Duration) {
+	p.sink.Drain()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := p.source.Quiesce(ctx); err != nil {
+		p.log.Warn("stopping without confirming the last commit to the slot: the next start reads the stream again from where it was last confirmed",
+			zap.Error(err))
+		return
+	}
+	p.log.Info("the last commit is applied everywhere and confirmed to the slot")
 }
 
 // lag is how far the slowest table's durable checkpoint is behind now.

@@ -120,9 +120,14 @@ func TestServeReplicatesAndResumes(t *testing.T) {
 	p.exec("ALTER TABLE t1 ADD COLUMN extra numeric(10,2)")
 	p.exec("UPDATE t1 SET extra = id * 1.5 WHERE id < 10")
 	p.exec("CREATE TABLE t6 (a int, b text, PRIMARY KEY (a, b))")
+	var lastWrite string
+	require.NoError(t, p.conn.QueryRow(context.Background(), "SELECT pg_current_wal_lsn()::text").Scan(&lastWrite))
 	p.exec("INSERT INTO t6 VALUES (1, 'x'), (2, 'y')")
 	p.waitEqual("a new column and a new table")
 	require.NoError(t, stop(), stderr.String())
+	var confirmedAtStop bool
+	require.NoError(t, p.conn.QueryRow(context.Background(), "SELECT confirmed_flush_lsn > $1::pg_lsn FROM pg_replication_slots", lastWrite).Scan(&confirmedAtStop))
+	require.True(t, confirmedAtStop, "a clean stop confirms the last commit to the slot: the next start reads nothing again\n%s", stderr.String())
 
 	var before string
 	require.NoError(t, p.conn.QueryRow(context.Background(), "SELECT confirmed_flush_lsn::text FROM pg_replication_slots").Scan(&before))
