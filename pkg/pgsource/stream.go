@@ -95,7 +95,10 @@ func (s *Source) run() {
 			return
 		case <-s.kick: // a replay or a Quiesce: the loop's top takes it
 			t.Stop()
-			s.kick <- struct{}{} // for the session, if one opens
+			select { // for the session's loop, if one opens
+			case s.kick <- struct{}{}:
+			default: // poked again meanwhile
+			}
 		case <-t.C():
 		}
 		delay = min(2*delay, 5*time.Second)
