@@ -12,24 +12,22 @@ import (
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
-// lsnNow is the source's current WAL position.
-func (e *srcEnv) lsnNow() pglogrepl.LSN {
+// lsnOf runs query, a single pg_lsn as text, on the source.
+func (e *srcEnv) lsnOf(query string) pglogrepl.LSN {
 	e.t.Helper()
 	var s string
-	require.NoError(e.t, e.conn.QueryRow(context.Background(), "SELECT pg_current_wal_lsn()::text").Scan(&s))
+	require.NoError(e.t, e.conn.QueryRow(context.Background(), query).Scan(&s))
 	lsn, err := pglogrepl.ParseLSN(s)
 	require.NoError(e.t, err)
 	return lsn
 }
 
+// lsnNow is the source's current WAL position.
+func (e *srcEnv) lsnNow() pglogrepl.LSN { return e.lsnOf("SELECT pg_current_wal_lsn()::text") }
+
 // confirmed is the slot's confirmed flush LSN.
 func (e *srcEnv) confirmed() pglogrepl.LSN {
-	e.t.Helper()
-	var s string
-	require.NoError(e.t, e.conn.QueryRow(context.Background(), "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'cdcflow'").Scan(&s))
-	lsn, err := pglogrepl.ParseLSN(s)
-	require.NoError(e.t, err)
-	return lsn
+	return e.lsnOf("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'cdcflow'")
 }
 
 // Quiesce ends the stream at its last commit: every subscription, the one

@@ -14,9 +14,7 @@ import (
 
 	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
-	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
-	"github.com/cdcflow/eventservice/pkg/schemastore"
 )
 
 // The commit-ts scheme. Commit i of the stream gets
@@ -328,20 +326,7 @@ func (ss *session) advanceResolved(ctx context.Context) error {
 	if ss.cur != nil {
 		ts = min(ts, ss.cur.ts-2) // below the open transaction and its DDL
 	}
-	s := ss.s
-	if err := s.opts.Schema.AdvanceResolvedTs(ts); err != nil && !errors.Is(err, schemastore.ErrResolvedTsRegressed) {
-		return fmt.Errorf("pgsource: schema frontier: %w", err)
-	}
-	for _, b := range s.allSubs() {
-		if ts <= b.resolved || ts <= b.startTs || (b.partial != 0 && b.partial <= ts) {
-			continue
-		}
-		if err := ss.push(ctx, b, eventstore.Batch{ResolvedTs: ts}); err != nil {
-			return err
-		}
-		b.resolved = ts
-	}
-	return nil
+	return ss.resolveAll(ctx, ts)
 }
 
 // sendStatus confirms to the server the last position below the safe
