@@ -350,8 +350,15 @@ func (ss *session) push(ctx context.Context, b *sub, batch eventstore.Batch) err
 	case err == nil, errors.Is(err, upstream.ErrSubscriptionClosed):
 		return nil
 	case errors.Is(err, eventstore.ErrRowBeforeResolved), errors.Is(err, eventstore.ErrResolvedTsRegressed):
-		// Rows the store already had (a session read them again): harmless.
-		ss.s.log.Debug("store refused rows it has", zap.Uint32("table", b.oid), zap.Error(err))
+		// A session that reads commits again skips what each subscription
+		// has (flush), so the store refusing a push means the two disagree
+		// on what was delivered: a row it refused may never reach the
+		// dispatchers. Ending the stream would read the same commits into
+		// the same refusal, so it goes on, loudly: an error and a counter
+		// to alert on, never a debug line.
+		ss.s.met.refused.Inc()
+		ss.s.log.Error("the store refused a push: rows of this table may be missing downstream",
+			zap.Uint32("table", b.oid), zap.Int("rows", len(batch.Rows)), zap.Uint64("resolvedTs", uint64(batch.ResolvedTs)), zap.Error(err))
 		return nil
 	}
 	return fmt.Errorf("pgsource: push to table %d: %w", b.oid, err)

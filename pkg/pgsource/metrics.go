@@ -16,6 +16,7 @@ type metrics struct {
 	replays       prometheus.Counter
 	reconnects    prometheus.Counter
 	skippedTables prometheus.Counter
+	refused       prometheus.Counter
 	committedTs   prometheus.Gauge
 	confirmedLSN  prometheus.Gauge
 	walEnd        prometheus.Gauge
@@ -38,11 +39,13 @@ func newMetrics(s *Source, reg prometheus.Registerer) (*metrics, error) {
 		replays:       c("replays_total", "Times the stream started again from the slot for a subscription from a past start-ts."),
 		reconnects:    c("reconnects_total", "Times the replication connection was opened again after an error."),
 		skippedTables: c("skipped_tables_total", "Published tables whose changes are skipped: they have no key."),
-		committedTs:   g("committed_ts_seconds", "Physical time of the last commit's commit-ts (Unix seconds)."),
-		confirmedLSN:  g("confirmed_flush_lsn", "The LSN last confirmed to the slot: the WAL it retains starts here."),
-		walEnd:        g("server_wal_end_lsn", "The server's WAL end, from its keepalives."),
-		snapshotRows:  c("snapshot_rows_total", "Rows copied by the initial snapshot."),
-		snapshotDone:  g("snapshot_tables_done", "Tables the initial snapshot has copied."),
+		refused: c("refused_pushes_total", "Pushes the store refused (rows at or below their table's resolved-ts, or a resolved-ts "+
+			"below the last): the stream and the store disagree on what was delivered, and those rows may be missing downstream. Never expected; alert on any."),
+		committedTs:  g("committed_ts_seconds", "Physical time of the last commit's commit-ts (Unix seconds)."),
+		confirmedLSN: g("confirmed_flush_lsn", "The LSN last confirmed to the slot: the WAL it retains starts here."),
+		walEnd:       g("server_wal_end_lsn", "The server's WAL end, from its keepalives."),
+		snapshotRows: c("snapshot_rows_total", "Rows copied by the initial snapshot."),
+		snapshotDone: g("snapshot_tables_done", "Tables the initial snapshot has copied."),
 	}
 	if err := promutil.RegisterAll(reg, m.all()...); err != nil {
 		return nil, err
@@ -51,7 +54,7 @@ func newMetrics(s *Source, reg prometheus.Registerer) (*metrics, error) {
 }
 
 func (m *metrics) all() []prometheus.Collector {
-	return []prometheus.Collector{m.commits, m.rows, m.ddls, m.heartbeats, m.replays, m.reconnects, m.skippedTables,
+	return []prometheus.Collector{m.commits, m.rows, m.ddls, m.heartbeats, m.replays, m.reconnects, m.skippedTables, m.refused,
 		m.committedTs, m.confirmedLSN, m.walEnd, m.snapshotRows, m.snapshotDone}
 }
 

@@ -6,8 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
@@ -317,4 +322,57 @@ func TestOpenWaitsForOrTakesOverAnAttachedSlot(t *testing.T) {
 	var alive bool
 	require.NoError(t, e.conn.QueryRow(context.Background(), "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", pid).Scan(&alive))
 	require.False(t, alive, "the walsender that held the slot was terminated")
+}
+
+// captureUpstream hands the test the sink the store gives it.
+type captureUpstream struct{ sinks chan eventstore.Sink }
+
+func (u captureUpstream) Subscribe(_ common.Span, _ common.Ts, sink eventstore.Sink) (eventstore.Subscription, error) {
+	u.sinks <- sink
+	return closeFunc(func() {}), nil
+}
+
+type closeFunc func()
+
+func (f closeFunc) Close() { f() }
+
+// TestAPushTheStoreRefusesIsCountedAndLoggedAsAnError: a session skips
+// what each subscription has, so the real store refusing a push (a row at
+// or below the table's resolved-ts, a resolved-ts going back) means stream
+// and store disagree and rows may be missing downstream. It must not pass
+// as a debug line: it is counted and logged as an error, and the stream
+// goes on; a push the store takes counts nothing.
+func TestAPushTheStoreRefusesIsCountedAndLoggedAsAnError(t *testing.T) {
+	up := captureUpstream{sinks: make(chan eventstore.Sink, 1)}
+	store, err := eventstore.Open(eventstore.Options{Upstream: up})
+	require.NoError(t, err)
+	require.NoError(t, store.Start())
+	defer func() { require.NoError(t, store.Close()) }()
+	require.NoError(t, store.RegisterDispatcher(common.DispatcherID{Lo: 1}, common.TableSpan(7), 0, func(common.Ts, common.Ts) {}))
+	sink := <-up.sinks
+
+	core, logs := observer.New(zapcore.DebugLevel)
+	src := &Source{log: zap.New(core)}
+	src.met, err = newMetrics(src, prometheus.NewRegistry())
+	require.NoError(t, err)
+	ss := &session{s: src}
+	defer ss.endPushes()
+	b := &sub{oid: 7, guard: upstream.NewSinkGuard(sink)}
+	ctx := context.Background()
+	row := func(ts common.Ts) common.Row {
+		return common.Row{Op: common.OpPut, Key: []byte("k"), Value: []byte("v"), StartTs: ts - 1, CommitTs: ts}
+	}
+
+	require.NoError(t, ss.push(ctx, b, eventstore.Batch{Rows: []common.Row{row(90)}, ResolvedTs: 100}))
+	require.Zero(t, testutil.ToFloat64(src.met.refused), "a push the store took")
+	require.Zero(t, logs.FilterLevelExact(zapcore.ErrorLevel).Len())
+
+	require.NoError(t, ss.push(ctx, b, eventstore.Batch{Rows: []common.Row{row(50)}}), "the stream goes on")
+	require.Equal(t, 1.0, testutil.ToFloat64(src.met.refused), "a row below the resolved-ts")
+	require.NoError(t, ss.push(ctx, b, eventstore.Batch{ResolvedTs: 80}))
+	require.Equal(t, 2.0, testutil.ToFloat64(src.met.refused), "a resolved-ts going back")
+	errs := logs.FilterLevelExact(zapcore.ErrorLevel).All()
+	require.Len(t, errs, 2)
+	require.Contains(t, errs[0].Message, "may be missing")
+	require.EqualValues(t, 7, errs[0].ContextMap()["table"])
 }
