@@ -27,7 +27,9 @@
 // raises the generation, waiting for every transaction of an earlier sink
 // of the owner still on its way to commit, and every write transaction
 // opens with cdcflow.fence, which fails once a later sink started (see
-// fence.go). A superseded sink writes nothing more (Err, Superseded).
+// fence.go). A superseded sink writes nothing more (Err, Superseded). The
+// owner's wrote marker is set by a sink's first transaction that writes
+// the target's tables and cleared by Reset (Wrote: the start-over rule).
 //
 // Invariants: no transaction of a sink commits after a later sink of its
 // owner returned from Start; a dispatcher's work is applied in call order; a checkpoint

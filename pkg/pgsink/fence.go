@@ -55,7 +55,18 @@ CREATE TABLE IF NOT EXISTS cdcflow.checkpoints (
   updated_at timestamptz NOT NULL DEFAULT now());
 CREATE TABLE IF NOT EXISTS cdcflow.state (key text PRIMARY KEY, value text NOT NULL);
 CREATE TABLE IF NOT EXISTS cdcflow.owners (
-  owner text PRIMARY KEY, generation bigint NOT NULL, started_at timestamptz NOT NULL DEFAULT now());
+  owner text PRIMARY KEY, generation bigint NOT NULL, started_at timestamptz NOT NULL DEFAULT now(),
+  wrote boolean NOT NULL DEFAULT false);
+DO $m$ BEGIN
+  -- An owners table of a version without the wrote marker: its owners are
+  -- taken to have written (the safe side: a new slot then empties the
+  -- target first). Only then, so no Start takes the table's lock.
+  IF NOT EXISTS (SELECT 1 FROM information_schema.columns
+                 WHERE table_schema = 'cdcflow' AND table_name = 'owners' AND column_name = 'wrote') THEN
+    ALTER TABLE cdcflow.owners ADD COLUMN wrote boolean NOT NULL DEFAULT true;
+    ALTER TABLE cdcflow.owners ALTER COLUMN wrote SET DEFAULT false;
+  END IF;
+END $m$;
 CREATE OR REPLACE FUNCTION cdcflow.fence(p_owner text, p_generation bigint) RETURNS void LANGUAGE plpgsql AS $f$
 BEGIN
   PERFORM pg_advisory_xact_lock_shared(%[1]d, hashtext(p_owner));
@@ -70,34 +81,44 @@ COMMIT`, fenceLockClass, fenceSQLState)
 // fenceSQL is the statement that opens every write transaction.
 const fenceSQL = "SELECT cdcflow.fence($1, $2)"
 
+// markWroteSQL sets the owner's wrote marker: a sink's first transaction
+// that writes the target's tables (rows, a truncate, a DDL) carries it, so
+// that the marker is set if and only if some sink of the owner wrote
+// there since the last Reset. A changefeed's new slot empties the target
+// first only then (Wrote): a target it never wrote to keeps its rows, even
+// if an earlier start failed after its Start had raised the generation.
+const markWroteSQL = "UPDATE cdcflow.owners SET wrote = true WHERE owner = $1 AND NOT wrote"
+
 // acquireFence raises the owner's generation, waiting (up to wait) for
 // the transactions of earlier sinks of the owner that passed their fence,
-// and returns the new generation.
-func acquireFence(ctx context.Context, conn *pgx.Conn, owner string, wait time.Duration) (int64, error) {
+// and returns the new generation and whether a sink of the owner wrote
+// the target's tables before (the wrote marker).
+func acquireFence(ctx context.Context, conn *pgx.Conn, owner string, wait time.Duration) (int64, bool, error) {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // after Commit it is a no-op
 	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", wait.Milliseconds())); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if _, err := tx.Exec(ctx, fmt.Sprintf("SELECT pg_advisory_xact_lock(%d, hashtext($1))", fenceLockClass), owner); err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "55P03" { // lock_not_available
-			return 0, fmt.Errorf("%w: a transaction of an earlier sink of owner %q is still open in the target after %v "+
+			return 0, false, fmt.Errorf("%w: a transaction of an earlier sink of owner %q is still open in the target after %v "+
 				"(its process is gone but its connection is not, or it is still running): %w", ErrConnect, owner, wait, err)
 		}
-		return 0, err
+		return 0, false, err
 	}
 	var gen int64
+	var wrote bool
 	if err := tx.QueryRow(ctx, `
 INSERT INTO cdcflow.owners (owner, generation) VALUES ($1, 1)
 ON CONFLICT (owner) DO UPDATE SET generation = cdcflow.owners.generation + 1, started_at = now()
-RETURNING generation`, owner).Scan(&gen); err != nil {
-		return 0, err
+RETURNING generation, wrote`, owner).Scan(&gen, &wrote); err != nil {
+		return 0, false, err
 	}
-	return gen, tx.Commit(ctx)
+	return gen, wrote, tx.Commit(ctx)
 }
 
 // isSuperseded reports whether err is cdcflow.fence's refusal.
@@ -108,8 +129,16 @@ func isSuperseded(err error) bool {
 
 // fenced runs f in a transaction that passed the fence (State writes and
 // Reset: a superseded sink must not record a snapshot as done, nor empty
-// tables).
-func (s *Sink) fenced(ctx context.Context, f func(tx pgx.Tx) error) error {
+// tables), then each of after once it committed. Before Start there is no
+// generation to pass the fence with: ErrNotStarted (the fence would
+// refuse generation 0 and the sink would count itself superseded).
+func (s *Sink) fenced(ctx context.Context, f func(tx pgx.Tx) error, after ...func()) error {
+	s.mu.Lock()
+	started := s.mu.started
+	s.mu.Unlock()
+	if !started {
+		return ErrNotStarted
+	}
 	conn, release, err := s.adminConn(ctx)
 	if err != nil {
 		return err
@@ -126,7 +155,13 @@ func (s *Sink) fenced(ctx context.Context, f func(tx pgx.Tx) error) error {
 	if err := f(tx); err != nil {
 		return err
 	}
-	return s.fenceErr(tx.Commit(ctx))
+	if err := s.fenceErr(tx.Commit(ctx)); err != nil {
+		return err
+	}
+	for _, a := range after {
+		a()
+	}
+	return nil
 }
 
 // fenceErr turns the fence's refusal into ErrSuperseded (and records it).

@@ -130,7 +130,7 @@ func TestResetEmptiesWhatTheChangefeedWrote(t *testing.T) {
 	}
 	require.NoError(t, e.sink.SetState(ctx, "snapshot-done:x", "1"))
 	_, err := e.conn.Exec(ctx, `INSERT INTO cdcflow.checkpoints (dispatcher, table_oid, target, ts) VALUES
-  ('hostile', 1, 'app.t; DROP TABLE app.u', 1), ('gone', 2, 'app.nothing', 1)`)
+  ('hostile', 1, 'app.t; DROP TABLE app.u', 1), ('gone', 2, 'app.nothing', 1), ('own', 3, '"cdcflow"."owners"', 1)`)
 	require.NoError(t, err)
 
 	require.NoError(t, e.sink.Reset(ctx, []pgcodec.Relation{relT}))
@@ -142,6 +142,69 @@ func TestResetEmptiesWhatTheChangefeedWrote(t *testing.T) {
 	_, found, err := e.sink.State(ctx, "snapshot-done:x")
 	require.NoError(t, err)
 	require.False(t, found)
+	var owners int
+	require.NoError(t, e.conn.QueryRow(ctx, "SELECT count(*) FROM cdcflow.owners").Scan(&owners))
+	require.Equal(t, 1, owners, "a checkpoint naming the sink's own tables empties none of them")
+}
+
+// The owner's wrote marker is set by a sink's first transaction that
+// writes the target's tables, not by a Start (which raises the generation
+// whether or not anything follows) nor by checkpoints alone, and a Reset
+// clears it: Wrote is what serve asks before emptying a target for a new
+// slot, and a start that failed after its sink started wrote nothing.
+func TestWroteMarksAnOwnerThatWroteTables(t *testing.T) {
+	ctx := context.Background()
+	e := newSinkEnv(t, func(o *Options) { o.Owner = "feed" })
+	require.False(t, e.sink.Wrote(), "a new owner")
+	next := func() *Sink {
+		s, err := New(Options{DSN: e.pg.DSN, Workers: 1, Owner: "feed", FlushInterval: 5 * time.Millisecond, MaxFlushInterval: DefaultFlushInterval})
+		require.NoError(t, err)
+		t.Cleanup(s.Close)
+		require.NoError(t, s.Start(ctx))
+		return s
+	}
+	s := next()
+	require.False(t, s.Wrote(), "an earlier sink that only started")
+
+	id := common.DispatcherIDFromUint64(1)
+	dur := newDurables()
+	s.SetDurable(dur.record)
+	require.NoError(t, s.Bind(ctx, id, relT, 10))
+	require.NoError(t, s.BeginEpoch(id, 1, 10))
+	require.NoError(t, s.Checkpoint(id, 11))
+	dur.wait(t, id, 11)
+	s = next()
+	require.False(t, s.Wrote(), "an earlier sink that wrote checkpoints only")
+
+	dur = newDurables()
+	s.SetDurable(dur.record)
+	require.NoError(t, s.Bind(ctx, id, relT, 11))
+	require.NoError(t, s.BeginEpoch(id, 1, 11))
+	require.NoError(t, s.ApplyRows(id, rows(12, tx(pgcodec.Insert, col("id", "1"), col("v", "a")))))
+	require.NoError(t, s.Checkpoint(id, 12))
+	dur.wait(t, id, 12)
+	s = next()
+	require.True(t, s.Wrote(), "an earlier sink that wrote rows")
+	require.True(t, next().Wrote(), "and the one after it, which wrote nothing")
+
+	s = next()
+	require.NoError(t, s.Reset(ctx, []pgcodec.Relation{relT}))
+	require.False(t, next().Wrote(), "after a Reset")
+}
+
+// A sink that was never started has no generation to pass the fence
+// with: its fenced calls fail with ErrNotStarted and it does not count
+// itself superseded.
+func TestFencedCallsBeforeStartFail(t *testing.T) {
+	s, err := New(Options{DSN: "postgres://127.0.0.1:1/x"})
+	require.NoError(t, err)
+	defer s.Close()
+	ctx := context.Background()
+	require.ErrorIs(t, s.SetState(ctx, "k", "v"), ErrNotStarted)
+	require.ErrorIs(t, s.CheckFence(ctx), ErrNotStarted)
+	require.ErrorIs(t, s.Reset(ctx, nil), ErrNotStarted)
+	require.ErrorIs(t, s.ClearProgress(ctx), ErrNotStarted)
+	require.NoError(t, s.Err())
 }
 
 // Owner is bounded before it reaches the target.

@@ -410,6 +410,15 @@ func (l *lane) commit(ds []*dstate) error {
 	ctx := l.s.ctx
 	b := &pgx.Batch{}
 	b.Queue(fenceSQL, l.s.opts.Owner, l.s.generation) // first: see fence.go
+	mark := false
+	if !l.s.marked.Load() {
+		for _, d := range ds {
+			if mark = d.rows; mark {
+				b.Queue(markWroteSQL, l.s.opts.Owner) // once per owner, not per commit
+				break
+			}
+		}
+	}
 	var marks []durableMark
 	var ckIDs, ckTargets []string
 	var ckOIDs, ckTs []int64
@@ -438,6 +447,9 @@ ON CONFLICT (dispatcher) DO UPDATE SET ts = GREATEST(cdcflow.checkpoints.ts, EXC
 	if err := l.send(ctx, b); err != nil {
 		l.reloadTables(ds) // columns an ALTER of the batch added are gone again
 		return fmt.Errorf("%w: %w", ErrApply, err)
+	}
+	if mark {
+		l.s.marked.Store(true)
 	}
 	now := l.s.opts.Clock.Now()
 	for _, d := range ds {
@@ -592,7 +604,7 @@ func (l *lane) reconnect() {
 	delay := 50 * time.Millisecond
 	for l.s.ctx.Err() == nil {
 		_ = l.conn.Close(context.Background())
-		conn, err := l.s.connectLane(l.s.ctx)
+		conn, err := l.s.connect(l.s.ctx, l.s.opts.LaneStatements)
 		if err == nil {
 			l.conn = conn
 			l.down.Store(false)

@@ -28,6 +28,9 @@ var (
 	ErrApply = errors.New("pgsink: apply failed")
 	// ErrClosed: the sink is closed.
 	ErrClosed = errors.New("pgsink: closed")
+	// ErrNotStarted: a call that writes (SetState, Reset, CheckFence)
+	// before Start.
+	ErrNotStarted = errors.New("pgsink: not started")
 )
 
 // Defaults of Options' intervals.

@@ -38,6 +38,11 @@ type Sink struct {
 	// generation is the owner's generation this sink writes at (Start
 	// sets it before any lane runs; read-only after).
 	generation int64
+	// wrote: a sink of the owner had written the target's tables (since
+	// the last Reset) when this one started (read-only after Start);
+	// marked: the target's wrote marker is known to be set (fence.go).
+	wrote  bool
+	marked atomic.Bool
 	// supersededCh is closed when mu.superseded is set.
 	supersededCh chan struct{}
 	// draining: Drain was called; checkpoint-only work is committed at
@@ -95,7 +100,7 @@ func (s *Sink) Start(ctx context.Context) error {
 	if s.mu.started {
 		return nil
 	}
-	conn, err := pgx.Connect(ctx, s.opts.DSN)
+	conn, err := s.connect(ctx, 0)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrConnect, err)
 	}
@@ -105,11 +110,12 @@ func (s *Sink) Start(ctx context.Context) error {
 	}
 	// Before anything is read or written: an earlier sink of the owner
 	// may still have a transaction on its way to commit (fence.go).
-	if s.generation, err = acquireFence(ctx, conn, s.opts.Owner, s.opts.FenceWait); err != nil {
+	if s.generation, s.wrote, err = acquireFence(ctx, conn, s.opts.Owner, s.opts.FenceWait); err != nil {
 		return fmt.Errorf("%w: fence owner %q: %w", ErrConnect, s.opts.Owner, err)
 	}
+	s.marked.Store(s.wrote)
 	for i := range s.opts.Workers {
-		c, err := s.connectLane(ctx)
+		c, err := s.connect(ctx, s.opts.LaneStatements)
 		if err != nil {
 			for _, l := range s.lanes {
 				l.conn.Close(context.Background())
@@ -126,22 +132,37 @@ func (s *Sink) Start(ctx context.Context) error {
 	return nil
 }
 
-// connectLane opens a lane's connection. Its prepared-statement cache
-// holds LaneStatements statements: a lane writes every table hashed to it
-// with two or three statements each (delete, upsert per column set), and
-// pgx's default of 512 is an LRU that a lane of 250 tables cycles
-// through, so every commit would prepare its statements again.
-func (s *Sink) connectLane(ctx context.Context) (*pgx.Conn, error) {
+// connect opens a connection to the target; statements > 0 sizes its
+// prepared-statement cache (a lane's: it writes every table hashed to it
+// with two or three statements each, and pgx's default of 512 is an LRU
+// that a lane of 250 tables cycles through, preparing its statements
+// again at every commit).
+//
+// Every connection of a sink may hold the owner's fence lock (fence.go),
+// which a later sink's Start waits for, so none may keep it when its
+// client is gone: idle_in_transaction_session_timeout ends a transaction
+// left open between statements, TCP keepalives a connection whose host is
+// gone while the server waits for the rest of a pipeline (about 25 s),
+// and READ COMMITTED, whatever the target's default, makes the fence's
+// read of the owner's generation see the later sink's commit it waited
+// for (a snapshot taken at the transaction's start would not).
+func (s *Sink) connect(ctx context.Context, statements int) (*pgx.Conn, error) {
 	cfg, err := pgx.ParseConfig(s.opts.DSN)
 	if err != nil {
 		return nil, err
 	}
-	cfg.StatementCacheCapacity = s.opts.LaneStatements
-	// A lane is never idle inside a transaction (a pipeline, or an
-	// explicit one sent statement after statement); one that is has lost
-	// its client without the server noticing, and holds the owner's fence
-	// lock that a later sink's Start waits for.
-	cfg.RuntimeParams["idle_in_transaction_session_timeout"] = "30s"
+	if statements > 0 {
+		cfg.StatementCacheCapacity = statements
+	}
+	for k, v := range map[string]string{
+		"idle_in_transaction_session_timeout": "30s",
+		"default_transaction_isolation":       "read committed",
+		"tcp_keepalives_idle":                 "10",
+		"tcp_keepalives_interval":             "5",
+		"tcp_keepalives_count":                "3",
+	} {
+		cfg.RuntimeParams[k] = v
+	}
 	return pgx.ConnectConfig(ctx, cfg)
 }
 
@@ -150,7 +171,7 @@ func (s *Sink) connectLane(ctx context.Context) (*pgx.Conn, error) {
 func (s *Sink) adminConn(ctx context.Context) (*pgx.Conn, func(), error) {
 	s.adminMu.Lock()
 	if s.admin == nil || s.admin.IsClosed() {
-		c, err := pgx.Connect(ctx, s.opts.DSN)
+		c, err := s.connect(ctx, 0)
 		if err != nil {
 			s.adminMu.Unlock()
 			return nil, nil, fmt.Errorf("%w: %w", ErrConnect, err)
@@ -489,10 +510,13 @@ func (s *Sink) SetState(ctx context.Context, key, value string) error {
 }
 
 // Reset empties the target tables of rels and the ones cdcflow.checkpoints
-// names (those that exist) and forgets every checkpoint and state, in one
-// fenced transaction: a changefeed starting over from a new snapshot.
+// names (those that exist, outside the cdcflow schema) and forgets every
+// checkpoint and state and the owner's wrote marker, in one fenced
+// transaction: a changefeed starting over from a new snapshot.
 // Interrupted, it did nothing; done, it left nothing of the earlier
-// changefeed.
+// changefeed. It is meant before any dispatcher is bound; the target's
+// cdcflow schema holds one changefeed's checkpoints and state (one
+// changefeed per target database).
 func (s *Sink) Reset(ctx context.Context, rels []pgcodec.Relation) error {
 	names := make([]string, len(rels))
 	for i, r := range rels {
@@ -509,7 +533,7 @@ SELECT DISTINCT format('%I.%I', n.nspname, c.relname)
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 JOIN (SELECT unnest($1::text[]) UNION SELECT target FROM cdcflow.checkpoints) AS t(name)
   ON t.name = '"' || replace(n.nspname, '"', '""') || '"."' || replace(c.relname, '"', '""') || '"'
-WHERE c.relkind IN ('r', 'p')`, names)
+WHERE c.relkind IN ('r', 'p') AND n.nspname <> 'cdcflow'`, names)
 		if err != nil {
 			return err
 		}
@@ -522,7 +546,21 @@ WHERE c.relkind IN ('r', 'p')`, names)
 				return fmt.Errorf("%w: truncate %s: %w", ErrApply, strings.Join(tables, ", "), err)
 			}
 		}
-		_, err = tx.Exec(ctx, "DELETE FROM cdcflow.checkpoints; DELETE FROM cdcflow.state")
+		if _, err = tx.Exec(ctx, "DELETE FROM cdcflow.checkpoints; DELETE FROM cdcflow.state"); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, "UPDATE cdcflow.owners SET wrote = false WHERE owner = $1", s.opts.Owner)
+		return err
+	}, func() { s.marked.Store(false) })
+}
+
+// ClearProgress forgets every checkpoint and state record, in one fenced
+// transaction, leaving the tables as they are: a changefeed starting from
+// a new snapshot on a target it never wrote to (Wrote false), whose
+// records belong to an earlier slot.
+func (s *Sink) ClearProgress(ctx context.Context) error {
+	return s.fenced(ctx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "DELETE FROM cdcflow.checkpoints; DELETE FROM cdcflow.state")
 		return err
 	})
 }
@@ -531,3 +569,9 @@ WHERE c.relkind IN ('r', 'p')`, names)
 // first sink of its owner on the target, more if earlier ones started
 // there (serve starts a new slot's changefeed over only then).
 func (s *Sink) Generation() int64 { return s.generation }
+
+// Wrote reports whether a sink of this owner had written the target's
+// tables (rows, a truncate, a DDL; since the last Reset) when this one
+// started: a changefeed with a new slot empties such a target before its
+// snapshot, since rows an earlier slot applied would survive it.
+func (s *Sink) Wrote() bool { return s.wrote }

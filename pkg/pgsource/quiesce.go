@@ -37,9 +37,13 @@ const quiescePoll = 20 * time.Millisecond
 // slowest table, all of it decoded again at the next start).
 //
 // Quiesce returns nil once the last commit's position is confirmed; an
-// error if ctx ends first or no session was open (the slot then keeps the
-// position it had, as after a crash: nothing is lost). The source streams
-// no more after Quiesce, whatever it returned; Close is still needed.
+// error if ctx ends first (also while the initial snapshot is still being
+// copied, or after the stream stopped: nothing answers then) or no
+// session was open (the slot then keeps the
+// position it had, as after a crash: nothing is lost). A session that took
+// the request streams no more, whatever it returned; a request no session
+// took before ctx ended is withdrawn, and the source streams on. Close is
+// still needed either way.
 func (s *Source) Quiesce(ctx context.Context) error {
 	req := &quiesceReq{ctx: ctx, reply: make(chan error, 1)}
 	s.mu.Lock()
@@ -55,8 +59,20 @@ func (s *Source) Quiesce(ctx context.Context) error {
 	s.pokeLocked()
 	s.mu.Unlock()
 	select {
-	case err := <-req.reply: // the stream gives up at ctx's end too
+	case err := <-req.reply: // a session that took req gives up at ctx's end too
 		return err
+	case <-ctx.Done():
+		// No session took req (the snapshot is still being copied, the
+		// stream is between sessions or stopped) or the one that did is
+		// giving up: either way the caller's time is up, and a request
+		// still pending is withdrawn, so no session quiesces after the
+		// caller was told it did not.
+		s.mu.Lock()
+		if s.mu.quiesce == req {
+			s.mu.quiesce = nil
+		}
+		s.mu.Unlock()
+		return fmt.Errorf("pgsource: quiesce: %w", ctx.Err())
 	case <-s.ctx.Done():
 		return ErrClosed
 	}

@@ -2,6 +2,7 @@ package pgsource
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventstore"
 )
 
 // lsnOf runs query, a single pg_lsn as text, on the source.
@@ -91,4 +93,46 @@ func TestQuiesceConfirmsTheLastCommit(t *testing.T) {
 	defer cancel()
 	require.ErrorIs(t, stuck.Quiesce(ctx), context.DeadlineExceeded)
 	require.Equal(t, held, e.confirmed(), "the slot keeps its position")
+}
+
+// A Quiesce that no session can take (the initial snapshot is still being
+// copied: here its first push is held) ends with its context instead of
+// waiting for the snapshot, and withdraws its request: once the snapshot
+// is through, the source streams on, unquiesced.
+func TestQuiesceDuringTheSnapshotEndsWithItsContext(t *testing.T) {
+	e := newSrcEnv(t)
+	e.exec("CREATE TABLE t (id int PRIMARY KEY)")
+	e.exec("INSERT INTO t VALUES (1)")
+	src := e.source(nil)
+	info, err := src.Open(context.Background())
+	require.NoError(t, err)
+	require.True(t, info.Created)
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	rec := newRecordingSink(t, info.SnapshotTs-1)
+	sub, err := src.Subscribe(common.TableSpan(int64(e.oid("t"))), info.SnapshotTs-1, sinkFunc(func(ctx context.Context, b eventstore.Batch) error {
+		once.Do(func() {
+			close(held)
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		})
+		return rec.Push(ctx, b)
+	}))
+	require.NoError(t, err)
+	defer sub.Close()
+	require.NoError(t, src.Start())
+	<-held // the snapshot's first push is in the sink
+
+	ctx, cancel := context.WithCancel(context.Background())
+	quiesced := make(chan error, 1)
+	go func() { quiesced <- src.Quiesce(ctx) }()
+	cancel()
+	require.ErrorIs(t, <-quiesced, context.Canceled)
+
+	close(release)
+	rec.waitFor("the snapshot's row", func() bool { return len(rec.rows) == 1 })
+	e.exec("INSERT INTO t VALUES (2)")
+	rec.waitFor("a row streamed after the withdrawn Quiesce", func() bool { return len(rec.rows) == 2 })
 }

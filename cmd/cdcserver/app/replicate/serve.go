@@ -209,16 +209,21 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 //   - The slot exists and its snapshot completed: resume.
 //   - The slot exists but its snapshot never completed, or its first
 //     position was never saved: the target may lack rows nobody will send
-//     again. Start over: empty the target (one transaction), forget the
-//     positions, drop the slot, create it again. Each step leaves a state
+//     again. Start over: empty the target if the changefeed wrote there
+//     (one transaction; else only forget its checkpoints and state),
+//     forget the positions, drop the slot, create it again. Each step leaves a state
 //     the next start recognises (a slot without a completed snapshot, a
 //     slot without a position, no slot), so a start-over interrupted at
 //     any point starts over again.
 //   - A new slot on a target an earlier sink of this changefeed wrote to
-//     (the owner's generation above 1): what the target holds belongs to
-//     an earlier slot and would survive the snapshot (rows deleted
-//     meanwhile); empty it first. On a target the changefeed never wrote
-//     to, existing tables are left as they are.
+//     (the owner's wrote marker, pgsink.Sink.Wrote): what the target holds
+//     belongs to an earlier slot and would survive the snapshot (rows
+//     deleted meanwhile); empty it first. On a target the changefeed never
+//     wrote to (an earlier start that failed before writing included),
+//     existing tables are left as they are; checkpoints and a
+//     snapshot-done record there belong to an earlier slot and are
+//     cleared, so that a crash during this slot's snapshot starts over
+//     rather than resumes.
 func (p *parts) startOrResume(ctx context.Context, cfg Config) error {
 	setup := func(err error) error { return fmt.Errorf("%w: %w", ErrSetup, err) }
 	done, _, err := p.sink.State(ctx, snapshotKey(cfg.Slot))
@@ -235,17 +240,23 @@ func (p *parts) startOrResume(ctx context.Context, cfg Config) error {
 	case !p.info.Created && done == "":
 		dropSlot = true
 	}
-	if !dropSlot && !(p.info.Created && p.sink.Generation() > 1) {
-		return nil
+	if !dropSlot && !p.info.Created {
+		return nil // resume
 	}
-	tables := p.info.Tables
-	if dropSlot {
-		p.log.Warn("the initial snapshot did not complete: emptying the target, dropping the slot and starting over", zap.String("slot", cfg.Slot))
+	empty := p.sink.Wrote()
+	switch {
+	case dropSlot:
+		p.log.Warn("the initial snapshot did not complete: starting over (dropping the slot)", zap.String("slot", cfg.Slot), zap.Bool("empty_target", empty))
 		p.source.Close()
-	} else {
+	case empty:
 		p.log.Warn("a new slot on a target this changefeed wrote to before: emptying the target before the snapshot", zap.String("slot", cfg.Slot))
 	}
-	if err := p.sink.Reset(ctx, tables); err != nil {
+	if empty {
+		err = p.sink.Reset(ctx, p.info.Tables)
+	} else {
+		err = p.sink.ClearProgress(ctx)
+	}
+	if err != nil {
 		return setup(err)
 	}
 	if !dropSlot {

@@ -123,3 +123,42 @@ func TestASecondServeTakesOverAndTheFirstStops(t *testing.T) {
 	p.waitEqual("the second serve")
 	require.NoError(t, stopB(), stderrB.String())
 }
+
+// targetCount counts the target's rows of table matching where.
+func (p *pair) targetCount(table, where string) int {
+	p.t.Helper()
+	conn, err := pgx.Connect(context.Background(), p.dst.DSN)
+	require.NoError(p.t, err)
+	defer conn.Close(context.Background())
+	var n int
+	require.NoError(p.t, conn.QueryRow(context.Background(), "SELECT count(*) FROM "+table+" WHERE "+where).Scan(&n))
+	return n
+}
+
+// A start that failed after its sink had started (a table without a key
+// in the publication: exit 2) wrote nothing to the target. The next
+// start, with a new slot, copies the snapshot into the target's tables as
+// they are: a row the target had of its own stays. Had the raised owner
+// generation alone meant "this changefeed wrote here", it would have
+// emptied the target first.
+func TestAStartThatWroteNothingLeavesTheTargetAlone(t *testing.T) {
+	p := newPair(t)
+	p.exec("CREATE TABLE t1 (id int PRIMARY KEY, v text)")
+	p.exec("INSERT INTO t1 SELECT g, 'v' || g FROM generate_series(1, 5) g")
+	p.exec("CREATE TABLE keyless (a int)")
+	p.targetExec("CREATE TABLE public.t1 (id int PRIMARY KEY, v text)")
+	p.targetExec("INSERT INTO public.t1 VALUES (1000, 'the target''s own')")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err := Run(ctx, p.config(), &syncBuffer{})
+	require.ErrorIs(t, err, ErrSetup)
+	require.ErrorContains(t, err, "keyless")
+
+	p.exec("DROP TABLE keyless")
+	stop, stderr := p.serve(p.config())
+	p.waitSnapshotRecorded()
+	require.NoError(t, stop(), stderr.String())
+	require.NotContains(t, stderr.String(), "emptying the target")
+	require.Equal(t, 5, p.targetCount("public.t1", "id <= 5"), "the snapshot")
+	require.Equal(t, 1, p.targetCount("public.t1", "id = 1000"), "the target's own row")
+}
