@@ -216,3 +216,57 @@ func TestOwnerIsValidated(t *testing.T) {
 	_, err := New(Options{DSN: "postgres://x", Owner: "cdcflow_feed-1"})
 	require.NoError(t, err)
 }
+
+// The fence holds on a target whose default isolation is REPEATABLE READ:
+// there a transaction's snapshot is taken at its first statement, before
+// the fence's lock wait, and the fence would read the generation as it
+// was before a later sink's Start committed, and pass. The sink's
+// connections ask for READ COMMITTED. The test stands in for the later
+// Start: it holds the owner's lock exclusively while A's transaction
+// waits in its fence, then raises the generation and commits.
+func TestTheFenceHoldsUnderRepeatableRead(t *testing.T) {
+	ctx := context.Background()
+	e := newSinkEnv(t, nil)
+	var db string
+	require.NoError(t, e.conn.QueryRow(ctx, "SELECT current_database()").Scan(&db))
+	_, err := e.conn.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" SET default_transaction_isolation = 'repeatable read'")
+	require.NoError(t, err)
+	a, err := New(Options{DSN: e.pg.DSN, Workers: 1, Owner: "feed", FlushInterval: 5 * time.Millisecond, MaxFlushInterval: DefaultFlushInterval})
+	require.NoError(t, err)
+	t.Cleanup(a.Close)
+	require.NoError(t, a.Start(ctx))
+	id := common.DispatcherIDFromUint64(1)
+	require.NoError(t, a.Bind(ctx, id, relT, 10))
+	require.NoError(t, a.BeginEpoch(id, 1, 10))
+	dur := newDurables()
+	a.SetDurable(dur.record)
+	// A first write sets the owner's wrote marker: the next transaction is
+	// then the fence and the rows only (an update of the owner's row
+	// would fail under REPEATABLE READ for its own reason).
+	require.NoError(t, a.ApplyRows(id, rows(11, tx(pgcodec.Insert, col("id", "0"), col("v", "first")))))
+	require.NoError(t, a.Checkpoint(id, 11))
+	dur.wait(t, id, 11)
+
+	hold, err := e.conn.Begin(ctx)
+	require.NoError(t, err)
+	defer hold.Rollback(context.Background()) //nolint:errcheck // after Commit it is a no-op
+	_, err = hold.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext('feed'))", fenceLockClass)
+	require.NoError(t, err)
+	require.NoError(t, a.ApplyRows(id, rows(12, tx(pgcodec.Insert, col("id", "1"), col("v", "late")))))
+	require.NoError(t, a.Checkpoint(id, 12))
+	watch, err := pgx.Connect(ctx, e.pg.DSN)
+	require.NoError(t, err)
+	defer watch.Close(context.Background())
+	waitServer(t, watch, "A's fence waiting for the owner's lock",
+		"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+	_, err = hold.Exec(ctx, "UPDATE cdcflow.owners SET generation = generation + 1 WHERE owner = 'feed'")
+	require.NoError(t, err)
+	require.NoError(t, hold.Commit(ctx))
+
+	select {
+	case <-a.Superseded():
+	case <-time.After(time.Minute):
+		t.Fatal("A's transaction passed the fence of a generation no longer the owner's")
+	}
+	require.Equal(t, []string{`{"id":0,"v":"first","big":null}`}, e.contents("app.t"))
+}
