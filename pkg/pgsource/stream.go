@@ -181,12 +181,58 @@ func (s *Source) session(from Position, known map[uint32]pgcodec.Relation) error
 	if err := pglogrepl.StartReplication(ctx, conn, s.opts.Slot, pglogrepl.LSN(from.LSN), pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
 		return fmt.Errorf("start replication: %w", err)
 	}
+	if from, err = s.reseed(ctx, catalog, from); err != nil {
+		return err
+	}
 	ss := &session{s: s, conn: conn, catalog: catalog, known: known, rels: map[uint32]*msgRelation{}, last: from.Ts,
 		journal: []Position{from}, announced: map[uint32]bool{}}
 	s.streaming.Store(true)
 	defer s.streaming.Store(false)
 	defer ss.endPushes()
 	return ss.loop(ctx)
+}
+
+// reseed returns the position the session's commit-ts chain continues
+// from: from, unless the slot's confirmed flush LSN is past it. The slot
+// is this session's once replication started (a walsender serves one
+// client), so that LSN is final now; and this process only confirms what
+// it saved first, so an LSN past from was confirmed by another process of
+// the changefeed: one that re-attached between a take-over's Open and this
+// start, streamed on and confirmed more before it found itself fenced.
+// The server streams from the slot's LSN whatever was asked, so the chain
+// must continue from that process's position, saved before it confirmed:
+// from an older seed, a commit after it could get a commit-ts at or below
+// one that process delivered, and every table that has it would skip it.
+// Without a saved position there the chain cannot continue: ErrProtocol
+// (the source stops).
+func (s *Source) reseed(ctx context.Context, catalog *pgx.Conn, from Position) (Position, error) {
+	var text string
+	if err := catalog.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", s.opts.Slot).Scan(&text); err != nil {
+		return from, fmt.Errorf("pgsource: the slot's confirmed flush LSN: %w", err)
+	}
+	confirmed, err := pglogrepl.ParseLSN(text)
+	if err != nil {
+		return from, fmt.Errorf("%w: confirmed flush LSN %q: %w", ErrProtocol, text, err)
+	}
+	if uint64(confirmed) <= from.LSN {
+		return from, nil
+	}
+	p, ok, err := s.opts.Positions.Load(ctx, s.opts.Slot, uint64(confirmed))
+	if err != nil {
+		return from, fmt.Errorf("pgsource: load the position of %v: %w", confirmed, err)
+	}
+	if !ok {
+		return from, fmt.Errorf("%w: %w: the slot's confirmed flush LSN %v moved past this source's %v, and no position was saved for it",
+			ErrProtocol, ErrUnknownSlot, confirmed, pglogrepl.LSN(from.LSN))
+	}
+	s.log.Warn("another process of the changefeed confirmed the slot past this source's position: continuing from its position",
+		zap.Stringer("from", pglogrepl.LSN(from.LSN)), zap.Stringer("confirmed", confirmed), zap.Stringer("ts", p.Ts))
+	s.mu.Lock()
+	if p.LSN > s.mu.saved.LSN {
+		s.mu.saved = p
+	}
+	s.mu.Unlock()
+	return p, nil
 }
 
 // loop reads the stream, pushing rows as transactions arrive, advancing

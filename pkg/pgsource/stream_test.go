@@ -3,9 +3,11 @@ package pgsource
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -375,4 +377,60 @@ func TestAPushTheStoreRefusesIsCountedAndLoggedAsAnError(t *testing.T) {
 	require.Len(t, errs, 2)
 	require.Contains(t, errs[0].Message, "may be missing")
 	require.EqualValues(t, 7, errs[0].ContextMap()["table"])
+}
+
+// A process whose walsender a take-over's Open terminated can reconnect
+// before it finds itself fenced, stream on and confirm more than the
+// position that Open read. The server then streams to the new source from
+// that later LSN, whatever it asks for, so the new source's commit-ts
+// chain must continue from the position the earlier process saved there,
+// not from the older one (a commit after it could get a commit-ts at or
+// below one already delivered, and every table that had it would skip it).
+func TestASessionContinuesFromWhereAnotherProcessConfirmed(t *testing.T) {
+	e := newSrcEnv(t)
+	e.exec("CREATE TABLE t (id int PRIMARY KEY)")
+	var safe atomic.Uint64
+	a := e.source(func(o *Options) { o.SafePoint = func() (common.Ts, bool) { return common.Ts(safe.Load()), true } })
+	_, sinks := openAndSubscribe(t, e, a, "t")
+	ra := sinks["t"]
+	waitConfirmedPast := func(lsn pglogrepl.LSN) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for e.confirmed() <= lsn {
+			require.True(t, time.Now().Before(deadline), "the slot was never confirmed past %v", lsn)
+			time.Sleep(20 * time.Millisecond) // polling the server's state, bounded by the deadline
+		}
+	}
+	before := e.lsnNow()
+	e.exec("INSERT INTO t VALUES (1)")
+	ra.waitFor("row 1", func() bool { return len(ra.rows) == 1 })
+	safe.Store(uint64(ra.rows[0].CommitTs))
+	waitConfirmedPast(before)
+
+	core, logs := observer.New(zapcore.WarnLevel)
+	b := e.source(func(o *Options) { o.TakeOver = true; o.Logger = zap.New(core) })
+	ctx := context.Background()
+	info, err := b.Open(ctx) // terminates A's walsender and reads the slot's position
+	require.NoError(t, err)
+	read := e.confirmed()
+
+	e.exec("INSERT INTO t VALUES (2)") // A reconnects and streams on
+	ra.waitFor("row 2, through A's next session", func() bool { return len(ra.rows) == 2 })
+	ts2 := ra.rows[1].CommitTs
+	require.Greater(t, ts2, info.ResumeTs)
+	safe.Store(uint64(ts2))
+	waitConfirmedPast(read)
+	a.Close()
+
+	rb := newRecordingSink(t, ts2)
+	sub, err := b.Subscribe(common.TableSpan(int64(e.oid("t"))), ts2, rb)
+	require.NoError(t, err)
+	defer sub.Close()
+	require.NoError(t, b.Start())
+	e.exec("INSERT INTO t VALUES (3)")
+	rb.waitFor("row 3", func() bool { return len(rb.rows) == 1 })
+	require.Equal(t, "3", text(rb.changes()[0], "id"))
+	require.Greater(t, rb.rows[0].CommitTs, ts2)
+	require.Equal(t, 1, logs.FilterMessageSnippet("continuing from its position").Len(),
+		"the chain continues from the position A saved, not the one B's Open read")
 }
