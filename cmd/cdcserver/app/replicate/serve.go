@@ -120,6 +120,15 @@ func newLogger(cfg Config, stderr io.Writer) (*zap.Logger, error) {
 func (p *parts) build(ctx context.Context, cfg Config) error {
 	var err error
 	setup := func(err error) error { return fmt.Errorf("%w: %w", ErrSetup, err) }
+	// What each step took, logged once built: a restart's backlog waits
+	// for all of it before the stream starts.
+	began, last := time.Now(), time.Now()
+	var took []zap.Field
+	step := func(name string) {
+		now := time.Now()
+		took = append(took, zap.Duration(name, now.Sub(last)))
+		last = now
+	}
 	if p.sink, err = pgsink.New(pgsink.Options{DSN: cfg.Sink, Workers: cfg.SinkWorkers, FlushInterval: cfg.SinkFlushInterval, MaxFlushInterval: cfg.SinkMaxFlushInterval,
 		CheckpointInterval: cfg.SinkCheckpointInterval, Owner: cfg.Slot, Logger: p.log, Registerer: p.reg}); err != nil {
 		return setup(err)
@@ -133,9 +142,11 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 	if p.schema, err = schemastore.NewMemory(schemastore.MemoryOptions{InitialResolvedTs: 1, Logger: p.log}); err != nil {
 		return setup(err)
 	}
+	step("sink")
 	if err := p.startOrResume(ctx, cfg); err != nil {
 		return err
 	}
+	step("source")
 	p.dataDir = cfg.DataDir
 	if p.dataDir == "" {
 		if p.dataDir, err = os.MkdirTemp("", "cdcserver-serve-"); err != nil {
@@ -171,6 +182,7 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 	if err := p.coll.Start(); err != nil {
 		return setup(err)
 	}
+	step("store")
 	ckpts, err := p.sink.Checkpoints(ctx)
 	if err != nil {
 		return setup(err)
@@ -188,14 +200,21 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 	if err := p.sink.BindAll(ctx, binds); err != nil {
 		return setup(err)
 	}
-	for _, b := range binds {
-		if err := p.coll.AddDispatcher(ctx, b.ID, common.TableSpan(int64(b.Rel.OID)), b.StartTs); err != nil {
-			return setup(err)
+	step("bind")
+	specs := make([]eventcollector.DispatcherSpec, len(binds))
+	for i, b := range binds {
+		specs[i] = eventcollector.DispatcherSpec{ID: b.ID, Span: common.TableSpan(int64(b.Rel.OID)), StartTs: b.StartTs}
+	}
+	for i, err := range p.coll.AddDispatchers(ctx, specs) {
+		if err != nil {
+			return setup(fmt.Errorf("register %s: %w", binds[i].Rel.QualifiedName(), err))
 		}
 	}
+	step("register")
 	if err := p.source.Start(); err != nil {
 		return setup(err)
 	}
+	p.log.Info("built", append(took, zap.Duration("total", time.Since(began)))...)
 	p.wg.Go(func() { p.addNewTables(ctx) })
 	return nil
 }
