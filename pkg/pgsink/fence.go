@@ -61,8 +61,8 @@ DO $m$ BEGIN
   -- An owners table of a version without the wrote marker: its owners are
   -- taken to have written (the safe side: a new slot then empties the
   -- target first). Only then, so no Start takes the table's lock.
-  IF NOT EXISTS (SELECT 1 FROM information_schema.columns
-                 WHERE table_schema = 'cdcflow' AND table_name = 'owners' AND column_name = 'wrote') THEN
+  IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                 WHERE attrelid = 'cdcflow.owners'::regclass AND attname = 'wrote' AND NOT attisdropped) THEN
     ALTER TABLE cdcflow.owners ADD COLUMN wrote boolean NOT NULL DEFAULT true;
     ALTER TABLE cdcflow.owners ALTER COLUMN wrote SET DEFAULT false;
   END IF;
@@ -81,6 +81,9 @@ COMMIT`, fenceLockClass, fenceSQLState)
 // fenceSQL is the statement that opens every write transaction.
 const fenceSQL = "SELECT cdcflow.fence($1, $2)"
 
+// A new owner's marker starts set if the target holds checkpoints: a
+// sink of a version before cdcflow.owners wrote there.
+//
 // markWroteSQL sets the owner's wrote marker: a sink's first transaction
 // that writes the target's tables (rows, a truncate, a DDL) carries it, so
 // that the marker is set if and only if some sink of the owner wrote
@@ -93,7 +96,10 @@ const markWroteSQL = "UPDATE cdcflow.owners SET wrote = true WHERE owner = $1 AN
 // the transactions of earlier sinks of the owner that passed their fence,
 // and returns the new generation and whether a sink of the owner wrote
 // the target's tables before (the wrote marker).
-func acquireFence(ctx context.Context, conn *pgx.Conn, owner string, wait time.Duration) (int64, bool, error) {
+//
+// With sole, a target that knows another owner is refused
+// (ErrAnotherOwner) before this owner's row is written.
+func acquireFence(ctx context.Context, conn *pgx.Conn, owner string, wait time.Duration, sole bool) (int64, bool, error) {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return 0, false, err
@@ -110,10 +116,24 @@ func acquireFence(ctx context.Context, conn *pgx.Conn, owner string, wait time.D
 		}
 		return 0, false, err
 	}
+	if sole {
+		rows, err := tx.Query(ctx, "SELECT owner FROM cdcflow.owners WHERE owner <> $1 ORDER BY owner LIMIT 1", owner)
+		if err != nil {
+			return 0, false, err
+		}
+		others, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return 0, false, err
+		}
+		if len(others) > 0 {
+			return 0, false, fmt.Errorf("%w: owner %q is refused: the target's cdcflow schema is owner %q's (to move the target to %q, "+
+				"stop %q's sink and delete its row from cdcflow.owners)", ErrAnotherOwner, owner, others[0], owner, others[0])
+		}
+	}
 	var gen int64
 	var wrote bool
 	if err := tx.QueryRow(ctx, `
-INSERT INTO cdcflow.owners (owner, generation) VALUES ($1, 1)
+INSERT INTO cdcflow.owners (owner, generation, wrote) VALUES ($1, 1, EXISTS (SELECT 1 FROM cdcflow.checkpoints))
 ON CONFLICT (owner) DO UPDATE SET generation = cdcflow.owners.generation + 1, started_at = now()
 RETURNING generation, wrote`, owner).Scan(&gen, &wrote); err != nil {
 		return 0, false, err

@@ -190,6 +190,13 @@ func TestWroteMarksAnOwnerThatWroteTables(t *testing.T) {
 	s = next()
 	require.NoError(t, s.Reset(ctx, []pgcodec.Relation{relT}))
 	require.False(t, next().Wrote(), "after a Reset")
+
+	// A target a sink wrote to before cdcflow.owners existed: checkpoints,
+	// and no owner's row.
+	_, err := e.conn.Exec(ctx, `DELETE FROM cdcflow.owners;
+INSERT INTO cdcflow.checkpoints (dispatcher, table_oid, target, ts) VALUES ('old', 100, 'app.t', 1)`)
+	require.NoError(t, err)
+	require.True(t, next().Wrote(), "a new owner on a target with checkpoints")
 }
 
 // A sink that was never started has no generation to pass the fence
@@ -269,4 +276,19 @@ func TestTheFenceHoldsUnderRepeatableRead(t *testing.T) {
 		t.Fatal("A's transaction passed the fence of a generation no longer the owner's")
 	}
 	require.Equal(t, []string{`{"id":0,"v":"first","big":null}`}, e.contents("app.t"))
+}
+
+// With SoleOwner, Start refuses a target that another owner's sink
+// started on, before it writes its own owner's row there.
+func TestASoleOwnerRefusesATargetOfAnotherOwner(t *testing.T) {
+	e := newSinkEnv(t, nil) // owner "default"
+	s, err := New(Options{DSN: e.pg.DSN, Owner: "feed", SoleOwner: true})
+	require.NoError(t, err)
+	defer s.Close()
+	require.ErrorIs(t, s.Start(context.Background()), ErrAnotherOwner)
+	rows, err := e.conn.Query(context.Background(), "SELECT owner FROM cdcflow.owners")
+	require.NoError(t, err)
+	owners, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"default"}, owners)
 }

@@ -28,9 +28,12 @@ var (
 	ErrApply = errors.New("pgsink: apply failed")
 	// ErrClosed: the sink is closed.
 	ErrClosed = errors.New("pgsink: closed")
-	// ErrNotStarted: a call that writes (SetState, Reset, CheckFence)
-	// before Start.
+	// ErrNotStarted: a fenced call (SetState, Reset, ClearProgress,
+	// CheckFence) before Start.
 	ErrNotStarted = errors.New("pgsink: not started")
+	// ErrAnotherOwner: with SoleOwner, the target already holds another
+	// owner's sink (Start).
+	ErrAnotherOwner = errors.New("pgsink: the target holds another owner")
 )
 
 // Defaults of Options' intervals.
@@ -83,6 +86,11 @@ type Options struct {
 	// at once: the later one wins, the earlier one stops (Err). At most
 	// 63 bytes of UTF-8 without NUL. Default "default".
 	Owner string
+	// SoleOwner: Start refuses a target whose cdcflow.owners lists
+	// another owner (ErrAnotherOwner), before it writes anything there:
+	// the target's checkpoints and state are then one owner's, which a
+	// Reset or ClearProgress may clear whole. Default false.
+	SoleOwner bool
 	// FenceWait bounds Start's wait for an earlier sink's open
 	// transactions (ErrConnect after it). Default 1m: a lane's
 	// connection that lost its client ends within 30 s

@@ -110,7 +110,10 @@ func (s *Sink) Start(ctx context.Context) error {
 	}
 	// Before anything is read or written: an earlier sink of the owner
 	// may still have a transaction on its way to commit (fence.go).
-	if s.generation, s.wrote, err = acquireFence(ctx, conn, s.opts.Owner, s.opts.FenceWait); err != nil {
+	if s.generation, s.wrote, err = acquireFence(ctx, conn, s.opts.Owner, s.opts.FenceWait, s.opts.SoleOwner); err != nil {
+		if errors.Is(err, ErrAnotherOwner) {
+			return err
+		}
 		return fmt.Errorf("%w: fence owner %q: %w", ErrConnect, s.opts.Owner, err)
 	}
 	s.marked.Store(s.wrote)
@@ -143,6 +146,8 @@ func (s *Sink) Start(ctx context.Context) error {
 // client is gone: idle_in_transaction_session_timeout ends a transaction
 // left open between statements, TCP keepalives a connection whose host is
 // gone while the server waits for the rest of a pipeline (about 25 s),
+// tcp_user_timeout one whose host is gone while the server's own writes
+// go unacknowledged (30 s),
 // and READ COMMITTED, whatever the target's default, makes the fence's
 // read of the owner's generation see the later sink's commit it waited
 // for (a snapshot taken at the transaction's start would not).
@@ -160,6 +165,7 @@ func (s *Sink) connect(ctx context.Context, statements int) (*pgx.Conn, error) {
 		"tcp_keepalives_idle":                 "10",
 		"tcp_keepalives_interval":             "5",
 		"tcp_keepalives_count":                "3",
+		"tcp_user_timeout":                    "30000",
 	} {
 		cfg.RuntimeParams[k] = v
 	}
@@ -567,7 +573,7 @@ func (s *Sink) ClearProgress(ctx context.Context) error {
 
 // Generation is the owner's generation this sink writes at: 1 for the
 // first sink of its owner on the target, more if earlier ones started
-// there (serve starts a new slot's changefeed over only then).
+// there (whether they wrote anything is Wrote's).
 func (s *Sink) Generation() int64 { return s.generation }
 
 // Wrote reports whether a sink of this owner had written the target's
