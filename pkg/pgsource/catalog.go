@@ -238,6 +238,20 @@ func releaseSlot(ctx context.Context, conn *pgx.Conn, slot string, takeOver bool
 	}
 }
 
+// SlotExists reports whether the source at dsn has the slot: a starting
+// changefeed whose slot is missing clears what an earlier slot left in the
+// target before Open creates a new one (serve's startOrResume).
+func SlotExists(ctx context.Context, dsn, slot string) (bool, error) {
+	conn, err := connect(ctx, dsn)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close(context.Background())
+	var ok bool
+	err = conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", slot).Scan(&ok)
+	return ok, err
+}
+
 // DropSlot drops the slot of the source at dsn if it exists (a changefeed
 // starting over, which owns the slot: a walsender still attached to it is
 // terminated first).

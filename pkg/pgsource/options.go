@@ -48,6 +48,10 @@ var (
 	// whose columns do not match its relation, a change outside a
 	// transaction).
 	ErrProtocol = errors.New("pgsource: protocol violation")
+	// ErrSlotTakenOver: another process of the changefeed confirmed the
+	// slot past what this source's tables have (a later process took the
+	// changefeed over); the source stops.
+	ErrSlotTakenOver = errors.New("pgsource: another process took the slot over")
 )
 
 // SchemaSink receives relation versions as DDLs and the schema frontier

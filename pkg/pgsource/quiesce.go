@@ -62,6 +62,11 @@ func (s *Source) Quiesce(ctx context.Context) error {
 	case err := <-req.reply: // a session that took req gives up at ctx's end too
 		return err
 	case <-ctx.Done():
+		select {
+		case err := <-req.reply: // answered as ctx ended: the answer stands
+			return err
+		default:
+		}
 		// No session took req (the snapshot is still being copied, the
 		// stream is between sessions or stopped) or the one that did is
 		// giving up: either way the caller's time is up, and a request

@@ -75,7 +75,7 @@ func (s *Source) run() {
 		if s.ctx.Err() != nil || errors.Is(err, errQuiesced) {
 			return
 		}
-		if errors.Is(err, ErrProtocol) {
+		if errors.Is(err, ErrProtocol) || errors.Is(err, ErrSlotTakenOver) {
 			s.stop(err)
 			return
 		}
@@ -225,13 +225,28 @@ func (s *Source) reseed(ctx context.Context, catalog *pgx.Conn, from Position) (
 		return from, fmt.Errorf("%w: %w: the slot's confirmed flush LSN %v moved past this source's %v, and no position was saved for it",
 			ErrProtocol, ErrUnknownSlot, confirmed, pglogrepl.LSN(from.LSN))
 	}
+	// A subscription below p.Ts would miss the commits up to it: they are
+	// gone from the slot (Subscribe refuses such a start-ts as
+	// ErrStartTsTruncated). The other process confirmed only what its
+	// tables had durably applied, which a changefeed's checkpoints show: a
+	// new process subscribing from them is never below it, and an earlier
+	// process that is (a later one took the slot over and streamed on) has
+	// been superseded: it stops.
+	for _, b := range s.allSubs() {
+		if b.have < p.Ts {
+			return from, fmt.Errorf("%w: table %d has %v, but it confirmed the slot to %v at %v",
+				ErrSlotTakenOver, b.oid, b.have, confirmed, p.Ts)
+		}
+	}
 	s.log.Warn("another process of the changefeed confirmed the slot past this source's position: continuing from its position",
 		zap.Stringer("from", pglogrepl.LSN(from.LSN)), zap.Stringer("confirmed", confirmed), zap.Stringer("ts", p.Ts))
 	s.mu.Lock()
 	if p.LSN > s.mu.saved.LSN {
 		s.mu.saved = p
+		s.mu.committed = max(s.mu.committed, p.Ts)
 	}
 	s.mu.Unlock()
+	s.met.confirmedLSN.Set(float64(p.LSN))
 	return p, nil
 }
 

@@ -389,10 +389,26 @@ func TestAPushTheStoreRefusesIsCountedAndLoggedAsAnError(t *testing.T) {
 func TestASessionContinuesFromWhereAnotherProcessConfirmed(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE t (id int PRIMARY KEY)")
+	// The chain runs an hour ahead of the clock (its seed was saved by a
+	// clock that was ahead), so each commit's ts is the one before plus 2:
+	// B continuing from the older position would give row 3 the ts A gave
+	// row 2, which B's table already has, and skip it.
+	e.exec("SELECT pg_create_logical_replication_slot('cdcflow', 'pgoutput')")
+	ahead := common.TsFromTime(time.Now().Add(time.Hour))
+	require.NoError(t, e.pos.Save(context.Background(), "cdcflow", Position{LSN: uint64(e.confirmed()), Ts: ahead}))
 	var safe atomic.Uint64
-	a := e.source(func(o *Options) { o.SafePoint = func() (common.Ts, bool) { return common.Ts(safe.Load()), true } })
-	_, sinks := openAndSubscribe(t, e, a, "t")
-	ra := sinks["t"]
+	a := e.source(func(o *Options) {
+		o.SafePoint = func() (common.Ts, bool) { return common.Ts(safe.Load()), true }
+		o.HeartbeatInterval = time.Hour // the stream's commits are the test's three rows
+	})
+	infoA, err := a.Open(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, ahead, infoA.ResumeTs)
+	ra := newRecordingSink(t, ahead)
+	subA, err := a.Subscribe(common.TableSpan(int64(e.oid("t"))), ahead, ra)
+	require.NoError(t, err)
+	defer subA.Close()
+	require.NoError(t, a.Start())
 	waitConfirmedPast := func(lsn pglogrepl.LSN) {
 		t.Helper()
 		deadline := time.Now().Add(time.Minute)
@@ -408,7 +424,7 @@ func TestASessionContinuesFromWhereAnotherProcessConfirmed(t *testing.T) {
 	waitConfirmedPast(before)
 
 	core, logs := observer.New(zapcore.WarnLevel)
-	b := e.source(func(o *Options) { o.TakeOver = true; o.Logger = zap.New(core) })
+	b := e.source(func(o *Options) { o.TakeOver = true; o.Logger = zap.New(core); o.HeartbeatInterval = time.Hour })
 	ctx := context.Background()
 	info, err := b.Open(ctx) // terminates A's walsender and reads the slot's position
 	require.NoError(t, err)
@@ -417,7 +433,7 @@ func TestASessionContinuesFromWhereAnotherProcessConfirmed(t *testing.T) {
 	e.exec("INSERT INTO t VALUES (2)") // A reconnects and streams on
 	ra.waitFor("row 2, through A's next session", func() bool { return len(ra.rows) == 2 })
 	ts2 := ra.rows[1].CommitTs
-	require.Greater(t, ts2, info.ResumeTs)
+	require.Equal(t, ts2, info.ResumeTs+2, "the chain runs ahead: row 2 is the position B's Open read plus 2")
 	safe.Store(uint64(ts2))
 	waitConfirmedPast(read)
 	a.Close()

@@ -130,7 +130,7 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 		last = now
 	}
 	if p.sink, err = pgsink.New(pgsink.Options{DSN: cfg.Sink, Workers: cfg.SinkWorkers, FlushInterval: cfg.SinkFlushInterval, MaxFlushInterval: cfg.SinkMaxFlushInterval,
-		CheckpointInterval: cfg.SinkCheckpointInterval, Owner: cfg.Slot, Logger: p.log, Registerer: p.reg}); err != nil {
+		CheckpointInterval: cfg.SinkCheckpointInterval, Owner: cfg.Slot, SoleOwner: true, Logger: p.log, Registerer: p.reg}); err != nil {
 		return setup(err)
 	}
 	if err := p.sink.Start(ctx); err != nil {
@@ -249,6 +249,23 @@ func (p *parts) startOrResume(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return setup(err)
 	}
+	if done != "" {
+		// A snapshot record is this slot's only if the slot existed
+		// before it: one Open is about to create belongs to an earlier
+		// slot, and is cleared before the slot exists, so that no
+		// interruption after the creation can leave a new slot next to
+		// an old record (the next start would resume without a snapshot).
+		exists, err := pgsource.SlotExists(ctx, cfg.Source, cfg.Slot)
+		if err != nil {
+			return setup(err)
+		}
+		if !exists {
+			if err := p.sink.SetState(ctx, snapshotKey(cfg.Slot), ""); err != nil {
+				return setup(err)
+			}
+			done = ""
+		}
+	}
 	err = p.openSource(ctx, cfg)
 	dropSlot := false
 	switch {
@@ -353,11 +370,13 @@ func (p *parts) loop(ctx context.Context, cfg Config, stderr io.Writer) error {
 			return nil
 		case <-tick.C:
 		}
-		if err := p.source.Err(); err != nil {
-			return err
-		}
+		// The fence first: a source that stopped because a later serve
+		// took the slot over (pgsource.ErrSlotTakenOver) is explained by it.
 		if err := p.sink.CheckFence(ctx); errors.Is(err, pgsink.ErrSuperseded) {
 			return err // a later serve of this changefeed took over
+		}
+		if err := p.source.Err(); err != nil {
+			return err
 		}
 		if !snapshotRecorded {
 			if lo, ok := p.sink.MinDurable(); ok && lo >= p.info.SnapshotTs {

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/cdcflow/eventservice/internal/pgtest"
+	"github.com/cdcflow/eventservice/pkg/pgsink"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -160,7 +161,17 @@ func TestServeRefusesAtStart(t *testing.T) {
 	require.ErrorIs(t, err, ErrSetup)
 	require.ErrorContains(t, err, "keyless")
 
+	// That start's sink made the target changefeed "cdcflow"'s; another
+	// slot's changefeed is refused there, and leaves no trace of its own.
 	cfg := p.config()
+	cfg.Slot = "other"
+	err = run(cfg)
+	require.ErrorIs(t, err, ErrSetup)
+	require.ErrorIs(t, err, pgsink.ErrAnotherOwner)
+	err = run(p.config())
+	require.ErrorContains(t, err, "keyless", "the first changefeed is not refused in turn")
+
+	cfg = p.config()
 	cfg.Source = p.dst.DSN // wal_level replica
 	err = run(cfg)
 	require.ErrorIs(t, err, ErrSetup)

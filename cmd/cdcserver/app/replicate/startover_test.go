@@ -162,3 +162,35 @@ func TestAStartThatWroteNothingLeavesTheTargetAlone(t *testing.T) {
 	require.Equal(t, 5, p.targetCount("public.t1", "id <= 5"), "the snapshot")
 	require.Equal(t, 1, p.targetCount("public.t1", "id = 1000"), "the target's own row")
 }
+
+// A new slot's start-over interrupted after the slot was created (here its
+// reset fails: the target has a foreign key into a replicated table, so
+// the TRUNCATE is refused, exit 2) must start over again at the next start,
+// never resume: the earlier slot's snapshot record is cleared before the
+// new slot exists. Left in place, the next start would find a slot, its
+// first position and a record, and resume without a snapshot, keeping the
+// rows deleted at the source while the slot was gone.
+func TestAStartOverInterruptedAfterTheSlotsCreationStartsOverAgain(t *testing.T) {
+	p := newPair(t)
+	p.exec("CREATE TABLE t1 (id int PRIMARY KEY, v text)")
+	p.exec("INSERT INTO t1 SELECT g, 'v' || g FROM generate_series(1, 50) g")
+	stop, stderr := p.serve(p.config())
+	p.waitEqual("the first snapshot")
+	p.waitSnapshotRecorded()
+	require.NoError(t, stop(), stderr.String())
+
+	p.exec("SELECT pg_drop_replication_slot('cdcflow')")
+	p.exec("DELETE FROM t1 WHERE id <= 10") // while no slot was there to see it
+	p.targetExec("CREATE TABLE public.pins (id int REFERENCES public.t1 (id))")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err := Run(ctx, p.config(), &syncBuffer{})
+	require.ErrorIs(t, err, ErrSetup)
+	require.ErrorContains(t, err, "truncate")
+
+	p.targetExec("DROP TABLE public.pins")
+	stop, stderr = p.serve(p.config())
+	p.waitEqual("the start-over after the interrupted one")
+	require.NoError(t, stop(), stderr.String())
+	require.Contains(t, stderr.String(), "the initial snapshot did not complete")
+}
