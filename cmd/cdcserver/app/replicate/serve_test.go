@@ -66,6 +66,14 @@ func (p *pair) config() Config {
 	return cfg
 }
 
+// runOnce runs serve as a start that is expected to end by itself (a
+// setup error, exit 2), with a deadline.
+func (p *pair) runOnce(cfg Config) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	return Run(ctx, cfg, &syncBuffer{})
+}
+
 // serve runs serve until the returned stop is called.
 func (p *pair) serve(cfg Config) (stop func() error, stderr *syncBuffer) {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -152,11 +160,7 @@ func TestServeReplicatesAndResumes(t *testing.T) {
 func TestServeRefusesAtStart(t *testing.T) {
 	p := newPair(t)
 	p.exec("CREATE TABLE keyless (a int)")
-	run := func(cfg Config) error {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		return Run(ctx, cfg, &syncBuffer{})
-	}
+	run := p.runOnce
 	err := run(p.config())
 	require.ErrorIs(t, err, ErrSetup)
 	require.ErrorContains(t, err, "keyless")

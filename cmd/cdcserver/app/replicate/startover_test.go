@@ -89,9 +89,7 @@ func TestServeStartsOverWhatItCannotResume(t *testing.T) {
 	require.Contains(t, stderr.String(), "a new slot on a target this changefeed wrote to before")
 
 	p.targetExec("DELETE FROM cdcflow.source_positions")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	err := Run(ctx, p.config(), &syncBuffer{})
+	err := p.runOnce(p.config())
 	require.ErrorIs(t, err, ErrSetup)
 	require.ErrorIs(t, err, pgsource.ErrUnknownSlot)
 }
@@ -148,9 +146,7 @@ func TestAStartThatWroteNothingLeavesTheTargetAlone(t *testing.T) {
 	p.exec("CREATE TABLE keyless (a int)")
 	p.targetExec("CREATE TABLE public.t1 (id int PRIMARY KEY, v text)")
 	p.targetExec("INSERT INTO public.t1 VALUES (1000, 'the target''s own')")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	err := Run(ctx, p.config(), &syncBuffer{})
+	err := p.runOnce(p.config())
 	require.ErrorIs(t, err, ErrSetup)
 	require.ErrorContains(t, err, "keyless")
 
@@ -182,9 +178,7 @@ func TestAStartOverInterruptedAfterTheSlotsCreationStartsOverAgain(t *testing.T)
 	p.exec("SELECT pg_drop_replication_slot('cdcflow')")
 	p.exec("DELETE FROM t1 WHERE id <= 10") // while no slot was there to see it
 	p.targetExec("CREATE TABLE public.pins (id int REFERENCES public.t1 (id))")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	err := Run(ctx, p.config(), &syncBuffer{})
+	err := p.runOnce(p.config())
 	require.ErrorIs(t, err, ErrSetup)
 	require.ErrorContains(t, err, "truncate")
 
