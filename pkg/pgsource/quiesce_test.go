@@ -45,6 +45,10 @@ func TestQuiesceConfirmsTheLastCommit(t *testing.T) {
 	var safe atomic.Uint64 // the test's stand-in for every table's durable checkpoint
 	src := e.source(func(o *Options) {
 		o.StatusInterval, o.ResolvedInterval = time.Hour, time.Hour // only Quiesce confirms, only commits resolve
+		// No heartbeat: its commit would become the last one, above the
+		// stand-in SafePoint (a loaded machine took the second it waits
+		// for, and Quiesce waited forever).
+		o.HeartbeatInterval = time.Hour
 		o.SafePoint = func() (common.Ts, bool) { return common.Ts(safe.Load()), true }
 	})
 	_, sinks := openAndSubscribe(t, e, src, "busy", "idle")
