@@ -107,6 +107,41 @@ func AppendKey(b []byte, index uint32, key [][]byte) []byte {
 	return b
 }
 
+// EncodeRow returns a change's row key (AppendKey) and value
+// (AppendValue) in one allocation of their exact sizes, each slice capped
+// so that an append to one cannot write into the other: a source encodes
+// every row it reads, and growing two buffers from nil was several
+// allocations per row.
+func EncodeRow(index uint32, key [][]byte, c RowChange) (k, v []byte) {
+	ks := 4
+	for _, kv := range key {
+		ks += uvarintLen(uint64(len(kv))) + len(kv)
+	}
+	vs := 3
+	if c.Change != Truncate {
+		vs = 2 + uvarintLen(uint64(len(c.Columns)))
+		for _, d := range c.Columns {
+			vs += uvarintLen(uint64(len(d.Name))) + len(d.Name) + 1
+			if d.Kind == Text {
+				vs += uvarintLen(uint64(len(d.Text))) + len(d.Text)
+			}
+		}
+	}
+	buf := make([]byte, 0, ks+vs)
+	k = AppendKey(buf[:0:ks], index, key)
+	v = AppendValue(buf[ks:ks:ks+vs], c)
+	return k, v
+}
+
+func uvarintLen(x uint64) int {
+	n := 1
+	for x >= 0x80 {
+		x >>= 7
+		n++
+	}
+	return n
+}
+
 // ChangeIndex returns the index a row key starts with.
 func ChangeIndex(key []byte) (uint32, error) {
 	if len(key) < 4 {
@@ -124,8 +159,14 @@ func Op(c Change) common.OpType {
 }
 
 // DecodeValue decodes a row value. Text slices alias b.
-func DecodeValue(b []byte) (RowChange, error) {
-	d := decoder{b: b}
+func DecodeValue(b []byte) (RowChange, error) { return DecodeValueNames(b, nil) }
+
+// DecodeValueNames is DecodeValue with the column names a value is
+// expected to hold (a table's, in order): a name equal to one of them is
+// that string, not a new one, so a sink decoding every row of a table
+// allocates no names. Any name is still validated.
+func DecodeValueNames(b []byte, names []string) (RowChange, error) {
+	d := decoder{b: b, names: names}
 	if v := d.byte(); d.err == nil && v != rowVersion {
 		return RowChange{}, fmt.Errorf("%w: row version %d", ErrMalformed, v)
 	}
@@ -146,7 +187,7 @@ func DecodeValue(b []byte) (RowChange, error) {
 	c.Columns = make([]Datum, n)
 	for i := range c.Columns {
 		col := &c.Columns[i]
-		col.Name = d.name()
+		col.Name = d.name(i)
 		col.Kind = Kind(d.byte())
 		switch col.Kind {
 		case Null, Unchanged:
@@ -166,8 +207,9 @@ func DecodeValue(b []byte) (RowChange, error) {
 }
 
 type decoder struct {
-	b   []byte
-	err error
+	b     []byte
+	err   error
+	names []string // expected column names (DecodeValueNames)
 }
 
 func (d *decoder) fail(what string) {
@@ -219,8 +261,23 @@ func (d *decoder) take(n uint64) []byte {
 	return v
 }
 
-func (d *decoder) name() string {
-	s := string(d.take(d.u()))
+// name reads the name of column i (of a relation: i < 0).
+func (d *decoder) name(i int) string {
+	b := d.take(d.u())
+	s := ""
+	if i >= 0 && i < len(d.names) && string(b) == d.names[i] {
+		s = d.names[i] // the common case: the table's columns in order
+	} else {
+		for _, n := range d.names {
+			if string(b) == n { // (a comparison: no conversion)
+				s = n
+				break
+			}
+		}
+		if s == "" {
+			s = string(b)
+		}
+	}
 	if d.err == nil {
 		if err := checkName(s); err != nil {
 			d.fail(err.Error())

@@ -1,7 +1,9 @@
 package pgcodec
 
 import (
+	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -32,6 +34,15 @@ func TestValueRoundTrip(t *testing.T) {
 			require.ErrorIs(t, err, ErrMalformed, "prefix of %d bytes", n)
 		}
 	}
+	long := RowChange{Change: Insert, Columns: []Datum{{Name: string(make([]byte, 63)), Kind: Text, Text: make([]byte, 20000)}}}
+	for _, c := range append(sampleChanges(), long) {
+		keyCols := [][]byte{[]byte("a"), {}, make([]byte, 200)}
+		k, v := EncodeRow(7, keyCols, c)
+		require.Equal(t, AppendKey(nil, 7, keyCols), k)
+		require.Equal(t, AppendValue(nil, c), v)
+		require.Equal(t, len(k), cap(k), "the key is capped at its size")
+		require.Equal(t, len(v), cap(v), "the value is its size exactly")
+	}
 	key := AppendKey(nil, 7, [][]byte{[]byte("a"), {}})
 	i, err := ChangeIndex(key)
 	require.NoError(t, err)
@@ -49,6 +60,33 @@ func TestDecodeRefusesBadNames(t *testing.T) {
 	}
 	_, err := DecodeValue(append([]byte{rowVersion, byte(Insert)}, 0xff, 0xff, 0xff, 0x0f))
 	require.ErrorIs(t, err, ErrMalformed, "a column count past the end")
+}
+
+// DecodeValueNames decodes what DecodeValue does; a name it was given is
+// that string (in order or not), any other a copy, and every name is
+// still validated.
+func TestDecodeValueNamesReusesTheNamesGiven(t *testing.T) {
+	names := []string{"id", "v", "e", "big"}
+	for _, c := range sampleChanges() {
+		b := AppendValue(nil, c)
+		want, err := DecodeValue(b)
+		require.NoError(t, err)
+		got, err := DecodeValueNames(b, names)
+		require.NoError(t, err)
+		require.Equal(t, want, got)
+		for _, d := range got.Columns {
+			require.Contains(t, names, d.Name)
+			k := slices.Index(names, d.Name)
+			require.Same(t, unsafe.StringData(names[k]), unsafe.StringData(d.Name), "column %q is the name given", d.Name)
+		}
+	}
+	b := AppendValue(nil, RowChange{Change: Insert, Columns: []Datum{{Name: "other", Kind: Null}, {Name: "id", Kind: Null}}})
+	got, err := DecodeValueNames(b, names)
+	require.NoError(t, err)
+	require.Equal(t, "other", got.Columns[0].Name)
+	require.Same(t, unsafe.StringData(names[0]), unsafe.StringData(got.Columns[1].Name), "a known name out of order")
+	_, err = DecodeValueNames(AppendValue(nil, RowChange{Change: Insert, Columns: []Datum{{Name: "", Kind: Null}}}), []string{""})
+	require.ErrorIs(t, err, ErrMalformed, "a name given is validated too")
 }
 
 func TestRelationDDLRoundTripAndValidate(t *testing.T) {
@@ -85,5 +123,8 @@ func FuzzDecodeValue(f *testing.F) {
 		again, err := DecodeValue(AppendValue(nil, c))
 		require.NoError(t, err)
 		require.Equal(t, c, again)
+		named, err := DecodeValueNames(b, []string{"id", "v"})
+		require.NoError(t, err)
+		require.Equal(t, c, named)
 	})
 }

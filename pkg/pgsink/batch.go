@@ -2,47 +2,60 @@ package pgsink
 
 import (
 	"fmt"
+	"slices"
 	"strings"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 )
 
 // batch is one table's changes of a transaction, collapsed to the last
 // effect per key, in the order keys first appeared.
+//
+// A batch lives within one lane commit (queueWork builds it, queue hands
+// its values to the pgx batch that commit sends), and the rows it is
+// built from stay in their dispatcher's work until that commit returned.
+// So keys and values are strings over the rows' own bytes (unsafe.String),
+// not copies: nothing writes into a row's bytes once it was handed to the
+// sink (eventcollector.Sink's ApplyRows contract), and at 1000 tables a
+// copy per key and per value, a pointer per value and a signature string
+// per row were most of the lanes' allocations in a drain.
 type batch struct {
-	order []string
-	m     map[string]*effect
+	m       map[string]int32 // key -> index in effects
+	effects []effect         // in the order keys first appeared
 }
 
 // effect is what a batch does to one key: delete it, or upsert columns.
 type effect struct {
+	key  string
 	del  bool
 	cols []pgcodec.Datum // the key columns for a delete; every column for an upsert
 }
 
-func newBatch() *batch { return &batch{m: map[string]*effect{}} }
+func newBatch() *batch { return &batch{m: map[string]int32{}} }
 
-func (b *batch) empty() bool { return len(b.order) == 0 }
+func (b *batch) empty() bool { return len(b.effects) == 0 }
 
-// add folds a change of key into the batch. An update's unchanged
-// (TOASTed) column takes the value an earlier change of the batch gave
-// it; without one it stays unchanged, and the upsert leaves the target's
-// value alone.
-func (b *batch) add(key string, c pgcodec.RowChange) {
-	e, seen := b.m[key]
+// bytesString is a string over b's bytes (see batch: they outlive it).
+func bytesString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// add folds a change of key into the batch, taking ownership of
+// c.Columns. An update's unchanged (TOASTed) column takes the value an
+// earlier change of the batch gave it; without one it stays unchanged,
+// and the upsert leaves the target's value alone.
+func (b *batch) add(key []byte, c pgcodec.RowChange) {
+	i, seen := b.m[bytesString(key)]
 	if !seen {
-		e = &effect{}
-		b.m[key] = e
-		b.order = append(b.order, key)
+		i = int32(len(b.effects))
+		b.effects = append(b.effects, effect{key: bytesString(key)})
+		b.m[b.effects[i].key] = i
 	}
-	if c.Change == pgcodec.Delete {
-		e.del, e.cols = true, c.Columns
-		return
-	}
-	if !seen || e.del {
-		e.del, e.cols = false, append([]pgcodec.Datum(nil), c.Columns...)
+	e := &b.effects[i]
+	if !seen || e.del || c.Change == pgcodec.Delete {
+		e.del, e.cols = c.Change == pgcodec.Delete, c.Columns
 		return
 	}
 	for _, d := range c.Columns {
@@ -67,49 +80,59 @@ func indexOf(ds []pgcodec.Datum, name string) int {
 	return -1
 }
 
+// upsertGroup is the upserts of one set of present columns: a statement
+// of its own, one text array per column.
+type upsertGroup struct {
+	cols []string
+	args []pgtype.FlatArray[pgtype.Text]
+	n    int
+}
+
 // queue adds the statements that write the batch to t to q: one DELETE
-// over the deleted keys, then one upsert per set of columns present.
+// over the deleted keys, then one upsert per set of columns present (an
+// update that left a TOASTed column unchanged leaves it out).
 func (b *batch) queue(q *pgx.Batch, t *table) (rows int, err error) {
-	var delArgs [][]*string
-	groups := map[string]*upsertGroup{}
-	var groupOrder []string
-	for _, k := range b.order {
-		e := b.m[k]
+	var delArgs []pgtype.FlatArray[pgtype.Text]
+	var groups []*upsertGroup
+	var present []int // e.cols indexes of the columns an upsert writes
+	for k := range b.effects {
+		e := &b.effects[k]
 		if e.del {
 			if delArgs == nil {
-				delArgs = make([][]*string, len(t.key))
+				delArgs = make([]pgtype.FlatArray[pgtype.Text], len(t.key))
 			}
 			for i, kc := range t.key {
 				j := indexOf(e.cols, kc)
 				if j < 0 || e.cols[j].Kind != pgcodec.Text {
 					return 0, fmt.Errorf("%w: %w: %s: a delete without key column %q", ErrApply, errBadData, t.qname, kc)
 				}
-				delArgs[i] = append(delArgs[i], textPtr(e.cols[j].Text))
+				delArgs[i] = append(delArgs[i], pgtype.Text{String: bytesString(e.cols[j].Text), Valid: true})
 			}
 			continue
 		}
-		var present []string
-		for _, d := range e.cols {
+		present = present[:0]
+		for j, d := range e.cols {
 			if _, ok := t.types[d.Name]; !ok {
 				return 0, fmt.Errorf("%w: %s: column %q is not in the target (its DDL did not come first)", ErrSchemaChange, t.qname, d.Name)
 			}
 			if d.Kind != pgcodec.Unchanged {
-				present = append(present, d.Name)
+				present = append(present, j)
 			}
 		}
-		sig := strings.Join(present, "\x00")
-		g := groups[sig]
+		g := findGroup(groups, e.cols, present)
 		if g == nil {
-			g = &upsertGroup{cols: present, args: make([][]*string, len(present))}
-			groups[sig] = g
-			groupOrder = append(groupOrder, sig)
+			g = &upsertGroup{cols: make([]string, len(present)), args: make([]pgtype.FlatArray[pgtype.Text], len(present))}
+			for i, j := range present {
+				g.cols[i] = e.cols[j].Name
+			}
+			groups = append(groups, g)
 		}
-		for i, name := range present {
-			d := e.cols[indexOf(e.cols, name)]
+		for i, j := range present {
+			d := &e.cols[j]
 			if d.Kind == pgcodec.Null {
-				g.args[i] = append(g.args[i], nil)
+				g.args[i] = append(g.args[i], pgtype.Text{})
 			} else {
-				g.args[i] = append(g.args[i], textPtr(d.Text))
+				g.args[i] = append(g.args[i], pgtype.Text{String: bytesString(d.Text), Valid: true})
 			}
 		}
 		g.n++
@@ -118,26 +141,38 @@ func (b *batch) queue(q *pgx.Batch, t *table) (rows int, err error) {
 		q.Queue(t.statement(deleteSig, t.deleteSQL), anyArgs(delArgs)...)
 		rows += len(delArgs[0])
 	}
-	for _, sig := range groupOrder {
-		g := groups[sig]
-		q.Queue(t.statement(sig, func() string { return t.upsertSQL(g.cols) }), anyArgs(g.args)...)
+	for _, g := range groups {
+		q.Queue(t.statement(strings.Join(g.cols, "\x00"), func() string { return t.upsertSQL(g.cols) }), anyArgs(g.args)...)
 		rows += g.n
 	}
 	return rows, nil
 }
 
-type upsertGroup struct {
-	cols []string
-	args [][]*string
-	n    int
+// findGroup returns the group of the columns present (cols[present[i]],
+// in that order), or nil. A table's rows nearly always have one set, so
+// the groups are few and a linear search is cheaper than a signature
+// string per row; the same columns in another order make a group of
+// their own.
+func findGroup(groups []*upsertGroup, cols []pgcodec.Datum, present []int) *upsertGroup {
+	for _, g := range slices.Backward(groups) {
+		if len(g.cols) != len(present) {
+			continue
+		}
+		same := true
+		for i, j := range present {
+			if g.cols[i] != cols[j].Name {
+				same = false
+				break
+			}
+		}
+		if same {
+			return g
+		}
+	}
+	return nil
 }
 
-func textPtr(b []byte) *string {
-	s := string(b)
-	return &s
-}
-
-func anyArgs(cols [][]*string) []any {
+func anyArgs(cols []pgtype.FlatArray[pgtype.Text]) []any {
 	out := make([]any, len(cols))
 	for i, c := range cols {
 		out[i] = c

@@ -45,6 +45,7 @@ type durableMark struct {
 // dstate is a dispatcher as its lane applies it.
 type dstate struct {
 	id    common.DispatcherID
+	hexID string // id as cdcflow.checkpoints keys it
 	table *table
 	epoch uint64
 	work  []op // since the last commit, in call order
@@ -109,7 +110,7 @@ func (l *lane) attach(id common.DispatcherID, t *table) *table {
 		l.tables[t.rel.OID] = t
 	}
 	if l.states[id] == nil {
-		l.states[id] = &dstate{id: id, table: t}
+		l.states[id] = &dstate{id: id, hexID: fmt.Sprintf("%016x%016x", id.Hi, id.Lo), table: t}
 	}
 	return t
 }
@@ -431,7 +432,7 @@ func (l *lane) commit(ds []*dstate) error {
 		applied += n
 		if ckpt != 0 {
 			marks = append(marks, durableMark{id: d.id, epoch: d.epoch, ts: ckpt})
-			ckIDs = append(ckIDs, fmt.Sprintf("%016x%016x", d.id.Hi, d.id.Lo))
+			ckIDs = append(ckIDs, d.hexID)
 			ckOIDs = append(ckOIDs, int64(d.table.rel.OID))
 			ckTargets = append(ckTargets, d.table.qname)
 			ckTs = append(ckTs, int64(ckpt))
@@ -539,7 +540,7 @@ func (l *lane) queueWork(q *pgx.Batch, d *dstate) (int, common.Ts, error) {
 		case opRows:
 			for i := range w.rows {
 				r := &w.rows[i]
-				c, err := pgcodec.DecodeValue(r.Value)
+				c, err := pgcodec.DecodeValueNames(r.Value, t.order)
 				if err != nil {
 					return 0, 0, fmt.Errorf("%w: %w: %s: %w", ErrApply, errBadData, t.qname, err)
 				}
@@ -551,7 +552,7 @@ func (l *lane) queueWork(q *pgx.Batch, d *dstate) (int, common.Ts, error) {
 				if len(r.Key) < 4 {
 					return 0, 0, fmt.Errorf("%w: %w: %s: a %d-byte row key", ErrApply, errBadData, t.qname, len(r.Key))
 				}
-				b.add(string(r.Key[4:]), c)
+				b.add(r.Key[4:], c)
 			}
 		case opDDL:
 			if err := flush(); err != nil {

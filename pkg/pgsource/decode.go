@@ -60,7 +60,7 @@ func (ss *session) handle(ctx context.Context, data []byte) error {
 			return fmt.Errorf("%w: TRUNCATE outside a transaction", ErrProtocol)
 		}
 		for _, oid := range m.rels {
-			v := pgcodec.AppendValue(nil, pgcodec.RowChange{Change: pgcodec.Truncate, Cascade: m.cascade, RestartIdentity: m.restartIdentity})
+			v := pgcodec.RowChange{Change: pgcodec.Truncate, Cascade: m.cascade, RestartIdentity: m.restartIdentity}
 			if err := ss.add(ctx, oid, pgcodec.Truncate, nil, v); err != nil {
 				return err
 			}
@@ -167,8 +167,11 @@ func (ss *session) change(ctx context.Context, oid uint32, c pgcodec.Change, old
 			return fmt.Errorf("%w: a tuple of %d columns for %s.%s of %d", ErrProtocol, len(t), m.namespace, m.name, len(m.columns))
 		}
 	}
-	keyOf := func(t []tupleCol) ([][]byte, bool) {
-		var k [][]byte
+	// The key and the datums are built in the session's scratch slices:
+	// add encodes them into the row (pgcodec.EncodeRow copies), so one
+	// allocation per row is all a change costs here.
+	keyOf := func(t []tupleCol, into [][]byte) ([][]byte, bool) {
+		k := into[:0]
 		for i, col := range rel.Columns {
 			if col.Key {
 				if t[i].kind != 't' && t[i].kind != 'b' {
@@ -180,7 +183,7 @@ func (ss *session) change(ctx context.Context, oid uint32, c pgcodec.Change, old
 		return k, true
 	}
 	datums := func(t []tupleCol, keysOnly bool, fill []tupleCol) []pgcodec.Datum {
-		out := make([]pgcodec.Datum, 0, len(t))
+		out := ss.datums[:0]
 		for i, col := range rel.Columns {
 			if keysOnly && !col.Key {
 				continue
@@ -200,43 +203,47 @@ func (ss *session) change(ctx context.Context, oid uint32, c pgcodec.Change, old
 			}
 			out = append(out, d)
 		}
+		ss.datums = out
 		return out
 	}
 	switch c {
 	case pgcodec.Insert:
-		key, ok := keyOf(new)
+		key, ok := keyOf(new, ss.keys[0])
 		if !ok {
 			return fmt.Errorf("%w: %s without a key value", ErrProtocol, rel.QualifiedName())
 		}
-		return ss.add(ctx, oid, c, key, pgcodec.AppendValue(nil, pgcodec.RowChange{Change: c, Columns: datums(new, false, nil)}))
+		ss.keys[0] = key
+		return ss.add(ctx, oid, c, key, pgcodec.RowChange{Change: c, Columns: datums(new, false, nil)})
 	case pgcodec.Update:
-		newKey, ok := keyOf(new)
+		newKey, ok := keyOf(new, ss.keys[0])
 		var fill []tupleCol
 		if oldKind == 'O' {
 			fill = old
 		}
 		if !ok && old != nil {
-			newKey, ok = keyOf(old) // a key column left unchanged (TOASTed)
+			newKey, ok = keyOf(old, ss.keys[0]) // a key column left unchanged (TOASTed)
 		}
 		if !ok {
 			return fmt.Errorf("%w: an update of %s without a key value", ErrProtocol, rel.QualifiedName())
 		}
+		ss.keys[0] = newKey
 		if old != nil {
-			if oldKey, ok := keyOf(old); ok && !sameKey(oldKey, newKey) {
-				v := pgcodec.AppendValue(nil, pgcodec.RowChange{Change: pgcodec.Delete, Columns: datums(old, true, nil)})
-				if err := ss.add(ctx, oid, pgcodec.Delete, oldKey, v); err != nil {
+			if oldKey, ok := keyOf(old, ss.keys[1]); ok && !sameKey(oldKey, newKey) {
+				ss.keys[1] = oldKey
+				if err := ss.add(ctx, oid, pgcodec.Delete, oldKey, pgcodec.RowChange{Change: pgcodec.Delete, Columns: datums(old, true, nil)}); err != nil {
 					return err
 				}
 				c = pgcodec.Insert // the new key's row did not exist
 			}
 		}
-		return ss.add(ctx, oid, c, newKey, pgcodec.AppendValue(nil, pgcodec.RowChange{Change: c, Columns: datums(new, false, fill)}))
+		return ss.add(ctx, oid, c, newKey, pgcodec.RowChange{Change: c, Columns: datums(new, false, fill)})
 	default: // delete
-		key, ok := keyOf(old)
+		key, ok := keyOf(old, ss.keys[0])
 		if !ok {
 			return fmt.Errorf("%w: a delete of %s without a key value", ErrProtocol, rel.QualifiedName())
 		}
-		return ss.add(ctx, oid, c, key, pgcodec.AppendValue(nil, pgcodec.RowChange{Change: c, Columns: datums(old, true, nil)}))
+		ss.keys[0] = key
+		return ss.add(ctx, oid, c, key, pgcodec.RowChange{Change: c, Columns: datums(old, true, nil)})
 	}
 }
 
@@ -256,7 +263,7 @@ func sameKey(a, b [][]byte) bool {
 // store once it holds ChunkRows of them. A change of a published table
 // nobody subscribed is reported once (OnNewTable) and the slot is held
 // before it.
-func (ss *session) add(ctx context.Context, oid uint32, c pgcodec.Change, key [][]byte, value []byte) error {
+func (ss *session) add(ctx context.Context, oid uint32, c pgcodec.Change, key [][]byte, change pgcodec.RowChange) error {
 	t := ss.cur
 	s := ss.s
 	t.index++
@@ -264,7 +271,8 @@ func (ss *session) add(ctx context.Context, oid uint32, c pgcodec.Change, key []
 		ss.unsubscribed(oid, t.ts)
 		return nil
 	}
-	row := common.Row{Op: pgcodec.Op(c), Key: pgcodec.AppendKey(nil, t.index, key), Value: value, StartTs: t.ts - 1, CommitTs: t.ts}
+	k, v := pgcodec.EncodeRow(t.index, key, change)
+	row := common.Row{Op: pgcodec.Op(c), Key: k, Value: v, StartTs: t.ts - 1, CommitTs: t.ts}
 	t.pending[oid] = append(t.pending[oid], row)
 	s.met.rows.Inc()
 	if len(t.pending[oid]) >= s.opts.ChunkRows {

@@ -143,6 +143,10 @@ type session struct {
 	// at the latest when the session ends.
 	pushCtx    context.Context
 	pushCancel context.CancelFunc
+	// keys and datums are change's scratch (a change's new and old key,
+	// its columns), reused for every row: add copies what it keeps.
+	keys   [2][][]byte
+	datums []pgcodec.Datum
 }
 
 // refreshSubs takes the subscriptions again if they changed.
