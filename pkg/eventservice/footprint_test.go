@@ -41,14 +41,32 @@ func BenchmarkIdleFootprint(b *testing.B) {
 func benchIdleFootprint(b *testing.B, n int) {
 	var perDispatcher, perRegister float64
 	for b.Loop() {
-		perDispatcher, perRegister = idleFootprint(b, n)
+		perDispatcher, perRegister = idleFootprint(b, n, 1)
 	}
 	b.ReportMetric(perDispatcher, "B/dispatcher")
 	b.ReportMetric(perRegister, "ns/register")
 }
 
-// idleFootprint measures one population of n idle dispatchers.
-func idleFootprint(b *testing.B, n int) (bytesPerDispatcher, nsPerRegister float64) {
+// BenchmarkRegisterBatch is BenchmarkIdleFootprint with the registrations
+// in batches of messaging.MaxRegisterBatch (RegisterBatch, the path
+// cdcserver and a collector take), reporting the cost per registration:
+// the goal is a million (service and store) in at most 3 s.
+func BenchmarkRegisterBatch(b *testing.B) {
+	for _, n := range []int{200_000, 1_000_000} {
+		b.Run(fmt.Sprintf("dispatchers=%d", n), func(b *testing.B) {
+			var perDispatcher, perRegister float64
+			for b.Loop() {
+				perDispatcher, perRegister = idleFootprint(b, n, messaging.MaxRegisterBatch)
+			}
+			b.ReportMetric(perDispatcher, "B/dispatcher")
+			b.ReportMetric(perRegister, "ns/register")
+		})
+	}
+}
+
+// idleFootprint measures one population of n idle dispatchers, registered
+// one call each (batch 1) or batch to a call.
+func idleFootprint(b *testing.B, n, batch int) (bytesPerDispatcher, nsPerRegister float64) {
 	b.Helper()
 	runtime.GC()
 	var before, after runtime.MemStats
@@ -81,12 +99,29 @@ func idleFootprint(b *testing.B, n int) (bytesPerDispatcher, nsPerRegister float
 		b.Fatal(err)
 	}
 	start := time.Now()
+	reqs := make([]messaging.RegisterRequest, 0, batch)
 	for i := range n {
-		req := messaging.RegisterRequest{Dispatcher: common.DispatcherIDFromUint64(uint64(i + 1)), Registration: 1,
-			Span: common.TableSpan(int64(i + 1)), StartTs: 10, Target: "t"}
-		if err := svc.Register(context.Background(), req); err != nil {
-			b.Fatal(err)
+		reqs = append(reqs, messaging.RegisterRequest{Dispatcher: common.DispatcherIDFromUint64(uint64(i + 1)), Registration: 1,
+			Span: common.TableSpan(int64(i + 1)), StartTs: 10, Target: "t"})
+		if len(reqs) < batch && i < n-1 {
+			continue
 		}
+		if batch == 1 {
+			if err := svc.Register(context.Background(), reqs[0]); err != nil {
+				b.Fatal(err)
+			}
+		} else {
+			reply, err := svc.RegisterBatch(context.Background(), messaging.RegisterBatchRequest{Requests: reqs})
+			if err != nil {
+				b.Fatal(err)
+			}
+			for k, code := range reply.Codes {
+				if code != messaging.CodeOK {
+					b.Fatalf("entry %d of a batch: code %v", k, code)
+				}
+			}
+		}
+		reqs = reqs[:0]
 	}
 	nsPerRegister = float64(time.Since(start).Nanoseconds()) / float64(n)
 	<-allPrepared

@@ -63,7 +63,9 @@ type Store struct {
 		subsBySpan  map[string][]*subscription
 		subs        map[uint64]*subscription
 		// subscribing marks the spans a registration is subscribing at the
-		// upstream (outside the lock); the channel closes when it is done.
+		// upstream (outside the lock); the channel, made by the first
+		// registration that waits for it (nil until then), closes when it
+		// is done.
 		subscribing map[string]chan struct{}
 	}
 }
@@ -82,6 +84,9 @@ type testingKnobs struct {
 	// stopWaits runs when an unregistration finds its dispatcher's
 	// callback in flight and is about to wait for it.
 	stopWaits func()
+	// subscribeWaits runs when a registration found its span being
+	// subscribed by another and is about to wait for it.
+	subscribeWaits func()
 }
 
 // Open creates a store. It starts no goroutine: call Start.
@@ -228,8 +233,9 @@ func (s *Store) RegisterDispatcher(id common.DispatcherID, span common.Span, sta
 // for that mark (outside the lock) and then look again, and the new
 // subscription is published under the lock afterwards.
 func (s *Store) addSubscriber(sb *subscriber, span common.Span) (resolved, maxCommit common.Ts, err error) {
+	key := span.Key() // once: a registration used to build it three times
 	for {
-		sub, wait, err := s.attachOrReserve(sb, span)
+		sub, wait, err := s.attachOrReserve(sb, span, key)
 		switch {
 		case err != nil:
 			return 0, 0, err
@@ -237,6 +243,9 @@ func (s *Store) addSubscriber(sb *subscriber, span common.Span) (resolved, maxCo
 			resolved, maxCommit = sub.progress()
 			return resolved, maxCommit, nil
 		case wait != nil:
+			if h := s.knobs.subscribeWaits; h != nil {
+				h()
+			}
 			select { // another registration is subscribing the span
 			case <-wait:
 				continue
@@ -245,7 +254,7 @@ func (s *Store) addSubscriber(sb *subscriber, span common.Span) (resolved, maxCo
 			}
 		}
 		// This registration reserved the span: it subscribes.
-		if sub, err = s.subscribeReserved(sb, span); err != nil {
+		if sub, err = s.subscribeReserved(sb, span, key); err != nil {
 			return 0, 0, err
 		}
 		resolved, maxCommit = sub.progress()
@@ -256,8 +265,8 @@ func (s *Store) addSubscriber(sb *subscriber, span common.Span) (resolved, maxCo
 // attachOrReserve attaches sb to a sharable subscription of span if there
 // is one (returning it); else, if another registration is subscribing the
 // span, returns the channel that closes when it is done; else reserves the
-// span for this registration (all nil).
-func (s *Store) attachOrReserve(sb *subscriber, span common.Span) (*subscription, <-chan struct{}, error) {
+// span for this registration (all nil). key is span.Key().
+func (s *Store) attachOrReserve(sb *subscriber, span common.Span, key string) (*subscription, <-chan struct{}, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mu.closed || s.isClosing() {
@@ -266,15 +275,18 @@ func (s *Store) attachOrReserve(sb *subscriber, span common.Span) (*subscription
 	if _, ok := s.mu.dispatchers[sb.id]; ok {
 		return nil, nil, fmt.Errorf("%w: %v", ErrDispatcherExists, sb.id)
 	}
-	if sub := s.findSharableLocked(span, sb.startTs); sub != nil {
+	if sub := s.findSharableLocked(key, sb.startTs); sub != nil {
 		s.attachLocked(sb, sub)
 		return sub, nil, nil
 	}
-	key := span.Key()
 	if ch, ok := s.mu.subscribing[key]; ok {
+		if ch == nil { // the first waiter makes the channel: most reservations have none
+			ch = make(chan struct{})
+			s.mu.subscribing[key] = ch
+		}
 		return nil, ch, nil
 	}
-	s.mu.subscribing[key] = make(chan struct{})
+	s.mu.subscribing[key] = nil
 	return nil, nil, nil
 }
 
@@ -293,12 +305,13 @@ func (s *Store) attachLocked(sb *subscriber, sub *subscription) {
 // sb, whose registration reserved it, publishes the subscription with sb
 // attached, and only then releases the reservation (by defer: the upstream
 // may panic), so the registrations waiting for it find the subscription.
-func (s *Store) subscribeReserved(sb *subscriber, span common.Span) (*subscription, error) {
-	key := span.Key()
+func (s *Store) subscribeReserved(sb *subscriber, span common.Span, key string) (*subscription, error) {
 	startTs := sb.startTs
 	defer func() {
 		s.mu.Lock()
-		close(s.mu.subscribing[key])
+		if ch := s.mu.subscribing[key]; ch != nil {
+			close(ch)
+		}
 		delete(s.mu.subscribing, key)
 		s.mu.Unlock()
 	}()
@@ -319,7 +332,7 @@ func (s *Store) subscribeReserved(sb *subscriber, span common.Span) (*subscripti
 		return nil, fmt.Errorf("eventstore: subscribe %v at upstream: %w", span, err)
 	}
 	sub.upstream = up
-	if err := s.publishSubscription(sb, sub); err != nil {
+	if err := s.publishSubscription(sb, sub, key); err != nil {
 		return nil, err
 	}
 	return sub, nil
@@ -328,7 +341,7 @@ func (s *Store) subscribeReserved(sb *subscriber, span common.Span) (*subscripti
 // publishSubscription makes sub, just subscribed, visible and attaches sb
 // to it. If the store closed meanwhile, or sb's ID was registered by a
 // concurrent call, the subscription is ended instead.
-func (s *Store) publishSubscription(sb *subscriber, sub *subscription) error {
+func (s *Store) publishSubscription(sb *subscriber, sub *subscription, key string) error {
 	s.mu.Lock()
 	var err error
 	switch _, exists := s.mu.dispatchers[sb.id]; {
@@ -343,19 +356,20 @@ func (s *Store) publishSubscription(sb *subscriber, sub *subscription) error {
 		return err
 	}
 	defer s.mu.Unlock()
-	key := sub.span.Key()
 	s.mu.subsBySpan[key] = append(s.mu.subsBySpan[key], sub)
 	s.mu.subs[sub.id] = sub
 	s.metrics.subscriptions.Set(float64(len(s.mu.subs)))
-	s.log.Debug("subscribed", zap.Uint64("sub", sub.id), zap.Stringer("span", sub.span), zap.Uint64("startTs", uint64(sub.startTs)))
+	if ce := s.log.Check(zap.DebugLevel, "subscribed"); ce != nil { // no fields built per registration otherwise
+		ce.Write(zap.Uint64("sub", sub.id), zap.Stringer("span", sub.span), zap.Uint64("startTs", uint64(sub.startTs)))
+	}
 	s.attachLocked(sb, sub)
 	return nil
 }
 
 // findSharableLocked returns a live subscription of exactly span that still
 // holds every row above startTs. REQUIRES: s.mu held.
-func (s *Store) findSharableLocked(span common.Span, startTs common.Ts) *subscription {
-	for _, sub := range s.mu.subsBySpan[span.Key()] {
+func (s *Store) findSharableLocked(key string, startTs common.Ts) *subscription {
+	for _, sub := range s.mu.subsBySpan[key] {
 		sub.mu.Lock()
 		ok := !sub.mu.removed && sub.mu.lowWatermark <= startTs
 		sub.mu.Unlock()

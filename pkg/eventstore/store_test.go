@@ -680,8 +680,11 @@ func TestRegistrationDoesNotHoldTheStoreLockAcrossSubscribe(t *testing.T) {
 	s.mu.Unlock()
 	require.NoError(t, s.RegisterDispatcher(did(9), common.TableSpan(9), 0, newRecorder().notify), "another span registers meanwhile")
 
+	waiting := make(chan struct{})
+	s.knobs.subscribeWaits = func() { close(waiting) }
 	second := make(chan error, 1)
 	go func() { second <- s.RegisterDispatcher(did(2), common.TableSpan(1), 0, newRecorder().notify) }()
+	<-waiting // the second registration waits for the first's subscription
 	release()
 	require.NoError(t, <-first)
 	require.NoError(t, <-second)
