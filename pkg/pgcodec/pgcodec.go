@@ -133,13 +133,10 @@ func EncodeRow(index uint32, key [][]byte, c RowChange) (k, v []byte) {
 	return k, v
 }
 
+// uvarintLen is the length binary.AppendUvarint gives x.
 func uvarintLen(x uint64) int {
-	n := 1
-	for x >= 0x80 {
-		x >>= 7
-		n++
-	}
-	return n
+	var b [binary.MaxVarintLen64]byte
+	return binary.PutUvarint(b[:], x)
 }
 
 // ChangeIndex returns the index a row key starts with.
