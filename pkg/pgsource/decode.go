@@ -169,7 +169,10 @@ func (ss *session) change(ctx context.Context, oid uint32, c pgcodec.Change, old
 	}
 	// The key and the datums are built in the session's scratch slices:
 	// add encodes them into the row (pgcodec.EncodeRow copies), so one
-	// allocation per row is all a change costs here.
+	// allocation per row is all a change costs here. They alias the
+	// message, so they are cleared on the way out: an idle session would
+	// otherwise pin its last message's buffer (a large TOASTed value).
+	defer ss.clearScratch()
 	keyOf := func(t []tupleCol, into [][]byte) ([][]byte, bool) {
 		k := into[:0]
 		for i, col := range rel.Columns {
@@ -245,6 +248,13 @@ func (ss *session) change(ctx context.Context, oid uint32, c pgcodec.Change, old
 		ss.keys[0] = key
 		return ss.add(ctx, oid, c, key, pgcodec.RowChange{Change: c, Columns: datums(old, true, nil)})
 	}
+}
+
+// clearScratch drops change's references into the last message.
+func (ss *session) clearScratch() {
+	clear(ss.datums)
+	clear(ss.keys[0])
+	clear(ss.keys[1])
 }
 
 func sameKey(a, b [][]byte) bool {

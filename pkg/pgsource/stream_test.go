@@ -450,3 +450,56 @@ func TestASessionContinuesFromWhereAnotherProcessConfirmed(t *testing.T) {
 	require.Equal(t, 1, logs.FilterMessageSnippet("continuing from its position").Len(),
 		"the chain continues from the position A saved, not the one B's Open read")
 }
+
+// A change's rows are copies: the key and value it encodes own their
+// bytes, and the scratch it built them in keeps no reference into the
+// message (which the connection reuses, and which an idle session would
+// otherwise pin). An update that moves its key is a delete of the old key
+// and an insert of the new one.
+func TestAChangeCopiesItsRowsAndKeepsNoReferenceIntoTheMessage(t *testing.T) {
+	src := &Source{log: zaptest.NewLogger(t)}
+	src.opts.ChunkRows = 1 << 20
+	var err error
+	src.met, err = newMetrics(src, prometheus.NewRegistry())
+	require.NoError(t, err)
+	rel := pgcodec.Relation{OID: 7, Schema: "public", Name: "t", Columns: []pgcodec.Column{
+		{Name: "id", Type: "text", Key: true}, {Name: "v", Type: "text"}}}
+	ss := &session{s: src,
+		known: map[uint32]pgcodec.Relation{7: rel},
+		rels:  map[uint32]*msgRelation{7: {oid: 7, namespace: "public", name: "t", columns: []relColumn{{key: true, name: "id"}, {name: "v"}}}},
+		subs:  map[uint32][]*sub{7: {{oid: 7}}},
+		cur:   &txn{ts: 100, pending: map[uint32][]common.Row{}},
+	}
+	msg := []byte("k1v1k2v2")
+	tuple := func(k, v []byte) []tupleCol { return []tupleCol{{kind: 't', data: k}, {kind: 't', data: v}} }
+	ctx := context.Background()
+	require.NoError(t, ss.change(ctx, 7, pgcodec.Insert, nil, 0, tuple(msg[0:2], msg[2:4])))
+	require.NoError(t, ss.change(ctx, 7, pgcodec.Update, tuple(msg[0:2], msg[2:4]), 'K', tuple(msg[4:6], msg[6:8])))
+	for _, d := range ss.datums[:cap(ss.datums)] {
+		require.Nil(t, d.Text, "a datum left in the scratch")
+	}
+	for _, k := range ss.keys {
+		for _, v := range k[:cap(k)] {
+			require.Nil(t, v, "a key column left in the scratch")
+		}
+	}
+	copy(msg, "XXXXXXXX") // the connection reuses its buffer
+	rows := ss.cur.pending[7]
+	require.Len(t, rows, 3)
+	want := []struct {
+		change pgcodec.Change
+		key    string
+		cols   []string
+	}{{pgcodec.Insert, "k1", []string{"k1", "v1"}}, {pgcodec.Delete, "k1", []string{"k1"}}, {pgcodec.Insert, "k2", []string{"k2", "v2"}}}
+	for i, w := range want {
+		require.Equal(t, pgcodec.AppendKey(nil, uint32(i+1), [][]byte{[]byte(w.key)}), rows[i].Key, "row %d", i)
+		c, err := pgcodec.DecodeValue(rows[i].Value)
+		require.NoError(t, err)
+		require.Equal(t, w.change, c.Change, "row %d", i)
+		var got []string
+		for _, d := range c.Columns {
+			got = append(got, string(d.Text))
+		}
+		require.Equal(t, w.cols, got, "row %d", i)
+	}
+}
