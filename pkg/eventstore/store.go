@@ -366,8 +366,8 @@ func (s *Store) publishSubscription(sb *subscriber, sub *subscription, key strin
 	return nil
 }
 
-// findSharableLocked returns a live subscription of exactly span that still
-// holds every row above startTs. REQUIRES: s.mu held.
+// findSharableLocked returns a live subscription of exactly the span whose
+// Key is key that still holds every row above startTs. REQUIRES: s.mu held.
 func (s *Store) findSharableLocked(key string, startTs common.Ts) *subscription {
 	for _, sub := range s.mu.subsBySpan[key] {
 		sub.mu.Lock()
