@@ -78,7 +78,7 @@ type Collector struct {
 		list   []batchCall
 		resets []batchReset
 		calls  uint64 // sink calls made for batches, to sample their timing
-		seen   map[*dispatcher]struct{}
+		mark   uint64 // of the batch being applied (distinct)
 		cps    []SinkCheckpoint
 		errs   []error
 	}
@@ -135,6 +135,9 @@ type dispatcher struct {
 	// with the verdict that asks for it, under mu, so a RemoveDispatcher
 	// either sees it or prevents it).
 	inSink bool
+	// batchMark is the mark of the last resolved-ts batch that named it
+	// (see Collector.distinct); the receive goroutine's alone.
+	batchMark uint64
 }
 
 // counters are the collector's statistics, read by Stats and the metrics

@@ -29,7 +29,10 @@ type MemorySink struct {
 	}
 }
 
-var _ Sink = (*MemorySink)(nil)
+var (
+	_ Sink              = (*MemorySink)(nil)
+	_ CheckpointBatcher = (*MemorySink)(nil)
+)
 
 // EpochRecord is what a MemorySink received for one dispatcher in one
 // epoch, in application order.
@@ -50,8 +53,18 @@ type EpochRecord struct {
 }
 
 type memDispatcher struct {
-	epochs     []*EpochRecord
+	epochs []*EpochRecord
+	// cur is epochs' last record (nil before the first): a checkpoint,
+	// the sink's most frequent call, touches it without the slice.
+	cur        *EpochRecord
 	checkpoint common.Ts
+}
+
+// open appends an epoch record and makes it current.
+func (d *memDispatcher) open(e *EpochRecord) *EpochRecord {
+	d.epochs = append(d.epochs, e)
+	d.cur = e
+	return e
 }
 
 // NewMemorySink returns an empty sink.
@@ -67,10 +80,10 @@ func NewMemorySink() *MemorySink {
 // REQUIRES: s.mu held.
 func (s *MemorySink) currentLocked(id common.DispatcherID) *EpochRecord {
 	d := s.dispatcherLocked(id)
-	if len(d.epochs) == 0 {
-		d.epochs = append(d.epochs, &EpochRecord{})
+	if d.cur == nil {
+		return d.open(&EpochRecord{})
 	}
-	return d.epochs[len(d.epochs)-1]
+	return d.cur
 }
 
 func (s *MemorySink) dispatcherLocked(id common.DispatcherID) *memDispatcher {
@@ -95,8 +108,7 @@ func (s *MemorySink) changedLocked() {
 func (s *MemorySink) BeginEpoch(id common.DispatcherID, epoch uint64, startTs common.Ts) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	d := s.dispatcherLocked(id)
-	d.epochs = append(d.epochs, &EpochRecord{Epoch: epoch, StartTs: startTs})
+	s.dispatcherLocked(id).open(&EpochRecord{Epoch: epoch, StartTs: startTs})
 	s.changedLocked()
 	return nil
 }
@@ -126,19 +138,37 @@ func (s *MemorySink) ApplyDDL(id common.DispatcherID, ddl *messaging.DDL) error 
 func (s *MemorySink) Checkpoint(id common.DispatcherID, ts common.Ts) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	d := s.dispatcherLocked(id)
-	if len(d.epochs) == 0 {
-		d.epochs = append(d.epochs, &EpochRecord{})
+	s.checkpointLocked(id, ts)
+	s.changedLocked()
+	return nil
+}
+
+// CheckpointBatch implements CheckpointBatcher: every entry as Checkpoint
+// would apply it, under one lock and with one wake-up of the waiters. It
+// never fails.
+func (s *MemorySink) CheckpointBatch(cps []SinkCheckpoint, errs []error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range cps {
+		s.checkpointLocked(cps[i].ID, cps[i].Ts)
+		errs[i] = nil
 	}
-	e := d.epochs[len(d.epochs)-1]
+	s.changedLocked()
+}
+
+// checkpointLocked records a checkpoint of id. REQUIRES: s.mu held.
+func (s *MemorySink) checkpointLocked(id common.DispatcherID, ts common.Ts) {
+	d := s.dispatcherLocked(id)
+	e := d.cur
+	if e == nil {
+		e = d.open(&EpochRecord{})
+	}
 	e.Checkpoints++
 	e.LastCheckpoint = ts
 	if ts <= d.checkpoint {
 		e.CheckpointRegressions++
 	}
 	d.checkpoint = max(d.checkpoint, ts)
-	s.changedLocked()
-	return nil
 }
 
 // Dispatchers returns the IDs the sink has seen, in no particular order.

@@ -2,6 +2,7 @@ package eventcollector
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -56,6 +57,40 @@ func TestMemorySinkRecordsPerEpochAndDeduplicates(t *testing.T) {
 	other := did(2)
 	require.NoError(t, s.ApplyRows(other, []common.Row{row("x", 1, 2)}))
 	require.Equal(t, uint64(0), s.Epochs(other)[0].Epoch)
+}
+
+// TestMemorySinkCheckpointBatchIsCheckpointPerEntry: a batch records what
+// the same Checkpoint calls would (counts, last, regressions, an epoch-0
+// record for a dispatcher without BeginEpoch) and wakes a waiter once.
+func TestMemorySinkCheckpointBatchIsCheckpointPerEntry(t *testing.T) {
+	one, batch := NewMemorySink(), NewMemorySink()
+	a, b := did(1), did(2)
+	for _, s := range []*MemorySink{one, batch} {
+		require.NoError(t, s.BeginEpoch(a, 1, 10))
+	}
+	cps := []SinkCheckpoint{{ID: a, Ts: 20}, {ID: b, Ts: 5}}
+	for _, cp := range cps {
+		require.NoError(t, one.Checkpoint(cp.ID, cp.Ts))
+	}
+	changed := batch.Changed()
+	errs := []error{errors.New("stale"), errors.New("stale")}
+	batch.CheckpointBatch(cps, errs)
+	require.Equal(t, []error{nil, nil}, errs, "every entry's error is set")
+	select {
+	case <-changed:
+	default:
+		t.Fatal("a batch wakes the waiters")
+	}
+	// Again, a regression for a.
+	regress := []SinkCheckpoint{{ID: a, Ts: 20}}
+	require.NoError(t, one.Checkpoint(a, 20))
+	batch.CheckpointBatch(regress, errs[:1])
+	for _, id := range []common.DispatcherID{a, b} {
+		require.Equal(t, one.Epochs(id), batch.Epochs(id), "dispatcher %v", id)
+		require.Equal(t, one.CheckpointOf(id), batch.CheckpointOf(id))
+	}
+	require.Equal(t, 1, batch.Epochs(a)[0].CheckpointRegressions)
+	require.Equal(t, uint64(0), batch.Epochs(b)[0].Epoch)
 }
 
 func TestMemorySinkWaitAndConcurrentReaders(t *testing.T) {

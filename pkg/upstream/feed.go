@@ -145,7 +145,27 @@ func (sc *schedule) takeBucket(k int64) {
 	if b, ok := sc.buckets[k]; ok {
 		sc.ready = append(sc.ready, b...)
 		delete(sc.buckets, k)
+		if len(sc.free) < maxFreeBuckets {
+			clear(b) // no stale pointers kept alive by the spare
+			sc.free = append(sc.free, b[:0])
+		}
 	}
+}
+
+// maxFreeBuckets bounds the emptied bucket slices kept: a resolved
+// interval's worth of ticks is what a steady run refiles into.
+const maxFreeBuckets = 1024
+
+// file adds s to the bucket of tick due, reusing an emptied slice for a
+// new bucket.
+func (sc *schedule) file(due int64, s *genSub) {
+	b, ok := sc.buckets[due]
+	if !ok && len(sc.free) > 0 {
+		b = sc.free[len(sc.free)-1]
+		sc.free[len(sc.free)-1] = nil
+		sc.free = sc.free[:len(sc.free)-1]
+	}
+	sc.buckets[due] = append(b, s)
 }
 
 // feedResult is what feed leaves a subscription waiting for.
@@ -186,7 +206,7 @@ func (g *Generator) schedule(s *genSub, r feedResult, last int64) {
 		sc.ready = append(sc.ready, s)
 		return
 	}
-	sc.buckets[due] = append(sc.buckets[due], s)
+	sc.file(due, s)
 }
 
 // nextDue returns the first tick after last whose end gives s something to

@@ -65,7 +65,7 @@ type lateAt struct {
 }
 
 // behindList is a shrinking list of dispatchers not yet caught up with a
-// target; sweepBehind visits at most maxSweep of them per call, from a
+// target; sweepBehind visits at most budget of them per call, from a
 // cursor, so a sample costs a bounded number of collector lookups.
 type behindList struct {
 	refs   []behindRef
@@ -73,11 +73,28 @@ type behindList struct {
 	cursor int
 	// minCkpt is the minimum checkpoint seen in the current pass.
 	minCkpt common.Ts
+	// budget is how many the next call visits (nextSweep).
+	budget int
 }
 
 // maxSweep bounds the dispatchers one sweepBehind call looks at: a million
 // are covered in two seconds, at half a million lookups a second.
-const maxSweep = 50_000
+// minSweep is the least it looks at.
+const (
+	maxSweep = 50_000
+	minSweep = 5_000
+)
+
+// nextSweep is the budget of the call after one that dropped dropped
+// dispatchers: twice that, within [minSweep, maxSweep]. A lookup of a cold
+// dispatcher among a million costs about 1.5 µs, so sweeping at the full
+// rate while almost nobody is caught up (a million-table warm-up) took
+// three quarters of a core from the system it measured; the sweep now
+// costs in proportion to the dispatchers that catch up, and returns to
+// full speed within a few samples once they do.
+func nextSweep(dropped int) int {
+	return min(maxSweep, max(minSweep, 2*dropped))
+}
 
 type behindRef struct{ feed, ds int }
 
@@ -197,7 +214,7 @@ func (s *server) recordLag(r *runResult, now time.Time) {
 	}
 }
 
-// sweepBehind visits up to maxSweep dispatchers of l (all of them are in
+// sweepBehind visits up to l.budget dispatchers of l (all of them are in
 // it at first), continuing where the last call stopped, and drops those
 // whose checkpoint reached target. It reports the minimum checkpoint seen
 // in the current pass over the list and whether the list is empty.
@@ -213,7 +230,10 @@ func (s *server) sweepBehind(l *behindList, target func(dispatcherRef) common.Ts
 	if l.cursor >= len(l.refs) {
 		l.cursor, l.minCkpt = 0, 0
 	}
-	end := min(len(l.refs), l.cursor+maxSweep)
+	if l.budget == 0 {
+		l.budget = maxSweep
+	}
+	end := min(len(l.refs), l.cursor+l.budget)
 	kept := l.cursor
 	for _, ref := range l.refs[l.cursor:end] {
 		f := s.feeds[ref.feed]
@@ -229,6 +249,7 @@ func (s *server) sweepBehind(l *behindList, target func(dispatcherRef) common.Ts
 			l.minCkpt = ckpt
 		}
 	}
+	l.budget = nextSweep(end - kept)
 	l.refs = append(l.refs[:kept], l.refs[end:]...)
 	l.cursor = kept
 	return l.minCkpt, len(l.refs) == 0

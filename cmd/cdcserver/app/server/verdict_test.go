@@ -313,3 +313,20 @@ func TestRunThatCannotDrainSaysNotDrained(t *testing.T) {
 		})
 	}
 }
+
+// TestTheBehindSweepCostsWhatCatchesUp: a sweep that drops nobody looks at
+// minSweep next time, one that drops many returns to the full budget
+// within a few samples (doubling), and the budget never leaves its bounds.
+func TestTheBehindSweepCostsWhatCatchesUp(t *testing.T) {
+	require.Equal(t, minSweep, nextSweep(0))
+	require.Equal(t, minSweep, nextSweep(minSweep/2))
+	require.Equal(t, 2*minSweep, nextSweep(minSweep))
+	require.Equal(t, maxSweep, nextSweep(maxSweep))
+	b := minSweep
+	samples := 0
+	for b < maxSweep { // every dispatcher visited caught up
+		b = nextSweep(b)
+		samples++
+	}
+	require.LessOrEqual(t, samples, 4)
+}
