@@ -16,6 +16,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -131,6 +132,7 @@ func run(ctx context.Context, cfg Config, stdout, stderr io.Writer, hooks runHoo
 		s.remoteTotals(&sum)
 	}
 	sum.WallSec, sum.PeakRSSMB, sum.Flags = time.Since(s.began).Seconds(), peakRSSMB(), cfg.Flags
+	sum.THP = thpMode(thpModeFile)
 	if err := writeSummary(stdout, cfg.JSON, sum); err != nil {
 		return sum, err
 	}
@@ -410,6 +412,24 @@ func (s *server) cleanup() {
 
 // peakRSSMB is the process's peak resident set size in MB (Linux reports
 // ru_maxrss in KiB); 0 where getrusage fails.
+// thpModeFile is where Linux says its transparent-huge-page mode.
+const thpModeFile = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+// thpMode returns the mode the file at path selects (the bracketed word
+// of "always [madvise] never"), or "" when it cannot be read or parsed.
+func thpMode(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	for _, w := range strings.Fields(string(b)) {
+		if len(w) > 2 && w[0] == '[' && w[len(w)-1] == ']' {
+			return w[1 : len(w)-1]
+		}
+	}
+	return ""
+}
+
 func peakRSSMB() float64 {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -329,4 +331,22 @@ func TestTheBehindSweepCostsWhatCatchesUp(t *testing.T) {
 		samples++
 	}
 	require.LessOrEqual(t, samples, 4)
+}
+
+// TestTHPModeReadsTheSelectedWord: the summary's thp is the bracketed
+// mode, and empty for a missing or unparseable file.
+func TestTHPModeReadsTheSelectedWord(t *testing.T) {
+	dir := t.TempDir()
+	for content, want := range map[string]string{
+		"always [madvise] never\n": "madvise",
+		"[always] madvise never\n": "always",
+		"always madvise [never]":   "never",
+		"always madvise never\n":   "",
+		"[]\n":                     "",
+	} {
+		p := filepath.Join(dir, "enabled")
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o644))
+		require.Equal(t, want, thpMode(p), "%q", content)
+	}
+	require.Equal(t, "", thpMode(filepath.Join(dir, "missing")))
 }

@@ -78,9 +78,15 @@ type Summary struct {
 	// WallSec is the whole run, registration and verification included;
 	// PeakRSSMB the process's peak resident set (getrusage), so a scale
 	// figure carries its memory; Flags the command line.
-	WallSec          float64 `json:"wall_sec"`
-	PeakRSSMB        float64 `json:"peak_rss_mb"`
-	Flags            string  `json:"flags"`
+	WallSec   float64 `json:"wall_sec"`
+	PeakRSSMB float64 `json:"peak_rss_mb"`
+	Flags     string  `json:"flags"`
+	// THP is the host's transparent-huge-page mode (Linux's
+	// /sys/kernel/mm/transparent_hugepage/enabled: always, madvise or
+	// never; empty where unknown). The Go runtime asks for no huge pages,
+	// so only "always" backs the heap with them, and at a million
+	// dispatchers that halves the cost of an advance (docs/benchmarks.md).
+	THP              string  `json:"thp,omitempty"`
 	PeakPendingTasks int     `json:"peak_pending_tasks"`
 	PeakPendingPrep  int     `json:"peak_pending_prepare"`
 	PeakPendingScan  int     `json:"peak_pending_scan"`
