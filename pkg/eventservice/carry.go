@@ -17,18 +17,25 @@ import (
 type ownerWork struct {
 	fx []effect
 	sc *scanner // a scan worker's; nil for a preparation worker
+	// batch is a preparation worker's (prepareBatch).
+	batch prepBatch
 }
 
 // run steps s's owner state from in until an end effect is carried out. It
 // returns false only if the service closed while the worker waited to hand
 // s to the scan channel. REQUIRES: s owned.
 func (svc *Service) run(w *ownerWork, s *session, in input) bool {
+	w.fx = s.own.step(in, w.fx[:0])
+	if k := svc.knobs.stepped; k != nil {
+		k(s, in, w.fx)
+	}
+	return svc.runFrom(w, s, in, w.fx)
+}
+
+// runFrom is run once the step of in has produced fx.
+func (svc *Service) runFrom(w *ownerWork, s *session, in input, fx []effect) bool {
 	for {
-		w.fx = s.own.step(in, w.fx[:0])
-		if k := svc.knobs.stepped; k != nil {
-			k(s, in, w.fx)
-		}
-		next, more, ok := svc.carry(w, s, w.fx)
+		next, more, ok := svc.carry(w, s, fx)
 		if !more {
 			return ok
 		}
@@ -36,6 +43,11 @@ func (svc *Service) run(w *ownerWork, s *session, in input) bool {
 			next.read = in.read // the scan the send belongs to
 		}
 		in = next
+		w.fx = s.own.step(in, w.fx[:0])
+		if k := svc.knobs.stepped; k != nil {
+			k(s, in, w.fx)
+		}
+		fx = w.fx
 	}
 }
 
@@ -57,11 +69,11 @@ func (svc *Service) carry(w *ownerWork, s *session, fx []effect) (next input, mo
 			s.publish(e.ts, e.seq, svc.opts.Clock.Now())
 		case fxSendScan:
 			return input{kind: inScanSent, sent: svc.sendScan(w.sc, s, e)}, true, true
-		case fxEndPrepare, fxEndScan:
+		case fxEndPrepare:
+			return input{}, false, svc.endPrepare(s, e)
+		case fxEndScan:
 			ok := svc.end(s, e)
-			if e.kind == fxEndPrepare {
-				svc.metrics.prepareOutcomes[e.outcome].Inc()
-			} else if scanOutcome(e.outcome) == scanInterrupted {
+			if scanOutcome(e.outcome) == scanInterrupted {
 				svc.metrics.interruptedScans.Inc()
 			}
 			if k := svc.knobs.ended; k != nil {
@@ -71,6 +83,17 @@ func (svc *Service) carry(w *ownerWork, s *session, fx []effect) (next input, mo
 		}
 	}
 	panic("eventservice: a step ended without a send or an end effect")
+}
+
+// endPrepare carries out a preparation's end effect e and counts its
+// outcome; see end.
+func (svc *Service) endPrepare(s *session, e effect) bool {
+	ok := svc.end(s, e)
+	svc.metrics.prepareOutcomes[e.outcome].Inc()
+	if k := svc.knobs.ended; k != nil {
+		k(s, e)
+	}
+	return ok
 }
 
 // observe reads what preparation decides from: whether s was retired, and

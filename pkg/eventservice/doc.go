@@ -8,7 +8,10 @@
 //
 //	store notify -> onNotify: advance the frontier (atomics), request
 //	  -> per-worker preparation queue (intrusive FIFO, one entry per session)
-//	  -> preparation worker: handshake | nothing | fast path | real scan
+//	  -> preparation worker, up to 64 sessions per pop: handshake |
+//	     nothing | fast path | real scan (the resolved-only outcomes of a
+//	     pop are added to the resolved set together, then published and
+//	     ended, each session owned until its end)
 //	  -> bounded scan channel -> scan worker: store rows + schema DDLs,
 //	     merged by commit-ts, one all-or-nothing transport send
 //	  -> progress published only after the transport accepted

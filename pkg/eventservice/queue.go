@@ -62,6 +62,21 @@ func (q *prepareQueue) pop() *session {
 	return s
 }
 
+// popMany removes up to len(dst) of the oldest sessions into dst under one
+// lock and returns how many.
+func (q *prepareQueue) popMany(dst []*session) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := 0
+	for n < len(dst) && q.mu.head != nil {
+		s := q.mu.head
+		q.unlinkLocked(s)
+		dst[n] = s
+		n++
+	}
+	return n
+}
+
 // unlink removes s if it is queued (a removed session must not occupy
 // space until a worker pops it).
 func (q *prepareQueue) unlink(s *session) {

@@ -42,7 +42,9 @@ import (
 //	notify dN resolved=T [max=M]   the store's notification
 //	schema T                       the schema frontier moves to T
 //	ddl dN at=T                    a DDL of dN's table at T
-//	pop-prepare                    a preparation worker's iteration
+//	pop-prepare [batch]            a preparation worker's iteration (batch: as the
+//	                               running worker does, prepareBatch over up to
+//	                               prepareBatchMax sessions; otherwise one session)
 //	pop-scan                       a scan worker's iteration
 //	schema-retry                   the schema-retry loop's round
 //	backoff-expire                 the clock passes BackoffMax; due back-offs fire
@@ -241,7 +243,7 @@ func (w *traceWorld) run(t *testing.T, d *datadriven.TestData) string {
 		did := id()
 		require.NoError(t, w.schema.AddDDL(schemastore.DDL{TableID: int64(did.Lo), CommitTs: common.Ts(arg("at")), Query: "ALTER"}))
 	case "pop-prepare":
-		w.popPrepare(t, d)
+		w.popPrepare(t, d, d.HasArg("batch"))
 	case "pop-scan":
 		w.popScan()
 	case "schema-retry":
@@ -351,7 +353,7 @@ func (w *traceWorld) exec(t *testing.T, cmd string, id common.DispatcherID, args
 // popPrepare runs one preparation worker iteration. One that finds the
 // scan channel full waits for it on its own goroutine (as a real worker
 // does) until a pop-scan makes room.
-func (w *traceWorld) popPrepare(t *testing.T, d *datadriven.TestData) {
+func (w *traceWorld) popPrepare(t *testing.T, d *datadriven.TestData, batch bool) {
 	if w.waiting != nil {
 		d.Fatalf(t, "the preparation worker is still waiting for the scan channel")
 	}
@@ -366,6 +368,12 @@ func (w *traceWorld) popPrepare(t *testing.T, d *datadriven.TestData) {
 	}
 	go func() {
 		defer close(done)
+		if batch {
+			if n, _ := w.svc.prepareBatch(w.prepare, q); n == 0 {
+				w.printf("  nothing to prepare\n")
+			}
+			return
+		}
 		if popped, _ := w.svc.prepareNext(w.prepare, q); !popped {
 			w.printf("  nothing to prepare\n")
 		}

@@ -207,12 +207,40 @@ func (s *Set[K, V]) Add(k K, v V) {
 	}
 }
 
+// AddMany is Add of keys[i] with vals[i] for every i, in order, under one
+// lock and with at most one doorbell ring: the same outcome as the calls
+// one by one, for a producer that has many keys at once (a lock and a
+// ring per key were most of an Add's cost). keys and vals have the same
+// length; the set keeps neither slice.
+func (s *Set[K, V]) AddMany(keys []K, vals []V) {
+	if len(keys) != len(vals) {
+		panic("pendingset: AddMany with keys and values of different lengths")
+	}
+	if s.addMany(keys, vals) {
+		s.ring()
+	}
+}
+
+func (s *Set[K, V]) addMany(keys []K, vals []V) (ring bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range keys {
+		ring = s.addLocked(keys[i], vals[i]) || ring
+	}
+	return ring
+}
+
 // add is Add under the lock, released by defer: Merge, Bypass and the
 // clock are the user's code and may panic. It reports whether the doorbell
 // must ring.
 func (s *Set[K, V]) add(k K, v V) (ring bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.addLocked(k, v)
+}
+
+// addLocked is one Add. REQUIRES: s.mu held.
+func (s *Set[K, V]) addLocked(k K, v V) (ring bool) {
 	s.mu.stats.Adds++
 	// The doorbell rings only when the ready FIFO goes from empty to
 	// non-empty: while it holds keys, either a token is waiting or the

@@ -103,6 +103,54 @@ func TestAddZeroAllocsWhenHeld(t *testing.T) {
 	checkInvariants(t, s)
 }
 
+// AddMany is the same adds one by one: the same batches, values, stats and
+// states (a ready key merged, an in-flight one kept dirty, a new one
+// queued), one doorbell token, and it refuses slices of different lengths.
+func TestAddManyIsAddsInOrder(t *testing.T) {
+	one, many := func() (*Set[int, uint64], *Set[int, uint64]) {
+		a, _ := newTestSet(t, nil)
+		b, _ := newTestSet(t, nil)
+		return a, b
+	}()
+	for _, s := range []*Set[int, uint64]{one, many} {
+		s.Add(1, 1)
+		s.Add(2, 1)
+		<-s.Doorbell()
+	}
+	f1, f2 := one.Drain(1, nil), many.Drain(1, nil) // key 1 in flight
+	keys, vals := []int{1, 2, 3, 1, 3}, []uint64{5, 7, 2, 4, 9}
+	for i := range keys {
+		one.Add(keys[i], vals[i])
+	}
+	many.AddMany(keys, vals)
+	require.NoError(t, one.Complete(f1, nil))
+	require.NoError(t, many.Complete(f2, nil))
+	b1, b2 := one.Drain(0, nil), many.Drain(0, nil)
+	require.Equal(t, keysOf(b1), keysOf(b2))
+	require.Equal(t, valuesOf(b1), valuesOf(b2))
+	require.Equal(t, []int{2, 3, 1}, keysOf(b2))
+	require.Equal(t, map[int]uint64{1: 5, 2: 7, 3: 9}, valuesOf(b2))
+	require.Equal(t, one.Stats().Adds, many.Stats().Adds)
+	require.Equal(t, one.Stats().Coalesced, many.Stats().Coalesced)
+
+	// One token for a whole batch into an empty FIFO.
+	require.NoError(t, many.Complete(b2, nil))
+	select {
+	case <-many.Doorbell(): // Complete's requeue token, if any
+	default:
+	}
+	many.AddMany([]int{7, 8, 9}, []uint64{1, 1, 1})
+	<-many.Doorbell()
+	select {
+	case <-many.Doorbell():
+		t.Fatal("doorbell holds more than one token")
+	default:
+	}
+	require.Panics(t, func() { many.AddMany([]int{1}, nil) })
+	checkInvariants(t, one)
+	checkInvariants(t, many)
+}
+
 // The doorbell holds at most one token; Add rings it only when a key
 // becomes ready in an empty FIFO (a consumer that took a token drains
 // until empty, so keys joining a non-empty FIFO are found without one),
