@@ -70,7 +70,9 @@ func (svc *Service) carry(w *ownerWork, s *session, fx []effect) (next input, mo
 		case fxSendScan:
 			return input{kind: inScanSent, sent: svc.sendScan(w.sc, s, e)}, true, true
 		case fxEndPrepare:
-			return input{}, false, svc.endPrepare(s, e)
+			ok := svc.endPrepare(s, e)
+			svc.metrics.prepareOutcomes[e.outcome].Inc()
+			return input{}, false, ok
 		case fxEndScan:
 			ok := svc.end(s, e)
 			if scanOutcome(e.outcome) == scanInterrupted {
@@ -85,11 +87,10 @@ func (svc *Service) carry(w *ownerWork, s *session, fx []effect) (next input, mo
 	panic("eventservice: a step ended without a send or an end effect")
 }
 
-// endPrepare carries out a preparation's end effect e and counts its
-// outcome; see end.
+// endPrepare carries out a preparation's end effect e; see end. The
+// caller counts its outcome.
 func (svc *Service) endPrepare(s *session, e effect) bool {
 	ok := svc.end(s, e)
-	svc.metrics.prepareOutcomes[e.outcome].Inc()
 	if k := svc.knobs.ended; k != nil {
 		k(s, e)
 	}

@@ -166,6 +166,7 @@ func (svc *Service) carryHeld(b *prepBatch) {
 	}
 	flush()
 	now := svc.opts.Clock.Now()
+	var outcomes [numOutcomes]int
 	for i, s := range b.held {
 		for _, e := range b.fx[i] {
 			switch e.kind {
@@ -173,9 +174,15 @@ func (svc *Service) carryHeld(b *prepBatch) {
 				s.publish(e.ts, e.seq, now)
 			case fxEndPrepare:
 				svc.endPrepare(s, e)
+				outcomes[e.outcome]++
 			}
 		}
 		b.fx[i] = b.fx[i][:0]
+	}
+	for o, n := range outcomes {
+		if n > 0 {
+			svc.metrics.prepareOutcomes[o].Add(float64(n))
+		}
 	}
 	clear(b.held)
 	b.held, b.fx = b.held[:0], b.fx[:0]

@@ -62,7 +62,7 @@ func newMetrics(fresh *freshBudget) *metrics {
 		dispatchers:   prometheus.NewGauge(prometheus.GaugeOpts(opts("dispatchers", "Registered dispatchers."))),
 		resolvedLag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: subsystem, Name: "resolved_lag_seconds",
-			Help:    "Physical lag of a subscription's resolved-ts behind the clock, observed at each advance.",
+			Help:    "Physical lag behind the clock of the oldest resolved-ts a write batch advanced a subscription to, observed once per batch with advances.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
 		}),
 		rejectedRows: prometheus.NewCounterVec(prometheus.CounterOpts(opts("rejected_rows_total",

@@ -221,7 +221,9 @@ func (s *Store) RegisterDispatcher(id common.DispatcherID, span common.Span, sta
 
 	// The write worker may have advanced before sb was published; catch up
 	// here so a registration never waits for the next advance.
-	sb.notify(s, resolved, maxCommit)
+	if sb.notify(s, resolved, maxCommit) {
+		s.metrics.notifications.Inc()
+	}
 	return nil
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/pkg/clock"
@@ -802,4 +803,44 @@ func TestHandleUpdatesItsRegistrationOnly(t *testing.T) {
 	require.ErrorIs(t, err, ErrDispatcherNotFound)
 	require.ErrorIs(t, Handle{}.UpdateCheckpoint(1), ErrInvalidArgument)
 	require.False(t, Handle{}.Valid())
+}
+
+// TestAWriteBatchObservesItsLargestLagOnce: resolved_lag_seconds gets one
+// sample per write batch that advances, the lag of its oldest resolved-ts,
+// and notifications_total counts every callback of the batch.
+func TestAWriteBatchObservesItsLargestLagOnce(t *testing.T) {
+	env := newTestEnv(t, nil)
+	r1, r2 := newRecorder(), newRecorder()
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r1.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(2), common.TableSpan(2), 0, r2.notify))
+	subs := map[int64]*subscription{}
+	env.store.mu.RLock()
+	for _, sub := range env.store.mu.subs {
+		subs[sub.span.TableID] = sub
+	}
+	env.store.mu.RUnlock()
+	require.Len(t, subs, 2)
+	now := env.clk.Now()
+	behind := func(d time.Duration) common.Ts { return common.ComposeTs(now.Add(-d).UnixMilli(), 0) }
+	samples := func() uint64 {
+		var m dto.Metric
+		require.NoError(t, env.store.metrics.resolvedLag.Write(&m))
+		return m.GetHistogram().GetSampleCount()
+	}
+	before, notified := samples(), testutil.ToFloat64(env.store.metrics.notifications)
+	var m dto.Metric
+	require.NoError(t, env.store.metrics.resolvedLag.Write(&m))
+	sumBefore := m.GetHistogram().GetSampleSum()
+
+	require.NoError(t, env.store.apply([]writeEvent{{sub: subs[1], resolved: behind(3 * time.Second)}, {sub: subs[2], resolved: behind(time.Second)}}))
+	r1.waitResolved(t, behind(3*time.Second))
+	r2.waitResolved(t, behind(time.Second))
+	require.Equal(t, before+1, samples(), "one sample for the batch")
+	require.NoError(t, env.store.metrics.resolvedLag.Write(&m))
+	require.InDelta(t, 3.0, m.GetHistogram().GetSampleSum()-sumBefore, 1e-9, "the batch's largest lag")
+	require.Equal(t, notified+2, testutil.ToFloat64(env.store.metrics.notifications))
+
+	// A batch without an advance observes nothing.
+	require.NoError(t, env.store.apply([]writeEvent{{sub: subs[1], resolved: behind(3 * time.Second)}}))
+	require.Equal(t, before+1, samples())
 }

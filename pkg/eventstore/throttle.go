@@ -104,7 +104,11 @@ func (s *Store) flushNotify(sub *subscription, now time.Time) {
 	sub.mu.notifiedAt = stampOf(now)
 	resolved, mc, subscribers := sub.mu.resolved, sub.mu.maxCommit, sub.mu.subscribers
 	sub.mu.Unlock()
+	n := 0
 	for _, sb := range subscribers {
-		sb.notify(s, resolved, mc)
+		if sb.notify(s, resolved, mc) {
+			n++
+		}
 	}
+	s.metrics.notifications.Add(float64(n))
 }
