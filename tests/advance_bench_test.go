@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -47,7 +48,8 @@ func (s *advanceSinkForTest) Checkpoint(id common.DispatcherID, ts common.Ts) er
 
 // BenchmarkResolvedAdvances is the end-to-end resolved-ts throughput: one
 // round pushes a resolved-ts advance (no rows) to each of N tables at the
-// store's upstream sink, and ends when every dispatcher's sink has the new
+// store's upstream sinks, in one eventstore.PushResolved call as a real
+// upstream does, and ends when every dispatcher's sink has the new
 // checkpoint (store -> notify -> pending sets -> fast path -> in-process
 // transport -> collector -> sink). Reported as dispatcher advances/s.
 func BenchmarkResolvedAdvances(b *testing.B) {
@@ -100,6 +102,7 @@ func benchResolvedAdvances(b *testing.B, n int) {
 	for i := range n {
 		sinks[i] = up.sinks[int64(i+1)]
 	}
+	errs := make([]error, n)
 	round := 0
 	b.ResetTimer()
 	for b.Loop() {
@@ -110,9 +113,8 @@ func benchResolvedAdvances(b *testing.B, n int) {
 		sink.done.Store(&done)
 		sink.left.Store(int64(n))
 		sink.target.Store(uint64(target))
-		for _, s := range sinks {
-			must(s.Push(context.Background(), eventstore.Batch{ResolvedTs: target}))
-		}
+		eventstore.PushResolved(context.Background(), sinks, target, errs)
+		must(errors.Join(errs...))
 		select {
 		case <-done:
 		case <-time.After(5 * time.Minute):

@@ -18,6 +18,9 @@ type writeEvent struct {
 	sub      *subscription
 	rows     []common.Row
 	resolved common.Ts
+	// advance, when set (sub is nil), is the subscriptions of a
+	// PushResolved call on this worker, each advancing to resolved.
+	advance []*subscription
 	// deleteSub deletes every row of sub; it is queued after the
 	// subscription was ended at the upstream and no Push can follow.
 	deleteSub bool
@@ -101,7 +104,12 @@ func (s *Store) apply(evs []writeEvent) error {
 			s.deleteSubscriptionData(ev.sub)
 			continue
 		}
-		s.publish(ev, now, &pub)
+		for _, sub := range ev.advance {
+			s.publish(writeEvent{sub: sub, resolved: ev.resolved}, now, &pub)
+		}
+		if ev.sub != nil {
+			s.publish(ev, now, &pub)
+		}
 	}
 	if pub.advances > 0 {
 		// Once per batch, not per advance: at a million advances a second

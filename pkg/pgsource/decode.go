@@ -354,16 +354,26 @@ func (ss *session) flush(ctx context.Context, oid uint32, last bool) error {
 // push hands a batch to a subscription's sink. A closed subscription is
 // skipped; a store that is closing ends the session.
 func (ss *session) push(ctx context.Context, b *sub, batch eventstore.Batch) error {
-	// One push context for the session, made again only after a
-	// subscription's Close cancelled it: a context per push (with its
-	// registration in the parent's) was a tenth of the stream's CPU.
+	ss.pushContext(ctx)
+	return ss.pushed(b, batch, b.guard.Push(ss.pushCtx, ss.pushCancel, batch))
+}
+
+// pushContext makes sure the session's push context is live. One push
+// context for the session, made again only after a subscription's Close
+// cancelled it: a context per push (with its registration in the
+// parent's) was a tenth of the stream's CPU.
+func (ss *session) pushContext(ctx context.Context) {
 	if ss.pushCtx == nil || ss.pushCtx.Err() != nil {
 		if ss.pushCancel != nil {
 			ss.pushCancel()
 		}
 		ss.pushCtx, ss.pushCancel = context.WithCancel(ctx)
 	}
-	err := b.guard.Push(ss.pushCtx, ss.pushCancel, batch)
+}
+
+// pushed is what a push of batch to b that returned err means for the
+// session: nil to go on, or the error that ends it.
+func (ss *session) pushed(b *sub, batch eventstore.Batch, err error) error {
 	switch {
 	case err == nil, errors.Is(err, upstream.ErrSubscriptionClosed):
 		return nil

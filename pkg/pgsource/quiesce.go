@@ -13,6 +13,7 @@ import (
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/schemastore"
+	"github.com/cdcflow/eventservice/pkg/upstream"
 )
 
 var (
@@ -159,20 +160,45 @@ func (ss *session) endStream(req *quiesceReq) error {
 const quiesceEndWait = 5 * time.Second
 
 // resolveAll moves the schema frontier and every subscription's resolved-ts
-// to ts.
+// to ts, the subscriptions in one upstream.PushResolved call (one store
+// event per write worker, not a push per table).
 func (ss *session) resolveAll(ctx context.Context, ts common.Ts) error {
 	s := ss.s
 	if err := s.opts.Schema.AdvanceResolvedTs(ts); err != nil && !errors.Is(err, schemastore.ErrResolvedTsRegressed) {
 		return fmt.Errorf("pgsource: schema frontier: %w", err)
 	}
+	subs := ss.resolving[:0]
+	guards := ss.resolvingGuards[:0]
 	for _, b := range s.allSubs() {
 		if ts <= b.resolved || ts <= b.startTs || (b.partial != 0 && b.partial <= ts) {
 			continue
 		}
-		if err := ss.push(ctx, b, eventstore.Batch{ResolvedTs: ts}); err != nil {
+		subs = append(subs, b)
+		guards = append(guards, b.guard)
+	}
+	defer func() {
+		clear(subs)
+		clear(guards)
+		ss.resolving, ss.resolvingGuards = subs[:0], guards[:0]
+	}()
+	if len(subs) == 0 {
+		return nil
+	}
+	errs := make([]error, len(subs))
+	ss.pushContext(ctx)
+	upstream.PushResolved(ss.pushCtx, ss.pushCancel, guards, ts, errs)
+	for i, b := range subs {
+		err := errs[i]
+		if err == nil {
+			b.resolved = ts
+			continue
+		}
+		if (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) && ctx.Err() == nil && !b.guard.IsClosed() {
+			continue // another subscription's Close cancelled the call: the next round moves this one
+		}
+		if err := ss.pushed(b, eventstore.Batch{ResolvedTs: ts}, err); err != nil {
 			return err
 		}
-		b.resolved = ts
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
+	"github.com/cdcflow/eventservice/pkg/upstream"
 )
 
 // The commit-ts scheme. Commit i of the stream gets
@@ -143,6 +144,9 @@ type session struct {
 	// at the latest when the session ends.
 	pushCtx    context.Context
 	pushCancel context.CancelFunc
+	// resolving and resolvingGuards are resolveAll's scratch.
+	resolving       []*sub
+	resolvingGuards []*upstream.SinkGuard
 	// keys and datums are change's scratch (a change's new and old key,
 	// its columns), reused for every row: add copies what it keeps.
 	keys   [2][][]byte

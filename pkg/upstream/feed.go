@@ -127,8 +127,13 @@ func (g *Generator) feedDue(tg *tickGen) {
 			if g.ctx.Err() != nil {
 				return
 			}
-			g.schedule(s, g.feed(s, f, tg), last)
+			if r := g.feed(s, f, tg); r != feedAdvance {
+				g.schedule(s, r, last)
+			} else if len(sc.adv) >= maxAdvanceBatch {
+				g.flushAdvances(f, last)
+			}
 		}
+		g.flushAdvances(f, last)
 		clear(round)
 		sc.spare = round
 		if g.passHookForTesting != nil {
@@ -181,7 +186,77 @@ const (
 	feedRetry
 	// feedStop: the subscription or its sink is closed; drop it.
 	feedStop
+	// feedAdvance: only a resolved-ts advance is due; it waits in the
+	// round's list for flushAdvances, which schedules it.
+	feedAdvance
 )
+
+// maxAdvanceBatch bounds the advances of one PushResolved call, so the
+// guards held at once and the store's events stay small.
+const maxAdvanceBatch = 4096
+
+// pendingAdvance is a subscription whose resolved-ts advance waits for the
+// round's PushResolved, and the cursor it reaches once that is accepted.
+type pendingAdvance struct {
+	s   *genSub
+	cur cursor
+}
+
+// flushAdvances pushes the round's pending advances to frontier f in one
+// PushResolved call and schedules each subscription by its outcome, as
+// feed does after a push of its own.
+func (g *Generator) flushAdvances(f common.Ts, last int64) {
+	sc := &g.sched
+	if len(sc.adv) == 0 {
+		return
+	}
+	guards := sc.advGuards[:0]
+	for _, a := range sc.adv {
+		guards = append(guards, &a.s.guard)
+	}
+	errs := sc.advErrs[:0]
+	for range guards {
+		errs = append(errs, nil)
+	}
+	if g.pushCtx.Err() != nil && g.ctx.Err() == nil {
+		g.pushCtx, g.pushCancel = context.WithCancel(g.ctx)
+	}
+	PushResolved(g.pushCtx, g.pushCancel, guards, f, errs)
+	for i, a := range sc.adv {
+		s, err := a.s, errs[i]
+		r := feedRetry
+		switch {
+		case err == nil:
+			s.cur = a.cur
+			s.resolved.Store(uint64(f))
+			s.lastResolved = f
+			s.batches.Add(1)
+			g.batches.Add(1)
+			r = feedWait
+		case errors.Is(err, ErrSubscriptionClosed):
+			r = feedStop
+		case errors.Is(err, eventstore.ErrClosed):
+			s.sinkClosed.Store(true)
+			r = feedStop
+		case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+			// Another subscription's Close cancels the whole call: only
+			// the closed one (or a generator shutting down) stops.
+			if g.ctx.Err() != nil || s.guard.IsClosed() {
+				r = feedStop
+			}
+		default:
+			s.pushErrors.Add(1)
+			g.pushErrors.Add(1)
+			g.log.Warn("resolved-ts push failed, will retry",
+				zap.Uint64("subscription", s.id), zap.Stringer("span", s.span), zap.Stringer("resolvedTs", f), zap.Error(err))
+		}
+		g.schedule(s, r, last)
+	}
+	clear(guards)
+	clear(errs)
+	clear(sc.adv)
+	sc.adv, sc.advGuards, sc.advErrs = sc.adv[:0], guards[:0], errs[:0]
+}
 
 // schedule files s according to what feed returned; last is the last
 // elapsed tick.
@@ -318,6 +393,11 @@ func (g *Generator) feed(s *genSub, f common.Ts, tg *tickGen) feedResult {
 	if len(rows) == 0 && !advance {
 		s.cur = cur // nothing to push until the next resolved boundary
 		return feedWait
+	}
+	if len(rows) == 0 {
+		// Only an advance: pushed with the round's others.
+		g.sched.adv = append(g.sched.adv, pendingAdvance{s: s, cur: cur})
+		return feedAdvance
 	}
 	b := eventstore.Batch{Rows: rows}
 	if advance {

@@ -100,6 +100,12 @@ type schedule struct {
 	buckets map[int64][]*genSub
 	ready   []*genSub
 	spare   []*genSub
+	// adv is the round's subscriptions whose feed is only a resolved-ts
+	// advance, with the cursor each reaches: they are pushed together
+	// (flushAdvances). advGuards and advErrs are its scratch.
+	adv       []pendingAdvance
+	advGuards []*SinkGuard
+	advErrs   []error
 	// free holds emptied bucket slices for reuse: at a million
 	// subscriptions every one is refiled once a resolved interval, and
 	// buckets grown from nil each time were a tenth of the driver's CPU

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 )
 
@@ -64,6 +65,52 @@ func (g *SinkGuard) Push(ctx context.Context, cancel context.CancelFunc, b event
 		return ErrSubscriptionClosed
 	}
 	return g.sink.Push(ctx, b)
+}
+
+// PushResolved advances the sinks of guards to ts in one
+// eventstore.PushResolved call, each guard held for the call as Push holds
+// it (so a Close waits for the call, and cancels it through cancel):
+// errs[i] (len(errs) == len(guards)) is ErrSubscriptionClosed for a guard
+// whose close had begun, else what the advance of its sink returned. A
+// cancel by one guard's Close cancels the call for all: a caller tells the
+// others' context.Canceled apart with IsClosed. The guards must be
+// distinct and held by no other push of the caller's.
+func PushResolved(ctx context.Context, cancel context.CancelFunc, guards []*SinkGuard, ts common.Ts, errs []error) {
+	if len(errs) != len(guards) {
+		panic("upstream: PushResolved with errs and guards of different lengths")
+	}
+	sinks := make([]eventstore.Sink, 0, len(guards))
+	idx := make([]int, 0, len(guards))
+	for i, g := range guards {
+		errs[i] = nil
+		g.mu.Lock()
+		g.cmu.Lock()
+		g.cancel = cancel
+		closing := g.closing.Load()
+		g.cmu.Unlock()
+		if g.mu.closed || closing {
+			errs[i] = ErrSubscriptionClosed
+			continue
+		}
+		sinks = append(sinks, g.sink)
+		idx = append(idx, i)
+	}
+	defer func() {
+		for _, g := range guards {
+			g.cmu.Lock()
+			g.cancel = nil
+			g.cmu.Unlock()
+			g.mu.Unlock()
+		}
+	}()
+	if len(sinks) == 0 {
+		return
+	}
+	sub := make([]error, len(sinks))
+	eventstore.PushResolved(ctx, sinks, ts, sub)
+	for j, i := range idx {
+		errs[i] = sub[j]
+	}
 }
 
 // Close marks the guard closed, cancels the push in flight and waits for it.

@@ -1,0 +1,144 @@
+package eventstore
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+)
+
+// PushResolved advances the resolved-ts of every subscription in sinks to
+// ts in one call: for each sink what Push(ctx, Batch{ResolvedTs: ts})
+// does, with errs[i] (len(errs) == len(sinks)) what that Push would have
+// returned. Real upstreams advance many subscriptions at once (a
+// PostgreSQL source every table at each commit or keepalive, a TiKV store
+// every region it leads); one call costs one queue send per write worker
+// (and chunk of advanceChunk) instead of one per subscription, and the
+// worker applies each as one event, with one pass of notifications. Sinks of this package's Store
+// are grouped; any other Sink gets its Push, in order.
+//
+// A subscription whose resolved-ts is already ts is left alone (nil); one
+// above ts gets ErrResolvedTsRegressed, an ended one ErrClosed, and when
+// ctx ends or the store closes before a worker took its group, every sink
+// of the group gets the error and keeps its resolved-ts (the call may be
+// retried). The sinks of one call should be distinct; the caller must not
+// push to them concurrently with the call (an upstream pushes a
+// subscription from one goroutine).
+func PushResolved(ctx context.Context, sinks []Sink, ts common.Ts, errs []error) {
+	if len(errs) != len(sinks) {
+		panic("eventstore: PushResolved with errs and sinks of different lengths")
+	}
+	var groups map[advanceGroupKey]*advanceGroup
+	for i, k := range sinks {
+		errs[i] = nil
+		sk, ok := k.(sink)
+		if !ok || ts == 0 {
+			errs[i] = k.Push(ctx, Batch{ResolvedTs: ts})
+			continue
+		}
+		prev, err := sk.reserveAdvance(ts)
+		if err != nil || prev == ts {
+			errs[i] = err
+			continue
+		}
+		key := advanceGroupKey{s: sk.s, worker: sk.sub.worker}
+		g := groups[key]
+		if g == nil {
+			if groups == nil {
+				groups = make(map[advanceGroupKey]*advanceGroup)
+			}
+			g = &advanceGroup{}
+			groups[key] = g
+		}
+		g.subs = append(g.subs, sk.sub)
+		g.prev = append(g.prev, prev)
+		g.idx = append(g.idx, i)
+		if len(g.subs) == advanceChunk {
+			g.flush(ctx, key, ts, errs)
+		}
+	}
+	for key, g := range groups {
+		g.flush(ctx, key, ts, errs)
+	}
+}
+
+// advanceChunk is how many advances of one write worker go in one event:
+// the worker starts on a chunk while the caller reserves the next, where
+// one event for the whole call kept it idle until the call's end (10k
+// subscriptions: slower than a push each).
+const advanceChunk = 256
+
+// flush queues g's advances as one event and starts g afresh (the worker
+// owns the queued slice); on failure its sinks get the error and their
+// resolved-ts back.
+func (g *advanceGroup) flush(ctx context.Context, key advanceGroupKey, ts common.Ts, errs []error) {
+	if len(g.subs) == 0 {
+		return
+	}
+	if err := key.s.enqueueAdvance(ctx, key.worker, g.subs, ts); err != nil {
+		for j, sub := range g.subs {
+			sub.unreserveAdvance(ts, g.prev[j])
+			errs[g.idx[j]] = err
+		}
+	}
+	g.subs = nil
+	g.prev, g.idx = g.prev[:0], g.idx[:0]
+}
+
+type advanceGroupKey struct {
+	s      *Store
+	worker int
+}
+
+// advanceGroup is the subscriptions of one write worker in a PushResolved
+// call: subs[j] was sinks[idx[j]], its resolved-ts prev[j] before.
+type advanceGroup struct {
+	subs []*subscription
+	prev []common.Ts
+	idx  []int
+}
+
+// reserveAdvance validates an advance of the subscription to ts and
+// records it as pushed, returning the previous pushed resolved-ts (equal to
+// ts: nothing to do). Rows at or below ts are refused from now on, as
+// after a Push of ts; unreserveAdvance undoes it if the advance never
+// reaches the queue.
+func (k sink) reserveAdvance(ts common.Ts) (prev common.Ts, err error) {
+	s, sub := k.s, k.sub
+	sub.pushMu.Lock()
+	defer sub.pushMu.Unlock()
+	switch {
+	case s.isClosing():
+		return 0, ErrClosed
+	case sub.isRemoved():
+		return 0, fmt.Errorf("%w: subscription %d of %v has ended", ErrClosed, sub.id, sub.span)
+	case ts < sub.pushedResolved:
+		return 0, fmt.Errorf("%w: %v below %v for %v", ErrResolvedTsRegressed, ts, sub.pushedResolved, sub.span)
+	}
+	prev = sub.pushedResolved
+	sub.pushedResolved = ts
+	return prev, nil
+}
+
+// unreserveAdvance puts back the pushed resolved-ts an advance to ts had
+// taken, unless a later push moved it since.
+func (sub *subscription) unreserveAdvance(ts, prev common.Ts) {
+	sub.pushMu.Lock()
+	defer sub.pushMu.Unlock()
+	if sub.pushedResolved == ts {
+		sub.pushedResolved = prev
+	}
+}
+
+// enqueueAdvance queues one event advancing subs (all of worker's) to ts.
+func (s *Store) enqueueAdvance(ctx context.Context, worker int, subs []*subscription, ts common.Ts) error {
+	ev := writeEvent{advance: subs, resolved: ts}
+	select {
+	case s.queues[worker] <- ev:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.closing:
+		return ErrClosed
+	}
+}

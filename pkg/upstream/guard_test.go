@@ -1,0 +1,108 @@
+package upstream
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/pkg/clock"
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventstore"
+)
+
+// TestPushResolvedHoldsEveryGuardForTheCall: a guard closed before the call
+// gets ErrSubscriptionClosed and its sink is not called; the others get
+// the advance. A Close during the call cancels it through the cancel
+// function and returns only after the call ended (the guard was held for
+// all of it); the other guards see context.Canceled without being closed.
+func TestPushResolvedHoldsEveryGuardForTheCall(t *testing.T) {
+	sinks := []*recordingSinkForTest{newRecordingSinkForTest(), newRecordingSinkForTest(), newRecordingSinkForTest()}
+	guards := make([]*SinkGuard, len(sinks))
+	for i, s := range sinks {
+		guards[i] = NewSinkGuard(s)
+	}
+	require.True(t, guards[1].Close())
+	ctx, cancel := context.WithCancel(context.Background())
+	errs := make([]error, len(guards))
+	PushResolved(ctx, cancel, guards, 20, errs)
+	require.NoError(t, errs[0])
+	require.ErrorIs(t, errs[1], ErrSubscriptionClosed)
+	require.NoError(t, errs[2])
+	require.Equal(t, []eventstore.Batch{{ResolvedTs: 20}}, sinks[0].batches())
+	require.Empty(t, sinks[1].batches())
+
+	// Sink 0 blocks until its context ends; guard 2 is closed meanwhile.
+	entered, closeDone := make(chan struct{}), make(chan struct{})
+	closedFirst := make(chan bool, 1)
+	sinks[0].pushHook = func(ctx context.Context, b eventstore.Batch) error {
+		close(entered)
+		<-ctx.Done()
+		select {
+		case <-closeDone:
+			closedFirst <- true
+		default:
+			closedFirst <- false
+		}
+		return ctx.Err()
+	}
+	go func() {
+		<-entered
+		guards[2].Close()
+		close(closeDone)
+	}()
+	open := []*SinkGuard{guards[0], guards[2]}
+	PushResolved(ctx, cancel, open, 30, errs[:2])
+	<-closeDone
+	require.False(t, <-closedFirst, "Close returned while the call held its guard")
+	require.ErrorIs(t, errs[0], context.Canceled)
+	require.False(t, guards[0].IsClosed(), "only the closed guard is closed")
+	require.True(t, guards[2].IsClosed())
+	require.Panics(t, func() { PushResolved(context.Background(), func() {}, open, 40, errs[:1]) })
+}
+
+// TestGeneratorBatchedAdvanceSurvivesAnotherSubscriptionsClose: with only
+// resolved-ts advances due (no rows in range), the generator pushes its
+// subscriptions' advances in one PushResolved call. Closing one of them
+// while another's sink blocks cancels the whole call; the closed one is
+// dropped, the cancelled one is not: it gets the next advance.
+func TestGeneratorBatchedAdvanceSurvivesAnotherSubscriptionsClose(t *testing.T) {
+	clk := clock.NewFake(t0.Add(200 * time.Millisecond))
+	o := feedOptions(clk)
+	o.Tables, o.RowsPerSec = 100_000, 1 // no rows in these few ticks
+	g := newTestGenerator(t, o)
+	w := watchPasses(g)
+	entered := make(chan struct{})
+	var once sync.Once
+	slow := newRecordingSinkForTest()
+	slow.pushHook = func(ctx context.Context, _ eventstore.Batch) error {
+		first := false
+		once.Do(func() { first = true })
+		if !first {
+			return nil
+		}
+		close(entered)
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	other := newRecordingSinkForTest()
+	_, err := g.Subscribe(common.TableSpan(1), 0, slow)
+	require.NoError(t, err)
+	otherSub, err := g.Subscribe(common.TableSpan(2), 0, other)
+	require.NoError(t, err)
+	require.NoError(t, g.Start())
+	<-entered
+	otherSub.Close() // cancels the call the slow sink blocks in
+
+	clk.Advance(50 * time.Millisecond)
+	f := frontierAt(clk.Now(), testTick)
+	slow.waitResolved(t, f)
+	w.waitIdle(t, 0, f)
+	require.Empty(t, slow.rows(), "advances only: the batched path")
+	st := g.Stats()
+	require.Len(t, st.Subscriptions, 1)
+	require.Equal(t, common.TableSpan(1), st.Subscriptions[0].Span)
+	require.Zero(t, st.PushErrors, "a cancellation is not a push error")
+}
