@@ -64,6 +64,7 @@ func (svc *Service) carry(w *ownerWork, s *session, fx []effect) (next input, mo
 			return input{kind: inHandshakeSent, sent: res, obs: svc.observe(s)}, true, true
 		case fxAddResolved:
 			s.sent.Store(uint64(e.ts)) // before the pump can deliver it
+			s.inSet.Store(true)
 			d.target.resolved.Add(d.id, resolvedValue{s: s, epoch: s.epoch, seq: e.seq, ts: e.ts})
 		case fxPublish:
 			s.publish(e.ts, e.seq, svc.opts.Clock.Now())

@@ -123,6 +123,13 @@ type session struct {
 		seq uint64
 	}
 	pubAt atomic.Int64
+	// inSet: its progress waits in the target's resolved set (added, not
+	// yet delivered). The keepalive loop leaves such a session alone: the
+	// set delivers it, and a keepalive would only merge into it. Set before
+	// each add, cleared by the pump once it put the session's entry on the
+	// wire (which also restarts pubAt: an acknowledgement is due an
+	// interval after delivery, not after publication).
+	inSet atomic.Bool
 	// blockedAt is the schema frontier the session waits to see pass.
 	blockedAt atomic.Uint64
 	// kaGen is the keepalive generation whose list holds the session (see

@@ -140,11 +140,14 @@ func (svc *Service) examine(s *session, now time.Time) (carry bool) {
 	if at == 0 {
 		return false // never published (not in a list by itself)
 	}
-	if time.Duration(svc.sinceBase(now)-at) < svc.opts.SignalInterval || inPipeline(st) {
-		// Young progress, or a preparation or scan under way that will
-		// publish anew or return the session to rest (under overload
+	if time.Duration(svc.sinceBase(now)-at) < svc.opts.SignalInterval || inPipeline(st) || s.inSet.Load() {
+		// Young progress, a preparation or scan under way that will
+		// publish anew or return the session to rest, or progress still
+		// waiting in the resolved set, which delivers it (under overload
 		// acknowledgements lag, and a keepalive then would only add to the
-		// load): look again next interval. A session parked (schema
+		// load: at a million dispatchers, keepalives merging into values
+		// not yet delivered were as many as the advances themselves, and
+		// the round a tenth of the CPU): look again next interval. A session parked (schema
 		// blocked, backing off) is not skipped: it may stay parked for
 		// good, and its last message may be the lost one.
 		return true
@@ -159,6 +162,7 @@ func (svc *Service) examine(s *session, now time.Time) (carry bool) {
 	}
 	s.touch(now)
 	svc.metrics.keepalives.Inc()
+	s.inSet.Store(true)
 	d.target.resolved.Add(d.id, resolvedValue{s: s, epoch: s.epoch, seq: seq, ts: ts})
 	return false
 }
@@ -174,4 +178,14 @@ func inPipeline(st scanState) bool {
 		return true
 	}
 	return false
+}
+
+// storeMaxInt64 raises a to v if v is larger.
+func storeMaxInt64(a *atomic.Int64, v int64) {
+	for {
+		old := a.Load()
+		if v <= old || a.CompareAndSwap(old, v) {
+			return
+		}
+	}
 }

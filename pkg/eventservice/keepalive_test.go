@@ -162,6 +162,7 @@ func TestKeepaliveReachesAParkedSession(t *testing.T) {
 	s := h.dispatcher(id).session.Load()
 	st, _ := s.sched.load()
 	require.Equal(t, stateSchemaBlocked, st)
+	h.check.waitResolved(id, 30) // delivered: no longer waiting in the resolved set
 	ts, _, at := s.published()
 	require.Equal(t, common.Ts(30), ts)
 	h.svc.keepalive(s, at.Add(2*time.Hour))

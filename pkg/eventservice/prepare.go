@@ -160,6 +160,7 @@ func (svc *Service) carryHeld(b *prepBatch) {
 				t = s.d.target
 			}
 			s.sent.Store(uint64(e.ts)) // before the pump can deliver it
+			s.inSet.Store(true)
 			b.keys = append(b.keys, s.d.id)
 			b.vals = append(b.vals, resolvedValue{s: s, epoch: s.epoch, seq: e.seq, ts: e.ts})
 		}

@@ -73,12 +73,14 @@ func TestSessionTraceWithScriptedStoreAndTransport(t *testing.T) {
 
 // traceWorld is the service of one script and its scripted edges.
 type traceWorld struct {
-	t      *testing.T
-	clk    *clock.Fake
-	store  *scriptedStoreForTrace
-	tr     *scriptedTransportForTrace
-	schema *schemastore.Memory
-	svc    *Service
+	t *testing.T
+	// keepalives is the keepalive counter at the last round's end.
+	keepalives float64
+	clk        *clock.Fake
+	store      *scriptedStoreForTrace
+	tr         *scriptedTransportForTrace
+	schema     *schemastore.Memory
+	svc        *Service
 	// out collects the lines of the command in progress; mu guards it
 	// (a preparation worker waiting for the scan channel prints from its
 	// goroutine, in an order the command fixes).
@@ -142,7 +144,11 @@ func (w *traceWorld) build(tweak func(*Options)) {
 			st, pending := s.sched.load()
 			w.printf("  %s %s -> %s%s\n", name(s), e.ev, st, pendingMark(pending))
 		},
-		keepaliveRound: func(examined int) { w.printf("  keepalive round: examined %d\n", examined) },
+		keepaliveRound: func(examined int) {
+			total := testutilCounter(w.svc.metrics.keepalives)
+			w.printf("  keepalive round: examined %d, re-sent %v\n", examined, total-w.keepalives)
+			w.keepalives = total
+		},
 		at: func(p point, s *session, _ *dispatcher) {
 			if p == pointScanChannelFull {
 				w.printf("  %s scan channel full: the preparation worker waits\n", name(s))

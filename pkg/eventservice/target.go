@@ -198,6 +198,15 @@ func (t *target) deliver(_ context.Context, batch []pendingset.Entry[common.Disp
 	if len(t.msgs) == 0 {
 		t.msgs = make([]messaging.Message, 1)
 	}
+	// The sessions leave the set's keepalive exemption before the send
+	// (a receiver may heartbeat before Send returns); if the send fails,
+	// the set still holds them and a keepalive merely merges into it.
+	wiredAt := svc.sinceBase(svc.opts.Clock.Now())
+	for _, i := range owners {
+		s := batch[i].Value.s
+		s.inSet.Store(false)
+		storeMaxInt64(&s.pubAt, wiredAt) // the acknowledgement is due an interval from now
+	}
 	for sent := 0; sent < len(slab); {
 		n := min(t.chunk, len(slab)-sent)
 		t.msgs[0] = &messaging.ResolvedBatch{Entries: slab[sent : sent+n : sent+n]}
