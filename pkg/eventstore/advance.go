@@ -3,6 +3,7 @@ package eventstore
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/cdcflow/eventservice/pkg/common"
 )
@@ -53,7 +54,7 @@ func PushResolved(ctx context.Context, sinks []Sink, ts common.Ts, errs []error)
 		g.subs = append(g.subs, sk.sub)
 		g.prev = append(g.prev, prev)
 		g.idx = append(g.idx, i)
-		if len(g.subs) == advanceChunk {
+		if len(g.subs) == min(advanceChunk, sk.s.opts.WriteQueueSize) {
 			g.flush(ctx, key, ts, errs)
 		}
 	}
@@ -131,14 +132,83 @@ func (sub *subscription) unreserveAdvance(ts, prev common.Ts) {
 }
 
 // enqueueAdvance queues one event advancing subs (all of worker's) to ts.
+// It first takes room for len(subs) advances: the queue bounds events,
+// and an event of 256 advances let an upstream run 256 times further ahead
+// of the writer than pushes one at a time did (at a million tables the
+// generator then filled the pipeline faster than its last stage drained
+// it, and the lag doubled).
 func (s *Store) enqueueAdvance(ctx context.Context, worker int, subs []*subscription, ts common.Ts) error {
+	room := &s.advanceRoom[worker]
+	if err := room.acquire(ctx, s.closing, len(subs), s.knobs.advanceWaits); err != nil {
+		return err
+	}
 	ev := writeEvent{advance: subs, resolved: ts}
 	select {
 	case s.queues[worker] <- ev:
 		return nil
 	case <-ctx.Done():
+		room.release(len(subs))
 		return ctx.Err()
 	case <-s.closing:
+		room.release(len(subs))
 		return ErrClosed
+	}
+}
+
+// advanceRoom counts the advances a write worker may still have queued:
+// PushResolved takes room before it queues an event, the worker gives it
+// back once it published the event.
+type advanceRoom struct {
+	mu struct {
+		sync.Mutex
+		free int
+		// wake is closed and replaced when room is given back and someone
+		// waits (watched).
+		wake    chan struct{}
+		watched bool
+	}
+}
+
+func (r *advanceRoom) init(size int) {
+	r.mu.free = size
+	r.mu.wake = make(chan struct{})
+}
+
+// acquire takes room for n advances (n at most the size), waiting while
+// there is not enough; it gives up when ctx ends or the store closes.
+// waits, if set, runs before each wait (a test hook).
+func (r *advanceRoom) acquire(ctx context.Context, closing <-chan struct{}, n int, waits func()) error {
+	for {
+		r.mu.Lock()
+		if r.mu.free >= n {
+			r.mu.free -= n
+			r.mu.Unlock()
+			return nil
+		}
+		r.mu.watched = true
+		wake := r.mu.wake
+		r.mu.Unlock()
+		if waits != nil {
+			waits()
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-closing:
+			return ErrClosed
+		}
+	}
+}
+
+// release gives back room for n advances.
+func (r *advanceRoom) release(n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.mu.free += n
+	if r.mu.watched {
+		close(r.mu.wake)
+		r.mu.wake = make(chan struct{})
+		r.mu.watched = false
 	}
 }

@@ -3,6 +3,7 @@ package eventstore
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -121,4 +122,55 @@ func TestPushResolvedThatCannotQueueKeepsTheResolvedTs(t *testing.T) {
 	require.NoError(t, errors.Join(errs...))
 	r1.waitResolved(t, 10)
 	r2.waitResolved(t, 10)
+}
+
+// TestPushResolvedWaitsForRoomInAdvances: the advances queued per worker
+// are bounded like pushes (WriteQueueSize of them, not of events). With
+// the worker publishing an event of two advances and the queue itself
+// empty, a third advance waits for room (the hook proves it waits while
+// the queue has space) and goes through once the event is published.
+func TestPushResolvedWaitsForRoomInAdvances(t *testing.T) {
+	hold, held, waiting := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var once, waitOnce sync.Once
+	env := newTestEnv(t, func(o *Options) { o.WriteWorkers, o.WriteQueueSize = 1, 2 }, func(s *Store) {
+		s.knobs.published = func(ts common.Ts) {
+			if ts == 5 {
+				once.Do(func() {
+					close(held)
+					<-hold
+				})
+			}
+		}
+		s.knobs.advanceWaits = func() { waitOnce.Do(func() { close(waiting) }) }
+	})
+	recs := make([]*recorder, 3)
+	sinks := make([]Sink, 3)
+	for i := range recs {
+		recs[i] = newRecorder()
+		require.NoError(t, env.store.RegisterDispatcher(did(uint64(i+1)), common.TableSpan(int64(i+1)), 0, recs[i].notify))
+		sinks[i] = env.up.last(t, common.TableSpan(int64(i+1))).sink
+	}
+	var release sync.Once
+	unhold := func() { release.Do(func() { close(hold) }) }
+	t.Cleanup(unhold) // before the store's Close, on any failure
+	errs := make([]error, 3)
+	PushResolved(context.Background(), sinks[:2], 5, errs[:2])
+	require.NoError(t, errors.Join(errs[:2]...))
+	<-held // the worker took the event and is publishing it: the queue is empty, the room is not
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		PushResolved(context.Background(), sinks[2:], 6, errs[2:])
+	}()
+	select {
+	case <-waiting:
+	case <-done:
+		t.Fatal("a third advance was queued with the room taken")
+	}
+	unhold()
+	<-done
+	require.NoError(t, errs[2])
+	recs[0].waitResolved(t, 5)
+	recs[1].waitResolved(t, 5)
+	recs[2].waitResolved(t, 6)
 }

@@ -33,9 +33,12 @@ type Store struct {
 	cache   interface{ Unref() }
 	metrics *metrics
 
-	queues  []chan writeEvent
-	closing chan struct{} // closed when Close starts
-	wg      sync.WaitGroup
+	queues []chan writeEvent
+	// advanceRoom bounds the PushResolved advances queued per worker and
+	// not yet published, as the queue bounds pushes (advance.go).
+	advanceRoom []advanceRoom
+	closing     chan struct{} // closed when Close starts
+	wg          sync.WaitGroup
 
 	// openIters counts iterators not yet closed (checked by Close).
 	openIters atomic.Int64
@@ -87,6 +90,9 @@ type testingKnobs struct {
 	// subscribeWaits runs when a registration found its span being
 	// subscribed by another and is about to wait for it.
 	subscribeWaits func()
+	// advanceWaits runs when a PushResolved found no room for its advances
+	// and is about to wait for it.
+	advanceWaits func()
 }
 
 // Open creates a store. It starts no goroutine: call Start.
@@ -104,8 +110,10 @@ func Open(opts Options) (*Store, error) {
 	s.mu.subs = make(map[uint64]*subscription)
 	s.mu.subscribing = make(map[string]chan struct{})
 	s.queues = make([]chan writeEvent, opts.WriteWorkers)
+	s.advanceRoom = make([]advanceRoom, opts.WriteWorkers)
 	for i := range s.queues {
 		s.queues[i] = make(chan writeEvent, opts.WriteQueueSize)
+		s.advanceRoom[i].init(opts.WriteQueueSize)
 	}
 
 	cache := pebble.NewCache(opts.CacheBytes)

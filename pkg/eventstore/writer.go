@@ -107,6 +107,9 @@ func (s *Store) apply(evs []writeEvent) error {
 		for _, sub := range ev.advance {
 			s.publish(writeEvent{sub: sub, resolved: ev.resolved}, now, &pub)
 		}
+		if len(ev.advance) > 0 {
+			s.advanceRoom[ev.advance[0].worker].release(len(ev.advance))
+		}
 		if ev.sub != nil {
 			s.publish(ev, now, &pub)
 		}
