@@ -85,7 +85,8 @@ type Summary struct {
 	// /sys/kernel/mm/transparent_hugepage/enabled: always, madvise or
 	// never; empty where unknown). The Go runtime asks for no huge pages,
 	// so only "always" backs the heap with them, and at a million
-	// dispatchers that halves the cost of an advance (docs/benchmarks.md).
+	// dispatchers that cuts the CPU of an advance by a third to a half
+	// (docs/design/cdcserver.md).
 	THP              string  `json:"thp,omitempty"`
 	PeakPendingTasks int     `json:"peak_pending_tasks"`
 	PeakPendingPrep  int     `json:"peak_pending_prepare"`
