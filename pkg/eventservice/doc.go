@@ -8,7 +8,7 @@
 //
 //	store notify -> onNotify: advance the frontier (atomics), request
 //	  -> per-worker preparation queue (intrusive FIFO, one entry per session)
-//	  -> preparation worker, up to 64 sessions per pop: handshake |
+//	  -> preparation worker, up to 8 sessions per pop: handshake |
 //	     nothing | fast path | real scan (the resolved-only outcomes of a
 //	     pop are added to the resolved set together, then published and
 //	     ended, each session owned until its end)
