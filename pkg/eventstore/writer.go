@@ -56,6 +56,13 @@ func (s *Store) runWriter(i int) {
 			// cannot recover by itself; it logs loudly and keeps serving.
 			s.log.Error("write batch failed", zap.Int("worker", i), zap.Error(err))
 		}
+		// The advances' room comes back whether or not the batch was
+		// applied: a failed commit must not shrink it for good.
+		for _, ev := range evs {
+			if len(ev.advance) > 0 {
+				s.advanceRoom[i].release(len(ev.advance))
+			}
+		}
 		clear(evs) // drop row references for the GC
 	}
 }
@@ -106,9 +113,6 @@ func (s *Store) apply(evs []writeEvent) error {
 		}
 		for _, sub := range ev.advance {
 			s.publish(writeEvent{sub: sub, resolved: ev.resolved}, now, &pub)
-		}
-		if len(ev.advance) > 0 {
-			s.advanceRoom[ev.advance[0].worker].release(len(ev.advance))
 		}
 		if ev.sub != nil {
 			s.publish(ev, now, &pub)
