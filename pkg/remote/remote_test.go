@@ -83,6 +83,38 @@ func TestWireResolvedSlabKeepsEachMessageItsOwn(t *testing.T) {
 	require.Equal(t, msgs[2:], got[2:], "the others are untouched")
 }
 
+// requireEncodedSizeExact: encodedSize is the length message writes, for
+// each of msgs (appendFrames sizes each frame's one allocation by it).
+func requireEncodedSizeExact(t *testing.T, msgs []messaging.Message) {
+	t.Helper()
+	for i, m := range msgs {
+		var e encoder
+		e.message(m)
+		require.Equal(t, len(e.b), encodedSize(m), "message %d (%v)", i, m.Kind())
+	}
+}
+
+// TestEncodedSizeIsExact: every kind, at the varints' edges (zero, one
+// byte's largest, the largest uint64, a negative table), nil and empty
+// slices apart.
+func TestEncodedSizeIsExact(t *testing.T) {
+	requireEncodedSizeExact(t, sampleMessages())
+	requireEncodedSizeExact(t, resolvedAmongOthers())
+	for _, v := range []uint64{0, 127, 128, 1<<63 - 1, 1<<64 - 1} {
+		h := messaging.Header{Dispatcher: common.DispatcherID{Hi: v, Lo: v}, Registration: messaging.RegistrationID(v), Epoch: v, Seq: v}
+		requireEncodedSizeExact(t, []messaging.Message{
+			&messaging.Handshake{Header: h, StartTs: common.Ts(v), Slot: uint32(v)},
+			&messaging.DMLBatch{Header: h, Rows: []common.Row{{Op: common.OpPut, Key: make([]byte, v%300), Value: nil,
+				OldValue: []byte{}, StartTs: common.Ts(v), CommitTs: common.Ts(v)}}},
+			&messaging.DDL{Header: h, TableID: int64(v), CommitTs: common.Ts(v), Query: string(make([]byte, v%200))},
+			&messaging.DDL{Header: h, TableID: -int64(v % (1 << 62)), Query: ""},
+			&messaging.Resolved{Header: h, Ts: common.Ts(v), Slot: uint32(v)},
+			&messaging.ResolvedBatch{Entries: []messaging.Resolved{{Header: h, Ts: common.Ts(v), Slot: uint32(v)}}},
+			&messaging.ResolvedBatch{},
+		})
+	}
+}
+
 func FuzzDecodeMessages(f *testing.F) {
 	f.Add(appendMessages(nil, sampleMessages()))
 	f.Add(appendMessages(nil, resolvedAmongOthers()))
@@ -94,6 +126,7 @@ func FuzzDecodeMessages(f *testing.F) {
 			require.ErrorIs(t, err, ErrMalformed)
 			return
 		}
+		requireEncodedSizeExact(t, msgs)
 		// What decodes re-encodes to a frame that decodes to the same.
 		again, err := decodeMessages(appendMessages(nil, msgs))
 		require.NoError(t, err)

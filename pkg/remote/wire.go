@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
@@ -184,29 +185,81 @@ const frameTargetBytes = 256 << 10
 
 // appendFrames encodes msgs as data frames of about frameTargetBytes or
 // fewer (one message larger than that is a frame of its own), appended to
-// dst in order. Each frame is its own allocation: the count is written in
-// front of the messages, in room reserved for it.
+// dst in order. Each frame is its own allocation, of the frame's exact
+// size (encodedSize): growing it by appends copied every frame about
+// twice, a tenth of a server's CPU sending 400k rows/s to collectors in
+// other processes. The count is written in front of the messages, in room
+// reserved for it.
 func appendFrames(dst [][]byte, msgs []messaging.Message) [][]byte {
 	const reserve = binary.MaxVarintLen64
-	e := encoder{b: make([]byte, reserve, reserve+512)}
-	n := 0
-	flush := func() {
+	for len(msgs) > 0 {
+		// The frame's messages: up to and including the one that reaches
+		// frameTargetBytes, as the encoding below cuts them.
+		n, size := 0, 0
+		for n < len(msgs) && size < frameTargetBytes {
+			size += encodedSize(msgs[n])
+			n++
+		}
+		e := encoder{b: make([]byte, reserve, reserve+size)}
+		for _, m := range msgs[:n] {
+			e.message(m)
+		}
 		var count [reserve]byte
 		k := binary.PutUvarint(count[:], uint64(n))
 		copy(e.b[reserve-k:], count[:k])
 		dst = append(dst, e.b[reserve-k:])
-		e.b, n = make([]byte, reserve, reserve+512), 0
-	}
-	for _, m := range msgs {
-		e.message(m)
-		if n++; len(e.b)-reserve >= frameTargetBytes {
-			flush()
-		}
-	}
-	if n > 0 {
-		flush()
+		msgs = msgs[n:]
 	}
 	return dst
+}
+
+// uvarintSize is the length of v as binary.AppendUvarint writes it.
+func uvarintSize(v uint64) int { return (bits.Len64(v|1) + 6) / 7 }
+
+// bytesSize is the length of v as encoder.bytes writes it.
+func bytesSize(v []byte) int {
+	if v == nil {
+		return 1
+	}
+	return uvarintSize(uint64(len(v))+1) + len(v)
+}
+
+// encodedSize is the exact length encoder.message writes for m
+// (TestEncodedSizeIsExact). REQUIRES: m is not nil.
+func encodedSize(m messaging.Message) int {
+	const idSize = 16
+	if b, ok := m.(*messaging.ResolvedBatch); ok {
+		n := 1 + uvarintSize(uint64(len(b.Entries)))
+		for i := range b.Entries {
+			r := &b.Entries[i]
+			n += idSize + uvarintSize(uint64(r.Registration)) + uvarintSize(r.Epoch) + uvarintSize(r.Seq) +
+				uvarintSize(uint64(r.Ts)) + uvarintSize(uint64(r.Slot))
+		}
+		return n
+	}
+	h := m.MessageHeader()
+	n := 1 + idSize + uvarintSize(uint64(h.Registration)) + uvarintSize(h.Epoch) + uvarintSize(h.Seq)
+	switch m := m.(type) {
+	case *messaging.Handshake:
+		n += uvarintSize(uint64(m.StartTs)) + uvarintSize(uint64(m.Slot))
+	case *messaging.DMLBatch:
+		n += 1 + uvarintSize(uint64(len(m.Rows)))
+		for i := range m.Rows {
+			r := &m.Rows[i]
+			n += 1 + bytesSize(r.Key) + bytesSize(r.Value) + bytesSize(r.OldValue) +
+				uvarintSize(uint64(r.StartTs)) + uvarintSize(uint64(r.CommitTs))
+		}
+	case *messaging.DDL:
+		zigzag := uint64(m.TableID) << 1 // as binary.AppendVarint
+		if m.TableID < 0 {
+			zigzag = ^zigzag
+		}
+		n += uvarintSize(zigzag) + uvarintSize(uint64(m.CommitTs)) +
+			uvarintSize(uint64(len(m.Query))) + len(m.Query)
+	case *messaging.Resolved:
+		n += uvarintSize(uint64(m.Ts)) + uvarintSize(uint64(m.Slot))
+	}
+	return n
 }
 
 // message encodes one message. REQUIRES: m is not nil.
