@@ -65,9 +65,10 @@ type Sink struct {
 		// newest caches m per table (present: read or written).
 		newest map[int64]common.Ts
 		// group is Checkpoint's scratch: the keys of the rows above m
-		// at the current commit-ts; staged, each table's newest commit-ts
-		// with the batch being written.
-		group  map[string]struct{}
+		// at the current commit-ts; key a version key being built; staged,
+		// each table's newest commit-ts with the batch being written.
+		group  keyGroup
+		key    []byte
 		staged map[int64]common.Ts
 	}
 }
@@ -110,7 +111,6 @@ func Open(dir string) (*Sink, error) {
 	s.mu.pending = map[common.DispatcherID][]common.Row{}
 	s.mu.ddls = map[common.DispatcherID][]messaging.DDL{}
 	s.mu.newest = map[int64]common.Ts{}
-	s.mu.group = map[string]struct{}{}
 	s.mu.staged = map[int64]common.Ts{}
 	if err := s.load(); err != nil {
 		_ = db.Close()
@@ -318,11 +318,13 @@ func (s *Sink) stageLocked(b *pebble.Batch, id common.DispatcherID, table int64,
 	hi := newest
 	var groupTs common.Ts
 	var versions uint64
-	defer clear(s.mu.group)
+	g := &s.mu.group
+	defer g.reset()
 	for _, r := range s.mu.pending[id] {
 		// The lookup uses the same encoding as the write, so a re-delivery
 		// finds its first application whatever other keys it prefixes.
-		k := versionKey(table, r.Key, r.CommitTs)
+		k := appendVersionKey(s.mu.key[:0], table, r.Key, r.CommitTs)
+		s.mu.key = k // the scratch keeps what it grew to
 		if r.CommitTs <= newest {
 			if _, closer, err := b.Get(k); err == nil {
 				_ = closer.Close()
@@ -335,19 +337,22 @@ func (s *Sink) stageLocked(b *pebble.Batch, id common.DispatcherID, table int64,
 			// already holds it (rows come in commit-ts order, so a repeat
 			// is in the same commit-ts group).
 			if r.CommitTs != groupTs {
-				clear(s.mu.group)
+				g.reset()
 				groupTs = r.CommitTs
 			}
-			if _, dup := s.mu.group[string(k)]; dup {
+			if !g.add(k) {
 				continue
 			}
-			s.mu.group[string(k)] = struct{}{}
 			hi = max(hi, r.CommitTs)
 		}
-		v := binary.BigEndian.AppendUint64(nil, *seq)
-		v = append(v, byte(r.Op))
-		v = append(v, r.Value...)
-		if err := b.Set(k, v, nil); err != nil {
+		// Key and value are written into the batch in place: no copy of
+		// either is made per row.
+		op := b.SetDeferred(len(k), 8+1+len(r.Value))
+		copy(op.Key, k)
+		binary.BigEndian.PutUint64(op.Value, *seq)
+		op.Value[8] = byte(r.Op)
+		copy(op.Value[9:], r.Value)
+		if err := op.Finish(); err != nil {
 			return 0, 0, err
 		}
 		*seq++
@@ -458,11 +463,64 @@ func (s *Sink) scanTable(kind byte, table int64, fn func(k, v []byte) error) err
 }
 
 func versionKey(table int64, key []byte, commitTs common.Ts) []byte {
-	k := make([]byte, 0, 1+8+len(key)+2+8)
-	k = append(k, 'v')
-	k = binary.BigEndian.AppendUint64(k, uint64(table))
-	k = appendEscaped(k, key)
-	return binary.BigEndian.AppendUint64(k, uint64(commitTs))
+	return appendVersionKey(make([]byte, 0, 1+8+len(key)+2+8), table, key, commitTs)
+}
+
+// appendVersionKey appends versionKey(table, key, commitTs) to dst.
+func appendVersionKey(dst []byte, table int64, key []byte, commitTs common.Ts) []byte {
+	dst = append(dst, 'v')
+	dst = binary.BigEndian.AppendUint64(dst, uint64(table))
+	dst = appendEscaped(dst, key)
+	return binary.BigEndian.AppendUint64(dst, uint64(commitTs))
+}
+
+// keyGroup is a set of keys: the versions staged at one commit-ts. A
+// commit-ts holds a transaction's rows of one table, a few as a rule, so
+// the first keyGroupScan keys are compared in a list, without the copy a
+// map insert makes; a larger group moves to a map.
+type keyGroup struct {
+	buf  []byte // the listed keys, back to back
+	ends []int  // ends[i] is where key i ends in buf
+	big  map[string]struct{}
+}
+
+const keyGroupScan = 8
+
+// add adds k and reports whether it was new.
+func (g *keyGroup) add(k []byte) bool {
+	if g.big != nil && len(g.ends) > keyGroupScan {
+		if _, dup := g.big[string(k)]; dup {
+			return false
+		}
+		g.big[string(k)] = struct{}{}
+		return true
+	}
+	start := 0
+	for _, end := range g.ends {
+		if bytes.Equal(g.buf[start:end], k) {
+			return false
+		}
+		start = end
+	}
+	g.buf = append(g.buf, k...)
+	g.ends = append(g.ends, len(g.buf))
+	if len(g.ends) > keyGroupScan {
+		if g.big == nil {
+			g.big = map[string]struct{}{}
+		}
+		start = 0
+		for _, end := range g.ends {
+			g.big[string(g.buf[start:end])] = struct{}{}
+			start = end
+		}
+	}
+	return true
+}
+
+// reset empties g, keeping its memory.
+func (g *keyGroup) reset() {
+	g.buf, g.ends = g.buf[:0], g.ends[:0]
+	clear(g.big)
 }
 
 // appendEscaped appends key with each 0x00 written as 0x00 0xFF and the

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -347,4 +348,23 @@ func TestCheckpointBatchPersistsEveryEntryInOneBatch(t *testing.T) {
 	require.Len(t, v1, 1)
 	require.Len(t, v2, 2)
 	require.Equal(t, []uint64{v1[0].Seq + 1, v1[0].Seq + 2}, []uint64{v2[0].Seq, v2[1].Seq}, "one numbering across the batch")
+}
+
+// TestKeyGroupFindsRepeatsInSmallAndLargeGroups: a group reports each key
+// new once, while it is a list and after it moved to a map, and a reset
+// forgets them.
+func TestKeyGroupFindsRepeatsInSmallAndLargeGroups(t *testing.T) {
+	var g keyGroup
+	for round := range 2 {
+		for _, n := range []int{1, keyGroupScan, keyGroupScan + 1, 3 * keyGroupScan} {
+			g.reset()
+			for i := range n {
+				require.True(t, g.add(fmt.Appendf(nil, "k%d", i)), "round %d, %d keys: key %d is new", round, n, i)
+			}
+			for i := range n {
+				require.False(t, g.add(fmt.Appendf(nil, "k%d", i)), "round %d, %d keys: key %d again", round, n, i)
+			}
+			require.True(t, g.add([]byte("k")), "a prefix of the keys is another key")
+		}
+	}
 }

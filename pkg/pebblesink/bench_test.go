@@ -1,0 +1,62 @@
+package pebblesink
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventcollector"
+)
+
+// BenchmarkCheckpointBatch applies rows as a collector process does: 64
+// dispatchers of one table each, 64 new rows of 100-byte values staged per
+// dispatcher (4-row transactions, one commit-ts each), then one
+// CheckpointBatch over all of them. One op is one row written; rows/s is
+// the figure to compare.
+func BenchmarkCheckpointBatch(b *testing.B) {
+	const dispatchers, rowsPer, txnRows, valueBytes = 64, 64, 4, 100
+	s, err := Open(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	ids := make([]common.DispatcherID, dispatchers)
+	cps := make([]eventcollector.SinkCheckpoint, dispatchers)
+	errs := make([]error, dispatchers)
+	for i := range ids {
+		ids[i] = common.DispatcherIDFromUint64(uint64(i + 1))
+		s.Bind(ids[i], int64(i+1))
+	}
+	rows := make([]common.Row, rowsPer)
+	keys := make([][]byte, rowsPer) // each row a new version of its key: the commit-ts moves
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "key-%08d", i)
+	}
+	value := make([]byte, valueBytes)
+	ts := common.Ts(0)
+	b.SetBytes(valueBytes)
+	b.ResetTimer()
+	for written := 0; written < b.N; written += dispatchers * rowsPer {
+		for i := range rows {
+			if i%txnRows == 0 {
+				ts++
+			}
+			rows[i] = common.Row{Op: common.OpPut, Key: keys[i], Value: value,
+				StartTs: ts - 1, CommitTs: ts}
+		}
+		for i, id := range ids {
+			if err := s.ApplyRows(id, rows); err != nil {
+				b.Fatal(err)
+			}
+			cps[i] = eventcollector.SinkCheckpoint{ID: id, Ts: ts}
+		}
+		clear(errs)
+		s.CheckpointBatch(cps, errs)
+		for _, err := range errs {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "rows/s")
+}
