@@ -213,7 +213,14 @@ func (s *Sink) BeginEpoch(id common.DispatcherID, _ uint64, _ common.Ts) error {
 func (s *Sink) ApplyRows(id common.DispatcherID, rows []common.Row) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.mu.pending[id] = append(s.mu.pending[id], rows...)
+	if p := s.mu.pending[id]; len(p) > 0 {
+		s.mu.pending[id] = append(p, rows...)
+	} else {
+		// The Sink contract lets the sink keep rows: the first call since
+		// a checkpoint keeps them without a copy. Capped, so that a
+		// later call's append copies instead of writing past them.
+		s.mu.pending[id] = rows[:len(rows):len(rows)]
+	}
 	return nil
 }
 
@@ -303,7 +310,7 @@ func (s *Sink) CheckpointBatch(cps []eventcollector.SinkCheckpoint, errs []error
 	}
 	for i, cp := range cps {
 		if errs[i] == nil {
-			s.mu.pending[cp.ID] = s.mu.pending[cp.ID][:0]
+			s.mu.pending[cp.ID] = nil // the rows, perhaps the caller's, are not kept past their checkpoint
 			s.mu.ddls[cp.ID] = s.mu.ddls[cp.ID][:0]
 		}
 	}

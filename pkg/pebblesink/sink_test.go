@@ -368,3 +368,23 @@ func TestKeyGroupFindsRepeatsInSmallAndLargeGroups(t *testing.T) {
 		}
 	}
 }
+
+// TestApplyRowsNeverWritesIntoTheCallersRows: the sink keeps a first
+// call's rows without a copy (the Sink contract allows it), but a later
+// call's rows never land in the spare capacity of the caller's slice.
+func TestApplyRowsNeverWritesIntoTheCallersRows(t *testing.T) {
+	s := openTestSink(t)
+	id := common.DispatcherIDFromUint64(1)
+	s.Bind(id, 1)
+	row := func(key string, ts common.Ts) common.Row {
+		return common.Row{Op: common.OpPut, Key: []byte(key), Value: []byte(key), CommitTs: ts}
+	}
+	buf := []common.Row{row("a", 10), row("untouched", 99)}
+	require.NoError(t, s.ApplyRows(id, buf[:1]))
+	require.NoError(t, s.ApplyRows(id, []common.Row{row("b", 11)}))
+	require.Equal(t, row("untouched", 99), buf[1], "the caller's slice was written past the rows it gave")
+	require.NoError(t, s.Checkpoint(id, 20))
+	v, err := s.Versions(1)
+	require.NoError(t, err)
+	require.Len(t, v, 2)
+}

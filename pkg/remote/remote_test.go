@@ -57,6 +57,29 @@ func TestWireRoundTrip(t *testing.T) {
 	}
 }
 
+// TestDecodedBytesOwnTheirMemory: a decoded frame's byte fields share no
+// memory with the frame (gRPC reuses it) nor, writable, with each other
+// (they share one copy of the frame's bytes): overwriting the frame
+// changes nothing, and an append to a row's key cannot reach its value.
+func TestDecodedBytesOwnTheirMemory(t *testing.T) {
+	msgs := sampleMessages()
+	frame := appendMessages(nil, msgs)
+	got, err := decodeMessages(frame)
+	require.NoError(t, err)
+	for i := range frame {
+		frame[i] = 0xAA
+	}
+	require.Equal(t, msgs, got, "the frame overwritten after decoding")
+	rows := got[1].(*messaging.DMLBatch).Rows
+	for i := range rows {
+		for _, b := range [][]byte{rows[i].Key, rows[i].Value, rows[i].OldValue} {
+			require.Equal(t, len(b), cap(b), "row %d: a field with room to grow into the next", i)
+		}
+	}
+	_ = append(rows[0].Key, 'X', 'Y', 'Z')
+	require.Equal(t, msgs, got, "an append to a decoded key")
+}
+
 // resolvedAmongOthers is a frame of resolved-ts between and after other
 // kinds: the decoder puts a frame's resolved-ts in one slab.
 func resolvedAmongOthers() []messaging.Message {

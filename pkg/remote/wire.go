@@ -83,6 +83,15 @@ func (e *encoder) id(d common.DispatcherID) {
 type decoder struct {
 	b   []byte
 	err error
+	// slabbed: take copies into slab, one allocation per frame (data
+	// frames, whose rows are applied and released together), not one per
+	// field. Its capacity is the bytes left when the first copy is made,
+	// which bounds every later copy, so appends never move it. A row kept
+	// keeps its frame's copied bytes (at most frameTargetBytes, or one
+	// message); control frames copy per field, since a registration's span
+	// keys live as long as the dispatcher.
+	slabbed bool
+	slab    []byte
 }
 
 func (d *decoder) fail(what string) {
@@ -128,9 +137,18 @@ func (d *decoder) take(n uint64) []byte {
 		d.fail("length past the frame's end")
 		return nil
 	}
-	v := append([]byte(nil), d.b[:n]...)
+	if !d.slabbed {
+		v := append([]byte(nil), d.b[:n]...)
+		d.b = d.b[n:]
+		return v
+	}
+	if d.slab == nil {
+		d.slab = make([]byte, 0, len(d.b))
+	}
+	start := len(d.slab)
+	d.slab = append(d.slab, d.b[:n]...)
 	d.b = d.b[n:]
-	return v
+	return d.slab[start:len(d.slab):len(d.slab)] // capped: an append to it cannot reach the next
 }
 
 func (d *decoder) bytes() []byte {
@@ -145,7 +163,16 @@ func (d *decoder) bytes() []byte {
 	return v
 }
 
-func (d *decoder) str() string { return string(d.take(d.u())) }
+func (d *decoder) str() string {
+	n := d.u()
+	if n > uint64(len(d.b)) {
+		d.fail("length past the frame's end")
+		return ""
+	}
+	v := string(d.b[:n]) // the conversion is the copy
+	d.b = d.b[n:]
+	return v
+}
 
 func (d *decoder) id() common.DispatcherID {
 	if len(d.b) < 16 {
@@ -331,7 +358,7 @@ func (d *decoder) count(minBytes int, what string) int {
 
 // decodeMessages decodes a data frame.
 func decodeMessages(b []byte) ([]messaging.Message, error) {
-	d := decoder{b: b}
+	d := decoder{b: b, slabbed: true}
 	n := d.count(minMessageBytes, "messages")
 	if d.err != nil {
 		return nil, d.err
