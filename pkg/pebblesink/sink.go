@@ -26,7 +26,8 @@ import (
 //
 //	v | table(8) | esc(key) | commitTs(8)  -> seq(8) | op(1) | value   (one row version)
 //	d | table(8) | commitTs(8)             -> query                    (one DDL)
-//	c | dispatcher(16)                     -> ts(8)                    (checkpoint)
+//	k | n(8)                               -> (dispatcher(16) | ts(8))... (a batch's checkpoints: checkpoints.go)
+//	C | chunk(4)                           -> (dispatcher(16) | ts(8))... (a snapshot of them)
 //	m | table(8)                           -> commitTs(8)              (the table's newest version)
 //	s                                      -> next seq(8)
 //	f                                      -> format(1)
@@ -70,6 +71,8 @@ type Sink struct {
 		group  keyGroup
 		key    []byte
 		staged map[int64]common.Ts
+		// cps are the persisted checkpoints and their log.
+		cps checkpointLog
 	}
 }
 
@@ -134,9 +137,10 @@ var (
 	ErrNotBound = errors.New("dispatcher not bound to a table")
 )
 
-// sinkFormat is the layout above: 3, with m (2 had none, so its tables'
-// newest versions are unknown; 1, never written down, had raw keys).
-const sinkFormat = 3
+// sinkFormat is the layout above: 4, with the checkpoints in a log (3 had
+// a key per dispatcher; 2 no m, so its tables' newest versions are
+// unknown; 1, never written down, had raw keys).
+const sinkFormat = 4
 
 // load reads the next sequence number and checks the format marker,
 // writing it into a sink that holds nothing yet.
@@ -163,7 +167,7 @@ func (s *Sink) load() error {
 		}
 	}
 	s.mu.nextSeq = max(seq, 1)
-	return nil
+	return s.mu.cps.load(s.db)
 }
 
 // getUint64 reads a big-endian uint64 value, 0 when the key is absent.
@@ -194,9 +198,9 @@ func (s *Sink) Bind(id common.DispatcherID, table int64) {
 
 // CheckpointOf returns the persisted checkpoint of id, or 0.
 func (s *Sink) CheckpointOf(id common.DispatcherID) (common.Ts, error) {
-	b := id.Bytes()
-	v, err := s.getUint64(append([]byte("c"), b[:]...))
-	return common.Ts(v), err
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.cps.ts[id], nil
 }
 
 // BeginEpoch drops what was applied since the last checkpoint: the new
@@ -204,7 +208,7 @@ func (s *Sink) CheckpointOf(id common.DispatcherID) (common.Ts, error) {
 func (s *Sink) BeginEpoch(id common.DispatcherID, _ uint64, _ common.Ts) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.mu.pending[id] = s.mu.pending[id][:0]
+	s.mu.pending[id] = nil
 	s.mu.ddls[id] = s.mu.ddls[id][:0]
 	return nil
 }
@@ -251,6 +255,7 @@ func (s *Sink) CheckpointBatch(cps []eventcollector.SinkCheckpoint, errs []error
 	defer s.mu.Unlock()
 	b := s.db.NewIndexedBatch()
 	defer b.Close()
+	s.mu.cps.batch = s.mu.cps.batch[:0] // what a failed batch left
 	seq, applied := s.mu.nextSeq, uint64(0)
 	staged := s.mu.staged // table -> its newest commit-ts with this batch
 	clear(staged)
@@ -293,6 +298,10 @@ func (s *Sink) CheckpointBatch(cps []eventcollector.SinkCheckpoint, errs []error
 	if n == 0 {
 		return
 	}
+	if err := s.mu.cps.write(b); err != nil {
+		fail(err)
+		return
+	}
 	if err := b.Set([]byte("s"), binary.BigEndian.AppendUint64(nil, seq), nil); err != nil {
 		fail(err)
 		return
@@ -305,6 +314,12 @@ func (s *Sink) CheckpointBatch(cps []eventcollector.SinkCheckpoint, errs []error
 	}
 	s.mu.nextSeq = seq
 	s.mu.applied += applied
+	s.mu.cps.committed()
+	if s.mu.cps.dueForCut() {
+		// The checkpoints are committed whatever the cut does: one that
+		// fails leaves the log as it is, and the next batch tries again.
+		_ = s.mu.cps.cut(s.db)
+	}
 	for table, hi := range staged {
 		s.mu.newest[table] = hi
 	}
@@ -376,10 +391,7 @@ func (s *Sink) stageLocked(b *pebble.Batch, id common.DispatcherID, table int64,
 			return 0, 0, err
 		}
 	}
-	idb := id.Bytes()
-	if err := b.Set(append([]byte("c"), idb[:]...), binary.BigEndian.AppendUint64(nil, uint64(ts)), nil); err != nil {
-		return 0, 0, err
-	}
+	s.mu.cps.add(id, ts)
 	return hi, versions, nil
 }
 

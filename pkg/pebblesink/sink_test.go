@@ -388,3 +388,71 @@ func TestApplyRowsNeverWritesIntoTheCallersRows(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, v, 2)
 }
+
+// TestCheckpointsSurviveTheLogsCutAndAReopen: checkpoints enough for the
+// log to be cut into a snapshot, then more into a new log; a reopened
+// sink reads every dispatcher's last checkpoint back, and the cut deleted
+// the log it replaced.
+func TestCheckpointsSurviveTheLogsCutAndAReopen(t *testing.T) {
+	const dispatchers = 1000
+	rounds := logCutMin/dispatchers + 3
+	dir := t.TempDir()
+	s, err := Open(dir)
+	require.NoError(t, err)
+	cps := make([]eventcollector.SinkCheckpoint, dispatchers)
+	errs := make([]error, dispatchers)
+	for i := range cps {
+		cps[i].ID = common.DispatcherIDFromUint64(uint64(i + 1))
+		s.Bind(cps[i].ID, int64(i+1))
+	}
+	for r := range rounds {
+		for i := range cps {
+			cps[i].Ts = common.Ts(r*10 + i%7 + 1)
+		}
+		clear(errs)
+		s.CheckpointBatch(cps, errs)
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
+	}
+	countKeys := func(kind byte) int {
+		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{kind}, UpperBound: []byte{kind + 1}})
+		require.NoError(t, err)
+		defer it.Close()
+		n := 0
+		for ok := it.First(); ok; ok = it.Next() {
+			n++
+		}
+		return n
+	}
+	require.Equal(t, (dispatchers+snapshotChunk-1)/snapshotChunk, countKeys('C'), "one snapshot, in chunks")
+	require.Less(t, countKeys('k'), rounds, "the cut deleted the log it replaced")
+	require.NoError(t, s.Close())
+
+	s, err = Open(dir)
+	require.NoError(t, err)
+	defer s.Close()
+	for i, cp := range cps {
+		got, err := s.CheckpointOf(cp.ID)
+		require.NoError(t, err)
+		require.Equal(t, cp.Ts, got, "dispatcher %d", i)
+	}
+	got, err := s.CheckpointOf(common.DispatcherIDFromUint64(dispatchers + 1))
+	require.NoError(t, err)
+	require.Zero(t, got, "never checkpointed")
+}
+
+// TestACorruptCheckpointEntryFailsOpen: a log entry or snapshot chunk that
+// is not whole (dispatcher, ts) pairs is ErrCorruptSink at Open, not a
+// checkpoint made up.
+func TestACorruptCheckpointEntryFailsOpen(t *testing.T) {
+	for _, key := range [][]byte{logKey(3), snapshotKey(0), {'k', 1}} {
+		dir := t.TempDir()
+		s, err := Open(dir)
+		require.NoError(t, err)
+		require.NoError(t, s.db.Set(key, make([]byte, checkpointEntryBytes+1), pebble.Sync))
+		require.NoError(t, s.Close())
+		_, err = Open(dir)
+		require.ErrorIs(t, err, ErrCorruptSink, "key %x", key)
+	}
+}

@@ -1,0 +1,149 @@
+package pebblesink
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+)
+
+// The checkpoints are a log and its snapshot, not a key per dispatcher:
+//
+//	k | n(8)      -> (dispatcher(16) | ts(8))...   one batch's checkpoints, n counting up
+//	C | chunk(4)  -> (dispatcher(16) | ts(8))...   every checkpoint when the log was last cut
+//
+// A batch's checkpoints are one log entry, in the batch that writes their
+// rows, so rows and checkpoint still commit together. A key per dispatcher,
+// rewritten at every checkpoint, was a memtable insert into a skiplist of
+// every checkpoint written since the last flush: with 100k dispatchers
+// advancing once a second, 46% of a collector process's CPU. Once the log
+// holds twice as many checkpoints as there are dispatchers (and at least
+// logCutMin), one batch writes the snapshot and deletes the log it
+// replaces, so a crash leaves the one or the other. Open reads the
+// snapshot, then the log in order; CheckpointOf answers from memory.
+type checkpointLog struct {
+	ts      map[common.DispatcherID]common.Ts // every persisted checkpoint
+	next    uint64                            // the next log entry's n
+	entries int                               // checkpoints in the log
+	batch   []byte                            // the entry being built
+}
+
+const (
+	checkpointEntryBytes = 16 + 8
+	// snapshotChunk is how many checkpoints one snapshot key holds.
+	snapshotChunk = 4096
+	// logCutMin: the log is not cut below this many checkpoints.
+	logCutMin = 64 << 10
+)
+
+func logKey(n uint64) []byte { return binary.BigEndian.AppendUint64([]byte{'k'}, n) }
+
+func snapshotKey(chunk uint32) []byte { return binary.BigEndian.AppendUint32([]byte{'C'}, chunk) }
+
+// add appends id's checkpoint ts to the entry being built.
+func (l *checkpointLog) add(id common.DispatcherID, ts common.Ts) {
+	b := id.Bytes()
+	l.batch = append(l.batch, b[:]...)
+	l.batch = binary.BigEndian.AppendUint64(l.batch, uint64(ts))
+}
+
+// write puts the entry being built, if any, into b.
+func (l *checkpointLog) write(b *pebble.Batch) error {
+	if len(l.batch) == 0 {
+		return nil
+	}
+	return b.Set(logKey(l.next), l.batch, nil)
+}
+
+// committed records the entry write put into a batch now committed.
+func (l *checkpointLog) committed() {
+	if len(l.batch) == 0 {
+		return
+	}
+	forEachCheckpoint(l.batch, func(id common.DispatcherID, ts common.Ts) { l.ts[id] = max(l.ts[id], ts) })
+	l.entries += len(l.batch) / checkpointEntryBytes
+	l.next++
+	l.batch = l.batch[:0]
+}
+
+// dueForCut reports whether the log should be replaced by a snapshot.
+func (l *checkpointLog) dueForCut() bool { return l.entries >= max(2*len(l.ts), logCutMin) }
+
+// cut writes every checkpoint as the snapshot and deletes the log, in one
+// batch.
+func (l *checkpointLog) cut(db *pebble.DB) error {
+	b := db.NewBatch()
+	defer b.Close()
+	if err := b.DeleteRange([]byte{'C'}, []byte{'C' + 1}, nil); err != nil {
+		return err
+	}
+	if err := b.DeleteRange(logKey(0), logKey(l.next), nil); err != nil {
+		return err
+	}
+	var chunk []byte
+	n := uint32(0)
+	flush := func() error {
+		if len(chunk) == 0 {
+			return nil
+		}
+		err := b.Set(snapshotKey(n), chunk, nil)
+		chunk, n = chunk[:0], n+1
+		return err
+	}
+	for id, ts := range l.ts {
+		idb := id.Bytes()
+		chunk = append(chunk, idb[:]...)
+		chunk = binary.BigEndian.AppendUint64(chunk, uint64(ts))
+		if len(chunk) == snapshotChunk*checkpointEntryBytes {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+	if err := b.Commit(pebble.NoSync); err != nil {
+		return err
+	}
+	l.entries = 0
+	return nil
+}
+
+// load reads the snapshot, then the log in order.
+func (l *checkpointLog) load(db *pebble.DB) error {
+	l.ts = map[common.DispatcherID]common.Ts{}
+	for _, kind := range []byte{'C', 'k'} {
+		it, err := db.NewIter(&pebble.IterOptions{LowerBound: []byte{kind}, UpperBound: []byte{kind + 1}})
+		if err != nil {
+			return err
+		}
+		for ok := it.First(); ok; ok = it.Next() {
+			k, v := it.Key(), it.Value()
+			if len(v)%checkpointEntryBytes != 0 || (kind == 'k' && len(k) != 9) || (kind == 'C' && len(k) != 5) {
+				_ = it.Close()
+				return fmt.Errorf("%w: checkpoint entry %x of %d bytes", ErrCorruptSink, k, len(v))
+			}
+			forEachCheckpoint(v, func(id common.DispatcherID, ts common.Ts) { l.ts[id] = max(l.ts[id], ts) })
+			if kind == 'k' {
+				l.entries += len(v) / checkpointEntryBytes
+				l.next = binary.BigEndian.Uint64(k[1:]) + 1
+			}
+		}
+		if err := it.Close(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// forEachCheckpoint calls fn with each (dispatcher, ts) of an entry.
+// REQUIRES: len(b) is a multiple of checkpointEntryBytes.
+func forEachCheckpoint(b []byte, fn func(common.DispatcherID, common.Ts)) {
+	for ; len(b) >= checkpointEntryBytes; b = b[checkpointEntryBytes:] {
+		id := common.DispatcherID{Hi: binary.BigEndian.Uint64(b), Lo: binary.BigEndian.Uint64(b[8:])}
+		fn(id, common.Ts(binary.BigEndian.Uint64(b[16:])))
+	}
+}
