@@ -22,12 +22,12 @@ import (
 // holds twice as many checkpoints as there are dispatchers (and at least
 // logCutMin), one batch writes the snapshot and deletes the log it
 // replaces, so a crash leaves the one or the other. Open reads the
-// snapshot, then the log in order; CheckpointOf answers from memory.
+// snapshot, then the log in order; CheckpointOf answers from memory
+// (dispatcherState.checkpoint).
 type checkpointLog struct {
-	ts      map[common.DispatcherID]common.Ts // every persisted checkpoint
-	next    uint64                            // the next log entry's n
-	entries int                               // checkpoints in the log
-	batch   []byte                            // the entry being built
+	next    uint64 // the next log entry's n
+	entries int    // checkpoints in the log
+	batch   []byte // the entry being built
 }
 
 const (
@@ -57,23 +57,26 @@ func (l *checkpointLog) write(b *pebble.Batch) error {
 	return b.Set(logKey(l.next), l.batch, nil)
 }
 
-// committed records the entry write put into a batch now committed.
-func (l *checkpointLog) committed() {
+// committed records that the entry write put into a batch, of n
+// checkpoints, is committed.
+func (l *checkpointLog) committed(n int) {
 	if len(l.batch) == 0 {
 		return
 	}
-	forEachCheckpoint(l.batch, func(id common.DispatcherID, ts common.Ts) { l.ts[id] = max(l.ts[id], ts) })
-	l.entries += len(l.batch) / checkpointEntryBytes
+	l.entries += n
 	l.next++
 	l.batch = l.batch[:0]
 }
 
-// dueForCut reports whether the log should be replaced by a snapshot.
-func (l *checkpointLog) dueForCut() bool { return l.entries >= max(2*len(l.ts), logCutMin) }
+// dueForCut reports whether the log should be replaced by a snapshot, for
+// a sink of about dispatchers checkpoints.
+func (l *checkpointLog) dueForCut(dispatchers int) bool {
+	return l.entries >= max(2*dispatchers, logCutMin)
+}
 
-// cut writes every checkpoint as the snapshot and deletes the log, in one
-// batch.
-func (l *checkpointLog) cut(db *pebble.DB) error {
+// cut writes every checkpoint (each calls fn with them) as the snapshot
+// and deletes the log, in one batch.
+func (l *checkpointLog) cut(db *pebble.DB, each func(fn func(common.DispatcherID, common.Ts))) error {
 	b := db.NewBatch()
 	defer b.Close()
 	if err := b.DeleteRange([]byte{'C'}, []byte{'C' + 1}, nil); err != nil {
@@ -92,15 +95,17 @@ func (l *checkpointLog) cut(db *pebble.DB) error {
 		chunk, n = chunk[:0], n+1
 		return err
 	}
-	for id, ts := range l.ts {
+	var err error
+	each(func(id common.DispatcherID, ts common.Ts) {
 		idb := id.Bytes()
 		chunk = append(chunk, idb[:]...)
 		chunk = binary.BigEndian.AppendUint64(chunk, uint64(ts))
-		if len(chunk) == snapshotChunk*checkpointEntryBytes {
-			if err := flush(); err != nil {
-				return err
-			}
+		if len(chunk) == snapshotChunk*checkpointEntryBytes && err == nil {
+			err = flush()
 		}
+	})
+	if err != nil {
+		return err
 	}
 	if err := flush(); err != nil {
 		return err
@@ -112,9 +117,9 @@ func (l *checkpointLog) cut(db *pebble.DB) error {
 	return nil
 }
 
-// load reads the snapshot, then the log in order.
-func (l *checkpointLog) load(db *pebble.DB) error {
-	l.ts = map[common.DispatcherID]common.Ts{}
+// load reads the snapshot, then the log in order, calling set with each
+// checkpoint.
+func (l *checkpointLog) load(db *pebble.DB, set func(common.DispatcherID, common.Ts)) error {
 	for _, kind := range []byte{'C', 'k'} {
 		it, err := db.NewIter(&pebble.IterOptions{LowerBound: []byte{kind}, UpperBound: []byte{kind + 1}})
 		if err != nil {
@@ -126,7 +131,7 @@ func (l *checkpointLog) load(db *pebble.DB) error {
 				_ = it.Close()
 				return fmt.Errorf("%w: checkpoint entry %x of %d bytes", ErrCorruptSink, k, len(v))
 			}
-			forEachCheckpoint(v, func(id common.DispatcherID, ts common.Ts) { l.ts[id] = max(l.ts[id], ts) })
+			forEachCheckpoint(v, set)
 			if kind == 'k' {
 				l.entries += len(v) / checkpointEntryBytes
 				l.next = binary.BigEndian.Uint64(k[1:]) + 1

@@ -58,20 +58,19 @@ type Sink struct {
 
 	mu struct {
 		sync.Mutex
-		nextSeq uint64
-		tables  map[common.DispatcherID]int64
-		pending map[common.DispatcherID][]common.Row
-		ddls    map[common.DispatcherID][]messaging.DDL
-		applied uint64
-		// newest caches m per table (present: read or written).
-		newest map[int64]common.Ts
+		nextSeq     uint64
+		applied     uint64
+		dispatchers map[common.DispatcherID]*dispatcherState
+		tables      map[int64]*tableState
+		// batches numbers CheckpointBatch's calls (tableState.stagedIn).
+		batches uint64
 		// group is Checkpoint's scratch: the keys of the rows above m
-		// at the current commit-ts; key a version key being built; staged,
-		// each table's newest commit-ts with the batch being written.
+		// at the current commit-ts; key a version key being built;
+		// states, the state of each entry of the batch being written.
 		group  keyGroup
 		key    []byte
-		staged map[int64]common.Ts
-		// cps are the persisted checkpoints and their log.
+		states []*dispatcherState
+		// cps is the checkpoints' log.
 		cps checkpointLog
 	}
 }
@@ -110,11 +109,8 @@ func Open(dir string) (*Sink, error) {
 		return nil, fmt.Errorf("open durable sink: %w", err)
 	}
 	s := &Sink{db: db}
-	s.mu.tables = map[common.DispatcherID]int64{}
-	s.mu.pending = map[common.DispatcherID][]common.Row{}
-	s.mu.ddls = map[common.DispatcherID][]messaging.DDL{}
-	s.mu.newest = map[int64]common.Ts{}
-	s.mu.staged = map[int64]common.Ts{}
+	s.mu.dispatchers = map[common.DispatcherID]*dispatcherState{}
+	s.mu.tables = map[int64]*tableState{}
 	if err := s.load(); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("open durable sink %s: %w", dir, err)
@@ -167,7 +163,10 @@ func (s *Sink) load() error {
 		}
 	}
 	s.mu.nextSeq = max(seq, 1)
-	return s.mu.cps.load(s.db)
+	return s.mu.cps.load(s.db, func(id common.DispatcherID, ts common.Ts) {
+		st := s.stateLocked(id)
+		st.checkpoint = max(st.checkpoint, ts)
+	})
 }
 
 // getUint64 reads a big-endian uint64 value, 0 when the key is absent.
@@ -193,14 +192,17 @@ func (s *Sink) Close() error { return s.db.Close() }
 func (s *Sink) Bind(id common.DispatcherID, table int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.mu.tables[id] = table
+	s.stateLocked(id).table = s.tableLocked(table)
 }
 
 // CheckpointOf returns the persisted checkpoint of id, or 0.
 func (s *Sink) CheckpointOf(id common.DispatcherID) (common.Ts, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.mu.cps.ts[id], nil
+	if st := s.mu.dispatchers[id]; st != nil {
+		return st.checkpoint, nil
+	}
+	return 0, nil
 }
 
 // BeginEpoch drops what was applied since the last checkpoint: the new
@@ -208,8 +210,8 @@ func (s *Sink) CheckpointOf(id common.DispatcherID) (common.Ts, error) {
 func (s *Sink) BeginEpoch(id common.DispatcherID, _ uint64, _ common.Ts) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.mu.pending[id] = nil
-	s.mu.ddls[id] = s.mu.ddls[id][:0]
+	st := s.stateLocked(id)
+	st.pending, st.ddls = nil, st.ddls[:0]
 	return nil
 }
 
@@ -217,13 +219,13 @@ func (s *Sink) BeginEpoch(id common.DispatcherID, _ uint64, _ common.Ts) error {
 func (s *Sink) ApplyRows(id common.DispatcherID, rows []common.Row) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if p := s.mu.pending[id]; len(p) > 0 {
-		s.mu.pending[id] = append(p, rows...)
+	if st := s.stateLocked(id); len(st.pending) > 0 {
+		st.pending = append(st.pending, rows...)
 	} else {
 		// The Sink contract lets the sink keep rows: the first call since
 		// a checkpoint keeps them without a copy. Capped, so that a
 		// later call's append copies instead of writing past them.
-		s.mu.pending[id] = rows[:len(rows):len(rows)]
+		st.pending = rows[:len(rows):len(rows)]
 	}
 	return nil
 }
@@ -232,7 +234,8 @@ func (s *Sink) ApplyRows(id common.DispatcherID, rows []common.Row) error {
 func (s *Sink) ApplyDDL(id common.DispatcherID, ddl *messaging.DDL) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.mu.ddls[id] = append(s.mu.ddls[id], *ddl)
+	st := s.stateLocked(id)
+	st.ddls = append(st.ddls, *ddl)
 	return nil
 }
 
@@ -257,9 +260,13 @@ func (s *Sink) CheckpointBatch(cps []eventcollector.SinkCheckpoint, errs []error
 	defer b.Close()
 	s.mu.cps.batch = s.mu.cps.batch[:0] // what a failed batch left
 	seq, applied := s.mu.nextSeq, uint64(0)
-	staged := s.mu.staged // table -> its newest commit-ts with this batch
-	clear(staged)
-	defer clear(staged)
+	s.mu.batches++
+	batch := s.mu.batches
+	states := s.mu.states[:0] // states[i]: cps[i]'s, nil if it failed alone
+	defer func() {
+		clear(states)
+		s.mu.states = states[:0]
+	}()
 	n := 0
 	fail := func(err error) {
 		for i := range errs {
@@ -269,29 +276,32 @@ func (s *Sink) CheckpointBatch(cps []eventcollector.SinkCheckpoint, errs []error
 		}
 	}
 	for i, cp := range cps {
-		table, ok := s.mu.tables[cp.ID]
+		states = append(states, nil)
+		st := s.mu.dispatchers[cp.ID]
 		switch {
-		case !ok:
+		case st == nil || st.table == nil:
 			errs[i] = fmt.Errorf("durable sink: %w: %v", ErrNotBound, cp.ID)
 			continue
-		case table < 0:
-			errs[i] = fmt.Errorf("durable sink: dispatcher %v: %w %d", cp.ID, ErrInvalidTable, table)
+		case st.table.id < 0:
+			errs[i] = fmt.Errorf("durable sink: dispatcher %v: %w %d", cp.ID, ErrInvalidTable, st.table.id)
 			continue
 		}
-		newest, seen := staged[table]
-		if !seen {
+		t := st.table
+		newest := t.staged
+		if t.stagedIn != batch {
 			var err error
-			if newest, err = s.newestLocked(table); err != nil {
+			if newest, err = s.newestLocked(t); err != nil {
 				errs[i] = err
 				continue
 			}
 		}
-		hi, versions, err := s.stageLocked(b, cp.ID, table, newest, cp.Ts, &seq)
+		hi, versions, err := s.stageLocked(b, st, cp.ID, t.id, newest, cp.Ts, &seq)
 		if err != nil {
 			fail(err) // the batch holds part of this entry: write none of it
 			return
 		}
-		staged[table] = hi
+		t.staged, t.stagedIn = hi, batch
+		states[i] = st
 		applied += versions
 		n++
 	}
@@ -314,19 +324,31 @@ func (s *Sink) CheckpointBatch(cps []eventcollector.SinkCheckpoint, errs []error
 	}
 	s.mu.nextSeq = seq
 	s.mu.applied += applied
-	s.mu.cps.committed()
-	if s.mu.cps.dueForCut() {
+	s.mu.cps.committed(n)
+	for i, st := range states {
+		if st == nil {
+			continue
+		}
+		st.checkpoint = max(st.checkpoint, cps[i].Ts)
+		st.pending = nil // the rows, perhaps the caller's, are not kept past their checkpoint
+		st.ddls = st.ddls[:0]
+		if t := st.table; t.stagedIn == batch {
+			t.newest, t.known = t.staged, true
+		}
+	}
+	if s.mu.cps.dueForCut(len(s.mu.dispatchers)) {
 		// The checkpoints are committed whatever the cut does: one that
 		// fails leaves the log as it is, and the next batch tries again.
-		_ = s.mu.cps.cut(s.db)
+		_ = s.mu.cps.cut(s.db, s.eachCheckpointLocked)
 	}
-	for table, hi := range staged {
-		s.mu.newest[table] = hi
-	}
-	for i, cp := range cps {
-		if errs[i] == nil {
-			s.mu.pending[cp.ID] = nil // the rows, perhaps the caller's, are not kept past their checkpoint
-			s.mu.ddls[cp.ID] = s.mu.ddls[cp.ID][:0]
+}
+
+// eachCheckpointLocked calls fn with every persisted checkpoint.
+// REQUIRES: s.mu held.
+func (s *Sink) eachCheckpointLocked(fn func(common.DispatcherID, common.Ts)) {
+	for id, st := range s.mu.dispatchers {
+		if st.checkpoint > 0 {
+			fn(id, st.checkpoint)
 		}
 	}
 }
@@ -336,13 +358,13 @@ func (s *Sink) CheckpointBatch(cps []eventcollector.SinkCheckpoint, errs []error
 // is table's newest commit-ts so far. It returns the table's newest
 // commit-ts with these rows and how many versions it wrote. REQUIRES: s.mu
 // held.
-func (s *Sink) stageLocked(b *pebble.Batch, id common.DispatcherID, table int64, newest, ts common.Ts, seq *uint64) (common.Ts, uint64, error) {
+func (s *Sink) stageLocked(b *pebble.Batch, st *dispatcherState, id common.DispatcherID, table int64, newest, ts common.Ts, seq *uint64) (common.Ts, uint64, error) {
 	hi := newest
 	var groupTs common.Ts
 	var versions uint64
 	g := &s.mu.group
 	defer g.reset()
-	for _, r := range s.mu.pending[id] {
+	for _, r := range st.pending {
 		// The lookup uses the same encoding as the write, so a re-delivery
 		// finds its first application whatever other keys it prefixes.
 		k := appendVersionKey(s.mu.key[:0], table, r.Key, r.CommitTs)
@@ -380,7 +402,7 @@ func (s *Sink) stageLocked(b *pebble.Batch, id common.DispatcherID, table int64,
 		*seq++
 		versions++
 	}
-	for _, dl := range s.mu.ddls[id] {
+	for _, dl := range st.ddls {
 		// Keyed by (table, commit-ts): a re-delivered DDL overwrites itself.
 		if err := b.Set(ddlKey(table, dl.CommitTs), []byte(dl.Query), nil); err != nil {
 			return 0, 0, err
@@ -395,18 +417,18 @@ func (s *Sink) stageLocked(b *pebble.Batch, id common.DispatcherID, table int64,
 	return hi, versions, nil
 }
 
-// newestLocked returns m of table, read once from the database.
+// newestLocked returns m of t, read once from the database.
 // REQUIRES: s.mu held.
-func (s *Sink) newestLocked(table int64) (common.Ts, error) {
-	if ts, ok := s.mu.newest[table]; ok {
-		return ts, nil
+func (s *Sink) newestLocked(t *tableState) (common.Ts, error) {
+	if t.known {
+		return t.newest, nil
 	}
-	v, err := s.getUint64(newestKey(table))
+	v, err := s.getUint64(newestKey(t.id))
 	if err != nil {
 		return 0, err
 	}
-	s.mu.newest[table] = common.Ts(v)
-	return common.Ts(v), nil
+	t.newest, t.known = common.Ts(v), true
+	return t.newest, nil
 }
 
 func newestKey(table int64) []byte { return binary.BigEndian.AppendUint64([]byte{'m'}, uint64(table)) }
