@@ -126,7 +126,12 @@ func (l *checkpointLog) load(db *pebble.DB, set func(common.DispatcherID, common
 			return err
 		}
 		for ok := it.First(); ok; ok = it.Next() {
-			k, v := it.Key(), it.Value()
+			k := it.Key()
+			v, err := it.ValueAndErr()
+			if err != nil {
+				_ = it.Close()
+				return err
+			}
 			if len(v)%checkpointEntryBytes != 0 || (kind == 'k' && len(k) != 9) || (kind == 'C' && len(k) != 5) {
 				_ = it.Close()
 				return fmt.Errorf("%w: checkpoint entry %x of %d bytes", ErrCorruptSink, k, len(v))

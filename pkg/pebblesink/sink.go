@@ -195,7 +195,9 @@ func (s *Sink) Bind(id common.DispatcherID, table int64) {
 	s.stateLocked(id).table = s.tableLocked(table)
 }
 
-// CheckpointOf returns the persisted checkpoint of id, or 0.
+// CheckpointOf returns the persisted checkpoint of id, or 0: the highest
+// one, since checkpoints only go up (a dispatcher added again from below
+// it must resume from max(its start-ts, this), as cdcserver does).
 func (s *Sink) CheckpointOf(id common.DispatcherID) (common.Ts, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

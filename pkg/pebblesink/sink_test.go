@@ -394,8 +394,11 @@ func TestApplyRowsNeverWritesIntoTheCallersRows(t *testing.T) {
 // sink reads every dispatcher's last checkpoint back, and the cut deleted
 // the log it replaced.
 func TestCheckpointsSurviveTheLogsCutAndAReopen(t *testing.T) {
-	const dispatchers = 1000
-	rounds := logCutMin/dispatchers + 3
+	const dispatchers = snapshotChunk + 904 // a snapshot of two chunks
+	// The log is cut at the first round that takes it to logCutMin; two
+	// rounds follow.
+	cutAt := (logCutMin + dispatchers - 1) / dispatchers
+	rounds := cutAt + 2
 	dir := t.TempDir()
 	s, err := Open(dir)
 	require.NoError(t, err)
@@ -426,7 +429,7 @@ func TestCheckpointsSurviveTheLogsCutAndAReopen(t *testing.T) {
 		return n
 	}
 	require.Equal(t, (dispatchers+snapshotChunk-1)/snapshotChunk, countKeys('C'), "one snapshot, in chunks")
-	require.Less(t, countKeys('k'), rounds, "the cut deleted the log it replaced")
+	require.Equal(t, 2, countKeys('k'), "the cut deleted the log it replaced; the rounds after it are the new log")
 	require.NoError(t, s.Close())
 
 	s, err = Open(dir)
@@ -446,11 +449,20 @@ func TestCheckpointsSurviveTheLogsCutAndAReopen(t *testing.T) {
 // is not whole (dispatcher, ts) pairs is ErrCorruptSink at Open, not a
 // checkpoint made up.
 func TestACorruptCheckpointEntryFailsOpen(t *testing.T) {
-	for _, key := range [][]byte{logKey(3), snapshotKey(0), {'k', 1}} {
+	for _, c := range []struct {
+		key   []byte
+		value int
+	}{
+		{logKey(3), checkpointEntryBytes + 1},      // a torn pair
+		{snapshotKey(0), checkpointEntryBytes - 1}, // likewise
+		{[]byte{'k', 1}, checkpointEntryBytes},     // a key of no log entry
+		{[]byte{'C', 0, 0}, checkpointEntryBytes},  // a key of no chunk
+	} {
+		key := c.key
 		dir := t.TempDir()
 		s, err := Open(dir)
 		require.NoError(t, err)
-		require.NoError(t, s.db.Set(key, make([]byte, checkpointEntryBytes+1), pebble.Sync))
+		require.NoError(t, s.db.Set(key, make([]byte, c.value), pebble.Sync))
 		require.NoError(t, s.Close())
 		_, err = Open(dir)
 		require.ErrorIs(t, err, ErrCorruptSink, "key %x", key)

@@ -89,7 +89,10 @@ type decoder struct {
 	// which bounds every later copy, so appends never move it. A row kept
 	// keeps its frame's copied bytes (at most frameTargetBytes, or one
 	// message); control frames copy per field, since a registration's span
-	// keys live as long as the dispatcher.
+	// keys live as long as the dispatcher. The slab is sized by the bytes
+	// left, not the rows' bytes alone: a frame is one Send of one
+	// dispatcher, so what it over-allocates is bounded by the frame and
+	// released with its rows.
 	slabbed bool
 	slab    []byte
 }
