@@ -128,15 +128,13 @@ func (l *checkpointLog) load(db *pebble.DB, set func(common.DispatcherID, common
 		for ok := it.First(); ok; ok = it.Next() {
 			k := it.Key()
 			v, err := it.ValueAndErr()
+			if err == nil {
+				err = decodeCheckpointEntry(k, v, set)
+			}
 			if err != nil {
 				_ = it.Close()
 				return err
 			}
-			if len(v)%checkpointEntryBytes != 0 || (kind == 'k' && len(k) != 9) || (kind == 'C' && len(k) != 5) {
-				_ = it.Close()
-				return fmt.Errorf("%w: checkpoint entry %x of %d bytes", ErrCorruptSink, k, len(v))
-			}
-			forEachCheckpoint(v, set)
 			if kind == 'k' {
 				l.entries += len(v) / checkpointEntryBytes
 				l.next = binary.BigEndian.Uint64(k[1:]) + 1
@@ -146,6 +144,27 @@ func (l *checkpointLog) load(db *pebble.DB, set func(common.DispatcherID, common
 			return err
 		}
 	}
+	return nil
+}
+
+// decodeCheckpointEntry checks a log entry or snapshot chunk (key k, value
+// v) and calls set with each of its checkpoints; one that is not whole
+// (dispatcher, ts) pairs under a key of its kind is ErrCorruptSink, and
+// set is not called. FuzzDecodeCheckpointEntry.
+func decodeCheckpointEntry(k, v []byte, set func(common.DispatcherID, common.Ts)) error {
+	wantKey := 0
+	if len(k) > 0 {
+		switch k[0] {
+		case 'k':
+			wantKey = 1 + 8
+		case 'C':
+			wantKey = 1 + 4
+		}
+	}
+	if wantKey == 0 || len(k) != wantKey || len(v)%checkpointEntryBytes != 0 {
+		return fmt.Errorf("%w: checkpoint entry %x of %d bytes", ErrCorruptSink, k, len(v))
+	}
+	forEachCheckpoint(v, set)
 	return nil
 }
 

@@ -468,3 +468,30 @@ func TestACorruptCheckpointEntryFailsOpen(t *testing.T) {
 		require.ErrorIs(t, err, ErrCorruptSink, "key %x", key)
 	}
 }
+
+// FuzzDecodeCheckpointEntry: any key and value either decode to whole
+// (dispatcher, ts) pairs that encode back to the value, or are
+// ErrCorruptSink with nothing set; never a panic.
+func FuzzDecodeCheckpointEntry(f *testing.F) {
+	var l checkpointLog
+	l.add(common.DispatcherIDFromUint64(7), 9)
+	l.add(common.DispatcherID{Hi: math.MaxUint64, Lo: 1}, math.MaxUint64)
+	f.Add(logKey(0), bytes.Clone(l.batch))
+	f.Add(snapshotKey(3), bytes.Clone(l.batch))
+	f.Add([]byte{'k', 1}, bytes.Clone(l.batch))
+	f.Add(logKey(1), l.batch[:checkpointEntryBytes+3])
+	f.Add([]byte{}, []byte{})
+	f.Fuzz(func(t *testing.T, k, v []byte) {
+		var again checkpointLog
+		err := decodeCheckpointEntry(k, v, func(id common.DispatcherID, ts common.Ts) { again.add(id, ts) })
+		if err != nil {
+			require.ErrorIs(t, err, ErrCorruptSink)
+			require.Empty(t, again.batch, "a corrupt entry set checkpoints")
+			return
+		}
+		require.Equal(t, len(v), len(again.batch))
+		if len(v) > 0 {
+			require.Equal(t, v, again.batch)
+		}
+	})
+}
