@@ -135,7 +135,10 @@ func maxRuns(results map[string]samples) int {
 
 // serverRun is the part of cdcserver's JSON summary the table shows.
 type serverRun struct {
-	Verified         bool    `json:"verified"`
+	Verified bool `json:"verified"`
+	// Verdict names what happened (verified, not_drained, ...); older
+	// summaries have only Verified.
+	Verdict          string  `json:"verdict"`
 	Dispatchers      int     `json:"dispatchers"`
 	RowsDelivered    int64   `json:"rows_delivered"`
 	RowsPerSec       float64 `json:"rows_per_sec"`
@@ -169,7 +172,7 @@ func printScale(out io.Writer, paths []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "\n%-92s %9s %8s %10s %9s %9s %9s %8s %8s %12s %8s\n", "cdcserver run", "verified", "rows/s", "lag p50ms", "p99ms", "max ms", "warm-up", "wall s", "RSS MB", "B/dispatcher", "THP")
+	fmt.Fprintf(out, "\n%-92s %11s %8s %10s %9s %9s %9s %8s %8s %12s %8s\n", "cdcserver run", "verdict", "rows/s", "lag p50ms", "p99ms", "max ms", "warm-up", "wall s", "RSS MB", "B/dispatcher", "THP")
 	for _, r := range runs {
 		perDispatcher := 0.0
 		if r.Dispatchers > 0 {
@@ -184,7 +187,11 @@ func printScale(out io.Writer, paths []string) error {
 		if thp == "" {
 			thp = "-"
 		}
-		fmt.Fprintf(out, "%-92s %9v %8.0f %10s %9s %9s %9s %8.1f %8.0f %12.0f %8s\n", workloadFlags(r.Flags), r.Verified, r.RowsPerSec,
+		verdict := r.Verdict
+		if verdict == "" {
+			verdict = map[bool]string{true: "verified", false: "failed"}[r.Verified]
+		}
+		fmt.Fprintf(out, "%-92s %11s %8.0f %10s %9s %9s %9s %8.1f %8.0f %12.0f %8s\n", workloadFlags(r.Flags), verdict, r.RowsPerSec,
 			p50, p99, pmax, warm, r.WallSec, r.PeakRSSMB, perDispatcher, thp)
 	}
 	return nil

@@ -141,6 +141,25 @@ func TestScaleTable(t *testing.T) {
 	if err := run([]string{"-scale"}, &out); err == nil {
 		t.Fatal("-scale without runs accepted")
 	}
+	// The verdict column names what happened: the summary's verdict, or
+	// for an older summary without one, verified or failed.
+	undrained := filepath.Join(dir, "undrained.json")
+	if err := os.WriteFile(undrained, []byte(`{"verified":false,"verdict":"not_drained","warm":true,"flags":"--tables 10"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	older := filepath.Join(dir, "older.json")
+	if err := os.WriteFile(older, []byte(`{"verified":false,"warm":true,"flags":"--tables 20"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := run([]string{"-scale", undrained, older}, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"--tables 10", "not_drained", "--tables 20", "failed"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("the table lacks %q:\n%s", want, out.String())
+		}
+	}
 }
 
 func TestRemoteRatio(t *testing.T) {
