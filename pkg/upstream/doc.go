@@ -51,7 +51,10 @@
 //   - After a Subscription's Close returns, its sink is never called again.
 //   - The Generator's frontier F is the end of the last fully elapsed tick
 //     (the next tick's first timestamp minus one), capped at EndTs. It only
-//     grows, even if the clock moves back.
+//     grows, even if the clock moves back. The driver wakes at the wall
+//     clock's tick boundaries, when F can move, and gives each new F to
+//     OnFrontier before any subscription receives a row or a resolved-ts
+//     above it.
 //   - A Generator subscription receives exactly the rows of its span with
 //     commit-ts in (startTs, F], in order, each once, in batches of at most
 //     PushRowsMax rows; the batch that completes them carries ResolvedTs F.

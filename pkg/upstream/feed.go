@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -77,11 +78,12 @@ func (s *genSub) Close() {
 // feeds the subscriptions that are due, looping without waiting while a
 // catch-up has work left.
 func (g *Generator) run() {
-	t := g.clock.NewTicker(g.opts.Tick)
+	t := g.clock.NewTimer(g.untilNextTick())
 	defer t.Stop()
 	tg := newTickGen(g.w)
 	for {
 		g.feedDue(tg)
+		t.Reset(g.untilNextTick())
 		select {
 		case <-g.ctx.Done():
 			return
@@ -89,6 +91,19 @@ func (g *Generator) run() {
 		case <-g.kick:
 		}
 	}
+}
+
+// untilNextTick is the time from now to the next tick boundary of the
+// wall clock, when the frontier can next move. A pass waits for the
+// boundary itself rather than for a ticker of its own phase: a ticker
+// started between two boundaries fires up to a whole tick after each one,
+// and every resolved-ts it publishes is that much older than it could be
+// (the resolved-ts lag of the 10 ms default carried a random 0-10 ms of
+// it per run).
+func (g *Generator) untilNextTick() time.Duration {
+	tick := time.Duration(g.w.tickMs) * time.Millisecond
+	now := g.clock.Now().UnixNano()
+	return tick - time.Duration(now%int64(tick))
 }
 
 // feedDue advances the frontier, moves the subscriptions whose due tick has
@@ -105,6 +120,12 @@ func (g *Generator) feedDue(tg *tickGen) {
 	g.mu.added = nil
 	g.mu.Unlock()
 	sc := &g.sched
+	if f > sc.announced {
+		sc.announced = f
+		if g.opts.OnFrontier != nil {
+			g.opts.OnFrontier(f)
+		}
+	}
 	sc.ready = append(sc.ready, added...)
 	if last > sc.done {
 		if last-sc.done <= int64(len(sc.buckets)) {

@@ -96,10 +96,12 @@ type Generator struct {
 // subscriptions that have nothing to do until tick k has elapsed; ready
 // holds those to feed now. done is the last tick whose bucket was taken.
 type schedule struct {
-	done    int64
-	buckets map[int64][]*genSub
-	ready   []*genSub
-	spare   []*genSub
+	done int64
+	// announced is the last frontier given to OnFrontier.
+	announced common.Ts
+	buckets   map[int64][]*genSub
+	ready     []*genSub
+	spare     []*genSub
 	// adv is the round's subscriptions whose feed is only a resolved-ts
 	// advance, with the cursor each reaches: they are pushed together
 	// (flushAdvances). advGuards and advErrs are its scratch.

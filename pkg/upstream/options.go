@@ -85,6 +85,14 @@ type GeneratorOptions struct {
 	// advances spread over the interval) has passed, and always at EndTs.
 	// Default 0: every tick.
 	ResolvedInterval time.Duration
+	// OnFrontier, if set, is called by the feeding goroutine with the new
+	// frontier each time it moves, before any subscription is fed up to
+	// it. It keeps what must run ahead of the feed in step with it, as a
+	// real upstream's DDLs share the log of its rows: cdcserver advances
+	// its schema store here, so no table's resolved-ts waits on a schema
+	// frontier of another phase. It must return quickly and must not call
+	// the Generator's Close. Default nil.
+	OnFrontier func(frontier common.Ts)
 	// Clock is the time source. Default: the real clock.
 	Clock clock.Clock
 	// Logger receives push failures. Default zap.NewNop().

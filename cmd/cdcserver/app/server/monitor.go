@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"time"
 
 	"github.com/cdcflow/eventservice/internal/latency"
@@ -100,6 +101,16 @@ type behindRef struct{ feed, ds int }
 
 const sampleEvery = 100 * time.Millisecond
 
+// nextSample is the wait before the next sample: sampleEvery, give or
+// take up to half of it at random. A sampler of a fixed period is in
+// phase with the upstream's resolved-ts cadence (the generator publishes
+// on the wall clock's 10 ms boundaries, and 100 ms is ten of them), so it
+// would read each dispatcher's lag at the same point of the cadence every
+// time, and the quantiles would show that point instead of the spread.
+func nextSample(rng *rand.Rand) time.Duration {
+	return sampleEvery/2 + time.Duration(rng.Int64N(int64(sampleEvery)))
+}
+
 // monitor samples progress until the workload is delivered, ctx is
 // cancelled, or delivery stalls for DrainTimeout after the upstream ended.
 // After a cancellation it freezes the upstream and gives delivery
@@ -107,7 +118,8 @@ const sampleEvery = 100 * time.Millisecond
 func (s *server) monitor(ctx context.Context, stderr io.Writer) *runResult {
 	r := &runResult{}
 	start := time.Now()
-	tick := time.NewTicker(sampleEvery)
+	rng := rand.New(rand.NewPCG(uint64(start.UnixNano()), 0))
+	tick := time.NewTimer(nextSample(rng))
 	defer tick.Stop()
 	var lastPrint time.Time
 	var lastRows, lastBytes uint64
@@ -118,6 +130,7 @@ func (s *server) monitor(ctx context.Context, stderr io.Writer) *runResult {
 	for {
 		select {
 		case <-tick.C:
+			tick.Reset(nextSample(rng))
 		case <-ctx.Done():
 			if !r.interrupted {
 				r.interrupted = true

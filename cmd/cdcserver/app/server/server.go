@@ -81,9 +81,8 @@ type server struct {
 	feeds    []*feed
 	mover    *mover // nil unless --move-interval
 
-	metrics    *metricsServer
-	stopSchema chan struct{}
-	wg         sync.WaitGroup
+	metrics *metricsServer
+	wg      sync.WaitGroup
 	// diag describes, before shutdown, the dispatchers that did not reach
 	// their final resolved-ts.
 	diag map[common.DispatcherID]string
@@ -147,7 +146,7 @@ func buildWith(cfg Config, stderr io.Writer, hooks runHooks) (*server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("logger: %w", err)
 	}
-	s := &server{cfg: cfg, log: lg.Named("cdcserver"), reg: prometheus.NewRegistry(), stopSchema: make(chan struct{}), began: time.Now(), hooks: hooks}
+	s := &server{cfg: cfg, log: lg.Named("cdcserver"), reg: prometheus.NewRegistry(), began: time.Now(), hooks: hooks}
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.dataDir = cfg.DataDir
 	if s.dataDir == "" {
@@ -174,7 +173,11 @@ func (s *server) buildParts(resumed bool) error {
 	s.gen, err = upstream.NewGenerator(upstream.GeneratorOptions{Tables: cfg.Tables, RowsPerSec: cfg.Rate, TxnRows: cfg.TxnRows,
 		RowBytes: cfg.RowBytes, HotFraction: cfg.HotFraction, Seed: s.meta.Seed, StartTs: s.meta.StartTs, EndTs: s.meta.EndTs,
 		ResolvedInterval: cfg.ResolvedInterval,
-		Logger:           s.log.Named("upstream")})
+		// The schema store moves with the feed, before any table's
+		// resolved-ts passes it (s.schema and s.sched are set before
+		// the generator starts).
+		OnFrontier: func(f common.Ts) { advanceSchema(s.schema, s.sched, f) },
+		Logger:     s.log.Named("upstream")})
 	if err != nil {
 		return err
 	}
@@ -335,7 +338,6 @@ func (s *server) start(stderr io.Writer) error {
 		s.mover = newMover(s)
 		go s.mover.run(s.cfg.MoveInterval)
 	}
-	s.wg.Go(func() { driveSchema(s.schema, s.sched, s.gen.ResolvedTs, 10*time.Millisecond, s.stopSchema) })
 	return s.serveMetrics()
 }
 
@@ -363,7 +365,6 @@ func (s *server) stop(stderr io.Writer) {
 	if s.mover != nil {
 		s.mover.close() // before the collectors close: a move calls them
 	}
-	close(s.stopSchema)
 	s.gen.Close()
 	if s.rs != nil {
 		s.stopCollectors(stderr)
