@@ -73,10 +73,11 @@ remote-rows:
 	$(GO) run ./scripts/benchtable -remote -block remote-rows -target remote-rows -update rows400k-*.json
 
 SCALE_1M = --tables 1000000 --resolved-interval 1s --rate 20000 --ddl-interval 0 --duration 30s
-SCALE_RUNS = scale-10k.json scale-100k.json scale-1m.json
+SCALE_RUNS = scale-1k.json scale-10k.json scale-100k.json scale-1m.json
 THP_MODE = /sys/kernel/mm/transparent_hugepage/enabled
 scale-runs:
 	$(GO) build -o bin/cdcserver ./cmd/cdcserver
+	-bin/cdcserver --tables 1000 --duration 18s $(SCALE_FLAGS) > scale-1k.json
 	-bin/cdcserver --tables 10000 --duration 20s $(SCALE_FLAGS) > scale-10k.json
 	-bin/cdcserver --tables 100000 --rate 10000 --ddl-interval 0 --resolved-interval 1s --duration 10s $(SCALE_FLAGS) > scale-100k.json
 	-bin/cdcserver $(SCALE_1M) $(SCALE_FLAGS) > scale-1m.json

@@ -57,6 +57,24 @@ func TestMemorySinkRecordsPerEpochAndDeduplicates(t *testing.T) {
 	other := did(2)
 	require.NoError(t, s.ApplyRows(other, []common.Row{row("x", 1, 2)}))
 	require.Equal(t, uint64(0), s.Epochs(other)[0].Epoch)
+
+	// A checkpoint's counts are kept aside until the epoch's record is
+	// read or the next epoch opens; either way each counts once, in its
+	// own epoch.
+	third := did(3)
+	require.NoError(t, s.Checkpoint(third, 5)) // before any BeginEpoch: epoch 0
+	require.NoError(t, s.BeginEpoch(third, 1, 5))
+	require.NoError(t, s.Checkpoint(third, 6))
+	require.Equal(t, 1, s.Epochs(third)[1].Checkpoints)
+	require.NoError(t, s.Checkpoint(third, 7))
+	s.CheckpointBatch(nil, nil) // nothing, and nothing lost
+	cps := []SinkCheckpoint{{ID: third, Ts: 7}}
+	s.CheckpointBatch(cps, make([]error, 1)) // a repeat: a regression
+	eps := s.Epochs(third)
+	require.Equal(t, []int{1, 3}, []int{eps[0].Checkpoints, eps[1].Checkpoints})
+	require.Equal(t, []common.Ts{5, 7}, []common.Ts{eps[0].LastCheckpoint, eps[1].LastCheckpoint})
+	require.Equal(t, []int{0, 1}, []int{eps[0].CheckpointRegressions, eps[1].CheckpointRegressions})
+	require.Equal(t, eps, s.Epochs(third), "reading again changes nothing")
 }
 
 // TestMemorySinkCheckpointBatchIsCheckpointPerEntry: a batch records what

@@ -78,12 +78,12 @@ func (s *genSub) Close() {
 // feeds the subscriptions that are due, looping without waiting while a
 // catch-up has work left.
 func (g *Generator) run() {
-	t := g.clock.NewTimer(g.untilNextTick())
+	t := g.clock.NewTimer(g.untilNextTick(g.clock.Now()))
 	defer t.Stop()
 	tg := newTickGen(g.w)
 	for {
-		g.feedDue(tg)
-		t.Reset(g.untilNextTick())
+		passNow := g.feedDue(tg)
+		t.Reset(g.untilNextTick(passNow))
 		select {
 		case <-g.ctx.Done():
 			return
@@ -93,17 +93,23 @@ func (g *Generator) run() {
 	}
 }
 
-// untilNextTick is the time from now to the next tick boundary of the
-// wall clock, when the frontier can next move. A pass waits for the
-// boundary itself rather than for a ticker of its own phase: a ticker
-// started between two boundaries fires up to a whole tick after each one,
-// and every resolved-ts it publishes is that much older than it could be
-// (the resolved-ts lag of the 10 ms default carried a random 0-10 ms of
-// it per run).
-func (g *Generator) untilNextTick() time.Duration {
-	tick := time.Duration(g.w.tickMs) * time.Millisecond
-	now := g.clock.Now().UnixNano()
-	return tick - time.Duration(now%int64(tick))
+// untilNextTick is the time from now to the first tick boundary of the
+// wall clock after passNow, when the frontier can next move (zero or less:
+// it has passed, go at once). A pass waits for the boundary itself rather
+// than for a ticker of its own phase: a ticker started between two
+// boundaries fires up to a whole tick after each one, and every
+// resolved-ts it publishes is that much older than it could be (the
+// resolved-ts lag of the 10 ms default carried a random 0-10 ms of it per
+// run). The boundary is the one after the time the pass read, not after
+// the pass's end: a boundary crossed during a long pass is not skipped.
+func (g *Generator) untilNextTick(passNow time.Time) time.Duration {
+	tick := g.w.tickMs
+	ms := passNow.UnixMilli()
+	next := (ms/tick + 1) * tick
+	if ms < 0 && ms%tick != 0 { // division truncates towards zero
+		next -= tick
+	}
+	return time.UnixMilli(next).Sub(g.clock.Now())
 }
 
 // feedDue advances the frontier, moves the subscriptions whose due tick has
@@ -112,8 +118,8 @@ func (g *Generator) untilNextTick() time.Duration {
 // catch-up does not starve the others. A subscription that is done until a
 // later tick is filed in that tick's bucket, so a pass costs what is due,
 // not the number of subscriptions.
-func (g *Generator) feedDue(tg *tickGen) {
-	f := g.advanceFrontier()
+func (g *Generator) feedDue(tg *tickGen) (passNow time.Time) {
+	f, passNow := g.advanceFrontier()
 	last := g.w.tickOf(f)
 	g.mu.Lock()
 	added := g.mu.added
@@ -146,7 +152,7 @@ func (g *Generator) feedDue(tg *tickGen) {
 		sc.ready = sc.spare[:0]
 		for _, s := range round {
 			if g.ctx.Err() != nil {
-				return
+				return passNow
 			}
 			if r := g.feed(s, f, tg); r != feedAdvance {
 				g.schedule(s, r, last)
@@ -161,7 +167,7 @@ func (g *Generator) feedDue(tg *tickGen) {
 			g.passHookForTesting(passInfo{frontier: f, more: len(sc.ready) > 0})
 		}
 		if len(sc.ready) == 0 {
-			return
+			return passNow
 		}
 	}
 }
@@ -331,15 +337,16 @@ func (g *Generator) nextDue(s *genSub, last int64) int64 {
 // advanceFrontier moves the frontier to the end of the last fully elapsed
 // tick (capped at EndTs) and returns it. The frontier never moves back, even
 // if the clock does.
-func (g *Generator) advanceFrontier() common.Ts {
-	nowMs := g.clock.Now().UnixMilli()
+func (g *Generator) advanceFrontier() (common.Ts, time.Time) {
+	now := g.clock.Now()
+	nowMs := now.UnixMilli()
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if k := nowMs / g.w.tickMs; k > 0 {
 		f := min(g.w.tickBase(k)-1, g.w.endTs)
 		g.mu.frontier = max(g.mu.frontier, f)
 	}
-	return g.mu.frontier
+	return g.mu.frontier, now
 }
 
 // tickRows returns the rows of tick k this subscription must receive.

@@ -55,6 +55,7 @@ func TestOnFrontierRunsBeforeAnyFeedReachesIt(t *testing.T) {
 	var mu sync.Mutex
 	var frontiers []common.Ts
 	o := feedOptions(clk)
+	o.Tables = 4
 	o.OnFrontier = func(f common.Ts) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -85,6 +86,12 @@ func TestOnFrontierRunsBeforeAnyFeedReachesIt(t *testing.T) {
 	}
 	require.NoError(t, g.Start())
 	for step := range 5 {
+		if step == 2 { // a subscription added while running catches up from StartTs
+			sinks = append(sinks, newRecordingSinkForTest())
+			sinks[3].pushHook = sinks[0].pushHook
+			_, err := g.Subscribe(common.TableSpan(4), common.TsFromTime(t0), sinks[3])
+			require.NoError(t, err)
+		}
 		clk.Advance(time.Duration(step+1) * testTick)
 		f := frontierAt(clk.Now(), testTick)
 		for _, s := range sinks {
@@ -97,6 +104,49 @@ func TestOnFrontierRunsBeforeAnyFeedReachesIt(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.NotEmpty(t, frontiers)
+	require.Greater(t, frontiers[0], common.TsFromTime(t0), "the first call is a move above StartTs")
 	require.IsIncreasing(t, frontiers)
 	require.Equal(t, g.ResolvedTs(), frontiers[len(frontiers)-1])
+}
+
+// TestBoundaryCrossedDuringAPassIsNotLost: when a tick boundary passes
+// while a pass is feeding, the driver's next wait is for the boundary after
+// the time the pass read, which is already behind it: it goes again at
+// once and publishes the new frontier, with no further clock movement
+// (waiting from the pass's end skipped that boundary until the next one).
+func TestBoundaryCrossedDuringAPassIsNotLost(t *testing.T) {
+	clk := clock.NewFake(t0.Add(time.Second + 5*time.Millisecond))
+	g := newTestGenerator(t, feedOptions(clk))
+	passes := make(chan struct{}, 16)
+	g.passHookForTesting = func(p passInfo) {
+		if !p.more {
+			passes <- struct{}{}
+		}
+	}
+	sink := newRecordingSinkForTest()
+	var armed, crossed atomic.Bool
+	sink.pushHook = func(context.Context, eventstore.Batch) error {
+		if armed.Load() && crossed.CompareAndSwap(false, true) {
+			clk.Advance(testTick) // the next boundary passes in the middle of this pass
+		}
+		return nil
+	}
+	_, err := g.Subscribe(common.TableSpan(1), common.TsFromTime(t0), sink)
+	require.NoError(t, err)
+	require.NoError(t, g.Start())
+	// The first pass, then the one the Subscribe's kick asks for: the
+	// driver now waits on its timer alone.
+	for range 2 {
+		select {
+		case <-passes:
+		case <-time.After(waitTimeout):
+			t.Fatal("no pass")
+		}
+	}
+	after := frontierAt(clk.Now().Add(5*time.Millisecond+testTick), testTick) // once both boundaries passed
+	armed.Store(true)
+	clk.Advance(5 * time.Millisecond) // to the boundary: a pass starts, and another boundary passes during it
+	sink.waitResolved(t, after)
+	require.True(t, crossed.Load())
+	require.Equal(t, after, g.ResolvedTs())
 }

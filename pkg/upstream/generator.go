@@ -155,6 +155,7 @@ func NewGenerator(opts GeneratorOptions) (*Generator, error) {
 	g.mu.frontier = o.StartTs
 	g.mu.subs = make(map[uint64]*genSub)
 	g.sched.done = g.w.tickOf(o.StartTs)
+	g.sched.announced = o.StartTs // nothing is fed at or below it
 	g.sched.buckets = make(map[int64][]*genSub)
 	return g, nil
 }

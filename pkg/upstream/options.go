@@ -90,8 +90,10 @@ type GeneratorOptions struct {
 	// it. It keeps what must run ahead of the feed in step with it, as a
 	// real upstream's DDLs share the log of its rows: cdcserver advances
 	// its schema store here, so no table's resolved-ts waits on a schema
-	// frontier of another phase. It must return quickly and must not call
-	// the Generator's Close. Default nil.
+	// frontier of another phase. Calls come from one goroutine, in
+	// increasing order, each above StartTs; one may be in progress while
+	// Close runs, none after Close returns. It must return quickly and must
+	// not call the Generator's Close. Default nil.
 	OnFrontier func(frontier common.Ts)
 	// Clock is the time source. Default: the real clock.
 	Clock clock.Clock

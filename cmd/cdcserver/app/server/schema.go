@@ -33,7 +33,14 @@ func (d ddlSchedule) until(from, to common.Ts) []schemastore.DDL {
 		return nil
 	}
 	var out []schemastore.DDL
-	for k := int64(1); ; k++ {
+	// Start at the first DDL after from, not at the first of the run: the
+	// generator calls this every tick (advanceSchema), and a walk from k = 1
+	// built every DDL so far each time.
+	first := int64(1)
+	if iv := d.interval.Milliseconds(); iv > 0 && from > d.start {
+		first = max(first, (from.PhysicalMs()-d.start.PhysicalMs())/iv)
+	}
+	for k := first; ; k++ {
 		dl := d.at(k)
 		if dl.CommitTs > to || dl.CommitTs > d.end {
 			return out

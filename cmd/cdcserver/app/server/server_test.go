@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/schemastore"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -64,6 +65,20 @@ func TestDDLScheduleIsDeterministic(t *testing.T) {
 	c.seed = 8
 	require.NotEqual(t, got, c.until(0, c.end), "the seed picks the tables")
 	require.Empty(t, ddlSchedule{interval: 0}.until(0, a.end))
+
+	// A window anywhere in the run holds exactly the schedule's DDLs in it
+	// (until starts its walk near from, not at the run's first DDL).
+	for from := start - 1; from < a.end; from += common.ComposeTs(37, 5) {
+		for _, width := range []common.Ts{0, 1, common.ComposeTs(100, 0), common.ComposeTs(250, 3)} {
+			var want []schemastore.DDL
+			for _, dl := range got {
+				if dl.CommitTs > from && dl.CommitTs <= from+width {
+					want = append(want, dl)
+				}
+			}
+			require.Equal(t, want, a.until(from, from+width), "(%v, %v]", from, from+width)
+		}
+	}
 }
 
 func TestRunVerifiesAndPrintsJSON(t *testing.T) {
