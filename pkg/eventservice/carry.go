@@ -71,8 +71,8 @@ func (svc *Service) carry(w *ownerWork, s *session, fx []effect) (next input, mo
 		case fxSendScan:
 			return input{kind: inScanSent, sent: svc.sendScan(w.sc, s, e)}, true, true
 		case fxEndPrepare:
+			svc.metrics.prepareOutcomes[e.outcome].Inc() // counted before the end is observable
 			ok := svc.endPrepare(s, e)
-			svc.metrics.prepareOutcomes[e.outcome].Inc()
 			return input{}, false, ok
 		case fxEndScan:
 			ok := svc.end(s, e)

@@ -154,6 +154,23 @@ func (svc *Service) carryHeld(b *prepBatch) {
 		clear(b.vals) // drop the session pointers
 		b.keys, b.vals = b.keys[:0], b.vals[:0]
 	}
+	// The outcomes are counted before any addition: once the pump can
+	// deliver a held session's progress, its preparation shows in the
+	// metric (a reader that saw the progress arrive, as a test does, reads
+	// a count that includes it).
+	var outcomes [numOutcomes]int
+	for i := range b.held {
+		for _, e := range b.fx[i] {
+			if e.kind == fxEndPrepare {
+				outcomes[e.outcome]++
+			}
+		}
+	}
+	for o, n := range outcomes {
+		if n > 0 {
+			svc.metrics.prepareOutcomes[o].Add(float64(n))
+		}
+	}
 	for i, s := range b.held {
 		for _, e := range b.fx[i] {
 			if e.kind != fxAddResolved {
@@ -171,7 +188,6 @@ func (svc *Service) carryHeld(b *prepBatch) {
 	}
 	flush()
 	now := svc.opts.Clock.Now()
-	var outcomes [numOutcomes]int
 	for i, s := range b.held {
 		for _, e := range b.fx[i] {
 			switch e.kind {
@@ -179,15 +195,9 @@ func (svc *Service) carryHeld(b *prepBatch) {
 				s.publish(e.ts, e.seq, now)
 			case fxEndPrepare:
 				svc.endPrepare(s, e)
-				outcomes[e.outcome]++
 			}
 		}
 		b.fx[i] = b.fx[i][:0]
-	}
-	for o, n := range outcomes {
-		if n > 0 {
-			svc.metrics.prepareOutcomes[o].Add(float64(n))
-		}
 	}
 	clear(b.held)
 	b.held, b.fx = b.held[:0], b.fx[:0]

@@ -3,7 +3,9 @@ package eventservice
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -14,7 +16,24 @@ import (
 )
 
 func TestEndToEndRowsDDLsAndResolved(t *testing.T) {
-	h := newHarness(t, nil, hooks{})
+	// Preparations end after what they deliver is visible (a scan's rows
+	// are sent before its end is carried out), so the test waits for the
+	// outcome of the preparation that delivered, not for the delivery.
+	outcomes := make(chan prepareOutcome, 1024)
+	h := newHarness(t, nil, hooks{prepared: func(_ *session, o prepareOutcome) { outcomes <- o }})
+	waitOutcome := func(want ...prepareOutcome) prepareOutcome {
+		t.Helper()
+		for {
+			select {
+			case o := <-outcomes:
+				if slices.Contains(want, o) {
+					return o
+				}
+			case <-time.After(30 * time.Second): // a hang is the failure; no timing is asserted
+				t.Fatalf("no preparation ended with %v", want)
+			}
+		}
+	}
 	id := h.register(1, 10)
 	st := h.check.waitResolved(id, 10)
 	require.Equal(t, common.Ts(10), st.startTs)
@@ -24,6 +43,7 @@ func TestEndToEndRowsDDLsAndResolved(t *testing.T) {
 	h.advanceSchema(100)
 	h.push(1, 40, row("a", 15, 20), row("b", 16, 20), row("c", 21, 30))
 	st = h.check.waitResolved(id, 40)
+	waitOutcome(outcomeScan)
 	require.Equal(t, []string{"a", "b", "c"}, keys(st.rows))
 	require.Len(t, st.ddls, 2)
 	require.Equal(t, common.Ts(20), st.ddls[0].CommitTs)
@@ -33,6 +53,7 @@ func TestEndToEndRowsDDLsAndResolved(t *testing.T) {
 	fast := testutilCounter(h.svc.metrics.prepareOutcomes[outcomeFastPath])
 	h.push(1, 60)
 	h.check.waitResolved(id, 60)
+	require.Equal(t, outcomeFastPath, waitOutcome(outcomeFastPath, outcomeScan), "the advance to 60 was prepared without a scan")
 	require.Equal(t, scans, testutilCounter(h.svc.metrics.prepareOutcomes[outcomeScan]), "no scan for a resolved-only advance")
 	require.Greater(t, testutilCounter(h.svc.metrics.prepareOutcomes[outcomeFastPath]), fast)
 }
