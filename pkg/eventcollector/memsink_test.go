@@ -56,7 +56,12 @@ func TestMemorySinkRecordsPerEpochAndDeduplicates(t *testing.T) {
 	// Calls without BeginEpoch land in an epoch-0 record.
 	other := did(2)
 	require.NoError(t, s.ApplyRows(other, []common.Row{row("x", 1, 2)}))
+	require.NoError(t, s.ApplyRows(other, nil))
+	require.NoError(t, s.ApplyRows(other, []common.Row{row("y", 3, 4), row("z", 3, 4)}))
+	require.Equal(t, []string{"x", "y", "z"}, keys(s.Applied(other)), "the current epoch's batches, in order")
+	require.NoError(t, s.ApplyRows(other, []common.Row{row("w", 5, 6)}))
 	require.Equal(t, uint64(0), s.Epochs(other)[0].Epoch)
+	require.Equal(t, []string{"x", "y", "z", "w"}, keys(s.Epochs(other)[0].Rows))
 
 	// A checkpoint's counts are kept aside until the epoch's record is
 	// read or the next epoch opens; either way each counts once, in its
