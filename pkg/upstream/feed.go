@@ -78,12 +78,28 @@ func (s *genSub) Close() {
 // feeds the subscriptions that are due, looping without waiting while a
 // catch-up has work left.
 func (g *Generator) run() {
-	t := g.clock.NewTimer(g.untilNextTick(g.clock.Now()))
+	now := g.clock.Now()
+	t := g.clock.NewTimer(g.tickBoundaryAfter(now).Sub(now))
 	defer t.Stop()
 	tg := newTickGen(g.w)
 	for {
 		passNow := g.feedDue(tg)
-		t.Reset(g.untilNextTick(passNow))
+		next := g.tickBoundaryAfter(passNow)
+		wait := next.Sub(g.clock.Now())
+		if g.armHookForTesting != nil {
+			g.armHookForTesting()
+		}
+		t.Reset(wait)
+		// The wait is relative, so a clock that moved between reading it
+		// and arming the timer (a preempted driver; a fake clock advanced
+		// by a test in that gap) armed it that much past the boundary: a
+		// fake clock then never fires it, and a real one fires it late.
+		// Read the clock again now that the timer runs: a boundary already
+		// passed goes at once, and any later move of the clock fires the
+		// timer. A stale tick the timer leaves behind costs one idle pass.
+		if !g.clock.Now().Before(next) {
+			continue
+		}
 		select {
 		case <-g.ctx.Done():
 			return
@@ -93,23 +109,23 @@ func (g *Generator) run() {
 	}
 }
 
-// untilNextTick is the time from now to the first tick boundary of the
-// wall clock after passNow, when the frontier can next move (zero or less:
-// it has passed, go at once). A pass waits for the boundary itself rather
-// than for a ticker of its own phase: a ticker started between two
+// tickBoundaryAfter is the first tick boundary of the wall clock after
+// passNow, when the frontier can next move (the driver waits until then;
+// one already passed: it goes at once). A pass waits for the boundary
+// itself rather than for a ticker of its own phase: a ticker started between two
 // boundaries fires up to a whole tick after each one, and every
 // resolved-ts it publishes is that much older than it could be (the
 // resolved-ts lag of the 10 ms default carried a random 0-10 ms of it per
 // run). The boundary is the one after the time the pass read, not after
 // the pass's end: a boundary crossed during a long pass is not skipped.
-func (g *Generator) untilNextTick(passNow time.Time) time.Duration {
+func (g *Generator) tickBoundaryAfter(passNow time.Time) time.Time {
 	tick := g.w.tickMs
 	ms := passNow.UnixMilli()
 	next := (ms/tick + 1) * tick
 	if ms < 0 && ms%tick != 0 { // division truncates towards zero
 		next -= tick
 	}
-	return time.UnixMilli(next).Sub(g.clock.Now())
+	return time.UnixMilli(next)
 }
 
 // feedDue advances the frontier, moves the subscriptions whose due tick has

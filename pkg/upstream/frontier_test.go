@@ -150,3 +150,41 @@ func TestBoundaryCrossedDuringAPassIsNotLost(t *testing.T) {
 	require.True(t, crossed.Load())
 	require.Equal(t, after, g.ResolvedTs())
 }
+
+// TestBoundaryPassedWhileArmingIsNotLost: the clock moves to the next tick
+// boundary after the driver computed its wait and before it armed the
+// timer with it. The timer is then armed a tick past the boundary, so the
+// driver must see on its own that the boundary passed and go at once; it
+// publishes the new frontier with no further clock movement (this is the
+// interleaving TestGeneratorResolvedInterval once lost in CI: without the
+// second reading of the clock the driver waited for a boundary the fake
+// never reached).
+func TestBoundaryPassedWhileArmingIsNotLost(t *testing.T) {
+	clk := clock.NewFake(t0.Add(time.Second))
+	g := newTestGenerator(t, feedOptions(clk))
+	w := watchPasses(g)
+	var arm atomic.Bool
+	g.armHookForTesting = func() {
+		if arm.CompareAndSwap(true, false) {
+			clk.Advance(testTick) // in the gap: no timer is armed, nothing fires
+		}
+	}
+	sink := newRecordingSinkForTest()
+	_, err := g.Subscribe(common.TableSpan(1), common.TsFromTime(t0), sink)
+	require.NoError(t, err)
+	require.NoError(t, g.Start())
+	f := frontierAt(clk.Now(), testTick)
+	w.waitIdle(t, 0, f)
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	require.NoError(t, clk.WaitWaiters(ctx, 1)) // the driver waits on its timer
+
+	n := w.passes()
+	arm.Store(true)
+	clk.Advance(testTick) // a pass, and the next boundary passes while it arms
+	next := frontierAt(clk.Now().Add(testTick), testTick)
+	w.waitIdle(t, n, next)
+	sink.waitResolved(t, next)
+	require.False(t, arm.Load(), "the hook moved the clock")
+	require.Equal(t, next, g.ResolvedTs())
+}

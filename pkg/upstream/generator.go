@@ -61,6 +61,10 @@ type Generator struct {
 	// passHookForTesting, if set before Start, is called by the driver at
 	// the end of every pass.
 	passHookForTesting func(passInfo)
+	// armHookForTesting, if set before Start, is called by the driver
+	// after it has computed its next wait and before it arms the timer
+	// with it: a test moves the clock there to hold that gap open.
+	armHookForTesting func()
 	// ticksGeneratedForTesting counts the ticks whose rows the driver
 	// generated.
 	ticksGeneratedForTesting atomic.Int64
