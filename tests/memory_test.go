@@ -146,16 +146,25 @@ func inStorage(stack []uintptr) bool {
 	}
 }
 
-// storeBytes returns the bytes the event store committed to pebble.
+// storeBytes returns the bytes the event store accepted: committed to
+// pebble, or kept in memory only (eventstore's write-behind).
 func storeBytes(g prometheus.Gatherer) uint64 {
 	mfs, err := g.Gather()
 	if err != nil {
 		return 0
 	}
+	var written, deferred, spilled float64
 	for _, mf := range mfs {
-		if mf.GetName() == "cdcflow_eventstore_bytes_written_total" {
-			return uint64(mf.GetMetric()[0].GetCounter().GetValue())
+		switch mf.GetName() {
+		case "cdcflow_eventstore_bytes_written_total":
+			written = mf.GetMetric()[0].GetCounter().GetValue()
+		case "cdcflow_eventstore_bytes_deferred_total":
+			deferred = mf.GetMetric()[0].GetCounter().GetValue()
+		case "cdcflow_eventstore_bytes_spilled_total":
+			spilled = mf.GetMetric()[0].GetCounter().GetValue()
 		}
 	}
-	return 0
+	// Rows kept in memory only at their commit are accepted too; those
+	// written to pebble later are in written and deferred both.
+	return uint64(written + deferred - spilled)
 }

@@ -11,7 +11,8 @@
 //
 // Invariants:
 //   - Notify after commit: when a notifier is called with resolved-ts R,
-//     every row of the span with commit-ts <= R is readable.
+//     every row of the span with commit-ts <= R is readable (from pebble or
+//     from the fresh rows, whichever serves the dispatcher's scans).
 //   - Per dispatcher, notifications are serialised, strictly increasing and
 //     above the dispatcher's start-ts (edge-triggered); none is delivered
 //     after UnregisterDispatcher or Close returned. A slow notifier slows
@@ -31,6 +32,11 @@
 //     and an iterator whose range starts at or above that floor is served
 //     from them with exactly the rows, order and transaction starts a pebble
 //     iterator would give (fresh.go).
+//   - Write-behind: a subscription whose fresh floor is at or below its
+//     minimum checkpoint is scanned from memory only, so its rows are kept
+//     there only; every row held only in memory is written to pebble before
+//     the floor moves above the minimum checkpoint, so any scan that reads
+//     pebble finds every row above the checkpoints there (fresh.go).
 //   - The store is a cache: the upstream is the source of truth. An on-disk
 //     directory is wiped at Open, and the WAL is off.
 //   - Close stops notifications, ends upstream feeds, waits for the write

@@ -11,6 +11,10 @@ import (
 type metrics struct {
 	rowsWritten     prometheus.Counter
 	bytesWritten    prometheus.Counter
+	rowsDeferred    prometheus.Counter
+	bytesDeferred   prometheus.Counter
+	rowsSpilled     prometheus.Counter
+	bytesSpilled    prometheus.Counter
 	writeBatch      prometheus.Histogram
 	notifyDuration  prometheus.Histogram
 	notifications   prometheus.Counter
@@ -47,6 +51,14 @@ func newMetrics(fresh *freshBudget) *metrics {
 	m := &metrics{
 		rowsWritten:  prometheus.NewCounter(prometheus.CounterOpts(opts("rows_written_total", "Rows committed to pebble."))),
 		bytesWritten: prometheus.NewCounter(prometheus.CounterOpts(opts("bytes_written_total", "Encoded key and value bytes committed to pebble."))),
+		rowsDeferred: prometheus.NewCounter(prometheus.CounterOpts(opts("rows_deferred_total",
+			"Rows kept in memory only at their commit (a write-behind subscription, every scan of which reads memory)."))),
+		bytesDeferred: prometheus.NewCounter(prometheus.CounterOpts(opts("bytes_deferred_total",
+			"Encoded key and value bytes of the rows in rows_deferred_total."))),
+		rowsSpilled: prometheus.NewCounter(prometheus.CounterOpts(opts("rows_spilled_total",
+			"Rows held in memory only that were written to pebble later, before leaving memory while still scannable (also in rows_written_total)."))),
+		bytesSpilled: prometheus.NewCounter(prometheus.CounterOpts(opts("bytes_spilled_total",
+			"Encoded key and value bytes of the rows in rows_spilled_total (also in bytes_written_total)."))),
 		writeBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Subsystem: subsystem, Name: "write_batch_duration_seconds",
 			Help:    "Time to encode and commit one pebble batch.",
@@ -85,7 +97,7 @@ func newMetrics(fresh *freshBudget) *metrics {
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.rowsWritten, m.bytesWritten, m.writeBatch, m.notifyDuration, m.notifications,
+	return []prometheus.Collector{m.rowsWritten, m.bytesWritten, m.rowsDeferred, m.bytesDeferred, m.rowsSpilled, m.bytesSpilled, m.writeBatch, m.notifyDuration, m.notifications,
 		m.subscriptions, m.dispatchers, m.resolvedLag, m.rejectedRows, m.gcRangesDeleted, m.gcRounds, m.subsRemoved,
 		m.scans, m.freshDropped, m.freshBytes}
 }

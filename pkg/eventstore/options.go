@@ -69,11 +69,14 @@ type Options struct {
 	MemTableBytes uint64
 	// FreshBytes bounds the memory of all subscriptions' fresh rows: the
 	// newest committed rows, kept beside pebble so that a dispatcher that
-	// keeps up is scanned without a pebble iterator (see fresh.go). Default
-	// 64 MiB; negative: none kept, every scan reads pebble.
+	// keeps up is scanned without a pebble iterator, and a subscription
+	// every scan of which reads them holds its rows in memory only until
+	// they must leave it (write-behind, see fresh.go). Default 64 MiB;
+	// negative: none kept, every row is written and every scan reads pebble.
 	FreshBytes int64
 	// FreshSubscriptionBytes bounds one subscription's fresh rows; its
-	// oldest transactions are dropped beyond it (they stay in pebble).
+	// oldest transactions are dropped beyond it (they stay in pebble, or
+	// are written there first if they were held only in memory).
 	// Default 256 KiB.
 	FreshSubscriptionBytes int64
 	// Logger receives the store's logs. Default zap.NewNop().

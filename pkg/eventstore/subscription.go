@@ -144,7 +144,9 @@ type subscription struct {
 	mu struct {
 		sync.Mutex
 		// resolved is the committed resolved-ts: every row at or below it is
-		// in pebble. Written by the subscription's write worker only.
+		// readable (in pebble, or in the fresh rows of a write-behind
+		// subscription: fresh.go). Written by the subscription's write
+		// worker only.
 		resolved common.Ts
 		// maxCommit is the largest commit-ts of committed rows.
 		maxCommit common.Ts

@@ -24,6 +24,9 @@ type writeEvent struct {
 	// deleteSub deletes every row of sub; it is queued after the
 	// subscription was ended at the upstream and no Push can follow.
 	deleteSub bool
+	// deferred: apply kept rows out of the pebble batch, to be held only
+	// in the subscription's fresh rows (see writeBehindLocked).
+	deferred bool
 }
 
 // runWriter is write worker i: it groups queued events into one pebble batch
@@ -71,24 +74,31 @@ func (s *Store) runWriter(i int) {
 func (s *Store) apply(evs []writeEvent) error {
 	start := s.opts.Clock.Now()
 	b := s.db.NewBatch()
-	var rows, bytes int
-	for _, ev := range evs {
-		if ev.deleteSub {
+	var rows, bytes, deferred, deferredBytes int
+	for i := range evs {
+		ev := &evs[i]
+		if ev.deleteSub || len(ev.rows) == 0 {
 			continue
 		}
-		for j := range ev.rows {
-			r := &ev.rows[j]
-			kl, vl := encodedKeyLen(r.Key), encodedValueLen(r)
-			op := b.SetDeferred(kl, vl)
-			encodeKey(op.Key, ev.sub.id, r.CommitTs, r.StartTs, r.Key)
-			encodeValue(op.Value, r)
-			if err := op.Finish(); err != nil {
-				_ = b.Close()
-				return fmt.Errorf("eventstore: encode row: %w", err)
+		if s.deferRows(ev.sub, ev.rows) {
+			ev.deferred = true
+			deferred += len(ev.rows)
+			for j := range ev.rows {
+				deferredBytes += encodedKeyLen(ev.rows[j].Key) + encodedValueLen(&ev.rows[j])
 			}
-			bytes += kl + vl
+			continue
 		}
+		n, err := addRows(b, ev.sub.id, ev.rows)
+		if err != nil {
+			_ = b.Close()
+			return err
+		}
+		bytes += n
 		rows += len(ev.rows)
+	}
+	if deferred > 0 {
+		s.metrics.rowsDeferred.Add(float64(deferred))
+		s.metrics.bytesDeferred.Add(float64(deferredBytes))
 	}
 	if rows > 0 {
 		if err := b.Commit(pebble.NoSync); err != nil {
@@ -143,7 +153,7 @@ func (s *Store) publish(ev writeEvent, now time.Time, pub *published) {
 	}
 	sub.mu.Lock()
 	sub.mu.maxCommit = max(sub.mu.maxCommit, maxCommit)
-	s.keepFreshLocked(sub, ev.rows)
+	s.keepFreshLocked(sub, ev.rows, ev.deferred)
 	if ev.resolved <= sub.mu.resolved {
 		sub.mu.Unlock()
 		return
@@ -164,6 +174,24 @@ func (s *Store) publish(ev writeEvent, now time.Time, pub *published) {
 	if h := s.knobs.published; h != nil {
 		h(ev.resolved)
 	}
+}
+
+// addRows adds rows of subscription id to b and returns their encoded
+// bytes.
+func addRows(b *pebble.Batch, id uint64, rows []common.Row) (int, error) {
+	bytes := 0
+	for j := range rows {
+		r := &rows[j]
+		kl, vl := encodedKeyLen(r.Key), encodedValueLen(r)
+		op := b.SetDeferred(kl, vl)
+		encodeKey(op.Key, id, r.CommitTs, r.StartTs, r.Key)
+		encodeValue(op.Value, r)
+		if err := op.Finish(); err != nil {
+			return 0, fmt.Errorf("eventstore: encode row: %w", err)
+		}
+		bytes += kl + vl
+	}
+	return bytes, nil
 }
 
 // deleteSubscriptionData removes every row of an ended subscription.
