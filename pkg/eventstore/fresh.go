@@ -2,12 +2,8 @@ package eventstore
 
 import (
 	"bytes"
-	"fmt"
 	"slices"
 	"sync/atomic"
-
-	"github.com/cockroachdb/pebble/v2"
-	"go.uber.org/zap"
 
 	"github.com/cdcflow/eventservice/pkg/common"
 )
@@ -41,6 +37,9 @@ type freshRows struct {
 	// upstream that pushes commits out of order), so a scan looks at every
 	// row; otherwise it binary-searches its start.
 	unordered bool
+	// allWritten: every row in rows is in pebble too (none is held in
+	// memory only: see writebehind.go). True while rows is empty.
+	allWritten bool
 }
 
 // freshLocked returns sub's fresh rows, made at its first committed row:
@@ -48,7 +47,7 @@ type freshRows struct {
 // idle subscription pays a pointer). REQUIRES: sub.mu held.
 func (sub *subscription) freshLocked() *freshRows {
 	if sub.mu.fresh == nil {
-		sub.mu.fresh = &freshRows{from: sub.startTs}
+		sub.mu.fresh = &freshRows{from: sub.startTs, allWritten: true}
 	}
 	return sub.mu.fresh
 }
@@ -76,180 +75,87 @@ const freshRowOverhead = 96
 func freshCost(r *common.Row) int64 { return int64(r.Size()) + freshRowOverhead }
 
 // keepFreshLocked adds the rows of a committed batch; deferred says apply
-// left them out of pebble (deferRows). REQUIRES: sub.mu held, and
-// sub.mu.maxCommit already counting rows.
-func (s *Store) keepFreshLocked(sub *subscription, rows []common.Row, deferred bool) {
+// kept them out of pebble (planRows). It reports false if rows held only
+// in memory could not be written to pebble before they had to be (the
+// caller then leaves resolved-ts where it was, as for a failed commit).
+// REQUIRES: sub.mu held, and sub.mu.maxCommit already counting rows.
+func (s *Store) keepFreshLocked(sub *subscription, rows []common.Row, deferred bool) bool {
 	if s.fresh.limit <= 0 || len(rows) == 0 {
-		return
+		return true
 	}
 	limit := s.opts.FreshSubscriptionBytes
 	f := sub.freshLocked()
 	if deferred && !sub.mu.removed && !sub.writeBehindLocked(f) {
-		// An earlier event of the batch evicted: from is above the
-		// checkpoints now, and a pebble scan may ask for these rows.
+		// The floor moved above the checkpoints since apply deferred the
+		// rows (the store's budget ran out for an earlier push of the
+		// batch): a pebble scan may ask for them.
 		if err := s.spillLocked(sub, rows); err != nil {
-			s.keepAllLocked(f, rows)
-			return
+			s.keepAllLocked(f, rows, true)
+			return false
 		}
 		deferred = false
 	}
 	add := freshCostAbove(f, rows)
 	switch {
 	case add == 0:
-		return
+		return true
 	case sub.mu.removed:
 		s.dropFreshLocked(sub)
-		return
+		return true
 	case add > limit:
-		if s.leaveWriteBehindLocked(sub, f, rows, deferred) {
-			s.dropFreshLocked(sub)
-		} else {
-			s.keepAllLocked(f, rows)
+		if !s.leaveWriteBehindLocked(sub, f, rows, deferred) {
+			s.keepAllLocked(f, rows, deferred)
+			return false
 		}
-		return
+		s.dropFreshLocked(sub)
+		return true
 	}
 	if over := f.bytes + add - limit; over > 0 {
 		if !s.leaveWriteBehindLocked(sub, f, rows, deferred) {
-			s.keepAllLocked(f, rows)
-			return
+			s.keepAllLocked(f, rows, deferred)
+			return false
 		}
 		// Free at least half the allowance, so that a subscription at its
 		// cap does not pay a compaction per batch.
 		s.evictFreshLocked(sub, max(over, limit/2))
 		add = freshCostAbove(f, rows) // from moved up
+		deferred = false              // written by the spill
 	}
 	if !s.fresh.reserve(add) {
-		if s.leaveWriteBehindLocked(sub, f, rows, deferred) {
-			s.dropFreshLocked(sub)
-			s.metrics.freshDropped.Inc()
-		} else {
-			s.keepAllLocked(f, rows)
+		if !s.leaveWriteBehindLocked(sub, f, rows, deferred) {
+			s.keepAllLocked(f, rows, deferred)
+			return false
 		}
-		return
+		s.dropFreshLocked(sub)
+		s.metrics.freshDropped.Inc()
+		return true
 	}
-	s.appendFreshLocked(f, rows, add)
+	s.appendFreshLocked(f, rows, add, deferred)
+	return true
 }
 
 // appendFreshLocked appends the rows above from, which cost add (already
-// reserved). REQUIRES: sub.mu held.
-func (s *Store) appendFreshLocked(f *freshRows, rows []common.Row, add int64) {
+// reserved); memOnly: they are not in pebble. REQUIRES: sub.mu held.
+func (s *Store) appendFreshLocked(f *freshRows, rows []common.Row, add int64, memOnly bool) {
 	for i := range rows {
 		if rows[i].CommitTs > f.from {
 			if n := len(f.rows); n > 0 && rows[i].CommitTs < f.rows[n-1].CommitTs {
 				f.unordered = true
 			}
 			f.rows = append(f.rows, rows[i])
+			f.allWritten = f.allWritten && !memOnly
 		}
 	}
 	f.bytes += add
 }
 
-// keepAllLocked keeps rows past the budgets: the rows held only here could
-// not be written to pebble, and dropping them would lose them (the store
-// logged the failure). REQUIRES: sub.mu held.
-func (s *Store) keepAllLocked(f *freshRows, rows []common.Row) {
+// keepAllLocked keeps rows past the budgets: rows held only here could not
+// be written to pebble, and dropping them would lose them (the store logged
+// the failure). REQUIRES: sub.mu held.
+func (s *Store) keepAllLocked(f *freshRows, rows []common.Row, memOnly bool) {
 	add := freshCostAbove(f, rows)
 	s.fresh.used.Add(add)
-	s.appendFreshLocked(f, rows, add)
-}
-
-// Write-behind. A subscription whose fresh floor is at or below its GC
-// target (the minimum checkpoint) is asked only for ranges that start at
-// or above from (a range may not start below its dispatcher's checkpoint,
-// and a dispatcher joins only at or above the low watermark, itself at or
-// above the GC target), so every scan of it is served from memory and
-// pebble is never read for it. Its rows then need not be written to pebble
-// at their commit: apply keeps them in memory only (deferRows), and a
-// dispatcher that keeps up checkpoints them before they would have to
-// leave memory, so they are never written at all (the store is a cache of
-// the upstream, and that write was about a tenth of cdcserver serve's CPU
-// at 1000 PostgreSQL tables). Before from moves above the GC target (an
-// eviction, a drop), every row held only in memory is written
-// (spillLocked), so a scan that then goes to pebble finds each row above
-// the checkpoints there. A checkpoint that reaches from (trimFreshLocked)
-// makes the subscription write-behind again.
-//
-// INVARIANT (under subscription.mu): if !writeBehindLocked, every committed
-// row with commit-ts above the GC target is in pebble; either way every
-// committed row above from is in the fresh rows.
-
-// writeBehindLocked reports whether sub's fresh rows may be held in memory
-// only (f may be nil: no row committed yet). REQUIRES: sub.mu held.
-func (sub *subscription) writeBehindLocked(f *freshRows) bool {
-	from := sub.startTs
-	if f != nil {
-		from = f.from
-	}
-	return from <= sub.mu.gcTarget
-}
-
-// deferRows reports whether apply may leave rows, a push of sub, out of
-// pebble: sub is write-behind and the rows fit its fresh allowance and the
-// store's (as far as can be told before the commit; keepFreshLocked
-// writes them if they no longer fit by then).
-func (s *Store) deferRows(sub *subscription, rows []common.Row) bool {
-	if s.fresh.limit <= 0 {
-		return false
-	}
-	sub.mu.Lock()
-	defer sub.mu.Unlock()
-	f := sub.mu.fresh
-	if sub.mu.removed || !sub.writeBehindLocked(f) {
-		return false
-	}
-	var have int64
-	if f != nil {
-		have = f.bytes
-	}
-	var add int64
-	for i := range rows {
-		add += freshCost(&rows[i])
-	}
-	return have+add <= s.opts.FreshSubscriptionBytes && s.fresh.used.Load()+add <= s.fresh.limit
-}
-
-// leaveWriteBehindLocked writes what sub holds only in memory to pebble
-// (its fresh rows and, if deferred, rows) before from moves above the GC
-// target; false if that failed (nothing may leave memory then). REQUIRES:
-// sub.mu held.
-func (s *Store) leaveWriteBehindLocked(sub *subscription, f *freshRows, rows []common.Row, deferred bool) bool {
-	if !sub.writeBehindLocked(f) {
-		return true // everything above the GC target is in pebble already
-	}
-	var extra []common.Row
-	if deferred {
-		extra = rows
-	}
-	return s.spillLocked(sub, f.rows, extra) == nil
-}
-
-// spillLocked writes rows of sub to pebble in one batch, logging a
-// failure. REQUIRES: sub.mu held (the write worker's: it runs beside
-// apply's batches, not inside one).
-func (s *Store) spillLocked(sub *subscription, sets ...[]common.Row) error {
-	b := s.db.NewBatch()
-	defer func() { _ = b.Close() }()
-	rows, bytes := 0, 0
-	for _, set := range sets {
-		n, err := addRows(b, sub.id, set)
-		if err != nil {
-			s.log.Error("write-behind rows not written", zap.Uint64("sub", sub.id), zap.Error(err))
-			return err
-		}
-		rows, bytes = rows+len(set), bytes+n
-	}
-	if rows == 0 {
-		return nil
-	}
-	if err := b.Commit(pebble.NoSync); err != nil {
-		s.log.Error("write-behind rows not written", zap.Uint64("sub", sub.id), zap.Error(err))
-		return fmt.Errorf("eventstore: commit: %w", err)
-	}
-	s.metrics.rowsWritten.Add(float64(rows))
-	s.metrics.bytesWritten.Add(float64(bytes))
-	s.metrics.rowsSpilled.Add(float64(rows))
-	s.metrics.bytesSpilled.Add(float64(bytes))
-	return nil
+	s.appendFreshLocked(f, rows, add, memOnly)
 }
 
 // freshCostAbove is what keeping the rows above f's from would cost.
@@ -302,7 +208,7 @@ func (s *Store) trimFreshLocked(sub *subscription, ts common.Ts) {
 	f.rows = kept
 	if len(kept) == 0 {
 		f.rows = nil // give the array back: an idle table holds nothing
-		f.unordered = false
+		f.unordered, f.allWritten = false, true
 	}
 	f.bytes -= freed
 	s.fresh.release(freed)
@@ -316,7 +222,7 @@ func (s *Store) dropFreshLocked(sub *subscription) {
 		return // nothing was ever committed
 	}
 	clear(f.rows)
-	f.rows, f.unordered = nil, false
+	f.rows, f.unordered, f.allWritten = nil, false, true
 	s.fresh.release(f.bytes)
 	f.bytes = 0
 	f.from = max(f.from, sub.mu.maxCommit)

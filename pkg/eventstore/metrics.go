@@ -56,7 +56,7 @@ func newMetrics(fresh *freshBudget) *metrics {
 		bytesDeferred: prometheus.NewCounter(prometheus.CounterOpts(opts("bytes_deferred_total",
 			"Encoded key and value bytes of the rows in rows_deferred_total."))),
 		rowsSpilled: prometheus.NewCounter(prometheus.CounterOpts(opts("rows_spilled_total",
-			"Rows held in memory only that were written to pebble later, before leaving memory while still scannable (also in rows_written_total)."))),
+			"Rows written to pebble after their commit: a write-behind subscription's fresh rows before they leave memory while still scannable (some may have been written before; also in rows_written_total)."))),
 		bytesSpilled: prometheus.NewCounter(prometheus.CounterOpts(opts("bytes_spilled_total",
 			"Encoded key and value bytes of the rows in rows_spilled_total (also in bytes_written_total)."))),
 		writeBatch: prometheus.NewHistogram(prometheus.HistogramOpts{

@@ -42,6 +42,9 @@ type Store struct {
 
 	// openIters counts iterators not yet closed (checked by Close).
 	openIters atomic.Int64
+	// batchSeq numbers the write workers' batches (a subscription's
+	// wbBatch names the batch it describes).
+	batchSeq atomic.Uint64
 	// fresh accounts the subscriptions' fresh rows (fresh.go).
 	fresh freshBudget
 

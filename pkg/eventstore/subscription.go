@@ -141,6 +141,10 @@ type subscription struct {
 	// queue (guarded by pushMu). Rows at or below it are refused.
 	pushedResolved common.Ts
 
+	// wb is the subscription's part of the write batch its worker is
+	// building (writebehind.go); the worker's alone.
+	wb wbBatch
+
 	mu struct {
 		sync.Mutex
 		// resolved is the committed resolved-ts: every row at or below it is

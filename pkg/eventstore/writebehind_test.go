@@ -1,7 +1,8 @@
 package eventstore
 
 import (
-	"bytes"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -43,57 +44,94 @@ func TestRowsCheckpointedWhileFreshAreNeverWritten(t *testing.T) {
 	require.Zero(t, testutil.ToFloat64(env.store.metrics.rowsSpilled))
 }
 
-// TestRowsHeldInMemoryAreWrittenBeforeTheyLeaveIt: four pushes of one
-// write batch are each kept out of pebble (each fits the subscription's
-// allowance alone). The third evicts the first two, which moves the fresh
-// floor above the checkpoint, so the rows held only in memory must be
-// written before a scan from the checkpoint goes to pebble: the three
-// there, and the fourth's, which apply deferred before the eviction
-// happened. The write worker is held in a notifier so that the four pushes
-// land in one batch.
-func TestRowsHeldInMemoryAreWrittenBeforeTheyLeaveIt(t *testing.T) {
-	env := newTestEnv(t, func(o *Options) { o.WriteWorkers = 1; o.FreshSubscriptionBytes = 1000 })
-	span := common.TableSpan(1)
-	entered, release := make(chan struct{}), make(chan struct{})
-	r := newRecorder()
+// holdWorker returns a notifier that blocks the (single) write worker in
+// its first call until release is closed, so that the pushes made
+// meanwhile land in one write batch, and then records into r.
+func holdWorker(r *recorder) (notify func(resolved, maxCommit common.Ts), entered, release chan struct{}) {
+	entered, release = make(chan struct{}), make(chan struct{})
 	first := true
-	notify := func(resolved, maxCommit common.Ts) {
+	return func(resolved, maxCommit common.Ts) {
 		if first { // only the write worker calls it, one call at a time
 			first = false
 			close(entered)
 			<-release
 		}
 		r.notify(resolved, maxCommit)
+	}, entered, release
+}
+
+func sized(key string, startTs, commitTs common.Ts, value string, n int) common.Row {
+	row := put(key, startTs, commitTs)
+	row.Value = []byte(value + strings.Repeat(".", n-len(value)))
+	return row
+}
+
+// TestAPushThatDoesNotFitIsWrittenAfterTheRowsHeldInMemory: a version of a
+// row kept in memory only, then a later version of the same (commit-ts,
+// start-ts, key) too large for the allowance, in a later write batch and
+// in the same one. The later push writes what was held in memory first, in
+// its own batch, so pebble keeps the later version, which a scan below the
+// new floor reads (a spill after the later version's commit put the
+// earlier one back).
+func TestAPushThatDoesNotFitIsWrittenAfterTheRowsHeldInMemory(t *testing.T) {
+	for _, oneBatch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("one_batch=%v", oneBatch), func(t *testing.T) {
+			env := newTestEnv(t, func(o *Options) { o.WriteWorkers = 1; o.FreshSubscriptionBytes = 1000 })
+			span := common.TableSpan(1)
+			r := newRecorder()
+			notify, entered, release := holdWorker(r)
+			require.NoError(t, env.store.RegisterDispatcher(did(1), span, 0, notify))
+			sub := env.up.last(t, span)
+			push(t, sub, 5)
+			<-entered
+			push(t, sub, 6, sized("k", 9, 10, "v1", 100)) // kept in memory only
+			if !oneBatch {
+				close(release)
+				r.waitResolved(t, 6)
+				require.Equal(t, 1.0, testutil.ToFloat64(env.store.metrics.rowsDeferred))
+				require.Zero(t, countRaw(t, env.store, sub))
+			}
+			push(t, sub, 20, sized("k", 9, 10, "v2", 2000)) // over the allowance: the floor moves to 10
+			if oneBatch {
+				close(release)
+			}
+			r.waitResolved(t, 20)
+			got, _ := scan(t, env.store, did(1), ScanRange{Start: 0, End: 20}) // below the floor: pebble
+			require.Len(t, got, 1)
+			require.True(t, strings.HasPrefix(string(got[0].Value), "v2"), "the later version: %.8q", got[0].Value)
+			require.Equal(t, 1.0, testutil.ToFloat64(env.store.metrics.scansPebble))
+		})
 	}
-	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 0, notify))
-	sub := env.up.last(t, span)
-	push(t, sub, 5)
-	<-entered // the worker waits in the notifier: what follows queues
-	big := func(key string, commit common.Ts) common.Row {
-		row := put(key, commit-1, commit)
-		row.Value = bytes.Repeat([]byte{'v'}, 300) // about 40% of the allowance
-		return row
-	}
-	push(t, sub, 10, big("b", 10))
-	push(t, sub, 20, big("c", 20))
-	push(t, sub, 30, big("d", 30))
-	push(t, sub, 40, big("e", 40))
+}
+
+// TestRowsDeferredThenRefusedByTheStoresBudgetAreWritten: two
+// subscriptions' pushes in one write batch each fit the store's budget when
+// apply defers them, and not together. The second subscription's first push
+// is refused room when it is published, so its rows held in memory only
+// are written before it drops them; its second push, deferred before that,
+// is written then too (from is above its checkpoint by then). A scan below
+// the floor finds both in pebble.
+func TestRowsDeferredThenRefusedByTheStoresBudgetAreWritten(t *testing.T) {
+	env := newTestEnv(t, func(o *Options) { o.WriteWorkers = 1; o.FreshBytes = 1000; o.FreshSubscriptionBytes = 1300 })
+	rx, ry := newRecorder(), newRecorder()
+	notify, entered, release := holdWorker(rx)
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(2), common.TableSpan(2), 0, ry.notify))
+	x, y := env.up.last(t, common.TableSpan(1)), env.up.last(t, common.TableSpan(2))
+	push(t, x, 5)
+	<-entered
+	push(t, x, 10, sized("x", 9, 10, "x", 500))   // costs about 600: fits
+	push(t, y, 10, sized("y1", 9, 10, "y1", 500)) // fits alone, not beside x
+	push(t, y, 20, sized("y2", 19, 20, "y2", 250))
 	close(release)
-	r.waitResolved(t, 40)
+	rx.waitResolved(t, 10)
+	ry.waitResolved(t, 20)
 
-	require.Equal(t, 4.0, testutil.ToFloat64(env.store.metrics.rowsDeferred), "each push was deferred")
-	require.Equal(t, 4.0, testutil.ToFloat64(env.store.metrics.rowsSpilled), "and each was written before it could be missed")
-	require.Equal(t, 4, countRaw(t, env.store, sub))
-	got, _ := scan(t, env.store, did(1), ScanRange{Start: 0, End: 40}) // below the floor: pebble
-	require.Equal(t, []string{"b", "c", "d", "e"}, keysOf(got))
+	require.Equal(t, 3.0, testutil.ToFloat64(env.store.metrics.rowsDeferred))
+	require.Equal(t, 2.0, testutil.ToFloat64(env.store.metrics.rowsSpilled), "y's rows, written when they had to be")
+	require.Zero(t, countRaw(t, env.store, x))
+	require.Equal(t, 2, countRaw(t, env.store, y))
+	got, _ := scan(t, env.store, did(2), ScanRange{Start: 0, End: 20})
+	require.Equal(t, []string{"y1", "y2"}, keysOf(got))
 	require.Equal(t, 1.0, testutil.ToFloat64(env.store.metrics.scansPebble))
-
-	// A checkpoint that reaches the floor makes the subscription
-	// write-behind again: the next row is not written.
-	require.NoError(t, env.store.UpdateCheckpoint(did(1), 40))
-	push(t, sub, 50, put("f", 45, 50))
-	r.waitResolved(t, 50)
-	require.Equal(t, 4, countRaw(t, env.store, sub))
-	got, _ = scan(t, env.store, did(1), ScanRange{Start: 40, End: 50})
-	require.Equal(t, []string{"f"}, keysOf(got))
 }

@@ -25,7 +25,7 @@ type writeEvent struct {
 	// subscription was ended at the upstream and no Push can follow.
 	deleteSub bool
 	// deferred: apply kept rows out of the pebble batch, to be held only
-	// in the subscription's fresh rows (see writeBehindLocked).
+	// in the subscription's fresh rows (writebehind.go).
 	deferred bool
 }
 
@@ -70,37 +70,41 @@ func (s *Store) runWriter(i int) {
 	}
 }
 
-// apply commits evs and then publishes their resolved-ts advances.
+// apply commits evs and then publishes their resolved-ts advances. The
+// rows of a write-behind subscription may be kept out of pebble
+// (writebehind.go).
 func (s *Store) apply(evs []writeEvent) error {
 	start := s.opts.Clock.Now()
 	b := s.db.NewBatch()
-	var rows, bytes, deferred, deferredBytes int
+	seq := s.batchSeq.Add(1)
+	var rows, bytes, spilledRows, spilledBytes int
+	var spilled []*subscription // wrote what they held in memory only
 	for i := range evs {
 		ev := &evs[i]
 		if ev.deleteSub || len(ev.rows) == 0 {
 			continue
 		}
-		if s.deferRows(ev.sub, ev.rows) {
+		switch s.planRows(ev, seq) {
+		case planDefer:
 			ev.deferred = true
-			deferred += len(ev.rows)
-			for j := range ev.rows {
-				deferredBytes += encodedKeyLen(ev.rows[j].Key) + encodedValueLen(&ev.rows[j])
-			}
 			continue
+		case planSpill:
+			n, k, err := s.addMemoryOnly(b, ev.sub, evs[:i])
+			if err != nil {
+				_ = b.Close()
+				return err
+			}
+			spilledRows, spilledBytes = spilledRows+n, spilledBytes+k
+			spilled = append(spilled, ev.sub)
 		}
-		n, err := addRows(b, ev.sub.id, ev.rows)
+		n, k, err := addRowsAbove(b, ev.sub.id, ev.rows, 0)
 		if err != nil {
 			_ = b.Close()
 			return err
 		}
-		bytes += n
-		rows += len(ev.rows)
+		rows, bytes = rows+n, bytes+k
 	}
-	if deferred > 0 {
-		s.metrics.rowsDeferred.Add(float64(deferred))
-		s.metrics.bytesDeferred.Add(float64(deferredBytes))
-	}
-	if rows > 0 {
+	if rows+spilledRows > 0 {
 		if err := b.Commit(pebble.NoSync); err != nil {
 			_ = b.Close()
 			return fmt.Errorf("eventstore: commit: %w", err)
@@ -109,12 +113,19 @@ func (s *Store) apply(evs []writeEvent) error {
 	if err := b.Close(); err != nil {
 		return fmt.Errorf("eventstore: close batch: %w", err)
 	}
+	for _, sub := range spilled {
+		s.markAllWritten(sub)
+	}
 	now := s.opts.Clock.Now()
-	if rows > 0 {
+	if rows+spilledRows > 0 {
 		s.metrics.writeBatch.Observe(now.Sub(start).Seconds())
 		s.metrics.rowsWritten.Add(float64(rows))
 		s.metrics.bytesWritten.Add(float64(bytes))
 	}
+	if spilledRows > 0 {
+		s.countSpilled(spilledRows, spilledBytes) // rows moved from deferred to written are in rows
+	}
+	s.countDeferred(evs)
 	var pub published
 	for _, ev := range evs {
 		if ev.deleteSub {
@@ -137,6 +148,23 @@ func (s *Store) apply(evs []writeEvent) error {
 	return nil
 }
 
+// countDeferred counts the rows of evs kept in memory only.
+func (s *Store) countDeferred(evs []writeEvent) {
+	var rows, bytes int
+	for i := range evs {
+		if ev := &evs[i]; ev.deferred {
+			rows += len(ev.rows)
+			for j := range ev.rows {
+				bytes += encodedKeyLen(ev.rows[j].Key) + encodedValueLen(&ev.rows[j])
+			}
+		}
+	}
+	if rows > 0 {
+		s.metrics.rowsDeferred.Add(float64(rows))
+		s.metrics.bytesDeferred.Add(float64(bytes))
+	}
+}
+
 // published is what one write batch's publishing did, for its metrics.
 type published struct {
 	advances, notified int
@@ -153,7 +181,12 @@ func (s *Store) publish(ev writeEvent, now time.Time, pub *published) {
 	}
 	sub.mu.Lock()
 	sub.mu.maxCommit = max(sub.mu.maxCommit, maxCommit)
-	s.keepFreshLocked(sub, ev.rows, ev.deferred)
+	if !s.keepFreshLocked(sub, ev.rows, ev.deferred) {
+		// Rows held in memory only could not be written to pebble when
+		// they had to be: as after a failed commit, resolved-ts stays.
+		sub.mu.Unlock()
+		return
+	}
 	if ev.resolved <= sub.mu.resolved {
 		sub.mu.Unlock()
 		return
@@ -174,24 +207,6 @@ func (s *Store) publish(ev writeEvent, now time.Time, pub *published) {
 	if h := s.knobs.published; h != nil {
 		h(ev.resolved)
 	}
-}
-
-// addRows adds rows of subscription id to b and returns their encoded
-// bytes.
-func addRows(b *pebble.Batch, id uint64, rows []common.Row) (int, error) {
-	bytes := 0
-	for j := range rows {
-		r := &rows[j]
-		kl, vl := encodedKeyLen(r.Key), encodedValueLen(r)
-		op := b.SetDeferred(kl, vl)
-		encodeKey(op.Key, id, r.CommitTs, r.StartTs, r.Key)
-		encodeValue(op.Value, r)
-		if err := op.Finish(); err != nil {
-			return 0, fmt.Errorf("eventstore: encode row: %w", err)
-		}
-		bytes += kl + vl
-	}
-	return bytes, nil
 }
 
 // deleteSubscriptionData removes every row of an ended subscription.
