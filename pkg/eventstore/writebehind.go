@@ -104,19 +104,19 @@ func (s *Store) planRows(ev *writeEvent, seq uint64) rowPlan {
 }
 
 // addMemoryOnly adds to b what sub holds only in memory, in push order:
-// its fresh rows above the GC target (unless all written), then the rows
-// of its pushes in earlier, which apply deferred in this batch and now
-// writes (their deferred mark is cleared). It returns the rows and bytes
-// added. Called by sub's write worker, before the rows of a push that
-// did not fit.
-func (s *Store) addMemoryOnly(b *pebble.Batch, sub *subscription, earlier []writeEvent) (rows, bytes int, err error) {
+// its fresh rows above the GC target (unless all written; held counts
+// them), then the rows of its pushes in earlier that apply deferred in
+// this batch and now writes at their commit after all (their deferred
+// mark is cleared; moved counts them). Called by sub's write worker,
+// before the rows of a push that did not fit.
+func (s *Store) addMemoryOnly(b *pebble.Batch, sub *subscription, earlier []writeEvent) (held, moved rowCount, err error) {
 	sub.mu.Lock()
 	if f := sub.mu.fresh; f != nil && !f.allWritten {
-		rows, bytes, err = addRowsAbove(b, sub.id, f.rows, sub.mu.gcTarget)
+		held.rows, held.bytes, err = addRowsAbove(b, sub.id, f.rows, sub.mu.gcTarget)
 	}
 	sub.mu.Unlock()
 	if err != nil {
-		return 0, 0, err
+		return held, moved, err
 	}
 	for i := range earlier {
 		ev := &earlier[i]
@@ -125,13 +125,16 @@ func (s *Store) addMemoryOnly(b *pebble.Batch, sub *subscription, earlier []writ
 		}
 		n, k, err := addRowsAbove(b, sub.id, ev.rows, 0)
 		if err != nil {
-			return 0, 0, err
+			return held, moved, err
 		}
 		ev.deferred = false
-		rows, bytes = rows+n, bytes+k
+		moved.rows, moved.bytes = moved.rows+n, moved.bytes+k
 	}
-	return rows, bytes, nil
+	return held, moved, nil
 }
+
+// rowCount is a number of rows and their encoded bytes.
+type rowCount struct{ rows, bytes int }
 
 // markAllWritten records, once the batch that wrote what sub held only in
 // memory committed, that its fresh rows are all in pebble. Nothing was
@@ -157,7 +160,10 @@ func (s *Store) leaveWriteBehindLocked(sub *subscription, f *freshRows, rows []c
 	if !f.allWritten {
 		held = f.rows
 	}
-	if deferred {
+	if deferred || len(held) > 0 {
+		// A push written at its commit goes again after what was held:
+		// only after a failed spill can both be here, and the push's
+		// rows are the later versions.
 		extra = rows
 	}
 	if s.spillLocked(sub, held, extra) != nil {

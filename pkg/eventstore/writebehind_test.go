@@ -100,6 +100,9 @@ func TestAPushThatDoesNotFitIsWrittenAfterTheRowsHeldInMemory(t *testing.T) {
 			require.Len(t, got, 1)
 			require.True(t, strings.HasPrefix(string(got[0].Value), "v2"), "the later version: %.8q", got[0].Value)
 			require.Equal(t, 1.0, testutil.ToFloat64(env.store.metrics.scansPebble))
+			m := env.store.metrics
+			accepted := testutil.ToFloat64(m.rowsWritten) - testutil.ToFloat64(m.rowsSpilled) + testutil.ToFloat64(m.rowsDeferred)
+			require.Equal(t, 2.0, accepted, "written - spilled + deferred counts each accepted row once")
 		})
 	}
 }

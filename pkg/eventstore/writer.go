@@ -89,12 +89,13 @@ func (s *Store) apply(evs []writeEvent) error {
 			ev.deferred = true
 			continue
 		case planSpill:
-			n, k, err := s.addMemoryOnly(b, ev.sub, evs[:i])
+			held, moved, err := s.addMemoryOnly(b, ev.sub, evs[:i])
 			if err != nil {
 				_ = b.Close()
 				return err
 			}
-			spilledRows, spilledBytes = spilledRows+n, spilledBytes+k
+			spilledRows, spilledBytes = spilledRows+held.rows, spilledBytes+held.bytes
+			rows, bytes = rows+moved.rows, bytes+moved.bytes // written at their commit after all
 			spilled = append(spilled, ev.sub)
 		}
 		n, k, err := addRowsAbove(b, ev.sub.id, ev.rows, 0)
@@ -123,7 +124,7 @@ func (s *Store) apply(evs []writeEvent) error {
 		s.metrics.bytesWritten.Add(float64(bytes))
 	}
 	if spilledRows > 0 {
-		s.countSpilled(spilledRows, spilledBytes) // rows moved from deferred to written are in rows
+		s.countSpilled(spilledRows, spilledBytes)
 	}
 	s.countDeferred(evs)
 	var pub published
