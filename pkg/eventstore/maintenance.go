@@ -73,12 +73,14 @@ func (s *Store) noteGCLocked(sub *subscription, now time.Time) {
 	if sub.mu.removed || sub.mu.gcTarget <= sub.mu.gcDone {
 		return
 	}
-	if sub.mu.maxCommit == 0 || sub.mu.maxCommit < sub.mu.gcDone {
-		// No row at or above gcDone was ever written (the store starts
-		// empty, and rows below the GC target all are written, since the
-		// target is a checkpoint, at or below the resolved-ts): the range
-		// is empty. Move the mark without a
-		// tombstone, so a million idle tables cost no range deletions.
+	if sub.mu.pebbleMax == 0 || sub.mu.pebbleMax < sub.mu.gcDone {
+		// No row at or above gcDone was ever written to pebble (the store
+		// starts empty, rows below the GC target all are committed, since
+		// the target is a checkpoint, at or below the resolved-ts, and a
+		// write-behind subscription's rows may never reach pebble): the
+		// range is empty. Move the mark without a tombstone, so a million
+		// idle tables, or tables whose rows were read from memory and
+		// checkpointed, cost no range deletions.
 		sub.mu.gcDone = sub.mu.gcTarget
 		return
 	}

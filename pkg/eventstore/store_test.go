@@ -330,7 +330,8 @@ func TestGCNeverDeletesAtOrAboveCheckpoint(t *testing.T) {
 }
 
 func TestGCCoalescesSmallRanges(t *testing.T) {
-	env := newTestEnv(t, func(o *Options) { o.GCMinSpan = 5 * time.Second; o.GCMaxDelay = 30 * time.Second })
+	// No fresh rows: every row is written to pebble, whose GC this checks.
+	env := newTestEnv(t, func(o *Options) { o.GCMinSpan = 5 * time.Second; o.GCMaxDelay = 30 * time.Second; o.FreshBytes = -1 })
 	r := newRecorder()
 	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r.notify))
 	sub := env.up.last(t, common.TableSpan(1))
@@ -610,7 +611,8 @@ func TestAPanickingUpstreamLeavesNoLockHeld(t *testing.T) {
 // subscriptions whose checkpoint moved are scheduled at all: maintenance
 // never walks the population.
 func TestGCRoundIsOneBatchAndFollowsChange(t *testing.T) {
-	env := newTestEnv(t, func(o *Options) { o.GCMinSpan = time.Millisecond })
+	// No fresh rows: every row is written to pebble, whose GC this checks.
+	env := newTestEnv(t, func(o *Options) { o.GCMinSpan = time.Millisecond; o.FreshBytes = -1 })
 	const n = 50
 	ms := func(n int64) common.Ts { return common.ComposeTs(n, 0) }
 	rs := make([]*recorder, n)

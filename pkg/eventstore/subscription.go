@@ -154,6 +154,11 @@ type subscription struct {
 		resolved common.Ts
 		// maxCommit is the largest commit-ts of committed rows.
 		maxCommit common.Ts
+		// pebbleMax is the largest commit-ts of the rows written to pebble
+		// (at or below maxCommit: a write-behind subscription's rows may be
+		// in memory only), so GC issues no range deletion where pebble
+		// holds nothing.
+		pebbleMax common.Ts
 		// subscribers is replaced, never mutated, so the write worker can
 		// iterate a snapshot without the lock.
 		subscribers []*subscriber

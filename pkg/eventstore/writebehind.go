@@ -145,6 +145,7 @@ func (s *Store) markAllWritten(sub *subscription) {
 	if f := sub.mu.fresh; f != nil {
 		f.allWritten = true
 	}
+	sub.mu.pebbleMax = max(sub.mu.pebbleMax, sub.mu.maxCommit) // the rows held were committed before
 	sub.mu.Unlock()
 }
 
@@ -196,6 +197,7 @@ func (s *Store) spillLocked(sub *subscription, sets ...[]common.Row) error {
 		return fmt.Errorf("eventstore: commit: %w", err)
 	}
 	s.countSpilled(rows, bytes)
+	sub.mu.pebbleMax = max(sub.mu.pebbleMax, sub.mu.maxCommit) // maxCommit counts the push being published
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -115,26 +116,65 @@ func TestAPushThatDoesNotFitIsWrittenAfterTheRowsHeldInMemory(t *testing.T) {
 // is written then too (from is above its checkpoint by then). A scan below
 // the floor finds both in pebble.
 func TestRowsDeferredThenRefusedByTheStoresBudgetAreWritten(t *testing.T) {
-	env := newTestEnv(t, func(o *Options) { o.WriteWorkers = 1; o.FreshBytes = 1000; o.FreshSubscriptionBytes = 1300 })
+	env := newTestEnv(t, func(o *Options) {
+		o.WriteWorkers, o.FreshBytes, o.FreshSubscriptionBytes, o.GCMinSpan = 1, 1000, 1300, time.Millisecond
+	})
+	ms := func(n int64) common.Ts { return common.ComposeTs(1_700_000_000_000+n, 0) }
 	rx, ry := newRecorder(), newRecorder()
 	notify, entered, release := holdWorker(rx)
 	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, notify))
 	require.NoError(t, env.store.RegisterDispatcher(did(2), common.TableSpan(2), 0, ry.notify))
 	x, y := env.up.last(t, common.TableSpan(1)), env.up.last(t, common.TableSpan(2))
-	push(t, x, 5)
+	push(t, x, ms(5))
 	<-entered
-	push(t, x, 10, sized("x", 9, 10, "x", 500))   // costs about 600: fits
-	push(t, y, 10, sized("y1", 9, 10, "y1", 500)) // fits alone, not beside x
-	push(t, y, 20, sized("y2", 19, 20, "y2", 250))
+	push(t, x, ms(10), sized("x", ms(9), ms(10), "x", 500))   // costs about 600: fits
+	push(t, y, ms(10), sized("y1", ms(9), ms(10), "y1", 500)) // fits alone, not beside x
+	push(t, y, ms(20), sized("y2", ms(19), ms(20), "y2", 250))
 	close(release)
-	rx.waitResolved(t, 10)
-	ry.waitResolved(t, 20)
+	rx.waitResolved(t, ms(10))
+	ry.waitResolved(t, ms(20))
 
 	require.Equal(t, 3.0, testutil.ToFloat64(env.store.metrics.rowsDeferred))
 	require.Equal(t, 2.0, testutil.ToFloat64(env.store.metrics.rowsSpilled), "y's rows, written when they had to be")
 	require.Zero(t, countRaw(t, env.store, x))
 	require.Equal(t, 2, countRaw(t, env.store, y))
-	got, _ := scan(t, env.store, did(2), ScanRange{Start: 0, End: 20})
+	got, _ := scan(t, env.store, did(2), ScanRange{Start: 0, End: ms(20)})
 	require.Equal(t, []string{"y1", "y2"}, keysOf(got))
 	require.Equal(t, 1.0, testutil.ToFloat64(env.store.metrics.scansPebble))
+
+	// GC knows the spilled rows are in pebble: their range is deleted;
+	// x's, in memory only, costs no deletion.
+	require.NoError(t, env.store.UpdateCheckpoint(did(1), ms(10)))
+	require.NoError(t, env.store.UpdateCheckpoint(did(2), ms(20)))
+	env.store.maintain()
+	require.Equal(t, 1.0, testutil.ToFloat64(env.store.metrics.gcRangesDeleted))
+	require.Equal(t, 1, countRaw(t, env.store, y), "y1 is deleted; y2, at the checkpoint, stays")
+}
+
+// TestGCDeletesNothingWherePebbleHoldsNothing: checkpoints of a
+// write-behind subscription whose rows were read from memory move its GC
+// mark without a range deletion (pebble holds none of them, and a
+// tombstone per table would cost every iterator); once rows were spilled
+// to pebble, their range is deleted.
+func TestGCDeletesNothingWherePebbleHoldsNothing(t *testing.T) {
+	env := newTestEnv(t, func(o *Options) { o.GCMinSpan = time.Millisecond; o.FreshSubscriptionBytes = 1000 })
+	span := common.TableSpan(1)
+	r := newRecorder()
+	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 0, r.notify))
+	sub := env.up.last(t, span)
+	ms := func(n int64) common.Ts { return common.ComposeTs(1_700_000_000_000+n, 0) }
+	push(t, sub, ms(10), put("a", ms(5), ms(5)+1))
+	r.waitResolved(t, ms(10))
+	require.NoError(t, env.store.UpdateCheckpoint(did(1), ms(10)))
+	env.store.maintain()
+	require.Zero(t, testutil.ToFloat64(env.store.metrics.gcRangesDeleted), "nothing in pebble, no tombstone")
+
+	// Over the allowance: the rows go to pebble, and GC deletes them.
+	push(t, sub, ms(20), sized("b", ms(15), ms(15)+1, "b", 2000))
+	r.waitResolved(t, ms(20))
+	require.Equal(t, 1, countRaw(t, env.store, sub))
+	require.NoError(t, env.store.UpdateCheckpoint(did(1), ms(20)))
+	env.store.maintain()
+	require.Equal(t, 1.0, testutil.ToFloat64(env.store.metrics.gcRangesDeleted))
+	require.Zero(t, countRaw(t, env.store, sub))
 }

@@ -182,6 +182,9 @@ func (s *Store) publish(ev writeEvent, now time.Time, pub *published) {
 	}
 	sub.mu.Lock()
 	sub.mu.maxCommit = max(sub.mu.maxCommit, maxCommit)
+	if !ev.deferred {
+		sub.mu.pebbleMax = max(sub.mu.pebbleMax, maxCommit)
+	}
 	if !s.keepFreshLocked(sub, ev.rows, ev.deferred) {
 		// Rows held in memory only could not be written to pebble when
 		// they had to be: as after a failed commit, resolved-ts stays.
