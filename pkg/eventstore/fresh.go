@@ -37,8 +37,9 @@ type freshRows struct {
 	// upstream that pushes commits out of order), so a scan looks at every
 	// row; otherwise it binary-searches its start.
 	unordered bool
-	// allWritten: every row in rows is in pebble too (none is held in
-	// memory only: see writebehind.go). True while rows is empty.
+	// allWritten: every row in rows above the GC target is in pebble too
+	// (none of them is held in memory only: see writebehind.go). True
+	// while rows is empty.
 	allWritten bool
 }
 
