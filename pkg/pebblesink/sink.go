@@ -9,6 +9,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
+	"github.com/cockroachdb/pebble/v2/sstable"
 
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventcollector"
@@ -72,6 +73,8 @@ type Sink struct {
 		states []*dispatcherState
 		// cps is the checkpoints' log.
 		cps checkpointLog
+		// inBatch finds the versions the batch being written holds.
+		inBatch batchKeys
 	}
 }
 
@@ -82,6 +85,11 @@ var _ eventcollector.Sink = (*Sink)(nil)
 const (
 	sinkCacheBytes    = 64 << 20
 	sinkMemTableBytes = 64 << 20
+	// L0 is compacted at this many files and stops writes at that many;
+	// Lbase holds this much.
+	sinkL0CompactionFiles = 8
+	sinkL0StopWritesFiles = 32
+	sinkLBaseBytes        = 256 << 20
 )
 
 // Open opens (or creates) the sink in dir.
@@ -98,11 +106,21 @@ func Open(dir string) (*Sink, error) {
 	// run at 400k rows/s went from 132-144k to 171-181k rows/s (two runs
 	// each, interleaved). Pebble starts with small memtables and doubles
 	// them up to this size, so a sink that takes little holds little.
+	//
+	// The sink is written far more than it is read: its reads are those
+	// lookups and the verifier's scans at the end. So L0 takes more files
+	// before it is compacted, and Lbase more bytes, than pebble's defaults
+	// (4 files, 64 MiB), which rewrite every byte more times on a keyspace
+	// that each memtable covers end to end (a table's rows have random
+	// keys). And blocks are not compressed: the values are the generator's
+	// pseudo-random bytes, which snappy spends CPU on and cannot shrink.
 	cache := pebble.NewCache(sinkCacheBytes)
 	defer cache.Unref() // the DB holds its own reference
-	opts := &pebble.Options{Logger: quietPebble{}, Cache: cache, MemTableSize: sinkMemTableBytes}
+	opts := &pebble.Options{Logger: quietPebble{}, Cache: cache, MemTableSize: sinkMemTableBytes,
+		L0CompactionThreshold: sinkL0CompactionFiles, L0StopWritesThreshold: sinkL0StopWritesFiles, LBaseMaxBytes: sinkLBaseBytes}
 	for i := range opts.Levels {
 		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+		opts.Levels[i].Compression = func() *sstable.CompressionProfile { return sstable.NoCompression }
 	}
 	db, err := pebble.Open(dir, opts)
 	if err != nil {
@@ -258,8 +276,11 @@ var _ eventcollector.CheckpointBatcher = (*Sink)(nil)
 func (s *Sink) CheckpointBatch(cps []eventcollector.SinkCheckpoint, errs []error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	b := s.db.NewIndexedBatch()
+	// A plain batch: the rare row that must be looked up is looked up in
+	// the database and in s.mu.inBatch (batchkeys.go).
+	b := s.db.NewBatch()
 	defer b.Close()
+	defer s.mu.inBatch.reset()
 	s.mu.cps.batch = s.mu.cps.batch[:0] // what a failed batch left
 	seq, applied := s.mu.nextSeq, uint64(0)
 	s.mu.batches++
@@ -372,11 +393,10 @@ func (s *Sink) stageLocked(b *pebble.Batch, st *dispatcherState, id common.Dispa
 		k := appendVersionKey(s.mu.key[:0], table, r.Key, r.CommitTs)
 		s.mu.key = k // the scratch keeps what it grew to
 		if r.CommitTs <= newest {
-			if _, closer, err := b.Get(k); err == nil {
-				_ = closer.Close()
-				continue // a re-delivery: idempotent
-			} else if !errors.Is(err, pebble.ErrNotFound) {
+			if dup, err := s.storedLocked(b, k); err != nil {
 				return 0, 0, err
+			} else if dup {
+				continue // a re-delivery: idempotent
 			}
 		} else {
 			// Above every stored version: new, unless this batch
@@ -401,6 +421,7 @@ func (s *Sink) stageLocked(b *pebble.Batch, st *dispatcherState, id common.Dispa
 		if err := op.Finish(); err != nil {
 			return 0, 0, err
 		}
+		s.mu.inBatch.wrote(k)
 		*seq++
 		versions++
 	}
@@ -417,6 +438,24 @@ func (s *Sink) stageLocked(b *pebble.Batch, st *dispatcherState, id common.Dispa
 	}
 	s.mu.cps.add(id, ts)
 	return hi, versions, nil
+}
+
+// storedLocked reports whether version key k is stored: in the batch b
+// being written or in the database. REQUIRES: s.mu held.
+func (s *Sink) storedLocked(b *pebble.Batch, k []byte) (bool, error) {
+	if s.mu.inBatch.holds(b, k) {
+		return true, nil
+	}
+	_, closer, err := s.db.Get(k)
+	switch {
+	case err == nil:
+		_ = closer.Close()
+		return true, nil
+	case errors.Is(err, pebble.ErrNotFound):
+		return false, nil
+	default:
+		return false, err
+	}
 }
 
 // newestLocked returns m of t, read once from the database.

@@ -350,6 +350,46 @@ func TestCheckpointBatchPersistsEveryEntryInOneBatch(t *testing.T) {
 	require.Equal(t, []uint64{v1[0].Seq + 1, v1[0].Seq + 2}, []uint64{v2[0].Seq, v2[1].Seq}, "one numbering across the batch")
 }
 
+// TestARepeatWithinOneBatchIsFoundInTheBatch: two dispatchers of one table
+// deliver the same versions in one CheckpointBatch, above the table's
+// newest stored version and at or below it. The batch is a plain one, so
+// the second delivery is found by the batch's own index (batchKeys), not
+// by a lookup in the database, which does not hold the batch yet: each
+// version is written once, with its first delivery's seq.
+func TestARepeatWithinOneBatchIsFoundInTheBatch(t *testing.T) {
+	s := openTestSink(t)
+	d1, d2, d3 := common.DispatcherIDFromUint64(1), common.DispatcherIDFromUint64(2), common.DispatcherIDFromUint64(3)
+	for _, d := range []common.DispatcherID{d1, d2, d3} {
+		s.Bind(d, 1)
+	}
+	row := func(key string, ts common.Ts) common.Row {
+		return common.Row{Op: common.OpPut, Key: []byte(key), Value: []byte(key), CommitTs: ts}
+	}
+	require.NoError(t, s.ApplyRows(d1, []common.Row{row("z", 50)}))
+	require.NoError(t, s.Checkpoint(d1, 50)) // the table's newest is 50
+	// b@60 is above the newest: d1 writes it without a lookup. d2's a@20,
+	// at or below it, is the batch's first lookup, which indexes what the
+	// batch holds (b@60) and so finds d2's b@60; d3 repeats a@20, which the
+	// index got when d2 wrote it.
+	require.NoError(t, s.ApplyRows(d1, []common.Row{row("b", 60)}))
+	require.NoError(t, s.ApplyRows(d2, []common.Row{row("a", 20), row("b", 60), row("c", 70)}))
+	require.NoError(t, s.ApplyRows(d3, []common.Row{row("a", 20)}))
+	errs := make([]error, 3)
+	s.CheckpointBatch([]eventcollector.SinkCheckpoint{{ID: d1, Ts: 60}, {ID: d2, Ts: 70}, {ID: d3, Ts: 70}}, errs)
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	vs, err := s.Versions(1)
+	require.NoError(t, err)
+	seq := map[string]uint64{}
+	for _, v := range vs {
+		seq[fmt.Sprintf("%s@%d", v.Key, v.CommitTs)] = v.Seq
+	}
+	z := seq["z@50"]
+	require.Equal(t, map[string]uint64{"z@50": z, "b@60": z + 1, "a@20": z + 2, "c@70": z + 3}, seq,
+		"each version once, numbered by its first delivery")
+}
+
 // TestKeyGroupFindsRepeatsInSmallAndLargeGroups: a group reports each key
 // new once, while it is a list and after it moved to a map, and a reset
 // forgets them.
