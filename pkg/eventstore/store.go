@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/sstable"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
@@ -20,6 +21,14 @@ import (
 
 // markerFile marks a directory as holding a store, so Open may wipe it.
 const markerFile = "CDCFLOW_EVENTSTORE"
+
+// pebble's L0 is compacted at storeL0CompactionFiles files and stops
+// writes at storeL0StopWritesFiles; Lbase holds storeLBaseBytes.
+const (
+	storeL0CompactionFiles = 8
+	storeL0StopWritesFiles = 32
+	storeLBaseBytes        = 256 << 20
+)
 
 // Store is the pebble-backed event store. See the package documentation for
 // its invariants.
@@ -128,6 +137,22 @@ func Open(opts Options) (*Store, error) {
 		// upstream cannot replay.
 		DisableWAL: true,
 		Logger:     pebbleLogger{s.log.Named("pebble").Sugar()},
+		// A row is written once, read by its dispatchers' scans and then
+		// deleted by GC: compacting it is mostly rewriting what will soon
+		// be dropped. So L0 takes more files before a compaction, and
+		// Lbase more bytes, than pebble's defaults (4 files, 64 MiB), and
+		// a GC'd range still in L0 is dropped, not rewritten, when L0 is
+		// compacted.
+		L0CompactionThreshold: storeL0CompactionFiles,
+		L0StopWritesThreshold: storeL0StopWritesFiles,
+		LBaseMaxBytes:         storeLBaseBytes,
+	}
+	// Blocks are not compressed: they live seconds to minutes, and
+	// compressing them at flush and compaction and decompressing them at
+	// every scan is CPU taken from the cores the whole pipeline shares
+	// (the remote 400k rows/s run: docs/design/eventstore.md).
+	for i := range popts.Levels {
+		popts.Levels[i].Compression = func() *sstable.CompressionProfile { return sstable.NoCompression }
 	}
 	dir := opts.Dir
 	if dir == "" {
