@@ -93,6 +93,11 @@ type testingKnobs struct {
 	// was committed and published (notified, or held back by
 	// NotifyInterval).
 	published func(resolved common.Ts)
+	// accounted runs on the write worker once a batch's notifications
+	// were added to the notifications counter, with how many (after
+	// their callbacks returned, which is why a test that reads the
+	// counter waits for it).
+	accounted func(notified int)
 	// throttleArmed runs when the throttle's flusher armed its timer for
 	// wait.
 	throttleArmed func(wait time.Duration)

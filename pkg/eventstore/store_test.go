@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -759,16 +760,31 @@ func TestNotifyTimesOneCallbackInEightAndCountsEvery(t *testing.T) {
 		require.InDelta(t, 1000, n, 200, "dispatchers whose callback %d (mod %d) is their first timed", k, notifySampleEvery)
 	}
 
-	env := newTestEnv(t, nil)
+	const n = 3 * notifySampleEvery // three of each are timed, whatever its offset
+	// The writer adds a batch's callbacks to the counter after they
+	// returned: the counter is read once all 2n are in.
+	var accounted atomic.Int64
+	allAccounted := make(chan struct{})
+	env := newTestEnv(t, nil, func(s *Store) {
+		s.knobs.accounted = func(notified int) {
+			if accounted.Add(int64(notified)) == 2*n {
+				close(allAccounted)
+			}
+		}
+	})
 	r1, r2 := newRecorder(), newRecorder()
 	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r1.notify))
 	require.NoError(t, env.store.RegisterDispatcher(did(2), common.TableSpan(2), 0, r2.notify))
-	const n = 3 * notifySampleEvery // three of each are timed, whatever its offset
 	for ts := common.Ts(1); ts <= n; ts++ {
 		push(t, env.up.last(t, common.TableSpan(1)), ts)
 		push(t, env.up.last(t, common.TableSpan(2)), ts)
 		r1.waitResolved(t, ts)
 		r2.waitResolved(t, ts)
+	}
+	select {
+	case <-allAccounted:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%d of %d callbacks accounted", accounted.Load(), 2*n)
 	}
 	st := env.store.Stats()
 	require.Equal(t, uint64(2*n), st.NotifyCount, "every callback counted")

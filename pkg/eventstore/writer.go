@@ -145,6 +145,9 @@ func (s *Store) apply(evs []writeEvent) error {
 		// the histogram and the shared counter were a tenth of the writer.
 		s.metrics.resolvedLag.Observe(pub.maxLag.Seconds())
 		s.metrics.notifications.Add(float64(pub.notified))
+		if h := s.knobs.accounted; h != nil {
+			h(pub.notified)
+		}
 	}
 	return nil
 }
