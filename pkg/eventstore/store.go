@@ -533,8 +533,18 @@ func (s *Store) updateCheckpoint(sb *subscriber, ts common.Ts) bool {
 	}
 	ts = min(ts, sub.mu.resolved)
 	if ts > sb.checkpoint {
+		// The GC target is at least the subscribers' minimum checkpoint
+		// (a change of the subscribers, or of a checkpoint at or below
+		// the target, recomputes it), so a subscriber above the target
+		// held no minimum, and raising it cannot move the target. Only a
+		// checkpoint at or below it is compared with the others': with two
+		// changefeeds, the leader's advance read the laggard's subscriber,
+		// a cold cache line at 100k tables, for nothing.
+		held := sb.checkpoint <= sub.mu.gcTarget
 		sb.checkpoint = ts
-		sub.recomputeGCLocked()
+		if held {
+			sub.recomputeGCLocked()
+		}
 		s.trimFreshLocked(sub, sub.mu.gcTarget)
 		s.noteGCLocked(sub, time.Time{})
 	}

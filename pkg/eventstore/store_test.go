@@ -1,10 +1,14 @@
 package eventstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"maps"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -866,4 +870,52 @@ func TestAWriteBatchObservesItsLargestLagOnce(t *testing.T) {
 	// A batch without an advance observes nothing.
 	require.NoError(t, env.store.apply([]writeEvent{{sub: subs[1], resolved: behind(3 * time.Second)}}))
 	require.Equal(t, before+1, samples())
+}
+
+// TestGCTargetFollowsTheMinimumCheckpointWhateverTheOrder: the GC target
+// is only recomputed when the subscriber whose checkpoint moves was at or
+// below it (updateCheckpoint). Random checkpoint advances and removals of
+// four dispatchers sharing a subscription must leave it where a recompute
+// after every step would: the largest minimum checkpoint seen so far.
+func TestGCTargetFollowsTheMinimumCheckpointWhateverTheOrder(t *testing.T) {
+	env := newTestEnv(t, nil)
+	span := common.TableSpan(1)
+	ckpt := map[common.DispatcherID]common.Ts{}
+	rec := newRecorder()
+	for i := range uint64(4) {
+		notify := func(common.Ts, common.Ts) {}
+		if i == 0 {
+			notify = rec.notify
+		}
+		require.NoError(t, env.store.RegisterDispatcher(did(i+1), span, 10, notify))
+		ckpt[did(i+1)] = 10
+	}
+	push(t, env.up.last(t, span), 10_000)
+	// Checkpoints are capped at the resolved-ts: wait until it is in.
+	rec.waitResolved(t, 10_000)
+	env.store.mu.RLock()
+	sub := env.store.mu.dispatchers[did(1)].sub
+	env.store.mu.RUnlock()
+	gcTarget := func() common.Ts {
+		sub.mu.Lock()
+		defer sub.mu.Unlock()
+		return sub.mu.gcTarget
+	}
+	rng := rand.New(rand.NewPCG(7, 11))
+	var want common.Ts = 10
+	for step := range 2000 {
+		ids := slices.SortedFunc(maps.Keys(ckpt), func(a, b common.DispatcherID) int { return cmp.Compare(a.Lo, b.Lo) })
+		id := ids[rng.IntN(len(ids))]
+		if len(ids) > 1 && rng.IntN(50) == 0 {
+			require.NoError(t, env.store.UnregisterDispatcher(id))
+			delete(ckpt, id)
+		} else {
+			// Often to the value another holds, so ties at the minimum occur.
+			ts := ckpt[id] + common.Ts(rng.IntN(3))
+			require.NoError(t, env.store.UpdateCheckpoint(id, ts))
+			ckpt[id] = max(ckpt[id], ts)
+		}
+		want = max(want, slices.Min(slices.Collect(maps.Values(ckpt))))
+		require.Equal(t, want, gcTarget(), "step %d", step)
+	}
 }
