@@ -534,16 +534,20 @@ func (s *Store) updateCheckpoint(sb *subscriber, ts common.Ts) bool {
 	ts = min(ts, sub.mu.resolved)
 	if ts > sb.checkpoint {
 		// The GC target is at least the subscribers' minimum checkpoint
-		// (a change of the subscribers, or of a checkpoint at or below
-		// the target, recomputes it), so a subscriber above the target
-		// held no minimum, and raising it cannot move the target. Only a
-		// checkpoint at or below it is compared with the others': with two
-		// changefeeds, the leader's advance read the laggard's subscriber,
-		// a cold cache line at 100k tables, for nothing.
+		// (a change of the subscribers, or the last checkpoint at or below
+		// the target passing it, recomputes it), so a subscriber above the
+		// target held no minimum, and raising it cannot move the target;
+		// nor can passing the target while another subscriber is still at
+		// or below it (atTarget). Only the last one to pass it compares
+		// with the others': with two changefeeds in step, each advance read
+		// the other changefeed's subscriber, a cold cache line at 100k
+		// tables, where now only the second of the two does.
 		held := sb.checkpoint <= sub.mu.gcTarget
 		sb.checkpoint = ts
-		if held {
-			sub.recomputeGCLocked()
+		if held && ts > sub.mu.gcTarget {
+			if sub.mu.atTarget--; sub.mu.atTarget <= 0 {
+				sub.recomputeGCLocked()
+			}
 		}
 		s.trimFreshLocked(sub, sub.mu.gcTarget)
 		s.noteGCLocked(sub, time.Time{})

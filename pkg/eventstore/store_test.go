@@ -873,10 +873,11 @@ func TestAWriteBatchObservesItsLargestLagOnce(t *testing.T) {
 }
 
 // TestGCTargetFollowsTheMinimumCheckpointWhateverTheOrder: the GC target
-// is only recomputed when the subscriber whose checkpoint moves was at or
-// below it (updateCheckpoint). Random checkpoint advances and removals of
-// four dispatchers sharing a subscription must leave it where a recompute
-// after every step would: the largest minimum checkpoint seen so far.
+// is only recomputed when the last subscriber at or below it passes it
+// (updateCheckpoint, atTarget). Random checkpoint advances, removals and
+// arrivals of dispatchers sharing a subscription must leave it where a
+// recompute after every step would: the largest minimum checkpoint seen so
+// far, with atTarget the number of subscribers at or below it.
 func TestGCTargetFollowsTheMinimumCheckpointWhateverTheOrder(t *testing.T) {
 	env := newTestEnv(t, nil)
 	span := common.TableSpan(1)
@@ -903,13 +904,22 @@ func TestGCTargetFollowsTheMinimumCheckpointWhateverTheOrder(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(7, 11))
 	var want common.Ts = 10
+	next := uint64(4)
 	for step := range 2000 {
 		ids := slices.SortedFunc(maps.Keys(ckpt), func(a, b common.DispatcherID) int { return cmp.Compare(a.Lo, b.Lo) })
 		id := ids[rng.IntN(len(ids))]
-		if len(ids) > 1 && rng.IntN(50) == 0 {
+		switch {
+		case len(ids) > 1 && rng.IntN(50) == 0:
 			require.NoError(t, env.store.UnregisterDispatcher(id))
 			delete(ckpt, id)
-		} else {
+		case len(ids) < 6 && rng.IntN(50) == 0:
+			// A new dispatcher joins at the target or just above it (not
+			// below: the low watermark follows the target).
+			next++
+			start := want + common.Ts(rng.IntN(2))
+			require.NoError(t, env.store.RegisterDispatcher(did(next), span, start, func(common.Ts, common.Ts) {}))
+			ckpt[did(next)] = start
+		default:
 			// Often to the value another holds, so ties at the minimum occur.
 			ts := ckpt[id] + common.Ts(rng.IntN(3))
 			require.NoError(t, env.store.UpdateCheckpoint(id, ts))
@@ -917,5 +927,17 @@ func TestGCTargetFollowsTheMinimumCheckpointWhateverTheOrder(t *testing.T) {
 		}
 		want = max(want, slices.Min(slices.Collect(maps.Values(ckpt))))
 		require.Equal(t, want, gcTarget(), "step %d", step)
+		// atTarget is exact, not a bound: too high would skip a
+		// recompute the target needs, too low recompute for nothing.
+		at := 0
+		for _, c := range ckpt {
+			if c <= want {
+				at++
+			}
+		}
+		sub.mu.Lock()
+		got := sub.mu.atTarget
+		sub.mu.Unlock()
+		require.Equal(t, at, got, "step %d: subscribers at or below the target", step)
 	}
 }

@@ -169,6 +169,12 @@ type subscription struct {
 		// gcTarget is the minimum checkpoint of the subscribers; rows below
 		// it may be deleted. gcDone is how far deletion went.
 		gcTarget, gcDone common.Ts
+		// atTarget counts the subscribers whose checkpoint is at or below
+		// gcTarget (at least one while there are any, since the target is
+		// never above the minimum when it is computed): while another is
+		// still there, an advance past the target cannot move it, and
+		// updateCheckpoint reads no other subscriber.
+		atTarget int
 		// fresh is the newest committed rows, served to scans without
 		// pebble (fresh.go); nil until the first row is committed.
 		fresh *freshRows
@@ -239,6 +245,12 @@ func (sub *subscription) recomputeGCLocked() {
 	}
 	if minCkpt > sub.mu.gcTarget {
 		sub.mu.gcTarget = minCkpt
+	}
+	sub.mu.atTarget = 0
+	for _, sb := range sub.mu.subscribers {
+		if sb.checkpoint <= sub.mu.gcTarget {
+			sub.mu.atTarget++
+		}
 	}
 	sub.mu.lowWatermark = max(sub.mu.lowWatermark, sub.mu.gcTarget)
 }
