@@ -1,0 +1,193 @@
+package pgsink
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/pgcodec"
+)
+
+// A lane's transaction: the statements one commit sends (the fence, each
+// dispatcher's collapsed rows and DDL, the checkpoints), as one pipeline.
+
+// commit applies ds's work and checkpoints in one transaction: every
+// statement is queued in one pgx batch, sent as one pipeline and run in
+// one implicit transaction (one round trip, all or nothing), however many
+// tables the lane holds.
+func (l *lane) commit(ds []*dstate) error {
+	ctx := l.s.ctx
+	b := &pgx.Batch{}
+	b.Queue(fenceSQL, l.s.opts.Owner, l.s.generation) // first: see fence.go
+	mark := false
+	if !l.s.marked.Load() {
+		for _, d := range ds {
+			if mark = d.rows; mark {
+				b.Queue(markWroteSQL, l.s.opts.Owner) // once per owner, not per commit
+				break
+			}
+		}
+	}
+	var marks []durableMark
+	var ckIDs, ckTargets []string
+	var ckOIDs, ckTs []int64
+	applied := 0
+	for _, d := range ds {
+		n, ckpt, err := l.queueWork(b, d)
+		if err != nil {
+			return err
+		}
+		applied += n
+		if ckpt != 0 {
+			marks = append(marks, durableMark{id: d.id, epoch: d.epoch, ts: ckpt})
+			ckIDs = append(ckIDs, d.hexID)
+			ckOIDs = append(ckOIDs, int64(d.table.rel.OID))
+			ckTargets = append(ckTargets, d.table.qname)
+			ckTs = append(ckTs, int64(ckpt))
+		}
+	}
+	if len(marks) > 0 {
+		b.Queue(`
+INSERT INTO cdcflow.checkpoints (dispatcher, table_oid, target, ts)
+SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[])
+ON CONFLICT (dispatcher) DO UPDATE SET ts = GREATEST(cdcflow.checkpoints.ts, EXCLUDED.ts), table_oid = EXCLUDED.table_oid,
+  target = EXCLUDED.target, updated_at = now()`, ckIDs, ckOIDs, ckTargets, ckTs)
+	}
+	if err := l.send(ctx, b); err != nil {
+		l.reloadTables(ds) // columns an ALTER of the batch added are gone again
+		return fmt.Errorf("%w: %w", ErrApply, err)
+	}
+	if mark {
+		l.s.marked.Store(true)
+	}
+	now := l.s.opts.Clock.Now()
+	for _, d := range ds {
+		for _, w := range d.work {
+			l.pending -= len(w.rows)
+		}
+		d.work, d.rows, d.failures = nil, false, 0
+		d.written = now
+	}
+	l.s.met.rows.Add(float64(applied))
+	l.s.met.commits.Inc()
+	l.s.committed(marks)
+	return nil
+}
+
+// send runs b in one transaction. A batch without DDL goes as one
+// pipeline (an implicit transaction); one with an ADD COLUMN runs its
+// statements one by one in an explicit transaction, because a pipeline
+// prepares every statement before running any, and the rows' upsert
+// names a column the ALTER before it has not added yet.
+func (l *lane) send(ctx context.Context, b *pgx.Batch) error {
+	ddl := false
+	for _, q := range b.QueuedQueries {
+		if strings.HasPrefix(q.SQL, "ALTER TABLE") {
+			ddl = true
+			break
+		}
+	}
+	if !ddl {
+		return l.conn.SendBatch(ctx, b).Close()
+	}
+	tx, err := l.conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // after Commit it is a no-op
+	for _, q := range b.QueuedQueries {
+		if _, err := tx.Exec(ctx, q.SQL, q.Arguments...); err != nil {
+			return err
+		}
+	}
+	return tx.Commit(ctx)
+}
+
+// reloadTables reads ds's tables from the target again after a failed
+// transaction, whose ADD COLUMNs rolled back with it.
+func (l *lane) reloadTables(ds []*dstate) {
+	rels := make([]pgcodec.Relation, 0, len(ds))
+	for _, d := range ds {
+		rels = append(rels, d.table.rel)
+	}
+	conn, release, err := l.s.adminConn(l.s.ctx)
+	if err != nil {
+		return
+	}
+	defer release()
+	fresh, err := loadTables(l.s.ctx, conn, rels)
+	if err != nil {
+		return
+	}
+	for _, d := range ds {
+		if t := fresh[d.table.rel.OID]; t != nil && len(t.order) > 0 {
+			d.table.types, d.table.order, d.table.key, d.table.stmts = t.types, t.order, t.key, nil
+		}
+	}
+}
+
+// queueWork queues one dispatcher's work in order: rows collapse into a
+// batch, queued before a DDL and replaced by a truncate; it returns the
+// rows written and the last checkpoint of the work.
+func (l *lane) queueWork(q *pgx.Batch, d *dstate) (int, common.Ts, error) {
+	t := d.table
+	b := newBatch()
+	n := 0
+	var ckpt common.Ts
+	flush := func() error {
+		if b.empty() {
+			return nil
+		}
+		k, err := b.queue(q, t)
+		n += k
+		b = newBatch()
+		return err
+	}
+	for _, w := range d.work {
+		switch w.kind {
+		case opRows:
+			for i := range w.rows {
+				r := &w.rows[i]
+				c, err := pgcodec.DecodeValueNames(r.Value, t.order)
+				if err != nil {
+					return 0, 0, fmt.Errorf("%w: %w: %s: %w", ErrApply, errBadData, t.qname, err)
+				}
+				if c.Change == pgcodec.Truncate {
+					b = newBatch() // what the transaction wrote before is gone too
+					q.Queue("TRUNCATE " + t.qname)
+					continue
+				}
+				if len(r.Key) < 4 {
+					return 0, 0, fmt.Errorf("%w: %w: %s: a %d-byte row key", ErrApply, errBadData, t.qname, len(r.Key))
+				}
+				b.add(r.Key[4:], c)
+			}
+		case opDDL:
+			if err := flush(); err != nil {
+				return 0, 0, err
+			}
+			rel, err := pgcodec.ParseRelationDDL(w.ddl)
+			if err != nil {
+				return 0, 0, fmt.Errorf("%w: %s: %w", ErrSchemaChange, t.qname, err)
+			}
+			adds, err := t.evolve(rel)
+			if err != nil {
+				return 0, 0, err
+			}
+			for _, stmt := range adds {
+				q.Queue(stmt)
+			}
+			t.added(rel) // undone by reloadTables if the transaction fails
+			l.s.met.ddls.Inc()
+		case opCheckpoint:
+			ckpt = w.ts
+		}
+	}
+	if err := flush(); err != nil {
+		return 0, 0, err
+	}
+	return n, ckpt, nil
+}
