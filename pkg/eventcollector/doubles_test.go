@@ -64,6 +64,9 @@ type recordingServiceForTest struct {
 	removeErr     error
 	resetErrs     []error // consumed in order by Reset
 	heartbeatErrs []error // consumed in order by heartbeat entries
+	// heartbeatCallErrs fail whole heartbeat calls, in order (a link
+	// that broke: nothing of the call is recorded or applied).
+	heartbeatCallErrs []error
 }
 
 var _ messaging.ControlPlane = (*recordingServiceForTest)(nil)
@@ -114,6 +117,12 @@ func (s *recordingServiceForTest) Heartbeat(_ context.Context, req messaging.Hea
 	calls := make([]heartbeatCallForTest, len(req.Checkpoints))
 	s.mu.Lock()
 	s.heartbeatReqs++
+	if len(s.heartbeatCallErrs) > 0 {
+		err := s.heartbeatCallErrs[0]
+		s.heartbeatCallErrs = s.heartbeatCallErrs[1:]
+		s.mu.Unlock()
+		return messaging.HeartbeatReply{}, err
+	}
 	for i, cp := range req.Checkpoints {
 		calls[i] = heartbeatCallForTest{cp.Dispatcher, cp.Epoch, cp.Ts}
 		s.heartbeatSlot = append(s.heartbeatSlot, cp.Slot)

@@ -144,6 +144,36 @@ func TestHeartbeatsAreBatched(t *testing.T) {
 	require.Equal(t, 1, stale, "the refused entry is reported again at the next tick")
 }
 
+// TestAFailedHeartbeatIsReportedAgain: heartbeats carry only what
+// changed and there is no periodic full round, so a report must not be
+// lost with a call that failed: every checkpoint of the failed call is
+// listed again and reported at the next tick, though none advanced in
+// between; once accepted, a tick reports nothing.
+func TestAFailedHeartbeatIsReportedAgain(t *testing.T) {
+	h := newCrafted(t, nil, nil)
+	ids := []common.DispatcherID{did(1), did(2), did(3)}
+	for i, id := range ids {
+		require.NoError(t, h.coll.AddDispatcher(context.Background(), id, common.TableSpan(int64(i+1)), 10))
+		h.deliver(handshake(id, 1, 10), resolved(id, 1, 1, common.Ts(20+i)))
+	}
+	h.svc.mu.Lock()
+	h.svc.heartbeatCallErrs = []error{messaging.ErrUnavailable}
+	h.svc.mu.Unlock()
+	h.tick() // the call fails
+	for _, id := range ids {
+		require.Equal(t, common.Ts(10), h.status(id).LastHeartbeat, "%v: nothing was accepted", id)
+	}
+	h.tick() // nothing advanced; the failed reports go again
+	for i, id := range ids {
+		require.Equal(t, common.Ts(20+i), h.status(id).LastHeartbeat, "%v: reported at the next tick", id)
+	}
+	h.tick() // all accepted: nothing is listed
+	h.svc.mu.Lock()
+	defer h.svc.mu.Unlock()
+	require.Equal(t, 2, h.svc.heartbeatReqs, "the failed call, its retry, and no third")
+	require.Len(t, h.svc.heartbeats, len(ids))
+}
+
 // TestHeartbeatTicksFollowChange: a heartbeat tick looks only at the
 // dispatchers whose checkpoint advanced (or that have a reset or report to
 // retry), never at every dispatcher: with 1000 dispatchers and one moving,
