@@ -27,6 +27,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/cdcflow/eventservice/internal/hugepages"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventcollector"
 	"github.com/cdcflow/eventservice/pkg/eventservice"
@@ -107,6 +108,18 @@ func run(ctx context.Context, cfg Config, stdout, stderr io.Writer, hooks runHoo
 		return Summary{}, err
 	}
 	defer s.cleanup()
+	if cfg.HugePages {
+		// Before the dispatchers are registered, so that their memory is
+		// backed by huge pages as it is first touched.
+		hp, err := hugepages.New(hugepages.Options{})
+		if err != nil {
+			return Summary{}, err
+		}
+		if err := hp.Start(); err != nil {
+			return Summary{}, fmt.Errorf("--huge-pages: %w", err)
+		}
+		defer hp.Close()
+	}
 	if err := s.start(stderr); err != nil {
 		s.stop(stderr)
 		return Summary{}, err
