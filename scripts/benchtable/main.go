@@ -172,7 +172,11 @@ func printScale(out io.Writer, paths []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "\n%-92s %11s %8s %10s %9s %9s %9s %8s %8s %12s %8s\n", "cdcserver run", "verdict", "rows/s", "lag p50ms", "p99ms", "max ms", "warm-up", "wall s", "RSS MB", "B/dispatcher", "THP")
+	w := 92 // the flags column: as wide as the widest run's flags
+	for _, r := range runs {
+		w = max(w, len(workloadFlags(r.Flags)))
+	}
+	fmt.Fprintf(out, "\n%-*s %11s %8s %10s %9s %9s %9s %8s %8s %12s %8s\n", w, "cdcserver run", "verdict", "rows/s", "lag p50ms", "p99ms", "max ms", "warm-up", "wall s", "RSS MB", "B/dispatcher", "THP")
 	for _, r := range runs {
 		perDispatcher := 0.0
 		if r.Dispatchers > 0 {
@@ -191,7 +195,7 @@ func printScale(out io.Writer, paths []string) error {
 		if verdict == "" {
 			verdict = map[bool]string{true: "verified", false: "failed"}[r.Verified]
 		}
-		fmt.Fprintf(out, "%-92s %11s %8.0f %10s %9s %9s %9s %8.1f %8.0f %12.0f %8s\n", workloadFlags(r.Flags), verdict, r.RowsPerSec,
+		fmt.Fprintf(out, "%-*s %11s %8.0f %10s %9s %9s %9s %8.1f %8.0f %12.0f %8s\n", w, workloadFlags(r.Flags), verdict, r.RowsPerSec,
 			p50, p99, pmax, warm, r.WallSec, r.PeakRSSMB, perDispatcher, thp)
 	}
 	return nil
