@@ -149,3 +149,16 @@ func TestAnonymousWritableParsesOnlyAnonymousPrivateWritableMappings(t *testing.
 		require.Equal(t, want, ok, "%q", line)
 	}
 }
+
+// FuzzAnonymousWritable: any line parses without a panic, and a range it
+// accepts is non-empty.
+func FuzzAnonymousWritable(f *testing.F) {
+	f.Add([]byte("c000000000-c004000000 rw-p 00000000 00:00 0"))
+	f.Add([]byte("7f00-8f00 rw-p 00000000 08:01 1234 /usr/lib/libc.so"))
+	f.Add([]byte("-- rw-p a b c"))
+	f.Fuzz(func(t *testing.T, line []byte) {
+		if lo, hi, ok := anonymousWritable(line); ok && hi <= lo {
+			t.Fatalf("%q: accepted an empty range %#x-%#x", line, lo, hi)
+		}
+	})
+}
