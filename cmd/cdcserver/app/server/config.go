@@ -53,7 +53,7 @@ type Config struct {
 	DurableSink bool
 	MetricsAddr string
 	// HugePages advises the process's heap for transparent huge pages
-	// (internal/hugepages), for hosts whose THP mode is "madvise".
+	// (cmd/cdcserver/app/hugepages), for hosts whose THP mode is "madvise".
 	HugePages bool
 	JSON      bool
 	LogLevel  string

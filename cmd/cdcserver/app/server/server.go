@@ -27,7 +27,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/cdcflow/eventservice/internal/hugepages"
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/hugepages"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventcollector"
 	"github.com/cdcflow/eventservice/pkg/eventservice"
