@@ -173,7 +173,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.MoveInterval, "move-interval", c.MoveInterval, "every interval, remove a random table's dispatcher and add it again under the same ID from its last checkpoint, as when a table moves between nodes (0 = off)")
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the event store (default: a temporary directory, removed at exit)")
 	fs.BoolVar(&c.DurableSink, "durable-sink", c.DurableSink, "apply rows to a durable pebble sink in --data-dir and resume from its checkpoints on restart")
-	fs.BoolVar(&c.HugePages, "huge-pages", c.HugePages, "ask the kernel for transparent huge pages for the heap (Linux; for a host whose THP mode is madvise): at a million dispatchers TLB misses are much of an advance's cost")
+	fs.BoolVar(&c.HugePages, "huge-pages", c.HugePages, "ask the kernel for transparent huge pages for the heap (Linux; for a host whose THP mode is madvise; roles all and service, not the collector processes): at a million dispatchers TLB misses are much of an advance's cost")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "address serving /metrics and /debug/pprof (loopback; port 0 picks one; empty disables)")
 	fs.BoolVar(&c.JSON, "json", c.JSON, "print one JSON summary on stdout instead of text")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level (debug, info, warn, error); logs go to stderr")
