@@ -120,19 +120,20 @@ func queryInt(ctx context.Context, dsn, sql string, v *int) error {
 // and slot "cdcflow", created by serve; --sink-workers 4; the default
 // data-dir, a temporary directory).
 type cdcflowFeed struct {
-	bin      string
-	src, dst string
-	logDir   string
-	tables   int
-	profile  bool // serve pprof on a known port
-	pprof    string
-	cmd      *exec.Cmd
-	done     chan error
-	starts   int
-	logs     []string
-	cpu      time.Duration // CPU time of the processes that have exited
-	maxRSS   int64         // the largest peak RSS of those, in bytes
-	stopping bool
+	bin       string
+	src, dst  string
+	logDir    string
+	tables    int
+	profile   bool // serve pprof on a known port
+	pprof     string
+	cmd       *exec.Cmd
+	done      chan error
+	starts    int
+	logs      []string
+	cpu       time.Duration // CPU time of the processes that have exited
+	maxRSS    int64         // the largest peak RSS of those, in bytes
+	stopping  bool
+	extraArgs []string // -serve-args
 }
 
 func (f *cdcflowFeed) publication() string { return "cdcflow" }
@@ -147,6 +148,7 @@ func (f *cdcflowFeed) resume(context.Context) error {
 		return err
 	}
 	args := []string{"serve", "--source", f.src, "--sink", f.dst, "--sink-workers", "4", "--metrics-addr", "127.0.0.1:0"}
+	args = append(args, f.extraArgs...)
 	if f.profile {
 		port, err := freePort()
 		if err != nil {

@@ -53,6 +53,7 @@ type options struct {
 	profileDir, logs             string
 	baseline                     string // another build's cdcserver, for modeBaseline
 	seed                         uint64
+	serveArgs                    []string // more flags for every cdcserver serve
 }
 
 func main() {
@@ -82,9 +83,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.logs, "logs", "", "directory that keeps cdcserver serve's logs (empty: removed with the run's temporary directory)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the load's random streams")
 	fs.StringVar(&o.baseline, "baseline", "", "a cdcserver binary of another build, run as mode "+modeBaseline+" (an A/B in one sitting: -modes cdcflow,"+modeBaseline+" -runs 3)")
+	serveArgs := fs.String("serve-args", "--max-procs 1", "more flags for every cdcserver serve, both builds' (space-separated); the default keeps serve to one core, as native's apply worker is, on cores it shares with both servers")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	o.serveArgs = strings.Fields(*serveArgs)
 	var err error
 	if o.tables, err = parseInts(*tables); err != nil {
 		return fmt.Errorf("-tables: %w", err)
@@ -148,8 +151,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // header states what was run.
 func header(o options, version string, wall time.Duration) string {
 	return fmt.Sprintf("PostgreSQL %s -> %s, fsync on, %d cores; %d rows in %d-row transactions (75%% inserts, 20%% updates, 5%% deletes), "+
-		"%d clients; backlog %d rows; medians of %d run(s); wall time %s\n",
-		version, version, runtime.NumCPU(), o.rows, rowsPerTxn, o.clients, o.backlog, o.runs, wall.Round(time.Second))
+		"%d clients; backlog %d rows; cdcserver serve %s; medians of %d run(s); wall time %s\n",
+		version, version, runtime.NumCPU(), o.rows, rowsPerTxn, o.clients, o.backlog, orDefaults(o.serveArgs), o.runs, wall.Round(time.Second))
+}
+
+// orDefaults names serve's extra flags for the header.
+func orDefaults(args []string) string {
+	if len(args) == 0 {
+		return "with its defaults"
+	}
+	return strings.Join(args, " ")
 }
 
 func parseInts(s string) ([]int, error) {

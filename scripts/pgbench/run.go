@@ -78,7 +78,7 @@ func (b *bench) runConfig(ctx context.Context, mode string, tables, run int) (re
 		if mode == modeBaseline {
 			bin = b.opts.baseline
 		}
-		cf = &cdcflowFeed{bin: bin, src: src.DSN, dst: dst.DSN, logDir: b.logDir(), tables: tables, profile: b.opts.profileDir != ""}
+		cf = &cdcflowFeed{bin: bin, src: src.DSN, dst: dst.DSN, logDir: b.logDir(), tables: tables, profile: b.opts.profileDir != "", extraArgs: b.opts.serveArgs}
 		f = cf
 	}
 	probeConn, err := connectLean(ctx, src.DSN)

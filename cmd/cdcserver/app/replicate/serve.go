@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"strconv"
 	"sync"
 	"time"
@@ -77,11 +76,7 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%w: logger: %w", ErrInvalidConfig, err)
 	}
-	if cfg.GCPercent > 0 && os.Getenv("GOGC") == "" {
-		// Process-wide, so restored when Run returns (tests run it in
-		// their own process).
-		defer debug.SetGCPercent(debug.SetGCPercent(cfg.GCPercent))
-	}
+	defer setRuntime(cfg, os.Getenv)()
 	p := &parts{reg: prometheus.NewRegistry(), log: lg, newTables: make(chan newTable, 64)}
 	p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ctx, p.cancel = context.WithCancel(ctx)
