@@ -20,3 +20,8 @@ func (s Stopwatch) Elapsed() time.Duration { return time.Since(s.start) }
 // system's deadlines (a socket's read deadline), which count real time:
 // a component computes d on its Clock, then hands the OS this.
 func RealDeadline(d time.Duration) time.Time { return time.Now().Add(d) }
+
+// RealSleep waits d of real time, whatever the Clock: for a wait that lets
+// the operating system gather data (a socket's receive queue fills in real
+// time), never for a decision, which takes its time from a Clock.
+func RealSleep(d time.Duration) { time.Sleep(d) }

@@ -1,6 +1,7 @@
 package pgsink
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -25,10 +26,38 @@ func texts(t *testing.T, arg any) []string {
 	return out
 }
 
+// columns is a statement's arguments as one list of values per column
+// ("<null>" for NULL), whichever form it takes: a text array per column
+// (unnest) or the rows' values one after another (VALUES, ncols a row).
+func columns(t *testing.T, q *pgx.QueuedQuery, ncols int) [][]string {
+	t.Helper()
+	out := make([][]string, ncols)
+	if strings.Contains(q.SQL, "unnest(") {
+		require.Len(t, q.Arguments, ncols)
+		for i, a := range q.Arguments {
+			out[i] = texts(t, a)
+		}
+		return out
+	}
+	require.Contains(t, q.SQL, "::text::")
+	require.Zero(t, len(q.Arguments)%ncols)
+	for i, a := range q.Arguments {
+		v, ok := a.(pgtype.Text)
+		require.True(t, ok, "%T", a)
+		s := "<null>"
+		if v.Valid {
+			s = v.String
+		}
+		out[i%ncols] = append(out[i%ncols], s)
+	}
+	return out
+}
+
 // A batch collapses a table's changes to the last effect per key, then
 // queues one delete and one upsert per set of columns present, in the
 // order their keys first appeared; an update that left a column
-// unchanged goes with the rows that leave it out.
+// unchanged goes with the rows that leave it out. A statement of at most
+// valuesMaxRows rows lists them as VALUES, a larger one unnests arrays.
 func TestABatchGroupsUpsertsByTheColumnsPresent(t *testing.T) {
 	tb := &table{qname: `"public"."t"`, types: map[string]string{"id": "bigint", "n": "integer", "v": "text"},
 		order: []string{"id", "n", "v"}, key: []string{"id"}}
@@ -46,31 +75,55 @@ func TestABatchGroupsUpsertsByTheColumnsPresent(t *testing.T) {
 	b.add([]byte("1"), row(pgcodec.Update, "1", "11", pgcodec.Datum{Kind: pgcodec.Unchanged})) // keeps "a"
 	b.add([]byte("5"), pgcodec.RowChange{Change: pgcodec.Insert, Columns: []pgcodec.Datum{
 		named("v", text("e")), named("id", text("5")), named("n", text("50"))}}) // another column order
+	b.add([]byte("6"), row(pgcodec.Insert, "6", "60", text("f")))
 	q := &pgx.Batch{}
 	n, err := b.queue(q, tb)
 	require.NoError(t, err)
-	require.Equal(t, 5, n)
+	require.Equal(t, 6, n)
 	require.Len(t, q.QueuedQueries, 4)
 
 	del := q.QueuedQueries[0]
-	require.Contains(t, del.SQL, "DELETE FROM")
-	require.Equal(t, []string{"4"}, texts(t, del.Arguments[0]))
+	require.Equal(t, `DELETE FROM "public"."t" WHERE ("id") IN (($1::text::bigint))`, del.SQL)
+	require.Equal(t, [][]string{{"4"}}, columns(t, del, 1))
 
-	all := q.QueuedQueries[1]
-	require.Contains(t, all.SQL, `INSERT INTO "public"."t" ("id", "n", "v")`)
-	require.Equal(t, []string{"1", "2"}, texts(t, all.Arguments[0]))
-	require.Equal(t, []string{"11", "20"}, texts(t, all.Arguments[1]))
-	require.Equal(t, []string{"a", "<null>"}, texts(t, all.Arguments[2]))
+	all := q.QueuedQueries[1] // three rows: unnested
+	require.Contains(t, all.SQL, `INSERT INTO "public"."t" ("id", "n", "v") SELECT`)
+	require.Contains(t, all.SQL, "unnest(")
+	require.Equal(t, [][]string{{"1", "2", "6"}, {"11", "20", "60"}, {"a", "<null>", "f"}}, columns(t, all, 3))
 
-	unchanged := q.QueuedQueries[2]
-	require.Contains(t, unchanged.SQL, `INSERT INTO "public"."t" ("id", "n")`)
-	require.Equal(t, []string{"3"}, texts(t, unchanged.Arguments[0]))
-	require.Equal(t, []string{"30"}, texts(t, unchanged.Arguments[1]))
+	unchanged := q.QueuedQueries[2] // one row: VALUES
+	require.Equal(t, `INSERT INTO "public"."t" ("id", "n") VALUES ($1::text::bigint, $2::text::integer) ON CONFLICT ("id") DO UPDATE SET "n" = EXCLUDED."n"`,
+		unchanged.SQL)
+	require.Equal(t, [][]string{{"3"}, {"30"}}, columns(t, unchanged, 2))
 
 	reordered := q.QueuedQueries[3]
-	require.Contains(t, reordered.SQL, `INSERT INTO "public"."t" ("v", "id", "n")`)
-	require.Equal(t, []string{"e"}, texts(t, reordered.Arguments[0]))
-	require.Equal(t, []string{"5"}, texts(t, reordered.Arguments[1]))
+	require.Contains(t, reordered.SQL, `INSERT INTO "public"."t" ("v", "id", "n") VALUES`)
+	require.Equal(t, [][]string{{"e"}, {"5"}, {"50"}}, columns(t, reordered, 3))
+}
+
+// Deletes of a composite key: two keys as VALUES rows, three unnested.
+func TestABatchDeletesCompositeKeysInEitherForm(t *testing.T) {
+	tb := &table{qname: `"public"."c"`, types: map[string]string{"a": "integer", "b": "text"}, order: []string{"a", "b"},
+		key: []string{"a", "b"}}
+	del := func(keys ...string) *pgx.QueuedQuery {
+		b := newBatch()
+		for _, k := range keys {
+			b.add([]byte(k), pgcodec.RowChange{Change: pgcodec.Delete, Columns: []pgcodec.Datum{
+				{Name: "a", Kind: pgcodec.Text, Text: []byte(k)}, {Name: "b", Kind: pgcodec.Text, Text: []byte("k" + k)}}})
+		}
+		q := &pgx.Batch{}
+		n, err := b.queue(q, tb)
+		require.NoError(t, err)
+		require.Equal(t, len(keys), n)
+		require.Len(t, q.QueuedQueries, 1)
+		return q.QueuedQueries[0]
+	}
+	two := del("1", "2")
+	require.Equal(t, `DELETE FROM "public"."c" WHERE ("a", "b") IN (($1::text::integer, $2::text::text), ($3::text::integer, $4::text::text))`, two.SQL)
+	require.Equal(t, [][]string{{"1", "2"}, {"k1", "k2"}}, columns(t, two, 2))
+	three := del("1", "2", "3")
+	require.Contains(t, three.SQL, "USING unnest(")
+	require.Equal(t, [][]string{{"1", "2", "3"}, {"k1", "k2", "k3"}}, columns(t, three, 2))
 }
 
 // A delete whose key column is missing or NULL is the data's fault, found

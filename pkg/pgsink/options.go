@@ -72,8 +72,9 @@ type Options struct {
 	QueueRows int
 	// LaneStatements is the size of each lane connection's prepared
 	// statement cache (pgx's LRU). Default 8192: a lane's tables need
-	// two or three each, and a cache smaller than that prepares them
-	// again at every commit.
+	// three to six each (one row, two and more, as upserts and deletes:
+	// valuesMaxRows), and a cache smaller than that prepares them again
+	// at every commit.
 	LaneStatements int
 	// MaxFailures: a table whose transaction the target refuses this many
 	// times in a row is stopped. Default 5.

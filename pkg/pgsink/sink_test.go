@@ -2,6 +2,7 @@ package pgsink
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"sort"
 	"strconv"
@@ -178,6 +179,55 @@ func TestChangesAreAppliedInOrderAndCheckpointed(t *testing.T) {
 	ts, ok := e.sink.MinDurable()
 	require.True(t, ok)
 	require.Equal(t, common.Ts(16), ts)
+}
+
+// Batches of one to four rows, on a table with a composite key, whichever
+// statement form carries them (VALUES up to valuesMaxRows rows, unnested
+// arrays above): inserts with a NULL, updates that leave a TOASTed column
+// unchanged, and deletes give the same target.
+func TestEveryStatementFormAppliesTheSameChanges(t *testing.T) {
+	e := newSinkEnv(t, nil)
+	relC := pgcodec.Relation{OID: 300, Schema: "app", Name: "c", Columns: []pgcodec.Column{
+		{Name: "a", Type: "integer", TypeOID: 23, Key: true}, {Name: "b", Type: "text", TypeOID: 25, Key: true},
+		{Name: "v", Type: "text", TypeOID: 25}, {Name: "big", Type: "text", TypeOID: 25}}}
+	id := common.DispatcherIDFromUint64(1)
+	require.NoError(t, e.sink.Bind(context.Background(), id, relC, 10))
+	require.NoError(t, e.sink.BeginEpoch(id, 1, 10))
+	ts := common.Ts(10)
+	apply := func(changes ...pgcodec.RowChange) {
+		t.Helper()
+		ts += 2
+		rs := make([]common.Row, len(changes))
+		for i, c := range changes {
+			key := [][]byte{c.Columns[0].Text, c.Columns[1].Text}
+			rs[i] = common.Row{Op: pgcodec.Op(c.Change), Key: pgcodec.AppendKey(nil, uint32(i+1), key),
+				Value: pgcodec.AppendValue(nil, c), StartTs: ts - 1, CommitTs: ts}
+		}
+		require.NoError(t, e.sink.ApplyRows(id, rs))
+		require.NoError(t, e.sink.Checkpoint(id, ts))
+		e.dur.wait(t, id, ts)
+	}
+	var want []string
+	for n := 1; n <= 4; n++ {
+		var ins, upd, del []pgcodec.RowChange
+		for i := range n {
+			a := strconv.Itoa(10*n + i)
+			ins = append(ins, tx(pgcodec.Insert, col("a", a), col("b", "k"+a), null("v"), col("big", "BIG"+a)))
+			upd = append(upd, tx(pgcodec.Update, col("a", a), col("b", "k"+a), col("v", "v"+a), unchanged("big")))
+			del = append(del, tx(pgcodec.Delete, col("a", a), col("b", "k"+a)))
+		}
+		apply(ins...)
+		apply(upd...)
+		for i := range n {
+			a := strconv.Itoa(10*n + i)
+			want = append(want, fmt.Sprintf(`{"a":%s,"b":"k%s","v":"v%s","big":"BIG%s"}`, a, a, a, a))
+		}
+		sort.Strings(want)
+		require.Equal(t, want, e.contents("app.c"), "%d rows a statement", n)
+		apply(del...)
+		want = nil
+		require.Empty(t, e.contents("app.c"), "%d deletes a statement", n)
+	}
 }
 
 // A dispatcher's checkpoint is written with its rows; one whose work is

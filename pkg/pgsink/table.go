@@ -162,31 +162,69 @@ func (t *table) deleteSQL() string {
 		quoteAll(t.key), strings.Join(cond, " AND "))
 }
 
+// deleteValuesSQL deletes n keys given as text parameters, key by key
+// (see valuesMaxRows).
+func (t *table) deleteValuesSQL(n int) string {
+	return fmt.Sprintf("DELETE FROM %s WHERE (%s) IN (%s)", t.qname, quoteAll(t.key), t.valueRows(t.key, n))
+}
+
 // upsertSQL inserts rows of cols (text arrays, one per column), updating
 // the non-key columns of cols on a key conflict: a column absent from
 // cols (a TOASTed value left unchanged) keeps its value.
 func (t *table) upsertSQL(cols []string) string {
 	arrays := make([]string, len(cols))
 	casts := make([]string, len(cols))
-	var set []string
-	isKey := map[string]bool{}
-	for _, k := range t.key {
-		isKey[k] = true
-	}
 	for i, c := range cols {
 		q := pgcodec.QuoteIdent(c)
 		arrays[i] = fmt.Sprintf("$%d::text[]", i+1)
 		casts[i] = fmt.Sprintf("u.%s::%s", q, t.types[c])
-		if !isKey[c] {
+	}
+	return fmt.Sprintf("INSERT INTO %s (%s) SELECT %s FROM unnest(%s) AS u(%s) %s", t.qname, quoteAll(cols),
+		strings.Join(casts, ", "), strings.Join(arrays, ", "), quoteAll(cols), t.onConflict(cols))
+}
+
+// upsertValuesSQL is upsertSQL for n rows given as text parameters, row
+// by row (see valuesMaxRows).
+func (t *table) upsertValuesSQL(cols []string, n int) string {
+	return fmt.Sprintf("INSERT INTO %s (%s) VALUES %s %s", t.qname, quoteAll(cols), t.valueRows(cols, n), t.onConflict(cols))
+}
+
+// valueRows lists n rows of cols as text parameters cast to the columns'
+// types: ($1::text::bigint, $2::text::text), ($3::text::bigint, ...).
+func (t *table) valueRows(cols []string, n int) string {
+	var b strings.Builder
+	p := 0
+	for r := range n {
+		if r > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteByte('(')
+		for i, c := range cols {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			p++
+			fmt.Fprintf(&b, "$%d::text::%s", p, t.types[c])
+		}
+		b.WriteByte(')')
+	}
+	return b.String()
+}
+
+// onConflict updates the non-key columns of cols on a key conflict (or
+// does nothing if cols are all key columns).
+func (t *table) onConflict(cols []string) string {
+	var set []string
+	for _, c := range cols {
+		if !slices.Contains(t.key, c) {
+			q := pgcodec.QuoteIdent(c)
 			set = append(set, fmt.Sprintf("%s = EXCLUDED.%s", q, q))
 		}
 	}
-	action := "DO NOTHING"
-	if len(set) > 0 {
-		action = "DO UPDATE SET " + strings.Join(set, ", ")
+	if len(set) == 0 {
+		return fmt.Sprintf("ON CONFLICT (%s) DO NOTHING", quoteAll(t.key))
 	}
-	return fmt.Sprintf("INSERT INTO %s (%s) SELECT %s FROM unnest(%s) AS u(%s) ON CONFLICT (%s) %s", t.qname, quoteAll(cols),
-		strings.Join(casts, ", "), strings.Join(arrays, ", "), quoteAll(cols), quoteAll(t.key), action)
+	return fmt.Sprintf("ON CONFLICT (%s) DO UPDATE SET %s", quoteAll(t.key), strings.Join(set, ", "))
 }
 
 func quoteAll(names []string) string {

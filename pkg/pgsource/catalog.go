@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -24,12 +25,24 @@ func connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
 }
 
 // connectReplication opens a logical replication connection.
-func connectReplication(ctx context.Context, dsn string) (*pgconn.PgConn, error) {
+// Its socket is a lingerConn (linger > 0), which lingers only once the
+// session streams (lingerOf(conn).stream).
+func connectReplication(ctx context.Context, dsn string, linger time.Duration) (*pgconn.PgConn, error) {
 	cfg, err := pgconn.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConnect, err)
 	}
 	cfg.RuntimeParams["replication"] = "database"
+	if linger > 0 {
+		dial := cfg.DialFunc
+		cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := dial(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return newLingerConn(c, linger), nil
+		}
+	}
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: replication connection: %w", ErrConnect, err)

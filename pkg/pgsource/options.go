@@ -145,12 +145,22 @@ type Options struct {
 	// SnapshotWorkers copy tables of the initial snapshot in parallel.
 	// Default 2.
 	SnapshotWorkers int
+	// ReadLinger: once the replication stream has drained the socket's
+	// receive queue, its next read waits until this much real time has
+	// passed since, so that a stream keeping up with a live load reads a
+	// batch of messages per read instead of one (linger.go says why); a
+	// stream that is behind never waits. It adds at most this to the
+	// latency of a message. Default DefaultReadLinger; negative: off.
+	ReadLinger time.Duration
 	// Logger defaults to zap.NewNop(); Clock to the real clock.
 	Logger *zap.Logger
 	Clock  clock.Clock
 	// Registerer, if set, receives the source's metrics (cdcflow_pgsource_*).
 	Registerer prometheus.Registerer
 }
+
+// DefaultReadLinger is Options.ReadLinger's default.
+const DefaultReadLinger = 20 * time.Millisecond
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
@@ -179,6 +189,9 @@ func (o Options) withDefaults() Options {
 	if o.SnapshotWorkers == 0 {
 		o.SnapshotWorkers = 2
 	}
+	if o.ReadLinger == 0 {
+		o.ReadLinger = DefaultReadLinger
+	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
@@ -201,5 +214,6 @@ func (o Options) validate() error {
 	p.IntRange("ChunkRows", o.ChunkRows, 1, 1<<20)
 	p.IntRange("ResolvedPushesPerSec", o.ResolvedPushesPerSec, 1, 1<<30)
 	p.IntRange("SnapshotWorkers", o.SnapshotWorkers, 1, 64)
+	p.Require(o.ReadLinger <= time.Second, "ReadLinger %v must be at most 1s", o.ReadLinger)
 	return p.Err()
 }

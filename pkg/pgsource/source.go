@@ -198,7 +198,7 @@ func (s *Source) Open(ctx context.Context) (Info, error) {
 // createSlot creates the slot with an exported snapshot and saves its
 // first position: the consistent point, at the snapshot's commit-ts.
 func (s *Source) createSlot(ctx context.Context) (*pendingSnapshot, error) {
-	conn, err := connectReplication(ctx, s.opts.DSN)
+	conn, err := connectReplication(ctx, s.opts.DSN, s.opts.ReadLinger)
 	if err != nil {
 		return nil, err
 	}

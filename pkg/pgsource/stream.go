@@ -175,7 +175,7 @@ func (s *Source) session(from Position, known map[uint32]pgcodec.Relation) error
 		conn, s.snapshot.conn = s.snapshot.conn, nil // the slot's own connection, idle since the snapshot
 	} else {
 		var err error
-		if conn, err = connectReplication(ctx, s.opts.DSN); err != nil {
+		if conn, err = connectReplication(ctx, s.opts.DSN, s.opts.ReadLinger); err != nil {
 			return err
 		}
 	}
@@ -270,6 +270,7 @@ func (ss *session) loop(ctx context.Context) error {
 	// a context deadline per message (pgconn watches each one) was 15% of
 	// the stream's CPU.
 	netConn := ss.conn.Conn()
+	lingerOf(ss.conn).stream()
 	stopWatch := context.AfterFunc(ctx, func() { _ = netConn.SetReadDeadline(time.Unix(1, 0)) })
 	defer stopWatch()
 	s.mu.Lock()

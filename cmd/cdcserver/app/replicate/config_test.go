@@ -4,8 +4,11 @@ import (
 	"runtime"
 	"runtime/debug"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/pkg/pgsource"
 )
 
 // --gc-percent and --max-procs hold while serving and are put back after;
@@ -48,5 +51,21 @@ func TestSetRuntimeAppliesAndRestores(t *testing.T) {
 	for _, bad := range []int{-1, 1025} {
 		cfg.MaxProcs = bad
 		require.ErrorIs(t, cfg.Validate(), ErrInvalidConfig, "--max-procs %d", bad)
+	}
+}
+
+// --source-read-linger: 0 turns it off, up to a second is taken, a negative
+// value or more than a second is refused.
+func TestSourceReadLingerIsValidated(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Source, cfg.Sink = "postgres://a@127.0.0.1/x", "postgres://b@127.0.0.1/y"
+	require.Equal(t, pgsource.DefaultReadLinger, cfg.SourceReadLinger)
+	for _, good := range []time.Duration{0, time.Millisecond, time.Second} {
+		cfg.SourceReadLinger = good
+		require.NoError(t, cfg.Validate(), "--source-read-linger %v", good)
+	}
+	for _, bad := range []time.Duration{-time.Millisecond, time.Second + 1} {
+		cfg.SourceReadLinger = bad
+		require.ErrorIs(t, cfg.Validate(), ErrInvalidConfig, "--source-read-linger %v", bad)
 	}
 }

@@ -305,8 +305,12 @@ func (p *parts) startOrResume(ctx context.Context, cfg Config) error {
 // openSource builds and opens the source.
 func (p *parts) openSource(ctx context.Context, cfg Config) error {
 	var err error
+	linger := cfg.SourceReadLinger
+	if linger == 0 {
+		linger = -1 // off (pgsource's zero is its default)
+	}
 	p.source, err = pgsource.New(pgsource.Options{DSN: cfg.Source, Slot: cfg.Slot, Publication: cfg.Publication, TakeOver: true,
-		Schema: p.schema, Positions: p.positions, SafePoint: p.sink.MinDurable, Logger: p.log, Registerer: p.reg,
+		ReadLinger: linger, Schema: p.schema, Positions: p.positions, SafePoint: p.sink.MinDurable, Logger: p.log, Registerer: p.reg,
 		OnNewTable: func(rel pgcodec.Relation, firstTs common.Ts) {
 			select {
 			case p.newTables <- newTable{rel, firstTs}:
