@@ -8,7 +8,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/schemastore"
 )
 
@@ -26,6 +25,17 @@ func (c *scriptedConn) Read(p []byte) (int, error) {
 		c.chunks = c.chunks[1:]
 	}
 	return n, nil
+}
+
+// fakeTime drives a lingerConn's real-time hooks.
+type fakeTime struct {
+	at    time.Duration
+	slept []time.Duration
+}
+
+func (f *fakeTime) attach(c *lingerConn) {
+	c.now = func() time.Duration { return f.at }
+	c.sleep = func(d time.Duration) { f.slept = append(f.slept, d); f.at += d }
 }
 
 // TestLingerWaitsOnlyAfterAReadThatDrainedTheQueue: once streaming, a read
@@ -47,11 +57,8 @@ func TestLingerWaitsOnlyAfterAReadThatDrainedTheQueue(t *testing.T) {
 		want = append(want, c...)
 	}
 	c := newLingerConn(&scriptedConn{chunks: script}, 5*time.Millisecond)
-	var elapsed time.Duration
-	var slept []time.Duration
-	c.start = func() clock.Stopwatch { return clock.Stopwatch{} }
-	c.since = func(clock.Stopwatch) time.Duration { return elapsed }
-	c.sleep = func(d time.Duration) { slept = append(slept, d) }
+	ft := &fakeTime{}
+	ft.attach(c)
 
 	var got []byte
 	read := func() {
@@ -62,18 +69,53 @@ func TestLingerWaitsOnlyAfterAReadThatDrainedTheQueue(t *testing.T) {
 	}
 	read()
 	read()
-	require.Empty(t, slept, "no read lingers before the stream starts")
+	require.Empty(t, ft.slept, "no read lingers before the stream starts")
 	c.stream()
 	read() // msg1, short
-	elapsed = 2 * time.Millisecond
+	ft.at += 2 * time.Millisecond
 	read() // the full read: waits the 3 ms left of the linger first
-	require.Equal(t, []time.Duration{3 * time.Millisecond}, slept)
+	require.Equal(t, []time.Duration{3 * time.Millisecond}, ft.slept)
 	read() // msg2: after a full read, no wait
-	require.Len(t, slept, 1, "a read after a full one does not wait")
-	elapsed = 7 * time.Millisecond
+	require.Len(t, ft.slept, 1, "a read after a full one does not wait")
+	ft.at += 7 * time.Millisecond
 	read() // msg3: the linger since msg2 has passed
-	require.Len(t, slept, 1, "a read whose linger has passed does not wait")
+	require.Len(t, ft.slept, 1, "a read whose linger has passed does not wait")
 	require.Equal(t, want, got)
+}
+
+// TestLingerIsBoundedByTheStreamsRate: a linger lets at most lingerBytes
+// arrive at the rate the stream came since the last linger began, so a fast
+// stream (a walsender draining a backlog) waits a few milliseconds, never
+// long enough to fill the socket's buffers; a slow one waits the whole
+// linger.
+func TestLingerIsBoundedByTheStreamsRate(t *testing.T) {
+	const linger, mib = 20 * time.Millisecond, 1 << 20
+	c := newLingerConn(&scriptedConn{chunks: [][]byte{
+		make([]byte, 10), make([]byte, mib), make([]byte, mib), make([]byte, 10), make([]byte, 1000), make([]byte, 10),
+	}}, linger)
+	ft := &fakeTime{}
+	ft.attach(c)
+	c.stream()
+	read := func(size, want int) {
+		t.Helper()
+		n, err := c.Read(make([]byte, size))
+		require.NoError(t, err)
+		require.Equal(t, want, n)
+	}
+	read(64<<10, 10) // t=0: short
+	read(mib, mib)   // the first linger, in full (no rate known); t=20ms; full
+	read(mib, mib)   // full
+	require.Equal(t, []time.Duration{linger}, ft.slept)
+	ft.at += 12 * time.Millisecond
+	read(64<<10, 10) // t=32ms: short, after 2 MiB since the linger began at 0
+	read(64<<10, 1000)
+	// At 2 MiB per 32 ms, lingerBytes (128 KiB) take 2 ms: the linger is
+	// cut to that.
+	require.Len(t, ft.slept, 2)
+	require.InDelta(t, float64(2*time.Millisecond), float64(ft.slept[1]), float64(time.Microsecond))
+	ft.at += 3 * time.Millisecond
+	read(64<<10, 10) // after 1000 bytes in 5 ms: the whole linger, less the 3 ms since the short read
+	require.Equal(t, 17*time.Millisecond, ft.slept[2])
 }
 
 // TestReadLingerOption: the default lingers, a negative value turns it off
