@@ -172,12 +172,14 @@ func (b *batch) queue(q *pgx.Batch, t *table) (rows int, err error) {
 const valuesMaxRows = 2
 
 // valuesSig tells a statement of n rows as VALUES from the unnested one in
-// a table's statement cache (no column name holds a NUL).
+// a table's statement cache: two NULs, which no signature holds (a name
+// holds no NUL and is never empty, so its signature, the names joined by
+// one NUL, never has two in a row).
 func valuesSig(n int) string {
 	if n == 1 {
-		return "\x00\x01"
+		return "\x00\x00\x01"
 	}
-	return "\x00\x02"
+	return "\x00\x00\x02"
 }
 
 // valueArgs lists n rows of cols (one text array per column) row by row,

@@ -1,6 +1,7 @@
 package pgsink
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -139,4 +140,55 @@ func TestABatchRefusesADeleteWithoutItsKey(t *testing.T) {
 		_, err := b.queue(&pgx.Batch{}, tb)
 		require.ErrorIs(t, err, errBadData, name)
 	}
+}
+
+// The statement cache of a table tells every statement apart whatever its
+// columns are named: a column named like the delete's key or ending in a
+// control character does not get another statement's SQL (names hold no
+// NUL and are never empty; signatures are names joined by one NUL).
+func TestStatementSignaturesNeverCollide(t *testing.T) {
+	odd := []string{"\x01delete", "a", "\x01", "\x02"}
+	tb := &table{qname: `"public"."odd"`, key: []string{"\x01delete"}, order: odd,
+		types: map[string]string{"\x01delete": "text", "a": "text", "\x01": "text", "\x02": "text"}}
+	seen := map[string]string{} // SQL -> the statement it was asked for
+	queue := func(what string, b *batch) {
+		t.Helper()
+		q := &pgx.Batch{}
+		_, err := b.queue(q, tb)
+		require.NoError(t, err)
+		for _, qq := range q.QueuedQueries {
+			if prev, ok := seen[qq.SQL]; ok && prev != what {
+				t.Fatalf("%s got the SQL of %s: %s", what, prev, qq.SQL)
+			}
+			seen[qq.SQL] = what
+		}
+	}
+	cols := func(names ...string) pgcodec.RowChange {
+		c := pgcodec.RowChange{Change: pgcodec.Insert}
+		for _, n := range names {
+			c.Columns = append(c.Columns, pgcodec.Datum{Name: n, Kind: pgcodec.Text, Text: []byte("v")})
+		}
+		return c
+	}
+	for _, n := range []int{1, 2, 3} {
+		del, up1, up2 := newBatch(), newBatch(), newBatch()
+		for i := range n {
+			k := []byte{byte('0' + i)}
+			del.add(k, pgcodec.RowChange{Change: pgcodec.Delete, Columns: cols("\x01delete").Columns})
+			up1.add(k, cols("\x01delete"))      // signature "\x01delete"
+			up2.add(k, cols("\x01delete", "a")) // against "a" with "\x01" and "\x02" below
+		}
+		queue(fmt.Sprintf("delete of %d", n), del)
+		queue(fmt.Sprintf("upsert of \\x01delete, %d rows", n), up1)
+		queue(fmt.Sprintf("upsert of \\x01delete, a, %d rows", n), up2)
+	}
+	// Three rows, unnested: the signatures end "a\x00\x01" and "a\x00\x02",
+	// as "a" and one or two VALUES rows would with a suffix of one NUL.
+	one, two := newBatch(), newBatch()
+	for _, k := range []string{"x", "y", "z"} {
+		one.add([]byte(k), cols("\x01delete", "a", "\x01"))
+		two.add([]byte(k), cols("\x01delete", "a", "\x02"))
+	}
+	queue("upsert of \\x01delete, a, \\x01", one)
+	queue("upsert of \\x01delete, a, \\x02", two)
 }

@@ -29,7 +29,7 @@ type table struct {
 }
 
 // deleteSig is the stmts key of the delete (no column signature has it).
-const deleteSig = "\x01delete"
+const deleteSig = "\x00delete"
 
 // statement returns the cached statement of sig, built by build if new.
 func (t *table) statement(sig string, build func() string) string {
