@@ -10,7 +10,8 @@
 // the last effect per key (an update that left a TOASTed column
 // unchanged keeps the value an earlier change of the batch gave it, and
 // the target's value otherwise), then deletes and upserts go out as
-// batched statements over unnest'ed arrays, and the dispatchers'
+// batched statements over unnest'ed arrays (one or two rows as VALUES of
+// text parameters, which cost the target less), and the dispatchers'
 // checkpoints are written in the same transaction. Once it commits, the
 // lane reports those checkpoints durable to the collector, which
 // heartbeats only durable checkpoints: a restart resumes exactly from

@@ -1,0 +1,32 @@
+// Package pgsource is a PostgreSQL logical replication source for the event
+// store: an eventstore.Upstream whose subscriptions are whole tables, fed
+// from one replication connection of a slot (pgoutput), decoded here
+// (pglogrepl's decoders trust lengths; pgoutput.go checks every one).
+//
+// A commit gets the commit-ts max(previous + 2, commit time in ms << 18):
+// strictly increasing in commit order, near the wall clock, and a function
+// of the WAL and a seed position saved before its LSN is confirmed to the
+// slot, so reading commits again from the slot (a restart, a dropped
+// connection, a late subscription) gives them the same commit-ts and each
+// subscription skips what it had. A new relation version is a DDL at the
+// commit-ts minus one, before the rows that use it. A commit resolves the
+// tables it wrote in the same push as their rows; the others advance every
+// ResolvedInterval, and an idle database is advanced by heartbeats
+// (pg_logical_emit_message). A large transaction goes to the store in
+// chunks of ChunkRows; an initial snapshot is copied from the slot's
+// exported snapshot before streaming from its consistent point.
+//
+// The replication socket lingers (linger.go, ReadLinger): once a read found
+// the socket drained, the next waits out the linger (real time) so that a
+// stream keeping up reads bursts of messages, never more than about 128 KiB
+// of them at the stream's rate; a stream that is behind never waits.
+//
+// Invariants: the slot's confirmed flush LSN moves only to a commit at or
+// below SafePoint (what every dispatcher durably applied) and below every
+// table announced but not yet subscribed, and only after its position was
+// saved; no row is pushed twice to a subscription and none is skipped that
+// it did not have; a subscription from below what the slot retains is
+// ErrStartTsTruncated, never rows invented; a message that does not decode
+// stops the source (ErrProtocol). Goroutines: Start starts the stream (and
+// the snapshot's workers); Close stops them and waits. No package state.
+package pgsource
