@@ -27,6 +27,7 @@
 // saved; no row is pushed twice to a subscription and none is skipped that
 // it did not have; a subscription from below what the slot retains is
 // ErrStartTsTruncated, never rows invented; a message that does not decode
-// stops the source (ErrProtocol). Goroutines: Start starts the stream (and
-// the snapshot's workers); Close stops them and waits. No package state.
+// stops the source (ErrProtocol). Goroutines: Start starts the stream (whose
+// snapshot copy runs SnapshotWorkers more until it is done) and the
+// heartbeat; Close stops them and waits. No package state.
 package pgsource
