@@ -167,8 +167,9 @@ func (b *batch) queue(q *pgx.Batch, t *table) (rows int, err error) {
 // unnested, two rows 14 against 21 µs, four rows 12 against 11 (unnest ahead
 // from there). At 1000 tables most of a lane's statements carry one or two
 // rows (make pgbench: the target's CPU per main-load row went from 36 to 29
-// µs, docs/benchmarks.md). Each row count is a prepared statement of its own, so a table of a
-// lane has up to three upserts per set of columns and three deletes.
+// µs, docs/design/postgres.md). Each row count is a prepared statement of
+// its own, so a table of a lane has up to three upserts per set of columns
+// and three deletes.
 const valuesMaxRows = 2
 
 // valuesSig tells a statement of n rows as VALUES from the unnested one in

@@ -28,7 +28,8 @@ type table struct {
 	stmts map[string]string
 }
 
-// deleteSig is the stmts key of the delete (no column signature has it).
+// deleteSig is the stmts key of the delete: it starts with a NUL, which no
+// column signature does (names are never empty and hold no NUL).
 const deleteSig = "\x00delete"
 
 // statement returns the cached statement of sig, built by build if new.
