@@ -41,3 +41,31 @@ func TestSlotsAreDenseNonZeroAndReused(t *testing.T) {
 	}
 	require.Equal(t, uint32(3), tb.Take(a), "the table grows once no slot is free")
 }
+
+// TestLenAndAllFollowTakesAndFrees: Len counts the items holding a slot
+// (a stale Free changes nothing) and All yields exactly them, in slot
+// order, stopping when asked.
+func TestLenAndAllFollowTakesAndFrees(t *testing.T) {
+	var tb Table[*item]
+	require.Zero(t, tb.Len())
+	for range tb.All() {
+		t.Fatal("an empty table yields nothing")
+	}
+	a, b, c := &item{"a"}, &item{"b"}, &item{"c"}
+	sa, sb, sc := tb.Take(a), tb.Take(b), tb.Take(c)
+	tb.Free(sb, b)
+	tb.Free(sb, b) // already free
+	tb.Free(sa, c) // c does not hold sa
+	require.Equal(t, 2, tb.Len())
+	var slots []uint32
+	var items []*item
+	for s, v := range tb.All() {
+		slots, items = append(slots, s), append(items, v)
+	}
+	require.Equal(t, []uint32{sa, sc}, slots)
+	require.Equal(t, []*item{a, c}, items)
+	for s := range tb.All() {
+		require.Equal(t, sa, s, "the iteration stops at the first break")
+		break
+	}
+}

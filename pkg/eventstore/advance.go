@@ -32,7 +32,7 @@ func PushResolved(ctx context.Context, sinks []Sink, ts common.Ts, errs []error)
 	var groups map[advanceGroupKey]*advanceGroup
 	for i, k := range sinks {
 		errs[i] = nil
-		sk, ok := k.(sink)
+		sk, ok := k.(*sink)
 		if !ok || ts == 0 {
 			errs[i] = k.Push(ctx, Batch{ResolvedTs: ts})
 			continue

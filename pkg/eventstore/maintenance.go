@@ -254,21 +254,9 @@ func (s *Store) expireIfIdle(sub *subscription, now time.Time) {
 		// Marked under s.mu, so RegisterDispatcher can no longer pick it.
 		sub.mu.removed = true
 		s.dropFreshLocked(sub)
-		key := sub.span.Key()
-		list := s.mu.subsBySpan[key]
-		for i, x := range list {
-			if x == sub {
-				list = append(list[:i:i], list[i+1:]...)
-				break
-			}
-		}
-		if len(list) == 0 {
-			delete(s.mu.subsBySpan, key)
-		} else {
-			s.mu.subsBySpan[key] = list
-		}
-		delete(s.mu.subs, sub.id)
-		s.metrics.subscriptions.Set(float64(len(s.mu.subs)))
+		s.unlinkSpanLocked(sub)
+		s.mu.subs.Free(sub.slot, sub)
+		s.metrics.subscriptions.Set(float64(s.mu.subs.Len()))
 	}
 	sub.mu.Unlock()
 	s.mu.Unlock()

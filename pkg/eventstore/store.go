@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcflow/eventservice/internal/latency"
+	"github.com/cdcflow/eventservice/internal/slots"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -75,13 +76,20 @@ type Store struct {
 		closed      bool
 		nextSubID   uint64
 		dispatchers map[common.DispatcherID]*subscriber
-		subsBySpan  map[string][]*subscription
-		subs        map[uint64]*subscription
+		// subsBySpan holds each span's subscriptions, the first in the map
+		// and the rest chained through nextSameSpan (a span has more than
+		// one only while an older one still serves a dispatcher from an
+		// earlier start): no slice per span.
+		subsBySpan map[spanKey]*subscription
+		// subs holds every live subscription at its slot (sub.slot): a
+		// registration appends to an array, not to a map of a million
+		// entries (its insert was an eighth of a registration's CPU).
+		subs slots.Table[*subscription]
 		// subscribing marks the spans a registration is subscribing at the
 		// upstream (outside the lock); the channel, made by the first
 		// registration that waits for it (nil until then), closes when it
 		// is done.
-		subscribing map[string]chan struct{}
+		subscribing map[spanKey]chan struct{}
 	}
 }
 
@@ -123,9 +131,8 @@ func Open(opts Options) (*Store, error) {
 	s.fresh.limit = opts.FreshBytes
 	s.metrics = newMetrics(&s.fresh)
 	s.mu.dispatchers = make(map[common.DispatcherID]*subscriber)
-	s.mu.subsBySpan = make(map[string][]*subscription)
-	s.mu.subs = make(map[uint64]*subscription)
-	s.mu.subscribing = make(map[string]chan struct{})
+	s.mu.subsBySpan = make(map[spanKey]*subscription)
+	s.mu.subscribing = make(map[spanKey]chan struct{})
 	s.queues = make([]chan writeEvent, opts.WriteWorkers)
 	s.advanceRoom = make([]advanceRoom, opts.WriteWorkers)
 	for i := range s.queues {
@@ -276,7 +283,7 @@ func (s *Store) RegisterDispatcher(id common.DispatcherID, span common.Span, sta
 // for that mark (outside the lock) and then look again, and the new
 // subscription is published under the lock afterwards.
 func (s *Store) addSubscriber(sb *subscriber, span common.Span) (resolved, maxCommit common.Ts, err error) {
-	key := span.Key() // once: a registration used to build it three times
+	key := spanKeyOf(span) // once: a registration used to build it three times
 	for {
 		sub, wait, err := s.attachOrReserve(sb, span, key)
 		switch {
@@ -308,8 +315,8 @@ func (s *Store) addSubscriber(sb *subscriber, span common.Span) (resolved, maxCo
 // attachOrReserve attaches sb to a sharable subscription of span if there
 // is one (returning it); else, if another registration is subscribing the
 // span, returns the channel that closes when it is done; else reserves the
-// span for this registration (all nil). key is span.Key().
-func (s *Store) attachOrReserve(sb *subscriber, span common.Span, key string) (*subscription, <-chan struct{}, error) {
+// span for this registration (all nil). key is spanKeyOf(span).
+func (s *Store) attachOrReserve(sb *subscriber, span common.Span, key spanKey) (*subscription, <-chan struct{}, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mu.closed || s.isClosing() {
@@ -348,7 +355,7 @@ func (s *Store) attachLocked(sb *subscriber, sub *subscription) {
 // sb, whose registration reserved it, publishes the subscription with sb
 // attached, and only then releases the reservation (by defer: the upstream
 // may panic), so the registrations waiting for it find the subscription.
-func (s *Store) subscribeReserved(sb *subscriber, span common.Span, key string) (*subscription, error) {
+func (s *Store) subscribeReserved(sb *subscriber, span common.Span, key spanKey) (*subscription, error) {
 	startTs := sb.startTs
 	defer func() {
 		s.mu.Lock()
@@ -370,7 +377,8 @@ func (s *Store) subscribeReserved(sb *subscriber, span common.Span, key string) 
 	// there is nothing to collect there: a new subscription has no
 	// pending GC range (no heap entry, no tombstone).
 	sub.mu.gcTarget, sub.mu.gcDone = startTs, startTs
-	up, err := s.opts.Upstream.Subscribe(span, startTs, sink{s: s, sub: sub})
+	sub.sink = sink{s: s, sub: sub}
+	up, err := s.opts.Upstream.Subscribe(span, startTs, &sub.sink)
 	if err != nil {
 		return nil, fmt.Errorf("eventstore: subscribe %v at upstream: %w", span, err)
 	}
@@ -384,7 +392,7 @@ func (s *Store) subscribeReserved(sb *subscriber, span common.Span, key string) 
 // publishSubscription makes sub, just subscribed, visible and attaches sb
 // to it. If the store closed meanwhile, or sb's ID was registered by a
 // concurrent call, the subscription is ended instead.
-func (s *Store) publishSubscription(sb *subscriber, sub *subscription, key string) error {
+func (s *Store) publishSubscription(sb *subscriber, sub *subscription, key spanKey) error {
 	s.mu.Lock()
 	var err error
 	switch _, exists := s.mu.dispatchers[sb.id]; {
@@ -399,9 +407,10 @@ func (s *Store) publishSubscription(sb *subscriber, sub *subscription, key strin
 		return err
 	}
 	defer s.mu.Unlock()
-	s.mu.subsBySpan[key] = append(s.mu.subsBySpan[key], sub)
-	s.mu.subs[sub.id] = sub
-	s.metrics.subscriptions.Set(float64(len(s.mu.subs)))
+	sub.nextSameSpan = s.mu.subsBySpan[key]
+	s.mu.subsBySpan[key] = sub
+	sub.slot = s.mu.subs.Take(sub)
+	s.metrics.subscriptions.Set(float64(s.mu.subs.Len()))
 	if ce := s.log.Check(zap.DebugLevel, "subscribed"); ce != nil { // no fields built per registration otherwise
 		ce.Write(zap.Uint64("sub", sub.id), zap.Stringer("span", sub.span), zap.Uint64("startTs", uint64(sub.startTs)))
 	}
@@ -410,9 +419,10 @@ func (s *Store) publishSubscription(sb *subscriber, sub *subscription, key strin
 }
 
 // findSharableLocked returns a live subscription of exactly the span whose
-// Key is key that still holds every row above startTs. REQUIRES: s.mu held.
-func (s *Store) findSharableLocked(key string, startTs common.Ts) *subscription {
-	for _, sub := range s.mu.subsBySpan[key] {
+// spanKey is key that still holds every row above startTs. REQUIRES: s.mu
+// held.
+func (s *Store) findSharableLocked(key spanKey, startTs common.Ts) *subscription {
+	for sub := s.mu.subsBySpan[key]; sub != nil; sub = sub.nextSameSpan {
 		sub.mu.Lock()
 		ok := !sub.mu.removed && sub.mu.lowWatermark <= startTs
 		sub.mu.Unlock()
@@ -503,7 +513,7 @@ type Stats struct {
 // Stats returns a snapshot of the store's counters.
 func (s *Store) Stats() Stats {
 	s.mu.RLock()
-	st := Stats{Subscriptions: len(s.mu.subs), Dispatchers: len(s.mu.dispatchers)}
+	st := Stats{Subscriptions: s.mu.subs.Len(), Dispatchers: len(s.mu.dispatchers)}
 	s.mu.RUnlock()
 	var m dto.Metric
 	if s.metrics.notifications.Write(&m) == nil {
@@ -530,8 +540,8 @@ func (s *Store) Close() error {
 	}
 	s.mu.closed = true
 	close(s.closing)
-	subs := make([]*subscription, 0, len(s.mu.subs))
-	for _, sub := range s.mu.subs {
+	subs := make([]*subscription, 0, s.mu.subs.Len())
+	for _, sub := range s.mu.subs.All() {
 		subs = append(subs, sub)
 	}
 	subscribers := make([]*subscriber, 0, len(s.mu.dispatchers))

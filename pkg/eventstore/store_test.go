@@ -571,7 +571,7 @@ func TestMetricsRegisterAndLint(t *testing.T) {
 // dispatcher-level checks.
 func countRaw(t *testing.T, s *Store, sub *fakeSubForTest) int {
 	t.Helper()
-	id := sub.sink.(sink).sub.id
+	id := sub.sink.(*sink).sub.id
 	it, err := s.db.NewIter(nil)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, it.Close()) }()
@@ -842,7 +842,7 @@ func TestAWriteBatchObservesItsLargestLagOnce(t *testing.T) {
 	require.NoError(t, env.store.RegisterDispatcher(did(2), common.TableSpan(2), 0, r2.notify))
 	subs := map[int64]*subscription{}
 	env.store.mu.RLock()
-	for _, sub := range env.store.mu.subs {
+	for _, sub := range env.store.mu.subs.All() {
 		subs[sub.span.TableID] = sub
 	}
 	env.store.mu.RUnlock()

@@ -127,6 +127,7 @@ func (sb *subscriber) stop(waiting func()) {
 // subscription.mu, which Push reads under pushMu (pushMu before mu).
 type subscription struct {
 	id      uint64
+	slot    uint32 // in Store.mu.subs
 	span    common.Span
 	startTs common.Ts
 	worker  int
@@ -134,6 +135,12 @@ type subscription struct {
 	// upstream is set once at creation, before the subscription is
 	// published, and closed when the subscription is removed.
 	upstream Subscription
+	// sink is what the upstream pushes to, handed over as &sink: part of
+	// the subscription, not an object of its own.
+	sink sink
+	// nextSameSpan chains the subscriptions of one span in
+	// Store.mu.subsBySpan (guarded by Store.mu).
+	nextSameSpan *subscription
 
 	// pushMu serialises Push so that validation order is queue order.
 	pushMu sync.Mutex
@@ -160,8 +167,16 @@ type subscription struct {
 		// holds nothing.
 		pebbleMax common.Ts
 		// subscribers is replaced, never mutated, so the write worker can
-		// iterate a snapshot without the lock.
+		// iterate a snapshot without the lock. The first list of one
+		// subscriber is one[:], written once (oneUsed) and never again, so
+		// a snapshot of it stays what it was; a subscription of one
+		// dispatcher, the common case, then has no slice of its own for
+		// the GC to mark. (one[0] keeps its subscriber reachable until the
+		// subscription ends, even after it left: one stale subscriber per
+		// subscription at most.)
 		subscribers []*subscriber
+		one         [1]*subscriber
+		oneUsed     bool
 		// lowWatermark: rows at or below it may be gone (the subscription's
 		// start-ts, then the minimum checkpoint). A dispatcher may share the
 		// subscription only if its start-ts is at or above it.
@@ -208,9 +223,15 @@ func (sub *subscription) isRemoved() bool {
 
 // addSubscriberLocked publishes sb. REQUIRES: sub.mu held.
 func (sub *subscription) addSubscriberLocked(sb *subscriber) {
-	next := make([]*subscriber, 0, len(sub.mu.subscribers)+1)
-	next = append(next, sub.mu.subscribers...)
-	sub.mu.subscribers = append(next, sb)
+	if len(sub.mu.subscribers) == 0 && !sub.mu.oneUsed {
+		sub.mu.oneUsed = true
+		sub.mu.one[0] = sb
+		sub.mu.subscribers = sub.mu.one[:]
+	} else {
+		next := make([]*subscriber, 0, len(sub.mu.subscribers)+1)
+		next = append(next, sub.mu.subscribers...)
+		sub.mu.subscribers = append(next, sb)
+	}
 	sub.mu.idleSince = 0
 	sub.recomputeGCLocked()
 }

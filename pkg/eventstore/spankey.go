@@ -1,0 +1,55 @@
+package eventstore
+
+import (
+	"strconv"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+)
+
+// spanKey identifies a span in the store's maps: the table and, for a
+// span narrower than its table, the start key's length, ':', the start
+// key and the end key (the length makes the split unambiguous, as in
+// common.Span.Key). A whole-table span, the common case, has keys "" and
+// costs no allocation: at a million registrations a key string each was a
+// million more objects for every GC cycle to mark.
+type spanKey struct {
+	table int64
+	keys  string
+}
+
+// spanKeyOf returns span's key. Spans equal under common.Span.Equal
+// (nil and empty keys alike) have equal keys.
+func spanKeyOf(span common.Span) spanKey {
+	if len(span.StartKey) == 0 && len(span.EndKey) == 0 {
+		return spanKey{table: span.TableID}
+	}
+	b := make([]byte, 0, 8+len(span.StartKey)+len(span.EndKey))
+	b = strconv.AppendInt(b, int64(len(span.StartKey)), 10)
+	b = append(b, ':')
+	b = append(b, span.StartKey...)
+	b = append(b, span.EndKey...)
+	return spanKey{table: span.TableID, keys: string(b)}
+}
+
+// unlinkSpanLocked removes sub from its span's chain in subsBySpan.
+// REQUIRES: s.mu held.
+func (s *Store) unlinkSpanLocked(sub *subscription) {
+	key := spanKeyOf(sub.span)
+	head := s.mu.subsBySpan[key]
+	if head == sub {
+		if sub.nextSameSpan == nil {
+			delete(s.mu.subsBySpan, key)
+		} else {
+			s.mu.subsBySpan[key] = sub.nextSameSpan
+		}
+		sub.nextSameSpan = nil
+		return
+	}
+	for prev := head; prev != nil; prev = prev.nextSameSpan {
+		if prev.nextSameSpan == sub {
+			prev.nextSameSpan = sub.nextSameSpan
+			sub.nextSameSpan = nil
+			return
+		}
+	}
+}
