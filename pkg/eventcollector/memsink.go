@@ -54,6 +54,12 @@ type EpochRecord struct {
 
 type memDispatcher struct {
 	epochs []*EpochRecord
+	// first is the first epoch's record and one the first epochs array
+	// (one[0] = &first): a dispatcher of one epoch, the common case, is one
+	// object for the GC to mark, not three. Later epochs are allocated (the
+	// append outgrows one).
+	first EpochRecord
+	one   [1]*EpochRecord
 	// cur is epochs' last record (nil before the first).
 	cur        *EpochRecord
 	checkpoint common.Ts
@@ -74,9 +80,19 @@ type memDispatcher struct {
 }
 
 // open appends an epoch record and makes it current.
-func (d *memDispatcher) open(e *EpochRecord) *EpochRecord {
+func (d *memDispatcher) open(rec EpochRecord) *EpochRecord {
 	d.fold()
-	d.epochs = append(d.epochs, e)
+	var e *EpochRecord
+	if len(d.epochs) == 0 && d.one[0] == nil {
+		d.first = rec
+		e = &d.first
+		d.one[0] = e
+		d.epochs = d.one[:]
+	} else {
+		e = new(EpochRecord) // not &rec: rec would escape at every call
+		*e = rec
+		d.epochs = append(d.epochs, e)
+	}
 	d.cur = e
 	return e
 }
@@ -121,7 +137,7 @@ func NewMemorySink() *MemorySink {
 func (s *MemorySink) currentLocked(id common.DispatcherID) *EpochRecord {
 	d := s.dispatcherLocked(id)
 	if d.cur == nil {
-		return d.open(&EpochRecord{})
+		return d.open(EpochRecord{})
 	}
 	return d.cur
 }
@@ -148,7 +164,7 @@ func (s *MemorySink) changedLocked() {
 func (s *MemorySink) BeginEpoch(id common.DispatcherID, epoch uint64, startTs common.Ts) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.dispatcherLocked(id).open(&EpochRecord{Epoch: epoch, StartTs: startTs})
+	s.dispatcherLocked(id).open(EpochRecord{Epoch: epoch, StartTs: startTs})
 	s.changedLocked()
 	return nil
 }
@@ -160,7 +176,7 @@ func (s *MemorySink) ApplyRows(id common.DispatcherID, rows []common.Row) error 
 	defer s.mu.Unlock()
 	d := s.dispatcherLocked(id)
 	if d.cur == nil {
-		d.open(&EpochRecord{})
+		d.open(EpochRecord{})
 	}
 	if len(rows) > 0 {
 		d.curRows = append(d.curRows, rows)
@@ -205,7 +221,7 @@ func (s *MemorySink) CheckpointBatch(cps []SinkCheckpoint, errs []error) {
 func (s *MemorySink) checkpointLocked(id common.DispatcherID, ts common.Ts) {
 	d := s.dispatcherLocked(id)
 	if d.cur == nil {
-		d.open(&EpochRecord{})
+		d.open(EpochRecord{})
 	}
 	d.curCheckpoints++
 	d.curLast = ts
