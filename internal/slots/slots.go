@@ -11,34 +11,15 @@
 // no locking (its owner's lock guards it) and holds no package state.
 package slots
 
-import "iter"
-
 // Table maps slots to items. The zero value is empty and ready.
 type Table[T comparable] struct {
 	items []T // items[0] is never used
 	free  []uint32
-	held  int
 }
 
-// Len is the number of items holding a slot.
-func (t *Table[T]) Len() int { return t.held }
-
-// All yields every item holding a slot, with its slot, in slot order.
-// The table must not change during the iteration.
-func (t *Table[T]) All() iter.Seq2[uint32, T] {
-	return func(yield func(uint32, T) bool) {
-		var zero T
-		for i := 1; i < len(t.items); i++ {
-			if v := t.items[i]; v != zero && !yield(uint32(i), v) {
-				return
-			}
-		}
-	}
-}
-
-// Take gives v a slot.
+// Take gives v a slot. v must not be the zero value, which Get cannot
+// tell from a free slot.
 func (t *Table[T]) Take(v T) uint32 {
-	t.held++
 	if n := len(t.free); n > 0 {
 		s := t.free[n-1]
 		t.free = t.free[:n-1]
@@ -56,13 +37,12 @@ func (t *Table[T]) Take(v T) uint32 {
 // Free returns slot s for reuse if v holds it (a slot already given to
 // another item is left alone).
 func (t *Table[T]) Free(s uint32, v T) {
-	if s == 0 || int64(s) >= int64(len(t.items)) || t.items[s] != v {
+	var zero T
+	if v == zero || s == 0 || int64(s) >= int64(len(t.items)) || t.items[s] != v {
 		return
 	}
-	var zero T
 	t.items[s] = zero
 	t.free = append(t.free, s)
-	t.held--
 }
 
 // Get returns the item in slot s, and false for slot 0, a slot out of

@@ -255,8 +255,8 @@ func (s *Store) expireIfIdle(sub *subscription, now time.Time) {
 		sub.mu.removed = true
 		s.dropFreshLocked(sub)
 		s.unlinkSpanLocked(sub)
-		s.mu.subs.Free(sub.slot, sub)
-		s.metrics.subscriptions.Set(float64(s.mu.subs.Len()))
+		s.mu.nsubs--
+		s.metrics.subscriptions.Set(float64(s.mu.nsubs))
 	}
 	sub.mu.Unlock()
 	s.mu.Unlock()

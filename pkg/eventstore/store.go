@@ -16,7 +16,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcflow/eventservice/internal/latency"
-	"github.com/cdcflow/eventservice/internal/slots"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -76,15 +75,17 @@ type Store struct {
 		closed      bool
 		nextSubID   uint64
 		dispatchers map[common.DispatcherID]*subscriber
-		// subsBySpan holds each span's subscriptions, the first in the map
-		// and the rest chained through nextSameSpan (a span has more than
-		// one only while an older one still serves a dispatcher from an
-		// earlier start): no slice per span.
+		// subsBySpan holds every live subscription: each span's newest in
+		// the map, the older ones chained from it through nextSameSpan (a
+		// span has more than one when a dispatcher started below what the
+		// older one still holds, while the older one keeps its own
+		// dispatchers or waits out IdleTTL), so findSharableLocked tries
+		// the newest first. No slice per span.
 		subsBySpan map[spanKey]*subscription
-		// subs holds every live subscription at its slot (sub.slot): a
-		// registration appends to an array, not to a map of a million
-		// entries (its insert was an eighth of a registration's CPU).
-		subs slots.Table[*subscription]
+		// nsubs counts the live subscriptions, all of which subsBySpan
+		// holds: no second index of them by ID (a map insert was an
+		// eighth of a registration's CPU).
+		nsubs int
 		// subscribing marks the spans a registration is subscribing at the
 		// upstream (outside the lock); the channel, made by the first
 		// registration that waits for it (nil until then), closes when it
@@ -409,8 +410,8 @@ func (s *Store) publishSubscription(sb *subscriber, sub *subscription, key spanK
 	defer s.mu.Unlock()
 	sub.nextSameSpan = s.mu.subsBySpan[key]
 	s.mu.subsBySpan[key] = sub
-	sub.slot = s.mu.subs.Take(sub)
-	s.metrics.subscriptions.Set(float64(s.mu.subs.Len()))
+	s.mu.nsubs++
+	s.metrics.subscriptions.Set(float64(s.mu.nsubs))
 	if ce := s.log.Check(zap.DebugLevel, "subscribed"); ce != nil { // no fields built per registration otherwise
 		ce.Write(zap.Uint64("sub", sub.id), zap.Stringer("span", sub.span), zap.Uint64("startTs", uint64(sub.startTs)))
 	}
@@ -513,7 +514,7 @@ type Stats struct {
 // Stats returns a snapshot of the store's counters.
 func (s *Store) Stats() Stats {
 	s.mu.RLock()
-	st := Stats{Subscriptions: s.mu.subs.Len(), Dispatchers: len(s.mu.dispatchers)}
+	st := Stats{Subscriptions: s.mu.nsubs, Dispatchers: len(s.mu.dispatchers)}
 	s.mu.RUnlock()
 	var m dto.Metric
 	if s.metrics.notifications.Write(&m) == nil {
@@ -540,9 +541,11 @@ func (s *Store) Close() error {
 	}
 	s.mu.closed = true
 	close(s.closing)
-	subs := make([]*subscription, 0, s.mu.subs.Len())
-	for _, sub := range s.mu.subs.All() {
-		subs = append(subs, sub)
+	subs := make([]*subscription, 0, s.mu.nsubs)
+	for _, head := range s.mu.subsBySpan {
+		for sub := head; sub != nil; sub = sub.nextSameSpan {
+			subs = append(subs, sub)
+		}
 	}
 	subscribers := make([]*subscriber, 0, len(s.mu.dispatchers))
 	for _, sb := range s.mu.dispatchers {

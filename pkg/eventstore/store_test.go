@@ -842,7 +842,7 @@ func TestAWriteBatchObservesItsLargestLagOnce(t *testing.T) {
 	require.NoError(t, env.store.RegisterDispatcher(did(2), common.TableSpan(2), 0, r2.notify))
 	subs := map[int64]*subscription{}
 	env.store.mu.RLock()
-	for _, sub := range env.store.mu.subs.All() {
+	for _, sub := range env.store.mu.subsBySpan {
 		subs[sub.span.TableID] = sub
 	}
 	env.store.mu.RUnlock()

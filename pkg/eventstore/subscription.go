@@ -127,7 +127,6 @@ func (sb *subscriber) stop(waiting func()) {
 // subscription.mu, which Push reads under pushMu (pushMu before mu).
 type subscription struct {
 	id      uint64
-	slot    uint32 // in Store.mu.subs
 	span    common.Span
 	startTs common.Ts
 	worker  int
@@ -171,9 +170,9 @@ type subscription struct {
 		// subscriber is one[:], written once (oneUsed) and never again, so
 		// a snapshot of it stays what it was; a subscription of one
 		// dispatcher, the common case, then has no slice of its own for
-		// the GC to mark. (one[0] keeps its subscriber reachable until the
-		// subscription ends, even after it left: one stale subscriber per
-		// subscription at most.)
+		// the GC to mark. (one[0] keeps its subscriber reachable as long as
+		// the subscription is, even after it left: one stale subscriber per
+		// subscription at most, memory only.)
 		subscribers []*subscriber
 		one         [1]*subscriber
 		oneUsed     bool
@@ -240,10 +239,13 @@ func (sub *subscription) addSubscriberLocked(sb *subscriber) {
 // idle. REQUIRES: sub.mu held.
 func (sub *subscription) removeSubscriberLocked(sb *subscriber, now time.Time) (idle bool) {
 	sb.detached = true
-	next := make([]*subscriber, 0, len(sub.mu.subscribers))
-	for _, x := range sub.mu.subscribers {
-		if x != sb {
-			next = append(next, x)
+	var next []*subscriber // nil, no allocation, when sb was the only one
+	if n := len(sub.mu.subscribers); n > 1 || n == 1 && sub.mu.subscribers[0] != sb {
+		next = make([]*subscriber, 0, n)
+		for _, x := range sub.mu.subscribers {
+			if x != sb {
+				next = append(next, x)
+			}
 		}
 	}
 	sub.mu.subscribers = next
