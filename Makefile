@@ -42,10 +42,11 @@ bench:
 	$(GO) run ./scripts/benchtable -update bench.out bench_server.json
 
 # scale runs cdcserver at the sizes of the scale work (10k tables with the
-# defaults; 100k and 1M tables with a 1 s resolved interval) and writes one
-# table of them into docs/benchmarks.md (scripts/benchtable -scale). A run
-# that fails verification still lands in the table, marked; the 1M run goes
-# twice, the second with --huge-pages. About 7 minutes.
+# defaults; 100k and 1M tables with a 1 s resolved interval; 100k tables of
+# two changefeeds with their collectors in two other processes) and writes
+# one table of them into docs/benchmarks.md (scripts/benchtable -scale). A
+# run that fails verification still lands in the table, marked; the 1M run
+# goes twice, the second with --huge-pages. About 8 minutes.
 SCALE_FLAGS = --progress-interval 0 --metrics-addr= --json
 # remote: the service with two collector processes against one process, the
 # same workload, interleaved, three times each; benchtable writes the table
@@ -74,13 +75,15 @@ remote-rows:
 	$(GO) run ./scripts/benchtable -remote -block remote-rows -target remote-rows -update rows400k-*.json
 
 SCALE_1M = --tables 1000000 --resolved-interval 1s --rate 20000 --ddl-interval 0 --duration 30s
-SCALE_RUNS = scale-1k.json scale-10k.json scale-100k.json scale-1m.json scale-1m-hp.json
+SCALE_REMOTE = --remote-collectors 2 --changefeeds 2 --tables 100000 --resolved-interval 1s --rate 10000 --ddl-interval 0 --duration 20s
+SCALE_RUNS = scale-1k.json scale-10k.json scale-100k.json scale-100k-remote.json scale-1m.json scale-1m-hp.json
 THP_MODE = /sys/kernel/mm/transparent_hugepage/enabled
 scale-runs:
 	$(GO) build -o bin/cdcserver ./cmd/cdcserver
 	-bin/cdcserver --tables 1000 --duration 18s $(SCALE_FLAGS) > scale-1k.json
 	-bin/cdcserver --tables 10000 --duration 20s $(SCALE_FLAGS) > scale-10k.json
 	-bin/cdcserver --tables 100000 --rate 10000 --ddl-interval 0 --resolved-interval 1s --duration 10s $(SCALE_FLAGS) > scale-100k.json
+	-bin/cdcserver $(SCALE_REMOTE) $(SCALE_FLAGS) > scale-100k-remote.json
 	-bin/cdcserver $(SCALE_1M) $(SCALE_FLAGS) > scale-1m.json
 	-bin/cdcserver $(SCALE_1M) --huge-pages $(SCALE_FLAGS) > scale-1m-hp.json
 
