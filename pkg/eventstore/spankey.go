@@ -1,17 +1,12 @@
 package eventstore
 
-import (
-	"strconv"
-
-	"github.com/cdcflow/eventservice/pkg/common"
-)
+import "github.com/cdcflow/eventservice/pkg/common"
 
 // spanKey identifies a span in the store's maps: the table and, for a
-// span narrower than its table, the start key's length, ':', the start
-// key and the end key (the length makes the split unambiguous, as in
-// common.Span.Key). A whole-table span, the common case, has keys "" and
-// costs no allocation: at a million registrations a key string each was a
-// million more objects for every GC cycle to mark.
+// span narrower than its table, common.Span.Key. A whole-table span, the
+// common case, has keys "" and costs no allocation: at a million
+// registrations a key string each was a million more objects for every GC
+// cycle to mark.
 type spanKey struct {
 	table int64
 	keys  string
@@ -23,12 +18,7 @@ func spanKeyOf(span common.Span) spanKey {
 	if len(span.StartKey) == 0 && len(span.EndKey) == 0 {
 		return spanKey{table: span.TableID}
 	}
-	b := make([]byte, 0, 8+len(span.StartKey)+len(span.EndKey))
-	b = strconv.AppendInt(b, int64(len(span.StartKey)), 10)
-	b = append(b, ':')
-	b = append(b, span.StartKey...)
-	b = append(b, span.EndKey...)
-	return spanKey{table: span.TableID, keys: string(b)}
+	return spanKey{table: span.TableID, keys: span.Key()} // never "": Key starts with the table
 }
 
 // unlinkSpanLocked removes sub from its span's chain in subsBySpan.
