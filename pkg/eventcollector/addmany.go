@@ -124,3 +124,64 @@ func (c *Collector) addBatch(ctx context.Context, specs []DispatcherSpec, errs [
 		c.log.Debug("register batch failed", zap.Int("registrations", len(reqs)), zap.Error(callErr))
 	}
 }
+
+// ForgetDispatchers drops the collector's state of each of ids as
+// RemoveDispatcher does (its later messages are ignored; a sink call in
+// progress for it is waited for), without telling the service. It is for
+// a collector with Options.TakeOver whose link to the service broke and
+// that adds the same dispatchers again (AddDispatchers, from their sink's
+// checkpoints): the new registrations take the service's old ones over,
+// a batch per call, where a RemoveDispatcher each would be a control call
+// per dispatcher (a million after a reconnect). errs[i] is ids[i]'s
+// outcome: ErrUnknownDispatcher for an ID the collector does not hold (or
+// named twice), ErrInvalidArgument for every entry of a collector without
+// TakeOver (the service would keep its registrations and refuse the IDs
+// again), the context's error for an entry whose sink call was still in
+// flight when ctx ended (its state is dropped all the same).
+func (c *Collector) ForgetDispatchers(ctx context.Context, ids []common.DispatcherID) []error {
+	errs := make([]error, len(ids))
+	fail := func(err error) []error {
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	if !c.opts.TakeOver {
+		return fail(fmt.Errorf("%w: ForgetDispatchers needs Options.TakeOver", ErrInvalidArgument))
+	}
+	c.adminMu.Lock()
+	defer c.adminMu.Unlock()
+	c.mu.Lock()
+	if c.mu.closed {
+		c.mu.Unlock()
+		return fail(ErrClosed)
+	}
+	var inSink chan struct{}
+	var waiting []int // entries whose sink call was in flight
+	for i, id := range ids {
+		d, ok := c.mu.dispatchers[id]
+		if !ok {
+			errs[i] = fmt.Errorf("%w: %v", ErrUnknownDispatcher, id)
+			continue
+		}
+		if ch := c.dropLocked(d); ch != nil {
+			inSink = ch // one channel: the sink is called from one goroutine
+			waiting = append(waiting, i)
+		}
+	}
+	c.mu.Unlock()
+	if inSink == nil {
+		return errs
+	}
+	if h := c.knobs.removeWaitsForSink; h != nil {
+		h(ids[waiting[0]])
+	}
+	select {
+	case <-inSink:
+	case <-ctx.Done():
+		for _, i := range waiting {
+			errs[i] = fmt.Errorf("eventcollector: forget %v: a sink call is still in flight: %w", ids[i], ctx.Err())
+		}
+	}
+	return errs
+}

@@ -343,16 +343,7 @@ func (c *Collector) RemoveDispatcher(ctx context.Context, id common.DispatcherID
 	}
 	err := c.opts.Service.Remove(ctx, messaging.RemoveRequest{Dispatcher: id, Registration: d.reg})
 	c.mu.Lock()
-	d.removed = true
-	delete(c.mu.dispatchers, id)
-	c.mu.slots.Free(d.slot, d)
-	var inSink chan struct{}
-	if d.inSink {
-		if c.mu.sinkDone == nil {
-			c.mu.sinkDone = make(chan struct{})
-		}
-		inSink = c.mu.sinkDone
-	}
+	inSink := c.dropLocked(d)
 	c.mu.Unlock()
 	if inSink != nil {
 		if h := c.knobs.removeWaitsForSink; h != nil {
@@ -369,6 +360,23 @@ func (c *Collector) RemoveDispatcher(ctx context.Context, id common.DispatcherID
 	}
 	c.log.Debug("dispatcher removed", zap.Stringer("dispatcher", id), zap.Stringer("registration", d.reg))
 	return nil
+}
+
+// dropLocked forgets d (its later messages are ignored, a goroutine
+// that looked it up before discards its results) and returns the channel
+// that closes when the sink call in progress for it ends, nil when none
+// is. REQUIRES: c.mu held, c.adminMu held.
+func (c *Collector) dropLocked(d *dispatcher) (inSink chan struct{}) {
+	d.removed = true
+	delete(c.mu.dispatchers, d.id)
+	c.mu.slots.Free(d.slot, d)
+	if !d.inSink {
+		return nil
+	}
+	if c.mu.sinkDone == nil {
+		c.mu.sinkDone = make(chan struct{})
+	}
+	return c.mu.sinkDone
 }
 
 // DispatcherStatus is a snapshot of one dispatcher's receive state.

@@ -19,7 +19,10 @@
 // are ignored and counted (reason stale_registration). RemoveDispatcher
 // returns once the service's Remove (a fence: no send of the registration
 // in progress or to come) returned and the dispatcher's sink call in
-// flight, if any, ended.
+// flight, if any, ended. ForgetDispatchers (TakeOver only) drops many
+// dispatchers' state with the same wait but no call to the service: their
+// registrations again, in batches, take the service's old ones over (a
+// reconnect re-registers a feed that way, not with a Remove per table).
 //
 // Receive rules, per dispatcher (the stream type; mirrors the strict checker
 // of the service's tests, but reacts instead of recording):

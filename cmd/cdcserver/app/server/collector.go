@@ -219,14 +219,16 @@ func reregisterOnReconnect(ctx context.Context, rf *remoteFeed, lg *zap.Logger) 
 		case <-rf.client.Reconnected():
 		}
 		lg.Info("reconnected: registering the changefeed's dispatchers again", zap.Int("feed", rf.feed))
+		// The collector forgets its dispatchers without a control call
+		// each (TakeOver: the new registrations, a batch per call, end
+		// the service's old ones).
+		for i, err := range rf.coll.ForgetDispatchers(ctx, rf.ids) {
+			if err != nil && ctx.Err() == nil && !errors.Is(err, eventcollector.ErrUnknownDispatcher) {
+				lg.Debug("reconnect: forget", zap.Stringer("dispatcher", rf.ids[i]), zap.Error(err))
+			}
+		}
 		specs := make([]eventcollector.DispatcherSpec, 0, len(rf.ids))
 		for _, id := range rf.ids {
-			// RemoveDispatcher drops the collector's state even when the
-			// service cannot be told; TakeOver then ends the service's old
-			// registration when the new one arrives.
-			if err := rf.coll.RemoveDispatcher(ctx, id); err != nil && ctx.Err() == nil {
-				lg.Debug("reconnect: remove", zap.Stringer("dispatcher", id), zap.Error(err))
-			}
 			ckpt, err := rf.sink.CheckpointOf(id)
 			if err != nil {
 				lg.Warn("reconnect: read checkpoint", zap.Stringer("dispatcher", id), zap.Error(err))
