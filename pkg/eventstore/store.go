@@ -261,9 +261,7 @@ func (s *Store) RegisterDispatcher(id common.DispatcherID, span common.Span, sta
 		return fmt.Errorf("%w: dispatcher %v: %w", ErrInvalidArgument, id, err)
 	}
 	span = common.Span{TableID: span.TableID, StartKey: cloneKey(span.StartKey), EndKey: cloneKey(span.EndKey)}
-	sb := &subscriber{id: id, startTs: startTs, notifier: notifier, checkpoint: startTs}
-	sb.mu.notifies = sampleOffset(id)
-	resolved, maxCommit, err := s.addSubscriber(sb, span)
+	sb, resolved, maxCommit, err := s.addSubscriber(registration{id: id, startTs: startTs, notifier: notifier}, span)
 	if err != nil {
 		return err
 	}
@@ -276,23 +274,47 @@ func (s *Store) RegisterDispatcher(id common.DispatcherID, span common.Span, sta
 	return nil
 }
 
-// addSubscriber attaches sb to a subscription of span (an existing one that
-// still holds its rows, or a new one subscribed at the upstream) and maps
-// it, returning the subscription's progress. Store.mu is never held across
+// registration is what RegisterDispatcher knows of its subscriber before
+// it knows where the subscriber lives: in a subscription it shares (an
+// object of its own), or in the one it subscribes (subscriptionWithFirst).
+type registration struct {
+	id       common.DispatcherID
+	startTs  common.Ts
+	notifier Notifier
+}
+
+// init makes sb the subscriber of r.
+func (r registration) init(sb *subscriber) {
+	sb.id, sb.startTs, sb.notifier, sb.checkpoint = r.id, r.startTs, r.notifier, r.startTs
+	sb.mu.notifies = sampleOffset(r.id)
+}
+
+// subscriptionWithFirst is a new subscription and the subscriber whose
+// registration subscribed it, in one object: one object fewer per
+// dispatcher for the GC to mark when, as usual, no other dispatcher
+// shares the span.
+type subscriptionWithFirst struct {
+	sub   subscription
+	first subscriber
+}
+
+// addSubscriber attaches the subscriber of r to a subscription of span (an
+// existing one that still holds its rows, or a new one subscribed at the
+// upstream) and maps it, returning it and the subscription's progress. Store.mu is never held across
 // Upstream.Subscribe (the embedder's code, which may be slow or panic):
 // the span is marked as being subscribed, other registrations of it wait
 // for that mark (outside the lock) and then look again, and the new
 // subscription is published under the lock afterwards.
-func (s *Store) addSubscriber(sb *subscriber, span common.Span) (resolved, maxCommit common.Ts, err error) {
+func (s *Store) addSubscriber(r registration, span common.Span) (sb *subscriber, resolved, maxCommit common.Ts, err error) {
 	key := spanKeyOf(span) // once: a registration used to build it three times
 	for {
-		sub, wait, err := s.attachOrReserve(sb, span, key)
+		sb, wait, err := s.attachOrReserve(r, key)
 		switch {
 		case err != nil:
-			return 0, 0, err
-		case sub != nil:
-			resolved, maxCommit = sub.progress()
-			return resolved, maxCommit, nil
+			return nil, 0, 0, err
+		case sb != nil:
+			resolved, maxCommit = sb.sub.progress()
+			return sb, resolved, maxCommit, nil
 		case wait != nil:
 			if h := s.knobs.subscribeWaits; h != nil {
 				h()
@@ -301,34 +323,37 @@ func (s *Store) addSubscriber(sb *subscriber, span common.Span) (resolved, maxCo
 			case <-wait:
 				continue
 			case <-s.closing:
-				return 0, 0, ErrClosed
+				return nil, 0, 0, ErrClosed
 			}
 		}
 		// This registration reserved the span: it subscribes.
-		if sub, err = s.subscribeReserved(sb, span, key); err != nil {
-			return 0, 0, err
+		if sb, err = s.subscribeReserved(r, span, key); err != nil {
+			return nil, 0, 0, err
 		}
-		resolved, maxCommit = sub.progress()
-		return resolved, maxCommit, nil
+		resolved, maxCommit = sb.sub.progress()
+		return sb, resolved, maxCommit, nil
 	}
 }
 
-// attachOrReserve attaches sb to a sharable subscription of span if there
-// is one (returning it); else, if another registration is subscribing the
-// span, returns the channel that closes when it is done; else reserves the
-// span for this registration (all nil). key is spanKeyOf(span).
-func (s *Store) attachOrReserve(sb *subscriber, span common.Span, key spanKey) (*subscription, <-chan struct{}, error) {
+// attachOrReserve attaches r's subscriber to a sharable subscription of
+// the span whose key is key if there is one (returning the subscriber);
+// else, if another registration is subscribing the span, returns the
+// channel that closes when it is done; else reserves the span for this
+// registration (all nil).
+func (s *Store) attachOrReserve(r registration, key spanKey) (*subscriber, <-chan struct{}, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mu.closed || s.isClosing() {
 		return nil, nil, ErrClosed
 	}
-	if _, ok := s.mu.dispatchers[sb.id]; ok {
-		return nil, nil, fmt.Errorf("%w: %v", ErrDispatcherExists, sb.id)
+	if _, ok := s.mu.dispatchers[r.id]; ok {
+		return nil, nil, fmt.Errorf("%w: %v", ErrDispatcherExists, r.id)
 	}
-	if sub := s.findSharableLocked(key, sb.startTs); sub != nil {
+	if sub := s.findSharableLocked(key, r.startTs); sub != nil {
+		sb := new(subscriber)
+		r.init(sb)
 		s.attachLocked(sb, sub)
-		return sub, nil, nil
+		return sb, nil, nil
 	}
 	if ch, ok := s.mu.subscribing[key]; ok {
 		if ch == nil { // the first waiter makes the channel: most reservations have none
@@ -353,11 +378,12 @@ func (s *Store) attachLocked(sb *subscriber, sub *subscription) {
 }
 
 // subscribeReserved subscribes span at the upstream, without Store.mu, for
-// sb, whose registration reserved it, publishes the subscription with sb
-// attached, and only then releases the reservation (by defer: the upstream
-// may panic), so the registrations waiting for it find the subscription.
-func (s *Store) subscribeReserved(sb *subscriber, span common.Span, key spanKey) (*subscription, error) {
-	startTs := sb.startTs
+// registration r, which reserved it, publishes the subscription with r's
+// subscriber attached (returning the subscriber), and only then releases
+// the reservation (by defer: the upstream may panic), so the registrations
+// waiting for it find the subscription.
+func (s *Store) subscribeReserved(r registration, span common.Span, key spanKey) (*subscriber, error) {
+	startTs := r.startTs
 	defer func() {
 		s.mu.Lock()
 		if ch := s.mu.subscribing[key]; ch != nil {
@@ -370,7 +396,9 @@ func (s *Store) subscribeReserved(sb *subscriber, span common.Span, key spanKey)
 	s.mu.nextSubID++
 	id := s.mu.nextSubID
 	s.mu.Unlock()
-	sub := &subscription{id: id, span: span, startTs: startTs, pushedResolved: startTs}
+	pair := &subscriptionWithFirst{sub: subscription{id: id, span: span, startTs: startTs, pushedResolved: startTs}}
+	sub, sb := &pair.sub, &pair.first
+	r.init(sb)
 	sub.worker = int(common.DispatcherIDFromUint64(sub.id).Hash() % uint64(len(s.queues)))
 	sub.mu.resolved = startTs
 	sub.mu.lowWatermark = startTs
@@ -387,7 +415,7 @@ func (s *Store) subscribeReserved(sb *subscriber, span common.Span, key spanKey)
 	if err := s.publishSubscription(sb, sub, key); err != nil {
 		return nil, err
 	}
-	return sub, nil
+	return sb, nil
 }
 
 // publishSubscription makes sub, just subscribed, visible and attaches sb
