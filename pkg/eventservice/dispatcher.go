@@ -41,7 +41,7 @@ type dispatcher struct {
 
 	id     common.DispatcherID
 	reg    messaging.RegistrationID
-	span   common.Span
+	span   dispatcherSpan
 	target *target
 	// registeredAt is the start-ts of the Register request, to recognise
 	// a repeated request.
