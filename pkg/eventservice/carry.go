@@ -107,7 +107,7 @@ func (svc *Service) observe(s *session) observation {
 	d := s.d
 	// received before maxCommit: see dispatcher.received.
 	obs := observation{received: common.Ts(d.received.Load()), maxCommit: common.Ts(d.maxCommit.Load())}
-	obs.schemaTs, obs.lastDDL = svc.opts.Schema.TableState(d.span.table)
+	obs.schemaTs, obs.lastDDL = svc.opts.Schema.TableState(d.span.Table())
 	return obs
 }
 

@@ -140,7 +140,7 @@ func (svc *Service) addDispatcherLocked(req messaging.RegisterRequest) (*dispatc
 		return nil, nil, closedError("register")
 	}
 	if d, ok := svc.mu.dispatchers[req.Dispatcher]; ok {
-		if d.reg == req.Registration && d.span.span().Equal(req.Span) && d.target.name == req.Target && d.registeredAt == req.StartTs {
+		if d.reg == req.Registration && d.span.Span().Equal(req.Span) && d.target.name == req.Target && d.registeredAt == req.StartTs {
 			return nil, nil, nil // the same request again
 		}
 		return nil, nil, fmt.Errorf("%w: %v (registration %v, asked %v)", messaging.ErrDispatcherExists, req.Dispatcher, d.reg, req.Registration)
@@ -154,7 +154,7 @@ func (svc *Service) addDispatcherLocked(req messaging.RegisterRequest) (*dispatc
 	}
 	t.dispatchers++
 	svc.mu.spanKeyBytes += spanKeyBytes(req.Span)
-	d := &dispatcher{id: req.Dispatcher, reg: req.Registration, span: dispatcherSpanOf(req.Span), target: t,
+	d := &dispatcher{id: req.Dispatcher, reg: req.Registration, span: common.Pack(req.Span), target: t,
 		worker: req.Dispatcher.Index(len(svc.prepQueues)), svc: svc, registeredAt: req.StartTs, collectorSlot: req.Slot}
 	d.mu.storeStart = req.StartTs
 	d.mu.checkpoint = req.StartTs
@@ -222,7 +222,7 @@ func (svc *Service) registerInStore(d *dispatcher, s *session, startTs common.Ts
 	defer d.mu.Unlock()
 	// Outside Service.mu: the store may call the notifier synchronously
 	// (the notify path takes no lock of ours).
-	err := svc.opts.Store.RegisterDispatcher(d.id, d.span.span(), startTs, d.onNotify)
+	err := svc.opts.Store.RegisterDispatcher(d.id, d.span.Span(), startTs, d.onNotify)
 	if err == nil {
 		svc.takeHandleLocked(d)
 		return nil
@@ -312,7 +312,7 @@ func (svc *Service) resetLocked(d *dispatcher, req messaging.ResetRequest) (*ses
 // asked for; on failure the registrar retries after the next back-off.
 // REQUIRES: d.mu held, d.mu.needRegister.
 func (svc *Service) registerAgainLocked(d *dispatcher) {
-	if err := svc.opts.Store.RegisterDispatcher(d.id, d.span.span(), d.mu.registerTs, d.onNotify); err != nil {
+	if err := svc.opts.Store.RegisterDispatcher(d.id, d.span.Span(), d.mu.registerTs, d.onNotify); err != nil {
 		svc.log.Warn("re-register in the store failed; retrying", zap.Stringer("dispatcher", d.id),
 			zap.Int32("attempt", d.mu.attempt), zap.Error(err))
 		svc.registrar.arm(d, svc.backoffDelay(int(d.mu.attempt)))

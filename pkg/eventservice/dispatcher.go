@@ -41,7 +41,7 @@ type dispatcher struct {
 
 	id     common.DispatcherID
 	reg    messaging.RegistrationID
-	span   dispatcherSpan
+	span   common.PackedSpan
 	target *target
 	// registeredAt is the start-ts of the Register request, to recognise
 	// a repeated request.

@@ -50,7 +50,7 @@ func taskRowsForTest(sc *scanner) []common.Row {
 // unchanged.
 func TestSmallTaskPinsNoSharedRowMemory(t *testing.T) {
 	h := newHarness(t, nil, hooks{})
-	d := &dispatcher{id: common.DispatcherIDFromUint64(7), span: dispatcherSpanOf(common.TableSpan(7)), svc: h.svc, target: h.targetFor(t)}
+	d := &dispatcher{id: common.DispatcherIDFromUint64(7), span: common.Pack(common.TableSpan(7)), svc: h.svc, target: h.targetFor(t)}
 	s := newSession(d, 1, 10)
 	sc := newScanner(h.svc)
 

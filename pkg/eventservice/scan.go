@@ -86,7 +86,7 @@ func (sc *scanner) read(s *session) scanRead {
 		return scanRead{nothing: true, received: received, schemaTs: schemaTs}
 	}
 	var err error
-	sc.ddls, err = svc.opts.Schema.FetchDDLs(d.span.table, p.resolved, end, sc.ddls[:0])
+	sc.ddls, err = svc.opts.Schema.FetchDDLs(d.span.Table(), p.resolved, end, sc.ddls[:0])
 	if err != nil {
 		svc.log.Warn("fetch DDLs failed; retrying later", zap.Stringer("dispatcher", d.id), zap.Error(err))
 		return scanRead{failed: true}

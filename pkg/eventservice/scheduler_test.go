@@ -352,7 +352,7 @@ func TestDecideFastPathIsStrict(t *testing.T) {
 	h := newHarness(t, nil, hooks{})
 	h.advanceSchema(1 << 40)
 	svc := h.svc
-	d := &dispatcher{id: common.DispatcherIDFromUint64(7), span: dispatcherSpanOf(common.TableSpan(7)), svc: svc}
+	d := &dispatcher{id: common.DispatcherIDFromUint64(7), span: common.Pack(common.TableSpan(7)), svc: svc}
 	d.target = h.targetFor(t)
 	s := newSession(d, 1, 20)
 	s.own.progress.seq = 1 // handshake done

@@ -155,7 +155,7 @@ func (svc *Service) forget(d *dispatcher) {
 	if svc.mu.dispatchers[d.id] == d {
 		delete(svc.mu.dispatchers, d.id)
 		svc.mu.slots.Free(d.slot, d)
-		svc.mu.spanKeyBytes -= spanKeyBytes(d.span.span())
+		svc.mu.spanKeyBytes -= spanKeyBytes(d.span.Span())
 		t := d.target
 		t.dispatchers--
 		if t.dispatchers == 0 && !svc.mu.closed && svc.mu.targets[t.name] == t {

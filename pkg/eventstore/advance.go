@@ -42,7 +42,7 @@ func PushResolved(ctx context.Context, sinks []Sink, ts common.Ts, errs []error)
 			errs[i] = err
 			continue
 		}
-		key := advanceGroupKey{s: sk.s, worker: sk.sub.worker}
+		key := advanceGroupKey{s: sk.store, worker: sk.worker}
 		g := groups[key]
 		if g == nil {
 			if groups == nil {
@@ -51,10 +51,10 @@ func PushResolved(ctx context.Context, sinks []Sink, ts common.Ts, errs []error)
 			g = &advanceGroup{}
 			groups[key] = g
 		}
-		g.subs = append(g.subs, sk.sub)
+		g.subs = append(g.subs, (*subscription)(sk))
 		g.prev = append(g.prev, prev)
 		g.idx = append(g.idx, i)
-		if len(g.subs) == min(advanceChunk, sk.s.opts.WriteQueueSize) {
+		if len(g.subs) == min(advanceChunk, sk.store.opts.WriteQueueSize) {
 			g.flush(ctx, key, ts, errs)
 		}
 	}
@@ -104,8 +104,9 @@ type advanceGroup struct {
 // ts: nothing to do). Rows at or below ts are refused from now on, as
 // after a Push of ts; unreserveAdvance undoes it if the advance never
 // reaches the queue.
-func (k sink) reserveAdvance(ts common.Ts) (prev common.Ts, err error) {
-	s, sub := k.s, k.sub
+func (k *sink) reserveAdvance(ts common.Ts) (prev common.Ts, err error) {
+	sub := (*subscription)(k)
+	s := sub.store
 	sub.pushMu.Lock()
 	defer sub.pushMu.Unlock()
 	switch {

@@ -37,7 +37,7 @@ func TestPushResolvedAdvancesManySubscriptionsInOneCall(t *testing.T) {
 		require.NoError(t, env.store.RegisterDispatcher(did(uint64(i+1)), common.TableSpan(int64(i+1)), 0, recs[i].notify))
 		k := env.up.last(t, common.TableSpan(int64(i+1))).sink
 		sinks = append(sinks, k)
-		workers[k.(*sink).sub.worker] = true
+		workers[k.(*sink).worker] = true
 	}
 	require.Len(t, workers, 2, "the subscriptions span both write workers")
 	foreign := &countingSinkForTest{}

@@ -162,7 +162,7 @@ func BenchmarkStoreScan(b *testing.B) {
 func BenchmarkRawPebbleScan(b *testing.B) {
 	e := newBenchEnv(b)
 	e.fill(b, benchScanRows)
-	sub := e.sub.sink.(*sink).sub.id
+	sub := e.sub.sink.(*sink).id
 	b.ReportAllocs()
 	b.ResetTimer()
 	var bytes int64

@@ -24,7 +24,7 @@ func spanKeyOf(span common.Span) spanKey {
 // unlinkSpanLocked removes sub from its span's chain in subsBySpan.
 // REQUIRES: s.mu held.
 func (s *Store) unlinkSpanLocked(sub *subscription) {
-	key := spanKeyOf(sub.span)
+	key := spanKeyOf(sub.span.Span())
 	head := s.mu.subsBySpan[key]
 	if head == sub {
 		if sub.nextSameSpan == nil {

@@ -46,7 +46,7 @@ func TestSubscriptionsOfOneSpanAreUnlinkedInAnyOrder(t *testing.T) {
 		s.mu.subsBySpan = make(map[spanKey]*subscription)
 		subs := make([]*subscription, 3)
 		for i := range subs {
-			subs[i] = &subscription{id: uint64(i + 1), span: span}
+			subs[i] = &subscription{id: uint64(i + 1), span: common.Pack(span)}
 			subs[i].nextSameSpan = s.mu.subsBySpan[key]
 			s.mu.subsBySpan[key] = subs[i]
 		}

@@ -396,7 +396,7 @@ func (s *Store) subscribeReserved(r registration, span common.Span, key spanKey)
 	s.mu.nextSubID++
 	id := s.mu.nextSubID
 	s.mu.Unlock()
-	pair := &subscriptionWithFirst{sub: subscription{id: id, span: span, startTs: startTs, pushedResolved: startTs}}
+	pair := &subscriptionWithFirst{sub: subscription{id: id, span: common.Pack(span), startTs: startTs, pushedResolved: startTs}}
 	sub, sb := &pair.sub, &pair.first
 	r.init(sb)
 	sub.worker = int(common.DispatcherIDFromUint64(sub.id).Hash() % uint64(len(s.queues)))
@@ -406,8 +406,8 @@ func (s *Store) subscribeReserved(r registration, span common.Span, key spanKey)
 	// there is nothing to collect there: a new subscription has no
 	// pending GC range (no heap entry, no tombstone).
 	sub.mu.gcTarget, sub.mu.gcDone = startTs, startTs
-	sub.sink = sink{s: s, sub: sub}
-	up, err := s.opts.Upstream.Subscribe(span, startTs, &sub.sink)
+	sub.store = s
+	up, err := s.opts.Upstream.Subscribe(span, startTs, (*sink)(sub))
 	if err != nil {
 		return nil, fmt.Errorf("eventstore: subscribe %v at upstream: %w", span, err)
 	}

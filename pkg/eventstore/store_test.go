@@ -571,7 +571,7 @@ func TestMetricsRegisterAndLint(t *testing.T) {
 // dispatcher-level checks.
 func countRaw(t *testing.T, s *Store, sub *fakeSubForTest) int {
 	t.Helper()
-	id := sub.sink.(*sink).sub.id
+	id := sub.sink.(*sink).id
 	it, err := s.db.NewIter(nil)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, it.Close()) }()
@@ -843,7 +843,7 @@ func TestAWriteBatchObservesItsLargestLagOnce(t *testing.T) {
 	subs := map[int64]*subscription{}
 	env.store.mu.RLock()
 	for _, sub := range env.store.mu.subsBySpan {
-		subs[sub.span.TableID] = sub
+		subs[sub.span.Table()] = sub
 	}
 	env.store.mu.RUnlock()
 	require.Len(t, subs, 2)
@@ -936,7 +936,7 @@ func TestGCTargetFollowsTheMinimumCheckpointWhateverTheOrder(t *testing.T) {
 			}
 		}
 		sub.mu.Lock()
-		got := sub.mu.atTarget
+		got := int(sub.mu.atTarget)
 		sub.mu.Unlock()
 		require.Equal(t, at, got, "step %d: subscribers at or below the target", step)
 	}

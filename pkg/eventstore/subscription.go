@@ -127,16 +127,15 @@ func (sb *subscriber) stop(waiting func()) {
 // subscription.mu, which Push reads under pushMu (pushMu before mu).
 type subscription struct {
 	id      uint64
-	span    common.Span
+	span    common.PackedSpan
 	startTs common.Ts
 	worker  int
 
 	// upstream is set once at creation, before the subscription is
 	// published, and closed when the subscription is removed.
 	upstream Subscription
-	// sink is what the upstream pushes to, handed over as &sink: part of
-	// the subscription, not an object of its own.
-	sink sink
+	// store is the subscription's store, for its sink.
+	store *Store
 	// nextSameSpan chains the subscriptions of one span in
 	// Store.mu.subsBySpan (guarded by Store.mu).
 	nextSameSpan *subscription
@@ -175,7 +174,6 @@ type subscription struct {
 		// subscription at most, memory only.)
 		subscribers []*subscriber
 		one         [1]*subscriber
-		oneUsed     bool
 		// lowWatermark: rows at or below it may be gone (the subscription's
 		// start-ts, then the minimum checkpoint). A dispatcher may share the
 		// subscription only if its start-ts is at or above it.
@@ -183,12 +181,6 @@ type subscription struct {
 		// gcTarget is the minimum checkpoint of the subscribers; rows below
 		// it may be deleted. gcDone is how far deletion went.
 		gcTarget, gcDone common.Ts
-		// atTarget counts the subscribers whose checkpoint is at or below
-		// gcTarget (at least one while there are any, since the target is
-		// never above the minimum when it is computed): while another is
-		// still there, an advance past the target cannot move it, and
-		// updateCheckpoint reads no other subscriber.
-		atTarget int
 		// fresh is the newest committed rows, served to scans without
 		// pebble (fresh.go); nil until the first row is committed.
 		fresh *freshRows
@@ -202,8 +194,15 @@ type subscription struct {
 		notifiedAt stamp
 		// idleSince is when the last subscriber left; zero while it has any.
 		idleSince stamp
-		// The flags share a word (a subscription fits a smaller size class).
-		gcRipe, notifyHeld, removed bool
+		// atTarget counts the subscribers whose checkpoint is at or below
+		// gcTarget (at least one while there are any, since the target is
+		// never above the minimum when it is computed): while another is
+		// still there, an advance past the target cannot move it, and
+		// updateCheckpoint reads no other subscriber.
+		atTarget int32
+		// The flags share a word with atTarget (a subscription and its
+		// first subscriber fit the 320-byte size class).
+		gcRipe, notifyHeld, removed, oneUsed bool
 	}
 }
 
@@ -278,16 +277,16 @@ func (sub *subscription) recomputeGCLocked() {
 	sub.mu.lowWatermark = max(sub.mu.lowWatermark, sub.mu.gcTarget)
 }
 
-// sink is the Sink the store hands to the upstream for one subscription.
-type sink struct {
-	s   *Store
-	sub *subscription
-}
+// sink is the Sink the store hands to the upstream for one subscription:
+// the subscription itself under another name ((*sink)(sub)), so that it
+// costs neither an object nor a field of its own.
+type sink subscription
 
 // Push validates b and queues it to the subscription's write worker. See
 // Sink.Push for the contract.
-func (k sink) Push(ctx context.Context, b Batch) error {
-	s, sub := k.s, k.sub
+func (k *sink) Push(ctx context.Context, b Batch) error {
+	sub := (*subscription)(k)
+	s := sub.store
 	sub.pushMu.Lock()
 	defer sub.pushMu.Unlock()
 	if s.isClosing() {
