@@ -19,11 +19,13 @@ const scheduleHorizon = 1 << 20
 
 // genSub is one subscription to a Generator.
 type genSub struct {
-	g       *Generator
-	id      uint64
-	span    common.Span
+	g  *Generator
+	id uint64
+	// span is packed (a whole table carries no keys: at a million
+	// subscriptions the 40 bytes of a common.Span decide a size class).
+	span    common.PackedSpan
 	startTs common.Ts
-	// filter is &span for a partial-table span, nil for a whole table.
+	// filter is the span for a partial-table span, nil for a whole table.
 	filter *common.Span
 	// lo is max(startTs, workload StartTs): rows at or below it are never
 	// pushed.
@@ -343,7 +345,7 @@ func (g *Generator) nextDue(s *genSub, last int64) int64 {
 		boundary := ((prev+s.stagger)/iv+1)*iv - s.stagger // first ms of the next interval
 		due = max(due, (boundary+1+w.tickMs-1)/w.tickMs-1)
 		limit := min(due-1, last+scheduleHorizon)
-		if k, _, ok := w.nextTick(s.span.TableID, max(s.cur.tick, last+1), limit); ok {
+		if k, _, ok := w.nextTick(s.span.Table(), max(s.cur.tick, last+1), limit); ok {
 			due = k
 		}
 	}
@@ -373,9 +375,9 @@ func (s *genSub) tickRows(tg *tickGen, k int64) []common.Row {
 	// Reusing the cache's backing array is safe: batches hold copies of
 	// the Row structs, and every tick gets fresh key and value bytes.
 	s.cache = s.cache[:0]
-	if k, n, ok := s.g.w.nextTick(s.span.TableID, k, k); ok {
+	if k, n, ok := s.g.w.nextTick(s.span.Table(), k, k); ok {
 		s.g.ticksGeneratedForTesting.Add(1)
-		s.cache = tg.appendTick(s.cache, s.span.TableID, k, n, s.lo, s.g.w.endTs, s.filter)
+		s.cache = tg.appendTick(s.cache, s.span.Table(), k, n, s.lo, s.g.w.endTs, s.filter)
 	}
 	s.cacheTick, s.cacheOK = k, true
 	s.g.rowsGenerated.Add(uint64(len(s.cache)))
@@ -416,7 +418,7 @@ func (g *Generator) feed(s *genSub, f common.Ts, tg *tickGen) feedResult {
 		}
 		tr := s.tickRows(tg, cur.tick)
 		if cur.idx >= len(tr) {
-			k, _, ok := g.w.nextTick(s.span.TableID, cur.tick+1, lastTick)
+			k, _, ok := g.w.nextTick(s.span.Table(), cur.tick+1, lastTick)
 			if !ok {
 				k = lastTick + 1
 			}

@@ -214,13 +214,14 @@ func (g *Generator) Subscribe(span common.Span, startTs common.Ts, sink eventsto
 	}
 	s := &genSub{
 		g:       g,
-		span:    cloneSpan(span),
+		span:    common.Pack(cloneSpan(span)),
 		startTs: startTs,
 		lo:      max(startTs, g.w.startTs),
 	}
 	s.guard.sink = sink
 	if !isWholeTable(span) {
-		s.filter = &s.span
+		f := s.span.Span()
+		s.filter = &f
 	}
 	s.cur.tick = g.w.tickOf(s.lo)
 	s.resolved.Store(uint64(startTs))
@@ -355,7 +356,7 @@ func (g *Generator) Stats() Stats {
 		lag := time.Duration(frontier.PhysicalMs()-effective.PhysicalMs()) * time.Millisecond
 		st.Subscriptions = append(st.Subscriptions, SubscriptionStats{
 			ID:         s.id,
-			Span:       cloneSpan(s.span),
+			Span:       cloneSpan(s.span.Span()),
 			StartTs:    s.startTs,
 			ResolvedTs: resolved,
 			Lag:        max(lag, 0),
