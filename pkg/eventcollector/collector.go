@@ -125,16 +125,16 @@ type dispatcher struct {
 	// resetting: a Service.Reset call for it is in flight; another caller
 	// leaves the reset to it.
 	resetting bool
+	// inSink: a sink call for it is in progress or about to start (set
+	// with the verdict that asks for it, under mu, so a RemoveDispatcher
+	// either sees it or prevents it).
+	inSink bool
 	// lastHeartbeat is the highest checkpoint the service accepted.
 	lastHeartbeat common.Ts
 	// slot is the dispatcher's index in Collector.mu.slots; serviceSlot
 	// the service's, from the last handshake accepted, echoed in
 	// heartbeats.
 	slot, serviceSlot uint32
-	// inSink: a sink call for it is in progress or about to start (set
-	// with the verdict that asks for it, under mu, so a RemoveDispatcher
-	// either sees it or prevents it).
-	inSink bool
 	// batchMark is the mark of the last resolved-ts batch that named it
 	// (see Collector.distinct); the receive goroutine's alone.
 	batchMark uint64

@@ -118,9 +118,8 @@ type verdict struct {
 // INVARIANT: needReset => !handshaked: the service has not yet confirmed
 // the current epoch, so no message of it has been accepted.
 type stream struct {
-	epoch      uint64
-	startTs    common.Ts
-	handshaked bool
+	epoch   uint64
+	startTs common.Ts
 	// seq is the seq of the last handshake, DML or DDL accepted in the
 	// epoch: the next DML or DDL must carry seq+1, a resolved-ts seq.
 	seq uint64
@@ -129,15 +128,18 @@ type stream struct {
 	resolved common.Ts
 	// checkpoint is the highest ts the sink confirmed with Checkpoint.
 	checkpoint common.Ts
-	// partial: the last DML batch ended inside a transaction.
-	partial bool
 	// lastCommit and lastDDL are the commit-ts of the last row and the last
 	// DDL accepted in the epoch, to check order.
 	lastCommit, lastDDL common.Ts
-	// needReset: the epoch was bumped locally and the service has not yet
-	// acknowledged it (Reset did not succeed, and no handshake of it came).
-	needReset bool
-	resets    uint64
+	resets              uint64
+
+	// The flags share a word (a collector's dispatcher then fits the
+	// 128-byte size class, not 160). handshaked: the epoch's handshake
+	// was accepted. partial: the last DML batch ended inside a
+	// transaction. needReset: the epoch was bumped locally and the service
+	// has not yet acknowledged it (Reset did not succeed, and no
+	// handshake of it came).
+	handshaked, partial, needReset bool
 }
 
 func newStream(startTs common.Ts) stream {
