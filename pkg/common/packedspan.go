@@ -13,7 +13,7 @@ type spanKeys struct{ start, end []byte }
 
 // Pack returns s packed; the keys are shared, not copied.
 func Pack(s Span) PackedSpan {
-	if len(s.StartKey) == 0 && len(s.EndKey) == 0 {
+	if s.IsWholeTable() {
 		return PackedSpan{table: s.TableID}
 	}
 	return PackedSpan{table: s.TableID, keys: &spanKeys{start: s.StartKey, end: s.EndKey}}

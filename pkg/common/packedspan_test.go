@@ -29,3 +29,12 @@ func TestPackedSpanKeepsTheSpan(t *testing.T) {
 	}
 	require.Equal(t, uintptr(16), unsafe.Sizeof(PackedSpan{}))
 }
+
+// TestIsWholeTable: no keys, nil or empty, is the whole table; any key
+// narrows it.
+func TestIsWholeTable(t *testing.T) {
+	require.True(t, TableSpan(3).IsWholeTable())
+	require.True(t, Span{TableID: 3, StartKey: []byte{}, EndKey: []byte{}}.IsWholeTable())
+	require.False(t, Span{TableID: 3, StartKey: []byte("a")}.IsWholeTable())
+	require.False(t, Span{TableID: 3, EndKey: []byte("a")}.IsWholeTable())
+}

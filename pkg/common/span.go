@@ -21,6 +21,10 @@ type Span struct {
 // TableSpan returns the span covering all of table id.
 func TableSpan(id int64) Span { return Span{TableID: id} }
 
+// IsWholeTable reports whether s covers its whole table (no keys; nil and
+// empty alike).
+func (s Span) IsWholeTable() bool { return len(s.StartKey) == 0 && len(s.EndKey) == 0 }
+
 // MaxSpanKeyBytes bounds a span's start and end keys: spans arrive in
 // control requests from other processes and are kept per dispatcher, so
 // their size is bounded like every other input (a real table's keys are a

@@ -15,7 +15,7 @@ type spanKey struct {
 // spanKeyOf returns span's key. Spans equal under common.Span.Equal
 // (nil and empty keys alike) have equal keys.
 func spanKeyOf(span common.Span) spanKey {
-	if len(span.StartKey) == 0 && len(span.EndKey) == 0 {
+	if span.IsWholeTable() {
 		return spanKey{table: span.TableID}
 	}
 	return spanKey{table: span.TableID, keys: span.Key()} // never "": Key starts with the table

@@ -300,11 +300,12 @@ type subscriptionWithFirst struct {
 
 // addSubscriber attaches the subscriber of r to a subscription of span (an
 // existing one that still holds its rows, or a new one subscribed at the
-// upstream) and maps it, returning it and the subscription's progress. Store.mu is never held across
-// Upstream.Subscribe (the embedder's code, which may be slow or panic):
-// the span is marked as being subscribed, other registrations of it wait
-// for that mark (outside the lock) and then look again, and the new
-// subscription is published under the lock afterwards.
+// upstream) and maps it, returning it and the subscription's progress.
+// Store.mu is never held across Upstream.Subscribe (the embedder's code,
+// which may be slow or panic): the span is marked as being subscribed,
+// other registrations of it wait for that mark (outside the lock) and then
+// look again, and the new subscription is published under the lock
+// afterwards.
 func (s *Store) addSubscriber(r registration, span common.Span) (sb *subscriber, resolved, maxCommit common.Ts, err error) {
 	key := spanKeyOf(span) // once: a registration used to build it three times
 	for {

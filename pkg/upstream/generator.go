@@ -179,7 +179,7 @@ func (g *Generator) Rows(tableID int64, start, end common.Ts) []common.Row {
 
 // SpanRows is Rows limited to the keys inside span.
 func (g *Generator) SpanRows(span common.Span, start, end common.Ts) []common.Row {
-	if isWholeTable(span) {
+	if span.IsWholeTable() {
 		return g.w.rows(span.TableID, start, end, nil)
 	}
 	return g.w.rows(span.TableID, start, end, &span)
@@ -219,7 +219,7 @@ func (g *Generator) Subscribe(span common.Span, startTs common.Ts, sink eventsto
 		lo:      max(startTs, g.w.startTs),
 	}
 	s.guard.sink = sink
-	if !isWholeTable(span) {
+	if !span.IsWholeTable() {
 		f := s.span.Span()
 		s.filter = &f
 	}
@@ -368,5 +368,3 @@ func (g *Generator) Stats() Stats {
 	}
 	return st
 }
-
-func isWholeTable(s common.Span) bool { return len(s.StartKey) == 0 && len(s.EndKey) == 0 }
