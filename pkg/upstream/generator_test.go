@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -433,6 +434,56 @@ func TestGeneratorResolvedInterval(t *testing.T) {
 	clock.Advance(time.Second)
 	sink.waitResolved(t, o.EndTs)
 	requireFeed(t, sink, g.Rows(1, 0, o.EndTs), o.EndTs, 7)
+}
+
+// TestGeneratorResolvedGroupTablesShareAPhase: with ResolvedGroupTables,
+// the tables of one group (IDs 4 to 7 in groups of 4) get the same
+// resolved-ts advances at the same pushes, where by default each table
+// has a phase of its own and the same four tables' advances differ.
+func TestGeneratorResolvedGroupTablesShareAPhase(t *testing.T) {
+	advances := func(t *testing.T, group int) [][]common.Ts {
+		clock := clock.NewFake(t0.Add(100 * time.Millisecond))
+		o := feedOptions(clock)
+		o.ResolvedInterval = 100 * time.Millisecond
+		o.ResolvedGroupTables = group
+		o.Tables = 8
+		o.EndTs = tsAt(1000, 0)
+		g := newTestGenerator(t, o)
+		w := watchPasses(g)
+		var sinks []*recordingSinkForTest
+		for table := int64(4); table <= 7; table++ {
+			sink := newRecordingSinkForTest()
+			_, err := g.Subscribe(common.TableSpan(table), 0, sink)
+			require.NoError(t, err)
+			sinks = append(sinks, sink)
+		}
+		require.NoError(t, g.Start())
+		for range 60 { // 600 ms, tick by tick, before EndTs (where every table advances)
+			n := w.passes()
+			clock.Advance(testTick)
+			w.waitIdle(t, n, frontierAt(clock.Now(), testTick))
+		}
+		out := make([][]common.Ts, len(sinks))
+		for i, sink := range sinks {
+			for _, b := range sink.batches() {
+				if b.ResolvedTs != 0 {
+					out[i] = append(out[i], b.ResolvedTs)
+				}
+			}
+			require.GreaterOrEqual(t, len(out[i]), 5, "table %d: one advance per 100 ms", i+4)
+		}
+		return out
+	}
+	grouped := advances(t, 4)
+	for i := 1; i < len(grouped); i++ {
+		require.Equal(t, grouped[0], grouped[i], "tables 4 and %d are in one group", i+4)
+	}
+	own := advances(t, 0)
+	differ := false
+	for i := 1; i < len(own); i++ {
+		differ = differ || !slices.Equal(own[0], own[i])
+	}
+	require.True(t, differ, "by default each table has its own phase: %v", own)
 }
 
 // TestAGeneratorSubscriptionFitsItsSizeClass: a generator subscription

@@ -23,6 +23,9 @@ const (
 	DefaultKeysPerTable    = 100_000
 	DefaultTick            = 10 * time.Millisecond
 	DefaultPushRowsMax     = 1024
+	// DefaultResolvedGroupTables: each table crosses its resolved-ts
+	// interval boundaries in a phase of its own.
+	DefaultResolvedGroupTables = 1
 
 	// maxRowBytes bounds RowBytes so a typo cannot make every row allocate
 	// gigabytes.
@@ -81,10 +84,19 @@ type GeneratorOptions struct {
 	// advances, as a real upstream's does (TiKV advances it about once a
 	// second; TiCDC's event store asks for AdvanceIntervalInMs). Rows are
 	// still pushed every tick; a push carries a resolved-ts only when the
-	// subscription's interval boundary (staggered by table, so the
-	// advances spread over the interval) has passed, and always at EndTs.
+	// subscription's interval boundary (staggered by table, or by group of
+	// tables with ResolvedGroupTables, so the advances spread over the
+	// interval) has passed, and always at EndTs.
 	// Default 0: every tick.
 	ResolvedInterval time.Duration
+	// ResolvedGroupTables is how many tables share one phase of
+	// ResolvedInterval: the tables whose IDs divided by it are equal cross
+	// their interval boundaries together, as the tables of one TiKV
+	// region do (a region is a contiguous key range, and small tables with
+	// adjacent IDs share one; a PostgreSQL source advances every table at
+	// once). The groups' phases spread over the interval. Default 1: each
+	// table has a phase of its own.
+	ResolvedGroupTables int
 	// OnFrontier, if set, is called by the feeding goroutine with the new
 	// frontier each time it moves, before any subscription is fed up to
 	// it. It keeps what must run ahead of the feed in step with it, as a
@@ -132,6 +144,9 @@ func (o GeneratorOptions) WithDefaults() GeneratorOptions {
 	if o.PushRowsMax == 0 {
 		o.PushRowsMax = DefaultPushRowsMax
 	}
+	if o.ResolvedGroupTables == 0 {
+		o.ResolvedGroupTables = DefaultResolvedGroupTables
+	}
 	if o.Clock == nil {
 		o.Clock = clock.Real{}
 	}
@@ -152,6 +167,9 @@ func (o GeneratorOptions) Validate() error {
 	}
 	if o.ResolvedInterval < 0 {
 		bad("ResolvedInterval %v is negative", o.ResolvedInterval)
+	}
+	if o.ResolvedGroupTables < 0 {
+		bad("ResolvedGroupTables %d is negative", o.ResolvedGroupTables)
 	}
 	if o.Clock != nil && optcheck.IsNil(o.Clock) {
 		bad("Clock is a nil %T (leave it unset for the default)", o.Clock)

@@ -25,6 +25,7 @@ func TestOptionsDefaults(t *testing.T) {
 	require.Equal(t, DefaultKeysPerTable, d.KeysPerTable)
 	require.Equal(t, DefaultTick, d.Tick)
 	require.Equal(t, DefaultPushRowsMax, d.PushRowsMax)
+	require.Equal(t, DefaultResolvedGroupTables, d.ResolvedGroupTables)
 	require.Zero(t, d.HotFraction)
 	require.NotNil(t, d.Clock)
 	require.NotNil(t, d.Logger)
@@ -33,29 +34,30 @@ func TestOptionsDefaults(t *testing.T) {
 
 func TestOptionsValidateReportsEveryField(t *testing.T) {
 	bad := GeneratorOptions{
-		Tables:          -1,
-		RowsPerSec:      -2,
-		TxnRows:         -3,
-		RowBytes:        maxRowBytes + 1,
-		HotFraction:     1.5,
-		HotTables:       -1,
-		TxnsPerCommitTs: -1,
-		KeysPerTable:    -1,
-		Tick:            1500 * time.Microsecond,
-		PushRowsMax:     -1,
-		StartTs:         100,
-		EndTs:           50,
-		Logger:          zap.NewNop(),
+		Tables:              -1,
+		RowsPerSec:          -2,
+		TxnRows:             -3,
+		RowBytes:            maxRowBytes + 1,
+		HotFraction:         1.5,
+		HotTables:           -1,
+		TxnsPerCommitTs:     -1,
+		KeysPerTable:        -1,
+		Tick:                1500 * time.Microsecond,
+		PushRowsMax:         -1,
+		StartTs:             100,
+		ResolvedGroupTables: -1,
+		EndTs:               50,
+		Logger:              zap.NewNop(),
 	}
 	err := bad.Validate()
 	require.ErrorIs(t, err, ErrInvalidOptions)
 	for _, field := range []string{"Tables", "RowsPerSec", "TxnRows", "RowBytes", "HotFraction", "HotTables",
-		"TxnsPerCommitTs", "KeysPerTable", "Tick", "PushRowsMax", "EndTs"} {
+		"TxnsPerCommitTs", "KeysPerTable", "Tick", "PushRowsMax", "EndTs", "ResolvedGroupTables"} {
 		require.Contains(t, err.Error(), field)
 	}
 	joined, ok := err.(interface{ Unwrap() []error })
 	require.True(t, ok)
-	require.Len(t, joined.Unwrap(), 11)
+	require.Len(t, joined.Unwrap(), 12)
 	for _, e := range joined.Unwrap() {
 		require.ErrorIs(t, e, ErrInvalidOptions)
 	}

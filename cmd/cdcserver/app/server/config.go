@@ -28,7 +28,11 @@ type Config struct {
 	// ResolvedInterval is how often each table's resolved-ts advances at
 	// the upstream (the generator's tick, 10ms, means every tick).
 	ResolvedInterval time.Duration
-	Duration         time.Duration
+	// ResolvedGroupTables is how many tables of consecutive IDs share one
+	// phase of ResolvedInterval (as the tables of one TiKV region do); 1:
+	// each table has its own.
+	ResolvedGroupTables int
+	Duration            time.Duration
 	// DrainTimeout bounds the wait for delivery to catch up after the
 	// upstream stopped (end of Duration or Ctrl-C).
 	DrainTimeout   time.Duration
@@ -114,27 +118,28 @@ type Config struct {
 // about 20 seconds on 2 cores with real work (1000 tables).
 func DefaultConfig() Config {
 	return Config{
-		Tables:           1000,
-		Changefeeds:      1,
-		Rate:             40000,
-		TxnRows:          4,
-		RowBytes:         100,
-		HotFraction:      0.5,
-		DDLInterval:      500 * time.Millisecond,
-		ResolvedInterval: 10 * time.Millisecond,
-		Duration:         18 * time.Second,
-		DrainTimeout:     30 * time.Second,
-		Seed:             1,
-		PrepareWorkers:   2,
-		ScanWorkers:      2,
-		ScanQueue:        8,
-		ScanLimitBytes:   1 << 20,
-		InboxCapacity:    8192,
-		MetricsAddr:      "127.0.0.1:0",
-		LogLevel:         "warn",
-		ProgressInterval: time.Second,
-		Role:             RoleAll,
-		Listen:           "127.0.0.1:0",
+		Tables:              1000,
+		Changefeeds:         1,
+		Rate:                40000,
+		TxnRows:             4,
+		RowBytes:            100,
+		HotFraction:         0.5,
+		DDLInterval:         500 * time.Millisecond,
+		ResolvedInterval:    10 * time.Millisecond,
+		ResolvedGroupTables: 1,
+		Duration:            18 * time.Second,
+		DrainTimeout:        30 * time.Second,
+		Seed:                1,
+		PrepareWorkers:      2,
+		ScanWorkers:         2,
+		ScanQueue:           8,
+		ScanLimitBytes:      1 << 20,
+		InboxCapacity:       8192,
+		MetricsAddr:         "127.0.0.1:0",
+		LogLevel:            "warn",
+		ProgressInterval:    time.Second,
+		Role:                RoleAll,
+		Listen:              "127.0.0.1:0",
 
 		MaxTargets:              1024,
 		MaxDispatchersPerTarget: eventservice.DefaultMaxDispatchersPerTarget,
@@ -159,6 +164,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.HotFraction, "hot-fraction", c.HotFraction, "fraction of rows that go to the hot 1% of tables (0 = uniform)")
 	fs.DurationVar(&c.DDLInterval, "ddl-interval", c.DDLInterval, "interval between schema DDLs (0 = none)")
 	fs.DurationVar(&c.ResolvedInterval, "resolved-interval", c.ResolvedInterval, "how often each table's resolved-ts advances at the upstream, as a real upstream's does (10ms, the generator's tick, means every tick)")
+	fs.IntVar(&c.ResolvedGroupTables, "resolved-group-tables", c.ResolvedGroupTables, "how many tables of consecutive IDs cross their --resolved-interval boundaries together, as the tables of one TiKV region do (1: each table in a phase of its own)")
 	fs.DurationVar(&c.Duration, "duration", c.Duration, "how long the upstream produces rows, from when every dispatcher is registered")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "how long to wait for delivery to catch up after the upstream stops")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "workload seed (same seed, same rows)")
@@ -228,6 +234,7 @@ func (c Config) Validate() error {
 	p.Require(c.DDLInterval >= 0, "--ddl-interval=%v must not be negative", c.DDLInterval)
 	p.Require(c.MoveInterval >= 0, "--move-interval=%v must not be negative", c.MoveInterval)
 	p.Require(c.ResolvedInterval >= 0, "--resolved-interval=%v must not be negative", c.ResolvedInterval)
+	p.Require(c.ResolvedGroupTables >= 1, "--resolved-group-tables=%d must be at least 1", c.ResolvedGroupTables)
 	p.Require(c.ProgressInterval >= 0, "--progress-interval=%v must not be negative", c.ProgressInterval)
 	p.Require(!c.DurableSink || c.DataDir != "", "--durable-sink needs --data-dir")
 	p.Require(!c.DurableSink || c.Changefeeds == 1 || c.Role != RoleAll, "--durable-sink supports one changefeed in one process (it stores rows per table)")

@@ -185,7 +185,7 @@ func (s *server) buildParts(resumed bool) error {
 	var err error
 	s.gen, err = upstream.NewGenerator(upstream.GeneratorOptions{Tables: cfg.Tables, RowsPerSec: cfg.Rate, TxnRows: cfg.TxnRows,
 		RowBytes: cfg.RowBytes, HotFraction: cfg.HotFraction, Seed: s.meta.Seed, StartTs: s.meta.StartTs, EndTs: s.meta.EndTs,
-		ResolvedInterval: cfg.ResolvedInterval,
+		ResolvedInterval: cfg.ResolvedInterval, ResolvedGroupTables: cfg.ResolvedGroupTables,
 		// The schema store moves with the feed, before any table's
 		// resolved-ts passes it (s.schema and s.sched are set before
 		// the generator starts).
