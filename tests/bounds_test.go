@@ -160,27 +160,47 @@ func histogram(g prometheus.Gatherer, name string) (uint64, float64) {
 	return n, sum
 }
 
-// schedLatencies returns the runtime's histogram of how long goroutines
-// waited, runnable, for a CPU (sampled by the runtime).
-func schedLatencies() *metrics.Float64Histogram {
-	s := []metrics.Sample{{Name: "/sched/latencies:seconds"}}
-	metrics.Read(s)
-	return s[0].Value.Float64Histogram()
+// The runtime's histograms of the two ways a running
+// callback is held up by the runtime rather than by what it does: waiting,
+// runnable, for a CPU (/sched/latencies) and a stop-the-world pause of the
+// GC, including the time taken to stop every thread
+// (/sched/pauses/total/gc). Both are sampled by the runtime itself.
+const (
+	schedLatencyMetric = "/sched/latencies:seconds"
+	gcPauseMetric      = "/sched/pauses/total/gc:seconds"
+)
+
+// stallSnapshot is the state of both stall histograms at one moment.
+type stallSnapshot [2]*metrics.Float64Histogram
+
+// readStalls returns the current stall histograms.
+func readStalls() stallSnapshot {
+	samples := [2]metrics.Sample{{Name: schedLatencyMetric}, {Name: gcPauseMetric}}
+	metrics.Read(samples[:])
+	var snap stallSnapshot
+	for i := range samples {
+		snap[i] = samples[i].Value.Float64Histogram()
+	}
+	return snap
 }
 
-// maxSchedLatencySince returns the upper bound of the highest bucket that
-// gained samples since before: the longest a goroutine waited for a CPU
-// meanwhile.
-func maxSchedLatencySince(before *metrics.Float64Histogram) time.Duration {
-	after := schedLatencies()
+// worstStallSince returns, over both stall histograms, the upper bound of the
+// highest bucket that gained samples since before: the longest the runtime
+// kept a goroutine from running meanwhile.
+func worstStallSince(before stallSnapshot) time.Duration {
+	after := readStalls()
 	var worst float64
-	for i, c := range after.Counts {
-		if i < len(before.Counts) && c > before.Counts[i] {
-			worst = after.Buckets[i+1]
+	for m := range after {
+		for i, c := range after[m].Counts {
+			if i >= len(before[m].Counts) || c <= before[m].Counts[i] {
+				continue
+			}
+			upper := after[m].Buckets[i+1]
+			if math.IsInf(upper, 1) {
+				upper = after[m].Buckets[i]
+			}
+			worst = max(worst, upper)
 		}
-	}
-	if math.IsInf(worst, 1) {
-		worst = after.Buckets[len(after.Buckets)-2]
 	}
 	return time.Duration(worst * float64(time.Second))
 }

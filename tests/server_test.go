@@ -62,16 +62,23 @@ func requireDelivered(t *testing.T, sum server.Summary, dispatchers int) {
 // server: 10k tables, one dispatcher each, one scan worker, a scan channel
 // of one, the pebble store on disk and the server's own verification. The
 // slowest notify callback the store timed must be under 1% of the run plus
-// the longest the Go scheduler kept a goroutine waiting for a CPU meanwhile
-// (see TestSaturation for why), and everything must be delivered.
+// the longest the runtime kept a goroutine from running meanwhile (waiting
+// for a CPU, or a GC stop-the-world; see TestSaturation for why), and
+// everything must be delivered. The run lasts 10 s: 1% of it must stand
+// above what the operating system alone can do to one thread on two shared
+// cores while other packages' tests and the compiler run beside it, which
+// Go's own metrics do not see (a 3.6 s run once charged a notify 101 ms
+// against a 36 ms + 59 ms allowance); a notify stalled on the pipeline or
+// the transport would wait seconds. TestSaturation checks the median
+// against a scan, and pkg/eventservice pins the interleaving with hooks.
 func TestSaturationServer(t *testing.T) {
-	cfg := serverConfig(t, 10000, 5000, scaled(t, 3*time.Second))
+	cfg := serverConfig(t, 10000, 5000, scaled(t, 10*time.Second))
 	cfg.ScanWorkers, cfg.ScanQueue = 1, 1
 	s := &scenario{name: "saturation (server)", dispatchers: cfg.Tables, faults: "none (1 scan worker, scan channel 1)"}
 	report(t, s)
-	sched := schedLatencies()
+	stalls := readStalls()
 	sum := runServer(t, cfg)
-	schedMax := maxSchedLatencySince(sched)
+	stallMax := worstStallSince(stalls)
 	s.rows, s.resets = sum.RowsDelivered, sum.Resets
 	requireDelivered(t, sum, cfg.Tables)
 	require.Zero(t, sum.Resets, "no fault, no reset")
@@ -79,10 +86,10 @@ func TestSaturationServer(t *testing.T) {
 	require.Greater(t, sum.PeakPendingPrep, 100, "the run must saturate: work waits in the preparation queues")
 	run := time.Duration(sum.ElapsedSec * float64(time.Second))
 	maxNotify := time.Duration(sum.NotifyNs.Max)
-	t.Logf("notify: p50 %.0fns p99 %.0fns max %v over a %v run (%.3f%%); longest wait for a CPU %v",
-		sum.NotifyNs.P50, sum.NotifyNs.P99, maxNotify, run.Round(time.Millisecond), 100*float64(maxNotify)/float64(run), schedMax)
+	t.Logf("notify: p50 %.0fns p99 %.0fns max %v over a %v run (%.3f%%); longest runtime stall %v",
+		sum.NotifyNs.P50, sum.NotifyNs.P99, maxNotify, run.Round(time.Millisecond), 100*float64(maxNotify)/float64(run), stallMax)
 	require.Greater(t, sum.Notifications, uint64(cfg.Tables))
-	require.Less(t, maxNotify, run/100+schedMax, "the slowest notify is tiny relative to the run")
+	require.Less(t, maxNotify, run/100+stallMax, "the slowest notify is tiny relative to the run")
 }
 
 // TestTransportFaultsServer runs the server with a transport that refuses,
