@@ -110,7 +110,7 @@ func newNotifyBench(b *testing.B, n int, saturate bool) *notifyBench {
 		// wants a real scan; the held scan worker and the full channel
 		// stall the preparation workers, and everyone else stays queued.
 		for _, d := range nb.ds {
-			d.onNotify(20, 15)
+			d.Notify(20, 15)
 		}
 		<-full
 	} else {
@@ -128,7 +128,7 @@ func (nb *notifyBench) run(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		ts := base + common.Ts(i/n)
-		nb.ds[i%n].onNotify(ts, nb.maxCommit)
+		nb.ds[i%n].Notify(ts, nb.maxCommit)
 	}
 	b.StopTimer()
 	var h latency.Histogram
@@ -137,7 +137,7 @@ func (nb *notifyBench) run(b *testing.B) {
 		d := nb.ds[i%n]
 		ts := base + common.Ts(i/n)
 		start := time.Now()
-		d.onNotify(ts, nb.maxCommit)
+		d.Notify(ts, nb.maxCommit)
 		h.Record(time.Since(start))
 	}
 	b.ReportMetric(float64(h.Quantile(0.999).Nanoseconds()), "p999-ns")
@@ -233,7 +233,7 @@ func benchScanThroughput(b *testing.B, n int) {
 			loadedOnce.Do(func() { close(loaded) })
 		}
 	}
-	if err := store.RegisterDispatcher(common.DispatcherIDFromUint64(1<<50), span, 0, keeper); err != nil {
+	if err := store.RegisterDispatcher(common.DispatcherIDFromUint64(1<<50), span, 0, eventstore.NotifierFunc(keeper)); err != nil {
 		b.Fatal(err)
 	}
 	for i := 0; i < len(rows); i += 4096 {

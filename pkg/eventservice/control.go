@@ -222,7 +222,7 @@ func (svc *Service) registerInStore(d *dispatcher, s *session, startTs common.Ts
 	defer d.mu.Unlock()
 	// Outside Service.mu: the store may call the notifier synchronously
 	// (the notify path takes no lock of ours).
-	err := svc.opts.Store.RegisterDispatcher(d.id, d.span.Span(), startTs, d.onNotify)
+	err := svc.opts.Store.RegisterDispatcher(d.id, d.span.Span(), startTs, d)
 	if err == nil {
 		svc.takeHandleLocked(d)
 		return nil
@@ -312,7 +312,7 @@ func (svc *Service) resetLocked(d *dispatcher, req messaging.ResetRequest) (*ses
 // asked for; on failure the registrar retries after the next back-off.
 // REQUIRES: d.mu held, d.mu.needRegister.
 func (svc *Service) registerAgainLocked(d *dispatcher) {
-	if err := svc.opts.Store.RegisterDispatcher(d.id, d.span.Span(), d.mu.registerTs, d.onNotify); err != nil {
+	if err := svc.opts.Store.RegisterDispatcher(d.id, d.span.Span(), d.mu.registerTs, d); err != nil {
 		svc.log.Warn("re-register in the store failed; retrying", zap.Stringer("dispatcher", d.id),
 			zap.Int32("attempt", d.mu.attempt), zap.Error(err))
 		svc.registrar.arm(d, svc.backoffDelay(int(d.mu.attempt)))

@@ -175,10 +175,12 @@ func (s *session) init(d *dispatcher, epoch uint64, startTs common.Ts) {
 	s.sent.Store(uint64(startTs))
 }
 
-// onNotify is the store's callback. It is O(1) and allocation-free: it
-// advances the frontier and requests preparation; it never blocks, whatever
-// the state of the queues, the transport or the downstream.
-func (d *dispatcher) onNotify(resolved, maxCommit common.Ts) {
+// Notify is the store's callback (the dispatcher is its own
+// eventstore.Notifier: no closure per dispatcher). It is O(1) and
+// allocation-free: it advances the frontier and requests preparation; it
+// never blocks, whatever the state of the queues, the transport or the
+// downstream.
+func (d *dispatcher) Notify(resolved, maxCommit common.Ts) {
 	svc := d.svc
 	if svc.closed.Load() {
 		return

@@ -6,7 +6,7 @@
 //
 // Pipeline:
 //
-//	store notify -> onNotify: advance the frontier (atomics), request
+//	store notify -> Notify: advance the frontier (atomics), request
 //	  -> per-worker preparation queue (intrusive FIFO, one entry per session)
 //	  -> preparation worker, up to 8 sessions per pop: handshake |
 //	     nothing | fast path | real scan (the resolved-only outcomes of a
@@ -29,7 +29,7 @@
 // traces in testdata/ drive both, and a whole unstarted service.
 //
 // Invariants:
-//   - Notify never blocks: onNotify does two atomic max-stores, one CAS on
+//   - Notify never blocks: dispatcher.Notify does two atomic max-stores, one CAS on
 //     the session's scheduling word and, at most, one push onto an
 //     intrusive queue under a mutex no worker holds across work, plus a
 //     non-blocking doorbell. It allocates nothing.

@@ -179,14 +179,14 @@ func TestRemoveRacingNotifyAndScan(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for range 10_000 {
-			d.onNotify(40, 20) // the store's callback racing the removal
+			d.Notify(40, 20) // the store's callback racing the removal
 		}
 	})
 	require.NoError(t, h.remove(id))
 	wg.Wait()
 	old := d.session.Load()
 	for range 1000 {
-		d.onNotify(50, 45) // after Remove: inert
+		d.Notify(50, 45) // after Remove: inert
 	}
 	st, _ := old.sched.load()
 	require.Equal(t, stateRemoved, st)
@@ -533,7 +533,7 @@ func TestStressNotifyRacesPreparation(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(g), 7))
 			for range 20_000 {
 				d := ds[r.IntN(n)]
-				d.onNotify(common.Ts(d.received.Load()), common.Ts(d.maxCommit.Load()))
+				d.Notify(common.Ts(d.received.Load()), common.Ts(d.maxCommit.Load()))
 			}
 		})
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/schemastore"
 )
 
@@ -96,7 +97,7 @@ func (l *preparedLog) count(n uint64) int {
 func storeObserver(t *testing.T, h *harness, n uint64) chan common.Ts {
 	ch := make(chan common.Ts, 1<<12)
 	id := common.DispatcherIDFromUint64(1<<40 + n)
-	require.NoError(t, h.store.RegisterDispatcher(id, common.TableSpan(int64(n)), 10, func(r, _ common.Ts) { ch <- r }))
+	require.NoError(t, h.store.RegisterDispatcher(id, common.TableSpan(int64(n)), 10, eventstore.NotifierFunc(func(r, _ common.Ts) { ch <- r })))
 	st, err := h.store.Dispatcher(id)
 	require.NoError(t, err)
 	if svcSt, err := h.store.Dispatcher(common.DispatcherIDFromUint64(n)); err == nil {
@@ -165,7 +166,7 @@ func TestNotifyNeverBlocksWithScanQueueSaturated(t *testing.T) {
 	}
 	h.svc.mu.RUnlock()
 	for i := range 100_000 {
-		ds[i%n].onNotify(final, final-1)
+		ds[i%n].Notify(final, final-1)
 	}
 	st := h.svc.Stats()
 	require.LessOrEqual(t, st.PendingPrepare, n, "preparation queues are bounded by dispatchers")
@@ -191,7 +192,7 @@ func TestCoalescingWhileQueued(t *testing.T) {
 	id2 := h.register(2, 10)
 	d2 := h.dispatcher(id2)
 	for range 1000 {
-		d2.onNotify(10, 0)
+		d2.Notify(10, 0)
 	}
 	require.Equal(t, 1, h.svc.prepQueues[0].len())
 	state, _ := d2.session.Load().sched.load()
@@ -215,7 +216,7 @@ func TestCoalescingWhilePreparing(t *testing.T) {
 	id := h.register(1, 10)
 	s := <-prepGate.held
 	for range 1000 {
-		s.d.onNotify(10, 0)
+		s.d.Notify(10, 0)
 	}
 	state, pending := s.sched.load()
 	require.Equal(t, statePreparing, state)
@@ -246,7 +247,7 @@ func TestCoalescingWhileScanning(t *testing.T) {
 	h.push(1, 50, row("b", 35, 40))
 	waitTs(obs, 50)
 	for range 1000 {
-		s.d.onNotify(50, 40)
+		s.d.Notify(50, 40)
 	}
 	_, pending := s.sched.load()
 	require.True(t, pending)

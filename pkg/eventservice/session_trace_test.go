@@ -491,7 +491,7 @@ func (st *scriptedStoreForTrace) notify(id common.DispatcherID, resolved, maxCom
 	n := st.notifiers[id]
 	st.mu.Unlock()
 	if n != nil {
-		n(resolved, maxCommit)
+		n.Notify(resolved, maxCommit)
 	}
 }
 

@@ -42,7 +42,7 @@ func PushResolved(ctx context.Context, sinks []Sink, ts common.Ts, errs []error)
 			errs[i] = err
 			continue
 		}
-		key := advanceGroupKey{s: sk.store, worker: sk.worker}
+		key := advanceGroupKey{s: sk.store, worker: (*subscription)(sk).worker()}
 		g := groups[key]
 		if g == nil {
 			if groups == nil {

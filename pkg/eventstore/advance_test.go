@@ -34,10 +34,10 @@ func TestPushResolvedAdvancesManySubscriptionsInOneCall(t *testing.T) {
 	workers := map[int]bool{}
 	for i := range n {
 		recs[i] = newRecorder()
-		require.NoError(t, env.store.RegisterDispatcher(did(uint64(i+1)), common.TableSpan(int64(i+1)), 0, recs[i].notify))
+		require.NoError(t, env.store.RegisterDispatcher(did(uint64(i+1)), common.TableSpan(int64(i+1)), 0, recs[i]))
 		k := env.up.last(t, common.TableSpan(int64(i+1))).sink
 		sinks = append(sinks, k)
-		workers[k.(*sink).worker] = true
+		workers[(*subscription)(k.(*sink)).worker()] = true
 	}
 	require.Len(t, workers, 2, "the subscriptions span both write workers")
 	foreign := &countingSinkForTest{}
@@ -99,8 +99,8 @@ func TestPushResolvedThatCannotQueueKeepsTheResolvedTs(t *testing.T) {
 		}
 	})
 	r1, r2 := newRecorder(), newRecorder()
-	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r1.notify))
-	require.NoError(t, env.store.RegisterDispatcher(did(2), common.TableSpan(2), 0, r2.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r1))
+	require.NoError(t, env.store.RegisterDispatcher(did(2), common.TableSpan(2), 0, r2))
 	s1, s2 := env.up.last(t, common.TableSpan(1)).sink, env.up.last(t, common.TableSpan(2)).sink
 	push(t, env.up.last(t, common.TableSpan(1)), 5)
 	<-held                                                                  // the worker is inside the publish of 5
@@ -147,7 +147,7 @@ func TestPushResolvedWaitsForRoomInAdvances(t *testing.T) {
 	sinks := make([]Sink, 3)
 	for i := range recs {
 		recs[i] = newRecorder()
-		require.NoError(t, env.store.RegisterDispatcher(did(uint64(i+1)), common.TableSpan(int64(i+1)), 0, recs[i].notify))
+		require.NoError(t, env.store.RegisterDispatcher(did(uint64(i+1)), common.TableSpan(int64(i+1)), 0, recs[i]))
 		sinks[i] = env.up.last(t, common.TableSpan(int64(i+1))).sink
 	}
 	var release sync.Once

@@ -41,7 +41,7 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	}
 	b.Cleanup(func() { _ = s.Close() })
 	rec := &recorder{ch: make(chan notification, 1<<16)}
-	if err := s.RegisterDispatcher(did(1), common.TableSpan(1), 0, rec.notify); err != nil {
+	if err := s.RegisterDispatcher(did(1), common.TableSpan(1), 0, rec); err != nil {
 		b.Fatal(err)
 	}
 	return &benchEnv{s: s, sub: up.subs()[0], rec: rec, next: 1}
@@ -218,11 +218,11 @@ func benchNewIteratorAfterGC(b *testing.B, gcd int) {
 	committed.Add(gcd + 1)
 	notifier := func() Notifier {
 		var once sync.Once
-		return func(r, _ common.Ts) {
+		return NotifierFunc(func(r, _ common.Ts) {
 			if r >= ts(30) {
 				once.Do(committed.Done)
 			}
-		}
+		})
 	}
 	row := func(k string, commit common.Ts) common.Row {
 		return common.Row{Op: common.OpPut, Key: []byte(k), Value: make([]byte, benchRowBytes), StartTs: commit - 1, CommitTs: commit}
@@ -301,7 +301,7 @@ func benchScanNewestRow(b *testing.B, pebbleOnly bool) {
 				once.Do(done.Done)
 			}
 		}
-		if err := s.RegisterDispatcher(did(uint64(i+1)), common.TableSpan(int64(i+1)), 0, n); err != nil {
+		if err := s.RegisterDispatcher(did(uint64(i+1)), common.TableSpan(int64(i+1)), 0, NotifierFunc(n)); err != nil {
 			b.Fatal(err)
 		}
 	}

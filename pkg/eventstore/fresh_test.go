@@ -27,7 +27,7 @@ func TestFreshRowsScanAsPebbleDoes(t *testing.T) {
 	recs := make([]*recorder, len(envs))
 	for i, env := range envs {
 		recs[i] = newRecorder()
-		require.NoError(t, env.store.RegisterDispatcher(did(1), span, 100, recs[i].notify))
+		require.NoError(t, env.store.RegisterDispatcher(did(1), span, 100, recs[i]))
 	}
 	rng := rand.New(rand.NewPCG(20, 26))
 	resolved, checkpoint := common.Ts(100), common.Ts(100)
@@ -95,7 +95,7 @@ func TestFreshRowsStayWithinTheirBudget(t *testing.T) {
 	for i := range tables {
 		recs[i] = newRecorder()
 		spans[i] = common.Span{TableID: int64(i + 1), StartKey: fmt.Appendf(nil, "t%02d", i), EndKey: fmt.Appendf(nil, "t%02d~", i)}
-		require.NoError(t, s.RegisterDispatcher(did(uint64(i+1)), spans[i], 100, recs[i].notify))
+		require.NoError(t, s.RegisterDispatcher(did(uint64(i+1)), spans[i], 100, recs[i]))
 	}
 	resolved := common.Ts(100)
 	for round := range 20 {

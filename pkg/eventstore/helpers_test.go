@@ -112,7 +112,7 @@ type recorder struct{ ch chan notification }
 
 func newRecorder() *recorder { return &recorder{ch: make(chan notification, 1024)} }
 
-func (r *recorder) notify(resolved, maxCommit common.Ts) {
+func (r *recorder) Notify(resolved, maxCommit common.Ts) {
 	r.ch <- notification{resolved, maxCommit}
 }
 

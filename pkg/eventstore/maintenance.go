@@ -270,7 +270,7 @@ func (s *Store) expireIfIdle(sub *subscription, now time.Time) {
 	sub.pushMu.Lock()
 	sub.pushMu.Unlock() //nolint:staticcheck // an intentional barrier
 	select {
-	case s.queues[sub.worker] <- writeEvent{sub: sub, deleteSub: true}:
+	case s.queues[sub.worker()] <- writeEvent{sub: sub, deleteSub: true}:
 		s.metrics.subsRemoved.Inc()
 		s.log.Debug("idle subscription ended", zap.Uint64("sub", sub.id), zap.Stringer("span", sub.span))
 	case <-s.closing:

@@ -32,7 +32,7 @@ func TestARegistrationOfItsOwnSpanIsOneObject(t *testing.T) {
 	n := uint64(0)
 	allocs := testing.AllocsPerRun(500, func() {
 		n++
-		if err := env.store.RegisterDispatcher(did(n), common.TableSpan(int64(n)), 1, notify); err != nil {
+		if err := env.store.RegisterDispatcher(did(n), common.TableSpan(int64(n)), 1, NotifierFunc(notify)); err != nil {
 			panic(err)
 		}
 	})
@@ -40,7 +40,7 @@ func TestARegistrationOfItsOwnSpanIsOneObject(t *testing.T) {
 	shared := n
 	allocs = testing.AllocsPerRun(500, func() {
 		n++
-		if err := env.store.RegisterDispatcher(did(n), common.TableSpan(int64(shared)), 1, notify); err != nil {
+		if err := env.store.RegisterDispatcher(did(n), common.TableSpan(int64(shared)), 1, NotifierFunc(notify)); err != nil {
 			panic(err)
 		}
 	})

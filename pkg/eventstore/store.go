@@ -248,13 +248,13 @@ func (s *Store) isClosing() bool {
 // (exclusive). Dispatchers with an identical span share a subscription when
 // the subscription still holds data from startTs; otherwise a new one is
 // subscribed at the upstream. If the subscription's resolved-ts is already
-// past startTs, notifier is called before RegisterDispatcher returns, on
+// past startTs, notifier is notified before RegisterDispatcher returns, on
 // the caller's goroutine; later calls come from the store's write workers.
 func (s *Store) RegisterDispatcher(id common.DispatcherID, span common.Span, startTs common.Ts, notifier Notifier) error {
 	if id.IsZero() {
 		return fmt.Errorf("%w: zero dispatcher id", ErrInvalidArgument)
 	}
-	if notifier == nil {
+	if f, isFunc := notifier.(NotifierFunc); notifier == nil || isFunc && f == nil {
 		return fmt.Errorf("%w: nil notifier for dispatcher %v", ErrInvalidArgument, id)
 	}
 	if err := span.Validate(); err != nil {
@@ -400,7 +400,6 @@ func (s *Store) subscribeReserved(r registration, span common.Span, key spanKey)
 	pair := &subscriptionWithFirst{sub: subscription{id: id, span: common.Pack(span), startTs: startTs, pushedResolved: startTs}}
 	sub, sb := &pair.sub, &pair.first
 	r.init(sb)
-	sub.worker = int(common.DispatcherIDFromUint64(sub.id).Hash() % uint64(len(s.queues)))
 	sub.mu.resolved = startTs
 	sub.mu.lowWatermark = startTs
 	// Nothing at or below startTs is ever written (Push refuses it), so

@@ -26,7 +26,7 @@ import (
 func TestOrderingTxnBoundariesAndRanges(t *testing.T) {
 	env := newTestEnv(t, nil)
 	rec := newRecorder()
-	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 10, rec.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 10, rec))
 	sub := env.up.last(t, common.TableSpan(1))
 	require.Equal(t, common.Ts(10), sub.startTs)
 
@@ -66,7 +66,7 @@ func TestOrderingTxnBoundariesAndRanges(t *testing.T) {
 func TestRangeErrors(t *testing.T) {
 	env := newTestEnv(t, nil)
 	rec := newRecorder()
-	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 10, rec.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 10, rec))
 	sub := env.up.last(t, common.TableSpan(1))
 	push(t, sub, 50, put("a", 15, 20))
 	rec.waitResolved(t, 50)
@@ -96,7 +96,7 @@ func TestBadPushesAreRefusedAndCounted(t *testing.T) {
 	env := newTestEnv(t, nil)
 	rec := newRecorder()
 	span := common.Span{TableID: 1, StartKey: []byte("b"), EndKey: []byte("m")}
-	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 10, rec.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 10, rec))
 	sub := env.up.last(t, span)
 	push(t, sub, 40, put("c", 15, 20))
 	rec.waitResolved(t, 40)
@@ -130,13 +130,14 @@ func TestBadRegistrations(t *testing.T) {
 	env := newTestEnv(t, nil)
 	s := env.store
 	nop := func(common.Ts, common.Ts) {}
-	require.ErrorIs(t, s.RegisterDispatcher(common.DispatcherID{}, common.TableSpan(1), 1, nop), ErrInvalidArgument)
+	require.ErrorIs(t, s.RegisterDispatcher(common.DispatcherID{}, common.TableSpan(1), 1, NotifierFunc(nop)), ErrInvalidArgument)
 	require.ErrorIs(t, s.RegisterDispatcher(did(1), common.TableSpan(1), 1, nil), ErrInvalidArgument)
-	err := s.RegisterDispatcher(did(1), common.Span{TableID: 1, StartKey: []byte("b"), EndKey: []byte("a")}, 1, nop)
+	require.ErrorIs(t, s.RegisterDispatcher(did(1), common.TableSpan(1), 1, NotifierFunc(nil)), ErrInvalidArgument)
+	err := s.RegisterDispatcher(did(1), common.Span{TableID: 1, StartKey: []byte("b"), EndKey: []byte("a")}, 1, NotifierFunc(nop))
 	require.ErrorIs(t, err, ErrInvalidArgument)
 	require.ErrorIs(t, err, common.ErrInvalidSpan)
-	require.NoError(t, s.RegisterDispatcher(did(1), common.TableSpan(1), 1, nop))
-	require.ErrorIs(t, s.RegisterDispatcher(did(1), common.TableSpan(2), 1, nop), ErrDispatcherExists)
+	require.NoError(t, s.RegisterDispatcher(did(1), common.TableSpan(1), 1, NotifierFunc(nop)))
+	require.ErrorIs(t, s.RegisterDispatcher(did(1), common.TableSpan(2), 1, NotifierFunc(nop)), ErrDispatcherExists)
 	require.ErrorIs(t, s.UnregisterDispatcher(did(9)), ErrDispatcherNotFound)
 	require.ErrorIs(t, s.UpdateCheckpoint(did(9), 5), ErrDispatcherNotFound)
 	_, err = s.Dispatcher(did(9))
@@ -146,7 +147,7 @@ func TestBadRegistrations(t *testing.T) {
 	env.up.mu.Lock()
 	env.up.mu.failOn = boom
 	env.up.mu.Unlock()
-	require.ErrorIs(t, s.RegisterDispatcher(did(2), common.TableSpan(7), 1, nop), boom)
+	require.ErrorIs(t, s.RegisterDispatcher(did(2), common.TableSpan(7), 1, NotifierFunc(nop)), boom)
 	require.Equal(t, 1, s.Stats().Dispatchers, "a failed registration leaves nothing behind")
 	require.Equal(t, 1, s.Stats().Subscriptions)
 }
@@ -155,8 +156,8 @@ func TestSharedSubscriptionFanOut(t *testing.T) {
 	env := newTestEnv(t, nil)
 	span := common.TableSpan(3)
 	r1, r2, r3 := newRecorder(), newRecorder(), newRecorder()
-	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 10, r1.notify))
-	require.NoError(t, env.store.RegisterDispatcher(did(2), span, 10, r2.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 10, r1))
+	require.NoError(t, env.store.RegisterDispatcher(did(2), span, 10, r2))
 	require.Len(t, env.up.subs(), 1, "identical spans share one upstream subscription")
 	sub := env.up.last(t, span)
 	push(t, sub, 30, put("a", 15, 20))
@@ -165,7 +166,7 @@ func TestSharedSubscriptionFanOut(t *testing.T) {
 
 	// A late joiner whose start-ts is below the resolved-ts is caught up at
 	// registration, without waiting for the next advance.
-	require.NoError(t, env.store.RegisterDispatcher(did(3), span, 25, r3.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(3), span, 25, r3))
 	require.Equal(t, notification{30, 20}, r3.next(t))
 	rows, _ := scan(t, env.store, did(3), ScanRange{Start: 25, End: 30})
 	require.Empty(t, rows)
@@ -177,7 +178,7 @@ func TestSharedSubscriptionFanOut(t *testing.T) {
 	for _, id := range []uint64{1, 2, 3} {
 		require.NoError(t, env.store.UpdateCheckpoint(did(id), 28))
 	}
-	require.NoError(t, env.store.RegisterDispatcher(did(4), span, 12, newRecorder().notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(4), span, 12, newRecorder()))
 	require.Len(t, env.up.subs(), 2)
 	st, err := env.store.Dispatcher(did(4))
 	require.NoError(t, err)
@@ -212,7 +213,7 @@ func TestNotifyAfterCommitAndMonotonic(t *testing.T) {
 		last = resolved
 		results <- seen{resolved, n}
 	}
-	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 0, notifier))
+	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 0, NotifierFunc(notifier)))
 	sub := env.up.last(t, span)
 	const batches = 200
 	go func() {
@@ -256,7 +257,7 @@ func TestUnregisterStopsNotifications(t *testing.T) {
 		}
 		<-release
 	}
-	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, notifier))
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, NotifierFunc(notifier)))
 	sub := env.up.last(t, common.TableSpan(1))
 	push(t, sub, 10)
 	<-entered // a callback is in flight
@@ -287,7 +288,7 @@ func TestUnregisterStopsNotifications(t *testing.T) {
 	// A second dispatcher on the same subscription observes 30, which proves
 	// the worker processed the pushes after the unregistration.
 	r := newRecorder()
-	require.NoError(t, env.store.RegisterDispatcher(did(2), common.TableSpan(1), 0, r.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(2), common.TableSpan(1), 0, r))
 	r.waitResolved(t, 30)
 	mu.Lock()
 	defer mu.Unlock()
@@ -300,8 +301,8 @@ func TestGCNeverDeletesAtOrAboveCheckpoint(t *testing.T) {
 	ms := func(n int64) common.Ts { return common.ComposeTs(n, 0) }
 	span := common.TableSpan(1)
 	r1, r2 := newRecorder(), newRecorder()
-	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 0, r1.notify))
-	require.NoError(t, env.store.RegisterDispatcher(did(2), span, 0, r2.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 0, r1))
+	require.NoError(t, env.store.RegisterDispatcher(did(2), span, 0, r2))
 	sub := env.up.last(t, span)
 	var rows []common.Row
 	for n := int64(10); n <= 100; n += 10 {
@@ -338,7 +339,7 @@ func TestGCCoalescesSmallRanges(t *testing.T) {
 	// No fresh rows: every row is written to pebble, whose GC this checks.
 	env := newTestEnv(t, func(o *Options) { o.GCMinSpan = 5 * time.Second; o.GCMaxDelay = 30 * time.Second; o.FreshBytes = -1 })
 	r := newRecorder()
-	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r))
 	sub := env.up.last(t, common.TableSpan(1))
 	base := common.ComposeTs(1_700_000_000_000, 0)
 	push(t, sub, base, put("k", base-2, base-1))
@@ -381,7 +382,7 @@ func TestGCSkipsRangesWithoutRows(t *testing.T) {
 	// No fresh rows: every row is written to pebble, whose GC this checks.
 	env := newTestEnv(t, func(o *Options) { o.GCMinSpan = time.Second; o.FreshBytes = -1 })
 	r := newRecorder()
-	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r))
 	sub := env.up.last(t, common.TableSpan(1))
 	ms := int64(1_700_000_000_000)
 	at := func(d int64) common.Ts { return common.ComposeTs(ms+d, 0) }
@@ -410,7 +411,7 @@ func TestIdleSubscriptionEndsAfterTTL(t *testing.T) {
 	env := newTestEnv(t, func(o *Options) { o.WriteWorkers = 1 })
 	span := common.TableSpan(1)
 	r := newRecorder()
-	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 0, r.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 0, r))
 	sub := env.up.last(t, span)
 	push(t, sub, 20, put("a", 5, 10))
 	r.waitResolved(t, 20)
@@ -420,7 +421,7 @@ func TestIdleSubscriptionEndsAfterTTL(t *testing.T) {
 	env.clk.Advance(500 * time.Millisecond)
 	env.store.maintain()
 	require.False(t, sub.isClosed())
-	require.NoError(t, env.store.RegisterDispatcher(did(2), span, 0, r.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(2), span, 0, r))
 	require.Len(t, env.up.subs(), 1)
 	rows, _ := scan(t, env.store, did(2), ScanRange{Start: 0, End: 20})
 	require.Len(t, rows, 1)
@@ -434,7 +435,7 @@ func TestIdleSubscriptionEndsAfterTTL(t *testing.T) {
 
 	// A new registration subscribes afresh; the old rows are deleted.
 	r3 := newRecorder()
-	require.NoError(t, env.store.RegisterDispatcher(did(3), span, 0, r3.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(3), span, 0, r3))
 	require.Len(t, env.up.subs(), 2)
 	sub2 := env.up.last(t, span)
 	push(t, sub2, 20)
@@ -450,7 +451,7 @@ func TestCloseDuringWrites(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 4 {
 		span := common.TableSpan(int64(i + 1))
-		require.NoError(t, s.RegisterDispatcher(did(uint64(i+1)), span, 0, func(common.Ts, common.Ts) {}))
+		require.NoError(t, s.RegisterDispatcher(did(uint64(i+1)), span, 0, NotifierFunc(func(common.Ts, common.Ts) {})))
 		sub := up.last(t, span)
 		wg.Go(func() {
 			for ts := common.Ts(2); ; ts++ {
@@ -466,14 +467,14 @@ func TestCloseDuringWrites(t *testing.T) {
 	}
 	// Let the writers make progress, then close under load.
 	rec := newRecorder()
-	require.NoError(t, s.RegisterDispatcher(did(99), common.TableSpan(1), 0, rec.notify))
+	require.NoError(t, s.RegisterDispatcher(did(99), common.TableSpan(1), 0, rec))
 	rec.waitResolved(t, 50)
 	require.NoError(t, s.Close())
 	wg.Wait() // every blocked Push returned ErrClosed
 	require.NoError(t, s.Close(), "Close is idempotent")
 
 	nop := func(common.Ts, common.Ts) {}
-	require.ErrorIs(t, s.RegisterDispatcher(did(50), common.TableSpan(9), 0, nop), ErrClosed)
+	require.ErrorIs(t, s.RegisterDispatcher(did(50), common.TableSpan(9), 0, NotifierFunc(nop)), ErrClosed)
 	require.ErrorIs(t, s.UnregisterDispatcher(did(1)), ErrClosed)
 	require.ErrorIs(t, s.UpdateCheckpoint(did(1), 1), ErrClosed)
 	_, err = s.NewIterator(did(1), ScanRange{})
@@ -514,7 +515,7 @@ func TestDiskDirIsResetAndForeignDirRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.Start())
 	r := newRecorder()
-	require.NoError(t, s.RegisterDispatcher(did(1), common.TableSpan(1), 0, r.notify))
+	require.NoError(t, s.RegisterDispatcher(did(1), common.TableSpan(1), 0, r))
 	push(t, up.last(t, common.TableSpan(1)), 20, put("a", 5, 10))
 	r.waitResolved(t, 20)
 	require.NoError(t, s.Close())
@@ -525,7 +526,7 @@ func TestDiskDirIsResetAndForeignDirRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s2.Start())
 	r2 := newRecorder()
-	require.NoError(t, s2.RegisterDispatcher(did(1), common.TableSpan(1), 0, r2.notify))
+	require.NoError(t, s2.RegisterDispatcher(did(1), common.TableSpan(1), 0, r2))
 	push(t, up2.last(t, common.TableSpan(1)), 20)
 	r2.waitResolved(t, 20)
 	rows, _ := scan(t, s2, did(1), ScanRange{Start: 0, End: 20})
@@ -537,7 +538,7 @@ func TestMetricsRegisterAndLint(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	env := newTestEnv(t, func(o *Options) { o.Registerer = reg })
 	r := newRecorder()
-	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r))
 	push(t, env.up.last(t, common.TableSpan(1)), 20, put("a", 5, 10))
 	r.waitResolved(t, 20)
 	for ts := common.Ts(21); ts < 20+notifySampleEvery; ts++ { // one of any notifySampleEvery in a row is timed
@@ -603,7 +604,7 @@ func TestAPanickingUpstreamLeavesNoLockHeld(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.Start())
 	require.Panics(t, func() {
-		_ = s.RegisterDispatcher(common.DispatcherIDFromUint64(1), common.TableSpan(1), 1, func(common.Ts, common.Ts) {})
+		_ = s.RegisterDispatcher(common.DispatcherIDFromUint64(1), common.TableSpan(1), 1, NotifierFunc(func(common.Ts, common.Ts) {}))
 	})
 	require.True(t, s.mu.TryLock(), "Store.mu was released by defer")
 	s.mu.Unlock()
@@ -623,7 +624,7 @@ func TestGCRoundIsOneBatchAndFollowsChange(t *testing.T) {
 	rs := make([]*recorder, n)
 	for i := range n {
 		rs[i] = newRecorder()
-		require.NoError(t, env.store.RegisterDispatcher(did(uint64(i+1)), common.TableSpan(int64(i+1)), 0, rs[i].notify))
+		require.NoError(t, env.store.RegisterDispatcher(did(uint64(i+1)), common.TableSpan(int64(i+1)), 0, rs[i]))
 	}
 	for i, sub := range env.up.subs() {
 		push(t, sub, ms(30), put("a", ms(5), ms(10)))
@@ -687,16 +688,20 @@ func TestRegistrationDoesNotHoldTheStoreLockAcrossSubscribe(t *testing.T) {
 	t.Cleanup(release)
 
 	first := make(chan error, 1)
-	go func() { first <- s.RegisterDispatcher(did(1), common.TableSpan(1), 0, newRecorder().notify) }()
+	go func() {
+		first <- s.RegisterDispatcher(did(1), common.TableSpan(1), 0, newRecorder())
+	}()
 	<-up.entered // Subscribe of table 1 is in progress
 	require.True(t, s.mu.TryLock(), "Store.mu is free while the upstream subscribes")
 	s.mu.Unlock()
-	require.NoError(t, s.RegisterDispatcher(did(9), common.TableSpan(9), 0, newRecorder().notify), "another span registers meanwhile")
+	require.NoError(t, s.RegisterDispatcher(did(9), common.TableSpan(9), 0, newRecorder()), "another span registers meanwhile")
 
 	waiting := make(chan struct{})
 	s.knobs.subscribeWaits = func() { close(waiting) }
 	second := make(chan error, 1)
-	go func() { second <- s.RegisterDispatcher(did(2), common.TableSpan(1), 0, newRecorder().notify) }()
+	go func() {
+		second <- s.RegisterDispatcher(did(2), common.TableSpan(1), 0, newRecorder())
+	}()
 	<-waiting // the second registration waits for the first's subscription
 	release()
 	require.NoError(t, <-first)
@@ -725,7 +730,7 @@ func TestNotifyIntervalHoldsBackButNeverLosesTheLastAdvance(t *testing.T) {
 		}
 	})
 	r := newRecorder()
-	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r))
 	sub := env.up.last(t, common.TableSpan(1))
 	push(t, sub, 10)
 	require.Equal(t, common.Ts(10), r.next(t).resolved, "the first advance is notified at once")
@@ -777,8 +782,8 @@ func TestNotifyTimesOneCallbackInEightAndCountsEvery(t *testing.T) {
 		}
 	})
 	r1, r2 := newRecorder(), newRecorder()
-	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r1.notify))
-	require.NoError(t, env.store.RegisterDispatcher(did(2), common.TableSpan(2), 0, r2.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r1))
+	require.NoError(t, env.store.RegisterDispatcher(did(2), common.TableSpan(2), 0, r2))
 	for ts := common.Ts(1); ts <= n; ts++ {
 		push(t, env.up.last(t, common.TableSpan(1)), ts)
 		push(t, env.up.last(t, common.TableSpan(2)), ts)
@@ -803,7 +808,7 @@ func TestNotifyTimesOneCallbackInEightAndCountsEvery(t *testing.T) {
 func TestHandleUpdatesItsRegistrationOnly(t *testing.T) {
 	env := newTestEnv(t, nil)
 	r := newRecorder()
-	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r))
 	push(t, env.up.last(t, common.TableSpan(1)), 20, put("a", 5, 10))
 	r.waitResolved(t, 20)
 	h, err := env.store.Handle(did(1))
@@ -820,7 +825,7 @@ func TestHandleUpdatesItsRegistrationOnly(t *testing.T) {
 	require.NoError(t, env.store.UnregisterDispatcher(did(1)))
 	require.ErrorIs(t, h.UpdateCheckpoint(20), ErrDispatcherNotFound)
 	r2 := newRecorder()
-	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r2.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r2))
 	require.ErrorIs(t, h.UpdateCheckpoint(20), ErrDispatcherNotFound, "the old handle is not the new registration's")
 	h2, err := env.store.Handle(did(1))
 	require.NoError(t, err)
@@ -838,8 +843,8 @@ func TestHandleUpdatesItsRegistrationOnly(t *testing.T) {
 func TestAWriteBatchObservesItsLargestLagOnce(t *testing.T) {
 	env := newTestEnv(t, nil)
 	r1, r2 := newRecorder(), newRecorder()
-	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r1.notify))
-	require.NoError(t, env.store.RegisterDispatcher(did(2), common.TableSpan(2), 0, r2.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r1))
+	require.NoError(t, env.store.RegisterDispatcher(did(2), common.TableSpan(2), 0, r2))
 	subs := map[int64]*subscription{}
 	env.store.mu.RLock()
 	for _, sub := range env.store.mu.subsBySpan {
@@ -886,9 +891,9 @@ func TestGCTargetFollowsTheMinimumCheckpointWhateverTheOrder(t *testing.T) {
 	for i := range uint64(4) {
 		notify := func(common.Ts, common.Ts) {}
 		if i == 0 {
-			notify = rec.notify
+			notify = rec.Notify
 		}
-		require.NoError(t, env.store.RegisterDispatcher(did(i+1), span, 10, notify))
+		require.NoError(t, env.store.RegisterDispatcher(did(i+1), span, 10, NotifierFunc(notify)))
 		ckpt[did(i+1)] = 10
 	}
 	push(t, env.up.last(t, span), 10_000)
@@ -917,7 +922,7 @@ func TestGCTargetFollowsTheMinimumCheckpointWhateverTheOrder(t *testing.T) {
 			// below: the low watermark follows the target).
 			next++
 			start := want + common.Ts(rng.IntN(2))
-			require.NoError(t, env.store.RegisterDispatcher(did(next), span, start, func(common.Ts, common.Ts) {}))
+			require.NoError(t, env.store.RegisterDispatcher(did(next), span, start, NotifierFunc(func(common.Ts, common.Ts) {})))
 			ckpt[did(next)] = start
 		default:
 			// Often to the value another holds, so ties at the minimum occur.

@@ -10,7 +10,7 @@ import (
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
-// Notifier is a dispatcher's callback. The store calls it with the
+// Notifier is a dispatcher's callback. The store calls Notify with the
 // subscription's new resolved-ts and the largest commit-ts among the
 // subscription's committed rows (a hint: no row at or below resolvedTs has a
 // larger commit-ts). Every row with commit-ts <= resolvedTs is readable
@@ -28,7 +28,22 @@ import (
 // store calls are safe from it, but a callback that does real work delays
 // every subscription behind it: queue the work and return (the event
 // service's does).
-type Notifier func(resolvedTs, maxCommitTs common.Ts)
+//
+// It is an interface, not a func, so that an embedder's dispatcher is the
+// notifier itself: a method value (d.Notify) is a closure of its own, a
+// separate heap object per dispatcher that every notification loads
+// before the dispatcher (a cold cache line of its own at a million
+// dispatchers), and one more object per registration for the GC to mark.
+// NotifierFunc adapts a func.
+type Notifier interface {
+	Notify(resolvedTs, maxCommitTs common.Ts)
+}
+
+// NotifierFunc adapts an ordinary function to Notifier.
+type NotifierFunc func(resolvedTs, maxCommitTs common.Ts)
+
+// Notify calls f.
+func (f NotifierFunc) Notify(resolvedTs, maxCommitTs common.Ts) { f(resolvedTs, maxCommitTs) }
 
 // subscriber is one registered dispatcher.
 //
@@ -93,11 +108,11 @@ func (sb *subscriber) notify(s *Store, resolved, maxCommit common.Ts) (called bo
 	sb.mu.lastNotified = resolved
 	sb.mu.notifies++
 	if sb.mu.notifies%notifySampleEvery != 1 {
-		sb.notifier(resolved, maxCommit)
+		sb.notifier.Notify(resolved, maxCommit)
 		return true
 	}
 	sw := clock.StartStopwatch() // real time, the one place the notify path is timed
-	sb.notifier(resolved, maxCommit)
+	sb.notifier.Notify(resolved, maxCommit)
 	d := sw.Elapsed()
 	s.notifyLatency.Record(d)
 	s.metrics.notifyDuration.Observe(d.Seconds())
@@ -129,7 +144,6 @@ type subscription struct {
 	id      uint64
 	span    common.PackedSpan
 	startTs common.Ts
-	worker  int
 
 	// upstream is set once at creation, before the subscription is
 	// published, and closed when the subscription is removed.
@@ -204,6 +218,13 @@ type subscription struct {
 		// first subscriber fit the 320-byte size class).
 		gcRipe, notifyHeld, removed, oneUsed bool
 	}
+}
+
+// worker is the index of the write worker that owns sub, a function of
+// its ID: computed, not stored, so that a subscription and its first
+// subscriber fit the 320-byte size class with a Notifier of two words.
+func (sub *subscription) worker() int {
+	return int(common.DispatcherIDFromUint64(sub.id).Hash() % uint64(len(sub.store.queues)))
 }
 
 // progress returns the committed resolved-ts and max commit-ts.
@@ -308,7 +329,7 @@ func (k *sink) Push(ctx context.Context, b Batch) error {
 	}
 	ev := writeEvent{sub: sub, rows: rows, resolved: resolved}
 	select {
-	case s.queues[sub.worker] <- ev:
+	case s.queues[sub.worker()] <- ev:
 	case <-ctx.Done():
 		return joinErr(err, ctx.Err())
 	case <-s.closing:

@@ -19,7 +19,7 @@ func TestRowsCheckpointedWhileFreshAreNeverWritten(t *testing.T) {
 	env := newTestEnv(t, nil)
 	span := common.TableSpan(1)
 	r := newRecorder()
-	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 0, r.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 0, r))
 	sub := env.up.last(t, span)
 	push(t, sub, 30, put("a", 5, 10), put("b", 15, 20), put("c", 25, 30))
 	r.waitResolved(t, 30)
@@ -27,7 +27,7 @@ func TestRowsCheckpointedWhileFreshAreNeverWritten(t *testing.T) {
 	// A second dispatcher may join at or above the low watermark: its scan
 	// reads memory too.
 	r2 := newRecorder()
-	require.NoError(t, env.store.RegisterDispatcher(did(2), span, 0, r2.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(2), span, 0, r2))
 	for _, id := range []common.DispatcherID{did(1), did(2)} {
 		got, _ := scan(t, env.store, id, ScanRange{Start: 0, End: 30})
 		require.Equal(t, []string{"a", "b", "c"}, keysOf(got))
@@ -57,7 +57,7 @@ func holdWorker(r *recorder) (notify func(resolved, maxCommit common.Ts), entere
 			close(entered)
 			<-release
 		}
-		r.notify(resolved, maxCommit)
+		r.Notify(resolved, maxCommit)
 	}, entered, release
 }
 
@@ -81,7 +81,7 @@ func TestAPushThatDoesNotFitIsWrittenAfterTheRowsHeldInMemory(t *testing.T) {
 			span := common.TableSpan(1)
 			r := newRecorder()
 			notify, entered, release := holdWorker(r)
-			require.NoError(t, env.store.RegisterDispatcher(did(1), span, 0, notify))
+			require.NoError(t, env.store.RegisterDispatcher(did(1), span, 0, NotifierFunc(notify)))
 			sub := env.up.last(t, span)
 			push(t, sub, 5)
 			<-entered
@@ -122,8 +122,8 @@ func TestRowsDeferredThenRefusedByTheStoresBudgetAreWritten(t *testing.T) {
 	ms := func(n int64) common.Ts { return common.ComposeTs(1_700_000_000_000+n, 0) }
 	rx, ry := newRecorder(), newRecorder()
 	notify, entered, release := holdWorker(rx)
-	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, notify))
-	require.NoError(t, env.store.RegisterDispatcher(did(2), common.TableSpan(2), 0, ry.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, NotifierFunc(notify)))
+	require.NoError(t, env.store.RegisterDispatcher(did(2), common.TableSpan(2), 0, ry))
 	x, y := env.up.last(t, common.TableSpan(1)), env.up.last(t, common.TableSpan(2))
 	push(t, x, ms(5))
 	<-entered
@@ -160,7 +160,7 @@ func TestGCDeletesNothingWherePebbleHoldsNothing(t *testing.T) {
 	env := newTestEnv(t, func(o *Options) { o.GCMinSpan = time.Millisecond; o.FreshSubscriptionBytes = 1000 })
 	span := common.TableSpan(1)
 	r := newRecorder()
-	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 0, r.notify))
+	require.NoError(t, env.store.RegisterDispatcher(did(1), span, 0, r))
 	sub := env.up.last(t, span)
 	ms := func(n int64) common.Ts { return common.ComposeTs(1_700_000_000_000+n, 0) }
 	push(t, sub, ms(10), put("a", ms(5), ms(5)+1))

@@ -350,7 +350,7 @@ func TestAPushTheStoreRefusesIsCountedAndLoggedAsAnError(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, store.Start())
 	defer func() { require.NoError(t, store.Close()) }()
-	require.NoError(t, store.RegisterDispatcher(common.DispatcherID{Lo: 1}, common.TableSpan(7), 0, func(common.Ts, common.Ts) {}))
+	require.NoError(t, store.RegisterDispatcher(common.DispatcherID{Lo: 1}, common.TableSpan(7), 0, eventstore.NotifierFunc(func(common.Ts, common.Ts) {})))
 	sink := <-up.sinks
 
 	core, logs := observer.New(zapcore.DebugLevel)
