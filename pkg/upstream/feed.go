@@ -267,6 +267,7 @@ func (g *Generator) flushAdvances(f common.Ts, last int64) {
 		g.pushCtx, g.pushCancel = context.WithCancel(g.ctx)
 	}
 	PushResolved(g.pushCtx, g.pushCancel, guards, f, errs)
+	accepted := uint64(0) // added to the shared count once, not per advance
 	for i, a := range sc.adv {
 		s, err := a.s, errs[i]
 		r := feedRetry
@@ -276,7 +277,7 @@ func (g *Generator) flushAdvances(f common.Ts, last int64) {
 			s.resolved.Store(uint64(f))
 			s.lastResolved = f
 			s.batches.Add(1)
-			g.batches.Add(1)
+			accepted++
 			r = feedWait
 		case errors.Is(err, ErrSubscriptionClosed):
 			r = feedStop
@@ -297,6 +298,7 @@ func (g *Generator) flushAdvances(f common.Ts, last int64) {
 		}
 		g.schedule(s, r, last)
 	}
+	g.batches.Add(accepted)
 	clear(guards)
 	clear(errs)
 	clear(sc.adv)
