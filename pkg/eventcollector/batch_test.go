@@ -211,7 +211,8 @@ func TestResolvedBatchCheckpointsInOneSinkCall(t *testing.T) {
 		entry(d1, 1, 1, 20, h.slotOf(d1)), entry(d2, 1, 1, 20, h.slotOf(d2)), entry(d3, 1, 1, 30, h.slotOf(d3)),
 	}})
 	bs.mu.Lock()
-	require.Equal(t, [][]SinkCheckpoint{{{ID: d1, Ts: 20}, {ID: d2, Ts: 20}, {ID: d3, Ts: 30}}}, bs.calls, "one call for the batch")
+	require.Equal(t, [][]SinkCheckpoint{{{ID: d1, Ts: 20, Slot: h.slotOf(d1)}, {ID: d2, Ts: 20, Slot: h.slotOf(d2)}, {ID: d3, Ts: 30, Slot: h.slotOf(d3)}}},
+		bs.calls, "one call for the batch, each entry with its dispatcher's slot in the collector")
 	bs.mu.Unlock()
 	require.Equal(t, common.Ts(20), h.status(d1).Checkpoint)
 	require.Equal(t, common.Ts(30), h.status(d3).Checkpoint)

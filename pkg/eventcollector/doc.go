@@ -65,8 +65,10 @@
 //     entries is ignored and counted (invalid_batch). Its verdicts are
 //     taken under one lock, its sink calls made after it, in order (one
 //     CheckpointBatch when the sink is a CheckpointBatcher and the batch
-//     names each dispatcher once); RemoveDispatcher of a dispatcher with a
-//     call still to come waits for them.
+//     names each dispatcher once, each entry with the dispatcher's slot in
+//     the collector, which a sink may index its state by, checking the
+//     ID: MemorySink does); RemoveDispatcher of a dispatcher with a call
+//     still to come waits for them.
 //   - If the service's Reset says the epoch is stale (a concurrent reset won), the
 //     local epoch goes one above and the reset is retried once; any other
 //     failure keeps the dispatcher marked, and every heartbeat tick retries

@@ -116,6 +116,34 @@ func TestMemorySinkCheckpointBatchIsCheckpointPerEntry(t *testing.T) {
 	require.Equal(t, uint64(0), batch.Epochs(b)[0].Epoch)
 }
 
+// TestMemorySinkSlotIsAHintCheckedByID: CheckpointBatch finds a
+// dispatcher by its slot only when the slot holds that ID. A slot the
+// collector gave to another dispatcher after a removal, a slot beyond the
+// cache and a slot that lies all land on the entry's ID, and the
+// dispatcher that held the slot before is left alone.
+func TestMemorySinkSlotIsAHintCheckedByID(t *testing.T) {
+	s := NewMemorySink()
+	a, b, c := did(1), did(2), did(3)
+	errs := make([]error, 1)
+	s.CheckpointBatch([]SinkCheckpoint{{ID: a, Ts: 10, Slot: 0}}, errs)
+	// b takes slot 0 over (a was removed at the collector).
+	s.CheckpointBatch([]SinkCheckpoint{{ID: b, Ts: 20, Slot: 0}}, errs)
+	s.CheckpointBatch([]SinkCheckpoint{{ID: b, Ts: 21, Slot: 0}}, errs)
+	// A slot beyond the cache, and a slot that names b's for c.
+	s.CheckpointBatch([]SinkCheckpoint{{ID: c, Ts: 30, Slot: maxSlotCache + 5}}, errs)
+	s.CheckpointBatch([]SinkCheckpoint{{ID: c, Ts: 31, Slot: 0}}, errs)
+	s.CheckpointBatch([]SinkCheckpoint{{ID: a, Ts: 11, Slot: 7}}, errs)
+	require.Equal(t, common.Ts(11), s.CheckpointOf(a))
+	require.Equal(t, 2, s.Epochs(a)[0].Checkpoints)
+	require.Equal(t, common.Ts(21), s.CheckpointOf(b))
+	require.Equal(t, 2, s.Epochs(b)[0].Checkpoints)
+	require.Equal(t, common.Ts(31), s.CheckpointOf(c))
+	require.Equal(t, 2, s.Epochs(c)[0].Checkpoints)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	require.Len(t, s.mu.bySlot, 8, "the cache grows to the slots seen, not to a slot beyond its bound")
+}
+
 func TestMemorySinkWaitAndConcurrentReaders(t *testing.T) {
 	s := NewMemorySink()
 	id := did(1)

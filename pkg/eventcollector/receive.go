@@ -243,7 +243,7 @@ func (c *Collector) distinct(calls []batchCall) bool {
 func (c *Collector) checkpointBatch(cb CheckpointBatcher, calls []batchCall) {
 	cps, errs := c.batchBuf.cps[:0], c.batchBuf.errs[:0]
 	for i := range calls {
-		cps = append(cps, SinkCheckpoint{ID: calls[i].d.id, Ts: calls[i].v.ts})
+		cps = append(cps, SinkCheckpoint{ID: calls[i].d.id, Ts: calls[i].v.ts, Slot: calls[i].d.slot})
 		errs = append(errs, nil)
 	}
 	sw := clock.StartStopwatch()
