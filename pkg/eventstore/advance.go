@@ -29,7 +29,11 @@ func PushResolved(ctx context.Context, sinks []Sink, ts common.Ts, errs []error)
 	if len(errs) != len(sinks) {
 		panic("eventstore: PushResolved with errs and sinks of different lengths")
 	}
-	var groups map[advanceGroupKey]*advanceGroup
+	// A call's sinks are usually of one store, so of len(queues) groups
+	// (two by default): a slice searched linearly, not a map. Each group's
+	// slices are sized once for the chunk they can reach; subs goes to the
+	// worker with its event, prev and idx are reused chunk after chunk.
+	var groups []advanceGroup
 	for i, k := range sinks {
 		errs[i] = nil
 		sk, ok := k.(*sink)
@@ -43,24 +47,36 @@ func PushResolved(ctx context.Context, sinks []Sink, ts common.Ts, errs []error)
 			continue
 		}
 		key := advanceGroupKey{s: sk.store, worker: (*subscription)(sk).worker()}
-		g := groups[key]
-		if g == nil {
-			if groups == nil {
-				groups = make(map[advanceGroupKey]*advanceGroup)
+		g := groupOf(&groups, key)
+		chunk := min(advanceChunk, sk.store.opts.WriteQueueSize)
+		if g.subs == nil {
+			n := min(chunk, len(sinks)-i)
+			g.subs = make([]*subscription, 0, n)
+			if g.prev == nil {
+				g.prev, g.idx = make([]common.Ts, 0, n), make([]int, 0, n)
 			}
-			g = &advanceGroup{}
-			groups[key] = g
 		}
 		g.subs = append(g.subs, (*subscription)(sk))
 		g.prev = append(g.prev, prev)
 		g.idx = append(g.idx, i)
-		if len(g.subs) == min(advanceChunk, sk.store.opts.WriteQueueSize) {
-			g.flush(ctx, key, ts, errs)
+		if len(g.subs) == chunk {
+			g.flush(ctx, ts, errs)
 		}
 	}
-	for key, g := range groups {
-		g.flush(ctx, key, ts, errs)
+	for i := range groups {
+		groups[i].flush(ctx, ts, errs)
 	}
+}
+
+// groupOf returns the group of key in *groups, appending it if missing.
+func groupOf(groups *[]advanceGroup, key advanceGroupKey) *advanceGroup {
+	for i := range *groups {
+		if (*groups)[i].key == key {
+			return &(*groups)[i]
+		}
+	}
+	*groups = append(*groups, advanceGroup{key: key})
+	return &(*groups)[len(*groups)-1]
 }
 
 // advanceChunk is how many advances of one write worker go in one event:
@@ -72,11 +88,11 @@ const advanceChunk = 256
 // flush queues g's advances as one event and starts g afresh (the worker
 // owns the queued slice); on failure its sinks get the error and their
 // resolved-ts back.
-func (g *advanceGroup) flush(ctx context.Context, key advanceGroupKey, ts common.Ts, errs []error) {
+func (g *advanceGroup) flush(ctx context.Context, ts common.Ts, errs []error) {
 	if len(g.subs) == 0 {
 		return
 	}
-	if err := key.s.enqueueAdvance(ctx, key.worker, g.subs, ts); err != nil {
+	if err := g.key.s.enqueueAdvance(ctx, g.key.worker, g.subs, ts); err != nil {
 		for j, sub := range g.subs {
 			sub.unreserveAdvance(ts, g.prev[j])
 			errs[g.idx[j]] = err
@@ -94,6 +110,7 @@ type advanceGroupKey struct {
 // advanceGroup is the subscriptions of one write worker in a PushResolved
 // call: subs[j] was sinks[idx[j]], its resolved-ts prev[j] before.
 type advanceGroup struct {
+	key  advanceGroupKey
 	subs []*subscription
 	prev []common.Ts
 	idx  []int
