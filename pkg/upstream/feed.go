@@ -266,7 +266,7 @@ func (g *Generator) flushAdvances(f common.Ts, last int64) {
 	if g.pushCtx.Err() != nil && g.ctx.Err() == nil {
 		g.pushCtx, g.pushCancel = context.WithCancel(g.ctx)
 	}
-	PushResolved(g.pushCtx, g.pushCancel, guards, f, errs)
+	sc.pusher.Push(g.pushCtx, g.pushCancel, guards, f, errs)
 	accepted := uint64(0) // added to the shared count once, not per advance
 	for i, a := range sc.adv {
 		s, err := a.s, errs[i]

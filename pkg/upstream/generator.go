@@ -108,10 +108,11 @@ type schedule struct {
 	spare     []*genSub
 	// adv is the round's subscriptions whose feed is only a resolved-ts
 	// advance, with the cursor each reaches: they are pushed together
-	// (flushAdvances). advGuards and advErrs are its scratch.
+	// (flushAdvances). advGuards, advErrs and pusher are its scratch.
 	adv       []pendingAdvance
 	advGuards []*SinkGuard
 	advErrs   []error
+	pusher    ResolvedPusher
 	// free holds emptied bucket slices for reuse: at a million
 	// subscriptions every one is refiled once a resolved interval, and
 	// buckets grown from nil each time were a tenth of the driver's CPU

@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +19,39 @@ import (
 // the advance. A Close during the call cancels it through the cancel
 // function and returns only after the call ended (the guard was held for
 // all of it); the other guards see context.Canceled without being closed.
+// TestResolvedPusherReusesItsBuffersWithoutCarryingResults: a pusher kept
+// across calls (as the generator keeps one) gives each call the errors of
+// its own guards, whatever the call before held: a longer call, then a
+// shorter one with a closed guard, then one whose sink fails.
+func TestResolvedPusherReusesItsBuffersWithoutCarryingResults(t *testing.T) {
+	sinks := []*recordingSinkForTest{newRecordingSinkForTest(), newRecordingSinkForTest(), newRecordingSinkForTest()}
+	guards := make([]*SinkGuard, len(sinks))
+	for i, s := range sinks {
+		guards[i] = NewSinkGuard(s)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var p ResolvedPusher
+	errs := make([]error, 3)
+	p.Push(ctx, cancel, guards, 10, errs)
+	require.Equal(t, []error{nil, nil, nil}, errs)
+
+	require.True(t, guards[0].Close())
+	errs = []error{errors.New("stale"), errors.New("stale")}
+	p.Push(ctx, cancel, guards[:2], 20, errs)
+	require.ErrorIs(t, errs[0], ErrSubscriptionClosed)
+	require.NoError(t, errs[1])
+
+	boom := errors.New("boom")
+	sinks[2].pushHook = func(context.Context, eventstore.Batch) error { return boom }
+	errs = []error{errors.New("stale"), errors.New("stale")}
+	p.Push(ctx, cancel, guards[1:], 30, errs)
+	require.NoError(t, errs[0])
+	require.ErrorIs(t, errs[1], boom)
+	require.Equal(t, []eventstore.Batch{{ResolvedTs: 10}, {ResolvedTs: 20}, {ResolvedTs: 30}}, sinks[1].batches())
+	require.Equal(t, []eventstore.Batch{{ResolvedTs: 10}}, sinks[0].batches())
+}
+
 func TestPushResolvedHoldsEveryGuardForTheCall(t *testing.T) {
 	sinks := []*recordingSinkForTest{newRecordingSinkForTest(), newRecordingSinkForTest(), newRecordingSinkForTest()}
 	guards := make([]*SinkGuard, len(sinks))
