@@ -224,7 +224,7 @@ type subscription struct {
 // its ID: computed, not stored, so that a subscription and its first
 // subscriber fit the 320-byte size class with a Notifier of two words.
 func (sub *subscription) worker() int {
-	return int(common.DispatcherIDFromUint64(sub.id).Hash() % uint64(len(sub.store.queues)))
+	return common.DispatcherIDFromUint64(sub.id).Index(len(sub.store.queues))
 }
 
 // progress returns the committed resolved-ts and max commit-ts.
