@@ -248,7 +248,7 @@ func (s *Store) isClosing() bool {
 // (exclusive). Dispatchers with an identical span share a subscription when
 // the subscription still holds data from startTs; otherwise a new one is
 // subscribed at the upstream. If the subscription's resolved-ts is already
-// past startTs, notifier is notified before RegisterDispatcher returns, on
+// past startTs, the notifier is called before RegisterDispatcher returns, on
 // the caller's goroutine; later calls come from the store's write workers.
 func (s *Store) RegisterDispatcher(id common.DispatcherID, span common.Span, startTs common.Ts, notifier Notifier) error {
 	if id.IsZero() {

@@ -30,7 +30,7 @@ import (
 // service's does).
 //
 // It is an interface, not a func, so that an embedder's dispatcher is the
-// notifier itself: a method value (d.Notify) is a closure of its own, a
+// notifier itself: a method value passed as a func (d.Notify) is a closure, a
 // separate heap object per dispatcher that every notification loads
 // before the dispatcher (a cold cache line of its own at a million
 // dispatchers), and one more object per registration for the GC to mark.
