@@ -536,7 +536,18 @@ func TestDiskDirIsResetAndForeignDirRefused(t *testing.T) {
 
 func TestMetricsRegisterAndLint(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
-	env := newTestEnv(t, func(o *Options) { o.Registerer = reg })
+	// The writer adds a batch's callbacks to the counter after they
+	// returned, so a recorder can see the last one before it is counted:
+	// the counter is read once all of them are in.
+	var accounted atomic.Int64
+	allAccounted := make(chan struct{})
+	env := newTestEnv(t, func(o *Options) { o.Registerer = reg }, func(s *Store) {
+		s.knobs.accounted = func(notified int) {
+			if accounted.Add(int64(notified)) == notifySampleEvery {
+				close(allAccounted)
+			}
+		}
+	})
 	r := newRecorder()
 	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r))
 	push(t, env.up.last(t, common.TableSpan(1)), 20, put("a", 5, 10))
@@ -544,6 +555,11 @@ func TestMetricsRegisterAndLint(t *testing.T) {
 	for ts := common.Ts(21); ts < 20+notifySampleEvery; ts++ { // one of any notifySampleEvery in a row is timed
 		push(t, env.up.last(t, common.TableSpan(1)), ts)
 		r.waitResolved(t, ts)
+	}
+	select {
+	case <-allAccounted:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%d of %d callbacks accounted", accounted.Load(), notifySampleEvery)
 	}
 	for _, c := range env.store.metrics.collectors() {
 		problems, err := testutil.CollectAndLint(c)
