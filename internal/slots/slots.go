@@ -34,6 +34,17 @@ func (t *Table[T]) Take(v T) uint32 {
 	return uint32(len(t.items) - 1)
 }
 
+// Reserve makes room for n items in all without reallocating the table
+// (a size hint: a table that grows one item at a time copies itself about
+// log2(n) times on the way to n).
+func (t *Table[T]) Reserve(n int) {
+	if n+1 > cap(t.items) {
+		items := make([]T, len(t.items), n+1)
+		copy(items, t.items)
+		t.items = items
+	}
+}
+
 // Free returns slot s for reuse if v holds it (a slot already given to
 // another item is left alone).
 func (t *Table[T]) Free(s uint32, v T) {

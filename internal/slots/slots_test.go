@@ -48,3 +48,24 @@ func TestSlotsAreDenseNonZeroAndReused(t *testing.T) {
 	s1, s2 := tb.Take(a), tb.Take(b)
 	require.NotEqual(t, s1, s2, "a slot is given once")
 }
+
+// TestReserveKeepsSlotsAndStopsReallocation: Reserve keeps what the table
+// holds, and Takes up to the reserved count do not move the table (the
+// point of the hint); a smaller Reserve does nothing.
+func TestReserveKeepsSlotsAndStopsReallocation(t *testing.T) {
+	var tb Table[*item]
+	a := &item{"a"}
+	sa := tb.Take(a)
+	tb.Reserve(100)
+	got, ok := tb.Get(sa)
+	require.True(t, ok)
+	require.Same(t, a, got, "Reserve keeps the items")
+	base := &tb.items[0]
+	for i := range 99 {
+		require.Equal(t, uint32(i+2), tb.Take(&item{"x"}))
+	}
+	require.Same(t, base, &tb.items[0], "100 items fit without reallocating")
+	tb.Reserve(10)
+	require.Same(t, base, &tb.items[0], "a smaller Reserve changes nothing")
+	require.Equal(t, 101, len(tb.items))
+}

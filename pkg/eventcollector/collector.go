@@ -195,7 +195,8 @@ func New(opts Options) (*Collector, error) {
 	}
 	c.regs.seed()
 	c.ctx, c.cancel = context.WithCancel(context.Background())
-	c.mu.dispatchers = make(map[common.DispatcherID]*dispatcher)
+	c.mu.dispatchers = make(map[common.DispatcherID]*dispatcher, opts.ExpectedDispatchers)
+	c.mu.slots.Reserve(opts.ExpectedDispatchers)
 	if a, ok := opts.Sink.(AsyncSink); ok {
 		c.async = true
 		a.SetDurable(c.durable)

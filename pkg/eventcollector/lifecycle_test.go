@@ -14,9 +14,9 @@ import (
 )
 
 func TestOptionsReportEveryBadField(t *testing.T) {
-	_, err := New(Options{HeartbeatInterval: -time.Second, MaxDrain: -1})
+	_, err := New(Options{HeartbeatInterval: -time.Second, MaxDrain: -1, ExpectedDispatchers: maxExpectedDispatchers + 1})
 	require.ErrorIs(t, err, ErrInvalidOptions)
-	for _, f := range []string{"Service", "Inbox", "Sink", "Target", "HeartbeatInterval", "MaxDrain"} {
+	for _, f := range []string{"Service", "Inbox", "Sink", "Target", "HeartbeatInterval", "MaxDrain", "ExpectedDispatchers"} {
 		require.Contains(t, err.Error(), f)
 	}
 

@@ -56,6 +56,11 @@ type Options struct {
 	// collector in another process; default false, so that a second
 	// collector adding the same ID by mistake gets ErrDispatcherExists.
 	TakeOver bool
+	// ExpectedDispatchers is a size hint: the collector's index of
+	// dispatchers (by ID and by slot) is allocated at New for this many,
+	// so that adding them does not rehash it as it grows. It is not a
+	// limit. Default 0: the index starts small and grows.
+	ExpectedDispatchers int
 }
 
 // Defaults.
@@ -65,6 +70,9 @@ const (
 	DefaultRequestTimeout    = 10 * time.Second
 	// maxMaxDrain bounds MaxDrain: a drained batch is held in memory.
 	maxMaxDrain = 1 << 20
+	// maxExpectedDispatchers bounds the ExpectedDispatchers hint (the
+	// memory it takes at New).
+	maxExpectedDispatchers = 1 << 24
 )
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -104,6 +112,7 @@ func (o Options) Validate() error {
 	}
 	p.Require(o.HeartbeatInterval > 0, "HeartbeatInterval %v is not positive", o.HeartbeatInterval)
 	p.IntRange("MaxDrain", o.MaxDrain, 1, maxMaxDrain)
+	p.IntRange("ExpectedDispatchers", o.ExpectedDispatchers, 0, maxExpectedDispatchers)
 	p.Require(o.RequestTimeout > 0, "RequestTimeout %v is not positive", o.RequestTimeout)
 	p.Required("Clock", o.Clock)
 	p.Require(o.Logger != nil, "Logger is nil")

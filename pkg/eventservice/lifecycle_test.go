@@ -437,9 +437,11 @@ func TestBadInputGetsTypedErrors(t *testing.T) {
 		messaging.CodeUnknownDispatcher, messaging.CodeInvalidRequest}, reply.Codes, "each entry judged on its own")
 	_, err = h.svc.Heartbeat(ctx, messaging.HeartbeatRequest{Checkpoints: make([]messaging.DispatcherCheckpoint, messaging.MaxHeartbeatCheckpoints+1)})
 	require.ErrorIs(t, err, messaging.ErrInvalidRequest)
-	_, err = New(Options{PrepareWorkers: -1, ScanLimitBytes: 10, LargeTxnSplitBytes: 5, MaxMessagesPerTask: 2, BackoffBase: -1})
+	_, err = New(Options{PrepareWorkers: -1, ScanLimitBytes: 10, LargeTxnSplitBytes: 5, MaxMessagesPerTask: 2, BackoffBase: -1,
+		MaxDispatchers: 10, ExpectedDispatchers: 11}) // a hint above the limit
 	require.ErrorIs(t, err, ErrInvalidOptions)
-	for _, f := range []string{"Store", "Schema", "Transport", "PrepareWorkers", "LargeTxnSplitBytes", "MaxMessagesPerTask", "BackoffBase"} {
+	for _, f := range []string{"Store", "Schema", "Transport", "PrepareWorkers", "LargeTxnSplitBytes", "MaxMessagesPerTask", "BackoffBase",
+		"ExpectedDispatchers"} {
 		require.Contains(t, err.Error(), f)
 	}
 	// A typed nil passes a plain != nil check and used to panic in Register

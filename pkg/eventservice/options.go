@@ -104,6 +104,14 @@ type Options struct {
 	MaxDispatchersPerTarget int
 	MaxDispatchers          int
 	MaxSpanKeyBytes         int64
+	// ExpectedDispatchers is a size hint: the service's index of
+	// dispatchers (by ID and by slot) is allocated at New for this many,
+	// so that registering them does not rehash it as it grows. It is not
+	// a limit, and at most MaxDispatchers and MaxExpectedDispatchers.
+	// Default 0: the index starts
+	// small and grows. Each expected dispatcher costs about 30 bytes at
+	// New, used or not.
+	ExpectedDispatchers int
 	// Logger receives the service's logs. Default zap.NewNop().
 	Logger *zap.Logger
 	// Registerer receives the service's metrics. Default nil: none.
@@ -129,6 +137,9 @@ const (
 	DefaultMaxDispatchersPerTarget       = 1 << 21
 	DefaultMaxDispatchers                = 1 << 22
 	DefaultMaxSpanKeyBytes         int64 = 256 << 20
+	// MaxExpectedDispatchers bounds the ExpectedDispatchers hint (the
+	// memory it takes at New).
+	MaxExpectedDispatchers = 1 << 24
 )
 
 // EnsureDefaults fills zero fields with their defaults.
@@ -188,6 +199,7 @@ func (o Options) Validate() error {
 	p.IntRange("MaxTargets", o.MaxTargets, 1, 1<<20)
 	p.IntRange("MaxDispatchersPerTarget", o.MaxDispatchersPerTarget, 1, 1<<30)
 	p.IntRange("MaxDispatchers", o.MaxDispatchers, 1, 1<<30)
+	p.IntRange("ExpectedDispatchers", o.ExpectedDispatchers, 0, min(o.MaxDispatchers, MaxExpectedDispatchers))
 	p.Require(o.MaxSpanKeyBytes > 0, "MaxSpanKeyBytes %d must be positive", o.MaxSpanKeyBytes)
 	p.Require(o.LargeTxnSplitBytes >= o.ScanLimitBytes, "LargeTxnSplitBytes %d below ScanLimitBytes %d", o.LargeTxnSplitBytes, o.ScanLimitBytes)
 	// Above this a large transaction would be read into memory whole.

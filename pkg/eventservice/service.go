@@ -92,7 +92,8 @@ func New(opts Options) (*Service, error) {
 	}
 	// One nanosecond before now, so that no offset is 0 ("never").
 	svc.clockBase = opts.Clock.Now().Add(-time.Nanosecond)
-	svc.mu.dispatchers = make(map[common.DispatcherID]*dispatcher)
+	svc.mu.dispatchers = make(map[common.DispatcherID]*dispatcher, opts.ExpectedDispatchers)
+	svc.mu.slots.Reserve(opts.ExpectedDispatchers)
 	svc.mu.targets = make(map[messaging.Target]*target)
 	svc.prepQueues = make([]*prepareQueue, opts.PrepareWorkers)
 	for i := range svc.prepQueues {

@@ -131,8 +131,8 @@ func Open(opts Options) (*Store, error) {
 	s.throttle.doorbell = make(chan struct{}, 1)
 	s.fresh.limit = opts.FreshBytes
 	s.metrics = newMetrics(&s.fresh)
-	s.mu.dispatchers = make(map[common.DispatcherID]*subscriber)
-	s.mu.subsBySpan = make(map[spanKey]*subscription)
+	s.mu.dispatchers = make(map[common.DispatcherID]*subscriber, opts.ExpectedDispatchers)
+	s.mu.subsBySpan = make(map[spanKey]*subscription, opts.ExpectedDispatchers)
 	s.mu.subscribing = make(map[spanKey]chan struct{})
 	s.queues = make([]chan writeEvent, opts.WriteWorkers)
 	s.advanceRoom = make([]advanceRoom, opts.WriteWorkers)

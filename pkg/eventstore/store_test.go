@@ -487,12 +487,17 @@ func TestCloseDuringWrites(t *testing.T) {
 
 func TestOptionsValidationReportsEveryField(t *testing.T) {
 	_, err := Open(Options{WriteWorkers: -1, WriteQueueSize: -1, MaxBatchRows: -1, IdleTTL: -1,
-		MaintenanceInterval: -1, GCMinSpan: -1, GCMaxDelay: -1, GCInterval: -1, CacheBytes: -1, MemTableBytes: 10})
+		MaintenanceInterval: -1, GCMinSpan: -1, GCMaxDelay: -1, GCInterval: -1, CacheBytes: -1, MemTableBytes: 10,
+		ExpectedDispatchers: -1})
 	require.ErrorIs(t, err, ErrInvalidOptions)
 	for _, field := range []string{"Upstream", "WriteWorkers", "WriteQueueSize", "MaxBatchRows", "IdleTTL",
-		"MaintenanceInterval", "GCMinSpan", "GCMaxDelay", "GCInterval", "CacheBytes", "MemTableBytes"} {
+		"MaintenanceInterval", "GCMinSpan", "GCMaxDelay", "GCInterval", "CacheBytes", "MemTableBytes", "ExpectedDispatchers"} {
 		require.Contains(t, err.Error(), field)
 	}
+	// The size hint is bounded: a hint of billions would allocate at Open.
+	_, err = Open(Options{Upstream: &fakeUpstreamForTest{}, ExpectedDispatchers: MaxExpectedDispatchers + 1})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	require.Contains(t, err.Error(), "ExpectedDispatchers")
 	_, err = Open(Options{Upstream: (*fakeUpstreamForTest)(nil), Clock: (*clock.Fake)(nil)})
 	require.ErrorIs(t, err, ErrInvalidOptions)
 	require.Contains(t, err.Error(), "Upstream is a nil *eventstore.fakeUpstreamForTest")

@@ -129,7 +129,7 @@ func RunCollector(ctx context.Context, cfg Config, stdout, stderr io.Writer) (Co
 			return sum, err
 		}
 		if rf.coll, err = eventcollector.New(eventcollector.Options{Service: rf.client, Inbox: rf.client.Inbox(),
-			Sink: rf.sink, Registerer: reg, Logger: lg, TakeOver: true}); err != nil {
+			Sink: rf.sink, Registerer: reg, Logger: lg, TakeOver: true, ExpectedDispatchers: cfg.Tables}); err != nil {
 			return sum, err
 		}
 		if err := rf.client.Start(); err != nil {

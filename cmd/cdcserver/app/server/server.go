@@ -194,8 +194,11 @@ func (s *server) buildParts(resumed bool) error {
 	if err != nil {
 		return err
 	}
+	// Every table of every changefeed is a dispatcher of this store and
+	// service: their indexes are sized for them at once.
+	dispatchers := min(cfg.Tables*cfg.Changefeeds, eventstore.MaxExpectedDispatchers, eventservice.MaxExpectedDispatchers)
 	s.store, err = eventstore.Open(eventstore.Options{Dir: filepath.Join(s.dataDir, "eventstore"), Upstream: s.gen,
-		Registerer: s.reg, Logger: s.log})
+		ExpectedDispatchers: dispatchers, Registerer: s.reg, Logger: s.log})
 	if err != nil {
 		return err
 	}
@@ -234,6 +237,7 @@ func (s *server) buildParts(resumed bool) error {
 		MaxTargets:              cfg.MaxTargets,
 		MaxDispatchersPerTarget: cfg.MaxDispatchersPerTarget,
 		MaxDispatchers:          cfg.MaxDispatchers,
+		ExpectedDispatchers:     dispatchers, // at most MaxDispatchers: the config checks it
 		Registerer:              s.reg, Logger: s.log})
 	if err != nil {
 		return err
@@ -278,7 +282,8 @@ func (s *server) buildFeed(c int, resumed bool) error {
 	if s.hooks.wrapSink != nil {
 		sink = s.hooks.wrapSink(c+1, sink)
 	}
-	f.coll, err = eventcollector.New(eventcollector.Options{Service: s.svc, Inbox: inbox, Sink: sink, Registerer: s.reg, Logger: s.log})
+	f.coll, err = eventcollector.New(eventcollector.Options{Service: s.svc, Inbox: inbox, Sink: sink, Registerer: s.reg, Logger: s.log,
+		ExpectedDispatchers: s.cfg.Tables})
 	if err != nil {
 		return err
 	}
