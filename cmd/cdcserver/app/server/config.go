@@ -103,6 +103,10 @@ type Config struct {
 	// InsecureListen lets the service listen without TLS on an address
 	// that is not loopback.
 	InsecureListen bool
+	// FreshBytes bounds the event store's rows held in memory
+	// (eventstore.Options.FreshBytes); -1 keeps none, 0 takes the
+	// library's default.
+	FreshBytes int64
 	// MaxTargets and MaxDispatchersPerTarget bound what peers can make
 	// the service hold (eventservice.Options).
 	MaxTargets, MaxDispatchersPerTarget, MaxDispatchers int
@@ -134,6 +138,7 @@ func DefaultConfig() Config {
 		ScanWorkers:         2,
 		ScanQueue:           8,
 		ScanLimitBytes:      1 << 20,
+		FreshBytes:          DefaultFreshBytes,
 		InboxCapacity:       8192,
 		MetricsAddr:         "127.0.0.1:0",
 		LogLevel:            "warn",
@@ -146,6 +151,15 @@ func DefaultConfig() Config {
 		MaxDispatchers:          eventservice.DefaultMaxDispatchers,
 	}
 }
+
+// DefaultFreshBytes is --fresh-bytes' default: eight times the library's
+// (eventstore.DefaultFreshBytes). A server owns its machine's memory, and
+// when collectors fall seconds behind (collectors in other processes at
+// 400k rows/s) the rows they have not acknowledged fit in memory instead
+// of being flushed to pebble and compacted by the service process, which
+// took a third of its CPU (docs/benchmarks.md, "Collectors in other
+// processes").
+const DefaultFreshBytes = 512 << 20
 
 // Roles.
 const (
@@ -172,6 +186,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.ScanWorkers, "scan-workers", c.ScanWorkers, "scan workers")
 	fs.IntVar(&c.ScanQueue, "scan-queue", c.ScanQueue, "scan channel capacity")
 	fs.IntVar(&c.ScanLimitBytes, "scan-limit-bytes", c.ScanLimitBytes, "bytes one scan task reads before it yields at a transaction boundary")
+	fs.Int64Var(&c.FreshBytes, "fresh-bytes", c.FreshBytes, "bytes of the newest rows the event store keeps in memory, so that a dispatcher behind by seconds is scanned, and its rows dropped at its checkpoint, without pebble writing and compacting them (-1: none; 0: the library's 64 MiB)")
 	fs.IntVar(&c.InboxCapacity, "inbox-capacity", c.InboxCapacity, "messages a collector's inbox holds before the transport refuses")
 	fs.Float64Var(&c.RefuseRate, "refuse-rate", c.RefuseRate, "fraction of sends the transport refuses as busy (fault injection)")
 	fs.Float64Var(&c.FailRate, "fail-rate", c.FailRate, "fraction of sends the transport fails (fault injection)")
@@ -215,6 +230,8 @@ func (c Config) Validate() error {
 	p.IntRange("--scan-queue", c.ScanQueue, 1, 1<<20)
 	p.IntRange("--scan-limit-bytes", c.ScanLimitBytes, 1, 1<<30)
 	p.IntRange("--inbox-capacity", c.InboxCapacity, 64, 1<<24)
+	p.Require(c.FreshBytes == -1 || c.FreshBytes == 0 || c.FreshBytes >= 1<<20 && c.FreshBytes <= 1<<40,
+		"--fresh-bytes=%d: -1 (none), 0 (the library's default) or 1 MiB to 1 TiB", c.FreshBytes)
 	p.IntRange("--max-targets", c.MaxTargets, 1, 1<<20)
 	p.IntRange("--max-dispatchers-per-target", c.MaxDispatchersPerTarget, 1, 1<<30)
 	p.Require(c.MaxTargets >= c.Changefeeds, "--max-targets=%d is below --changefeeds=%d (a target per changefeed)", c.MaxTargets, c.Changefeeds)

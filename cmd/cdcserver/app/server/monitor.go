@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/cdcflow/eventservice/internal/latency"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventcollector"
@@ -22,6 +24,9 @@ type runHooks struct {
 	// for the sink call in flight, so a test that holds one releases it
 	// here.
 	beforeStop func()
+	// finished runs at the same point with the run's metrics registry,
+	// for a test that reads what the parts counted over the whole run.
+	finished func(reg prometheus.Gatherer)
 }
 
 // runResult is what the monitor observed.

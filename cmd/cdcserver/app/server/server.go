@@ -198,7 +198,7 @@ func (s *server) buildParts(resumed bool) error {
 	// service: their indexes are sized for them at once.
 	dispatchers := min(cfg.Tables*cfg.Changefeeds, eventstore.MaxExpectedDispatchers, eventservice.MaxExpectedDispatchers)
 	s.store, err = eventstore.Open(eventstore.Options{Dir: filepath.Join(s.dataDir, "eventstore"), Upstream: s.gen,
-		ExpectedDispatchers: dispatchers, Registerer: s.reg, Logger: s.log})
+		ExpectedDispatchers: dispatchers, FreshBytes: cfg.FreshBytes, Registerer: s.reg, Logger: s.log})
 	if err != nil {
 		return err
 	}
@@ -379,6 +379,9 @@ func (s *server) metricsAddr() string { return s.metrics.addr() }
 func (s *server) stop(stderr io.Writer) {
 	if s.hooks.beforeStop != nil {
 		s.hooks.beforeStop() // before the collectors' Close waits for a sink call it holds
+	}
+	if s.hooks.finished != nil {
+		s.hooks.finished(s.reg)
 	}
 	if s.mover != nil {
 		s.mover.close() // before the collectors close: a move calls them

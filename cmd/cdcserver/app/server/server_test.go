@@ -34,12 +34,12 @@ func smallConfig() Config {
 func TestConfigValidateReportsEveryField(t *testing.T) {
 	c := Config{Tables: 0, Changefeeds: 0, Rate: -1, TxnRows: 0, RowBytes: -1, HotFraction: 2, RefuseRate: 0.6, FailRate: 0.6,
 		DropRate: 2, Duration: 0, DrainTimeout: 0, DDLInterval: -1, MoveInterval: -1, ResolvedInterval: -1, ResolvedGroupTables: 0, ProgressInterval: -1, PrepareWorkers: 0, ScanWorkers: 0,
-		ScanQueue: 0, ScanLimitBytes: 0, InboxCapacity: 1, DurableSink: true, MetricsAddr: "0.0.0.0:9090", LogLevel: "loud"}
+		ScanQueue: 0, ScanLimitBytes: 0, InboxCapacity: 1, FreshBytes: 5, DurableSink: true, MetricsAddr: "0.0.0.0:9090", LogLevel: "loud"}
 	err := c.Validate()
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	for _, flag := range []string{"--tables", "--changefeeds", "--rate", "--txn-rows", "--row-bytes", "--hot-fraction",
 		"--refuse-rate + --fail-rate", "--drop-rate", "--duration", "--drain-timeout", "--ddl-interval", "--move-interval", "--resolved-interval", "--resolved-group-tables", "--progress-interval",
-		"--prepare-workers", "--scan-workers", "--scan-queue", "--scan-limit-bytes", "--inbox-capacity", "--durable-sink needs",
+		"--prepare-workers", "--scan-workers", "--scan-queue", "--scan-limit-bytes", "--inbox-capacity", "--fresh-bytes", "--durable-sink needs",
 		"loopback", "--log-level"} {
 		require.Contains(t, err.Error(), flag)
 	}
