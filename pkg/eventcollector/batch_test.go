@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -226,4 +227,29 @@ func TestResolvedBatchCheckpointsInOneSinkCall(t *testing.T) {
 	require.Len(t, bs.calls, 1, "no batch call for repeated entries")
 	bs.mu.Unlock()
 	require.Equal(t, common.Ts(50), h.status(d1).Checkpoint)
+}
+
+// signallingReleaserForTest reports each release on a channel (the sender
+// that owns a batch's memory is the edge this test is about).
+type signallingReleaserForTest struct{ released chan struct{} }
+
+func (r signallingReleaserForTest) Release() { r.released <- struct{}{} }
+
+// TestAnAppliedBatchIsReleasedOnce: once the collector applied a batch
+// (its checkpoint moved), it releases the batch's owner, once, so the
+// service may reuse the entries' memory.
+func TestAnAppliedBatchIsReleasedOnce(t *testing.T) {
+	h := newCrafted(t, nil, nil)
+	d1 := h.addAndHandshake(1, 10)
+	owner := signallingReleaserForTest{released: make(chan struct{}, 2)}
+	h.deliver(messaging.NewOwnedResolvedBatch([]messaging.Resolved{entry(d1, 1, 1, 20, h.slotOf(d1))}, owner))
+	require.Equal(t, common.Ts(20), h.sink.CheckpointOf(d1), "applied before its release")
+	select {
+	case <-owner.released:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the applied batch was not released")
+	}
+	h.deliver(&messaging.ResolvedBatch{Entries: []messaging.Resolved{entry(d1, 1, 1, 30, h.slotOf(d1))}})
+	require.Equal(t, common.Ts(30), h.sink.CheckpointOf(d1))
+	require.Empty(t, owner.released, "released once")
 }

@@ -62,7 +62,9 @@
 //     only its dispatcher). The dispatcher is found by the slot the entry
 //     echoes (the one AddDispatcher registered) when that slot holds the
 //     ID the entry names, by ID otherwise; a batch of no or too many
-//     entries is ignored and counted (invalid_batch). Its verdicts are
+//     entries is ignored and counted (invalid_batch). Once handled, the
+//     batch is released (messaging.ResolvedBatch.Release): nothing of the
+//     collector reads its entries after that, so the service may reuse them. Its verdicts are
 //     taken under one lock, its sink calls made after it, in order (one
 //     CheckpointBatch when the sink is a CheckpointBatcher and the batch
 //     names each dispatcher once, each entry with the dispatcher's slot in

@@ -39,6 +39,11 @@ func (c *Collector) runReceive() {
 			if h := c.knobs.afterHandle; h != nil {
 				h(m)
 			}
+			if b, ok := m.(*messaging.ResolvedBatch); ok {
+				// Applied: nothing here reads its entries again, and the
+				// sender may reuse their memory (messaging.Releaser).
+				b.Release()
+			}
 		}
 		clear(batch) // do not keep applied messages alive
 	}

@@ -81,6 +81,9 @@ type target struct {
 	// room wakes refused senders when the target has room again; nil when
 	// the transport cannot tell (then back-offs are timed).
 	room *roomWatch
+	// slabs keeps the memory of deliveries whose messages were all
+	// released, for the next deliveries (slabs.go).
+	slabs slabPool
 	// chunk is the most entries one ResolvedBatch message carries:
 	// ResolvedBatch capped at messaging.MaxResolvedBatchEntries, until the
 	// target reports ErrBatchTooLarge, then halved until messages fit. Only
@@ -180,12 +183,14 @@ func (t *target) deliver(_ context.Context, batch []pendingset.Entry[common.Disp
 			owners = append(owners, i)
 		}
 	}
-	// The batch's entries in one allocation, which the messages share: at
-	// a million advances a second one allocation each was a third of the
-	// service's garbage. The receiver holds them until it applied the last
-	// message, so the slab lives as long as its longest-lived message,
-	// bounded by the target's inbox.
-	slab := make([]messaging.Resolved, len(owners))
+	// The batch's entries in one slab, which the messages share: at a
+	// million advances a second one allocation each was a third of the
+	// service's garbage. The receiver holds them until it released the
+	// last message, so a slab lives as long as its longest-lived message,
+	// bounded by the target's inbox; then it is reused (slabs.go).
+	sl := t.slabs.get(len(owners))
+	defer sl.Release() // the pump's hold: its sends are over
+	slab := sl.entries
 	for j, i := range owners {
 		e := &batch[i]
 		d := e.Value.s.d
@@ -209,8 +214,12 @@ func (t *target) deliver(_ context.Context, batch []pendingset.Entry[common.Disp
 	}
 	for sent := 0; sent < len(slab); {
 		n := min(t.chunk, len(slab)-sent)
-		t.msgs[0] = &messaging.ResolvedBatch{Entries: slab[sent : sent+n : sent+n]}
+		sl.hold() // the message's, before its receiver can release it
+		t.msgs[0] = messaging.NewOwnedResolvedBatch(slab[sent:sent+n:sent+n], sl)
 		err := svc.send(t.name, t.msgs)
+		if err != nil {
+			sl.Release() // a refused send delivered nothing (Transport: all or nothing)
+		}
 		switch {
 		case err == nil:
 			sent += n

@@ -36,6 +36,10 @@
 //     approximate bytes.
 //   - Messages are passed by pointer, never copied: after a successful Send
 //     the sender must not modify them. The msgs slice itself is not retained.
+//     The one exception is a ResolvedBatch built with NewOwnedResolvedBatch:
+//     its receiver calls Release once it no longer reads the entries, and
+//     only then may their owner reuse them (a batch never released is
+//     garbage collected; that costs only the reuse).
 //   - Nothing here starts a goroutine or holds package-level state.
 //
 // Control-plane invariants: every request has a Validate (ErrInvalidRequest);

@@ -103,3 +103,31 @@ func TestValidate(t *testing.T) {
 		require.ErrorIs(t, Validate(m), ErrInvalidMessage, name)
 	}
 }
+
+// countingReleaserForTest counts its releases (the owner is the edge this
+// test is about).
+type countingReleaserForTest struct{ n int }
+
+func (r *countingReleaserForTest) Release() { r.n++ }
+
+// TestResolvedBatchReleaseTellsItsOwnerOnce: Release releases the owner
+// once however often it is called, and drops the entries so that a late
+// reader finds none rather than the owner's next use of them; a batch
+// without an owner keeps its entries.
+func TestResolvedBatchReleaseTellsItsOwnerOnce(t *testing.T) {
+	owner := &countingReleaserForTest{}
+	entries := []Resolved{{Ts: 5}, {Ts: 6}}
+	b := NewOwnedResolvedBatch(entries, owner)
+	require.Equal(t, entries, b.Entries)
+	require.Equal(t, 2, Weight(b))
+	b.Release()
+	require.Equal(t, 1, owner.n)
+	require.Empty(t, b.Entries, "a released batch shows no entries")
+	b.Release()
+	require.Equal(t, 1, owner.n, "released once")
+
+	plain := &ResolvedBatch{Entries: entries}
+	plain.Release()
+	require.Equal(t, entries, plain.Entries, "no owner: nothing to release, the entries stay")
+	(*ResolvedBatch)(nil).Release() // a typed nil, as a lying transport may hand over: no panic
+}
