@@ -22,6 +22,8 @@ type MemorySink struct {
 	mu struct {
 		sync.Mutex
 		dispatchers map[common.DispatcherID]*memDispatcher
+		// arena holds every applied row, untraced by the GC (memrows.go).
+		arena rowArena
 		// bySlot caches dispatchers by the collector's slot
 		// (SinkCheckpoint.Slot), checked against the ID, so that
 		// CheckpointBatch, the sink's most frequent call, probes no map.
@@ -62,7 +64,7 @@ type memDispatcher struct {
 	// mapped by, checked by the slot cache), cur (epochs' last record,
 	// nil before the first) and the checkpoint counts.
 	id         common.DispatcherID
-	cur        *EpochRecord
+	cur        *memEpoch
 	checkpoint common.Ts
 	// The current epoch's checkpoint counts, kept here rather than in
 	// cur and folded into it when the next epoch opens (fold): a
@@ -71,38 +73,46 @@ type memDispatcher struct {
 	// a cold cache line per call and a tenth of the CPU of an idle run.
 	curCheckpoints, curRegressions int
 	curLast                        common.Ts
-	epochs                         []*EpochRecord
+	epochs                         []*memEpoch
 	// first is the first epoch's record and one the first epochs array
 	// (one[0] = &first): a dispatcher of one epoch, the common case, is one
 	// object for the GC to mark, not three. Later epochs are allocated (the
 	// append outgrows one).
-	first EpochRecord
-	one   [1]*EpochRecord
-	// curRows are the current epoch's ApplyRows batches, as given, folded
-	// into cur.Rows likewise. Appending each batch to one slice per epoch
-	// copied a hot table's whole history at every doubling, in the
-	// collector's goroutine and under the sink's lock: a 1k-table run's
-	// ApplyRows took 16-65 ms a few times after ten seconds, and each
-	// such call held up every dispatcher of the changefeed.
-	curRows [][]common.Row
+	first memEpoch
+	one   [1]*memEpoch
+	// curRows are the current epoch's ApplyRows batches, as ranges of
+	// the sink's arena, folded into cur.rows likewise. Appending each
+	// batch's rows to one slice per epoch copied a hot table's whole
+	// history at every doubling, in the collector's goroutine and under
+	// the sink's lock: a 1k-table run's ApplyRows took 16-65 ms a few
+	// times after ten seconds, and each such call held up every dispatcher
+	// of the changefeed.
+	curRows []refRange
+}
+
+// memEpoch is one epoch's record, its rows kept as ranges of the sink's
+// arena (record.Rows stays nil: readers get rows materialised).
+type memEpoch struct {
+	EpochRecord
+	rows []refRange
 }
 
 // open appends an epoch record and makes it current.
 func (d *memDispatcher) open(rec EpochRecord) *EpochRecord {
 	d.fold()
-	var e *EpochRecord
+	var e *memEpoch
 	if len(d.epochs) == 0 && d.one[0] == nil {
-		d.first = rec
+		d.first.EpochRecord = rec
 		e = &d.first
 		d.one[0] = e
 		d.epochs = d.one[:]
 	} else {
-		e = new(EpochRecord) // not &rec: rec would escape at every call
-		*e = rec
+		e = new(memEpoch) // not &rec: rec would escape at every call
+		e.EpochRecord = rec
 		d.epochs = append(d.epochs, e)
 	}
 	d.cur = e
-	return e
+	return &e.EpochRecord
 }
 
 // fold moves the current epoch's checkpoint counts and rows into its
@@ -118,14 +128,7 @@ func (d *memDispatcher) fold() {
 		d.curCheckpoints, d.curRegressions = 0, 0
 	}
 	if len(d.curRows) > 0 {
-		n := 0
-		for _, rows := range d.curRows {
-			n += len(rows)
-		}
-		d.cur.Rows = slices.Grow(d.cur.Rows, n)
-		for _, rows := range d.curRows {
-			d.cur.Rows = append(d.cur.Rows, rows...)
-		}
+		d.cur.rows = append(d.cur.rows, d.curRows...) // the batches, not their rows
 		clear(d.curRows)
 		d.curRows = d.curRows[:0]
 	}
@@ -147,7 +150,7 @@ func (s *MemorySink) currentLocked(id common.DispatcherID) *EpochRecord {
 	if d.cur == nil {
 		return d.open(EpochRecord{})
 	}
-	return d.cur
+	return &d.cur.EpochRecord
 }
 
 func (s *MemorySink) dispatcherLocked(id common.DispatcherID) *memDispatcher {
@@ -177,8 +180,9 @@ func (s *MemorySink) BeginEpoch(id common.DispatcherID, epoch uint64, startTs co
 	return nil
 }
 
-// ApplyRows implements Sink. The rows are kept, not copied (the Sink
-// contract says nobody modifies them).
+// ApplyRows implements Sink. The rows are copied into the sink's arena,
+// where the GC does not trace them (memrows.go); the caller's memory is
+// not kept.
 func (s *MemorySink) ApplyRows(id common.DispatcherID, rows []common.Row) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -187,7 +191,7 @@ func (s *MemorySink) ApplyRows(id common.DispatcherID, rows []common.Row) error 
 		d.open(EpochRecord{})
 	}
 	if len(rows) > 0 {
-		d.curRows = append(d.curRows, rows)
+		d.curRows = append(d.curRows, s.mu.arena.add(rows))
 	}
 	s.changedLocked()
 	return nil
@@ -288,7 +292,7 @@ func (s *MemorySink) Epochs(id common.DispatcherID) []EpochRecord {
 	d.fold()
 	out := make([]EpochRecord, len(d.epochs))
 	for i, e := range d.epochs {
-		out[i] = EpochRecord{Epoch: e.Epoch, StartTs: e.StartTs, Rows: slices.Clone(e.Rows),
+		out[i] = EpochRecord{Epoch: e.Epoch, StartTs: e.StartTs, Rows: s.mu.arena.appendRows(nil, e.rows),
 			DDLs: slices.Clone(e.DDLs), Checkpoints: e.Checkpoints, LastCheckpoint: e.LastCheckpoint,
 			CheckpointRegressions: e.CheckpointRegressions}
 	}
@@ -307,7 +311,7 @@ func (s *MemorySink) Applied(id common.DispatcherID) []common.Row {
 	d.fold()
 	var out []common.Row
 	for _, e := range d.epochs {
-		out = append(out, e.Rows...)
+		out = s.mu.arena.appendRows(out, e.rows)
 	}
 	return out
 }
