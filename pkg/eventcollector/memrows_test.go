@@ -81,4 +81,3 @@ func TestArenaBatchesCrossRefChunks(t *testing.T) {
 	got := a.appendRows(nil, []refRange{r1, r2, r3})
 	require.Equal(t, append(append(first, second...), third...), got)
 }
-
