@@ -52,36 +52,68 @@ const maxPooledSlabs = 16
 // slabPool keeps one target's released slabs. Its lock is taken once per
 // delivery and once per release, never while holding another.
 type slabPool struct {
-	mu   sync.Mutex
-	free []*resolvedSlab
+	// size is the most entries a delivery has (the target's
+	// ResolvedBatch): once the target's receiver releases, new slabs are
+	// made this large, so that any of them serves any delivery. Until
+	// then (a receiver that never releases: the gRPC transport) each is
+	// made for its delivery, as small as it can be, since it is garbage
+	// after it.
+	size int
+	mu   struct {
+		sync.Mutex
+		free      []*resolvedSlab
+		recycling bool // a slab was released: the receiver releases
+	}
 }
 
 // get returns a slab of n entries held once (by the caller): a released
 // one large enough, or a new one.
 func (p *slabPool) get(n int) *resolvedSlab {
 	p.mu.Lock()
-	for i := len(p.free) - 1; i >= 0; i-- {
-		if s := p.free[i]; cap(s.entries) >= n {
-			last := len(p.free) - 1
-			p.free[i], p.free[last] = p.free[last], nil
-			p.free = p.free[:last]
+	free := p.mu.free
+	for i := len(free) - 1; i >= 0; i-- {
+		if s := free[i]; cap(s.entries) >= n {
+			last := len(free) - 1
+			free[i], free[last] = free[last], nil
+			p.mu.free = free[:last]
 			p.mu.Unlock()
 			s.entries = s.entries[:n]
 			s.refs.Store(1)
 			return s
 		}
 	}
+	size := n
+	if p.mu.recycling {
+		size = max(n, p.size)
+	}
 	p.mu.Unlock()
-	s := &resolvedSlab{entries: make([]messaging.Resolved, n), pool: p}
+	s := &resolvedSlab{entries: make([]messaging.Resolved, n, size), pool: p}
 	s.refs.Store(1)
 	return s
 }
 
-// put keeps a released slab for reuse, unless the pool is full.
+// put keeps a released slab for reuse. A full pool keeps its largest
+// slabs: a small one it dropped for a larger could serve only small
+// deliveries, and a pool of small ones would leave every large delivery
+// to allocate.
 func (p *slabPool) put(s *resolvedSlab) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.free) < maxPooledSlabs {
-		p.free = append(p.free, s)
+	p.mu.recycling = true
+	if cap(s.entries) == 0 {
+		return
+	}
+	if len(p.mu.free) < maxPooledSlabs {
+		p.mu.free = append(p.mu.free, s)
+		return
+	}
+	smallest := 0
+	for i, f := range p.mu.free {
+		if cap(f.entries) < cap(p.mu.free[smallest].entries) {
+			smallest = i
+		}
+	}
+	if cap(s.entries) > cap(p.mu.free[smallest].entries) {
+		p.mu.free[smallest] = s
 	}
 }

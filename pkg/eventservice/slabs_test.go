@@ -13,39 +13,56 @@ import (
 // TestASlabReturnsToItsPoolOnlyWhenEveryHolderReleased: the pump's hold
 // and each accepted message's keep a slab out of the pool; the last
 // release returns it, a later get of no more entries reuses it, a larger
-// one does not, the pool keeps at most maxPooledSlabs, and a release
-// without a hold is a bug that panics rather than hands the memory out
-// twice.
+// one does not; a release without a hold is a bug that panics rather than
+// hands the memory out twice.
 func TestASlabReturnsToItsPoolOnlyWhenEveryHolderReleased(t *testing.T) {
-	var p slabPool
+	p := slabPool{size: 8}
 	s := p.get(3)
 	require.Len(t, s.entries, 3)
+	require.Equal(t, 3, cap(s.entries), "nothing released yet: made for its delivery only")
 	s.hold() // two messages
 	s.hold()
 	s.Release() // the pump's
 	s.Release()
-	require.Empty(t, p.free, "a message still holds it")
+	require.Empty(t, p.mu.free, "a message still holds it")
 	s.Release()
-	require.Len(t, p.free, 1, "the last release pools it")
+	require.Len(t, p.mu.free, 1, "the last release pools it")
 
 	again := p.get(2)
 	require.Same(t, s, again, "reused for fewer entries")
 	require.Len(t, again.entries, 2)
-	require.Empty(t, p.free)
+	require.Empty(t, p.mu.free)
 	again.Release()
 	bigger := p.get(4)
 	require.NotSame(t, s, bigger, "too small for four entries")
-	require.Len(t, p.free, 1, "the small one stays pooled")
+	require.Equal(t, 8, cap(bigger.entries), "the receiver releases: new slabs are made full size")
+	require.Len(t, p.mu.free, 1, "the small one stays pooled")
+	bigger.Release()
+	require.Panics(t, func() { bigger.Release() }, "released more often than held")
+}
 
-	held := make([]*resolvedSlab, maxPooledSlabs+4)
-	for i := range held {
-		held[i] = p.get(8) // none pooled is that large: all fresh
+// TestAFullSlabPoolKeepsItsLargestSlabs: a pool holds at most
+// maxPooledSlabs, an empty slab is never pooled, and a full pool trades
+// its smallest slab for a larger one, so small slabs cannot crowd out the
+// ones every delivery can use.
+func TestAFullSlabPoolKeepsItsLargestSlabs(t *testing.T) {
+	var p slabPool
+	p.get(0).Release()
+	require.Empty(t, p.mu.free, "an empty slab is not pooled")
+	small := make([]*resolvedSlab, maxPooledSlabs+4)
+	for i := range small {
+		small[i] = p.get(1) // held at once: none reused
 	}
-	for _, s := range held {
+	for _, s := range small {
 		s.Release()
 	}
-	require.Len(t, p.free, maxPooledSlabs, "a burst of releases keeps at most maxPooledSlabs")
-	require.Panics(t, func() { bigger.Release(); bigger.Release() }, "released more often than held")
+	require.Len(t, p.mu.free, maxPooledSlabs, "a burst of releases keeps at most maxPooledSlabs")
+	large := &resolvedSlab{entries: make([]messaging.Resolved, 0, 512), pool: &p}
+	large.refs.Store(1)
+	large.Release()
+	require.Len(t, p.mu.free, maxPooledSlabs)
+	got := p.get(300)
+	require.Same(t, large, got, "the large slab displaced a small one")
 }
 
 // recordingTransportForTest accepts every send and hands the messages to

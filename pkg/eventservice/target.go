@@ -98,6 +98,7 @@ func (svc *Service) targetLocked(name messaging.Target) (*target, error) {
 		return t, nil
 	}
 	t := &target{svc: svc, name: name, chunk: min(svc.opts.ResolvedBatch, messaging.MaxResolvedBatchEntries)}
+	t.slabs.size = svc.opts.ResolvedBatch
 	set, err := pendingset.New(pendingset.Options[common.DispatcherID, resolvedValue]{
 		Merge:         newerResolved,
 		MaxBatch:      svc.opts.ResolvedBatch,
@@ -182,6 +183,9 @@ func (t *target) deliver(_ context.Context, batch []pendingset.Entry[common.Disp
 		if batch[i].Value.current() {
 			owners = append(owners, i)
 		}
+	}
+	if len(owners) == 0 {
+		return nil // every advance was a retired session's: nothing to send
 	}
 	// The batch's entries in one slab, which the messages share: at a
 	// million advances a second one allocation each was a third of the
