@@ -84,9 +84,24 @@ func TestRemoteCollectorWithAnotherIdentityCannotTakeOver(t *testing.T) {
 		case <-ctx.Done():
 			return
 		}
+		// The baseline is the owner's first stream: its metrics line can
+		// come before the stream is up (a count of 0 that later reads 1
+		// with no intruder involved), so wait for it (polling a condition
+		// with a deadline, not ordering).
 		var err error
-		if out.ownerStreams, err = scrapeMetric(ownerMetrics, "cdcflow_remote_client_streams_total", `target="changefeed-1"`); err != nil {
+		for deadline := time.Now().Add(scaled(t, time.Minute)); ; {
+			out.ownerStreams, err = scrapeMetric(ownerMetrics, "cdcflow_remote_client_streams_total", `target="changefeed-1"`)
+			if err == nil && out.ownerStreams >= 1 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err == nil && out.ownerStreams < 1 {
+			err = fmt.Errorf("the owner opened no stream")
+		}
+		if err != nil {
 			fail(err)
+			return
 		}
 		intruder := startCollectorProcess(t, addr, start, cfg, "1", t.TempDir(), intruderCerts)
 		select {
