@@ -1,5 +1,6 @@
 // Package promutil registers groups of Prometheus collectors on an
-// injected Registerer, all or none.
+// injected Registerer, all or none, and reads a metric's value back from
+// a Gatherer (Sum, for tests that check what was counted).
 //
 // Invariant: RegisterAll either registers every collector or leaves the
 // registerer as it found it; a nil registerer registers nothing.
@@ -40,4 +41,24 @@ func UnregisterAll(reg prometheus.Registerer, cs ...prometheus.Collector) {
 	for _, c := range cs {
 		reg.Unregister(c)
 	}
+}
+
+// Sum gathers g and returns the sum of the counter and gauge values of
+// every series named name, and how many series there were (0: none, the
+// sum then 0).
+func Sum(g prometheus.Gatherer, name string) (sum float64, series int, err error) {
+	mfs, err := g.Gather()
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			series++
+		}
+	}
+	return sum, series, nil
 }

@@ -26,3 +26,27 @@ func TestRegisterAllOrNone(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, mfs)
 }
+
+// TestSumAddsEverySeriesOfOneName: counters and gauges of the name are
+// summed over their series; other names do not count; an absent name is
+// zero series.
+func TestSumAddsEverySeriesOfOneName(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "c_total"}, []string{"l"})
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"})
+	require.NoError(t, RegisterAll(reg, c, g))
+	c.WithLabelValues("a").Add(2)
+	c.WithLabelValues("b").Add(3)
+	g.Set(7)
+	sum, n, err := Sum(reg, "c_total")
+	require.NoError(t, err)
+	require.Equal(t, 5.0, sum)
+	require.Equal(t, 2, n)
+	sum, n, err = Sum(reg, "g")
+	require.NoError(t, err)
+	require.Equal(t, 7.0, sum)
+	require.Equal(t, 1, n)
+	_, n, err = Sum(reg, "absent")
+	require.NoError(t, err)
+	require.Zero(t, n)
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/cdcflow/eventservice/internal/promutil"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
@@ -508,17 +509,8 @@ func TestClientReconnectsToARestartedService(t *testing.T) {
 // requireMetric checks the value of the single series named name in reg.
 func requireMetric(t *testing.T, reg *prometheus.Registry, name string, want float64) {
 	t.Helper()
-	mfs, err := reg.Gather()
+	got, series, err := promutil.Sum(reg, name)
 	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		require.Len(t, mf.GetMetric(), 1, name)
-		m := mf.GetMetric()[0]
-		got := m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		require.Equal(t, want, got, name)
-		return
-	}
-	t.Fatalf("metric %s not found", name)
+	require.Equal(t, 1, series, "series of %s", name)
+	require.Equal(t, want, got, name)
 }

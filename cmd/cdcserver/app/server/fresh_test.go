@@ -7,6 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/internal/promutil"
 )
 
 // TestFreshBytesReachesTheStore: --fresh-bytes -1 makes the store write
@@ -42,17 +44,7 @@ func TestFreshBytesReachesTheStore(t *testing.T) {
 // absent).
 func counterValue(t *testing.T, reg prometheus.Gatherer, name string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
+	v, _, err := promutil.Sum(reg, name)
 	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		var v float64
-		for _, m := range mf.GetMetric() {
-			v += m.GetCounter().GetValue()
-		}
-		return v
-	}
-	return 0
+	return v
 }
