@@ -421,16 +421,24 @@ func (c *checkerForTest) checkpoint(id common.DispatcherID) common.Ts {
 
 // behind returns up to n live dispatchers whose checkpoint is below
 // target, with their state, for failure messages.
-func (c *checkerForTest) behind(target common.Ts, n int) []string {
+func (c *checkerForTest) behind(target common.Ts, n int) []behindDispatcher {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var out []string
+	var out []behindDispatcher
 	for id, d := range c.mu.ds {
 		if d.live && d.ckpt < target && len(out) < n {
-			out = append(out, fmt.Sprintf("%v table %d: checkpoint %v < %v (epoch %d, %d epochs)", id, d.table, d.ckpt, target, d.epoch, d.epochs))
+			out = append(out, behindDispatcher{id: id,
+				state: fmt.Sprintf("%v table %d: checkpoint %v < %v (epoch %d, %d epochs)", id, d.table, d.ckpt, target, d.epoch, d.epochs)})
 		}
 	}
 	return out
+}
+
+// behindDispatcher is a live dispatcher behind a target, with the
+// checker's view of it.
+type behindDispatcher struct {
+	id    common.DispatcherID
+	state string
 }
 
 // stats returns the totals.

@@ -213,10 +213,21 @@ func (h *harness) waitDelivered(timeout time.Duration) {
 	defer cancel()
 	if err := h.chk.waitAll(ctx, h.end); err != nil {
 		for _, b := range h.chk.behind(h.end, 5) {
-			h.t.Log(b)
+			h.t.Log(b.state)
+			h.logState(b.id)
 		}
 		h.t.Fatalf("delivery did not reach the upstream's final resolved-ts %v within %v (lost wakeup?): %v", h.end, timeout, err)
 	}
+}
+
+// logState logs what the service, the store and the collector hold for
+// dispatcher id, so that a failure names where its progress stopped.
+func (h *harness) logState(id common.DispatcherID) {
+	h.t.Helper()
+	svc, svcErr := h.svc.Inspect(id)
+	st, stErr := h.store.Dispatcher(id)
+	coll, collErr := h.coll.Dispatcher(id)
+	h.t.Logf("  service %+v (%v)\n  store %+v (%v)\n  collector %+v (%v)", svc, svcErr, st, stErr, coll, collErr)
 }
 
 // requireClean fails if the checker saw any broken guarantee.

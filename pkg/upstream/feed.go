@@ -151,6 +151,9 @@ func (g *Generator) feedDue(tg *tickGen) (passNow time.Time) {
 		}
 	}
 	sc.ready = append(sc.ready, added...)
+	sc.ready = append(sc.ready, sc.retry...)
+	clear(sc.retry)
+	sc.retry = sc.retry[:0]
 	if last > sc.done {
 		if last-sc.done <= int64(len(sc.buckets)) {
 			for k := sc.done + 1; k <= last; k++ {
@@ -227,7 +230,7 @@ const (
 	// feedWait: everything below the frontier is pushed; wait for the next
 	// tick with rows or the next resolved-ts boundary.
 	feedWait
-	// feedRetry: the push failed; retry on the next tick.
+	// feedRetry: the push failed; retry on the next pass (sc.retry).
 	feedRetry
 	// feedStop: the subscription or its sink is closed; drop it.
 	feedStop
@@ -317,7 +320,8 @@ func (g *Generator) schedule(s *genSub, r feedResult, last int64) {
 		sc.ready = append(sc.ready, s)
 		return
 	case feedRetry:
-		due = last + 1
+		sc.retry = append(sc.retry, s)
+		return
 	case feedWait:
 		due = g.nextDue(s, last)
 		if due < 0 {

@@ -106,6 +106,12 @@ type schedule struct {
 	buckets   map[int64][]*genSub
 	ready     []*genSub
 	spare     []*genSub
+	// retry holds the subscriptions whose push failed (or was cancelled
+	// by another subscription's Close): the next pass feeds them again.
+	// Not a bucket of the next tick: once the frontier stops at EndTs no
+	// later tick elapses, and a retry filed there was never taken, leaving
+	// the subscription short of the end for good.
+	retry []*genSub
 	// adv is the round's subscriptions whose feed is only a resolved-ts
 	// advance, with the cursor each reaches: they are pushed together
 	// (flushAdvances). advGuards, advErrs and pusher are its scratch.

@@ -493,3 +493,61 @@ func TestGeneratorResolvedGroupTablesShareAPhase(t *testing.T) {
 func TestAGeneratorSubscriptionFitsItsSizeClass(t *testing.T) {
 	require.LessOrEqual(t, unsafe.Sizeof(genSub{}), uintptr(224))
 }
+
+// TestGeneratorRetriesTheFinalAdvanceAfterAnotherSubscriptionsClose holds
+// the workload's last resolved-ts advance, pushed for two subscriptions in
+// one PushResolved call, in the first one's sink, and closes the second
+// subscription meanwhile: its Close cancels the whole call, so the first
+// gets context.Canceled without being closed and must be retried. The
+// retry used to be filed for the tick after the last elapsed one, a tick
+// whose bucket is never taken once the frontier stops at EndTs, so the
+// subscription stayed one tick short of the end for good (TestChurn's
+// dispatchers stuck 10 ms short of the final resolved-ts under load).
+func TestGeneratorRetriesTheFinalAdvanceAfterAnotherSubscriptionsClose(t *testing.T) {
+	clock := clock.NewFake(t0.Add(200 * time.Millisecond))
+	o := feedOptions(clock)
+	o.RowsPerSec = 1 // nearly every tick is empty: the last advance is resolved-only
+	o.EndTs = tsAt(250, 3)
+	g := newTestGenerator(t, o)
+	f1 := frontierAt(clock.Now(), testTick)
+	for table := int64(1); table <= 2; table++ {
+		require.Empty(t, g.Rows(table, f1, o.EndTs), "the test needs a last advance without rows (table %d)", table)
+	}
+
+	held := newRecordingSinkForTest()
+	entered := make(chan struct{})
+	cancelled := make(chan error, 1)
+	var holdOnce sync.Once
+	held.pushHook = func(ctx context.Context, b eventstore.Batch) error {
+		if b.ResolvedTs != o.EndTs {
+			return nil
+		}
+		hold := false
+		holdOnce.Do(func() { hold = true })
+		if !hold {
+			return nil // the retry goes through
+		}
+		close(entered)
+		<-ctx.Done()
+		cancelled <- ctx.Err()
+		return ctx.Err()
+	}
+	other := newRecordingSinkForTest()
+	_, err := g.Subscribe(common.TableSpan(1), 0, held)
+	require.NoError(t, err)
+	closing, err := g.Subscribe(common.TableSpan(2), 0, other)
+	require.NoError(t, err)
+	require.NoError(t, g.Start())
+	held.waitResolved(t, f1)
+	other.waitResolved(t, f1)
+
+	clock.Advance(time.Second) // the frontier reaches EndTs: both advance in one call
+	<-entered
+	closing.Close() // cancels the call; returns once it has
+	require.ErrorIs(t, <-cancelled, context.Canceled, "the held advance was cancelled")
+
+	clock.Advance(testTick) // the next pass (at the latest) retries it
+	held.waitResolved(t, o.EndTs)
+	require.Equal(t, g.Rows(1, 0, o.EndTs), held.rows())
+	require.Zero(t, g.Stats().PushErrors, "a cancellation is not a push error")
+}
