@@ -477,7 +477,9 @@ func (svc *Service) lookupCheckpointLocked(cp *messaging.DispatcherCheckpoint) *
 	return svc.mu.dispatchers[cp.Dispatcher]
 }
 
-// checkpoint records one heartbeat entry for d (nil: not registered).
+// checkpoint records one heartbeat entry for d (nil: not registered). The
+// checkpoint always moves (keepalives read it as the acknowledgement); the
+// store is told only when storeNeedsCheckpoint says it may matter.
 func (svc *Service) checkpoint(d *dispatcher, cp *messaging.DispatcherCheckpoint) error {
 	switch {
 	case cp.Dispatcher.IsZero() || cp.Registration.IsZero():
@@ -497,10 +499,14 @@ func (svc *Service) checkpoint(d *dispatcher, cp *messaging.DispatcherCheckpoint
 		return fmt.Errorf("%w: checkpoint of epoch %d, current %d", messaging.ErrStaleEpoch, cp.Epoch, s.epoch)
 	}
 	ts := min(cp.Ts, common.Ts(s.sent.Load()))
-	if ts <= d.mu.checkpoint {
+	prev := d.mu.checkpoint
+	if ts <= prev {
 		return nil
 	}
 	d.mu.checkpoint = ts
+	if !storeNeedsCheckpoint(prev, common.Ts(d.maxCommit.Load())) {
+		return nil
+	}
 	var err error
 	if d.mu.store.Valid() {
 		err = d.mu.store.UpdateCheckpoint(ts)
@@ -583,3 +589,21 @@ func callerGone(ctx context.Context, op string) error {
 	}
 	return nil
 }
+
+// storeNeedsCheckpoint reports whether the store must be given a checkpoint
+// that moved up from prev, given maxCommit, the largest commit-ts of any row
+// the store notified for the dispatcher (dispatcher.maxCommit).
+//
+// The store uses a dispatcher's checkpoint only to collect the rows at or
+// below it (and to refuse a scan from below it). A row the checkpoint passed
+// was notified before the resolved-ts that let the checkpoint pass it
+// (Notify raises maxCommit before received), so when maxCommit is at or below
+// prev no row lies between prev and the new checkpoint, and the store's older
+// value collects exactly what the new one would: by induction, none lies
+// between the checkpoint the store holds and this one either. A quiet
+// dispatcher, whose checkpoint advances with its resolved-ts alone, then
+// costs the store nothing per heartbeat entry, where each update touched its
+// subscription (a lock and two cold cache lines at a million dispatchers:
+// 8.6% of a 1M run's CPU). The first checkpoint past a row goes to the store,
+// whatever came before, so collection follows rows as before.
+func storeNeedsCheckpoint(prev, maxCommit common.Ts) bool { return maxCommit > prev }

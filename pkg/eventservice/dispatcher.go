@@ -69,8 +69,10 @@ type dispatcher struct {
 		needRegister bool
 		attempt      int32
 		registerTs   common.Ts
-		// checkpoint is the largest heartbeat checkpoint passed to the
-		// store; storeStart the start-ts of the store registration.
+		// checkpoint is the largest heartbeat checkpoint accepted (the
+		// store holds it, or an older one with no row between the two:
+		// storeNeedsCheckpoint); storeStart the start-ts of the store
+		// registration.
 		checkpoint common.Ts
 		storeStart common.Ts
 		// store is the store registration's handle (zero: none, or a

@@ -268,7 +268,8 @@ func TestCongestedTargetSlowsOnlyItsOwnDispatchers(t *testing.T) {
 }
 
 // TestHeartbeatDrivesStoreCheckpoint: heartbeats are epoch-filtered,
-// monotonic, capped at what was sent, and reach the store.
+// monotonic, capped at what was sent, and reach the store when rows lie
+// below them (storeNeedsCheckpoint).
 func TestHeartbeatDrivesStoreCheckpoint(t *testing.T) {
 	h := newHarness(t, nil, hooks{})
 	h.advanceSchema(1 << 40)
@@ -278,11 +279,21 @@ func TestHeartbeatDrivesStoreCheckpoint(t *testing.T) {
 	require.NoError(t, h.heartbeat(id, 1, 30))
 	st, err := h.store.Dispatcher(id)
 	require.NoError(t, err)
-	require.Equal(t, common.Ts(30), st.Checkpoint)
+	require.Equal(t, common.Ts(30), st.Checkpoint, "the row at 20 lies below it")
 	require.NoError(t, h.heartbeat(id, 1, 20), "a lower checkpoint is ignored")
 	require.NoError(t, h.heartbeat(id, 1, 1000), "capped at what was sent")
+	snap, err := h.svc.Inspect(id)
+	require.NoError(t, err)
+	require.Equal(t, common.Ts(40), snap.Checkpoint)
 	st, _ = h.store.Dispatcher(id)
-	require.Equal(t, common.Ts(40), st.Checkpoint)
+	require.Equal(t, common.Ts(30), st.Checkpoint, "no row above 30: the store keeps 30, which collects what 40 would")
+	// A row past the store's checkpoint: the next checkpoint past it
+	// reaches the store, capped as ever.
+	h.push(1, 60, row("b", 45, 50))
+	h.check.waitResolved(id, 60)
+	require.NoError(t, h.heartbeat(id, 1, 1000))
+	st, _ = h.store.Dispatcher(id)
+	require.Equal(t, common.Ts(60), st.Checkpoint)
 	require.ErrorIs(t, h.heartbeat(id, 2, 40), messaging.ErrStaleEpoch)
 	require.ErrorIs(t, h.heartbeat(common.DispatcherIDFromUint64(9), 1, 40), messaging.ErrUnknownDispatcher)
 
@@ -694,9 +705,12 @@ func TestHeartbeatFindsTheDispatcherBySlotOrByID(t *testing.T) {
 	}})
 	require.NoError(t, err)
 	require.Equal(t, []messaging.Code{messaging.CodeOK, messaging.CodeOK, messaging.CodeUnknownDispatcher, messaging.CodeOK}, reply.Codes)
-	st1, err := h.store.Dispatcher(d1)
+	// The service's record, not the store's: the store is told only of
+	// a checkpoint with rows below it (storeNeedsCheckpoint), and d1's
+	// 35 has none above its 30.
+	st1, err := h.svc.Inspect(d1)
 	require.NoError(t, err)
-	st2, err := h.store.Dispatcher(d2)
+	st2, err := h.svc.Inspect(d2)
 	require.NoError(t, err)
 	require.Equal(t, common.Ts(35), st1.Checkpoint)
 	require.Equal(t, common.Ts(25), st2.Checkpoint, "d2's entry, in d1's slot, reached d2")
@@ -707,7 +721,7 @@ func TestHeartbeatFindsTheDispatcherBySlotOrByID(t *testing.T) {
 	reply, err = h.svc.Heartbeat(context.Background(), messaging.HeartbeatRequest{Checkpoints: []messaging.DispatcherCheckpoint{cp(d1, 40, s1)}})
 	require.NoError(t, err)
 	require.Equal(t, []messaging.Code{messaging.CodeUnknownDispatcher}, reply.Codes, "the removed dispatcher's entry in its old slot reaches nobody")
-	st3, err := h.store.Dispatcher(d3)
+	st3, err := h.svc.Inspect(d3)
 	require.NoError(t, err)
 	require.Equal(t, common.Ts(10), st3.Checkpoint)
 }
