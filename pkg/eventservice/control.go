@@ -222,9 +222,8 @@ func (svc *Service) registerInStore(d *dispatcher, s *session, startTs common.Ts
 	defer d.mu.Unlock()
 	// Outside Service.mu: the store may call the notifier synchronously
 	// (the notify path takes no lock of ours).
-	err := svc.opts.Store.RegisterDispatcher(d.id, d.span.Span(), startTs, d)
+	err := svc.storeRegisterLocked(d, startTs)
 	if err == nil {
-		svc.takeHandleLocked(d)
 		return nil
 	}
 	d.mu.removed = true
@@ -312,7 +311,7 @@ func (svc *Service) resetLocked(d *dispatcher, req messaging.ResetRequest) (*ses
 // asked for; on failure the registrar retries after the next back-off.
 // REQUIRES: d.mu held, d.mu.needRegister.
 func (svc *Service) registerAgainLocked(d *dispatcher) {
-	if err := svc.opts.Store.RegisterDispatcher(d.id, d.span.Span(), d.mu.registerTs, d); err != nil {
+	if err := svc.storeRegisterLocked(d, d.mu.registerTs); err != nil {
 		svc.log.Warn("re-register in the store failed; retrying", zap.Stringer("dispatcher", d.id),
 			zap.Int32("attempt", d.mu.attempt), zap.Error(err))
 		svc.registrar.arm(d, svc.backoffDelay(int(d.mu.attempt)))
@@ -323,19 +322,20 @@ func (svc *Service) registerAgainLocked(d *dispatcher) {
 	}
 	d.mu.needRegister = false
 	d.mu.storeStart, d.mu.checkpoint = d.mu.registerTs, d.mu.registerTs
-	svc.takeHandleLocked(d)
 }
 
-// takeHandleLocked records the handle of d's store registration, just
-// made, if the store gives handles. REQUIRES: d.mu held.
-func (svc *Service) takeHandleLocked(d *dispatcher) {
+// storeRegisterLocked registers d in the store from startTs and records
+// the registration's handle, if the store gives handles. REQUIRES: d.mu
+// held.
+func (svc *Service) storeRegisterLocked(d *dispatcher, startTs common.Ts) error {
 	if hs, ok := svc.opts.Store.(handleStore); ok {
-		h, err := hs.Handle(d.id)
-		if err != nil {
-			h = eventstore.Handle{} // updates go by ID, which reports the error
+		h, err := hs.RegisterDispatcherHandle(d.id, d.span.Span(), startTs, d)
+		if err == nil {
+			d.mu.store = h
 		}
-		d.mu.store = h
+		return err
 	}
+	return svc.opts.Store.RegisterDispatcher(d.id, d.span.Span(), startTs, d)
 }
 
 // retryStoreRegistration is the registrar's retry of d's re-registration.

@@ -23,11 +23,12 @@ type EventStore interface {
 	NewIterator(id common.DispatcherID, r eventstore.ScanRange) (eventstore.RowIterator, error)
 }
 
-// handleStore is an EventStore that hands out a handle per registration
-// for checkpoint updates without a lookup by ID (eventstore.Store does);
-// the service uses it when its store is one, UpdateCheckpoint otherwise.
+// handleStore is an EventStore that hands out a handle per registration,
+// with the registration, for checkpoint updates without a lookup by ID
+// (eventstore.Store does); the service uses it when its store is one,
+// UpdateCheckpoint otherwise.
 type handleStore interface {
-	Handle(id common.DispatcherID) (eventstore.Handle, error)
+	RegisterDispatcherHandle(id common.DispatcherID, span common.Span, startTs common.Ts, notifier eventstore.Notifier) (eventstore.Handle, error)
 }
 
 // Options configures a Service. Zero fields take the documented defaults;

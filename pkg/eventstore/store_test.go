@@ -858,6 +858,38 @@ func TestHandleUpdatesItsRegistrationOnly(t *testing.T) {
 	require.False(t, Handle{}.Valid())
 }
 
+// TestRegisterDispatcherHandleIsTheRegistrationsHandle: the handle that
+// RegisterDispatcherHandle returns updates the registration it made, as
+// Handle(id) would, and no other; bad arguments are refused as by
+// RegisterDispatcher, with no handle.
+func TestRegisterDispatcherHandleIsTheRegistrationsHandle(t *testing.T) {
+	env := newTestEnv(t, nil)
+	r := newRecorder()
+	h, err := env.store.RegisterDispatcherHandle(did(1), common.TableSpan(1), 0, r)
+	require.NoError(t, err)
+	require.True(t, h.Valid())
+	push(t, env.up.last(t, common.TableSpan(1)), 20, put("a", 5, 10))
+	r.waitResolved(t, 20)
+	require.NoError(t, h.UpdateCheckpoint(15))
+	st, err := env.store.Dispatcher(did(1))
+	require.NoError(t, err)
+	require.Equal(t, common.Ts(15), st.Checkpoint)
+
+	require.NoError(t, env.store.UnregisterDispatcher(did(1)))
+	require.ErrorIs(t, h.UpdateCheckpoint(20), ErrDispatcherNotFound)
+	h2, err := env.store.RegisterDispatcherHandle(did(1), common.TableSpan(1), 0, newRecorder())
+	require.NoError(t, err)
+	require.ErrorIs(t, h.UpdateCheckpoint(20), ErrDispatcherNotFound, "the old handle is not the new registration's")
+	require.NoError(t, h2.UpdateCheckpoint(5))
+
+	h3, err := env.store.RegisterDispatcherHandle(common.DispatcherID{}, common.TableSpan(2), 0, newRecorder())
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	require.False(t, h3.Valid())
+	h3, err = env.store.RegisterDispatcherHandle(did(2), common.TableSpan(2), 0, nil)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	require.False(t, h3.Valid())
+}
+
 // TestAWriteBatchObservesItsLargestLagOnce: resolved_lag_seconds gets one
 // sample per write batch that advances, the lag of its oldest resolved-ts,
 // and notifications_total counts every callback of the batch.
