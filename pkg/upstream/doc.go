@@ -59,13 +59,14 @@
 //     commit-ts in (startTs, F], in order, each once, in batches of at most
 //     PushRowsMax rows; the batch that completes them carries ResolvedTs F.
 //     A failed push is retried from the last accepted position, at the
-//     driver's next pass (a tick boundary), also once F has stopped at
-//     EndTs. When a subscription's due work is only the advance to F (no
-//     rows in range), the advances of a round go together in one
-//     PushResolved call (which holds each subscription's SinkGuard for the
-//     call, as Push does); one subscription's Close cancels the call for
-//     all, and only the closed one stops: the others are retried at the
-//     next pass (TestGeneratorRetriesTheFinalAdvanceAfterAnotherSubscriptionsClose).
+//     driver's next pass (a tick boundary, or a new subscription's kick),
+//     also once F has stopped at EndTs. When a subscription's due work is
+//     only the advance to F (no rows in range), the advances of a round go
+//     together in one PushResolved call (which holds each subscription's
+//     SinkGuard for the call, as Push does); one subscription's Close
+//     cancels the call for all, and only the closed one stops: the others
+//     are retried at the next pass
+//     (TestGeneratorRetriesTheFinalAdvanceAfterAnotherSubscriptionsClose).
 //
 // Nothing here has package-level mutable state; clock and logger come in
 // through GeneratorOptions.
