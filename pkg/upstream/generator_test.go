@@ -514,24 +514,8 @@ func TestGeneratorRetriesTheFinalAdvanceAfterAnotherSubscriptionsClose(t *testin
 		require.Empty(t, g.Rows(table, f1, o.EndTs), "the test needs a last advance without rows (table %d)", table)
 	}
 
-	held := newRecordingSinkForTest()
-	entered := make(chan struct{})
-	cancelled := make(chan error, 1)
-	var holdOnce sync.Once
-	held.pushHook = func(ctx context.Context, b eventstore.Batch) error {
-		if b.ResolvedTs != o.EndTs {
-			return nil
-		}
-		hold := false
-		holdOnce.Do(func() { hold = true })
-		if !hold {
-			return nil // the retry goes through
-		}
-		close(entered)
-		<-ctx.Done()
-		cancelled <- ctx.Err()
-		return ctx.Err()
-	}
+	// Only the last advance is held: the catch-up before it goes through.
+	held, entered, cancelled := holdOnceSinkForTest(func(b eventstore.Batch) bool { return b.ResolvedTs == o.EndTs })
 	other := newRecordingSinkForTest()
 	_, err := g.Subscribe(common.TableSpan(1), 0, held)
 	require.NoError(t, err)

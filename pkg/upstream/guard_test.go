@@ -3,7 +3,6 @@ package upstream
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -108,19 +107,7 @@ func TestGeneratorBatchedAdvanceSurvivesAnotherSubscriptionsClose(t *testing.T) 
 	o.Tables, o.RowsPerSec = 100_000, 1 // no rows in these few ticks
 	g := newTestGenerator(t, o)
 	w := watchPasses(g)
-	entered := make(chan struct{})
-	var once sync.Once
-	slow := newRecordingSinkForTest()
-	slow.pushHook = func(ctx context.Context, _ eventstore.Batch) error {
-		first := false
-		once.Do(func() { first = true })
-		if !first {
-			return nil
-		}
-		close(entered)
-		<-ctx.Done()
-		return ctx.Err()
-	}
+	slow, entered, _ := holdOnceSinkForTest(func(eventstore.Batch) bool { return true })
 	other := newRecordingSinkForTest()
 	_, err := g.Subscribe(common.TableSpan(1), 0, slow)
 	require.NoError(t, err)

@@ -98,6 +98,32 @@ func (s *recordingSinkForTest) waitResolved(t *testing.T, ts common.Ts) {
 	}
 }
 
+// holdOnceSinkForTest is a recording sink whose first push that match
+// accepts blocks until its context is cancelled: entered is closed when it
+// blocks, and cancelled receives the context's error when it returns it.
+// Every other push goes through.
+func holdOnceSinkForTest(match func(eventstore.Batch) bool) (s *recordingSinkForTest, entered <-chan struct{}, cancelled <-chan error) {
+	in := make(chan struct{})
+	out := make(chan error, 1)
+	var once sync.Once
+	s = newRecordingSinkForTest()
+	s.pushHook = func(ctx context.Context, b eventstore.Batch) error {
+		if !match(b) {
+			return nil
+		}
+		hold := false
+		once.Do(func() { hold = true })
+		if !hold {
+			return nil
+		}
+		close(in)
+		<-ctx.Done()
+		out <- ctx.Err()
+		return ctx.Err()
+	}
+	return s, in, out
+}
+
 // passWatcherForTest observes the generator's driver passes without ever
 // blocking it.
 type passWatcherForTest struct {
