@@ -20,8 +20,12 @@ func ddlKey(table int64, commitTs common.Ts) []byte {
 	return binary.BigEndian.AppendUint64(k, uint64(commitTs))
 }
 
+// versionKeyOverhead is what a version key adds to its row's key when the
+// key holds no zero byte (each zero byte adds one more).
+const versionKeyOverhead = 1 + 8 + 2 + 8
+
 func versionKey(table int64, key []byte, commitTs common.Ts) []byte {
-	return appendVersionKey(make([]byte, 0, 1+8+len(key)+2+8), table, key, commitTs)
+	return appendVersionKey(make([]byte, 0, versionKeyOverhead+len(key)), table, key, commitTs)
 }
 
 // appendVersionKey appends versionKey(table, key, commitTs) to dst.

@@ -429,6 +429,46 @@ func TestApplyRowsNeverWritesIntoTheCallersRows(t *testing.T) {
 	require.Len(t, v, 2)
 }
 
+// TestACheckpointBatchIsMadeAtItsSize: a checkpoint batch is made large
+// enough for what it will hold (growing it copies all of it: tens of MiB
+// in a collector process's batches) and not far larger, with rows given
+// in several calls, keys with zero bytes (escaped, so longer in the key)
+// and a DDL beside them.
+func TestACheckpointBatchIsMadeAtItsSize(t *testing.T) {
+	s := openTestSink(t)
+	var cps []eventcollector.SinkCheckpoint
+	ts := common.Ts(10)
+	for d := range 8 {
+		id := common.DispatcherIDFromUint64(uint64(d + 1))
+		s.Bind(id, int64(d+1))
+		for call := range 3 {
+			var rows []common.Row
+			for r := range 50 {
+				ts++
+				key := fmt.Appendf(nil, "key-%d-%d", call, r)
+				if r%2 == 0 {
+					key = append(key, 0, 0, 0)
+				}
+				rows = append(rows, common.Row{Op: common.OpPut, Key: key, Value: bytes.Repeat([]byte{byte(r)}, 100), CommitTs: ts})
+			}
+			require.NoError(t, s.ApplyRows(id, rows))
+		}
+		require.NoError(t, s.ApplyDDL(id, &messaging.DDL{CommitTs: ts, Query: "ALTER TABLE t ADD COLUMN c INT"}))
+		cps = append(cps, eventcollector.SinkCheckpoint{ID: id, Ts: ts})
+	}
+	errs := make([]error, len(cps))
+	s.CheckpointBatch(cps, errs)
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	s.mu.Lock()
+	made, held := s.mu.lastBatch.made, s.mu.lastBatch.held
+	s.mu.Unlock()
+	require.Positive(t, held)
+	require.GreaterOrEqual(t, made, held, "the batch had to grow")
+	require.LessOrEqual(t, made, held*5/4, "the batch was made far larger than it needed")
+}
+
 // TestCheckpointsSurviveTheLogsCutAndAReopen: checkpoints enough for the
 // log to be cut into a snapshot, then more into a new log; a reopened
 // sink reads every dispatcher's last checkpoint back, and the cut deleted
