@@ -28,6 +28,9 @@ const (
 	storeL0CompactionFiles = 8
 	storeL0StopWritesFiles = 32
 	storeLBaseBytes        = 256 << 20
+	// storeBlockBytes is the tables' block size (pebble's default is 4
+	// KiB): pebble writes a table a block per write(2).
+	storeBlockBytes = 32 << 10
 )
 
 // Store is the pebble-backed event store. See the package documentation for
@@ -166,6 +169,7 @@ func Open(opts Options) (*Store, error) {
 	// (the remote 400k rows/s run: docs/design/eventstore.md).
 	for i := range popts.Levels {
 		popts.Levels[i].Compression = func() *sstable.CompressionProfile { return sstable.NoCompression }
+		popts.Levels[i].BlockSize = storeBlockBytes
 	}
 	dir := opts.Dir
 	if dir == "" {
