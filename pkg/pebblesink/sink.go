@@ -292,15 +292,16 @@ func (s *Sink) CheckpointBatch(cps []eventcollector.SinkCheckpoint, errs []error
 		clear(states)
 		s.mu.states = states[:0]
 	}()
-	// Beside the rows: the log's entry of each checkpoint, a table's newest
-	// commit-ts (about 32 bytes each), the sequence number and pebble's
-	// header (a few dozen in all); a DDL's, rare, may grow the batch.
-	size := 64 + len(cps)*(checkpointEntryBytes+32)
+	// Beside the rows: the log's entry of each checkpoint, the newest
+	// commit-ts of a table that got rows (about 32 bytes each), the
+	// sequence number and pebble's header (a few dozen in all); a DDL's,
+	// rare, may grow the batch.
+	size := 64 + len(cps)*checkpointEntryBytes
 	for _, cp := range cps {
 		st := s.mu.dispatchers[cp.ID]
 		states = append(states, st)
-		if st != nil {
-			size += st.pendingBytes
+		if st != nil && st.pendingBytes > 0 {
+			size += st.pendingBytes + 32
 		}
 	}
 	// A plain batch: the rare row that must be looked up is looked up in

@@ -433,7 +433,7 @@ func TestApplyRowsNeverWritesIntoTheCallersRows(t *testing.T) {
 // enough for what it will hold (growing it copies all of it: tens of MiB
 // in a collector process's batches) and not far larger, with rows given
 // in several calls, keys with zero bytes (escaped, so longer in the key)
-// and a DDL beside them.
+// and a DDL beside them, and then with no rows at all.
 func TestACheckpointBatchIsMadeAtItsSize(t *testing.T) {
 	s := openTestSink(t)
 	var cps []eventcollector.SinkCheckpoint
@@ -467,6 +467,22 @@ func TestACheckpointBatchIsMadeAtItsSize(t *testing.T) {
 	require.Positive(t, held)
 	require.GreaterOrEqual(t, made, held, "the batch had to grow")
 	require.LessOrEqual(t, made, held*5/4, "the batch was made far larger than it needed")
+
+	// Checkpoints alone, the batches of a quiet changefeed (a resolved-ts
+	// advance of every dispatcher), are sized likewise.
+	for i := range cps {
+		cps[i].Ts++
+	}
+	clear(errs)
+	s.CheckpointBatch(cps, errs)
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	s.mu.Lock()
+	made, held = s.mu.lastBatch.made, s.mu.lastBatch.held
+	s.mu.Unlock()
+	require.GreaterOrEqual(t, made, held, "a batch of checkpoints alone had to grow")
+	require.LessOrEqual(t, made, held*5/4, "a batch of checkpoints alone was made far larger than it needed")
 }
 
 // TestCheckpointsSurviveTheLogsCutAndAReopen: checkpoints enough for the
