@@ -31,7 +31,10 @@ func (rawCodec) Unmarshal(data []byte, v any) error {
 	if !ok {
 		return fmt.Errorf("remote: codec: cannot unmarshal into %T", v)
 	}
-	f.b = append(f.b[:0], data...) // gRPC may reuse data
+	// A fresh copy every time: gRPC reuses data, and a data frame's
+	// decoded rows keep f.b (decodeMessages), so f.b is never reused
+	// either, even by a caller that receives into the same frame again.
+	f.b = append([]byte(nil), data...)
 	return nil
 }
 

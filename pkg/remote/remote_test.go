@@ -58,19 +58,25 @@ func TestWireRoundTrip(t *testing.T) {
 	}
 }
 
-// TestDecodedBytesOwnTheirMemory: a decoded frame's byte fields share no
-// memory with the frame (gRPC reuses it) nor, writable, with each other
-// (they share one copy of the frame's bytes): overwriting the frame
-// changes nothing, and an append to a row's key cannot reach its value.
+// TestDecodedBytesOwnTheirMemory: a received data frame's byte fields are
+// the frame's own bytes, which nothing writes again: rawCodec copies what
+// gRPC hands it (gRPC reuses that) into a fresh buffer for every frame,
+// even one received into the same frame value, and overwriting gRPC's
+// buffer afterwards changes no decoded row. The fields are capped, so an
+// append to a row's key cannot reach its value.
 func TestDecodedBytesOwnTheirMemory(t *testing.T) {
 	msgs := sampleMessages()
-	frame := appendMessages(nil, msgs)
-	got, err := decodeMessages(frame)
+	grpcBuf := appendMessages(nil, msgs)
+	var f frame
+	require.NoError(t, rawCodec{}.Unmarshal(grpcBuf, &f))
+	got, err := decodeMessages(f.b)
 	require.NoError(t, err)
-	for i := range frame {
-		frame[i] = 0xAA
+	for i := range grpcBuf {
+		grpcBuf[i] = 0xAA // gRPC reuses its buffer
 	}
-	require.Equal(t, msgs, got, "the frame overwritten after decoding")
+	require.Equal(t, msgs, got, "gRPC's buffer overwritten after decoding")
+	require.NoError(t, rawCodec{}.Unmarshal(grpcBuf, &f)) // the next frame, into the same value
+	require.Equal(t, msgs, got, "the next frame received into the same frame value")
 	rows := got[1].(*messaging.DMLBatch).Rows
 	for i := range rows {
 		for _, b := range [][]byte{rows[i].Key, rows[i].Value, rows[i].OldValue} {

@@ -83,18 +83,16 @@ func (e *encoder) id(d common.DispatcherID) {
 type decoder struct {
 	b   []byte
 	err error
-	// slabbed: take copies into slab, one allocation per frame (data
-	// frames, whose rows are applied and released together), not one per
-	// field. Its capacity is the bytes left when the first copy is made,
-	// which bounds every later copy, so appends never move it. A row kept
-	// keeps its frame's copied bytes (at most frameTargetBytes, or one
-	// message); control frames copy per field, since a registration's span
-	// keys live as long as the dispatcher. The slab is sized by the bytes
-	// left, not the rows' bytes alone: a frame is one Send of one
-	// dispatcher, so what it over-allocates is bounded by the frame and
-	// released with its rows.
-	slabbed bool
-	slab    []byte
+	// owned: b is the caller's to give (a data frame: the client's own
+	// copy of what gRPC received, never written again), so take returns
+	// sub-slices of it, each capped so that an append to it cannot reach
+	// the next, instead of copying: a row kept keeps its frame, which its
+	// neighbours, applied and checkpointed with it, release at the same
+	// time. Copying the fields into a slab of their own was a second copy
+	// of every frame, and a zeroed allocation of its size, in a collector
+	// process. Control frames copy per field, since a registration's span
+	// keys live as long as the dispatcher.
+	owned bool
 }
 
 func (d *decoder) fail(what string) {
@@ -134,24 +132,21 @@ func (d *decoder) byte() byte {
 	return v
 }
 
-// take returns the next n bytes, copied: frames are reused by gRPC.
+// take returns the next n bytes: a capped sub-slice of an owned frame, a
+// copy of any other.
 func (d *decoder) take(n uint64) []byte {
 	if n > uint64(len(d.b)) {
 		d.fail("length past the frame's end")
 		return nil
 	}
-	if !d.slabbed {
-		v := append([]byte(nil), d.b[:n]...)
-		d.b = d.b[n:]
-		return v
+	var v []byte
+	if d.owned {
+		v = d.b[:n:n] // capped: an append to it cannot reach the next
+	} else {
+		v = append([]byte(nil), d.b[:n]...)
 	}
-	if d.slab == nil {
-		d.slab = make([]byte, 0, len(d.b))
-	}
-	start := len(d.slab)
-	d.slab = append(d.slab, d.b[:n]...)
 	d.b = d.b[n:]
-	return d.slab[start:len(d.slab):len(d.slab)] // capped: an append to it cannot reach the next
+	return v
 }
 
 func (d *decoder) bytes() []byte {
@@ -359,9 +354,12 @@ func (d *decoder) count(minBytes int, what string) int {
 	return int(n)
 }
 
-// decodeMessages decodes a data frame.
+// decodeMessages decodes a data frame. It keeps b: the messages' keys and
+// values are sub-slices of it, so the caller gives b up (never writes it
+// again). The client's b is its own copy of a received frame (rawCodec's
+// Unmarshal), one per frame.
 func decodeMessages(b []byte) ([]messaging.Message, error) {
-	d := decoder{b: b, slabbed: true}
+	d := decoder{b: b, owned: true}
 	n := d.count(minMessageBytes, "messages")
 	if d.err != nil {
 		return nil, d.err
