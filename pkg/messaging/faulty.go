@@ -6,6 +6,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"sync"
+
+	"github.com/cdcflow/eventservice/internal/optcheck"
 )
 
 // FaultOptions configures NewFaulty. Each Send draws one random number and
@@ -87,8 +89,10 @@ var (
 // of range or summing above 1).
 func NewFaulty(inner Transport, opts FaultOptions) (*Faulty, error) {
 	var errs []error
-	if inner == nil {
-		errs = append(errs, fmt.Errorf("%w: nil inner transport", ErrInvalidOptions))
+	if optcheck.IsNil(inner) {
+		// A typed nil too ((*InProcess)(nil)): it would panic at the
+		// first Send, in the sender's goroutine.
+		errs = append(errs, fmt.Errorf("%w: nil inner transport (%T)", ErrInvalidOptions, inner))
 	}
 	if err := opts.validate(); err != nil {
 		errs = append(errs, err)

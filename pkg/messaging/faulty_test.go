@@ -22,6 +22,8 @@ func TestNewFaultyOptions(t *testing.T) {
 	}
 	_, err := NewFaulty(nil, FaultOptions{})
 	require.ErrorIs(t, err, ErrInvalidOptions)
+	_, err = NewFaulty((*InProcess)(nil), FaultOptions{})
+	require.ErrorIs(t, err, ErrInvalidOptions, "a typed nil inner transport")
 	_, err = NewFaulty(p, FaultOptions{RefuseRate: 0.5, FailRate: 0.5})
 	require.NoError(t, err, "rates may sum to exactly 1")
 }

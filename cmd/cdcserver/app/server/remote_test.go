@@ -279,3 +279,21 @@ func TestRoleFlagsAreValidated(t *testing.T) {
 	_, err = parseFeeds("1,1", 2)
 	require.Error(t, err)
 }
+
+// TestInjectedFaultsWrapTheGRPCTransport: with collectors in other
+// processes the fault injector sits between the service and the gRPC
+// server. It used to wrap the in-process transport, which such a run does
+// not have, and the first send panicked on it. A send through it now
+// reaches the server, which refuses a target that never connected.
+func TestInjectedFaultsWrapTheGRPCTransport(t *testing.T) {
+	cfg := smallConfig()
+	cfg.Role, cfg.DropRate = RoleService, 1e-12 // a fault drawn about never: sends are forwarded
+	var stderr bytes.Buffer
+	s, err := buildWith(cfg, &stderr, runHooks{})
+	require.NoError(t, err, "stderr: %s", stderr.String())
+	defer s.cleanup()
+	require.NotNil(t, s.faulty)
+	err = s.faulty.Send("changefeed-1", []messaging.Message{&messaging.Resolved{
+		Header: messaging.Header{Dispatcher: common.DispatcherIDFromUint64(1), Registration: 1, Epoch: 1, Seq: 1}, Ts: 1}})
+	require.ErrorIs(t, err, messaging.ErrUnknownTarget)
+}

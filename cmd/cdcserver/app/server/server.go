@@ -220,7 +220,10 @@ func (s *server) buildParts(resumed bool) error {
 		tr = s.inproc
 	}
 	if cfg.RefuseRate > 0 || cfg.FailRate > 0 || cfg.DropRate > 0 {
-		s.faulty, err = messaging.NewFaulty(s.inproc, messaging.FaultOptions{Seed: s.meta.Seed, RefuseRate: cfg.RefuseRate,
+		// Faults go between the service and whichever transport it sends
+		// through: the in-process one, or the gRPC server of collectors in
+		// other processes.
+		s.faulty, err = messaging.NewFaulty(tr, messaging.FaultOptions{Seed: s.meta.Seed, RefuseRate: cfg.RefuseRate,
 			FailRate: cfg.FailRate, DropRate: cfg.DropRate})
 		if err != nil {
 			return err
@@ -432,8 +435,6 @@ func (s *server) cleanup() {
 	}
 }
 
-// peakRSSMB is the process's peak resident set size in MB (Linux reports
-// ru_maxrss in KiB); 0 where getrusage fails.
 // thpModeFile is where Linux says its transparent-huge-page mode.
 const thpModeFile = "/sys/kernel/mm/transparent_hugepage/enabled"
 
@@ -452,6 +453,8 @@ func thpMode(path string) string {
 	return ""
 }
 
+// peakRSSMB is the process's peak resident set size in MB (Linux reports
+// ru_maxrss in KiB); 0 where getrusage fails.
 func peakRSSMB() float64 {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
