@@ -76,8 +76,11 @@ func (svc *Service) carry(w *ownerWork, s *session, fx []effect) (next input, mo
 			return input{}, false, ok
 		case fxEndScan:
 			ok := svc.end(s, e)
-			if scanOutcome(e.outcome) == scanInterrupted {
+			switch scanOutcome(e.outcome) {
+			case scanInterrupted:
 				svc.metrics.interruptedScans.Inc()
+			case scanNoRoom:
+				svc.metrics.deferredScans.Inc()
 			}
 			if k := svc.knobs.ended; k != nil {
 				k(s, e)

@@ -78,6 +78,7 @@ var sendResultNames = [...]string{"ok", "retired", "busy", "failed"}
 // are accepted, and what it read the range against.
 type scanRead struct {
 	failed   bool      // the store or the schema store erred
+	noRoom   bool      // the target had no room: nothing was read (see scanOne)
 	nothing  bool      // the range was empty: nothing read, nothing to send
 	msgs     int       // messages built (the resolved-ts is not among them)
 	next     progress  // the progress the messages reach
@@ -205,6 +206,11 @@ func (o *owner) scanRead(r scanRead, fx []effect) []effect {
 	switch {
 	case r.failed:
 		return append(fx, o.backoff(fxEndScan, uint8(scanFailed)))
+	case r.noRoom:
+		// What a busy refusal of the send would have said, before the
+		// read it would have thrown away.
+		o.busy = true
+		return append(fx, o.backoff(fxEndScan, uint8(scanNoRoom)))
 	case r.nothing:
 		return append(fx, idleOrBlocked(r.received, r.schemaTs, p.resolved))
 	}
@@ -286,6 +292,8 @@ func (in input) String() string {
 	switch {
 	case r.failed:
 		return name + " failed"
+	case r.noRoom:
+		return name + " no_room"
 	case r.nothing:
 		return fmt.Sprintf("%s nothing received=%d schema=%d", name, r.received, r.schemaTs)
 	}

@@ -30,6 +30,7 @@ func TestOwnerStepIsWellFormed(t *testing.T) {
 	}
 	reads := []scanRead{
 		{failed: true},
+		{noRoom: true},
 		{nothing: true, received: 20, schemaTs: 100},
 		{nothing: true, received: 50, schemaTs: 20},
 		{msgs: 0, next: progress{resolved: 50, seq: 1}, received: 50, schemaTs: 100},
@@ -133,6 +134,16 @@ func TestOwnerBackoffCountsAttempts(t *testing.T) {
 	fx := o.step(input{kind: inScanSent, sent: sentBusy}, nil)
 	require.True(t, fx[len(fx)-1].room)
 	require.Equal(t, 3, o.backoffN, "waiting for room is not a timed attempt")
+	fx = o.step(input{kind: inScanRead, read: scanRead{noRoom: true}}, nil)
+	require.Len(t, fx, 1, "a scan with no room sends nothing")
+	require.Equal(t, evBackoff, fx[0].ev)
+	require.True(t, fx[0].room, "no room before the read waits for room, as a busy refusal does")
+	require.Equal(t, 3, o.backoffN)
+	require.False(t, o.busy, "the wait is chosen; nothing carries over")
+	o.roomSignal = false
+	fx = o.step(input{kind: inScanRead, read: scanRead{noRoom: true}}, nil)
+	require.Equal(t, 3, fx[0].attempt, "without a room signal it is a timed attempt")
+	require.Equal(t, 4, o.backoffN)
 	o.step(read, nil)
 	o.step(input{kind: inScanSent, sent: sentOK, read: read.read}, nil)
 	require.Zero(t, o.backoffN)

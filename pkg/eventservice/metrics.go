@@ -32,6 +32,7 @@ type metrics struct {
 	scannedRows      prometheus.Counter
 	scannedBytes     prometheus.Counter
 	interruptedScans prometheus.Counter
+	deferredScans    prometheus.Counter
 	sendRefusals     *prometheus.CounterVec
 	sentMessages     prometheus.Counter
 	backoffs         prometheus.Counter
@@ -60,6 +61,8 @@ func newMetrics(svc *Service) *metrics {
 	m.scannedBytes = prometheus.NewCounter(prometheus.CounterOpts{Name: name("scanned_bytes_total"), Help: "Row bytes read by scan tasks."})
 	m.interruptedScans = prometheus.NewCounter(prometheus.CounterOpts{Name: name("interrupted_scans_total"),
 		Help: "Scan tasks stopped at a size limit and re-queued for the rest."})
+	m.deferredScans = prometheus.NewCounter(prometheus.CounterOpts{Name: name("deferred_scans_total"),
+		Help: "Scan tasks put off before reading because their target had no room (at least half its capacity in use); each waits for room, as a refused send does."})
 	m.sendRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{Name: name("send_refusals_total"),
 		Help: "Transport sends refused (busy), larger than the target can ever take (too_large) or failed (failed)."}, []string{"reason"})
 	m.sendRefusals.WithLabelValues("busy")
@@ -67,7 +70,7 @@ func newMetrics(svc *Service) *metrics {
 	m.sendRefusals.WithLabelValues("failed")
 	m.sentMessages = prometheus.NewCounter(prometheus.CounterOpts{Name: name("sent_messages_total"), Help: "Messages accepted by the transport."})
 	m.backoffs = prometheus.NewCounter(prometheus.CounterOpts{Name: name("backoffs_total"),
-		Help: "Dispatchers backed off after their target refused or failed a send."})
+		Help: "Dispatchers backed off after their target refused or failed a send, or had no room for a scan."})
 	m.keepalives = prometheus.NewCounter(prometheus.CounterOpts{Name: name("keepalives_total"),
 		Help: "Resolved-ts re-sent to collectors that had not acknowledged progress for SignalInterval."})
 	m.refusedControl = prometheus.NewCounterVec(prometheus.CounterOpts{Name: name("refused_control_requests_total"),
@@ -109,7 +112,7 @@ func newMetrics(svc *Service) *metrics {
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return append([]prometheus.Collector{m.prepareOutcomeV, m.scanDuration, m.scannedRows, m.scannedBytes,
-		m.interruptedScans, m.sendRefusals, m.sentMessages, m.backoffs, m.keepalives, m.refusedControl}, m.funcs...)
+		m.interruptedScans, m.deferredScans, m.sendRefusals, m.sentMessages, m.backoffs, m.keepalives, m.refusedControl}, m.funcs...)
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {

@@ -42,6 +42,10 @@ func (w *roomWatch) wait(s *session) {
 	w.ring()
 }
 
+// hasRoom reports whether target name has room now (RoomNotifier.HasRoom):
+// a scan that finds none waits for it before reading.
+func (w *roomWatch) hasRoom(name messaging.Target) bool { return w.rn.HasRoom(name) }
+
 // ring asks the watcher to wait for room (the pump does, with no waiter).
 func (w *roomWatch) ring() {
 	select {

@@ -18,9 +18,10 @@ const (
 	scanInterrupted                    // stopped at a limit; more to read
 	scanBlocked                        // reached the schema frontier, data waits above it
 	scanFailed                         // transport refused or failed, or the store erred
+	scanNoRoom                         // not read: the target had no room; waits for it
 )
 
-var scanOutcomeNames = [...]string{"done", "interrupted", "blocked", "failed"}
+var scanOutcomeNames = [...]string{"done", "interrupted", "blocked", "failed", "no_room"}
 
 // runScanWorker executes scan tasks from the scan channel.
 func (svc *Service) runScanWorker() {
@@ -43,6 +44,14 @@ func (svc *Service) scanOne(w *ownerWork, s *session) {
 		return // removed while queued
 	}
 	svc.knobs.reach(pointBeforeScan, s, nil)
+	if room := s.d.target.room; room != nil && !room.hasRoom(s.d.target.name) {
+		// A read now would most likely be refused at the send and thrown
+		// away (a fifth of the scans of a 400k-row/s run with collectors
+		// in other processes were); the session waits for room as a
+		// refused one does, and reads then.
+		svc.run(w, s, input{kind: inScanRead, read: scanRead{noRoom: true}})
+		return
+	}
 	sw := clock.StartStopwatch() // the task: its read and its send
 	svc.run(w, s, input{kind: inScanRead, read: w.sc.read(s)})
 	svc.metrics.scanDuration.Observe(sw.Elapsed().Seconds())

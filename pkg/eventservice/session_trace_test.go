@@ -557,9 +557,12 @@ func (it *sliceIteratorForTrace) NewTxn() bool {
 
 // scriptedTransportForTrace answers as the script says and prints what it
 // accepted. It can signal room again (the room command plays its signal).
+// Modes: ok (or ""), busy (refuses as busy yet reports room, as a target
+// whose last credit is less than the send needs does), full (refuses and
+// reports no room), fail.
 type scriptedTransportForTrace struct {
 	w    *traceWorld
-	mode string // "" or ok, busy, fail
+	mode string
 }
 
 var closedRoomForTrace = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
@@ -568,9 +571,11 @@ func (tr *scriptedTransportForTrace) Room(messaging.Target) <-chan struct{} {
 	return closedRoomForTrace
 }
 
+func (tr *scriptedTransportForTrace) HasRoom(messaging.Target) bool { return tr.mode != "full" }
+
 func (tr *scriptedTransportForTrace) Send(_ messaging.Target, msgs []messaging.Message) error {
 	switch tr.mode {
-	case "busy":
+	case "busy", "full":
 		tr.w.printf("  wire: refused (busy) %d messages\n", len(msgs))
 		return fmt.Errorf("%w: scripted", messaging.ErrBusy)
 	case "fail":

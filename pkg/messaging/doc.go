@@ -30,7 +30,9 @@
 //     back-pressure signal; the caller keeps its progress, backs off and
 //     retries. A transport that implements RoomNotifier (InProcess does)
 //     also says when a refused target has room again, so the caller can
-//     wait for that instead of guessing. A batch that could never fit fails with ErrBatchTooLarge.
+//     wait for that instead of guessing, and whether it has room now
+//     (HasRoom), so the caller can wait before doing work a refusal
+//     would waste. A batch that could never fit fails with ErrBatchTooLarge.
 //   - Memory is bounded: an InProcess inbox holds at most Capacity messages
 //     (a ResolvedBatch counts its entries: Weight) and, if set, MaxBytes
 //     approximate bytes.

@@ -171,6 +171,15 @@ func (f *Faulty) Room(target Target) <-chan struct{} {
 	return closedRoom()
 }
 
+// HasRoom implements RoomNotifier by asking the inner transport; one
+// without it always has room, as for Room.
+func (f *Faulty) HasRoom(target Target) bool {
+	if rn, ok := f.inner.(RoomNotifier); ok {
+		return rn.HasRoom(target)
+	}
+	return true
+}
+
 // Stats returns a snapshot of the counters.
 func (f *Faulty) Stats() FaultStats {
 	f.mu.Lock()

@@ -145,3 +145,31 @@ func TestFaultyDelayBlocksSend(t *testing.T) {
 	require.Equal(t, 3, ins[0].Len())
 	require.Equal(t, FaultStats{Sends: 1, Forwarded: 1}, f.Stats())
 }
+
+// sendOnlyForFaultyTest is a Transport without a room signal (the edge
+// this test is about).
+type sendOnlyForFaultyTest struct{}
+
+func (sendOnlyForFaultyTest) Send(Target, []Message) error { return ErrBusy }
+
+// TestFaultyAnswersRoomAsItsInnerTransport: Room and HasRoom are the inner
+// transport's; over one without the signal there is always room (its
+// refusals, like injected ones, are not a full queue to wait out).
+func TestFaultyAnswersRoomAsItsInnerTransport(t *testing.T) {
+	p, _ := newTransport(t, InProcessOptions{Capacity: 2}, "a")
+	f, err := NewFaulty(p, FaultOptions{})
+	require.NoError(t, err)
+	require.True(t, f.HasRoom("a"))
+	require.NoError(t, f.Send("a", resN(1, 2)))
+	require.False(t, f.HasRoom("a"), "the inner inbox is full")
+	select {
+	case <-f.Room("a"):
+		t.Fatal("Room closed while the inner inbox is full")
+	default:
+	}
+
+	bare, err := NewFaulty(sendOnlyForFaultyTest{}, FaultOptions{})
+	require.NoError(t, err)
+	require.True(t, bare.HasRoom("a"))
+	<-bare.Room("a") // closed at once
+}

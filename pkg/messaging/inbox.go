@@ -102,6 +102,13 @@ func (in *Inbox) Room() <-chan struct{} {
 	return in.mu.room
 }
 
+// HasRoom reports whether Room would return a closed channel now.
+func (in *Inbox) HasRoom() bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.mu.state != inboxOpen || in.hasRoomLocked()
+}
+
 // hasRoomLocked reports whether the queue is at or below half its bounds:
 // enough room for a refused sender to be worth waking. REQUIRES: in.mu held.
 func (in *Inbox) hasRoomLocked() bool {

@@ -170,6 +170,16 @@ func (p *InProcess) Room(target Target) <-chan struct{} {
 	return closedRoom()
 }
 
+// HasRoom implements RoomNotifier: the target inbox's HasRoom, or true
+// for a target that is not (or no longer) registered.
+func (p *InProcess) HasRoom(target Target) bool {
+	reg := p.reg.Load()
+	if in := reg.inboxes[target]; in != nil && !reg.closed {
+		return in.HasRoom()
+	}
+	return true
+}
+
 // Close makes further Sends, Registers and Unregisters fail with ErrClosed
 // and closes every inbox's Done, waking receivers; messages already accepted
 // stay drainable. Idempotent.

@@ -394,18 +394,24 @@ func TestRoomWakesARefusedSender(t *testing.T) {
 		}
 	}
 	require.False(t, isClosed(room), "full: no room")
+	require.False(t, p.HasRoom("a"))
 	in.Drain(nil, 1)
 	require.False(t, isClosed(room), "3 of 4: not yet")
+	require.False(t, p.HasRoom("a"), "HasRoom answers as Room does")
 	in.Drain(nil, 1)
 	require.True(t, isClosed(room), "2 of 4: half, room")
+	require.True(t, p.HasRoom("a"))
 	require.True(t, isClosed(p.Room("a")), "room now: closed at once")
 	require.True(t, isClosed(p.Room("nobody")), "an unknown target: closed at once (Send says why)")
+	require.True(t, p.HasRoom("nobody"))
 
 	require.NoError(t, p.Send("a", resN(7, 2)))
 	room = p.Room("a")
 	require.False(t, isClosed(room))
+	require.False(t, p.HasRoom("a"))
 	require.NoError(t, p.Unregister("a"))
 	require.True(t, isClosed(room), "the target went away")
+	require.True(t, p.HasRoom("a"))
 }
 
 // TestResolvedBatchCountsItsEntriesAgainstCapacity: a ResolvedBatch takes

@@ -67,4 +67,10 @@ type RoomNotifier interface {
 	// channel; a receiver that drains between a refusal and Room is seen,
 	// so no wakeup is lost.
 	Room(target Target) <-chan struct{}
+	// HasRoom reports whether Room would return a closed channel now:
+	// target is at or below half its capacity, or gone. A sender asks
+	// before it does work whose only use is a Send (a scan reading rows),
+	// so a full target costs it no work that a refusal would throw away;
+	// it waits on Room instead. It never blocks and allocates nothing.
+	HasRoom(target Target) bool
 }

@@ -20,7 +20,9 @@
 //     capacity and grants more as the collector drains the inbox (once at
 //     or below half). A Send beyond the credit is ErrBusy, and Room's
 //     channel closes when the grants bring the credit back to half the
-//     capacity, so a refused sender wakes on credit, not on a timer.
+//     capacity, so a refused sender wakes on credit, not on a timer;
+//     HasRoom says whether it is there now (the service's scans ask it
+//     before they read).
 //   - The service never has more messages in flight to a collector than
 //     its inbox can take, so the client's forward into the inbox cannot be
 //     refused (if it is, the peer broke the protocol and the stream ends).

@@ -281,6 +281,7 @@ func TestCreditRefusesThenWakes(t *testing.T) {
 	require.ErrorIs(t, p.srv.Send("c1", one(99)), messaging.ErrBusy)
 	require.ErrorIs(t, p.srv.Send("c1", make([]messaging.Message, capacity+1)), messaging.ErrInvalidMessage)
 	room := p.srv.Room("c1")
+	require.False(t, p.srv.HasRoom("c1"), "HasRoom answers as Room does")
 	got := receive(t, p.cli.Inbox(), capacity) // arrived; the inbox is now drained
 	require.Len(t, got, capacity)
 	select {
@@ -288,6 +289,8 @@ func TestCreditRefusesThenWakes(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no credit came back after the collector drained")
 	}
+	require.True(t, p.srv.HasRoom("c1"))
+	require.True(t, p.srv.HasRoom("nobody"), "a target that never connected: Send says why")
 	require.NoError(t, p.srv.Send("c1", one(capacity+1)))
 	require.Equal(t, one(capacity+1), receive(t, p.cli.Inbox(), 1))
 
@@ -346,6 +349,7 @@ func TestBrokenStreamIsUnavailableUntilReconnect(t *testing.T) {
 	default:
 		t.Fatal("Room of a broken stream must be closed")
 	}
+	require.True(t, p.srv.HasRoom("c1"), "a broken stream has room: the next Send says why")
 
 	cli, err := NewClient(ClientOptions{Addr: p.cli.opts.Addr, Target: "c1", Capacity: 16})
 	require.NoError(t, err)

@@ -325,6 +325,15 @@ func (s *Server) Room(target messaging.Target) <-chan struct{} {
 	return p.roomChan()
 }
 
+// HasRoom implements messaging.RoomNotifier: whether Room would return a
+// closed channel now.
+func (s *Server) HasRoom(target messaging.Target) bool {
+	s.mu.Lock()
+	p := s.mu.peers[target]
+	s.mu.Unlock()
+	return p == nil || p.hasRoom()
+}
+
 func closedChan() chan struct{} {
 	c := make(chan struct{})
 	close(c)

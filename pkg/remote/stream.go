@@ -85,7 +85,7 @@ func (p *peer) send(msgs []messaging.Message) error {
 func (p *peer) roomChan() <-chan struct{} {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.mu.broken != nil || 2*p.mu.credit >= p.capacity {
+	if p.hasRoomLocked() {
 		return closedChan()
 	}
 	if p.mu.room == nil {
@@ -93,6 +93,16 @@ func (p *peer) roomChan() <-chan struct{} {
 	}
 	return p.mu.room
 }
+
+func (p *peer) hasRoom() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.hasRoomLocked()
+}
+
+// hasRoomLocked: the stream is gone (the next Send says so) or the
+// collector granted back at least half its capacity. REQUIRES: p.mu held.
+func (p *peer) hasRoomLocked() bool { return p.mu.broken != nil || 2*p.mu.credit >= p.capacity }
 
 func (p *peer) grant(n int) {
 	p.mu.Lock()
