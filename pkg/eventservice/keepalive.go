@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cdcflow/eventservice/internal/touchahead"
 	"github.com/cdcflow/eventservice/pkg/clock"
 )
 
@@ -105,9 +106,17 @@ func (svc *Service) keepaliveRound(spare []*session) []*session {
 	now := svc.opts.Clock.Now()
 	gen := svc.kaSet.gen.Load()
 	carry := svc.kaCarry[:0]
-	for _, s := range prev {
-		if s.kaGen.Load() != gen && svc.examine(s, now) {
-			carry = append(carry, s)
+	for rest := prev; len(rest) > 0; {
+		chunk := rest[:min(len(rest), touchahead.Chunk)]
+		rest = rest[len(chunk):]
+		for _, s := range chunk { // touch ahead: the two lines examine reads first
+			s.kaGen.Load()
+			s.sched.w.Load()
+		}
+		for _, s := range chunk {
+			if s.kaGen.Load() != gen && svc.examine(s, now) {
+				carry = append(carry, s)
+			}
 		}
 	}
 	svc.kaSet.noteAll(carry) // one lock for the round's carry-overs, not one each
