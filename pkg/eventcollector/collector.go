@@ -79,8 +79,11 @@ type Collector struct {
 		resets []batchReset
 		calls  uint64 // sink calls made for batches, to sample their timing
 		mark   uint64 // of the batch being applied (distinct)
-		cps    []SinkCheckpoint
-		errs   []error
+		// touched is the last touch-ahead's sum (touchLocked): written
+		// so the loads stay, never read.
+		touched uint64
+		cps     []SinkCheckpoint
+		errs    []error
 	}
 
 	// hbBuf is the heartbeat goroutine's scratch lists: cps[i] is the

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/touchahead"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
@@ -225,4 +226,33 @@ func TestAFirstEpochIsOneObject(t *testing.T) {
 	ep := s.Epochs(did(1))
 	require.Len(t, ep, 2, "a later epoch still appends")
 	require.Equal(t, []uint64{1, 2}, []uint64{ep[0].Epoch, ep[1].Epoch})
+}
+
+// TestMemorySinkCheckpointBatchOfManyChunks: a batch longer than the
+// touch-ahead chunk (internal/touchahead) records every entry and sets
+// every error, with slots that hold the entry, another dispatcher, or
+// nothing.
+func TestMemorySinkCheckpointBatchOfManyChunks(t *testing.T) {
+	one, batch := NewMemorySink(), NewMemorySink()
+	const n = 3*touchahead.Chunk + 5
+	var cps []SinkCheckpoint
+	for i := range n {
+		cps = append(cps, SinkCheckpoint{ID: did(uint64(i + 1)), Slot: uint32(i % 7), Ts: common.Ts(10 + i)})
+	}
+	errs := make([]error, n)
+	for i := range errs {
+		errs[i] = errors.New("stale")
+	}
+	for _, cp := range cps {
+		require.NoError(t, one.Checkpoint(cp.ID, cp.Ts))
+	}
+	batch.CheckpointBatch(cps, errs)
+	batch.CheckpointBatch(cps, errs) // again: slots now cached, each a regression
+	for _, cp := range cps {
+		require.NoError(t, one.Checkpoint(cp.ID, cp.Ts))
+	}
+	require.Equal(t, make([]error, n), errs, "every entry's error is set")
+	for _, cp := range cps {
+		require.Equal(t, one.Epochs(cp.ID), batch.Epochs(cp.ID), "dispatcher %v", cp.ID)
+	}
 }
