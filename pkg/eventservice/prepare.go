@@ -1,6 +1,7 @@
 package eventservice
 
 import (
+	"github.com/cdcflow/eventservice/internal/touchahead"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -83,7 +84,10 @@ func (svc *Service) prepareBatch(w *ownerWork, q *prepareQueue) (popped int, ok 
 	b := &w.batch
 	n := q.popMany(b.popped[:])
 	ok = true
-	for _, s := range b.popped[:n] {
+	for i, s := range b.popped[:n] {
+		if i%touchahead.Chunk == 0 {
+			touchForPrepare(b.popped[i:min(i+touchahead.Chunk, n)])
+		}
 		if act, _ := s.sched.fire(evPopPrepare); act != actOwn {
 			continue // removed while queued
 		}
@@ -112,6 +116,19 @@ func (svc *Service) prepareBatch(w *ownerWork, q *prepareQueue) (popped int, ok 
 	clear(b.popped[:n])
 	svc.carryHeld(b)
 	return n, ok
+}
+
+// touchForPrepare reads a word of each line a preparation of ss reads
+// first (the session's lines, from its scheduling word to its keepalive
+// generation, and its dispatcher's frontier), so that their cache misses overlap
+// (internal/touchahead). It only reads.
+func touchForPrepare(ss []*session) {
+	for _, s := range ss {
+		s.sched.w.Load() // its first line,
+		s.sent.Load()    // the owner state's,
+		s.kaGen.Load()   // its last
+		s.d.received.Load()
+	}
 }
 
 // nextFx returns the spare effect slice past the end of fx (an emptied
