@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/internal/touchahead"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 )
@@ -171,7 +172,10 @@ func (g *Generator) feedDue(tg *tickGen) (passNow time.Time) {
 	for {
 		round := sc.ready
 		sc.ready = sc.spare[:0]
-		for _, s := range round {
+		for i, s := range round {
+			if i%touchahead.Chunk == 0 {
+				sc.touch(round[i:min(i+touchahead.Chunk, len(round))])
+			}
 			if g.ctx.Err() != nil {
 				return passNow
 			}

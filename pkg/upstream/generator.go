@@ -124,6 +124,22 @@ type schedule struct {
 	// buckets grown from nil each time were a tenth of the driver's CPU
 	// (growslice and the garbage it leaves).
 	free [][]*genSub
+	// touched is the last touch-ahead's sum (touch): written so the
+	// loads stay, never read.
+	touched uint64
+}
+
+// touch reads a word of each line a feed of ss reads first (internal/
+// touchahead): the subscription's first line, its guard and its progress.
+// It only reads.
+func (sc *schedule) touch(ss []*genSub) {
+	var t uint64
+	for _, s := range ss {
+		t += s.id + s.resolved.Load()
+		s.guard.IsClosed()
+		s.sinkClosed.Load()
+	}
+	sc.touched = t
 }
 
 var _ eventstore.Upstream = (*Generator)(nil)
