@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/touchahead"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -173,4 +175,53 @@ func TestPushResolvedWaitsForRoomInAdvances(t *testing.T) {
 	recs[0].waitResolved(t, 5)
 	recs[1].waitResolved(t, 5)
 	recs[2].waitResolved(t, 6)
+}
+
+// touchingRecorderForTest is a recorder that also implements TouchAheader
+// and notes, per notification, whether TouchAhead came before it.
+type touchingRecorderForTest struct {
+	*recorder
+	touched   atomic.Int64
+	untouched atomic.Int64 // notifications with no TouchAhead since the last
+}
+
+func (r *touchingRecorderForTest) TouchAhead() { r.touched.Add(1) }
+
+func (r *touchingRecorderForTest) Notify(resolved, maxCommit common.Ts) {
+	if r.touched.Swap(0) == 0 {
+		r.untouched.Add(1)
+	}
+	r.recorder.Notify(resolved, maxCommit)
+}
+
+// TestPushResolvedTouchesNotifiersAhead: an advance of many subscriptions
+// (several touch-ahead chunks) notifies each dispatcher once, in full, and
+// each notification of a TouchAheader comes after its TouchAhead
+// (internal/touchahead); a plain Notifier is notified as before.
+func TestPushResolvedTouchesNotifiersAhead(t *testing.T) {
+	env := newTestEnv(t, nil)
+	const n = 3*touchahead.Chunk + 7
+	touching := make([]*touchingRecorderForTest, n)
+	sinks := make([]Sink, 0, n+1)
+	for i := range n {
+		touching[i] = &touchingRecorderForTest{recorder: newRecorder()}
+		require.NoError(t, env.store.RegisterDispatcher(did(uint64(i+1)), common.TableSpan(int64(i+1)), 0, touching[i]))
+		sinks = append(sinks, env.up.last(t, common.TableSpan(int64(i+1))).sink)
+	}
+	plain := newRecorder()
+	require.NoError(t, env.store.RegisterDispatcher(did(n+1), common.TableSpan(n+1), 0, plain))
+	sinks = append(sinks, env.up.last(t, common.TableSpan(n+1)).sink)
+	errs := make([]error, len(sinks))
+	for _, ts := range []common.Ts{20, 30} {
+		PushResolved(context.Background(), sinks, ts, errs)
+		require.Equal(t, make([]error, len(sinks)), errs)
+		for i, r := range touching {
+			require.Equal(t, ts, r.waitResolved(t, ts).resolved, "dispatcher %d", i+1)
+		}
+		require.Equal(t, ts, plain.waitResolved(t, ts).resolved)
+	}
+	for i, r := range touching {
+		require.Zero(t, r.untouched.Load(), "dispatcher %d notified without a touch ahead", i+1)
+		require.Empty(t, r.ch, "dispatcher %d notified more than once", i+1)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/internal/touchahead"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -133,9 +134,7 @@ func (s *Store) apply(evs []writeEvent) error {
 			s.deleteSubscriptionData(ev.sub)
 			continue
 		}
-		for _, sub := range ev.advance {
-			s.publish(writeEvent{sub: sub, resolved: ev.resolved}, now, &pub)
-		}
+		s.publishAdvances(ev.advance, ev.resolved, now, &pub)
 		if ev.sub != nil {
 			s.publish(ev, now, &pub)
 		}
@@ -178,6 +177,67 @@ type published struct {
 // publish records the commit of ev's rows and, if ev advances resolved-ts,
 // notifies the subscription's dispatchers.
 func (s *Store) publish(ev writeEvent, now time.Time, pub *published) {
+	subscribers, mc, advanced, notify := s.commit(ev, now, pub)
+	if notify {
+		s.notifyAll(subscribers, ev.resolved, mc, pub)
+	}
+	if h := s.knobs.published; h != nil && advanced {
+		h(ev.resolved)
+	}
+}
+
+// publishAdvances is publish for a batch of advances without rows, a
+// chunk at a time: each chunk's subscriptions are committed, then their
+// dispatchers' memory is touched ahead (internal/touchahead: the
+// subscribers and, through TouchAheader, what their notifiers read
+// first), then they are notified in order. At a million dispatchers each
+// of those is a cache miss, and one at a time they were most of the
+// writer's time.
+func (s *Store) publishAdvances(subs []*subscription, resolved common.Ts, now time.Time, pub *published) {
+	var pending [touchahead.Chunk]struct {
+		subscribers      []*subscriber
+		mc               common.Ts
+		advanced, notify bool
+	}
+	for start := 0; start < len(subs); start += touchahead.Chunk {
+		chunk := subs[start:min(start+touchahead.Chunk, len(subs))]
+		for i, sub := range chunk {
+			p := &pending[i]
+			p.subscribers, p.mc, p.advanced, p.notify = s.commit(writeEvent{sub: sub, resolved: resolved}, now, pub)
+		}
+		for i := range chunk {
+			if p := &pending[i]; p.notify {
+				for _, sb := range p.subscribers {
+					sb.touchAhead()
+				}
+			}
+		}
+		for i := range chunk {
+			p := &pending[i]
+			if p.notify {
+				s.notifyAll(p.subscribers, resolved, p.mc, pub)
+			}
+			if h := s.knobs.published; h != nil && p.advanced {
+				h(resolved)
+			}
+			p.subscribers = nil
+		}
+	}
+}
+
+// notifyAll notifies subscribers of resolved (maxCommit mc).
+func (s *Store) notifyAll(subscribers []*subscriber, resolved, mc common.Ts, pub *published) {
+	for _, sb := range subscribers {
+		if sb.notify(s, resolved, mc) {
+			pub.notified++
+		}
+	}
+}
+
+// commit records the commit of ev's rows and its resolved-ts in ev.sub,
+// and returns its subscribers: advanced, ev moved its resolved-ts;
+// notify, and the throttle does not hold the notification.
+func (s *Store) commit(ev writeEvent, now time.Time, pub *published) (subscribers []*subscriber, mc common.Ts, advanced, notify bool) {
 	sub := ev.sub
 	var maxCommit common.Ts
 	for j := range ev.rows {
@@ -200,20 +260,11 @@ func (s *Store) publish(ev writeEvent, now time.Time, pub *published) {
 	}
 	sub.mu.resolved = ev.resolved
 	held := s.throttledLocked(sub, now) // then the throttle notifies the latest later
-	subscribers, mc := sub.mu.subscribers, sub.mu.maxCommit
+	subscribers, mc = sub.mu.subscribers, sub.mu.maxCommit
 	sub.mu.Unlock()
 	pub.advances++
 	pub.maxLag = max(pub.maxLag, ev.resolved.Lag(now))
-	if !held {
-		for _, sb := range subscribers {
-			if sb.notify(s, ev.resolved, mc) {
-				pub.notified++
-			}
-		}
-	}
-	if h := s.knobs.published; h != nil {
-		h(ev.resolved)
-	}
+	return subscribers, mc, true, !held
 }
 
 // deleteSubscriptionData removes every row of an ended subscription.
