@@ -88,3 +88,37 @@ func BenchmarkTouchAhead(b *testing.B) {
 		})
 	}
 }
+
+// TestLockReadsTheMutexWord: Lock reads the mutex's state word (0 when
+// free, not 0 when held), and taking and giving the lock still works
+// around it: the touch changes nothing.
+func TestLockReadsTheMutexWord(t *testing.T) {
+	var mu sync.Mutex
+	require.Zero(t, Lock(&mu))
+	mu.Lock()
+	require.NotZero(t, Lock(&mu), "Lock must read the state word, not some other memory")
+	mu.Unlock()
+	require.Zero(t, Lock(&mu))
+	require.True(t, mu.TryLock())
+	mu.Unlock()
+}
+
+// TestLockRacesWithNothing: under -race, Lock on a mutex other goroutines
+// take and give is not a data race (its read is atomic, as theirs are).
+func TestLockRacesWithNothing(t *testing.T) {
+	var mu sync.Mutex
+	n := 0
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 1000 {
+				Lock(&mu)
+				mu.Lock()
+				n++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, 4000, n)
+}

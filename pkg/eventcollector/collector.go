@@ -92,6 +92,8 @@ type Collector struct {
 		cps   []messaging.DispatcherCheckpoint
 		ds    []*dispatcher
 		spare []*dispatcher // the due list's next backing array
+		// touched keeps touchDueLocked's reads from being optimised away.
+		touched uint64
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/cdcflow/eventservice/internal/touchahead"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -35,6 +36,9 @@ func PushResolved(ctx context.Context, sinks []Sink, ts common.Ts, errs []error)
 	// worker with its event, prev and idx are reused chunk after chunk.
 	var groups []advanceGroup
 	for i, k := range sinks {
+		if i%touchahead.Chunk == 0 {
+			touchSinks(sinks[i:min(i+touchahead.Chunk, len(sinks))])
+		}
 		errs[i] = nil
 		sk, ok := k.(*sink)
 		if !ok || ts == 0 {
@@ -65,6 +69,20 @@ func PushResolved(ctx context.Context, sinks []Sink, ts common.Ts, errs []error)
 	}
 	for i := range groups {
 		groups[i].flush(ctx, ts, errs)
+	}
+}
+
+// touchSinks reads the lock words reserveAdvance will take of a chunk of
+// the store's sinks (the push lock, the subscription's lock) before it
+// takes them, so that their cache misses overlap (internal/touchahead).
+// It changes nothing.
+func touchSinks(sinks []Sink) {
+	for _, k := range sinks {
+		if sk, ok := k.(*sink); ok {
+			sub := (*subscription)(sk)
+			touchahead.Lock(&sub.pushMu)
+			touchahead.Lock(&sub.mu.Mutex)
+		}
 	}
 }
 
