@@ -98,14 +98,15 @@ type progress struct {
 
 // session is one epoch of a dispatcher.
 type session struct {
-	// sched and the queue links come first: they are what a notification
+	// sched and the queue state come first: they are what a notification
 	// and an enqueue touch.
 	sched sched
-	// Preparation-queue links, guarded by the queue's mutex.
-	queued       bool
-	qprev, qnext *session
-	d            *dispatcher
-	epoch        uint64
+	// The preparation queue's state, guarded by its mutex: queued, and
+	// the generation of the session's entry in the queue's ring.
+	qgen   uint32
+	queued bool
+	d      *dispatcher
+	epoch  uint64
 
 	// own is the owner-only state, which only the core's step changes.
 	own owner

@@ -7,7 +7,7 @@
 // Pipeline:
 //
 //	store notify -> Notify: advance the frontier (atomics), request
-//	  -> per-worker preparation queue (intrusive FIFO, one entry per session)
+//	  -> per-worker preparation queue (a FIFO ring, one live entry per session)
 //	  -> preparation worker, up to 8 sessions per pop: handshake |
 //	     nothing | fast path | real scan (the resolved-only outcomes of a
 //	     pop are added to the resolved set together, then published and
@@ -30,8 +30,8 @@
 //
 // Invariants:
 //   - Notify never blocks: dispatcher.Notify does two atomic max-stores, one CAS on
-//     the session's scheduling word and, at most, one push onto an
-//     intrusive queue under a mutex no worker holds across work, plus a
+//     the session's scheduling word and, at most, one push onto a
+//     ring queue under a mutex no worker holds across work, plus a
 //     non-blocking doorbell. It allocates nothing.
 //   - Coalescing: a session is in at most one queue at a time (the
 //     scheduling word says which). A request while queued is absorbed (the
