@@ -118,6 +118,7 @@ type Set[K comparable, V any] struct {
 		stampSeq uint64 // insertions considered for timestamping
 		maxLen   int    // high-water mark of keys held (not idle)
 		stats    Stats  // counters; gauges are filled in by Stats()
+		touched  uint64 // keeps touchAheadLocked's reads
 	}
 }
 
@@ -225,6 +226,9 @@ func (s *Set[K, V]) addMany(keys []K, vals []V) (ring bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i := range keys {
+		if i%touchChunk == 0 {
+			s.touchAheadLocked(keys[i:min(i+touchChunk, len(keys))])
+		}
 		ring = s.addLocked(keys[i], vals[i]) || ring
 	}
 	return ring
