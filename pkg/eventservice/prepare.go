@@ -120,15 +120,19 @@ func (svc *Service) prepareBatch(w *ownerWork, q *prepareQueue) (popped int, ok 
 
 // touchForPrepare reads a word of each line a preparation of ss reads
 // first (the session's lines, from its scheduling word to its keepalive
-// generation, and its dispatcher's frontier), so that their cache misses overlap
+// generation, and its dispatcher's frontier and identity: observe reads its
+// span, the resolved set its ID), so that their cache misses overlap
 // (internal/touchahead). It only reads.
 func touchForPrepare(ss []*session) {
+	var t uint64
 	for _, s := range ss {
 		s.sched.w.Load() // its first line,
 		s.sent.Load()    // the owner state's,
 		s.kaGen.Load()   // its last
 		s.d.received.Load()
+		t += s.d.id.Lo
 	}
+	touchahead.Keep(t)
 }
 
 // nextFx returns the spare effect slice past the end of fx (an emptied

@@ -187,7 +187,8 @@ func (s *Store) publish(ev writeEvent, now time.Time, pub *published) {
 }
 
 // publishAdvances is publish for a batch of advances without rows, a
-// chunk at a time: each chunk's subscriptions are committed, then their
+// chunk at a time: each chunk's subscription locks are touched ahead, its
+// subscriptions committed, then their
 // dispatchers' memory is touched ahead (internal/touchahead: the
 // subscribers and, through TouchAheader, what their notifiers read
 // first), then they are notified in order. At a million dispatchers each
@@ -201,6 +202,9 @@ func (s *Store) publishAdvances(subs []*subscription, resolved common.Ts, now ti
 	}
 	for start := 0; start < len(subs); start += touchahead.Chunk {
 		chunk := subs[start:min(start+touchahead.Chunk, len(subs))]
+		for _, sub := range chunk {
+			touchahead.Lock(&sub.mu.Mutex) // commit's first miss
+		}
 		for i, sub := range chunk {
 			p := &pending[i]
 			p.subscribers, p.mc, p.advanced, p.notify = s.commit(writeEvent{sub: sub, resolved: resolved}, now, pub)
