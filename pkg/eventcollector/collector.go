@@ -421,6 +421,28 @@ func (c *Collector) Dispatcher(id common.DispatcherID) (DispatcherStatus, error)
 		Resets: s.resets, Handshaked: s.handshaked, PendingReset: s.needReset, LastHeartbeat: d.lastHeartbeat}, nil
 }
 
+// Checkpoints is Dispatcher's Checkpoint for many dispatchers under one
+// lock: dst[i] is the checkpoint of ids[i] and known[i] whether it is
+// registered here (dst[i] is 0 when not). A monitor that samples thousands
+// of dispatchers at a time otherwise takes the collector's lock, which its
+// receive and heartbeat goroutines take for every message, once per
+// dispatcher. ids, dst and known have the same length; a caller should
+// keep calls to a few hundred ids, the time the lock is held.
+func (c *Collector) Checkpoints(ids []common.DispatcherID, dst []common.Ts, known []bool) {
+	if len(dst) != len(ids) || len(known) != len(ids) {
+		panic("eventcollector: Checkpoints with slices of different lengths")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, id := range ids {
+		d, ok := c.mu.dispatchers[id]
+		dst[i], known[i] = 0, ok
+		if ok {
+			dst[i] = d.st.checkpoint
+		}
+	}
+}
+
 // Stats is a snapshot of the collector's counters.
 type Stats struct {
 	Dispatchers int

@@ -340,3 +340,20 @@ func TestRemovedDispatcherMessagesIgnored(t *testing.T) {
 	require.Equal(t, []messaging.RemoveRequest{{Dispatcher: id, Registration: craftedReg(id)}}, h.svc.removes)
 	h.svc.mu.Unlock()
 }
+
+// TestCheckpointsIsDispatcherForMany: Checkpoints reads, for many IDs at
+// once, the checkpoint Dispatcher reports, and says which are unknown.
+func TestCheckpointsIsDispatcherForMany(t *testing.T) {
+	h := newCrafted(t, nil, nil)
+	a, b, unknown := did(1), did(2), did(3)
+	require.NoError(t, h.coll.AddDispatcher(context.Background(), a, common.TableSpan(1), 10))
+	require.NoError(t, h.coll.AddDispatcher(context.Background(), b, common.TableSpan(2), 5))
+	h.deliver(handshake(a, 1, 10), resolved(a, 1, 1, 30), handshake(b, 1, 5))
+	ids := []common.DispatcherID{b, unknown, a}
+	dst := []common.Ts{99, 99, 99}
+	known := make([]bool, len(ids))
+	h.coll.Checkpoints(ids, dst, known)
+	require.Equal(t, []bool{true, false, true}, known)
+	require.Equal(t, []common.Ts{h.status(b).Checkpoint, 0, h.status(a).Checkpoint}, dst)
+	require.Equal(t, common.Ts(30), dst[2])
+}

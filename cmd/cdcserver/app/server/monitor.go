@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -207,8 +208,8 @@ func (s *server) monitor(ctx context.Context, stderr io.Writer) *runResult {
 // maxLagSamples bounds the dispatchers whose lag one sample records: beyond
 // it the lag is sampled round-robin (a sweep of a million dispatchers takes
 // ten seconds), so the monitor's cost per sample stays bounded whatever
-// the number of dispatchers, and the collectors' locks are taken 100k times
-// a second at most.
+// the number of dispatchers: 100k lookups a second at most, 256 under each
+// lock of a collector (Collector.Checkpoints).
 const maxLagSamples = 10_000
 
 // recordLag records the resolved-ts lag of up to maxLagSamples
@@ -216,20 +217,57 @@ const maxLagSamples = 10_000
 // and the minimum checkpoint of each complete sweep.
 func (s *server) recordLag(r *runResult, now time.Time) {
 	total := len(s.feeds) * s.cfg.Tables
-	n := min(total, maxLagSamples)
-	for range n {
+	for left := min(total, maxLagSamples); left > 0; {
 		f := s.feeds[r.lagCursor/s.cfg.Tables]
-		d := f.ds[r.lagCursor%s.cfg.Tables]
-		if ckpt, err := s.checkpointOf(f, d); err == nil {
-			r.lag.Record(ckpt.Lag(now))
-			if r.sweepMin == 0 || ckpt < r.sweepMin {
-				r.sweepMin = ckpt
+		first := r.lagCursor % s.cfg.Tables
+		ds := f.ds[first : first+min(left, lookupChunk, s.cfg.Tables-first)]
+		left -= len(ds)
+		ckpts, known := s.lookup.of(s, f, len(ds), func(i int) dispatcherRef { return ds[i] })
+		for i := range ds {
+			if ckpt := ckpts[i]; known[i] {
+				r.lag.Record(ckpt.Lag(now))
+				if r.sweepMin == 0 || ckpt < r.sweepMin {
+					r.sweepMin = ckpt
+				}
+			}
+			if r.lagCursor = (r.lagCursor + 1) % total; r.lagCursor == 0 {
+				r.lastSweepMin, r.sweepMin = r.sweepMin, 0
 			}
 		}
-		if r.lagCursor = (r.lagCursor + 1) % total; r.lagCursor == 0 {
-			r.lastSweepMin, r.sweepMin = r.sweepMin, 0
-		}
 	}
+}
+
+// lookupChunk is how many dispatchers' checkpoints one lookup reads: one
+// collector lock per chunk, held for a few hundred map probes.
+const lookupChunk = 256
+
+// checkpointLookup reads the checkpoints of a chunk of one feed's
+// dispatchers at a time, with its buffers kept from one call to the next
+// (the monitor's goroutine only).
+type checkpointLookup struct {
+	ids   []common.DispatcherID
+	ckpts []common.Ts
+	known []bool
+}
+
+// of returns the checkpoints of the n dispatchers ref(0..n-1) of f and
+// whether each is known (checkpointOf without an error); the slices are
+// valid until the next call.
+func (l *checkpointLookup) of(s *server, f *feed, n int, ref func(int) dispatcherRef) ([]common.Ts, []bool) {
+	l.ckpts, l.known = slices.Grow(l.ckpts[:0], n)[:n], slices.Grow(l.known[:0], n)[:n]
+	if f.coll == nil {
+		for i := range n {
+			ckpt, err := s.checkpointOf(f, ref(i))
+			l.ckpts[i], l.known[i] = ckpt, err == nil
+		}
+		return l.ckpts, l.known
+	}
+	l.ids = slices.Grow(l.ids[:0], n)[:n]
+	for i := range n {
+		l.ids[i] = ref(i).id
+	}
+	f.coll.Checkpoints(l.ids, l.ckpts, l.known)
+	return l.ckpts, l.known
 }
 
 // sweepBehind visits up to l.budget dispatchers of l (all of them are in
@@ -253,19 +291,28 @@ func (s *server) sweepBehind(l *behindList, target func(dispatcherRef) common.Ts
 	}
 	end := min(len(l.refs), l.cursor+l.budget)
 	kept := l.cursor
-	for _, ref := range l.refs[l.cursor:end] {
-		f := s.feeds[ref.feed]
-		d := f.ds[ref.ds]
-		ckpt, err := s.checkpointOf(f, d)
-		if err == nil && ckpt >= target(d) {
-			continue // caught up: dropped
+	for i := l.cursor; i < end; {
+		// A chunk of refs of one feed (the list is in feed order).
+		j := i + 1
+		for j < end && j-i < lookupChunk && l.refs[j].feed == l.refs[i].feed {
+			j++
 		}
-		// Behind, or being moved (look again next time).
-		l.refs[kept] = ref
-		kept++
-		if err == nil && (l.minCkpt == 0 || ckpt < l.minCkpt) {
-			l.minCkpt = ckpt
+		chunk := l.refs[i:j]
+		f := s.feeds[chunk[0].feed]
+		ckpts, known := s.lookup.of(s, f, len(chunk), func(k int) dispatcherRef { return f.ds[chunk[k].ds] })
+		for k, ref := range chunk {
+			d := f.ds[ref.ds]
+			if ckpts[k] >= target(d) && known[k] {
+				continue // caught up: dropped
+			}
+			// Behind, or being moved (look again next time).
+			l.refs[kept] = ref
+			kept++
+			if known[k] && (l.minCkpt == 0 || ckpts[k] < l.minCkpt) {
+				l.minCkpt = ckpts[k]
+			}
 		}
+		i = j
 	}
 	l.budget = nextSweep(end - kept)
 	l.refs = append(l.refs[:kept], l.refs[end:]...)

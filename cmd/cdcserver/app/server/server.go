@@ -59,6 +59,8 @@ type dispatcherRef struct {
 
 // server holds the running parts.
 type server struct {
+	// lookup is the monitor's checkpoint reader (its goroutine's alone).
+	lookup  checkpointLookup
 	cfg     Config
 	log     *zap.Logger
 	reg     *prometheus.Registry
