@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -107,6 +108,8 @@ func benchResolvedAdvances(b *testing.B, n int) {
 	round := 0
 	b.ResetTimer()
 	cpu0 := processCPUForBench(b)
+	var mem0 runtime.MemStats
+	runtime.ReadMemStats(&mem0)
 	for b.Loop() {
 		round++
 		target := ts(round)
@@ -128,8 +131,15 @@ func benchResolvedAdvances(b *testing.B, n int) {
 	// how the goroutines' hand-offs are scheduled (rounds of one build
 	// took 5 or 8.5 ms from one run to the next), the work less.
 	cpu := processCPUForBench(b) - cpu0
-	b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "advances/s")
-	b.ReportMetric(float64(cpu.Nanoseconds())/(float64(n)*float64(b.N)), "cpu-ns/advance")
+	// The bytes the process allocated per advance: what a million
+	// dispatchers' cadence makes the GC collect (each cycle at that size
+	// marks about 2 GB for seconds, so its rate is the cycles' rate).
+	var mem runtime.MemStats
+	runtime.ReadMemStats(&mem)
+	advances := float64(n) * float64(b.N)
+	b.ReportMetric(advances/b.Elapsed().Seconds(), "advances/s")
+	b.ReportMetric(float64(cpu.Nanoseconds())/advances, "cpu-ns/advance")
+	b.ReportMetric(float64(mem.TotalAlloc-mem0.TotalAlloc)/advances, "B/advance")
 }
 
 // processCPUForBench is the CPU time this process has used, user and

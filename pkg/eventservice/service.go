@@ -40,6 +40,9 @@ type Service struct {
 	// (control-plane work: see Reset).
 	registrar *dueTimers[*dispatcher]
 	kaSet     keepaliveSet
+	// heartbeatBufs pools Heartbeat's per-call dispatcher slices
+	// (*[]*dispatcher).
+	heartbeatBufs sync.Pool
 
 	// scanPending counts sessions in scanQueued (in the channel or waiting
 	// to enter it).

@@ -31,9 +31,9 @@ func PushResolved(ctx context.Context, sinks []Sink, ts common.Ts, errs []error)
 		panic("eventstore: PushResolved with errs and sinks of different lengths")
 	}
 	// A call's sinks are usually of one store, so of len(queues) groups
-	// (two by default): a slice searched linearly, not a map. Each group's
-	// slices are sized once for the chunk they can reach; subs goes to the
-	// worker with its event, prev and idx are reused chunk after chunk.
+	// (two by default): a slice searched linearly, not a map. Each group
+	// fills a buffer of the store's (advanceBuf) chunk after chunk; a
+	// chunk's buffer goes to the worker with its event, which gives it back.
 	var groups []advanceGroup
 	for i, k := range sinks {
 		if i%touchahead.Chunk == 0 {
@@ -53,17 +53,14 @@ func PushResolved(ctx context.Context, sinks []Sink, ts common.Ts, errs []error)
 		key := advanceGroupKey{s: sk.store, worker: (*subscription)(sk).worker()}
 		g := groupOf(&groups, key)
 		chunk := min(advanceChunk, sk.store.opts.WriteQueueSize)
-		if g.subs == nil {
-			n := min(chunk, len(sinks)-i)
-			g.subs = make([]*subscription, 0, n)
-			if g.prev == nil {
-				g.prev, g.idx = make([]common.Ts, 0, n), make([]int, 0, n)
-			}
+		if g.buf == nil {
+			g.buf = sk.store.getAdvanceBuf(chunk)
 		}
-		g.subs = append(g.subs, (*subscription)(sk))
-		g.prev = append(g.prev, prev)
-		g.idx = append(g.idx, i)
-		if len(g.subs) == chunk {
+		b := g.buf
+		b.subs = append(b.subs, (*subscription)(sk))
+		b.prev = append(b.prev, prev)
+		b.idx = append(b.idx, i)
+		if len(b.subs) == chunk {
 			g.flush(ctx, ts, errs)
 		}
 	}
@@ -107,17 +104,18 @@ const advanceChunk = 256
 // owns the queued slice); on failure its sinks get the error and their
 // resolved-ts back.
 func (g *advanceGroup) flush(ctx context.Context, ts common.Ts, errs []error) {
-	if len(g.subs) == 0 {
+	b := g.buf
+	if b == nil {
 		return
 	}
-	if err := g.key.s.enqueueAdvance(ctx, g.key.worker, g.subs, ts); err != nil {
-		for j, sub := range g.subs {
-			sub.unreserveAdvance(ts, g.prev[j])
-			errs[g.idx[j]] = err
+	g.buf = nil
+	if err := g.key.s.enqueueAdvance(ctx, g.key.worker, b, ts); err != nil {
+		for j, sub := range b.subs {
+			sub.unreserveAdvance(ts, b.prev[j])
+			errs[b.idx[j]] = err
 		}
+		g.key.s.putAdvanceBuf(b)
 	}
-	g.subs = nil
-	g.prev, g.idx = g.prev[:0], g.idx[:0]
 }
 
 type advanceGroupKey struct {
@@ -126,12 +124,39 @@ type advanceGroupKey struct {
 }
 
 // advanceGroup is the subscriptions of one write worker in a PushResolved
-// call: subs[j] was sinks[idx[j]], its resolved-ts prev[j] before.
+// call, a chunk at a time in buf (nil between chunks).
 type advanceGroup struct {
-	key  advanceGroupKey
+	key advanceGroupKey
+	buf *advanceBuf
+}
+
+// advanceBuf is a chunk of a PushResolved call's advances on one write
+// worker: subs[j] was sinks[idx[j]], its resolved-ts prev[j] before. Its
+// event takes it to the worker, which gives it back to the store's pool
+// once it published the advances; a chunk that was never queued goes back
+// at once. A million dispatchers advancing once a second made these
+// slices, allocated per call, over a third of the bytes the process
+// allocated (each GC cycle at that size marks about 2 GB for seconds).
+type advanceBuf struct {
 	subs []*subscription
 	prev []common.Ts
 	idx  []int
+}
+
+// getAdvanceBuf returns an empty buffer with room for chunk advances.
+func (s *Store) getAdvanceBuf(chunk int) *advanceBuf {
+	if b, ok := s.advanceBufs.Get().(*advanceBuf); ok && cap(b.subs) >= chunk {
+		return b
+	}
+	return &advanceBuf{subs: make([]*subscription, 0, chunk), prev: make([]common.Ts, 0, chunk), idx: make([]int, 0, chunk)}
+}
+
+// putAdvanceBuf empties b (its subscriptions no longer kept alive by it)
+// and pools it.
+func (s *Store) putAdvanceBuf(b *advanceBuf) {
+	clear(b.subs)
+	b.subs, b.prev, b.idx = b.subs[:0], b.prev[:0], b.idx[:0]
+	s.advanceBufs.Put(b)
 }
 
 // reserveAdvance validates an advance of the subscription to ts and
@@ -167,26 +192,28 @@ func (sub *subscription) unreserveAdvance(ts, prev common.Ts) {
 	}
 }
 
-// enqueueAdvance queues one event advancing subs (all of worker's) to ts.
+// enqueueAdvance queues one event advancing b.subs (all of worker's) to
+// ts; the event owns b from then on.
 // It first takes room for len(subs) advances: the queue bounds events,
 // and an event of 256 advances let an upstream run 256 times further ahead
 // of the writer than pushes one at a time did (at a million tables the
 // generator then filled the pipeline faster than its last stage drained
 // it, and the lag doubled).
-func (s *Store) enqueueAdvance(ctx context.Context, worker int, subs []*subscription, ts common.Ts) error {
+func (s *Store) enqueueAdvance(ctx context.Context, worker int, b *advanceBuf, ts common.Ts) error {
 	room := &s.advanceRoom[worker]
-	if err := room.acquire(ctx, s.closing, len(subs), s.knobs.advanceWaits); err != nil {
+	n := len(b.subs)
+	if err := room.acquire(ctx, s.closing, n, s.knobs.advanceWaits); err != nil {
 		return err
 	}
-	ev := writeEvent{advance: subs, resolved: ts}
+	ev := writeEvent{advance: b, resolved: ts}
 	select {
 	case s.queues[worker] <- ev:
 		return nil
 	case <-ctx.Done():
-		room.release(len(subs))
+		room.release(n)
 		return ctx.Err()
 	case <-s.closing:
-		room.release(len(subs))
+		room.release(n)
 		return ErrClosed
 	}
 }

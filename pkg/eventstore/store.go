@@ -49,6 +49,8 @@ type Store struct {
 	// advanceRoom bounds the PushResolved advances queued per worker and
 	// not yet published, as the queue bounds pushes (advance.go).
 	advanceRoom []advanceRoom
+	// advanceBufs pools the chunks of PushResolved calls (*advanceBuf).
+	advanceBufs sync.Pool
 	closing     chan struct{} // closed when Close starts
 	wg          sync.WaitGroup
 

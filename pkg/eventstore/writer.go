@@ -19,9 +19,10 @@ type writeEvent struct {
 	sub      *subscription
 	rows     []common.Row
 	resolved common.Ts
-	// advance, when set (sub is nil), is the subscriptions of a
-	// PushResolved call on this worker, each advancing to resolved.
-	advance []*subscription
+	// advance, when set (sub is nil), is a chunk of a PushResolved call's
+	// subscriptions on this worker, each advancing to resolved; the
+	// worker gives it back to the store's pool once published.
+	advance *advanceBuf
 	// deleteSub deletes every row of sub; it is queued after the
 	// subscription was ended at the upstream and no Push can follow.
 	deleteSub bool
@@ -63,8 +64,9 @@ func (s *Store) runWriter(i int) {
 		// The advances' room comes back whether or not the batch was
 		// applied: a failed commit must not shrink it for good.
 		for _, ev := range evs {
-			if len(ev.advance) > 0 {
-				s.advanceRoom[i].release(len(ev.advance))
+			if ev.advance != nil {
+				s.advanceRoom[i].release(len(ev.advance.subs))
+				s.putAdvanceBuf(ev.advance)
 			}
 		}
 		clear(evs) // drop row references for the GC
@@ -134,7 +136,9 @@ func (s *Store) apply(evs []writeEvent) error {
 			s.deleteSubscriptionData(ev.sub)
 			continue
 		}
-		s.publishAdvances(ev.advance, ev.resolved, now, &pub)
+		if ev.advance != nil {
+			s.publishAdvances(ev.advance.subs, ev.resolved, now, &pub)
+		}
 		if ev.sub != nil {
 			s.publish(ev, now, &pub)
 		}

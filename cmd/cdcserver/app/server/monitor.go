@@ -277,6 +277,11 @@ func (l *checkpointLookup) of(s *server, f *feed, n int, ref func(int) dispatche
 func (s *server) sweepBehind(l *behindList, target func(dispatcherRef) common.Ts) (common.Ts, bool) {
 	if !l.built {
 		l.built = true
+		n := 0
+		for _, f := range s.feeds {
+			n += len(f.ds)
+		}
+		l.refs = make([]behindRef, 0, n) // once, not grown a million entries at a time
 		for fi, f := range s.feeds {
 			for di := range f.ds {
 				l.refs = append(l.refs, behindRef{feed: fi, ds: di})
