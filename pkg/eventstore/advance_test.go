@@ -225,3 +225,40 @@ func TestPushResolvedTouchesNotifiersAhead(t *testing.T) {
 		require.Empty(t, r.ch, "dispatcher %d notified more than once", i+1)
 	}
 }
+
+// TestPushResolvedReusesAChunkOnlyAfterItsPublish: a chunk's buffer comes
+// back to the store's pool only once its worker published it. With the
+// worker held inside a publish, two calls queue a chunk each; had a
+// chunk's buffer been given back (emptied) at its enqueue, the worker
+// would find it empty or refilled by the next call, and the first call's
+// subscriptions would never advance.
+func TestPushResolvedReusesAChunkOnlyAfterItsPublish(t *testing.T) {
+	hold, held := make(chan struct{}), make(chan struct{}, 1)
+	env := newTestEnv(t, func(o *Options) { o.WriteWorkers, o.WriteQueueSize = 1, 8 }, func(s *Store) {
+		s.knobs.published = func(ts common.Ts) {
+			if ts == 5 {
+				held <- struct{}{}
+				<-hold
+			}
+		}
+	})
+	const n = 5
+	recs := make([]*recorder, n)
+	sinks := make([]Sink, n)
+	for i := range n {
+		recs[i] = newRecorder()
+		require.NoError(t, env.store.RegisterDispatcher(did(uint64(i+1)), common.TableSpan(int64(i+1)), 0, recs[i]))
+		sinks[i] = env.up.last(t, common.TableSpan(int64(i+1))).sink
+	}
+	push(t, env.up.last(t, common.TableSpan(5)), 5)
+	<-held // the worker is inside the publish of 5
+	errs := make([]error, 2)
+	PushResolved(context.Background(), sinks[0:2], 10, errs)
+	require.NoError(t, errors.Join(errs...))
+	PushResolved(context.Background(), sinks[2:4], 10, errs)
+	require.NoError(t, errors.Join(errs...))
+	close(hold)
+	for i := range 4 {
+		recs[i].waitResolved(t, 10)
+	}
+}
