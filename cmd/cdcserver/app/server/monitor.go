@@ -158,6 +158,12 @@ func (s *server) monitor(ctx context.Context, stderr io.Writer) *runResult {
 		case !upstreamDone && !r.warm:
 			// Catching up with the rows produced during registration: the
 			// steady state, whose lag is recorded, starts after it.
+			if s.warm != nil {
+				if at, ok := s.warm.done(); ok {
+					r.warm, r.warmup = true, max(0, at.Sub(start))
+				}
+				break
+			}
 			var warm bool
 			minCkpt, warm = s.sweepBehind(&r.warmBehind, func(dispatcherRef) common.Ts { return s.liveFrom })
 			if warm {

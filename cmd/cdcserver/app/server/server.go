@@ -74,6 +74,9 @@ type server struct {
 	// liveFrom is when the upstream started, after registration: a
 	// dispatcher is warm once its checkpoint passed it (see monitor).
 	liveFrom common.Ts
+	// warm tells when the warm-up ends; nil with collectors in other
+	// processes (the monitor sweeps their checkpoints instead).
+	warm *warmTracker
 	store    *eventstore.Store
 	schema   *schemastore.Memory
 	inproc   *messaging.InProcess // nil with remote collectors
@@ -252,6 +255,11 @@ func (s *server) buildParts(resumed bool) error {
 			return err
 		}
 	}
+	if s.rs == nil {
+		// Every collector is in this process: their sinks tell when the
+		// warm-up ends (warmup.go).
+		s.warm = newWarmTracker(cfg.Changefeeds, cfg.Tables, time.Now)
+	}
 	for c := range cfg.Changefeeds {
 		if err := s.buildFeed(c, resumed); err != nil {
 			return err
@@ -287,6 +295,7 @@ func (s *server) buildFeed(c int, resumed bool) error {
 	if s.hooks.wrapSink != nil {
 		sink = s.hooks.wrapSink(c+1, sink)
 	}
+	sink = wrapWarm(sink, s.warm) // outermost: it notes what the collector is told
 	f.coll, err = eventcollector.New(eventcollector.Options{Service: s.svc, Inbox: inbox, Sink: sink, Registerer: s.reg, Logger: s.log,
 		ExpectedDispatchers: s.cfg.Tables})
 	if err != nil {
@@ -353,6 +362,9 @@ func (s *server) start(stderr io.Writer) error {
 		}
 	}
 	s.liveFrom = common.TsFromTime(time.Now())
+	if s.warm != nil {
+		s.warm.arm(s.liveFrom)
+	}
 	s.sched = ddlSchedule{seed: s.meta.Seed, tables: s.cfg.Tables, interval: s.cfg.DDLInterval, start: s.meta.StartTs, end: s.meta.EndTs}
 	if err := s.gen.Start(); err != nil {
 		return err

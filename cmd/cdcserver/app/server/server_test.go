@@ -93,6 +93,10 @@ func TestRunVerifiesAndPrintsJSON(t *testing.T) {
 	require.Equal(t, sum.RowsUpstream, sum.RowsDelivered)
 	require.Positive(t, sum.DDLsUpstream)
 	require.Equal(t, sum.DDLsUpstream, sum.DDLsDelivered)
+	// The collectors' sinks told when the last dispatcher passed the
+	// upstream's start (warmup.go), and lag was sampled after it.
+	require.True(t, sum.Warm)
+	require.Positive(t, sum.WarmupSec)
 	var decoded map[string]any
 	require.NoError(t, json.Unmarshal(out.Bytes(), &decoded), out.String())
 	for _, k := range []string{"verified", "dispatchers", "rows_upstream", "rows_delivered", "rows_per_sec", "resets",
