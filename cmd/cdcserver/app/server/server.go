@@ -76,16 +76,16 @@ type server struct {
 	liveFrom common.Ts
 	// warm tells when the warm-up ends; nil with collectors in other
 	// processes (the monitor sweeps their checkpoints instead).
-	warm *warmTracker
-	store    *eventstore.Store
-	schema   *schemastore.Memory
-	inproc   *messaging.InProcess // nil with remote collectors
-	rs       *remoteSide          // nil with collectors in this process
-	faulty   *messaging.Faulty
-	svc      *eventservice.Service
-	durable  *pebblesink.Sink
-	feeds    []*feed
-	mover    *mover // nil unless --move-interval
+	warm    *warmTracker
+	store   *eventstore.Store
+	schema  *schemastore.Memory
+	inproc  *messaging.InProcess // nil with remote collectors
+	rs      *remoteSide          // nil with collectors in this process
+	faulty  *messaging.Faulty
+	svc     *eventservice.Service
+	durable *pebblesink.Sink
+	feeds   []*feed
+	mover   *mover // nil unless --move-interval
 
 	metrics *metricsServer
 	wg      sync.WaitGroup
