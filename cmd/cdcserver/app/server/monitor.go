@@ -160,7 +160,9 @@ func (s *server) monitor(ctx context.Context, stderr io.Writer) *runResult {
 			// steady state, whose lag is recorded, starts after it.
 			if s.warm != nil {
 				if at, ok := s.warm.done(); ok {
-					r.warm, r.warmup = true, max(0, at.Sub(start))
+					// From the upstream's start, which the sweep below
+					// can only approximate by the monitor's.
+					r.warm, r.warmup = true, max(0, at.Sub(s.liveAt))
 				}
 				break
 			}

@@ -74,6 +74,7 @@ type server struct {
 	// liveFrom is when the upstream started, after registration: a
 	// dispatcher is warm once its checkpoint passed it (see monitor).
 	liveFrom common.Ts
+	liveAt   time.Time // liveFrom's wall time
 	// warm tells when the warm-up ends; nil with collectors in other
 	// processes (the monitor sweeps their checkpoints instead).
 	warm    *warmTracker
@@ -361,7 +362,8 @@ func (s *server) start(stderr io.Writer) error {
 			return err
 		}
 	}
-	s.liveFrom = common.TsFromTime(time.Now())
+	s.liveAt = time.Now()
+	s.liveFrom = common.TsFromTime(s.liveAt)
 	if s.warm != nil {
 		s.warm.arm(s.liveFrom)
 	}
