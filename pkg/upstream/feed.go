@@ -36,20 +36,20 @@ type genSub struct {
 	// Driver-owned: only the driver goroutine reads or writes these.
 	//
 	// lastResolved is the last resolved-ts pushed (or lo), for
-	// ResolvedInterval; stagger is the subscription's offset of its
-	// interval boundaries, in ms.
+	// ResolvedInterval (its boundaries are offset by Generator.stagger).
 	lastResolved common.Ts
-	stagger      int64
 	// cur is the position of the next row to push: row cur.idx of the
 	// (filtered) rows of tick cur.tick. It moves only when the sink has
 	// accepted everything before it, so a failed push is retried from
 	// exactly there, and rows are neither skipped nor repeated.
 	cur cursor
-	// cache holds the filtered rows of tick cacheTick (if cacheOK), so a
-	// tick split across chunks is generated once.
+	// cache holds the filtered rows of tick cacheTick (noCacheTick: none),
+	// so a tick split across chunks is generated once.
 	cache     []common.Row
 	cacheTick int64
-	cacheOK   bool
+	// memo answers the driver's questions about the table's next tick with
+	// rows (workload.nextTickMemo).
+	memo tickMemo
 
 	// Progress, read by Stats without a lock.
 	resolved   atomic.Uint64 // last resolved-ts the sink accepted
@@ -359,10 +359,11 @@ func (g *Generator) nextDue(s *genSub, last int64) int64 {
 		// The first tick k whose frontier, (k+1)*tickMs-1 ms, crosses the
 		// boundary after the last resolved-ts (see resolvedDue).
 		prev := max(s.lastResolved, s.lo).PhysicalMs()
-		boundary := ((prev+s.stagger)/iv+1)*iv - s.stagger // first ms of the next interval
+		stagger := g.stagger(s.span.Table(), iv)
+		boundary := ((prev+stagger)/iv+1)*iv - stagger // first ms of the next interval
 		due = max(due, (boundary+1+w.tickMs-1)/w.tickMs-1)
 		limit := min(due-1, last+scheduleHorizon)
-		if k, _, ok := w.nextTick(s.span.Table(), max(s.cur.tick, last+1), limit); ok {
+		if k, _, ok := w.nextTickMemo(&s.memo, s.span.Table(), max(s.cur.tick, last+1), limit); ok {
 			due = k
 		}
 	}
@@ -386,17 +387,17 @@ func (g *Generator) advanceFrontier() (common.Ts, time.Time) {
 
 // tickRows returns the rows of tick k this subscription must receive.
 func (s *genSub) tickRows(tg *tickGen, k int64) []common.Row {
-	if s.cacheOK && s.cacheTick == k {
+	if s.cacheTick == k {
 		return s.cache
 	}
 	// Reusing the cache's backing array is safe: batches hold copies of
 	// the Row structs, and every tick gets fresh key and value bytes.
 	s.cache = s.cache[:0]
-	if k, n, ok := s.g.w.nextTick(s.span.Table(), k, k); ok {
+	if k, n, ok := s.g.w.nextTickMemo(&s.memo, s.span.Table(), k, k); ok {
 		s.g.ticksGeneratedForTesting.Add(1)
 		s.cache = tg.appendTick(s.cache, s.span.Table(), k, n, s.lo, s.g.w.endTs, s.filter)
 	}
-	s.cacheTick, s.cacheOK = k, true
+	s.cacheTick = k
 	s.g.rowsGenerated.Add(uint64(len(s.cache)))
 	return s.cache
 }
@@ -411,8 +412,21 @@ func (g *Generator) resolvedDue(s *genSub, f common.Ts) bool {
 		return true
 	}
 	last := max(s.lastResolved, s.lo)
-	return (f.PhysicalMs()+s.stagger)/iv > (last.PhysicalMs()+s.stagger)/iv
+	stagger := g.stagger(s.span.Table(), iv)
+	return (f.PhysicalMs()+stagger)/iv > (last.PhysicalMs()+stagger)/iv
 }
+
+// stagger is the offset in ms of table's resolved-interval boundaries
+// (interval iv ms): one phase per group of ResolvedGroupTables tables.
+// Computed when needed, not kept per subscription: a hash costs less than
+// the eight bytes a million subscriptions would carry.
+func (g *Generator) stagger(table, iv int64) int64 {
+	return int64(mix64(uint64(table)/uint64(g.opts.ResolvedGroupTables)) % uint64(iv))
+}
+
+// noCacheTick marks a subscription's row cache empty (ticks are never
+// negative).
+const noCacheTick = -1
 
 // feed pushes the next chunk of s's rows with commit-ts <= f: at most
 // PushRowsMax rows, carrying ResolvedTs f if the chunk reaches f and s's
@@ -435,7 +449,7 @@ func (g *Generator) feed(s *genSub, f common.Ts, tg *tickGen) feedResult {
 		}
 		tr := s.tickRows(tg, cur.tick)
 		if cur.idx >= len(tr) {
-			k, _, ok := g.w.nextTick(s.span.Table(), cur.tick+1, lastTick)
+			k, _, ok := g.w.nextTickMemo(&s.memo, s.span.Table(), cur.tick+1, lastTick)
 			if !ok {
 				k = lastTick + 1
 			}
@@ -498,7 +512,7 @@ func (g *Generator) feed(s *genSub, f common.Ts, tg *tickGen) feedResult {
 	default:
 		// Retry from s.cur on the next tick. Drop the cache: the sink may
 		// own rows of the failed batch now, so the retry gets fresh bytes.
-		s.cacheOK = false
+		s.cacheTick = noCacheTick
 		s.pushErrors.Add(1)
 		g.pushErrors.Add(1)
 		g.log.Warn("push failed, will retry",

@@ -247,11 +247,8 @@ func (g *Generator) Subscribe(span common.Span, startTs common.Ts, sink eventsto
 		s.filter = &f
 	}
 	s.cur.tick = g.w.tickOf(s.lo)
+	s.cacheTick = noCacheTick
 	s.resolved.Store(uint64(startTs))
-	if iv := g.opts.ResolvedInterval.Milliseconds(); iv > 0 {
-		// One phase per group of tables (ResolvedGroupTables; 1 by default).
-		s.stagger = int64(mix64(uint64(span.TableID)/uint64(g.opts.ResolvedGroupTables)) % uint64(iv))
-	}
 
 	g.mu.Lock()
 	if g.mu.closed {

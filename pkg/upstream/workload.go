@@ -185,6 +185,63 @@ func (w *workload) nextTick(table, from, limit int64) (tick int64, n int, ok boo
 	return 0, 0, false
 }
 
+// tickMemo is one subscription's last answer about its sparse table, so
+// that the driver's next questions (is there a row in this tick, in the
+// ticks up to the frontier, before the next resolved boundary) are
+// answered without walking the table's block again. At a million tables
+// each subscription asked three such questions a second about the same
+// block, each a few hashes and a logarithm: 5% of a cdcserver run's CPU.
+//
+// next >= 0: the first tick with rows at or after from is next.
+// next < 0: no tick in [from, ^next] has rows.
+// The zero value knows nothing (a memo that could mean "tick 0 has rows"
+// is only ever recomputed).
+type tickMemo struct {
+	from, next int64
+}
+
+// memoReachBlocks is how far past its question a memo's search looks, in
+// blocks: a table without rows up to the question then answers the next
+// ones (a second later, a resolved interval further) from the memo too.
+// A block holds one transaction on average, so the search usually ends in
+// the first block or two.
+const memoReachBlocks = 4
+
+// nextTickMemo is nextTick for a subscription with memo m: the same
+// answer, from m when m covers the question, else from a search it then
+// keeps in m.
+func (w *workload) nextTickMemo(m *tickMemo, table, from, limit int64) (tick int64, n int, ok bool) {
+	c := w.class(table)
+	if !c.sparse || from > limit {
+		return w.nextTick(table, from, limit)
+	}
+	if (m.from != 0 || m.next != 0) && from >= m.from {
+		if m.next >= 0 && from <= m.next {
+			if m.next <= limit {
+				return m.next, 1, true
+			}
+			return 0, 0, false
+		}
+		if m.next < 0 && limit <= ^m.next {
+			return 0, 0, false
+		}
+	}
+	reach := limit
+	if ext := from + memoReachBlocks*c.block; ext > limit && ext > from { // ext > from: no overflow
+		reach = ext
+	}
+	t, _, found := w.nextTick(table, from, reach)
+	if !found {
+		m.from, m.next = from, ^reach
+		return 0, 0, false
+	}
+	m.from, m.next = from, t
+	if t > limit {
+		return 0, 0, false
+	}
+	return t, 1, true
+}
+
 // blockTick walks the gaps of block b of a sparse table and returns its
 // first tick with rows at or after from.
 func (w *workload) blockTick(table, b, from int64, c *tableClass) (int64, bool) {

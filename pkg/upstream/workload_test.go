@@ -250,3 +250,70 @@ func TestRowsGolden(t *testing.T) {
 	}
 	require.Equal(t, uint64(0xa74b9eac4d5f78ff), h.Sum64())
 }
+
+func abs64(x int64) int64 {
+	if x < 0 {
+		return ^x
+	}
+	return x
+}
+
+// TestTickMemoAnswersAsTheWorkloadDoes asks a subscription's memo what the
+// driver asks (a tick, the ticks up to a frontier, the ticks before a
+// resolved boundary), in the driver's order and at random, over sparse
+// tables of several rates and a dense one: every answer is nextTick's.
+// A memo that answered past what it searched, or from before where it
+// searched, would give a tick with rows where there is none or miss one.
+func TestTickMemoAnswersAsTheWorkloadDoes(t *testing.T) {
+	for _, tables := range []int{1, 100, 10_000, 1_000_000} {
+		t.Run(fmt.Sprintf("tables=%d", tables), func(t *testing.T) {
+			g := newTestGenerator(t, GeneratorOptions{Tables: tables, RowsPerSec: 20000, TxnRows: 4,
+				Seed: 7, StartTs: common.TsFromTime(t0), Clock: clock.NewFake(t0)})
+			w := g.w
+			rng := rand.New(rand.NewPCG(uint64(tables), 3))
+			base := w.tickOf(common.TsFromTime(t0))
+			hits, asked := 0, 0
+			for table := int64(1); table <= min(int64(tables), 20); table++ {
+				var m tickMemo
+				from := base
+				for range 2000 {
+					var lo, hi int64
+					switch rng.IntN(6) {
+					case 0: // one tick (tickRows)
+						lo, hi = from, from
+					case 1: // up to the frontier (feed)
+						lo, hi = from, from+rng.Int64N(150)
+					case 2: // before a far boundary (nextDue)
+						lo, hi = from, from+rng.Int64N(1<<20)
+					case 3: // just past what the memo searched
+						lo = max(from, m.from)
+						hi = ^m.next + 1 + rng.Int64N(64)
+						if m.next >= 0 {
+							hi = m.next - 1 + rng.Int64N(3)
+						}
+					case 4: // at and just after the tick it found
+						lo = max(base, abs64(m.next)+rng.Int64N(3)-1)
+						hi = lo + rng.Int64N(64)
+					default: // anywhere around, backwards too
+						lo = max(base, from+rng.Int64N(4000)-2000)
+						hi = lo + rng.Int64N(3000) - 10
+					}
+					wantTick, wantN, wantOK := w.nextTick(table, lo, hi)
+					before := m
+					gotTick, gotN, gotOK := w.nextTickMemo(&m, table, lo, hi)
+					require.Equal(t, [3]any{wantTick, wantN, wantOK}, [3]any{gotTick, gotN, gotOK},
+						"table %d ticks [%d, %d], memo before %+v", table, lo, hi, before)
+					asked++
+					if m == before {
+						hits++
+					}
+					from += rng.Int64N(120)
+				}
+			}
+			t.Logf("%d of %d questions left the memo as it was", hits, asked)
+			if tables == 1_000_000 { // a row every few minutes: the memo answers most
+				require.Greater(t, hits, asked*3/4, "questions answered from the memo")
+			}
+		})
+	}
+}
