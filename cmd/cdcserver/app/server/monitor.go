@@ -40,13 +40,11 @@ type runResult struct {
 	peakPrepare int
 	peakScan    int
 	lastApplied uint64
-	// lagCursor is where recordLag continues; sweepMin is the minimum
-	// checkpoint seen since the cursor last wrapped, lastSweepMin that of
-	// the last complete sweep (what the progress line shows until the
-	// upstream ends).
-	lagCursor    int
-	sweepMin     common.Ts
-	lastSweepMin common.Ts
+	// lagCursor is where recordLag continues; worst is the largest lag
+	// of its sweeps (what the progress line shows until the upstream
+	// ends).
+	lagCursor int
+	worst     sweepWorst
 	// behind lists the dispatchers not yet seen caught up (indexes into
 	// feeds and their ds), built at the first check after the upstream
 	// ended; each check visits only them, so the drain costs what is left.
@@ -173,7 +171,9 @@ func (s *server) monitor(ctx context.Context, stderr io.Writer) *runResult {
 			}
 		case !upstreamDone:
 			s.recordLag(r, now)
-			minCkpt = r.lastSweepMin
+			if lag, ok := r.worst.last(); ok {
+				minCkpt = common.TsFromTime(now.Add(-lag)) // shown as that lag
+			}
 		default:
 			// No dispatcher can be caught up before the upstream ends.
 			minCkpt, caughtUp = s.sweepBehind(&r.behind, func(d dispatcherRef) common.Ts { return s.finalTarget(r, d) })
@@ -222,7 +222,7 @@ const maxLagSamples = 10_000
 
 // recordLag records the resolved-ts lag of up to maxLagSamples
 // dispatchers, continuing round-robin from where the last sample stopped,
-// and the minimum checkpoint of each complete sweep.
+// and the largest lag of each complete sweep.
 func (s *server) recordLag(r *runResult, now time.Time) {
 	total := len(s.feeds) * s.cfg.Tables
 	for left := min(total, maxLagSamples); left > 0; {
@@ -233,17 +233,35 @@ func (s *server) recordLag(r *runResult, now time.Time) {
 		ckpts, known := s.lookup.of(s, f, len(ds), func(i int) dispatcherRef { return ds[i] })
 		for i := range ds {
 			if ckpt := ckpts[i]; known[i] {
-				r.lag.Record(ckpt.Lag(now))
-				if r.sweepMin == 0 || ckpt < r.sweepMin {
-					r.sweepMin = ckpt
-				}
+				lag := ckpt.Lag(now)
+				r.lag.Record(lag)
+				r.worst.note(lag)
 			}
 			if r.lagCursor = (r.lagCursor + 1) % total; r.lagCursor == 0 {
-				r.lastSweepMin, r.sweepMin = r.sweepMin, 0
+				r.worst.wrap()
 			}
 		}
 	}
 }
+
+// sweepWorst is the largest lag of a round-robin sweep over the
+// dispatchers, each dispatcher's lag taken at its own sample. Not the
+// sweep's minimum checkpoint: at a million dispatchers a sweep takes ten
+// seconds, and its first checkpoint, aged by the rest of the sweep and the
+// next, read as 20 s behind in runs whose worst lag was 4 s.
+type sweepWorst struct {
+	cur, done time.Duration
+	swept     bool // a sweep completed: done is its worst
+}
+
+// note records one dispatcher's lag in the current sweep.
+func (w *sweepWorst) note(lag time.Duration) { w.cur = max(w.cur, lag) }
+
+// wrap ends the current sweep.
+func (w *sweepWorst) wrap() { w.done, w.cur, w.swept = w.cur, 0, true }
+
+// last returns the worst lag of the last complete sweep, if any.
+func (w *sweepWorst) last() (time.Duration, bool) { return w.done, w.swept }
 
 // lookupChunk is how many dispatchers' checkpoints one lookup reads: one
 // collector lock per chunk, held for a few hundred map probes.

@@ -28,3 +28,29 @@ func TestSamplesFallAtEveryPhaseOfTheCadence(t *testing.T) {
 		require.Greater(t, n, 50, "phase %d ms of the cadence sampled %d times in 1000", ms, n)
 	}
 }
+
+// TestSweepWorstIsTheLargestLagOfTheLastCompleteSweep: the progress line's
+// lag during the steady state is the largest one a sweep sampled, each at
+// its own sample, held until the next sweep completes, and nothing before
+// the first sweep completes. The minimum checkpoint it replaced aged with
+// the clock: a sweep of lags of at most 4 s read as 20 s behind.
+func TestSweepWorstIsTheLargestLagOfTheLastCompleteSweep(t *testing.T) {
+	var w sweepWorst
+	w.note(time.Second)
+	w.note(4 * time.Second)
+	_, ok := w.last()
+	require.False(t, ok, "no sweep completed yet")
+	w.note(2 * time.Second)
+	w.wrap()
+	lag, ok := w.last()
+	require.True(t, ok)
+	require.Equal(t, 4*time.Second, lag)
+	// The next sweep's samples do not show until it completes, and it
+	// starts afresh: a smaller worst replaces the larger one.
+	w.note(300 * time.Millisecond)
+	lag, _ = w.last()
+	require.Equal(t, 4*time.Second, lag)
+	w.wrap()
+	lag, _ = w.last()
+	require.Equal(t, 300*time.Millisecond, lag)
+}
