@@ -17,15 +17,16 @@ func (svc *Service) runPrepareWorker(i int) {
 			return
 		}
 		for {
-			popped, ok := svc.prepareBatch(w, q)
+			popped, ok := svc.prepareBatchHolding(w, q, carryHeldAt)
 			if !ok {
 				return // closing while waiting for the scan channel
 			}
 			if popped == 0 {
-				break
+				break // the queue is empty: what was held went out
 			}
 			select {
 			case <-svc.closing:
+				svc.carryHeld(&w.batch)
 				return
 			default:
 			}
@@ -81,6 +82,22 @@ type prepBatch struct {
 // once, after what was held so far: it may wait for the scan channel. popped is how many were popped; ok is false
 // only if the service closed while the worker waited for the scan channel.
 func (svc *Service) prepareBatch(w *ownerWork, q *prepareQueue) (popped int, ok bool) {
+	return svc.prepareBatchHolding(w, q, 0)
+}
+
+// carryHeldAt is how many held sessions a running preparation worker
+// gathers, over consecutive batches, before it carries their effects out:
+// one AddMany to a target's resolved set per batch of eight was a lock and
+// a handful of the set's cache lines taken from the other worker's core
+// each time. The worker carries what it holds as soon as its queue is
+// empty (or before anything that may wait), so holding costs a session at
+// most the preparation of the others held with it.
+const carryHeldAt = 256
+
+// prepareBatchHolding is prepareBatch that keeps the held sessions (their
+// effects not yet carried out) for the next call while fewer than hold
+// are held and the queue was not empty; prepareBatch is hold 0.
+func (svc *Service) prepareBatchHolding(w *ownerWork, q *prepareQueue, hold int) (popped int, ok bool) {
 	b := &w.batch
 	n := q.popMany(b.popped[:])
 	ok = true
@@ -114,7 +131,9 @@ func (svc *Service) prepareBatch(w *ownerWork, q *prepareQueue) (popped int, ok 
 		}
 	}
 	clear(b.popped[:n])
-	svc.carryHeld(b)
+	if n == 0 || !ok || len(b.held) >= hold {
+		svc.carryHeld(b)
+	}
 	return n, ok
 }
 

@@ -42,9 +42,11 @@ import (
 //	notify dN resolved=T [max=M]   the store's notification
 //	schema T                       the schema frontier moves to T
 //	ddl dN at=T                    a DDL of dN's table at T
-//	pop-prepare [batch]            a preparation worker's iteration (batch: as the
+//	pop-prepare [batch [hold=N]]   a preparation worker's iteration (batch: as the
 //	                               running worker does, prepareBatch over up to
-//	                               prepareBatchMax sessions; otherwise one session)
+//	                               prepareBatchMax sessions, with hold what it
+//	                               holds over to the next iteration (prepareBatchHolding);
+//	                               otherwise one session)
 //	pop-scan                       a scan worker's iteration
 //	schema-retry                   the schema-retry loop's round
 //	backoff-expire                 the clock passes BackoffMax; due back-offs fire
@@ -249,7 +251,11 @@ func (w *traceWorld) run(t *testing.T, d *datadriven.TestData) string {
 		did := id()
 		require.NoError(t, w.schema.AddDDL(schemastore.DDL{TableID: int64(did.Lo), CommitTs: common.Ts(arg("at")), Query: "ALTER"}))
 	case "pop-prepare":
-		w.popPrepare(t, d, d.HasArg("batch"))
+		hold := 0
+		if d.HasArg("hold") {
+			d.ScanArgs(t, "hold", &hold)
+		}
+		w.popPrepare(t, d, d.HasArg("batch"), hold)
 	case "pop-scan":
 		w.popScan()
 	case "schema-retry":
@@ -359,7 +365,7 @@ func (w *traceWorld) exec(t *testing.T, cmd string, id common.DispatcherID, args
 // popPrepare runs one preparation worker iteration. One that finds the
 // scan channel full waits for it on its own goroutine (as a real worker
 // does) until a pop-scan makes room.
-func (w *traceWorld) popPrepare(t *testing.T, d *datadriven.TestData, batch bool) {
+func (w *traceWorld) popPrepare(t *testing.T, d *datadriven.TestData, batch bool, hold int) {
 	if w.waiting != nil {
 		d.Fatalf(t, "the preparation worker is still waiting for the scan channel")
 	}
@@ -375,7 +381,7 @@ func (w *traceWorld) popPrepare(t *testing.T, d *datadriven.TestData, batch bool
 	go func() {
 		defer close(done)
 		if batch {
-			if n, _ := w.svc.prepareBatch(w.prepare, q); n == 0 {
+			if n, _ := w.svc.prepareBatchHolding(w.prepare, q, hold); n == 0 {
 				w.printf("  nothing to prepare\n")
 			}
 			return
