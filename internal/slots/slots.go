@@ -9,6 +9,9 @@
 // no-op. A slot read from a peer is a hint: Get returns whatever holds it,
 // and the caller checks that it is the item the peer named. The table does
 // no locking (its owner's lock guards it) and holds no package state.
+// An Index maps keys to items through their slots, its map holding only
+// slots: the key and the item of a slot agree (Add maps both, Remove
+// frees both), and a GC cycle does not trace the map.
 package slots
 
 // Table maps slots to items. The zero value is empty and ready.

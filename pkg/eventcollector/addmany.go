@@ -62,7 +62,7 @@ func (c *Collector) addBatch(ctx context.Context, specs []DispatcherSpec, errs [
 			errs[i] = ErrClosed
 			continue
 		}
-		if _, ok := c.mu.dispatchers[sp.ID]; ok {
+		if _, ok := c.mu.dispatchers.Lookup(sp.ID); ok {
 			errs[i] = fmt.Errorf("%w: %v", ErrDispatcherExists, sp.ID)
 			continue
 		}
@@ -71,8 +71,7 @@ func (c *Collector) addBatch(ctx context.Context, specs []DispatcherSpec, errs [
 			reg = h(sp.ID)
 		}
 		d := &dispatcher{id: sp.ID, reg: reg, st: newStream(sp.StartTs), lastHeartbeat: sp.StartTs}
-		c.mu.dispatchers[sp.ID] = d
-		d.slot = c.mu.slots.Take(d)
+		d.slot = c.mu.dispatchers.Add(sp.ID, d)
 		ds[i] = d
 		reqs = append(reqs, messaging.RegisterRequest{Dispatcher: sp.ID, Registration: reg, Span: sp.Span,
 			StartTs: sp.StartTs, Target: c.opts.Target, Replace: c.opts.TakeOver, Slot: d.slot})
@@ -113,10 +112,7 @@ func (c *Collector) addBatch(ctx context.Context, specs []DispatcherSpec, errs [
 		}
 		d := ds[i]
 		d.removed = true
-		if c.mu.dispatchers[d.id] == d {
-			delete(c.mu.dispatchers, d.id)
-		}
-		c.mu.slots.Free(d.slot, d)
+		c.mu.dispatchers.Remove(d.id, d)
 		errs[i] = fmt.Errorf("eventcollector: register %v: %w", d.id, err)
 	}
 	c.mu.Unlock()
@@ -159,7 +155,7 @@ func (c *Collector) ForgetDispatchers(ctx context.Context, ids []common.Dispatch
 	var inSink chan struct{}
 	var waiting []int // entries whose sink call was in flight
 	for i, id := range ids {
-		d, ok := c.mu.dispatchers[id]
+		d, ok := c.mu.dispatchers.Lookup(id)
 		if !ok {
 			errs[i] = fmt.Errorf("%w: %v", ErrUnknownDispatcher, id)
 			continue

@@ -17,7 +17,8 @@ import (
 func (h *craftedForTest) slotOf(id common.DispatcherID) uint32 {
 	h.coll.mu.Lock()
 	defer h.coll.mu.Unlock()
-	return h.coll.mu.dispatchers[id].slot
+	d, _ := h.coll.mu.dispatchers.Lookup(id)
+	return d.slot
 }
 
 // entry is a ResolvedBatch entry for id at (epoch, seq) with a slot.

@@ -49,12 +49,13 @@ type Collector struct {
 	mu struct {
 		sync.Mutex
 		started, closed bool
-		dispatchers     map[common.DispatcherID]*dispatcher
-		// slots indexes the dispatchers by the slot their registration
-		// gave the service (RegisterRequest.Slot), which it echoes in
-		// their resolved-ts: at a million dispatchers an index is one
-		// cache line where a map probe on a 16-byte ID is several.
-		slots slots.Table[*dispatcher]
+		// dispatchers maps IDs to dispatchers through the slot their
+		// registration gave the service (RegisterRequest.Slot), which it
+		// echoes in their resolved-ts: at a million dispatchers an index
+		// is one cache line where a map probe on a 16-byte ID is several;
+		// and its map holds slots, not pointers, so a GC cycle does not
+		// visit a million dispatchers in hash order (slots.Index).
+		dispatchers slots.Index[common.DispatcherID, *dispatcher]
 		// due lists the dispatchers the next heartbeat tick must look at:
 		// a checkpoint to report, or a reset to retry (dispatcher.due
 		// says whether one is listed). Ticks cost what changed, never a
@@ -136,7 +137,7 @@ type dispatcher struct {
 	inSink bool
 	// lastHeartbeat is the highest checkpoint the service accepted.
 	lastHeartbeat common.Ts
-	// slot is the dispatcher's index in Collector.mu.slots; serviceSlot
+	// slot is the dispatcher's index in Collector.mu.dispatchers; serviceSlot
 	// the service's, from the last handshake accepted, echoed in
 	// heartbeats.
 	slot, serviceSlot uint32
@@ -200,8 +201,7 @@ func New(opts Options) (*Collector, error) {
 	}
 	c.regs.seed()
 	c.ctx, c.cancel = context.WithCancel(context.Background())
-	c.mu.dispatchers = make(map[common.DispatcherID]*dispatcher, opts.ExpectedDispatchers)
-	c.mu.slots.Reserve(opts.ExpectedDispatchers)
+	c.mu.dispatchers.Reserve(opts.ExpectedDispatchers)
 	if a, ok := opts.Sink.(AsyncSink); ok {
 		c.async = true
 		a.SetDurable(c.durable)
@@ -284,7 +284,7 @@ func (c *Collector) AddDispatcher(ctx context.Context, id common.DispatcherID, s
 		c.mu.Unlock()
 		return ErrClosed
 	}
-	if _, ok := c.mu.dispatchers[id]; ok {
+	if _, ok := c.mu.dispatchers.Lookup(id); ok {
 		c.mu.Unlock()
 		return fmt.Errorf("%w: %v", ErrDispatcherExists, id)
 	}
@@ -293,8 +293,7 @@ func (c *Collector) AddDispatcher(ctx context.Context, id common.DispatcherID, s
 		reg = h(id)
 	}
 	d := &dispatcher{id: id, reg: reg, st: newStream(startTs), lastHeartbeat: startTs}
-	c.mu.dispatchers[id] = d
-	d.slot = c.mu.slots.Take(d)
+	d.slot = c.mu.dispatchers.Add(id, d)
 	c.mu.Unlock()
 
 	err := c.opts.Service.Register(ctx, messaging.RegisterRequest{Dispatcher: id, Registration: d.reg, Span: span,
@@ -302,8 +301,7 @@ func (c *Collector) AddDispatcher(ctx context.Context, id common.DispatcherID, s
 	if err != nil {
 		c.mu.Lock()
 		d.removed = true
-		delete(c.mu.dispatchers, id)
-		c.mu.slots.Free(d.slot, d)
+		c.mu.dispatchers.Remove(id, d)
 		c.mu.Unlock()
 		return fmt.Errorf("eventcollector: register %v: %w", id, err)
 	}
@@ -317,10 +315,11 @@ func (c *Collector) AddDispatcher(ctx context.Context, id common.DispatcherID, s
 // ID otherwise. The caller still checks the registration. REQUIRES: c.mu
 // held.
 func (c *Collector) lookupLocked(r *messaging.Resolved) *dispatcher {
-	if d, ok := c.mu.slots.Get(r.Slot); ok && d.id == r.Dispatcher {
+	if d, ok := c.mu.dispatchers.At(r.Slot); ok && d.id == r.Dispatcher {
 		return d
 	}
-	return c.mu.dispatchers[r.Dispatcher]
+	d, _ := c.mu.dispatchers.Lookup(r.Dispatcher)
+	return d
 }
 
 // RemoveDispatcher ends dispatcher id's registration at the service, then
@@ -342,7 +341,7 @@ func (c *Collector) RemoveDispatcher(ctx context.Context, id common.DispatcherID
 		c.mu.Unlock()
 		return ErrClosed
 	}
-	d, ok := c.mu.dispatchers[id]
+	d, ok := c.mu.dispatchers.Lookup(id)
 	c.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("%w: %v", ErrUnknownDispatcher, id)
@@ -374,8 +373,7 @@ func (c *Collector) RemoveDispatcher(ctx context.Context, id common.DispatcherID
 // is. REQUIRES: c.mu held, c.adminMu held.
 func (c *Collector) dropLocked(d *dispatcher) (inSink chan struct{}) {
 	d.removed = true
-	delete(c.mu.dispatchers, d.id)
-	c.mu.slots.Free(d.slot, d)
+	c.mu.dispatchers.Remove(d.id, d)
 	if !d.inSink {
 		return nil
 	}
@@ -412,7 +410,7 @@ type DispatcherStatus struct {
 func (c *Collector) Dispatcher(id common.DispatcherID) (DispatcherStatus, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	d, ok := c.mu.dispatchers[id]
+	d, ok := c.mu.dispatchers.Lookup(id)
 	if !ok {
 		return DispatcherStatus{}, fmt.Errorf("%w: %v", ErrUnknownDispatcher, id)
 	}
@@ -435,7 +433,7 @@ func (c *Collector) Checkpoints(ids []common.DispatcherID, dst []common.Ts, know
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i, id := range ids {
-		d, ok := c.mu.dispatchers[id]
+		d, ok := c.mu.dispatchers.Lookup(id)
 		dst[i], known[i] = 0, ok
 		if ok {
 			dst[i] = d.st.checkpoint
@@ -487,7 +485,7 @@ func (c *Collector) Stats() Stats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	first := true
-	for _, d := range c.mu.dispatchers {
+	for d := range c.mu.dispatchers.All() {
 		if d.st.needReset {
 			st.PendingResets++
 		}
@@ -516,7 +514,7 @@ func (c *Collector) Counters() Stats {
 	st.StaleRegistrationIgnored = c.cnt.ignored[ignoreStaleRegistration].Load()
 	st.Heartbeats = c.cnt.serviceCalls[callHeartbeat][resultOK].Load()
 	c.mu.Lock()
-	st.Dispatchers = len(c.mu.dispatchers)
+	st.Dispatchers = c.mu.dispatchers.Len()
 	c.mu.Unlock()
 	return st
 }

@@ -71,7 +71,7 @@ func (c *Collector) handle(m messaging.Message) {
 	if r, ok := m.(*messaging.Resolved); ok {
 		d = c.lookupLocked(r)
 	} else {
-		d = c.mu.dispatchers[h.Dispatcher]
+		d, _ = c.mu.dispatchers.Lookup(h.Dispatcher)
 	}
 	switch {
 	case d == nil:
@@ -237,7 +237,7 @@ func (c *Collector) handleBatch(b *messaging.ResolvedBatch) {
 func (c *Collector) touchLocked(entries []messaging.Resolved) {
 	var t uint64
 	for i := range entries {
-		if d, ok := c.mu.slots.Get(entries[i].Slot); ok {
+		if d, ok := c.mu.dispatchers.At(entries[i].Slot); ok {
 			t += d.id.Lo + d.batchMark // its first line and its last
 		}
 	}
@@ -340,7 +340,7 @@ func (c *Collector) recordLocked(d *dispatcher, epoch uint64, v verdict, err err
 func (c *Collector) durable(id common.DispatcherID, epoch uint64, ts common.Ts) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	d := c.mu.dispatchers[id]
+	d, _ := c.mu.dispatchers.Lookup(id)
 	if d == nil || d.removed || d.st.epoch != epoch || ts <= d.st.checkpoint {
 		return
 	}

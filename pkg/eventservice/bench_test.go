@@ -96,7 +96,7 @@ func newNotifyBench(b *testing.B, n int, saturate bool) *notifyBench {
 			Span: common.TableSpan(int64(i + 1)), StartTs: 10, Target: "t"}); err != nil {
 			b.Fatal(err)
 		}
-		nb.ds[i] = svc.mu.dispatchers[id]
+		nb.ds[i] = dispatcherForTest(svc, id)
 	}
 	if err := svc.Start(); err != nil {
 		b.Fatal(err)

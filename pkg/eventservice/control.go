@@ -140,7 +140,7 @@ func (svc *Service) addDispatcherLocked(req messaging.RegisterRequest) (*dispatc
 	if svc.mu.closed {
 		return nil, nil, closedError("register")
 	}
-	if d, ok := svc.mu.dispatchers[req.Dispatcher]; ok {
+	if d, ok := svc.mu.dispatchers.Lookup(req.Dispatcher); ok {
 		if d.reg == req.Registration && d.span.Span().Equal(req.Span) && d.target.name == req.Target && d.registeredAt == req.StartTs {
 			return nil, nil, nil // the same request again
 		}
@@ -162,8 +162,7 @@ func (svc *Service) addDispatcherLocked(req messaging.RegisterRequest) (*dispatc
 	s := &d.first
 	s.init(d, 1, req.StartTs)
 	d.session.Store(s)
-	svc.mu.dispatchers[req.Dispatcher] = d
-	d.slot = svc.mu.slots.Take(d)
+	d.slot = svc.mu.dispatchers.Add(req.Dispatcher, d)
 	// d.mu is taken before d is visible to anyone else and held across the
 	// store registration (registerInStore releases it).
 	d.mu.Lock()
@@ -194,10 +193,10 @@ func (svc *Service) targetForRegisterLocked(name messaging.Target) (*target, err
 // or span keys beyond MaxSpanKeyBytes. REQUIRES: svc.mu held.
 func (svc *Service) withinBoundsLocked(span common.Span) error {
 	switch {
-	case len(svc.mu.dispatchers) >= svc.opts.MaxDispatchers:
+	case svc.mu.dispatchers.Len() >= svc.opts.MaxDispatchers:
 		svc.metrics.refusedControl.WithLabelValues(refusedMaxDispatchersTotal).Inc()
 		return fmt.Errorf("%w: %d dispatchers registered, MaxDispatchers %d", messaging.ErrLimitExceeded,
-			len(svc.mu.dispatchers), svc.opts.MaxDispatchers)
+			svc.mu.dispatchers.Len(), svc.opts.MaxDispatchers)
 	case svc.mu.spanKeyBytes+spanKeyBytes(span) > svc.opts.MaxSpanKeyBytes:
 		svc.metrics.refusedControl.WithLabelValues(refusedSpanKeyBytes).Inc()
 		return fmt.Errorf("%w: span keys would take %d bytes, MaxSpanKeyBytes %d", messaging.ErrLimitExceeded,
@@ -502,7 +501,7 @@ func (svc *Service) putHeartbeatBuf(p *[]*dispatcher) {
 func (svc *Service) touchSlotsLocked(cps []messaging.DispatcherCheckpoint) {
 	var t uint64
 	for i := range cps {
-		if d, ok := svc.mu.slots.Get(cps[i].Slot); ok {
+		if d, ok := svc.mu.dispatchers.At(cps[i].Slot); ok {
 			t += d.id.Lo
 		}
 	}
@@ -536,10 +535,11 @@ func touchForCheckpoint(ds []*dispatcher) {
 // registration and authority are checked after), by ID otherwise.
 // REQUIRES: svc.mu held (read).
 func (svc *Service) lookupCheckpointLocked(cp *messaging.DispatcherCheckpoint) *dispatcher {
-	if d, ok := svc.mu.slots.Get(cp.Slot); ok && d.id == cp.Dispatcher {
+	if d, ok := svc.mu.dispatchers.At(cp.Slot); ok && d.id == cp.Dispatcher {
 		return d
 	}
-	return svc.mu.dispatchers[cp.Dispatcher]
+	d, _ := svc.mu.dispatchers.Lookup(cp.Dispatcher)
+	return d
 }
 
 // checkpoint records one heartbeat entry for d (nil: not registered). The
@@ -628,7 +628,7 @@ func (svc *Service) lookupID(id common.DispatcherID) (*dispatcher, error) {
 	if svc.mu.closed {
 		return nil, closedError("lookup")
 	}
-	d, ok := svc.mu.dispatchers[id]
+	d, ok := svc.mu.dispatchers.Lookup(id)
 	if !ok {
 		return nil, fmt.Errorf("%w: %v", messaging.ErrUnknownDispatcher, id)
 	}

@@ -48,7 +48,7 @@ type dispatcher struct {
 	registeredAt common.Ts
 	// collectorSlot is the collector's index of the dispatcher
 	// (RegisterRequest.Slot), echoed in its resolved-ts; slot is the
-	// service's (Service.mu.slots), sent in its handshakes for the
+	// service's (Service.mu.dispatchers), sent in its handshakes for the
 	// collector to echo in heartbeats.
 	collectorSlot, slot uint32
 

@@ -443,7 +443,7 @@ func keys(rows []common.Row) []string {
 func (h *harness) dispatcher(id common.DispatcherID) *dispatcher {
 	h.svc.mu.RLock()
 	defer h.svc.mu.RUnlock()
-	return h.svc.mu.dispatchers[id]
+	return dispatcherForTest(h.svc, id)
 }
 
 func (h *harness) targetFor(t *testing.T) *target {
@@ -452,4 +452,11 @@ func (h *harness) targetFor(t *testing.T) *target {
 	tg, err := h.svc.targetLocked(testTarget)
 	require.NoError(t, err)
 	return tg
+}
+
+// dispatcherForTest returns the dispatcher registered as id, or nil.
+// REQUIRES: svc.mu held, or nothing registering or removing meanwhile.
+func dispatcherForTest(svc *Service, id common.DispatcherID) *dispatcher {
+	d, _ := svc.mu.dispatchers.Lookup(id)
+	return d
 }

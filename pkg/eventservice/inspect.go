@@ -57,7 +57,7 @@ func (svc *Service) Progress() Progress {
 	p.Resets = svc.resets.Load()
 	p.ScannedRows, p.ScannedBytes = svc.scannedRows.Load(), svc.scannedBytes.Load()
 	svc.mu.RLock()
-	p.Dispatchers = len(svc.mu.dispatchers)
+	p.Dispatchers = svc.mu.dispatchers.Len()
 	svc.mu.RUnlock()
 	return p
 }

@@ -51,7 +51,7 @@ func benchKeepaliveRound(b *testing.B, n int, shuffled bool) {
 			Span: common.TableSpan(int64(i + 1)), StartTs: 10, Target: "t"}); err != nil {
 			b.Fatal(err)
 		}
-		ss[i] = svc.mu.dispatchers[id].session.Load()
+		ss[i] = dispatcherForTest(svc, id).session.Load()
 	}
 	if shuffled {
 		rand.New(rand.NewPCG(uint64(n), 1)).Shuffle(len(ss), func(i, j int) { ss[i], ss[j] = ss[j], ss[i] })

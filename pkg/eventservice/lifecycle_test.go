@@ -693,7 +693,7 @@ func TestHeartbeatFindsTheDispatcherBySlotOrByID(t *testing.T) {
 	slotOf := func(id common.DispatcherID) uint32 {
 		h.svc.mu.RLock()
 		defer h.svc.mu.RUnlock()
-		return h.svc.mu.dispatchers[id].slot
+		return dispatcherForTest(h.svc, id).slot
 	}
 	s1, s2 := slotOf(d1), slotOf(d2)
 	require.NotEqual(t, s1, s2)

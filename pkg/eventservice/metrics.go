@@ -180,9 +180,9 @@ func (svc *Service) walk() walkResult {
 	var w walkResult
 	svc.mu.RLock()
 	defer svc.mu.RUnlock()
-	w.dispatchers = len(svc.mu.dispatchers)
+	w.dispatchers = svc.mu.dispatchers.Len()
 	first := true
-	for _, d := range svc.mu.dispatchers {
+	for d := range svc.mu.dispatchers.All() {
 		s := d.session.Load()
 		state, _ := s.sched.load()
 		w.states[state]++

@@ -162,7 +162,7 @@ func TestNotifyNeverBlocksWithScanQueueSaturated(t *testing.T) {
 	ds := make([]*dispatcher, n)
 	h.svc.mu.RLock()
 	for i, id := range ids {
-		ds[i] = h.svc.mu.dispatchers[id]
+		ds[i] = dispatcherForTest(h.svc, id)
 	}
 	h.svc.mu.RUnlock()
 	for i := range 100_000 {

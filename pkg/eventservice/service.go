@@ -54,15 +54,16 @@ type Service struct {
 
 	mu struct {
 		sync.RWMutex
-		started     bool
-		closed      bool
-		dispatchers map[common.DispatcherID]*dispatcher
-		// slots indexes the dispatchers by the slot their handshakes
-		// carry, which collectors echo in heartbeats: an index is one
-		// cache line where a map probe on a 16-byte ID is several, at a
-		// million checkpoints a second. Bounded by MaxDispatchers.
-		slots   slots.Table[*dispatcher]
-		targets map[messaging.Target]*target
+		started bool
+		closed  bool
+		// dispatchers maps IDs to dispatchers through the slot their
+		// handshakes carry, which collectors echo in heartbeats: an index
+		// is one cache line where a map probe on a 16-byte ID is several,
+		// at a million checkpoints a second; and its map holds slots, not
+		// pointers, so a GC cycle does not visit a million dispatchers in
+		// hash order (slots.Index). Bounded by MaxDispatchers.
+		dispatchers slots.Index[common.DispatcherID, *dispatcher]
+		targets     map[messaging.Target]*target
 		// spanKeyBytes is the span keys' bytes of the registered
 		// dispatchers, bounded by Options.MaxSpanKeyBytes.
 		spanKeyBytes int64
@@ -95,8 +96,7 @@ func New(opts Options) (*Service, error) {
 	}
 	// One nanosecond before now, so that no offset is 0 ("never").
 	svc.clockBase = opts.Clock.Now().Add(-time.Nanosecond)
-	svc.mu.dispatchers = make(map[common.DispatcherID]*dispatcher, opts.ExpectedDispatchers)
-	svc.mu.slots.Reserve(opts.ExpectedDispatchers)
+	svc.mu.dispatchers.Reserve(opts.ExpectedDispatchers)
 	svc.mu.targets = make(map[messaging.Target]*target)
 	svc.prepQueues = make([]*prepareQueue, opts.PrepareWorkers)
 	for i := range svc.prepQueues {
@@ -156,9 +156,7 @@ func (svc *Service) Start() error {
 func (svc *Service) forget(d *dispatcher) {
 	var idle *target
 	svc.mu.Lock()
-	if svc.mu.dispatchers[d.id] == d {
-		delete(svc.mu.dispatchers, d.id)
-		svc.mu.slots.Free(d.slot, d)
+	if svc.mu.dispatchers.Remove(d.id, d) {
 		svc.mu.spanKeyBytes -= spanKeyBytes(d.span.Span())
 		t := d.target
 		t.dispatchers--
@@ -244,8 +242,8 @@ func (svc *Service) Close() error {
 	}
 	svc.mu.closed = true
 	svc.closed.Store(true)
-	ds := make([]*dispatcher, 0, len(svc.mu.dispatchers))
-	for _, d := range svc.mu.dispatchers {
+	ds := make([]*dispatcher, 0, svc.mu.dispatchers.Len())
+	for d := range svc.mu.dispatchers.All() {
 		ds = append(ds, d)
 	}
 	targets := make([]*target, 0, len(svc.mu.targets))

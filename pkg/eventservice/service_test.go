@@ -172,7 +172,7 @@ func TestAPanickingStoreLeavesNoLockHeld(t *testing.T) {
 		_ = svc.Register(context.Background(), messaging.RegisterRequest{Dispatcher: id, Registration: 1, Span: common.TableSpan(1), Target: "t"})
 	})
 	svc.mu.RLock()
-	d := svc.mu.dispatchers[id]
+	d := dispatcherForTest(svc, id)
 	svc.mu.RUnlock()
 	require.True(t, d.mu.TryLock(), "the dispatcher's lock was released by defer")
 	d.mu.Unlock()

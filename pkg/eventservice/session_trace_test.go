@@ -430,8 +430,8 @@ func (w *traceWorld) target(t *testing.T, d *datadriven.TestData) *target {
 func (w *traceWorld) printState() {
 	svc := w.svc
 	svc.mu.RLock()
-	ds := make([]*dispatcher, 0, len(svc.mu.dispatchers))
-	for _, d := range svc.mu.dispatchers {
+	ds := make([]*dispatcher, 0, svc.mu.dispatchers.Len())
+	for d := range svc.mu.dispatchers.All() {
 		ds = append(ds, d)
 	}
 	tg := svc.mu.targets[traceTarget]
