@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/cdcflow/eventservice/internal/slots"
 	"github.com/cdcflow/eventservice/internal/touchahead"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
@@ -22,7 +23,9 @@ import (
 type MemorySink struct {
 	mu struct {
 		sync.Mutex
-		dispatchers map[common.DispatcherID]*memDispatcher
+		// dispatchers maps IDs to entries through slots, so that its map
+		// holds no pointers for a GC cycle to visit (slots.Index).
+		dispatchers slots.Index[common.DispatcherID, *memDispatcher]
 		// slab is the chunk new dispatchers are carved from (newLocked).
 		slab []memDispatcher
 		// arena holds every applied row, untraced by the GC (memrows.go).
@@ -143,7 +146,6 @@ func (d *memDispatcher) fold() {
 // NewMemorySink returns an empty sink.
 func NewMemorySink() *MemorySink {
 	s := &MemorySink{}
-	s.mu.dispatchers = make(map[common.DispatcherID]*memDispatcher)
 	s.mu.changed = make(chan struct{})
 	return s
 }
@@ -160,10 +162,10 @@ func (s *MemorySink) currentLocked(id common.DispatcherID) *EpochRecord {
 }
 
 func (s *MemorySink) dispatcherLocked(id common.DispatcherID) *memDispatcher {
-	d, ok := s.mu.dispatchers[id]
+	d, ok := s.mu.dispatchers.Lookup(id)
 	if !ok {
 		d = s.newLocked(id)
-		s.mu.dispatchers[id] = d
+		s.mu.dispatchers.Add(id, d)
 	}
 	return d
 }
@@ -323,9 +325,9 @@ func (s *MemorySink) checkpointOfLocked(d *memDispatcher, ts common.Ts) {
 func (s *MemorySink) Dispatchers() []common.DispatcherID {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]common.DispatcherID, 0, len(s.mu.dispatchers))
-	for id := range s.mu.dispatchers {
-		out = append(out, id)
+	out := make([]common.DispatcherID, 0, s.mu.dispatchers.Len())
+	for d := range s.mu.dispatchers.All() {
+		out = append(out, d.id)
 	}
 	return out
 }
@@ -334,7 +336,7 @@ func (s *MemorySink) Dispatchers() []common.DispatcherID {
 func (s *MemorySink) Epochs(id common.DispatcherID) []EpochRecord {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	d, ok := s.mu.dispatchers[id]
+	d, ok := s.mu.dispatchers.Lookup(id)
 	if !ok {
 		return nil
 	}
@@ -353,7 +355,7 @@ func (s *MemorySink) Epochs(id common.DispatcherID) []EpochRecord {
 func (s *MemorySink) Applied(id common.DispatcherID) []common.Row {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	d, ok := s.mu.dispatchers[id]
+	d, ok := s.mu.dispatchers.Lookup(id)
 	if !ok {
 		return nil
 	}
@@ -370,7 +372,7 @@ func (s *MemorySink) Applied(id common.DispatcherID) []common.Row {
 func (s *MemorySink) AppliedDDLs(id common.DispatcherID) []messaging.DDL {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	d, ok := s.mu.dispatchers[id]
+	d, ok := s.mu.dispatchers.Lookup(id)
 	if !ok {
 		return nil
 	}
@@ -422,7 +424,7 @@ func SortRows(rows []common.Row) {
 func (s *MemorySink) CheckpointOf(id common.DispatcherID) common.Ts {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if d, ok := s.mu.dispatchers[id]; ok {
+	if d, ok := s.mu.dispatchers.Lookup(id); ok {
 		return d.checkpoint
 	}
 	return 0

@@ -32,7 +32,7 @@ func (s *Store) subscriberLocked(id common.DispatcherID) (*subscriber, error) {
 	if s.mu.closed {
 		return nil, ErrClosed
 	}
-	sb, ok := s.mu.dispatchers[id]
+	sb, ok := s.mu.dispatchers.Lookup(id)
 	if !ok {
 		return nil, fmt.Errorf("%w: %v", ErrDispatcherNotFound, id)
 	}

@@ -72,7 +72,7 @@ func (s *Store) NewIterator(id common.DispatcherID, r ScanRange) (RowIterator, e
 	if s.mu.closed {
 		return nil, ErrClosed
 	}
-	sb, ok := s.mu.dispatchers[id]
+	sb, ok := s.mu.dispatchers.Lookup(id)
 	if !ok {
 		return nil, fmt.Errorf("%w: %v", ErrDispatcherNotFound, id)
 	}

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcflow/eventservice/internal/latency"
+	"github.com/cdcflow/eventservice/internal/slots"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -76,10 +77,13 @@ type Store struct {
 
 	mu struct {
 		sync.RWMutex
-		started     bool
-		closed      bool
-		nextSubID   uint64
-		dispatchers map[common.DispatcherID]*subscriber
+		started   bool
+		closed    bool
+		nextSubID uint64
+		// dispatchers maps IDs to subscribers through slots, so that its
+		// map holds no pointers for a GC cycle to visit in hash order
+		// (slots.Index).
+		dispatchers slots.Index[common.DispatcherID, *subscriber]
 		// subsBySpan holds every live subscription: each span's newest in
 		// the map, the older ones chained from it through nextSameSpan (a
 		// span has more than one when a dispatcher started below what the
@@ -136,7 +140,7 @@ func Open(opts Options) (*Store, error) {
 	s.throttle.doorbell = make(chan struct{}, 1)
 	s.fresh.limit = opts.FreshBytes
 	s.metrics = newMetrics(&s.fresh)
-	s.mu.dispatchers = make(map[common.DispatcherID]*subscriber, opts.ExpectedDispatchers)
+	s.mu.dispatchers.Reserve(opts.ExpectedDispatchers)
 	s.mu.subsBySpan = make(map[spanKey]*subscription, opts.ExpectedDispatchers)
 	s.mu.subscribing = make(map[spanKey]chan struct{})
 	s.queues = make([]chan writeEvent, opts.WriteWorkers)
@@ -362,7 +366,7 @@ func (s *Store) attachOrReserve(r registration, key spanKey) (*subscriber, <-cha
 	if s.mu.closed || s.isClosing() {
 		return nil, nil, ErrClosed
 	}
-	if _, ok := s.mu.dispatchers[r.id]; ok {
+	if _, ok := s.mu.dispatchers.Lookup(r.id); ok {
 		return nil, nil, fmt.Errorf("%w: %v", ErrDispatcherExists, r.id)
 	}
 	if sub := s.findSharableLocked(key, r.startTs); sub != nil {
@@ -389,8 +393,8 @@ func (s *Store) attachLocked(sb *subscriber, sub *subscription) {
 	sub.addSubscriberLocked(sb)
 	s.noteGCLocked(sub, time.Time{})
 	sub.mu.Unlock()
-	s.mu.dispatchers[sb.id] = sb
-	s.metrics.dispatchers.Set(float64(len(s.mu.dispatchers)))
+	s.mu.dispatchers.Add(sb.id, sb)
+	s.metrics.dispatchers.Set(float64(s.mu.dispatchers.Len()))
 }
 
 // subscribeReserved subscribes span at the upstream, without Store.mu, for
@@ -439,7 +443,7 @@ func (s *Store) subscribeReserved(r registration, span common.Span, key spanKey)
 func (s *Store) publishSubscription(sb *subscriber, sub *subscription, key spanKey) error {
 	s.mu.Lock()
 	var err error
-	switch _, exists := s.mu.dispatchers[sb.id]; {
+	switch _, exists := s.mu.dispatchers.Lookup(sb.id); {
 	case s.mu.closed || s.isClosing():
 		err = ErrClosed
 	case exists:
@@ -487,13 +491,13 @@ func (s *Store) UnregisterDispatcher(id common.DispatcherID) error {
 		s.mu.Unlock()
 		return ErrClosed
 	}
-	sb, ok := s.mu.dispatchers[id]
+	sb, ok := s.mu.dispatchers.Lookup(id)
 	if !ok {
 		s.mu.Unlock()
 		return fmt.Errorf("%w: %v", ErrDispatcherNotFound, id)
 	}
-	delete(s.mu.dispatchers, id)
-	s.metrics.dispatchers.Set(float64(len(s.mu.dispatchers)))
+	s.mu.dispatchers.Remove(id, sb)
+	s.metrics.dispatchers.Set(float64(s.mu.dispatchers.Len()))
 	now := s.opts.Clock.Now()
 	sb.sub.mu.Lock()
 	if sb.sub.removeSubscriberLocked(sb, now) {
@@ -557,7 +561,7 @@ type Stats struct {
 // Stats returns a snapshot of the store's counters.
 func (s *Store) Stats() Stats {
 	s.mu.RLock()
-	st := Stats{Subscriptions: s.mu.nsubs, Dispatchers: len(s.mu.dispatchers)}
+	st := Stats{Subscriptions: s.mu.nsubs, Dispatchers: s.mu.dispatchers.Len()}
 	s.mu.RUnlock()
 	var m dto.Metric
 	if s.metrics.notifications.Write(&m) == nil {
@@ -590,8 +594,8 @@ func (s *Store) Close() error {
 			subs = append(subs, sub)
 		}
 	}
-	subscribers := make([]*subscriber, 0, len(s.mu.dispatchers))
-	for _, sb := range s.mu.dispatchers {
+	subscribers := make([]*subscriber, 0, s.mu.dispatchers.Len())
+	for sb := range s.mu.dispatchers.All() {
 		subscribers = append(subscribers, sb)
 	}
 	s.mu.Unlock()

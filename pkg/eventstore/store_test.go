@@ -953,7 +953,8 @@ func TestGCTargetFollowsTheMinimumCheckpointWhateverTheOrder(t *testing.T) {
 	// Checkpoints are capped at the resolved-ts: wait until it is in.
 	rec.waitResolved(t, 10_000)
 	env.store.mu.RLock()
-	sub := env.store.mu.dispatchers[did(1)].sub
+	sb, _ := env.store.mu.dispatchers.Lookup(did(1))
+	sub := sb.sub
 	env.store.mu.RUnlock()
 	gcTarget := func() common.Ts {
 		sub.mu.Lock()

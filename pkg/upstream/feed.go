@@ -74,7 +74,7 @@ func (s *genSub) Close() {
 	g := s.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	delete(g.mu.subs, s.id)
+	g.mu.subs.Remove(s.id, s)
 }
 
 // run is the driver: on every tick (or kick) it advances the frontier and

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -12,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/internal/slots"
 	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
@@ -87,8 +87,9 @@ type Generator struct {
 		sync.Mutex
 		started, closed bool
 		// subs holds the live subscriptions by ID (IDs grow in creation
-		// order).
-		subs map[uint64]*genSub
+		// order), through slots: its map holds no pointers for a GC cycle
+		// to visit (slots.Index).
+		subs slots.Index[uint64, *genSub]
 		// added holds subscriptions the driver has not scheduled yet.
 		added    []*genSub
 		nextID   uint64
@@ -180,7 +181,6 @@ func NewGenerator(opts GeneratorOptions) (*Generator, error) {
 	}
 	g.pushCtx, g.pushCancel = context.WithCancel(ctx)
 	g.mu.frontier = o.StartTs
-	g.mu.subs = make(map[uint64]*genSub)
 	g.sched.done = g.w.tickOf(o.StartTs)
 	g.sched.announced = o.StartTs // nothing is fed at or below it
 	g.sched.buckets = make(map[int64][]*genSub)
@@ -258,7 +258,7 @@ func (g *Generator) Subscribe(span common.Span, startTs common.Ts, sink eventsto
 	}
 	g.mu.nextID++
 	s.id = g.mu.nextID
-	g.mu.subs[s.id] = s
+	g.mu.subs.Add(s.id, s)
 	g.mu.added = append(g.mu.added, s)
 	g.mu.Unlock()
 
@@ -359,7 +359,7 @@ type SubscriptionStats struct {
 func (g *Generator) Stats() Stats {
 	g.mu.Lock()
 	frontier := g.mu.frontier
-	subs := slices.Collect(maps.Values(g.mu.subs))
+	subs := slices.Collect(g.mu.subs.All())
 	g.mu.Unlock()
 	slices.SortFunc(subs, func(a, b *genSub) int { return cmp.Compare(a.id, b.id) })
 	st := Stats{
