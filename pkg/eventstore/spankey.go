@@ -21,16 +21,28 @@ func spanKeyOf(span common.Span) spanKey {
 	return spanKey{table: span.TableID, keys: span.Key()} // never "": Key starts with the table
 }
 
-// unlinkSpanLocked removes sub from its span's chain in subsBySpan.
-// REQUIRES: s.mu held.
+// spanHeadLocked returns the newest live subscription of the span whose
+// spanKey is key, nil if none. REQUIRES: s.mu held.
+func (s *Store) spanHeadLocked(key spanKey) *subscription {
+	id, ok := s.mu.subsBySpan[key]
+	if !ok {
+		return nil
+	}
+	sub, _ := s.mu.subs.Lookup(id)
+	return sub
+}
+
+// unlinkSpanLocked removes sub from its span's chain in subsBySpan, and
+// from subs. REQUIRES: s.mu held.
 func (s *Store) unlinkSpanLocked(sub *subscription) {
 	key := spanKeyOf(sub.span.Span())
-	head := s.mu.subsBySpan[key]
+	head := s.spanHeadLocked(key)
+	s.mu.subs.Remove(sub.id, sub)
 	if head == sub {
 		if sub.nextSameSpan == nil {
 			delete(s.mu.subsBySpan, key)
 		} else {
-			s.mu.subsBySpan[key] = sub.nextSameSpan
+			s.mu.subsBySpan[key] = sub.nextSameSpan.id
 		}
 		sub.nextSameSpan = nil
 		return

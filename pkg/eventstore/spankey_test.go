@@ -43,12 +43,13 @@ func TestSubscriptionsOfOneSpanAreUnlinkedInAnyOrder(t *testing.T) {
 	key := spanKeyOf(span)
 	for _, order := range [][]int{{0, 1, 2}, {1, 0, 2}, {2, 1, 0}, {1, 2, 0}} {
 		s := &Store{}
-		s.mu.subsBySpan = make(map[spanKey]*subscription)
+		s.mu.subsBySpan = make(map[spanKey]uint64)
 		subs := make([]*subscription, 3)
 		for i := range subs {
 			subs[i] = &subscription{id: uint64(i + 1), span: common.Pack(span)}
-			subs[i].nextSameSpan = s.mu.subsBySpan[key]
-			s.mu.subsBySpan[key] = subs[i]
+			subs[i].nextSameSpan = s.spanHeadLocked(key)
+			s.mu.subsBySpan[key] = subs[i].id
+			s.mu.subs.Add(subs[i].id, subs[i])
 		}
 		left := map[uint64]bool{1: true, 2: true, 3: true}
 		for _, i := range order {
@@ -56,10 +57,13 @@ func TestSubscriptionsOfOneSpanAreUnlinkedInAnyOrder(t *testing.T) {
 			delete(left, subs[i].id)
 			require.Nil(t, subs[i].nextSameSpan)
 			found := map[uint64]bool{}
-			for sub := s.mu.subsBySpan[key]; sub != nil; sub = sub.nextSameSpan {
+			for sub := s.spanHeadLocked(key); sub != nil; sub = sub.nextSameSpan {
 				found[sub.id] = true
 			}
 			require.Equal(t, left, found, "after unlinking %d in order %v", subs[i].id, order)
+			_, ok := s.mu.subs.Lookup(subs[i].id)
+			require.False(t, ok, "an unlinked subscription is not found by its ID")
+			require.Equal(t, len(left), s.mu.subs.Len())
 		}
 		_, ok := s.mu.subsBySpan[key]
 		require.False(t, ok, "the span's entry is deleted with its last subscription")

@@ -900,7 +900,7 @@ func TestAWriteBatchObservesItsLargestLagOnce(t *testing.T) {
 	require.NoError(t, env.store.RegisterDispatcher(did(2), common.TableSpan(2), 0, r2))
 	subs := map[int64]*subscription{}
 	env.store.mu.RLock()
-	for _, sub := range env.store.mu.subsBySpan {
+	for sub := range env.store.mu.subs.All() {
 		subs[sub.span.Table()] = sub
 	}
 	env.store.mu.RUnlock()
