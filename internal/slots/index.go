@@ -74,13 +74,4 @@ func (x *Index[K, T]) Len() int { return len(x.byKey) }
 
 // All yields the items in slot order (the order the table holds them,
 // so a walk over many reads memory in sequence, not in hash order).
-func (x *Index[K, T]) All() iter.Seq[T] {
-	return func(yield func(T) bool) {
-		var zero T
-		for _, v := range x.bySlot.items {
-			if v != zero && !yield(v) {
-				return
-			}
-		}
-	}
-}
+func (x *Index[K, T]) All() iter.Seq[T] { return x.bySlot.All() }

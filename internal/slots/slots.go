@@ -14,6 +14,8 @@
 // frees both), and a GC cycle does not trace the map.
 package slots
 
+import "iter"
+
 // Table maps slots to items. The zero value is empty and ready.
 type Table[T comparable] struct {
 	items []T // items[0] is never used
@@ -67,4 +69,16 @@ func (t *Table[T]) Get(s uint32) (T, bool) {
 		return zero, false
 	}
 	return t.items[s], true
+}
+
+// All yields the items held, in slot order.
+func (t *Table[T]) All() iter.Seq[T] {
+	return func(yield func(T) bool) {
+		var zero T
+		for _, v := range t.items {
+			if v != zero && !yield(v) {
+				return
+			}
+		}
+	}
 }

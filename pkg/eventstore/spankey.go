@@ -21,37 +21,31 @@ func spanKeyOf(span common.Span) spanKey {
 	return spanKey{table: span.TableID, keys: span.Key()} // never "": Key starts with the table
 }
 
-// spanHeadLocked returns the newest live subscription of the span whose
-// spanKey is key, nil if none. REQUIRES: s.mu held.
-func (s *Store) spanHeadLocked(key spanKey) *subscription {
-	id, ok := s.mu.subsBySpan[key]
-	if !ok {
-		return nil
-	}
-	sub, _ := s.mu.subs.Lookup(id)
+// subAtLocked returns the subscription in slot i, nil for slot 0 or a
+// free one. REQUIRES: s.mu held.
+func (s *Store) subAtLocked(i uint32) *subscription {
+	sub, _ := s.mu.subs.Get(i)
 	return sub
 }
 
-// unlinkSpanLocked removes sub from its span's chain in subsBySpan, and
-// from subs. REQUIRES: s.mu held.
+// unlinkSpanLocked removes sub from its span's chain in subsBySpan and
+// frees its slot. REQUIRES: s.mu held.
 func (s *Store) unlinkSpanLocked(sub *subscription) {
 	key := spanKeyOf(sub.span.Span())
-	head := s.spanHeadLocked(key)
-	s.mu.subs.Remove(sub.id, sub)
-	if head == sub {
-		if sub.nextSameSpan == nil {
+	if head := s.mu.subsBySpan[key]; head == sub.slot {
+		if sub.nextSameSpan == 0 {
 			delete(s.mu.subsBySpan, key)
 		} else {
-			s.mu.subsBySpan[key] = sub.nextSameSpan.id
+			s.mu.subsBySpan[key] = sub.nextSameSpan
 		}
-		sub.nextSameSpan = nil
-		return
-	}
-	for prev := head; prev != nil; prev = prev.nextSameSpan {
-		if prev.nextSameSpan == sub {
-			prev.nextSameSpan = sub.nextSameSpan
-			sub.nextSameSpan = nil
-			return
+	} else {
+		for prev := s.subAtLocked(head); prev != nil; prev = s.subAtLocked(prev.nextSameSpan) {
+			if prev.nextSameSpan == sub.slot {
+				prev.nextSameSpan = sub.nextSameSpan
+				break
+			}
 		}
 	}
+	sub.nextSameSpan = 0
+	s.mu.subs.Free(sub.slot, sub)
 }

@@ -43,27 +43,30 @@ func TestSubscriptionsOfOneSpanAreUnlinkedInAnyOrder(t *testing.T) {
 	key := spanKeyOf(span)
 	for _, order := range [][]int{{0, 1, 2}, {1, 0, 2}, {2, 1, 0}, {1, 2, 0}} {
 		s := &Store{}
-		s.mu.subsBySpan = make(map[spanKey]uint64)
+		s.mu.subsBySpan = make(map[spanKey]uint32)
 		subs := make([]*subscription, 3)
 		for i := range subs {
 			subs[i] = &subscription{id: uint64(i + 1), span: common.Pack(span)}
-			subs[i].nextSameSpan = s.spanHeadLocked(key)
-			s.mu.subsBySpan[key] = subs[i].id
-			s.mu.subs.Add(subs[i].id, subs[i])
+			subs[i].slot = s.mu.subs.Take(subs[i])
+			subs[i].nextSameSpan = s.mu.subsBySpan[key]
+			s.mu.subsBySpan[key] = subs[i].slot
 		}
 		left := map[uint64]bool{1: true, 2: true, 3: true}
 		for _, i := range order {
 			s.unlinkSpanLocked(subs[i])
 			delete(left, subs[i].id)
-			require.Nil(t, subs[i].nextSameSpan)
+			require.Zero(t, subs[i].nextSameSpan)
 			found := map[uint64]bool{}
-			for sub := s.spanHeadLocked(key); sub != nil; sub = sub.nextSameSpan {
+			for sub := s.subAtLocked(s.mu.subsBySpan[key]); sub != nil; sub = s.subAtLocked(sub.nextSameSpan) {
 				found[sub.id] = true
 			}
 			require.Equal(t, left, found, "after unlinking %d in order %v", subs[i].id, order)
-			_, ok := s.mu.subs.Lookup(subs[i].id)
-			require.False(t, ok, "an unlinked subscription is not found by its ID")
-			require.Equal(t, len(left), s.mu.subs.Len())
+			require.Nil(t, s.subAtLocked(subs[i].slot), "an unlinked subscription's slot is free")
+			held := 0
+			for range s.mu.subs.All() {
+				held++
+			}
+			require.Equal(t, len(left), held)
 		}
 		_, ok := s.mu.subsBySpan[key]
 		require.False(t, ok, "the span's entry is deleted with its last subscription")

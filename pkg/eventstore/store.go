@@ -84,17 +84,16 @@ type Store struct {
 		// map holds no pointers for a GC cycle to visit in hash order
 		// (slots.Index).
 		dispatchers slots.Index[common.DispatcherID, *subscriber]
-		// subsBySpan holds every live subscription: the ID of each span's
-		// newest in the map, the older ones chained from it through
-		// nextSameSpan (a span has more than one when a dispatcher started
-		// below what the older one still holds, while the older one keeps
-		// its own dispatchers or waits out IdleTTL), so findSharableLocked
-		// tries the newest first. No slice per span. subs finds a
-		// subscription by its ID: neither map holds a pointer to a
-		// subscription for a GC cycle to visit in hash order (slots.Index;
-		// a whole table's spanKey holds an empty string).
-		subsBySpan map[spanKey]uint64
-		subs       slots.Index[uint64, *subscription]
+		// subs holds every live subscription in its slot; subsBySpan the
+		// slot of each span's newest, the older ones chained from it
+		// through nextSameSpan (a span has more than one when a dispatcher
+		// started below what the older one still holds, while the older
+		// one keeps its own dispatchers or waits out IdleTTL), so
+		// findSharableLocked tries the newest first. No slice per span, and
+		// no pointer in the map for a GC cycle to visit in hash order (a
+		// whole table's spanKey holds an empty string).
+		subsBySpan map[spanKey]uint32
+		subs       slots.Table[*subscription]
 		// nsubs counts the live subscriptions, all of which subsBySpan
 		// holds: no second index of them by ID (a map insert was an
 		// eighth of a registration's CPU).
@@ -145,7 +144,7 @@ func Open(opts Options) (*Store, error) {
 	s.fresh.limit = opts.FreshBytes
 	s.metrics = newMetrics(&s.fresh)
 	s.mu.dispatchers.Reserve(opts.ExpectedDispatchers)
-	s.mu.subsBySpan = make(map[spanKey]uint64, opts.ExpectedDispatchers)
+	s.mu.subsBySpan = make(map[spanKey]uint32, opts.ExpectedDispatchers)
 	s.mu.subs.Reserve(opts.ExpectedDispatchers)
 	s.mu.subscribing = make(map[spanKey]chan struct{})
 	s.queues = make([]chan writeEvent, opts.WriteWorkers)
@@ -460,9 +459,9 @@ func (s *Store) publishSubscription(sb *subscriber, sub *subscription, key spanK
 		return err
 	}
 	defer s.mu.Unlock()
-	sub.nextSameSpan = s.spanHeadLocked(key)
-	s.mu.subsBySpan[key] = sub.id
-	s.mu.subs.Add(sub.id, sub)
+	sub.slot = s.mu.subs.Take(sub)
+	sub.nextSameSpan = s.mu.subsBySpan[key] // 0 if none
+	s.mu.subsBySpan[key] = sub.slot
 	s.mu.nsubs++
 	s.metrics.subscriptions.Set(float64(s.mu.nsubs))
 	if ce := s.log.Check(zap.DebugLevel, "subscribed"); ce != nil { // no fields built per registration otherwise
@@ -476,7 +475,7 @@ func (s *Store) publishSubscription(sb *subscriber, sub *subscription, key spanK
 // spanKey is key that still holds every row above startTs. REQUIRES: s.mu
 // held.
 func (s *Store) findSharableLocked(key spanKey, startTs common.Ts) *subscription {
-	for sub := s.spanHeadLocked(key); sub != nil; sub = sub.nextSameSpan {
+	for sub := s.subAtLocked(s.mu.subsBySpan[key]); sub != nil; sub = s.subAtLocked(sub.nextSameSpan) {
 		sub.mu.Lock()
 		ok := !sub.mu.removed && sub.mu.lowWatermark <= startTs
 		sub.mu.Unlock()

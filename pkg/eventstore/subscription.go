@@ -167,9 +167,12 @@ type subscription struct {
 	upstream Subscription
 	// store is the subscription's store, for its sink.
 	store *Store
-	// nextSameSpan chains the subscriptions of one span in
-	// Store.mu.subsBySpan (guarded by Store.mu).
-	nextSameSpan *subscription
+	// slot is the subscription's slot in Store.mu.subs; nextSameSpan the
+	// slot of the next older subscription of its span (0: none), which
+	// chains them from Store.mu.subsBySpan: slots, not pointers, so that
+	// no store map holds a pointer for a GC cycle to visit in hash order.
+	// Guarded by Store.mu.
+	slot, nextSameSpan uint32
 
 	// pushMu serialises Push so that validation order is queue order.
 	pushMu sync.Mutex
