@@ -94,8 +94,8 @@ type Store struct {
 		// whole table's spanKey holds an empty string).
 		subsBySpan map[spanKey]uint32
 		subs       slots.Table[*subscription]
-		// nsubs counts the live subscriptions, all of which subsBySpan
-		// holds: no second index of them by ID (a map insert was an
+		// nsubs counts the live subscriptions, all of which subs holds and
+		// subsBySpan chains: no index of them by ID (a map insert was an
 		// eighth of a registration's CPU).
 		nsubs int
 		// subscribing marks the spans a registration is subscribing at the
