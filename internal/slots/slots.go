@@ -9,9 +9,13 @@
 // no-op. A slot read from a peer is a hint: Get returns whatever holds it,
 // and the caller checks that it is the item the peer named. The table does
 // no locking (its owner's lock guards it) and holds no package state.
-// An Index maps keys to items through their slots, its map holding only
-// slots: the key and the item of a slot agree (Add maps both, Remove
-// frees both), and a GC cycle does not trace the map.
+// A Map maps keys to slots, its buckets holding a fingerprint and a slot
+// and no key: every key it maps is the key of the item in its slot (the
+// owner's keyAt answers it), each probe run ends at an empty bucket
+// (removal shifts back, no tombstones), it is at most three quarters
+// full, and its hash is seeded per map. An Index is a Map over its own
+// Table: the key and the item of a slot agree (Add maps both, Remove
+// frees both), and a GC cycle does not trace either.
 package slots
 
 import "iter"

@@ -1,7 +1,6 @@
 package slots
 
 import (
-	"reflect"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -69,76 +68,4 @@ func TestReserveKeepsSlotsAndStopsReallocation(t *testing.T) {
 	tb.Reserve(10)
 	require.Same(t, base, &tb.items[0], "a smaller Reserve changes nothing")
 	require.Equal(t, 101, len(tb.items))
-}
-
-// TestIndexKeepsKeysSlotsAndItemsInStep: a key finds its item through its
-// slot, the slot finds the item, Remove by an item the key no longer maps
-// to changes nothing, a removed key's slot is reused by the next item and
-// its key no longer finds anything, and All yields every item held, in
-// slot order, once.
-func TestIndexKeepsKeysSlotsAndItemsInStep(t *testing.T) {
-	var x Index[uint64, *item]
-	a, b, c := &item{"a"}, &item{"b"}, &item{"c"}
-	_, ok := x.Lookup(1)
-	require.False(t, ok, "an empty index maps nothing")
-	sa, sb := x.Add(1, a), x.Add(2, b)
-	require.Equal(t, []uint32{1, 2}, []uint32{sa, sb})
-	got, ok := x.Lookup(1)
-	require.True(t, ok)
-	require.Same(t, a, got)
-	got, ok = x.At(sb)
-	require.True(t, ok)
-	require.Same(t, b, got)
-	require.Equal(t, 2, x.Len())
-
-	require.False(t, x.Remove(1, b), "1 maps to a, not b")
-	require.False(t, x.Remove(3, a), "3 is not mapped")
-	require.Equal(t, 2, x.Len())
-	require.True(t, x.Remove(1, a))
-	_, ok = x.Lookup(1)
-	require.False(t, ok, "a removed key finds nothing")
-	_, ok = x.At(sa)
-	require.False(t, ok, "a removed item's slot is free")
-
-	sc := x.Add(3, c)
-	require.Equal(t, sa, sc, "the freed slot is reused")
-	_, ok = x.Lookup(1)
-	require.False(t, ok, "the slot's new item is not found by the old key")
-	got, _ = x.Lookup(3)
-	require.Same(t, c, got)
-
-	var all []*item
-	for v := range x.All() {
-		all = append(all, v)
-	}
-	require.Equal(t, []*item{c, b}, all, "slot order: c took slot 1")
-	for range x.All() {
-		break // an early stop is honoured
-	}
-}
-
-// TestIndexMapHoldsNoPointers: the map of an Index of pointer-free keys
-// holds no pointers, which is what keeps it out of the collector's scan.
-func TestIndexMapHoldsNoPointers(t *testing.T) {
-	type id struct{ Hi, Lo uint64 }
-	var x Index[id, *item]
-	x.Reserve(4)
-	require.False(t, hasPointers(reflect.TypeOf(x.byKey).Key()))
-	require.False(t, hasPointers(reflect.TypeOf(x.byKey).Elem()))
-}
-
-func hasPointers(t reflect.Type) bool {
-	switch t.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.String, reflect.Interface, reflect.Chan, reflect.Func, reflect.UnsafePointer:
-		return true
-	case reflect.Array:
-		return t.Len() > 0 && hasPointers(t.Elem())
-	case reflect.Struct:
-		for i := range t.NumField() {
-			if hasPointers(t.Field(i).Type) {
-				return true
-			}
-		}
-	}
-	return false
 }

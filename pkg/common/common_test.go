@@ -118,3 +118,26 @@ func TestSpanKeyEqualExactlyForEqualSpans(t *testing.T) {
 		}
 	}
 }
+
+// TestSeededHashResistsChosenIDs: the IDs a peer could pick to share a
+// bucket without the seed (equal but for the top bit of each word, which
+// an unseeded multiply-and-xor maps alike; or equal Hi) hash apart, and
+// the same ID hashes differently under two seeds.
+func TestSeededHashResistsChosenIDs(t *testing.T) {
+	const seed = 0x1234_5678_9abc_def0
+	a := DispatcherID{Hi: 5, Lo: 9}
+	b := DispatcherID{Hi: 5 ^ 1<<63, Lo: 9 ^ 1<<63}
+	require.Equal(t, a.Hash(), b.Hash(), "the unseeded hash maps this pair alike")
+	require.NotEqual(t, uint32(a.SeededHash(seed)), uint32(b.SeededHash(seed)))
+	c := DispatcherID{Hi: 5, Lo: 10}
+	require.NotEqual(t, uint32(a.SeededHash(seed)), uint32(c.SeededHash(seed)))
+	require.NotEqual(t, a.SeededHash(seed), a.SeededHash(seed+1))
+
+	// Sequential IDs (the demo's) spread over a table's homes.
+	const homes = 1 << 10
+	used := map[uint64]bool{}
+	for n := range uint64(homes) {
+		used[DispatcherIDFromUint64(n+1).SeededHash(seed)%homes] = true
+	}
+	require.Greater(t, len(used), homes/2, "about 1-1/e of the homes are used by as many random keys")
+}

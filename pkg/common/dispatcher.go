@@ -26,8 +26,20 @@ func (id DispatcherID) IsZero() bool { return id == DispatcherID{} }
 
 // Hash mixes both words into a well-distributed 64-bit value (a
 // splitmix64-style finaliser), so sequential IDs spread over workers.
-func (id DispatcherID) Hash() uint64 {
-	x := id.Hi*0x9e3779b97f4a7c15 ^ id.Lo
+func (id DispatcherID) Hash() uint64 { return Mix64(id.Hi*0x9e3779b97f4a7c15 ^ id.Lo) }
+
+// SeededHash hashes id under seed, for a hash table whose keys a peer
+// chooses (an ID from the network): each word is mixed with its own half
+// of the seed, so without the seed no set of IDs can be chosen to share
+// a bucket. Two distinct IDs of equal Hi never collide (the mixing is a
+// bijection of Lo).
+func (id DispatcherID) SeededHash(seed uint64) uint64 {
+	return Mix64(Mix64(id.Hi^seed) ^ id.Lo ^ seed*0x9e3779b97f4a7c15)
+}
+
+// Mix64 is splitmix64's finaliser, a bijection that sends each input bit
+// to every output bit (the one mixer the module's hashes share).
+func Mix64(x uint64) uint64 {
 	x ^= x >> 30
 	x *= 0xbf58476d1ce4e5b9
 	x ^= x >> 27

@@ -71,7 +71,7 @@ func (c *Collector) addBatch(ctx context.Context, specs []DispatcherSpec, errs [
 			reg = h(sp.ID)
 		}
 		d := &dispatcher{id: sp.ID, reg: reg, st: newStream(sp.StartTs), lastHeartbeat: sp.StartTs}
-		d.slot = c.mu.dispatchers.Add(sp.ID, d)
+		d.slot = c.mu.dispatchers.Add(d)
 		ds[i] = d
 		reqs = append(reqs, messaging.RegisterRequest{Dispatcher: sp.ID, Registration: reg, Span: sp.Span,
 			StartTs: sp.StartTs, Target: c.opts.Target, Replace: c.opts.TakeOver, Slot: d.slot})
@@ -112,7 +112,7 @@ func (c *Collector) addBatch(ctx context.Context, specs []DispatcherSpec, errs [
 		}
 		d := ds[i]
 		d.removed = true
-		c.mu.dispatchers.Remove(d.id, d)
+		c.mu.dispatchers.Remove(d)
 		errs[i] = fmt.Errorf("eventcollector: register %v: %w", d.id, err)
 	}
 	c.mu.Unlock()

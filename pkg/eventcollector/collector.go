@@ -293,7 +293,7 @@ func (c *Collector) AddDispatcher(ctx context.Context, id common.DispatcherID, s
 		reg = h(id)
 	}
 	d := &dispatcher{id: id, reg: reg, st: newStream(startTs), lastHeartbeat: startTs}
-	d.slot = c.mu.dispatchers.Add(id, d)
+	d.slot = c.mu.dispatchers.Add(d)
 	c.mu.Unlock()
 
 	err := c.opts.Service.Register(ctx, messaging.RegisterRequest{Dispatcher: id, Registration: d.reg, Span: span,
@@ -301,7 +301,7 @@ func (c *Collector) AddDispatcher(ctx context.Context, id common.DispatcherID, s
 	if err != nil {
 		c.mu.Lock()
 		d.removed = true
-		c.mu.dispatchers.Remove(id, d)
+		c.mu.dispatchers.Remove(d)
 		c.mu.Unlock()
 		return fmt.Errorf("eventcollector: register %v: %w", id, err)
 	}
@@ -373,7 +373,7 @@ func (c *Collector) RemoveDispatcher(ctx context.Context, id common.DispatcherID
 // is. REQUIRES: c.mu held, c.adminMu held.
 func (c *Collector) dropLocked(d *dispatcher) (inSink chan struct{}) {
 	d.removed = true
-	c.mu.dispatchers.Remove(d.id, d)
+	c.mu.dispatchers.Remove(d)
 	if !d.inSink {
 		return nil
 	}
@@ -559,3 +559,6 @@ func (r *registrationSource) next() messaging.RegistrationID {
 		}
 	}
 }
+
+// SlotKey is d's key in the collector's index (slots.Keyed).
+func (d *dispatcher) SlotKey() common.DispatcherID { return d.id }

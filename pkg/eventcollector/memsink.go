@@ -165,7 +165,7 @@ func (s *MemorySink) dispatcherLocked(id common.DispatcherID) *memDispatcher {
 	d, ok := s.mu.dispatchers.Lookup(id)
 	if !ok {
 		d = s.newLocked(id)
-		s.mu.dispatchers.Add(id, d)
+		s.mu.dispatchers.Add(d)
 	}
 	return d
 }
@@ -460,3 +460,6 @@ func (s *MemorySink) Wait(ctx context.Context, cond func() bool) error {
 func (s *MemorySink) WaitCheckpoint(ctx context.Context, id common.DispatcherID, ts common.Ts) error {
 	return s.Wait(ctx, func() bool { return s.CheckpointOf(id) >= ts })
 }
+
+// SlotKey is d's key in the sink's index (slots.Keyed).
+func (d *memDispatcher) SlotKey() common.DispatcherID { return d.id }

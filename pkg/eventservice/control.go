@@ -162,7 +162,7 @@ func (svc *Service) addDispatcherLocked(req messaging.RegisterRequest) (*dispatc
 	s := &d.first
 	s.init(d, 1, req.StartTs)
 	d.session.Store(s)
-	d.slot = svc.mu.dispatchers.Add(req.Dispatcher, d)
+	d.slot = svc.mu.dispatchers.Add(d)
 	// d.mu is taken before d is visible to anyone else and held across the
 	// store registration (registerInStore releases it).
 	d.mu.Lock()

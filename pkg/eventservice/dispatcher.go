@@ -220,3 +220,6 @@ func storeMax(a *atomic.Uint64, v uint64) {
 		}
 	}
 }
+
+// SlotKey is d's key in the service's index (slots.Keyed).
+func (d *dispatcher) SlotKey() common.DispatcherID { return d.id }

@@ -156,7 +156,7 @@ func (svc *Service) Start() error {
 func (svc *Service) forget(d *dispatcher) {
 	var idle *target
 	svc.mu.Lock()
-	if svc.mu.dispatchers.Remove(d.id, d) {
+	if svc.mu.dispatchers.Remove(d) {
 		svc.mu.spanKeyBytes -= spanKeyBytes(d.span.Span())
 		t := d.target
 		t.dispatchers--

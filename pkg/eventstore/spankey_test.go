@@ -32,7 +32,35 @@ func TestSpanKeysAreEqualExactlyForEqualSpans(t *testing.T) {
 		}
 		clone := common.Span{TableID: a.TableID, StartKey: append([]byte(nil), a.StartKey...), EndKey: append([]byte(nil), a.EndKey...)}
 		require.Equal(t, spanKeyOf(a), spanKeyOf(clone))
+		require.Equal(t, spanKeyOf(a).SeededHash(42), spanKeyOf(clone).SeededHash(42), "equal keys hash alike")
 	}
+}
+
+// TestSpansOfOneTableHaveTheirOwnChains: the whole table and two of its
+// ranges, each subscribed to, are three chains in subsBySpan, each found
+// by its own key (the map tells keys apart by asking a chain's head for
+// its span), and unlinking one leaves the others.
+func TestSpansOfOneTableHaveTheirOwnChains(t *testing.T) {
+	spans := []common.Span{
+		common.TableSpan(7),
+		{TableID: 7, StartKey: []byte("a"), EndKey: []byte("m")},
+		{TableID: 7, StartKey: []byte("m"), EndKey: []byte("z")},
+	}
+	s := &Store{}
+	subs := make([]*subscription, len(spans))
+	for i, span := range spans {
+		subs[i] = &subscription{id: uint64(i + 1), span: common.Pack(span)}
+		subs[i].slot = s.mu.subs.Take(subs[i])
+		s.linkSpanLocked(spanKeyOf(span), subs[i])
+	}
+	for i, span := range spans {
+		require.Equal(t, subs[i].slot, s.spanHeadLocked(spanKeyOf(span)), "span %v", span)
+	}
+	s.unlinkSpanLocked(subs[1])
+	require.Zero(t, s.spanHeadLocked(spanKeyOf(spans[1])))
+	require.Equal(t, subs[0].slot, s.spanHeadLocked(spanKeyOf(spans[0])))
+	require.Equal(t, subs[2].slot, s.spanHeadLocked(spanKeyOf(spans[2])))
+	require.Equal(t, 2, s.mu.subsBySpan.Len())
 }
 
 // TestSubscriptionsOfOneSpanAreUnlinkedInAnyOrder: a span's subscriptions
@@ -43,13 +71,11 @@ func TestSubscriptionsOfOneSpanAreUnlinkedInAnyOrder(t *testing.T) {
 	key := spanKeyOf(span)
 	for _, order := range [][]int{{0, 1, 2}, {1, 0, 2}, {2, 1, 0}, {1, 2, 0}} {
 		s := &Store{}
-		s.mu.subsBySpan = make(map[spanKey]uint32)
 		subs := make([]*subscription, 3)
 		for i := range subs {
 			subs[i] = &subscription{id: uint64(i + 1), span: common.Pack(span)}
 			subs[i].slot = s.mu.subs.Take(subs[i])
-			subs[i].nextSameSpan = s.mu.subsBySpan[key]
-			s.mu.subsBySpan[key] = subs[i].slot
+			s.linkSpanLocked(key, subs[i])
 		}
 		left := map[uint64]bool{1: true, 2: true, 3: true}
 		for _, i := range order {
@@ -57,7 +83,7 @@ func TestSubscriptionsOfOneSpanAreUnlinkedInAnyOrder(t *testing.T) {
 			delete(left, subs[i].id)
 			require.Zero(t, subs[i].nextSameSpan)
 			found := map[uint64]bool{}
-			for sub := s.subAtLocked(s.mu.subsBySpan[key]); sub != nil; sub = s.subAtLocked(sub.nextSameSpan) {
+			for sub := s.subAtLocked(s.spanHeadLocked(key)); sub != nil; sub = s.subAtLocked(sub.nextSameSpan) {
 				found[sub.id] = true
 			}
 			require.Equal(t, left, found, "after unlinking %d in order %v", subs[i].id, order)
@@ -68,7 +94,6 @@ func TestSubscriptionsOfOneSpanAreUnlinkedInAnyOrder(t *testing.T) {
 			}
 			require.Equal(t, len(left), held)
 		}
-		_, ok := s.mu.subsBySpan[key]
-		require.False(t, ok, "the span's entry is deleted with its last subscription")
+		require.Zero(t, s.mu.subsBySpan.Len(), "the span's entry is deleted with its last subscription")
 	}
 }

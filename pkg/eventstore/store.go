@@ -90,9 +90,9 @@ type Store struct {
 		// started below what the older one still holds, while the older
 		// one keeps its own dispatchers or waits out IdleTTL), so
 		// findSharableLocked tries the newest first. No slice per span, and
-		// no pointer in the map for a GC cycle to visit in hash order (a
-		// whole table's spanKey holds an empty string).
-		subsBySpan map[spanKey]uint32
+		// no key stored twice: the map's buckets hold slots, and a probe
+		// asks the slot's subscription for its span (slots.Map).
+		subsBySpan slots.Map[spanKey]
 		subs       slots.Table[*subscription]
 		// nsubs counts the live subscriptions, all of which subs holds and
 		// subsBySpan chains: no index of them by ID (a map insert was an
@@ -144,7 +144,7 @@ func Open(opts Options) (*Store, error) {
 	s.fresh.limit = opts.FreshBytes
 	s.metrics = newMetrics(&s.fresh)
 	s.mu.dispatchers.Reserve(opts.ExpectedDispatchers)
-	s.mu.subsBySpan = make(map[spanKey]uint32, opts.ExpectedDispatchers)
+	s.mu.subsBySpan.Reserve(opts.ExpectedDispatchers)
 	s.mu.subs.Reserve(opts.ExpectedDispatchers)
 	s.mu.subscribing = make(map[spanKey]chan struct{})
 	s.queues = make([]chan writeEvent, opts.WriteWorkers)
@@ -397,7 +397,7 @@ func (s *Store) attachLocked(sb *subscriber, sub *subscription) {
 	sub.addSubscriberLocked(sb)
 	s.noteGCLocked(sub, time.Time{})
 	sub.mu.Unlock()
-	s.mu.dispatchers.Add(sb.id, sb)
+	s.mu.dispatchers.Add(sb)
 	s.metrics.dispatchers.Set(float64(s.mu.dispatchers.Len()))
 }
 
@@ -460,8 +460,7 @@ func (s *Store) publishSubscription(sb *subscriber, sub *subscription, key spanK
 	}
 	defer s.mu.Unlock()
 	sub.slot = s.mu.subs.Take(sub)
-	sub.nextSameSpan = s.mu.subsBySpan[key] // 0 if none
-	s.mu.subsBySpan[key] = sub.slot
+	s.linkSpanLocked(key, sub)
 	s.mu.nsubs++
 	s.metrics.subscriptions.Set(float64(s.mu.nsubs))
 	if ce := s.log.Check(zap.DebugLevel, "subscribed"); ce != nil { // no fields built per registration otherwise
@@ -475,7 +474,7 @@ func (s *Store) publishSubscription(sb *subscriber, sub *subscription, key spanK
 // spanKey is key that still holds every row above startTs. REQUIRES: s.mu
 // held.
 func (s *Store) findSharableLocked(key spanKey, startTs common.Ts) *subscription {
-	for sub := s.subAtLocked(s.mu.subsBySpan[key]); sub != nil; sub = s.subAtLocked(sub.nextSameSpan) {
+	for sub := s.subAtLocked(s.spanHeadLocked(key)); sub != nil; sub = s.subAtLocked(sub.nextSameSpan) {
 		sub.mu.Lock()
 		ok := !sub.mu.removed && sub.mu.lowWatermark <= startTs
 		sub.mu.Unlock()
@@ -501,7 +500,7 @@ func (s *Store) UnregisterDispatcher(id common.DispatcherID) error {
 		s.mu.Unlock()
 		return fmt.Errorf("%w: %v", ErrDispatcherNotFound, id)
 	}
-	s.mu.dispatchers.Remove(id, sb)
+	s.mu.dispatchers.Remove(sb)
 	s.metrics.dispatchers.Set(float64(s.mu.dispatchers.Len()))
 	now := s.opts.Clock.Now()
 	sb.sub.mu.Lock()

@@ -370,3 +370,6 @@ type stamp int64
 func stampOf(t time.Time) stamp { return stamp(t.UnixNano()) }
 
 func (st stamp) time() time.Time { return time.Unix(0, int64(st)) }
+
+// SlotKey is sb's key in the store's index of dispatchers (slots.Keyed).
+func (sb *subscriber) SlotKey() common.DispatcherID { return sb.id }

@@ -74,7 +74,7 @@ func (s *genSub) Close() {
 	g := s.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.mu.subs.Remove(s.id, s)
+	g.mu.subs.Remove(s)
 }
 
 // run is the driver: on every tick (or kick) it advances the frontier and
@@ -421,7 +421,7 @@ func (g *Generator) resolvedDue(s *genSub, f common.Ts) bool {
 // Computed when needed, not kept per subscription: a hash costs less than
 // the eight bytes a million subscriptions would carry.
 func (g *Generator) stagger(table, iv int64) int64 {
-	return int64(mix64(uint64(table)/uint64(g.opts.ResolvedGroupTables)) % uint64(iv))
+	return int64(common.Mix64(uint64(table)/uint64(g.opts.ResolvedGroupTables)) % uint64(iv))
 }
 
 // noCacheTick marks a subscription's row cache empty (ticks are never
@@ -521,3 +521,12 @@ func (g *Generator) feed(s *genSub, f common.Ts, tg *tickGen) feedResult {
 		return feedRetry
 	}
 }
+
+// SlotKey is s's key in the generator's index (slots.Keyed).
+func (s *genSub) SlotKey() subKey { return subKey(s.id) }
+
+// subKey is a subscription's ID as the generator's index's key.
+type subKey uint64
+
+// SeededHash hashes k under seed (slots.Key).
+func (k subKey) SeededHash(seed uint64) uint64 { return common.Mix64(uint64(k) ^ seed) }

@@ -89,7 +89,7 @@ type Generator struct {
 		// subs holds the live subscriptions by ID (IDs grow in creation
 		// order), through slots: its map holds no pointers for a GC cycle
 		// to visit (slots.Index).
-		subs slots.Index[uint64, *genSub]
+		subs slots.Index[subKey, *genSub]
 		// added holds subscriptions the driver has not scheduled yet.
 		added    []*genSub
 		nextID   uint64
@@ -258,7 +258,7 @@ func (g *Generator) Subscribe(span common.Span, startTs common.Ts, sink eventsto
 	}
 	g.mu.nextID++
 	s.id = g.mu.nextID
-	g.mu.subs.Add(s.id, s)
+	g.mu.subs.Add(s)
 	g.mu.added = append(g.mu.added, s)
 	g.mu.Unlock()
 

@@ -118,22 +118,13 @@ func (w *workload) clamp(start, end common.Ts) (lo, hi common.Ts, ok bool) {
 	return lo, hi, lo < hi
 }
 
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
-}
-
 // tickHash is the root of all randomness of (table, tick). Hashing the
 // coordinates, rather than drawing from one shared stream, is what makes a
 // tick's rows independent of which other ticks or tables were generated.
 func (w *workload) tickHash(table, tick int64) uint64 {
-	h := mix64(w.seed ^ saltSeed)
-	h = mix64(h + uint64(table))
-	return mix64(h + uint64(tick))
+	h := common.Mix64(w.seed ^ saltSeed)
+	h = common.Mix64(h + uint64(table))
+	return common.Mix64(h + uint64(tick))
 }
 
 func (w *workload) class(table int64) *tableClass {
@@ -150,7 +141,7 @@ func (w *workload) class(table int64) *tableClass {
 func denseCount(c *tableClass, h uint64) int {
 	n := int(c.txns)
 	if frac := c.txns - float64(n); frac > 0 {
-		u := float64(mix64(h^saltCount)>>11) * 0x1p-53
+		u := float64(common.Mix64(h^saltCount)>>11) * 0x1p-53
 		if u < frac {
 			n++
 		}
@@ -245,14 +236,14 @@ func (w *workload) nextTickMemo(m *tickMemo, table, from, limit int64) (tick int
 // blockTick walks the gaps of block b of a sparse table and returns its
 // first tick with rows at or after from.
 func (w *workload) blockTick(table, b, from int64, c *tableClass) (int64, bool) {
-	h := mix64(w.seed ^ saltBlock)
-	h = mix64(h + uint64(table))
-	h = mix64(h + uint64(b))
+	h := common.Mix64(w.seed ^ saltBlock)
+	h = common.Mix64(h + uint64(table))
+	h = common.Mix64(h + uint64(b))
 	base, end := b*c.block, (b+1)*c.block
 	pos := base - 1
 	for i := uint64(1); ; i++ {
-		u := float64(mix64(h+i*saltGap)>>11) * 0x1p-53 // uniform in [0, 1)
-		gap := math.Log1p(-u) / c.logQ                 // geometric: failures before a success
+		u := float64(common.Mix64(h+i*saltGap)>>11) * 0x1p-53 // uniform in [0, 1)
+		gap := math.Log1p(-u) / c.logQ                        // geometric: failures before a success
 		if gap >= float64(end-pos) {
 			return 0, false
 		}
@@ -296,7 +287,7 @@ func (g *tickGen) plan(table, tick int64, n int) {
 	if n == 0 {
 		return
 	}
-	g.pcg.Seed(h, mix64(h^saltPCG))
+	g.pcg.Seed(h, common.Mix64(h^saltPCG))
 	for left := n; left > 0; {
 		size := 1 + g.rng.IntN(g.w.txnsPerCommitTs)
 		size = min(size, left)
