@@ -15,10 +15,9 @@ import (
 	"errors"
 	"flag"
 	"net"
-	"runtime"
-	"runtime/debug"
 	"time"
 
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/goruntime"
 	"github.com/cdcflow/eventservice/internal/optcheck"
 	"github.com/cdcflow/eventservice/pkg/pgsink"
 	"github.com/cdcflow/eventservice/pkg/pgsource"
@@ -48,14 +47,9 @@ type Config struct {
 	SinkFlushInterval      time.Duration
 	SinkMaxFlushInterval   time.Duration
 	SinkCheckpointInterval time.Duration
-	// GCPercent is the Go collector's target (GOGC) while serving; 0
-	// leaves the runtime's (the GOGC environment variable, or 100). A set
-	// GOGC variable wins.
-	GCPercent int
-	// MaxProcs caps the Go scheduler's processors (GOMAXPROCS) while
-	// serving; 0 leaves the runtime's (the GOMAXPROCS environment
-	// variable, or the CPUs available). A set GOMAXPROCS variable wins.
-	MaxProcs int
+	// Settings are the Go runtime's (--gc-percent, --max-procs,
+	// --memory-limit) while serving; a set environment variable wins.
+	goruntime.Settings
 	// ShutdownTimeout bounds a clean stop.
 	ShutdownTimeout time.Duration
 }
@@ -65,7 +59,7 @@ func DefaultConfig() Config {
 	return Config{Slot: "cdcflow", Publication: "cdcflow", MetricsAddr: "127.0.0.1:9464", PprofAddr: "127.0.0.1:0",
 		LogFormat: "text", LogLevel: "info", ProgressInterval: 5 * time.Second, ReadyLag: 30 * time.Second,
 		SinkWorkers: 4, SinkFlushInterval: pgsink.DefaultFlushInterval, SinkMaxFlushInterval: pgsink.DefaultMaxFlushInterval,
-		SinkCheckpointInterval: pgsink.DefaultCheckpointInterval, SourceReadLinger: pgsource.DefaultReadLinger, GCPercent: 300,
+		SinkCheckpointInterval: pgsink.DefaultCheckpointInterval, SourceReadLinger: pgsource.DefaultReadLinger, Settings: goruntime.Settings{GCPercent: 300},
 		ShutdownTimeout: 30 * time.Second}
 }
 
@@ -87,8 +81,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.SinkMaxFlushInterval, "sink-max-flush-interval", c.SinkMaxFlushInterval, "while a lane's rows are more than four times this behind (a backlog), it commits this often instead of every --sink-flush-interval (at least that; equal to it: no stretching)")
 	fs.DurationVar(&c.SinkCheckpointInterval, "sink-checkpoint-interval", c.SinkCheckpointInterval, "how often the checkpoint of a table without new rows is written (its resolved-ts advance)")
 	fs.DurationVar(&c.SourceReadLinger, "source-read-linger", c.SourceReadLinger, "once the replication stream has read all the source sent, its next read waits this long so that messages arrive in batches rather than one per read (0 = off; at most 1s): fewer wake-ups per row while it keeps up, at most this much more latency")
-	fs.IntVar(&c.GCPercent, "gc-percent", c.GCPercent, "the Go collector's target while serving (GOGC; 0 = the runtime's; a set GOGC variable wins): above 100 trades heap for less CPU per row")
-	fs.IntVar(&c.MaxProcs, "max-procs", c.MaxProcs, "at most this many threads run serve's Go code at once (GOMAXPROCS; 0 = the runtime's, one per CPU; a set GOMAXPROCS variable wins): 1 keeps serve to one core on a host it shares with the source database")
+	c.Settings.BindFlags(fs, "serve")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a clean stop may take")
 }
 
@@ -119,30 +112,7 @@ func (c Config) Validate() error {
 	p.Require(c.SinkMaxFlushInterval >= c.SinkFlushInterval, "--sink-max-flush-interval must be at least --sink-flush-interval")
 	p.Require(c.SinkCheckpointInterval > 0, "--sink-checkpoint-interval must be positive")
 	p.Require(c.SourceReadLinger >= 0 && c.SourceReadLinger <= time.Second, "--source-read-linger must be 0..1s")
-	p.Require(c.GCPercent == 0 || c.GCPercent >= 25 && c.GCPercent <= 10000, "--gc-percent must be 0 or 25..10000")
-	p.IntRange("--max-procs", c.MaxProcs, 0, 1024)
+	c.Settings.Check(p)
 	p.Require(c.ShutdownTimeout > 0, "--shutdown-timeout must be positive")
 	return p.Err()
-}
-
-// setRuntime applies the process-wide settings of cfg (--gc-percent,
-// --max-procs) unless the environment variable of the same setting is set
-// (getenv), and returns what puts the previous ones back: Run restores
-// them when it returns, since tests run it inside their own process.
-func setRuntime(cfg Config, getenv func(string) string) (restore func()) {
-	gcBefore, procsBefore := -2, 0 // -2: not changed (-1 is "off")
-	if cfg.GCPercent > 0 && getenv("GOGC") == "" {
-		gcBefore = debug.SetGCPercent(cfg.GCPercent)
-	}
-	if cfg.MaxProcs > 0 && getenv("GOMAXPROCS") == "" {
-		procsBefore = runtime.GOMAXPROCS(cfg.MaxProcs)
-	}
-	return func() {
-		if gcBefore != -2 {
-			debug.SetGCPercent(gcBefore)
-		}
-		if procsBefore > 0 {
-			runtime.GOMAXPROCS(procsBefore)
-		}
-	}
 }

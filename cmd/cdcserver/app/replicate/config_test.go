@@ -1,8 +1,6 @@
 package replicate
 
 import (
-	"runtime"
-	"runtime/debug"
 	"testing"
 	"time"
 
@@ -11,38 +9,11 @@ import (
 	"github.com/cdcflow/eventservice/pkg/pgsource"
 )
 
-// --gc-percent and --max-procs hold while serving and are put back after;
-// a set GOGC or GOMAXPROCS variable wins over its flag.
-func TestSetRuntimeAppliesAndRestores(t *testing.T) {
-	gcBefore := debug.SetGCPercent(100)
-	defer debug.SetGCPercent(gcBefore)
-	procsBefore := runtime.GOMAXPROCS(0)
-	defer runtime.GOMAXPROCS(procsBefore)
-	procsSet := procsBefore + 1 // differs from the current value on any machine
-
+// serve's runtime flags are checked by Validate (goruntime.Settings.Check;
+// their effect is goruntime's test).
+func TestRuntimeFlagsAreValidated(t *testing.T) {
 	cfg := DefaultConfig()
-	cfg.GCPercent, cfg.MaxProcs = 400, procsSet
-	noEnv := func(string) string { return "" }
-	restore := setRuntime(cfg, noEnv)
-	require.Equal(t, 400, debug.SetGCPercent(400), "--gc-percent holds while serving")
-	require.Equal(t, procsSet, runtime.GOMAXPROCS(0), "--max-procs holds while serving")
-	restore()
-	require.Equal(t, 100, debug.SetGCPercent(100), "the collector's target is put back")
-	require.Equal(t, procsBefore, runtime.GOMAXPROCS(0), "GOMAXPROCS is put back")
-
-	env := map[string]string{"GOGC": "50", "GOMAXPROCS": "3"}
-	restore = setRuntime(cfg, func(k string) string { return env[k] })
-	require.Equal(t, 100, debug.SetGCPercent(100), "a set GOGC wins over --gc-percent")
-	require.Equal(t, procsBefore, runtime.GOMAXPROCS(0), "a set GOMAXPROCS wins over --max-procs")
-	restore()
-	require.Equal(t, procsBefore, runtime.GOMAXPROCS(0))
-
-	cfg.GCPercent, cfg.MaxProcs = 0, 0
-	restore = setRuntime(cfg, noEnv)
-	require.Equal(t, 100, debug.SetGCPercent(100), "0 leaves the runtime's")
-	require.Equal(t, procsBefore, runtime.GOMAXPROCS(0), "0 leaves the runtime's")
-	restore()
-
+	require.Equal(t, 300, cfg.GCPercent, "serve trades heap for CPU by default")
 	cfg.Source, cfg.Sink = "postgres://a@127.0.0.1/x", "postgres://b@127.0.0.1/y"
 	for _, good := range []int{0, 1, 1024} {
 		cfg.MaxProcs = good
@@ -52,6 +23,9 @@ func TestSetRuntimeAppliesAndRestores(t *testing.T) {
 		cfg.MaxProcs = bad
 		require.ErrorIs(t, cfg.Validate(), ErrInvalidConfig, "--max-procs %d", bad)
 	}
+	cfg.MaxProcs = 0
+	cfg.MemoryLimit = 1 << 20
+	require.ErrorIs(t, cfg.Validate(), ErrInvalidConfig, "--memory-limit below 64MiB")
 }
 
 // --source-read-linger: 0 turns it off, up to a second is taken, a negative

@@ -76,7 +76,7 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%w: logger: %w", ErrInvalidConfig, err)
 	}
-	defer setRuntime(cfg, os.Getenv)()
+	defer cfg.Settings.Apply(os.Getenv)()
 	p := &parts{reg: prometheus.NewRegistry(), log: lg, newTables: make(chan newTable, 64)}
 	p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ctx, p.cancel = context.WithCancel(ctx)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/goruntime"
 	"github.com/cdcflow/eventservice/internal/optcheck"
 	"github.com/cdcflow/eventservice/pkg/eventservice"
 )
@@ -59,8 +60,12 @@ type Config struct {
 	// HugePages advises the process's heap for transparent huge pages
 	// (cmd/cdcserver/app/hugepages), for hosts whose THP mode is "madvise".
 	HugePages bool
-	JSON      bool
-	LogLevel  string
+	// Settings are the Go runtime's (--gc-percent, --max-procs,
+	// --memory-limit) while the server runs; a set environment variable
+	// wins. Zero leaves the runtime's.
+	goruntime.Settings
+	JSON     bool
+	LogLevel string
 	// ProgressInterval is the period of the progress line (0: none).
 	ProgressInterval time.Duration
 	// Role is what this process runs: "all" (store, service and
@@ -194,6 +199,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.MoveInterval, "move-interval", c.MoveInterval, "every interval, remove a random table's dispatcher and add it again under the same ID from its last checkpoint, as when a table moves between nodes (0 = off)")
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the event store (default: a temporary directory, removed at exit)")
 	fs.BoolVar(&c.DurableSink, "durable-sink", c.DurableSink, "apply rows to a durable pebble sink in --data-dir and resume from its checkpoints on restart")
+	c.Settings.BindFlags(fs, "the server")
 	fs.BoolVar(&c.HugePages, "huge-pages", c.HugePages, "ask the kernel for transparent huge pages for the heap (Linux; for a host whose THP mode is madvise; roles all and service, not the collector processes): at a million dispatchers TLB misses are much of an advance's cost")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "address serving /metrics and /debug/pprof (loopback; port 0 picks one; empty disables)")
 	fs.BoolVar(&c.JSON, "json", c.JSON, "print one JSON summary on stdout instead of text")
@@ -264,6 +270,7 @@ func (c Config) Validate() error {
 		}
 	}
 	c.validateRole(p)
+	c.Settings.Check(p)
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
 	default:

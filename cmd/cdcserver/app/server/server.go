@@ -114,6 +114,9 @@ func run(ctx context.Context, cfg Config, stdout, stderr io.Writer, hooks runHoo
 		return Summary{}, err
 	}
 	defer s.cleanup()
+	// Before the dispatchers are registered, so that the registration's
+	// heap already grows under the limit.
+	defer cfg.Settings.Apply(os.Getenv)()
 	if cfg.HugePages {
 		// Before the dispatchers are registered, so that their memory is
 		// backed by huge pages as it is first touched.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -44,6 +45,26 @@ func TestConfigValidateReportsEveryField(t *testing.T) {
 		require.Contains(t, err.Error(), flag)
 	}
 	require.NoError(t, DefaultConfig().Validate())
+	c = DefaultConfig()
+	c.MemoryLimit, c.GCPercent = 1<<20, 5
+	err = c.Validate()
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	require.Contains(t, err.Error(), "--memory-limit")
+	require.Contains(t, err.Error(), "--gc-percent")
+}
+
+// --memory-limit holds while the server runs (read at the run's end,
+// before anything stops) and the previous limit is back once Run returns.
+func TestMemoryLimitHoldsWhileTheServerRuns(t *testing.T) {
+	before := debug.SetMemoryLimit(-1)
+	cfg := smallConfig()
+	cfg.Duration = 300 * time.Millisecond
+	cfg.MemoryLimit = 5 << 30
+	var during int64
+	_, err := run(context.Background(), cfg, io.Discard, io.Discard, runHooks{beforeStop: func() { during = debug.SetMemoryLimit(-1) }})
+	require.NoError(t, err)
+	require.Equal(t, int64(5<<30), during)
+	require.Equal(t, before, debug.SetMemoryLimit(-1))
 }
 
 func TestDDLScheduleIsDeterministic(t *testing.T) {
