@@ -535,3 +535,40 @@ func TestGeneratorRetriesTheFinalAdvanceAfterAnotherSubscriptionsClose(t *testin
 	require.Equal(t, g.Rows(1, 0, o.EndTs), held.rows())
 	require.Zero(t, g.Stats().PushErrors, "a cancellation is not a push error")
 }
+
+// TestARowCacheIsDroppedOnceItsTickIsPushed: a tick split across pushes
+// keeps its rows cached between them (generated once), and once the
+// cursor has passed the tick the subscription holds no rows: a million
+// tables each holding its last tick's rows grew the heap for the whole
+// run. Driven by feed directly (no driver), so the test owns the
+// subscription's driver-owned fields.
+func TestARowCacheIsDroppedOnceItsTickIsPushed(t *testing.T) {
+	clk := clock.NewFake(t0.Add(25 * time.Millisecond))
+	g := newTestGenerator(t, feedOptions(clk)) // 20 rows a tick, 7 a push
+	sink := newRecordingSinkForTest()
+	_, err := g.Subscribe(common.TableSpan(1), tsAt(0, 0), sink)
+	require.NoError(t, err)
+	g.mu.Lock()
+	var s *genSub
+	for sub := range g.mu.subs.All() {
+		s = sub
+	}
+	g.mu.Unlock()
+	tg := newTickGen(g.w)
+	f := frontierAt(clk.Now(), testTick)
+
+	require.Equal(t, feedMore, g.feed(s, f, tg))
+	require.NotEqual(t, int64(noCacheTick), s.cacheTick, "a tick split across pushes stays cached")
+	require.Equal(t, s.cur.tick, s.cacheTick)
+	generated := g.ticksGeneratedForTesting.Load()
+	for range 100 {
+		if g.feed(s, f, tg) != feedMore {
+			break
+		}
+	}
+	require.Equal(t, f, sink.resolved())
+	require.Nil(t, s.cache, "the passed tick's rows are let go")
+	require.Equal(t, int64(noCacheTick), s.cacheTick)
+	require.Equal(t, g.Rows(1, tsAt(0, 0), f), sink.rows(), "every row, once, in order")
+	require.Greater(t, g.ticksGeneratedForTesting.Load(), generated, "later ticks were generated")
+}
