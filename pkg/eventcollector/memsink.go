@@ -67,77 +67,120 @@ type EpochRecord struct {
 	CheckpointRegressions int
 }
 
+// memDispatcher is one dispatcher's record, carved from the sink's slab
+// (newLocked). At a million dispatchers each byte here is a megabyte of
+// the synthetic run's heap, so the record of its first epoch is inline,
+// later epochs are allocated, and counts are 32 bits (a dispatcher
+// checkpoints at most about a hundred times a second).
 type memDispatcher struct {
 	// The fields a checkpoint touches come first, so that it reads as few
 	// cache lines as the allocation's alignment allows: id (the key it is
-	// mapped by, checked by the slot cache), cur (epochs' last record,
-	// nil before the first) and the checkpoint counts.
-	id         common.DispatcherID
-	cur        *memEpoch
-	checkpoint common.Ts
-	// The current epoch's checkpoint counts, kept here rather than in
-	// cur and folded into it when the next epoch opens (fold): a
-	// checkpoint, the sink's most frequent call, then touches one struct.
-	// At 10k dispatchers advancing every 10 ms, the write through cur was
-	// a cold cache line per call and a tenth of the CPU of an idle run.
-	curCheckpoints, curRegressions int
+	// mapped by, checked by the slot cache), the highest checkpoint and
+	// the current epoch's checkpoint counts, kept here rather than in the
+	// epoch's record and folded into it when the next epoch opens (fold):
+	// a checkpoint, the sink's most frequent call, then touches one
+	// struct. At 10k dispatchers advancing every 10 ms, the write through
+	// a pointer to the epoch was a cold cache line per call and a tenth of
+	// the CPU of an idle run.
+	id                             common.DispatcherID
+	checkpoint                     common.Ts
 	curLast                        common.Ts
-	epochs                         []*memEpoch
-	// first is the first epoch's record and one the first epochs array
-	// (one[0] = &first): a dispatcher of one epoch, the common case, is one
-	// object for the GC to mark, not three. Later epochs are allocated (the
-	// append outgrows one).
-	first memEpoch
-	one   [1]*memEpoch
+	curCheckpoints, curRegressions int32
+	// opened: the first epoch is open (first holds it). more are the
+	// epochs after the first; the current one is the last of them, or
+	// first.
+	opened bool
+	more   []*memEpoch
 	// curRows are the current epoch's ApplyRows batches, as ranges of
-	// the sink's arena, folded into cur.rows likewise. Appending each
-	// batch's rows to one slice per epoch copied a hot table's whole
+	// the sink's arena, folded into the epoch's rows likewise. Appending
+	// each batch's rows to one slice per epoch copied a hot table's whole
 	// history at every doubling, in the collector's goroutine and under
 	// the sink's lock: a 1k-table run's ApplyRows took 16-65 ms a few
 	// times after ten seconds, and each such call held up every dispatcher
 	// of the changefeed.
 	curRows []refRange
+	first   memEpoch
 }
 
 // memEpoch is one epoch's record, its rows kept as ranges of the sink's
-// arena (record.Rows stays nil: readers get rows materialised).
+// arena (EpochRecord is built when read, its rows materialised).
 type memEpoch struct {
-	EpochRecord
-	rows []refRange
+	epoch          uint64
+	startTs        common.Ts
+	lastCheckpoint common.Ts
+	ddls           []messaging.DDL
+	rows           []refRange
+	checkpoints    int32
+	regressions    int32
 }
 
-// open appends an epoch record and makes it current.
-func (d *memDispatcher) open(rec EpochRecord) *EpochRecord {
-	d.fold()
-	var e *memEpoch
-	if len(d.epochs) == 0 && d.one[0] == nil {
-		d.first.EpochRecord = rec
-		e = &d.first
-		d.one[0] = e
-		d.epochs = d.one[:]
-	} else {
-		e = new(memEpoch) // not &rec: rec would escape at every call
-		e.EpochRecord = rec
-		d.epochs = append(d.epochs, e)
+// record returns e as an EpochRecord, its rows read from arena.
+func (e *memEpoch) record(arena *rowArena) EpochRecord {
+	return EpochRecord{Epoch: e.epoch, StartTs: e.startTs, Rows: arena.appendRows(nil, e.rows),
+		DDLs: slices.Clone(e.ddls), Checkpoints: int(e.checkpoints), LastCheckpoint: e.lastCheckpoint,
+		CheckpointRegressions: int(e.regressions)}
+}
+
+// current returns the open epoch, nil before the first.
+func (d *memDispatcher) current() *memEpoch {
+	switch {
+	case len(d.more) > 0:
+		return d.more[len(d.more)-1]
+	case d.opened:
+		return &d.first
 	}
-	d.cur = e
-	return &e.EpochRecord
+	return nil
+}
+
+// epochs yields d's epochs, oldest first.
+func (d *memDispatcher) epochs(yield func(*memEpoch) bool) {
+	if !d.opened || !yield(&d.first) {
+		return
+	}
+	for _, e := range d.more {
+		if !yield(e) {
+			return
+		}
+	}
+}
+
+// open starts an epoch and makes it current.
+func (d *memDispatcher) open(epoch uint64, startTs common.Ts) *memEpoch {
+	d.fold()
+	e := &d.first
+	if d.opened {
+		e = new(memEpoch)
+		d.more = append(d.more, e)
+	}
+	d.opened = true
+	e.epoch, e.startTs = epoch, startTs
+	return e
+}
+
+// currentOrOpen returns the open epoch, opening epoch 0 for a sink used
+// without BeginEpoch.
+func (d *memDispatcher) currentOrOpen() *memEpoch {
+	if e := d.current(); e != nil {
+		return e
+	}
+	return d.open(0, 0)
 }
 
 // fold moves the current epoch's checkpoint counts and rows into its
 // record.
 func (d *memDispatcher) fold() {
-	if d.cur == nil {
+	cur := d.current()
+	if cur == nil {
 		return
 	}
 	if d.curCheckpoints > 0 {
-		d.cur.Checkpoints += d.curCheckpoints
-		d.cur.CheckpointRegressions += d.curRegressions
-		d.cur.LastCheckpoint = d.curLast
+		cur.checkpoints += d.curCheckpoints
+		cur.regressions += d.curRegressions
+		cur.lastCheckpoint = d.curLast
 		d.curCheckpoints, d.curRegressions = 0, 0
 	}
 	if len(d.curRows) > 0 {
-		d.cur.rows = append(d.cur.rows, d.curRows...) // the batches, not their rows
+		cur.rows = append(cur.rows, d.curRows...) // the batches, not their rows
 		clear(d.curRows)
 		d.curRows = d.curRows[:0]
 	}
@@ -148,17 +191,6 @@ func NewMemorySink() *MemorySink {
 	s := &MemorySink{}
 	s.mu.changed = make(chan struct{})
 	return s
-}
-
-// currentLocked returns id's latest epoch record, creating the dispatcher (and
-// an epoch-0 record, for a sink used without BeginEpoch) if needed.
-// REQUIRES: s.mu held.
-func (s *MemorySink) currentLocked(id common.DispatcherID) *EpochRecord {
-	d := s.dispatcherLocked(id)
-	if d.cur == nil {
-		return d.open(EpochRecord{})
-	}
-	return &d.cur.EpochRecord
 }
 
 func (s *MemorySink) dispatcherLocked(id common.DispatcherID) *memDispatcher {
@@ -206,7 +238,7 @@ func (s *MemorySink) changedLocked() {
 func (s *MemorySink) BeginEpoch(id common.DispatcherID, epoch uint64, startTs common.Ts) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.dispatcherLocked(id).open(EpochRecord{Epoch: epoch, StartTs: startTs})
+	s.dispatcherLocked(id).open(epoch, startTs)
 	s.changedLocked()
 	return nil
 }
@@ -218,9 +250,7 @@ func (s *MemorySink) ApplyRows(id common.DispatcherID, rows []common.Row) error 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	d := s.dispatcherLocked(id)
-	if d.cur == nil {
-		d.open(EpochRecord{})
-	}
+	d.currentOrOpen()
 	if len(rows) > 0 {
 		d.curRows = append(d.curRows, s.mu.arena.add(rows))
 	}
@@ -232,8 +262,8 @@ func (s *MemorySink) ApplyRows(id common.DispatcherID, rows []common.Row) error 
 func (s *MemorySink) ApplyDDL(id common.DispatcherID, ddl *messaging.DDL) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.currentLocked(id)
-	e.DDLs = append(e.DDLs, *ddl)
+	e := s.dispatcherLocked(id).currentOrOpen()
+	e.ddls = append(e.ddls, *ddl)
 	s.changedLocked()
 	return nil
 }
@@ -310,9 +340,7 @@ func (s *MemorySink) checkpointLocked(id common.DispatcherID, ts common.Ts) {
 
 // checkpointOfLocked records a checkpoint of d. REQUIRES: s.mu held.
 func (s *MemorySink) checkpointOfLocked(d *memDispatcher, ts common.Ts) {
-	if d.cur == nil {
-		d.open(EpochRecord{})
-	}
+	d.currentOrOpen()
 	d.curCheckpoints++
 	d.curLast = ts
 	if ts <= d.checkpoint {
@@ -341,11 +369,9 @@ func (s *MemorySink) Epochs(id common.DispatcherID) []EpochRecord {
 		return nil
 	}
 	d.fold()
-	out := make([]EpochRecord, len(d.epochs))
-	for i, e := range d.epochs {
-		out[i] = EpochRecord{Epoch: e.Epoch, StartTs: e.StartTs, Rows: s.mu.arena.appendRows(nil, e.rows),
-			DDLs: slices.Clone(e.DDLs), Checkpoints: e.Checkpoints, LastCheckpoint: e.LastCheckpoint,
-			CheckpointRegressions: e.CheckpointRegressions}
+	var out []EpochRecord
+	for e := range d.epochs {
+		out = append(out, e.record(&s.mu.arena))
 	}
 	return out
 }
@@ -361,7 +387,7 @@ func (s *MemorySink) Applied(id common.DispatcherID) []common.Row {
 	}
 	d.fold()
 	var out []common.Row
-	for _, e := range d.epochs {
+	for e := range d.epochs {
 		out = s.mu.arena.appendRows(out, e.rows)
 	}
 	return out
@@ -377,8 +403,8 @@ func (s *MemorySink) AppliedDDLs(id common.DispatcherID) []messaging.DDL {
 		return nil
 	}
 	var out []messaging.DDL
-	for _, e := range d.epochs {
-		out = append(out, e.DDLs...)
+	for e := range d.epochs {
+		out = append(out, e.ddls...)
 	}
 	return out
 }
