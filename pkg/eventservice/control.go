@@ -141,7 +141,7 @@ func (svc *Service) addDispatcherLocked(req messaging.RegisterRequest) (*dispatc
 		return nil, nil, closedError("register")
 	}
 	if d, ok := svc.mu.dispatchers.Lookup(req.Dispatcher); ok {
-		if d.reg == req.Registration && d.span.Span().Equal(req.Span) && d.target.name == req.Target && d.registeredAt == req.StartTs {
+		if d.reg == req.Registration && d.span.Span().Equal(req.Span) && d.target.name == req.Target && d.registeredAt() == req.StartTs {
 			return nil, nil, nil // the same request again
 		}
 		return nil, nil, fmt.Errorf("%w: %v (registration %v, asked %v)", messaging.ErrDispatcherExists, req.Dispatcher, d.reg, req.Registration)
@@ -156,7 +156,7 @@ func (svc *Service) addDispatcherLocked(req messaging.RegisterRequest) (*dispatc
 	t.dispatchers++
 	svc.mu.spanKeyBytes += spanKeyBytes(req.Span)
 	d := &dispatcher{id: req.Dispatcher, reg: req.Registration, span: common.Pack(req.Span), target: t,
-		worker: req.Dispatcher.Index(len(svc.prepQueues)), svc: svc, registeredAt: req.StartTs, collectorSlot: req.Slot}
+		worker: req.Dispatcher.Index(len(svc.prepQueues)), svc: svc, collectorSlot: req.Slot}
 	d.mu.storeStart = req.StartTs
 	d.mu.checkpoint = req.StartTs
 	s := &d.first

@@ -43,9 +43,6 @@ type dispatcher struct {
 	reg    messaging.RegistrationID
 	span   common.PackedSpan
 	target *target
-	// registeredAt is the start-ts of the Register request, to recognise
-	// a repeated request.
-	registeredAt common.Ts
 	// collectorSlot is the collector's index of the dispatcher
 	// (RegisterRequest.Slot), echoed in its resolved-ts; slot is the
 	// service's (Service.mu.dispatchers), sent in its handshakes for the
@@ -105,8 +102,16 @@ type session struct {
 	// the generation of the session's entry in the queue's ring.
 	qgen   uint32
 	queued bool
-	d      *dispatcher
-	epoch  uint64
+	// inSet: its progress waits in the target's resolved set (added, not
+	// yet delivered). The keepalive loop leaves such a session alone: the
+	// set delivers it, and a keepalive would only merge into it. Set before
+	// each add, cleared by the pump once it put the session's entry on the
+	// wire (which also restarts pubAt: an acknowledgement is due an
+	// interval after delivery, not after publication). Beside queued, in
+	// what was its padding: eight bytes of every session.
+	inSet atomic.Bool
+	d     *dispatcher
+	epoch uint64
 
 	// own is the owner-only state, which only the core's step changes.
 	own owner
@@ -126,13 +131,6 @@ type session struct {
 		seq uint64
 	}
 	pubAt atomic.Int64
-	// inSet: its progress waits in the target's resolved set (added, not
-	// yet delivered). The keepalive loop leaves such a session alone: the
-	// set delivers it, and a keepalive would only merge into it. Set before
-	// each add, cleared by the pump once it put the session's entry on the
-	// wire (which also restarts pubAt: an acknowledgement is due an
-	// interval after delivery, not after publication).
-	inSet atomic.Bool
 	// blockedAt is the schema frontier the session waits to see pass.
 	blockedAt atomic.Uint64
 	// kaGen is the keepalive generation whose list holds the session (see
@@ -223,3 +221,9 @@ func storeMax(a *atomic.Uint64, v uint64) {
 
 // SlotKey is d's key in the service's index (slots.Keyed).
 func (d *dispatcher) SlotKey() common.DispatcherID { return d.id }
+
+// registeredAt is the start-ts of the Register request, to recognise a
+// repeated request: the first session's start, which init set before the
+// dispatcher was published and nothing changes after (a field of its own
+// was eight bytes of every dispatcher).
+func (d *dispatcher) registeredAt() common.Ts { return d.first.own.startTs }

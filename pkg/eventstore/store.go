@@ -294,7 +294,7 @@ func (s *Store) RegisterDispatcherHandle(id common.DispatcherID, span common.Spa
 	if sb.notify(s, resolved, maxCommit) {
 		s.metrics.notifications.Inc()
 	}
-	return Handle{s: s, sb: sb}, nil
+	return Handle{sb: sb}, nil
 }
 
 // registration is what RegisterDispatcher knows of its subscriber before
