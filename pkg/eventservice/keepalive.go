@@ -109,9 +109,10 @@ func (svc *Service) keepaliveRound(spare []*session) []*session {
 	for rest := prev; len(rest) > 0; {
 		chunk := rest[:min(len(rest), touchahead.Chunk)]
 		rest = rest[len(chunk):]
-		for _, s := range chunk { // touch ahead: the two lines examine reads first
+		for _, s := range chunk { // touch ahead: the lines examine reads first
 			s.kaGen.Load()
 			s.sched.w.Load()
+			s.pubAt.Load()
 		}
 		for _, s := range chunk {
 			if s.kaGen.Load() != gen && svc.examine(s, now) {
