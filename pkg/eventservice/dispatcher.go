@@ -21,7 +21,11 @@ import (
 // Service.mu read, in the pump).
 type dispatcher struct {
 	// The notify path's fields come first, so that a notification touches
-	// one cache line of the dispatcher (and one of its session).
+	// one cache line of the dispatcher (and one of its session) when the
+	// dispatcher starts on a line. In the 288-byte size class every other
+	// dispatcher of a span starts half a line in, and its notify fields
+	// span two lines; the notify benchmarks did not move when it left the
+	// 320-byte class (docs/benchmarks.md, the steps table).
 	svc *Service
 	// session is the current epoch.
 	session atomic.Pointer[session]
