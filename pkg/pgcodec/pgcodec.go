@@ -315,6 +315,33 @@ type Column struct {
 	Type    string `json:"type"`
 	TypeOID uint32 `json:"type_oid"`
 	Key     bool   `json:"key,omitempty"`
+	// Base is, for a type that is not built in (an enum, a domain, a
+	// composite, an extension's type), the built-in type a sink creates
+	// the column with, since the target may not have Type: a domain's
+	// base type, text for the rest (an enum's label, a composite's
+	// text form), with [] for an array of one. Empty for a built-in
+	// type.
+	Base string `json:"base,omitempty"`
+	// Missing is, when HasMissing, the text of the value that the rows
+	// which existed when the column was added hold without any row
+	// change saying so (PostgreSQL's attmissingval, kept by ADD COLUMN
+	// with a constant default). A sink adding the column gives it to
+	// the rows it holds.
+	Missing    string `json:"missing,omitempty"`
+	HasMissing bool   `json:"has_missing,omitempty"`
+}
+
+// TargetType is the type a sink creates c with: Base when set, else Type.
+func (c Column) TargetType() string {
+	if c.Base != "" {
+		return c.Base
+	}
+	return c.Type
+}
+
+// validType reports whether a type name may be written into SQL.
+func validType(t string) bool {
+	return t != "" && len(t) <= 256 && utf8.ValidString(t) && !strings.ContainsAny(t, ";\x00")
 }
 
 // Relation is a table as the source sees it.
@@ -344,8 +371,14 @@ func (r Relation) Validate() error {
 			errs = append(errs, fmt.Errorf("column %q twice", c.Name))
 		}
 		seen[c.Name] = true
-		if c.Type == "" || len(c.Type) > 256 || !utf8.ValidString(c.Type) || strings.ContainsAny(c.Type, ";\x00") {
+		if !validType(c.Type) {
 			errs = append(errs, fmt.Errorf("column %q: type %q", c.Name, c.Type))
+		}
+		if c.Base != "" && !validType(c.Base) {
+			errs = append(errs, fmt.Errorf("column %q: base type %q", c.Name, c.Base))
+		}
+		if !utf8.ValidString(c.Missing) || strings.IndexByte(c.Missing, 0) >= 0 {
+			errs = append(errs, fmt.Errorf("column %q: a missing value that is not UTF-8 without NUL", c.Name))
 		}
 		if c.Key {
 			keys++
@@ -376,6 +409,17 @@ func (r Relation) KeyColumns() []string {
 
 // QuoteIdent quotes an identifier for SQL.
 func QuoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+// QuoteLiteral quotes a string constant for SQL, whatever the server's
+// standard_conforming_strings: one with a backslash is an escape string
+// (E'...') with the backslashes doubled.
+func QuoteLiteral(s string) string {
+	s = strings.ReplaceAll(s, "'", "''")
+	if strings.Contains(s, `\`) {
+		return `E'` + strings.ReplaceAll(s, `\`, `\\`) + `'`
+	}
+	return "'" + s + "'"
+}
 
 const relationPrefix = "cdcflow/relation/v1 "
 

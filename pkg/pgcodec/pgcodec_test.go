@@ -102,12 +102,39 @@ func TestRelationDDLRoundTripAndValidate(t *testing.T) {
 		"injected type":  {OID: 1, Schema: "s", Name: "t", Columns: []Column{{Name: "a", Type: "int; DROP TABLE x", Key: true}}},
 		"column twice":   {OID: 1, Schema: "s", Name: "t", Columns: []Column{{Name: "a", Type: "int", Key: true}, {Name: "a", Type: "int"}}},
 		"bad table name": {OID: 1, Schema: "s", Name: "t\x00", Columns: []Column{{Name: "a", Type: "int", Key: true}}},
+		"injected base":  {OID: 1, Schema: "s", Name: "t", Columns: []Column{{Name: "a", Type: "mood", Base: "text; DROP TABLE x", Key: true}}},
+		"missing NUL":    {OID: 1, Schema: "s", Name: "t", Columns: []Column{{Name: "a", Type: "int", Key: true}, {Name: "b", Type: "text", Missing: "a\x00", HasMissing: true}}},
 	} {
 		_, err := ParseRelationDDL(RelationDDL(bad))
 		require.ErrorIs(t, err, ErrMalformed, name)
 	}
 	_, err = ParseRelationDDL("ALTER TABLE t ADD c int")
 	require.ErrorIs(t, err, ErrMalformed)
+}
+
+// A column of a created type carries its base type and a column added
+// with a constant default the rows' value; both survive the DDL's text,
+// and a sink creates the column as the base type.
+func TestAColumnCarriesItsBaseTypeAndMissingValue(t *testing.T) {
+	r := Relation{OID: 7, Schema: "s", Name: "t", Columns: []Column{{Name: "id", Type: "integer", TypeOID: 23, Key: true},
+		{Name: "m", Type: `"Sales".mood[]`, TypeOID: 16390, Base: "text[]", Missing: "", HasMissing: true}}}
+	got, err := ParseRelationDDL(RelationDDL(r))
+	require.NoError(t, err)
+	require.Equal(t, r, got, "an empty missing value is a value")
+	require.Equal(t, "integer", got.Columns[0].TargetType())
+	require.Equal(t, "text[]", got.Columns[1].TargetType())
+}
+
+func TestQuoteLiteral(t *testing.T) {
+	for in, want := range map[string]string{
+		"plain":         "'plain'",
+		"it's":          "'it''s'",
+		`a\b`:           `E'a\\b'`,
+		`it's a \ back`: `E'it''s a \\ back'`,
+		"":              "''",
+	} {
+		require.Equal(t, want, QuoteLiteral(in), in)
+	}
 }
 
 func FuzzDecodeValue(f *testing.F) {

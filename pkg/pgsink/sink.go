@@ -267,6 +267,7 @@ func (s *Sink) BindAll(ctx context.Context, bs []Binding) error {
 		if tables, err = loadTables(ctx, conn, fresh); err != nil {
 			return fmt.Errorf("%w: read tables: %w", ErrApply, err)
 		}
+		s.logBaseTypes(tables)
 	}
 	for _, b := range bs {
 		l := s.laneFor(b.Rel.OID)
@@ -288,6 +289,20 @@ func (s *Sink) BindAll(ctx context.Context, bs []Binding) error {
 		s.mu.Unlock()
 	}
 	return nil
+}
+
+// logBaseTypes says which columns of tables, as the target has them, are
+// of a created type's base type rather than the type itself: a table this
+// sink created (one the user created first keeps the types it has).
+func (s *Sink) logBaseTypes(tables map[uint32]*table) {
+	for _, t := range tables {
+		for _, c := range t.rel.Columns {
+			if c.Base != "" && t.types[c.Name] == c.Base && c.Base != c.Type {
+				s.log.Info("column of a created type stored as its base type", zap.String("table", t.qname),
+					zap.String("column", c.Name), zap.String("source_type", c.Type), zap.String("target_type", c.Base))
+			}
+		}
+	}
 }
 
 // laneFor is the lane of table oid.

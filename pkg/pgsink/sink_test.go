@@ -400,6 +400,40 @@ func TestSchemaChanges(t *testing.T) {
 	require.Equal(t, []string{`{"id":1,"v":"a","big":null,"extra":"x"}`}, e.contents("app.t"))
 }
 
+// A column added with a constant default reaches the rows the target
+// already holds with the value the source's rows hold (no row change says
+// so), and leaves no default behind; a column of a created type is added
+// as its base type, and a relation version naming the created type still
+// matches it.
+func TestAnAddedColumnGivesTheRowsThereTheirValue(t *testing.T) {
+	e := newSinkEnv(t, nil)
+	ctx := context.Background()
+	id := common.DispatcherIDFromUint64(1)
+	require.NoError(t, e.sink.Bind(ctx, id, relT, 10))
+	require.NoError(t, e.sink.BeginEpoch(id, 1, 10))
+	require.NoError(t, e.sink.ApplyRows(id, rows(11, tx(pgcodec.Insert, col("id", "1"), col("v", "a"), null("big")))))
+	added := relT
+	added.Columns = append(append([]pgcodec.Column(nil), relT.Columns...),
+		pgcodec.Column{Name: "status", Type: "mood", TypeOID: 16385, Base: "text", Missing: `it's \ ok`, HasMissing: true},
+		pgcodec.Column{Name: "n", Type: "integer", TypeOID: 23, Missing: "42", HasMissing: true},
+		pgcodec.Column{Name: "plain", Type: "integer", TypeOID: 23})
+	require.NoError(t, e.sink.ApplyDDL(id, &messaging.DDL{TableID: 100, CommitTs: 12, Query: pgcodec.RelationDDL(added)}))
+	require.NoError(t, e.sink.ApplyRows(id, rows(13, tx(pgcodec.Insert, col("id", "2"), col("v", "b"), null("big"),
+		col("status", "sad"), col("n", "7"), null("plain")))))
+	again := added // the same version read again (a reconnect): nothing to do
+	require.NoError(t, e.sink.ApplyDDL(id, &messaging.DDL{TableID: 100, CommitTs: 14, Query: pgcodec.RelationDDL(again)}))
+	require.NoError(t, e.sink.Checkpoint(id, 14))
+	e.dur.wait(t, id, 14)
+	require.Empty(t, e.sink.Stopped())
+	require.Equal(t, []string{
+		`{"id":1,"v":"a","big":null,"status":"it's \\ ok","n":42,"plain":null}`,
+		`{"id":2,"v":"b","big":null,"status":"sad","n":7,"plain":null}`,
+	}, e.contents("app.t"))
+	var defaults int
+	require.NoError(t, e.conn.QueryRow(ctx, "SELECT count(*) FROM pg_attrdef WHERE adrelid = 'app.t'::regclass").Scan(&defaults))
+	require.Zero(t, defaults, "every value comes from the source")
+}
+
 // Changes the target refuses (a value its type cannot take) fail only
 // their dispatcher, at its next call, with nothing of them applied; the
 // reset (BeginEpoch) clears it and the other tables of the lane commit.

@@ -98,7 +98,7 @@ type querier interface {
 func createTableSQL(rel pgcodec.Relation) string {
 	cols := make([]string, len(rel.Columns))
 	for i, c := range rel.Columns {
-		cols[i] = pgcodec.QuoteIdent(c.Name) + " " + c.Type
+		cols[i] = pgcodec.QuoteIdent(c.Name) + " " + c.TargetType()
 	}
 	keys := make([]string, 0, 2)
 	for _, k := range rel.KeyColumns() {
@@ -110,7 +110,9 @@ func createTableSQL(rel pgcodec.Relation) string {
 
 // evolve compares a new relation version with the target table: the
 // statements that add its new columns, or ErrSchemaChange for anything
-// else (a column gone, a type or the key changed).
+// else (a column gone, a type or the key changed). A column of a created
+// type matches a target column of that type (a table the user created
+// first) or of its base type (one this sink created).
 func (t *table) evolve(rel pgcodec.Relation) ([]string, error) {
 	var adds []string
 	inRel := map[string]bool{}
@@ -122,8 +124,8 @@ func (t *table) evolve(rel pgcodec.Relation) ([]string, error) {
 			if c.Key {
 				return nil, fmt.Errorf("%w: %s: new key column %q", ErrSchemaChange, t.qname, c.Name)
 			}
-			adds = append(adds, fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s", t.qname, pgcodec.QuoteIdent(c.Name), c.Type))
-		case typ != c.Type:
+			adds = append(adds, addColumnSQL(t.qname, c)...)
+		case typ != c.Type && (c.Base == "" || typ != c.Base):
 			return nil, fmt.Errorf("%w: %s.%s: type %s in the target, %s in the source", ErrSchemaChange, t.qname, c.Name, typ, c.Type)
 		}
 	}
@@ -138,11 +140,28 @@ func (t *table) evolve(rel pgcodec.Relation) ([]string, error) {
 	return adds, nil
 }
 
+// addColumnSQL adds c to table qname. A column the source added with a
+// constant default holds it in the rows that were there (PostgreSQL keeps
+// it aside, and no row change carries it), so the target's rows get it
+// too: added with that value as its default, which is then dropped, since
+// the target's columns take every value from the source.
+func addColumnSQL(qname string, c pgcodec.Column) []string {
+	col := pgcodec.QuoteIdent(c.Name)
+	if !c.HasMissing {
+		return []string{fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s", qname, col, c.TargetType())}
+	}
+	return []string{
+		fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s DEFAULT %s::%s", qname, col, c.TargetType(),
+			pgcodec.QuoteLiteral(c.Missing), c.TargetType()),
+		fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s DROP DEFAULT", qname, col),
+	}
+}
+
 // added records columns an evolve added.
 func (t *table) added(rel pgcodec.Relation) {
 	for _, c := range rel.Columns {
 		if _, ok := t.types[c.Name]; !ok {
-			t.types[c.Name] = c.Type
+			t.types[c.Name] = c.TargetType()
 			t.order = append(t.order, c.Name)
 			t.stmts = nil
 		}

@@ -62,7 +62,12 @@ func checkLogical(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-// ensurePublication creates the publication FOR ALL TABLES when missing.
+// ensurePublication creates the publication FOR ALL TABLES when missing,
+// publishing a partitioned table's changes as its own (not as its
+// partitions'): the target gets the table the source's users write to,
+// rows that move between partitions stay one row, and a partition added
+// later needs nothing new. A publication that exists is the user's, left
+// as it is.
 func ensurePublication(ctx context.Context, conn *pgx.Conn, name string) (created bool, err error) {
 	var n int
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_publication WHERE pubname = $1", name).Scan(&n); err != nil {
@@ -72,7 +77,7 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string) (create
 		return false, nil
 	}
 	// The name passed Options' identifier check, so it needs no quoting.
-	if _, err := conn.Exec(ctx, "CREATE PUBLICATION "+name+" FOR ALL TABLES"); err != nil {
+	if _, err := conn.Exec(ctx, "CREATE PUBLICATION "+name+" FOR ALL TABLES WITH (publish_via_partition_root = true)"); err != nil {
 		return false, fmt.Errorf("create publication %s: %w", name, err)
 	}
 	return true, nil
@@ -161,8 +166,8 @@ func tablesColumns(ctx context.Context, conn *pgx.Conn, oids []uint32, idents []
 		identArg[i] = string([]byte{b})
 	}
 	rows, err := conn.Query(ctx, `
-SELECT t.oid, a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid,
-       coalesce(a.attnum = ANY(k.indkey), false)
+SELECT t.oid, a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid, a.atttypmod,
+       coalesce(a.attnum = ANY(k.indkey), false), a.atthasmissing, (a.attmissingval::text::text[])[1]
 FROM unnest($1::oid[], $2::text[]) AS t(oid, ident)
 JOIN pg_attribute a ON a.attrelid = t.oid
 LEFT JOIN LATERAL (
@@ -175,17 +180,104 @@ ORDER BY t.oid, a.attnum`, oids, identArg)
 		return nil, err
 	}
 	cols := make(map[uint32][]pgcodec.Column, len(oids))
+	type userCol struct {
+		table uint32
+		i     int
+	}
+	var user []typeRef
+	var at []userCol
 	for rows.Next() {
 		var oid uint32
 		var c pgcodec.Column
-		if err := rows.Scan(&oid, &c.Name, &c.Type, &c.TypeOID, &c.Key); err != nil {
+		var mod int32
+		var missing *string
+		if err := rows.Scan(&oid, &c.Name, &c.Type, &c.TypeOID, &mod, &c.Key, &c.HasMissing, &missing); err != nil {
 			rows.Close()
 			return nil, err
+		}
+		c.HasMissing = c.HasMissing && missing != nil
+		if c.HasMissing {
+			c.Missing = *missing
+		}
+		if c.TypeOID >= firstUserOID {
+			user = append(user, typeRef{oid: c.TypeOID, mod: mod})
+			at = append(at, userCol{table: oid, i: len(cols[oid])})
 		}
 		cols[oid] = append(cols[oid], c)
 	}
 	rows.Close()
-	return cols, rows.Err()
+	if err := rows.Err(); err != nil || len(user) == 0 {
+		return cols, err
+	}
+	bases, err := baseTypes(ctx, conn, user)
+	if err != nil {
+		return nil, err
+	}
+	for k, u := range at {
+		b, ok := bases[user[k]]
+		if !ok {
+			b = "text" // a type gone from the catalog meanwhile: its text form still fits
+		}
+		cols[u.table][u.i].Base = b
+	}
+	return cols, nil
+}
+
+// firstUserOID is PostgreSQL's FirstNormalObjectId: every built-in type
+// has an OID below it, every type a database created (an enum, a domain, a
+// composite, an extension's) one at or above it.
+const firstUserOID = 16384
+
+// typeRef is a column's type: its OID and typmod.
+type typeRef struct {
+	oid uint32
+	mod int32
+}
+
+// baseTypes returns the built-in type a sink may create each of refs (all
+// created types) as, for a target that may not have them: a domain's base
+// type, followed through domains over domains, and text for everything
+// else (an enum's label, a composite's or a range's text form, an
+// extension's type), with [] for an array of any of them. The text forms
+// are what the source sends, so the target stores the same text.
+func baseTypes(ctx context.Context, conn *pgx.Conn, refs []typeRef) (map[typeRef]string, error) {
+	oids, mods := make([]uint32, len(refs)), make([]int32, len(refs))
+	for i, r := range refs {
+		oids[i], mods[i] = r.oid, r.mod
+	}
+	// Each step goes from a domain to its base type, or from an array to
+	// its element; the last step of each type is a built-in type
+	// (formatted) or a created one that is neither (text), with one []
+	// per array step.
+	rows, err := conn.Query(ctx, `
+WITH RECURSIVE r(orig, origmod, oid, mod, arrays, depth) AS (
+  SELECT u.o, u.m, u.o, u.m, 0, 0 FROM unnest($1::oid[], $2::int4[]) AS u(o, m)
+  UNION ALL
+  SELECT r.orig, r.origmod,
+         CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.typelem END,
+         CASE WHEN t.typtype = 'd' THEN t.typtypmod ELSE -1 END,
+         r.arrays + CASE WHEN t.typtype = 'd' THEN 0 ELSE 1 END,
+         r.depth + 1
+  FROM r JOIN pg_type t ON t.oid = r.oid
+  WHERE r.oid >= $3 AND r.depth < 16 AND (t.typtype = 'd' OR (t.typcategory = 'A' AND t.typelem <> 0))
+)
+SELECT DISTINCT ON (orig, origmod) orig, origmod,
+       CASE WHEN oid < $3 THEN format_type(oid, mod) ELSE 'text' END || repeat('[]', arrays)
+FROM r ORDER BY orig, origmod, depth DESC`, oids, mods, firstUserOID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make(map[typeRef]string, len(refs))
+	for rows.Next() {
+		var r typeRef
+		var base string
+		if err := rows.Scan(&r.oid, &r.mod, &base); err != nil {
+			return nil, err
+		}
+		out[r] = base
+	}
+	return out, rows.Err()
 }
 
 // slotLSN returns the slot's confirmed flush LSN, or ok false if there is

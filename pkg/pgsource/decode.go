@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/cdcflow/eventservice/pkg/common"
@@ -117,26 +118,70 @@ func (ss *session) describe(ctx context.Context, m *msgRelation) (pgcodec.Relati
 		}
 	}
 	for _, c := range m.columns {
-		var typ string
+		col := pgcodec.Column{Name: c.name, TypeOID: c.typeOID}
 		if known, ok := ss.known[m.oid]; ok {
 			for _, kc := range known.Columns {
 				if kc.Name == c.name && kc.TypeOID == c.typeOID {
-					typ = kc.Type
+					col = kc
 				}
 			}
 		}
-		if typ == "" {
-			if err := ss.catalog.QueryRow(ctx, "SELECT format_type($1, $2)", c.typeOID, c.typeMod).Scan(&typ); err != nil {
-				return rel, fmt.Errorf("pgsource: type %d of %s.%s: %w", c.typeOID, m.name, c.name, err)
+		if col.Type == "" {
+			_, seen := ss.known[m.oid]
+			if err := ss.newColumn(ctx, m, c, seen, &col); err != nil {
+				return rel, err
 			}
 		}
-		key := c.key
+		col.Key = c.key
 		if pk != nil {
-			key = pk[c.name]
+			col.Key = pk[c.name]
 		}
-		rel.Columns = append(rel.Columns, pgcodec.Column{Name: c.name, Type: typ, TypeOID: c.typeOID, Key: key})
+		rel.Columns = append(rel.Columns, col)
 	}
 	return rel, nil
+}
+
+// newColumn describes a column this session has not seen (added, when
+// the relation was known without it): its SQL type name, the base type of
+// a created type, and the value the rows that were there before it hold
+// (ADD COLUMN ... DEFAULT: no row change carries it). The catalog is read
+// as it is now, not as of the stream's position: the value is the one
+// kept since the column was added, until a rewrite of the table (VACUUM
+// FULL, a column's type changed) writes it into the rows.
+func (ss *session) newColumn(ctx context.Context, m *msgRelation, c relColumn, added bool, col *pgcodec.Column) error {
+	if err := ss.catalog.QueryRow(ctx, "SELECT format_type($1, $2)", c.typeOID, c.typeMod).Scan(&col.Type); err != nil {
+		return fmt.Errorf("pgsource: type %d of %s.%s: %w", c.typeOID, m.name, c.name, err)
+	}
+	if c.typeOID >= firstUserOID {
+		ref := typeRef{oid: c.typeOID, mod: c.typeMod}
+		bases, err := baseTypes(ctx, ss.catalog, []typeRef{ref})
+		if err != nil {
+			return fmt.Errorf("pgsource: base type of %s.%s: %w", m.name, c.name, err)
+		}
+		if col.Base = bases[ref]; col.Base == "" {
+			col.Base = "text"
+		}
+	}
+	var missing *string
+	var hasDefault bool
+	err := ss.catalog.QueryRow(ctx, `SELECT CASE WHEN atthasmissing THEN (attmissingval::text::text[])[1] END, atthasdef
+FROM pg_attribute WHERE attrelid = $1 AND attname = $2 AND NOT attisdropped`, m.oid, c.name).Scan(&missing, &hasDefault)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return fmt.Errorf("pgsource: the value of %s.%s in earlier rows: %w", m.name, c.name, err)
+	case missing != nil:
+		col.Missing, col.HasMissing = *missing, true
+	case added && hasDefault:
+		// Either the default came after the column (the rows keep their
+		// NULLs, as the target's do) or adding it rewrote the table (a
+		// volatile default, a domain with a constraint): PostgreSQL then
+		// wrote the values into the rows, and logical decoding carries no
+		// change for a rewrite. Which one, the catalog does not say.
+		ss.s.log.Warn("a column added with a default the rows that were there may hold without any change streamed: if adding it rewrote the table, the target's rows have NULL there (compare tells)",
+			zap.String("table", pgcodec.QuoteIdent(m.namespace)+"."+pgcodec.QuoteIdent(m.name)), zap.String("column", c.name))
+	}
+	return nil
 }
 
 func sameRelation(a, b pgcodec.Relation) bool {

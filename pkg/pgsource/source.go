@@ -145,7 +145,7 @@ func (s *Source) Open(ctx context.Context) (Info, error) {
 	if created, err := ensurePublication(ctx, conn, s.opts.Publication); err != nil {
 		return Info{}, err
 	} else if created {
-		s.log.Info("publication created FOR ALL TABLES", zap.String("publication", s.opts.Publication))
+		s.log.Info("publication created FOR ALL TABLES (partitioned tables as themselves)", zap.String("publication", s.opts.Publication))
 	}
 	if s.tables, err = publishedTables(ctx, conn, s.opts.Publication); err != nil {
 		return Info{}, err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -24,8 +25,9 @@ type TableSum struct {
 // Compare checks that every table of the source's publication holds the
 // same rows in the target: per table the row count and an
 // order-independent checksum (the sum of a hash of each row's text, the
-// row's columns in order). It writes one line per table and returns
-// ErrDiffer naming the first that differs.
+// row's replicated columns in order: generated ones are not published). It
+// writes one line per table and returns ErrDiffer naming the first that
+// differs.
 func Compare(ctx context.Context, source, sink, publication string, out io.Writer) error {
 	src, err := pgx.Connect(ctx, source)
 	if err != nil {
@@ -47,11 +49,15 @@ func Compare(ctx context.Context, source, sink, publication string, out io.Write
 	}
 	var first error
 	for _, t := range tables {
-		a, err := tableSum(ctx, src, t)
+		cols, err := replicatedColumns(ctx, src, t)
 		if err != nil {
 			return fmt.Errorf("source %s: %w", t, err)
 		}
-		b, err := tableSum(ctx, dst, t)
+		a, err := tableSum(ctx, src, t, cols)
+		if err != nil {
+			return fmt.Errorf("source %s: %w", t, err)
+		}
+		b, err := tableSum(ctx, dst, t, cols)
 		if err != nil {
 			b = TableSum{Table: t, Rows: -1, Sum: err.Error()}
 		}
@@ -85,14 +91,37 @@ func publishedTables(ctx context.Context, conn *pgx.Conn, pub string) ([]string,
 	return out, rows.Err()
 }
 
-// tableSum counts the table's rows and sums a 64-bit hash of each one's
-// text (the session's text formats fixed, so both sides print alike).
-func tableSum(ctx context.Context, conn *pgx.Conn, table string) (TableSum, error) {
+// replicatedColumns lists the source table's columns that are
+// replicated, quoted, in order: not the generated ones, which PostgreSQL
+// does not publish (the target computes or lacks them).
+func replicatedColumns(ctx context.Context, conn *pgx.Conn, table string) ([]string, error) {
+	rows, err := conn.Query(ctx, `SELECT attname FROM pg_attribute
+WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum`, table)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var cols []string
+	for rows.Next() {
+		var c string
+		if err := rows.Scan(&c); err != nil {
+			return nil, err
+		}
+		cols = append(cols, "t."+pgcodec.QuoteIdent(c))
+	}
+	return cols, rows.Err()
+}
+
+// tableSum counts the table's rows and sums a 64-bit hash of the text of
+// each one's cols (the session's text formats fixed, so both sides print
+// alike; a value of a created type the target stores as its base type
+// prints the same text).
+func tableSum(ctx context.Context, conn *pgx.Conn, table string, cols []string) (TableSum, error) {
 	if _, err := conn.Exec(ctx, "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, YMD'; SET extra_float_digits = 3; SET bytea_output = 'hex'"); err != nil {
 		return TableSum{}, err
 	}
 	s := TableSum{Table: table}
-	err := conn.QueryRow(ctx, "SELECT count(*), coalesce(sum(('x' || substr(md5(t::text), 1, 16))::bit(64)::bigint::numeric), 0)::text FROM "+
-		table+" t").Scan(&s.Rows, &s.Sum)
+	err := conn.QueryRow(ctx, "SELECT count(*), coalesce(sum(('x' || substr(md5(ROW("+strings.Join(cols, ", ")+
+		")::text), 1, 16))::bit(64)::bigint::numeric), 0)::text FROM "+table+" t").Scan(&s.Rows, &s.Sum)
 	return s, err
 }
