@@ -23,9 +23,18 @@ const (
 	Update   Change = 'U'
 	Delete   Change = 'D'
 	Truncate Change = 'T'
+	// Move is an update that changed the row's key and left a TOASTed
+	// column unchanged: the row at From (the old key's columns) moves to
+	// the new key, its Columns, an unchanged column's value taken from
+	// the old row. Not an insert: the new row's unchanged value exists
+	// only in the old row, which a delete would lose (an update that
+	// changed the key with nothing unchanged is a delete and an insert).
+	Move Change = 'M'
 )
 
-func (c Change) valid() bool { return c == Insert || c == Update || c == Delete || c == Truncate }
+func (c Change) valid() bool {
+	return c == Insert || c == Update || c == Delete || c == Truncate || c == Move
+}
 
 // String names the change.
 func (c Change) String() string {
@@ -38,6 +47,8 @@ func (c Change) String() string {
 		return "delete"
 	case Truncate:
 		return "truncate"
+	case Move:
+		return "move"
 	}
 	return fmt.Sprintf("change(%d)", byte(c))
 }
@@ -63,6 +74,8 @@ type Datum struct {
 type RowChange struct {
 	Change  Change
 	Columns []Datum
+	// From is a move's old key: its key columns' values.
+	From []Datum
 	// Cascade and RestartIdentity are a truncate's options.
 	Cascade, RestartIdentity bool
 }
@@ -82,8 +95,16 @@ func AppendValue(b []byte, c RowChange) []byte {
 		}
 		return append(b, opts)
 	}
-	b = binary.AppendUvarint(b, uint64(len(c.Columns)))
-	for _, d := range c.Columns {
+	b = appendDatums(b, c.Columns)
+	if c.Change == Move {
+		b = appendDatums(b, c.From)
+	}
+	return b
+}
+
+func appendDatums(b []byte, ds []Datum) []byte {
+	b = binary.AppendUvarint(b, uint64(len(ds)))
+	for _, d := range ds {
 		b = binary.AppendUvarint(b, uint64(len(d.Name)))
 		b = append(b, d.Name...)
 		b = append(b, byte(d.Kind))
@@ -93,6 +114,18 @@ func AppendValue(b []byte, c RowChange) []byte {
 		}
 	}
 	return b
+}
+
+// datumsLen is the length appendDatums gives ds.
+func datumsLen(ds []Datum) int {
+	n := uvarintLen(uint64(len(ds)))
+	for _, d := range ds {
+		n += uvarintLen(uint64(len(d.Name))) + len(d.Name) + 1
+		if d.Kind == Text {
+			n += uvarintLen(uint64(len(d.Text))) + len(d.Text)
+		}
+	}
+	return n
 }
 
 // AppendKey appends a change's row key: its index in the transaction,
@@ -119,12 +152,9 @@ func EncodeRow(index uint32, key [][]byte, c RowChange) (k, v []byte) {
 	}
 	vs := 3
 	if c.Change != Truncate {
-		vs = 2 + uvarintLen(uint64(len(c.Columns)))
-		for _, d := range c.Columns {
-			vs += uvarintLen(uint64(len(d.Name))) + len(d.Name) + 1
-			if d.Kind == Text {
-				vs += uvarintLen(uint64(len(d.Text))) + len(d.Text)
-			}
+		vs = 2 + datumsLen(c.Columns)
+		if c.Change == Move {
+			vs += datumsLen(c.From)
 		}
 	}
 	buf := make([]byte, 0, ks+vs)
@@ -176,14 +206,25 @@ func DecodeValueNames(b []byte, names []string) (RowChange, error) {
 		c.Cascade, c.RestartIdentity = opts&1 != 0, opts&2 != 0
 		return c, d.end()
 	}
-	// A column takes at least a name length and a kind.
-	n := d.count(2)
+	if c.Columns = d.datums(); c.Change == Move && d.err == nil {
+		c.From = d.datums()
+	}
 	if d.err != nil {
 		return RowChange{}, d.err
 	}
-	c.Columns = make([]Datum, n)
-	for i := range c.Columns {
-		col := &c.Columns[i]
+	return c, d.end()
+}
+
+// datums reads a count of columns and the columns.
+func (d *decoder) datums() []Datum {
+	// A column takes at least a name length and a kind.
+	n := d.count(2)
+	if d.err != nil {
+		return nil
+	}
+	ds := make([]Datum, n)
+	for i := range ds {
+		col := &ds[i]
 		col.Name = d.name(i)
 		col.Kind = Kind(d.byte())
 		switch col.Kind {
@@ -197,10 +238,10 @@ func DecodeValueNames(b []byte, names []string) (RowChange, error) {
 			d.fail(fmt.Sprintf("column kind %d", byte(col.Kind)))
 		}
 		if d.err != nil {
-			return RowChange{}, d.err
+			return nil
 		}
 	}
-	return c, d.end()
+	return ds
 }
 
 type decoder struct {

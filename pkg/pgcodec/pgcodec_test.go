@@ -16,6 +16,8 @@ func sampleChanges() []RowChange {
 		{Change: Insert, Columns: []Datum{{Name: "id", Kind: Text, Text: []byte("1")}, {Name: "v", Kind: Null}, {Name: "e", Kind: Text, Text: []byte{}}}},
 		{Change: Update, Columns: []Datum{{Name: "id", Kind: Text, Text: []byte("1")}, {Name: "big", Kind: Unchanged}}},
 		{Change: Delete, Columns: []Datum{{Name: "id", Kind: Text, Text: []byte("1")}}},
+		{Change: Move, Columns: []Datum{{Name: "id", Kind: Text, Text: []byte("2")}, {Name: "big", Kind: Unchanged}},
+			From: []Datum{{Name: "id", Kind: Text, Text: []byte("1")}}},
 		{Change: Truncate, Cascade: true},
 		{Change: Truncate, RestartIdentity: true},
 	}

@@ -71,6 +71,30 @@ func (b *batch) add(key []byte, c pgcodec.RowChange) {
 	}
 }
 
+// fill gives cols' unchanged columns the values the batch's effect of key
+// holds (an upsert of it earlier in the batch), and reports whether none
+// is left unchanged.
+func (b *batch) fill(key []byte, cols []pgcodec.Datum) bool {
+	var e *effect
+	if i, seen := b.m[bytesString(key)]; seen && !b.effects[i].del {
+		e = &b.effects[i]
+	}
+	all := true
+	for k := range cols {
+		if cols[k].Kind != pgcodec.Unchanged {
+			continue
+		}
+		if e != nil {
+			if j := indexOf(e.cols, cols[k].Name); j >= 0 && e.cols[j].Kind != pgcodec.Unchanged {
+				cols[k] = e.cols[j]
+				continue
+			}
+		}
+		all = false
+	}
+	return all
+}
+
 func indexOf(ds []pgcodec.Datum, name string) int {
 	for i, d := range ds {
 		if d.Name == name {

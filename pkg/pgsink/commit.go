@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
@@ -163,6 +164,17 @@ func (l *lane) queueWork(q *pgx.Batch, d *dstate) (int, common.Ts, error) {
 				if len(r.Key) < 4 {
 					return 0, 0, fmt.Errorf("%w: %w: %s: a %d-byte row key", ErrApply, errBadData, t.qname, len(r.Key))
 				}
+				if c.Change == pgcodec.Move {
+					moved, err := l.queueMove(q, t, b, r.Key[4:], c, flush)
+					if err != nil {
+						return 0, 0, err
+					}
+					if moved {
+						n++ // its own statement, after the batch it flushed
+					}
+					b.add(moveFromKey(c.From), pgcodec.RowChange{Change: pgcodec.Delete, Columns: c.From})
+					continue
+				}
 				b.add(r.Key[4:], c)
 			}
 		case opDDL:
@@ -190,4 +202,62 @@ func (l *lane) queueWork(q *pgx.Batch, d *dstate) (int, common.Ts, error) {
 		return 0, 0, err
 	}
 	return n, ckpt, nil
+}
+
+// queueMove applies a move (an update that changed the row's key and left
+// a TOASTed column unchanged) of table t to batch b or, when b does not
+// hold the unchanged values, to q: it flushes b (its changes of the old
+// key included, so the old row is as the move found it) and queues one
+// statement that inserts the new row with the unchanged columns copied
+// from the old row in the target, or NULL if the target has no such row
+// (then nothing holds the value). moved reports the second (b was
+// flushed and must be replaced). Either way the caller then deletes the
+// old key in the batch, after the move.
+func (l *lane) queueMove(q *pgx.Batch, t *table, b *batch, key []byte, c pgcodec.RowChange, flush func() error) (moved bool, err error) {
+	if len(c.From) != len(t.key) {
+		return false, fmt.Errorf("%w: %w: %s: a move from %d key columns, the table has %d", ErrApply, errBadData, t.qname, len(c.From), len(t.key))
+	}
+	from := moveFromKey(c.From)
+	if b.fill(from, c.Columns) {
+		b.add(key, pgcodec.RowChange{Change: pgcodec.Insert, Columns: c.Columns})
+		return false, nil
+	}
+	if err := flush(); err != nil {
+		return false, err
+	}
+	var present, unchanged []string
+	var args []any
+	for _, d := range c.Columns {
+		if _, ok := t.types[d.Name]; !ok {
+			return false, fmt.Errorf("%w: %s: column %q is not in the target (its DDL did not come first)", ErrSchemaChange, t.qname, d.Name)
+		}
+		switch d.Kind {
+		case pgcodec.Unchanged:
+			unchanged = append(unchanged, d.Name)
+		case pgcodec.Null:
+			present, args = append(present, d.Name), append(args, pgtype.Text{})
+		default:
+			present, args = append(present, d.Name), append(args, pgtype.Text{String: bytesString(d.Text), Valid: true})
+		}
+	}
+	for _, k := range t.key {
+		j := indexOf(c.From, k)
+		if j < 0 || c.From[j].Kind != pgcodec.Text {
+			return false, fmt.Errorf("%w: %w: %s: a move without old key column %q", ErrApply, errBadData, t.qname, k)
+		}
+		args = append(args, pgtype.Text{String: bytesString(c.From[j].Text), Valid: true})
+	}
+	sig := "\x00move\x00" + strings.Join(present, "\x00") + "\x00\x00" + strings.Join(unchanged, "\x00")
+	q.Queue(t.statement(sig, func() string { return t.moveSQL(present, unchanged) }), args...)
+	return true, nil
+}
+
+// moveFromKey is the batch key of a move's old key: its key columns'
+// values as a row key holds them after its index (pgcodec.AppendKey).
+func moveFromKey(from []pgcodec.Datum) []byte {
+	vals := make([][]byte, len(from))
+	for i, d := range from {
+		vals[i] = d.Text
+	}
+	return pgcodec.AppendKey(nil, 0, vals)[4:]
 }

@@ -434,6 +434,42 @@ func TestAnAddedColumnGivesTheRowsThereTheirValue(t *testing.T) {
 	require.Zero(t, defaults, "every value comes from the source")
 }
 
+// move is a row that changes the key from `from` to the first column of
+// cols, its TOASTed big column left unchanged.
+func move(from string, cols ...pgcodec.Datum) pgcodec.RowChange {
+	return pgcodec.RowChange{Change: pgcodec.Move, Columns: append(cols, unchanged("big")), From: []pgcodec.Datum{col("id", from)}}
+}
+
+// An update that changed a row's key and left its TOASTed column unchanged
+// (a move) gives the new row the old row's value, whether the target holds
+// the old row or an earlier change of the same batch gave it, and deletes
+// the old row; a move from a row the target lacks gives the new row what
+// nothing holds, NULL, and is not lost.
+func TestAMoveKeepsTheUnchangedValue(t *testing.T) {
+	e := newSinkEnv(t, nil)
+	ctx := context.Background()
+	id := common.DispatcherIDFromUint64(1)
+	require.NoError(t, e.sink.Bind(ctx, id, relT, 10))
+	require.NoError(t, e.sink.BeginEpoch(id, 1, 10))
+	require.NoError(t, e.sink.ApplyRows(id, rows(11, tx(pgcodec.Insert, col("id", "1"), col("v", "a"), col("big", "B1")))))
+	require.NoError(t, e.sink.Checkpoint(id, 11))
+	e.dur.wait(t, id, 11)
+	require.NoError(t, e.sink.ApplyRows(id, rows(12,
+		move("1", col("id", "2"), col("v", "moved")), // from the target's row
+		tx(pgcodec.Insert, col("id", "5"), col("v", "c"), col("big", "B5")),
+		move("5", col("id", "6"), col("v", "moved too")), // from the batch's
+		move("9", col("id", "10"), null("v")),            // from nothing
+	)))
+	require.NoError(t, e.sink.Checkpoint(id, 12))
+	e.dur.wait(t, id, 12)
+	require.Equal(t, []string{
+		`{"id":10,"v":null,"big":null}`,
+		`{"id":2,"v":"moved","big":"B1"}`,
+		`{"id":6,"v":"moved too","big":"B5"}`,
+	}, e.contents("app.t"))
+	require.Empty(t, e.sink.Stopped())
+}
+
 // Changes the target refuses (a value its type cannot take) fail only
 // their dispatcher, at its next call, with nothing of them applied; the
 // reset (BeginEpoch) clears it and the other tables of the lane commit.

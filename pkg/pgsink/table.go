@@ -209,6 +209,30 @@ func (t *table) upsertValuesSQL(cols []string, n int) string {
 	return fmt.Sprintf("INSERT INTO %s (%s) VALUES %s %s", t.qname, quoteAll(cols), t.valueRows(cols, n), t.onConflict(cols))
 }
 
+// moveSQL inserts a row of the present columns (text parameters, in
+// order), its unchanged columns copied from the row at the old key (the
+// key columns' text parameters after them), or NULL when the target has
+// no row there, upserting like upsertSQL.
+func (t *table) moveSQL(present, unchanged []string) string {
+	sel := make([]string, 0, len(present)+len(unchanged))
+	p := 0
+	for _, c := range present {
+		p++
+		sel = append(sel, fmt.Sprintf("$%d::text::%s", p, t.types[c]))
+	}
+	for _, c := range unchanged {
+		sel = append(sel, "o."+pgcodec.QuoteIdent(c))
+	}
+	on := make([]string, len(t.key))
+	for i, k := range t.key {
+		p++
+		on[i] = fmt.Sprintf("o.%s = $%d::text::%s", pgcodec.QuoteIdent(k), p, t.types[k])
+	}
+	cols := append(slices.Clone(present), unchanged...)
+	return fmt.Sprintf("INSERT INTO %s (%s) SELECT %s FROM (VALUES (1)) AS x LEFT JOIN %s AS o ON %s %s", t.qname, quoteAll(cols),
+		strings.Join(sel, ", "), t.qname, strings.Join(on, " AND "), t.onConflict(cols))
+}
+
 // valueRows lists n rows of cols as text parameters cast to the columns'
 // types: ($1::text::bigint, $2::text::text), ($3::text::bigint, ...).
 func (t *table) valueRows(cols []string, n int) string {

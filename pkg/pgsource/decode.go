@@ -278,6 +278,17 @@ func (ss *session) change(ctx context.Context, oid uint32, c pgcodec.Change, old
 		if old != nil {
 			if oldKey, ok := keyOf(old, ss.keys[1]); ok && !sameKey(oldKey, newKey) {
 				ss.keys[1] = oldKey
+				if cols := datums(new, false, fill); hasUnchanged(cols) {
+					// The unchanged value is in the old row only: a move,
+					// not a delete and an insert (which would write NULL).
+					from := make([]pgcodec.Datum, 0, len(newKey))
+					for i, col := range rel.Columns {
+						if col.Key {
+							from = append(from, pgcodec.Datum{Name: col.Name, Kind: pgcodec.Text, Text: old[i].data})
+						}
+					}
+					return ss.add(ctx, oid, pgcodec.Move, newKey, pgcodec.RowChange{Change: pgcodec.Move, Columns: cols, From: from})
+				}
 				if err := ss.add(ctx, oid, pgcodec.Delete, oldKey, pgcodec.RowChange{Change: pgcodec.Delete, Columns: datums(old, true, nil)}); err != nil {
 					return err
 				}
@@ -293,6 +304,17 @@ func (ss *session) change(ctx context.Context, oid uint32, c pgcodec.Change, old
 		ss.keys[0] = key
 		return ss.add(ctx, oid, c, key, pgcodec.RowChange{Change: c, Columns: datums(old, true, nil)})
 	}
+}
+
+// hasUnchanged reports whether a column of cols is an unchanged TOASTed
+// value.
+func hasUnchanged(cols []pgcodec.Datum) bool {
+	for _, d := range cols {
+		if d.Kind == pgcodec.Unchanged {
+			return true
+		}
+	}
+	return false
 }
 
 // clearScratch drops change's references into the last message.

@@ -58,6 +58,31 @@ func TestUnchangedToastIsMarkedUnchanged(t *testing.T) {
 	require.Equal(t, "<unchanged>", text(c, "body"))
 }
 
+// An update that changes the key and leaves a TOASTed column alone is a
+// move from the old key: the new row's unchanged value is in the old row
+// only, which a delete and an insert would have lost. Without an
+// unchanged column it stays a delete and an insert.
+func TestAKeyChangeWithAnUnchangedToastIsAMove(t *testing.T) {
+	e := newSrcEnv(t)
+	e.exec("CREATE TABLE docs (a int, b text, n int, body text, PRIMARY KEY (a, b))")
+	e.exec("ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL")
+	e.exec("INSERT INTO docs VALUES (1, 'x', 0, repeat('x', 100000))")
+	_, sinks := openAndSubscribe(t, e, e.source(nil), "docs")
+	sink := sinks["docs"]
+	sink.waitFor("the snapshot", func() bool { return len(sink.rows) == 1 })
+	e.exec("UPDATE docs SET a = 2, n = 1 WHERE a = 1")
+	e.exec("UPDATE docs SET a = 3, body = 'short' WHERE a = 2")
+	sink.waitFor("the updates", func() bool { return len(sink.rows) == 4 })
+	cs := sink.changes()
+	require.Equal(t, pgcodec.Move, cs[1].Change)
+	require.Equal(t, "2", text(cs[1], "a"))
+	require.Equal(t, "<unchanged>", text(cs[1], "body"))
+	require.Equal(t, []pgcodec.Datum{{Name: "a", Kind: pgcodec.Text, Text: []byte("1")}, {Name: "b", Kind: pgcodec.Text, Text: []byte("x")}},
+		cs[1].From, "the old key, in key order")
+	require.Equal(t, []pgcodec.Change{pgcodec.Delete, pgcodec.Insert}, []pgcodec.Change{cs[2].Change, cs[3].Change},
+		"a key change with every value given")
+}
+
 // A transaction larger than ChunkRows reaches the store in chunks before
 // its commit's resolved-ts: it is never held whole.
 func TestLargeTransactionIsSpilledInChunks(t *testing.T) {

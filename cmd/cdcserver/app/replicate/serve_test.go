@@ -104,11 +104,11 @@ func (p *pair) waitEqual(what string) {
 }
 
 // A source with rows is copied (the snapshot), then inserts, updates
-// (some leaving a TOASTed column unchanged), deletes, a truncate, a new
-// column and a new table stream in; a clean stop and a restart resume
-// from the target's checkpoints, writes made while it was down included;
-// compare finds the tables equal at each step, and the slot's confirmed
-// flush LSN has moved on.
+// (some leaving a TOASTed column unchanged, some of those changing the
+// key), deletes, a truncate, a new column and a new table stream in; a
+// clean stop and a restart resume from the target's checkpoints, writes
+// made while it was down included; compare finds the tables equal at each
+// step, and the slot's confirmed flush LSN has moved on.
 func TestServeReplicatesAndResumes(t *testing.T) {
 	p := newPair(t)
 	for i := 1; i <= 5; i++ {
@@ -122,6 +122,7 @@ func TestServeReplicatesAndResumes(t *testing.T) {
 		p.exec(fmt.Sprintf("INSERT INTO t%d SELECT g, 'w' || g, NULL FROM generate_series(101, 150) g", i))
 		p.exec(fmt.Sprintf("UPDATE t%d SET v = 'updated' WHERE id %% 3 = 0", i)) // body TOASTed and unchanged
 		p.exec(fmt.Sprintf("DELETE FROM t%d WHERE id %% 7 = 0", i))
+		p.exec(fmt.Sprintf("UPDATE t%d SET id = id + 10000 WHERE id %% 11 = 0", i)) // a new key, body TOASTed and unchanged
 	}
 	p.exec("TRUNCATE t5")
 	p.exec("INSERT INTO t5 VALUES (1, 'after truncate', NULL)")
