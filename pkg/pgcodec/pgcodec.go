@@ -448,6 +448,27 @@ func (r Relation) KeyColumns() []string {
 	return out
 }
 
+// TextFormatParams returns the session settings under which a value's
+// text means the same at both ends, whatever either server's
+// configuration: a source sends values as text in its session's formats
+// (pgoutput's tuples, the snapshot's rows), and a target reads them in its
+// own. A server configured with DateStyle 'SQL, DMY' and TimeZone
+// 'Asia/Kolkata' printed 2026-03-04 as 04/03/2026 and a time as IST, which
+// a target of the default MDY read as April the 3rd, three and a half
+// hours off; extra_float_digits below 1 rounds floats. A source and a sink
+// set them as runtime parameters of every connection that reads or writes
+// values. A new map each call.
+func TextFormatParams() map[string]string {
+	return map[string]string{
+		"DateStyle":          "ISO, YMD",
+		"IntervalStyle":      "postgres",
+		"TimeZone":           "UTC",
+		"extra_float_digits": "3",
+		"bytea_output":       "hex",
+		"lc_monetary":        "C",
+	}
+}
+
 // QuoteIdent quotes an identifier for SQL.
 func QuoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 

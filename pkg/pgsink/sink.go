@@ -159,6 +159,9 @@ func (s *Sink) connect(ctx context.Context, statements int) (*pgx.Conn, error) {
 	if statements > 0 {
 		cfg.StatementCacheCapacity = statements
 	}
+	for k, v := range pgcodec.TextFormatParams() { // the source's values are text in them
+		cfg.RuntimeParams[k] = v
+	}
 	for k, v := range map[string]string{
 		"idle_in_transaction_session_timeout": "30s",
 		"default_transaction_isolation":       "read committed",

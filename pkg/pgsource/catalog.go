@@ -17,7 +17,14 @@ import (
 
 // connect opens a regular connection to the source.
 func connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
-	conn, err := pgx.Connect(ctx, dsn)
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConnect, err)
+	}
+	for k, v := range pgcodec.TextFormatParams() { // the snapshot's rows are text in them
+		cfg.RuntimeParams[k] = v
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConnect, err)
 	}
@@ -31,6 +38,9 @@ func connectReplication(ctx context.Context, dsn string, linger time.Duration) (
 	cfg, err := pgconn.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConnect, err)
+	}
+	for k, v := range pgcodec.TextFormatParams() { // pgoutput's values are text in them
+		cfg.RuntimeParams[k] = v
 	}
 	cfg.RuntimeParams["replication"] = "database"
 	if linger > 0 {

@@ -113,12 +113,14 @@ WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped AND attgenerat
 }
 
 // tableSum counts the table's rows and sums a 64-bit hash of the text of
-// each one's cols (the session's text formats fixed, so both sides print
-// alike; a value of a created type the target stores as its base type
-// prints the same text).
+// each one's cols (the session's text formats fixed, pgcodec's, so both
+// sides print alike whatever their servers' settings; a value of a created
+// type the target stores as its base type prints the same text).
 func tableSum(ctx context.Context, conn *pgx.Conn, table string, cols []string) (TableSum, error) {
-	if _, err := conn.Exec(ctx, "SET TimeZone = 'UTC'; SET DateStyle = 'ISO, YMD'; SET extra_float_digits = 3; SET bytea_output = 'hex'"); err != nil {
-		return TableSum{}, err
+	for k, v := range pgcodec.TextFormatParams() {
+		if _, err := conn.Exec(ctx, "SELECT set_config($1, $2, false)", k, v); err != nil {
+			return TableSum{}, err
+		}
 	}
 	s := TableSum{Table: table}
 	err := conn.QueryRow(ctx, "SELECT count(*), coalesce(sum(('x' || substr(md5(ROW("+strings.Join(cols, ", ")+

@@ -2,6 +2,7 @@ package replicate
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -110,4 +111,46 @@ WHERE attrelid = 'public.keeps'::regclass AND attname = 'm'`)...),
 	}, time.Minute, 20*time.Millisecond, "a rewrite's values cannot be streamed: the warning names it")
 	require.NoError(t, stop(), stderr.String())
 	require.NotContains(t, stderr.String(), "ERROR")
+}
+
+// Values travel as text, in the formats of the session that prints them.
+// A source whose server prints dates day first, times in a zone whose
+// abbreviation is ambiguous, floats rounded and intervals in the SQL
+// standard's style, and a target that reads dates month first, still
+// agree on every value: both ends set their sessions' formats
+// (pgcodec.TextFormatParams), the snapshot and the stream alike, and so
+// does compare.
+func TestServeReadsValuesTheSameWhateverTheServersFormats(t *testing.T) {
+	p := newPair(t)
+	for _, q := range []string{"ALTER SYSTEM SET datestyle = 'SQL, DMY'", "ALTER SYSTEM SET timezone = 'Asia/Kolkata'",
+		"ALTER SYSTEM SET extra_float_digits = 0", "ALTER SYSTEM SET intervalstyle = 'sql_standard'", "SELECT pg_reload_conf()"} {
+		p.exec(q)
+	}
+	dst, err := pgx.Connect(context.Background(), p.dst.DSN)
+	require.NoError(t, err)
+	for _, q := range []string{"ALTER SYSTEM SET datestyle = 'SQL, MDY'", "ALTER SYSTEM SET timezone = 'America/New_York'", "SELECT pg_reload_conf()"} {
+		_, err := dst.Exec(context.Background(), q)
+		require.NoError(t, err, q)
+	}
+	require.NoError(t, dst.Close(context.Background()))
+	// A new connection takes the reloaded settings.
+	conn, err := pgx.Connect(context.Background(), p.src.DSN)
+	require.NoError(t, err)
+	var style string
+	require.NoError(t, conn.QueryRow(context.Background(), "SHOW datestyle").Scan(&style))
+	require.NoError(t, conn.Close(context.Background()))
+	require.Equal(t, "SQL, DMY", style)
+
+	const row = `(%d, '2026-03-04', '2026-03-04 05:06:07.123', '2026-03-04 05:06:07.5+00', 0.1, 1.1, '-1 year 2 days -03:00', 12.34)`
+	p.exec("CREATE TABLE fmt (id int PRIMARY KEY, d date, ts timestamp, tz timestamptz, f float8, r real, i interval, m money)")
+	p.exec("INSERT INTO fmt VALUES " + fmt.Sprintf(row, 1))
+	stop, stderr := p.serve(p.config())
+	p.waitEqual("the snapshot")
+	p.exec("INSERT INTO fmt VALUES " + fmt.Sprintf(row, 2))
+	p.waitEqual("the stream")
+	want := "2026-03-04|2026-03-04 05:06:07.123|2026-03-04 05:06:07.500|0.1|1.1|-1 years +2 days -03:00:00|12.34"
+	require.Equal(t, []string{want, want}, p.targetQuery(`SELECT to_char(d, 'YYYY-MM-DD') || '|' || to_char(ts, 'YYYY-MM-DD HH24:MI:SS.MS')
+  || '|' || to_char(tz AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.MS') || '|' || f::text || '|' || r::text || '|' || i::text
+  || '|' || m::numeric::text FROM fmt ORDER BY id`), "the target's own formats print it; the values are the source's")
+	require.NoError(t, stop(), stderr.String())
 }
