@@ -88,6 +88,11 @@ func (ss *session) relation(ctx context.Context, m *msgRelation) error {
 		return nil
 	}
 	ss.known[m.oid] = rel
+	if ss.announced[m.oid] && seen && old.Validate() != nil && rel.Validate() == nil {
+		// A table whose changes were skipped for want of a key has one
+		// now: its next change announces it, as a new table's first.
+		delete(ss.announced, m.oid)
+	}
 	if ss.cur == nil {
 		return nil // outside a transaction: it takes effect at the next one
 	}
