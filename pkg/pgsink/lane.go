@@ -3,7 +3,6 @@ package pgsink
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -109,7 +108,7 @@ func (l *lane) attach(id common.DispatcherID, t *table) *table {
 		l.tables[t.rel.OID] = t
 	}
 	if l.states[id] == nil {
-		l.states[id] = &dstate{id: id, hexID: fmt.Sprintf("%016x%016x", id.Hi, id.Lo), table: t}
+		l.states[id] = &dstate{id: id, hexID: hexID(id), table: t}
 	}
 	return t
 }

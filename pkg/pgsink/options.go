@@ -34,6 +34,10 @@ var (
 	// ErrAnotherOwner: with SoleOwner, the target already holds another
 	// owner's sink (Start).
 	ErrAnotherOwner = errors.New("pgsink: the target holds another owner")
+	// ErrTargetTaken: a table's target table holds another source
+	// table's rows (one dropped and created again under the same name, or
+	// renamed away); the table stops rather than mix them.
+	ErrTargetTaken = errors.New("pgsink: the target table holds another source table's rows")
 )
 
 // Defaults of Options' intervals.

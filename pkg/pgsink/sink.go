@@ -272,7 +272,16 @@ func (s *Sink) BindAll(ctx context.Context, bs []Binding) error {
 		}
 		s.logBaseTypes(tables)
 	}
+	taken, err := takenTargets(ctx, conn, bs)
+	if err != nil {
+		return fmt.Errorf("%w: read checkpoints: %w", ErrApply, err)
+	}
 	for _, b := range bs {
+		if o, ok := taken[b.Rel.QualifiedName()]; ok && o.dispatcher != hexID(b.ID) {
+			s.failed(b.ID, fmt.Errorf("%w: %s holds the rows of source table %d, not of %d (dropped and created again, or renamed away): "+
+				"empty it and delete dispatcher %s's row from cdcflow.checkpoints, then restart", ErrTargetTaken,
+				b.Rel.QualifiedName(), o.oid, b.Rel.OID, o.dispatcher), true)
+		}
 		l := s.laneFor(b.Rel.OID)
 		if t := tables[b.Rel.OID]; t != nil {
 			if _, err := t.evolve(b.Rel); err != nil {
@@ -293,6 +302,45 @@ func (s *Sink) BindAll(ctx context.Context, bs []Binding) error {
 	}
 	return nil
 }
+
+// targetOwner is the source table (and its dispatcher) whose checkpoint
+// a target table's row in cdcflow.checkpoints records.
+type targetOwner struct {
+	dispatcher string
+	oid        int64
+}
+
+// takenTargets returns, by target table, the source table that wrote each
+// of bs's target tables, from cdcflow.checkpoints: a target recorded for
+// another dispatcher holds that table's rows. Several recorded for one
+// target: any one of them other than the binding's own.
+func takenTargets(ctx context.Context, conn *pgx.Conn, bs []Binding) (map[string]targetOwner, error) {
+	names, own := make([]string, len(bs)), make(map[string]string, len(bs))
+	for i, b := range bs {
+		names[i] = b.Rel.QualifiedName()
+		own[names[i]] = hexID(b.ID)
+	}
+	rows, err := conn.Query(ctx, "SELECT target, dispatcher, table_oid FROM cdcflow.checkpoints WHERE target = ANY($1::text[])", names)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]targetOwner{}
+	for rows.Next() {
+		var target string
+		var o targetOwner
+		if err := rows.Scan(&target, &o.dispatcher, &o.oid); err != nil {
+			return nil, err
+		}
+		if _, seen := out[target]; !seen || out[target].dispatcher == own[target] {
+			out[target] = o
+		}
+	}
+	return out, rows.Err()
+}
+
+// hexID is id as cdcflow.checkpoints keys it.
+func hexID(id common.DispatcherID) string { return fmt.Sprintf("%016x%016x", id.Hi, id.Lo) }
 
 // logBaseTypes says which columns of tables, as the target has them, are
 // of a created type's base type rather than the type itself: a table this

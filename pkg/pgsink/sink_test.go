@@ -470,6 +470,38 @@ func TestAMoveKeepsTheUnchangedValue(t *testing.T) {
 	require.Empty(t, e.sink.Stopped())
 }
 
+// A table dropped at the source and created again under the same name is
+// another table (another OID) whose target table already holds the first
+// one's rows: it stops, naming both and what to do, rather than mix its
+// rows into them; the first table's work goes on, and binding the same
+// table again is no conflict.
+func TestATargetTableOfAnotherSourceTableStopsTheNewOne(t *testing.T) {
+	e := newSinkEnv(t, nil)
+	ctx := context.Background()
+	old, recreated := common.DispatcherIDFromUint64(1), common.DispatcherIDFromUint64(2)
+	require.NoError(t, e.sink.Bind(ctx, old, relT, 10))
+	require.NoError(t, e.sink.BeginEpoch(old, 1, 10))
+	require.NoError(t, e.sink.ApplyRows(old, rows(11, tx(pgcodec.Insert, col("id", "1"), col("v", "old"), null("big")))))
+	require.NoError(t, e.sink.Checkpoint(old, 11))
+	e.dur.wait(t, old, 11)
+	require.NoError(t, e.sink.Bind(ctx, old, relT, 11), "the same table bound again")
+	require.Empty(t, e.sink.Stopped())
+
+	again := relT
+	again.OID = 101
+	require.NoError(t, e.sink.Bind(ctx, recreated, again, 12))
+	require.Len(t, e.sink.Stopped(), 1)
+	require.Contains(t, e.sink.Stopped()[0], ErrTargetTaken.Error())
+	require.Contains(t, e.sink.Stopped()[0], `"app"."t" holds the rows of source table 100, not of 101`)
+	require.NoError(t, e.sink.ApplyRows(recreated, rows(13, tx(pgcodec.Insert, col("id", "9"), col("v", "new"), null("big")))),
+		"a stopped table's calls are accepted")
+	require.NoError(t, e.sink.ApplyRows(old, rows(14, tx(pgcodec.Insert, col("id", "2"), col("v", "old"), null("big")))))
+	require.NoError(t, e.sink.Checkpoint(old, 14))
+	e.dur.wait(t, old, 14)
+	require.Equal(t, []string{`{"id":1,"v":"old","big":null}`, `{"id":2,"v":"old","big":null}`}, e.contents("app.t"),
+		"nothing of the new table's mixed in")
+}
+
 // Changes the target refuses (a value its type cannot take) fail only
 // their dispatcher, at its next call, with nothing of them applied; the
 // reset (BeginEpoch) clears it and the other tables of the lane commit.

@@ -154,3 +154,32 @@ func TestServeReadsValuesTheSameWhateverTheServersFormats(t *testing.T) {
   || '|' || m::numeric::text FROM fmt ORDER BY id`), "the target's own formats print it; the values are the source's")
 	require.NoError(t, stop(), stderr.String())
 }
+
+// A table dropped and created again under its name while serve runs is a
+// new table to the stream (a new OID), and its target table holds the
+// dropped one's rows: the new table stops, saying so, instead of mixing
+// its rows into them; the other tables go on.
+func TestATableCreatedAgainUnderItsNameStops(t *testing.T) {
+	p := newPair(t)
+	p.exec("CREATE TABLE kept (id int PRIMARY KEY)")
+	p.exec("CREATE TABLE again (id int PRIMARY KEY, v text)")
+	p.exec("INSERT INTO again VALUES (1, 'old'), (2, 'old')")
+	cfg := p.config()
+	cfg.ShutdownTimeout = 2 * time.Second // a stopped table never quiesces
+	stop, stderr := p.serve(cfg)
+	p.waitEqual("the snapshot")
+	require.Eventually(t, func() bool {
+		return len(p.targetQuery("SELECT dispatcher FROM cdcflow.checkpoints WHERE target = '\"public\".\"again\"'")) == 1
+	}, time.Minute, 20*time.Millisecond, "the first table's checkpoint is recorded")
+	p.exec("DROP TABLE again")
+	p.exec("CREATE TABLE again (id int PRIMARY KEY, v text)")
+	p.exec("INSERT INTO again VALUES (3, 'new')")
+	require.Eventually(t, func() bool {
+		return strings.Contains(stderr.String(), "holds the rows of source table")
+	}, time.Minute, 20*time.Millisecond, "the new table stops")
+	p.exec("INSERT INTO kept VALUES (1)")
+	require.Eventually(t, func() bool { return len(p.targetQuery("SELECT id::text FROM kept")) == 1 },
+		time.Minute, 20*time.Millisecond, "the other tables go on")
+	require.Equal(t, []string{"1|old", "2|old"}, p.targetQuery("SELECT id::text, v FROM again ORDER BY id"), "nothing mixed in")
+	require.NoError(t, stop(), stderr.String())
+}
