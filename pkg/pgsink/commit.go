@@ -185,14 +185,18 @@ func (l *lane) queueWork(q *pgx.Batch, d *dstate) (int, common.Ts, error) {
 			if err != nil {
 				return 0, 0, fmt.Errorf("%w: %s: %w", ErrSchemaChange, t.qname, err)
 			}
-			adds, err := t.evolve(rel)
+			has, err := createdTypes(l.s.ctx, l.conn, rel)
+			if err != nil {
+				return 0, 0, fmt.Errorf("%w: %s: read types: %w", ErrApply, t.qname, err)
+			}
+			adds, err := t.evolve(rel, has)
 			if err != nil {
 				return 0, 0, err
 			}
 			for _, stmt := range adds {
 				q.Queue(stmt)
 			}
-			t.added(rel) // undone by reloadTables if the transaction fails
+			t.added(rel, has) // undone by reloadTables if the transaction fails
 			l.s.met.ddls.Inc()
 		case opCheckpoint:
 			ckpt = w.ts

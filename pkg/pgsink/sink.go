@@ -246,14 +246,12 @@ func (s *Sink) BindAll(ctx context.Context, bs []Binding) error {
 	if !started {
 		return fmt.Errorf("%w: Bind before Start", ErrInvalidOptions)
 	}
-	var creates []string
 	var fresh []pgcodec.Relation
 	for _, b := range bs {
 		if err := b.Rel.Validate(); err != nil {
 			return err
 		}
 		if !s.laneFor(b.Rel.OID).has(b.Rel.OID) {
-			creates = append(creates, createTableSQL(b.Rel))
 			fresh = append(fresh, b.Rel)
 		}
 	}
@@ -262,6 +260,14 @@ func (s *Sink) BindAll(ctx context.Context, bs []Binding) error {
 		return err
 	}
 	defer release()
+	has, err := createdTypes(ctx, conn, fresh...)
+	if err != nil {
+		return fmt.Errorf("%w: read types: %w", ErrApply, err)
+	}
+	creates := make([]string, len(fresh))
+	for i, r := range fresh {
+		creates[i] = createTableSQL(r, has)
+	}
 	tables := map[uint32]*table{}
 	if len(creates) > 0 {
 		if _, err := conn.Exec(ctx, "BEGIN; "+strings.Join(creates, "; ")+"; COMMIT"); err != nil {
@@ -284,7 +290,7 @@ func (s *Sink) BindAll(ctx context.Context, bs []Binding) error {
 		}
 		l := s.laneFor(b.Rel.OID)
 		if t := tables[b.Rel.OID]; t != nil {
-			if _, err := t.evolve(b.Rel); err != nil {
+			if _, err := t.evolve(b.Rel, has); err != nil {
 				s.failed(b.ID, err, true) // an existing target table that does not match
 			}
 			l.attach(b.ID, t)

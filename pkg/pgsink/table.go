@@ -93,12 +93,27 @@ type querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
+// targetTypes is the set of a relation's created types (a column's Type
+// where it has a Base) that the target has too (to_regtype), read when
+// its tables are created or get columns.
+type targetTypes map[string]bool
+
+// of is the type a column is created with in the target: a created type
+// the target has (an extension's, an enum the user made there) as
+// itself, else its base type.
+func (h targetTypes) of(c pgcodec.Column) string {
+	if c.Base != "" && h[c.Type] {
+		return c.Type
+	}
+	return c.TargetType()
+}
+
 // createTableSQL creates rel's schema and table if missing, with its
 // columns and key.
-func createTableSQL(rel pgcodec.Relation) string {
+func createTableSQL(rel pgcodec.Relation, has targetTypes) string {
 	cols := make([]string, len(rel.Columns))
 	for i, c := range rel.Columns {
-		cols[i] = pgcodec.QuoteIdent(c.Name) + " " + c.TargetType()
+		cols[i] = pgcodec.QuoteIdent(c.Name) + " " + has.of(c)
 	}
 	keys := make([]string, 0, 2)
 	for _, k := range rel.KeyColumns() {
@@ -113,7 +128,7 @@ func createTableSQL(rel pgcodec.Relation) string {
 // else (a column gone, a type or the key changed). A column of a created
 // type matches a target column of that type (a table the user created
 // first) or of its base type (one this sink created).
-func (t *table) evolve(rel pgcodec.Relation) ([]string, error) {
+func (t *table) evolve(rel pgcodec.Relation, has targetTypes) ([]string, error) {
 	var adds []string
 	inRel := map[string]bool{}
 	for _, c := range rel.Columns {
@@ -124,7 +139,7 @@ func (t *table) evolve(rel pgcodec.Relation) ([]string, error) {
 			if c.Key {
 				return nil, fmt.Errorf("%w: %s: new key column %q", ErrSchemaChange, t.qname, c.Name)
 			}
-			adds = append(adds, addColumnSQL(t.qname, c)...)
+			adds = append(adds, addColumnSQL(t.qname, c, has.of(c))...)
 		case typ != c.Type && (c.Base == "" || typ != c.Base):
 			return nil, fmt.Errorf("%w: %s.%s: type %s in the target, %s in the source", ErrSchemaChange, t.qname, c.Name, typ, c.Type)
 		}
@@ -145,23 +160,23 @@ func (t *table) evolve(rel pgcodec.Relation) ([]string, error) {
 // it aside, and no row change carries it), so the target's rows get it
 // too: added with that value as its default, which is then dropped, since
 // the target's columns take every value from the source.
-func addColumnSQL(qname string, c pgcodec.Column) []string {
+func addColumnSQL(qname string, c pgcodec.Column, typ string) []string {
 	col := pgcodec.QuoteIdent(c.Name)
 	if !c.HasMissing {
-		return []string{fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s", qname, col, c.TargetType())}
+		return []string{fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s", qname, col, typ)}
 	}
 	return []string{
-		fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s DEFAULT %s::%s", qname, col, c.TargetType(),
-			pgcodec.QuoteLiteral(c.Missing), c.TargetType()),
+		fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s DEFAULT %s::%s", qname, col, typ,
+			pgcodec.QuoteLiteral(c.Missing), typ),
 		fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s DROP DEFAULT", qname, col),
 	}
 }
 
 // added records columns an evolve added.
-func (t *table) added(rel pgcodec.Relation) {
+func (t *table) added(rel pgcodec.Relation, has targetTypes) {
 	for _, c := range rel.Columns {
 		if _, ok := t.types[c.Name]; !ok {
-			t.types[c.Name] = c.TargetType()
+			t.types[c.Name] = has.of(c)
 			t.order = append(t.order, c.Name)
 			t.stmts = nil
 		}
@@ -277,4 +292,34 @@ func quoteAll(names []string) string {
 		q[i] = pgcodec.QuoteIdent(n)
 	}
 	return strings.Join(q, ", ")
+}
+
+// createdTypes returns which of rels' created types (the Type of a
+// column with a Base) the target has, by name as the source formats it.
+func createdTypes(ctx context.Context, q querier, rels ...pgcodec.Relation) (targetTypes, error) {
+	var names []string
+	for _, r := range rels {
+		for _, c := range r.Columns {
+			if c.Base != "" && !slices.Contains(names, c.Type) {
+				names = append(names, c.Type)
+			}
+		}
+	}
+	has := targetTypes{}
+	if len(names) == 0 {
+		return has, nil
+	}
+	rows, err := q.Query(ctx, "SELECT n FROM unnest($1::text[]) AS n WHERE to_regtype(n) IS NOT NULL", names)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			return nil, err
+		}
+		has[n] = true
+	}
+	return has, rows.Err()
 }

@@ -42,8 +42,9 @@ func (p *pair) targetQuery(sql string) []string {
 // What a source's own schema holds beyond built-in types and plain
 // tables reaches the target whole: columns of created types (an enum, a
 // composite in another schema, a domain with a constraint, arrays of
-// them) are created as the base types the target has, with the same text;
-// a table the user created first on the target keeps its own enum type;
+// them) are created as themselves where the target has the type (the enum
+// the user made there) and as their base types where it has not, with the
+// same text; a table the user created first on the target keeps its own;
 // a generated column is not published and compare leaves it out; a
 // partitioned table arrives as one table, rows that move between
 // partitions included; and a column added with a constant default gives
@@ -75,12 +76,12 @@ func TestServeReplicatesCreatedTypesDefaultsAndPartitions(t *testing.T) {
 
 	stop, stderr := p.serve(p.config())
 	p.waitEqual("the snapshot of created types, a generated column and a partitioned table")
-	require.Equal(t, []string{"m|text", "moods|text[]", "c|text", "p|numeric(10,2)", "ps|numeric(10,2)[]", "keeps.m|mood"}, append(
+	require.Equal(t, []string{"m|mood", "moods|mood[]", "c|text", "p|numeric(10,2)", "ps|numeric(10,2)[]", "keeps.m|mood"}, append(
 		p.targetQuery(`SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
 WHERE attrelid = 'public.typed'::regclass AND attnum > 1 ORDER BY attnum`),
 		p.targetQuery(`SELECT 'keeps.' || attname, format_type(atttypid, atttypmod) FROM pg_attribute
 WHERE attrelid = 'public.keeps'::regclass AND attname = 'm'`)...),
-		"created types as their base types; the user's table keeps its own")
+		"a created type the target has as itself (the user made mood there), the others as their base types; the user's table keeps its own")
 	require.Equal(t, []string{"gen", "keeps", "parted", "typed"},
 		p.targetQuery("SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace AND relkind = 'r' ORDER BY 1"),
 		"the partitioned table is one table in the target, and gen has no generated column to fill")
@@ -92,11 +93,13 @@ WHERE attrelid = 'public.keeps'::regclass AND attname = 'm'`)...),
 	p.exec("INSERT INTO parted VALUES (3, 'eu', 'c')")
 	p.waitEqual("changes of created types, a generated column and a partitioned table")
 
-	p.exec(`ALTER TABLE typed ADD COLUMN s mood DEFAULT 'ok', ADD COLUMN note text DEFAULT E'it''s a \\ back', ADD COLUMN n int DEFAULT 42, ADD COLUMN plain int`)
+	p.exec(`ALTER TABLE typed ADD COLUMN s mood DEFAULT 'ok', ADD COLUMN note text DEFAULT E'it''s a \\ back', ADD COLUMN n int DEFAULT 42, ADD COLUMN plain int, ADD COLUMN c2 "Sales".pt DEFAULT ROW(7, 'x')`)
 	p.exec("INSERT INTO typed (id) VALUES (3)")
 	p.waitEqual("columns added with constant defaults")
-	require.Equal(t, []string{`1|ok|it's a \ back`, `2|ok|it's a \ back`, `3|ok|it's a \ back`},
-		p.targetQuery("SELECT id::text, s, note FROM typed ORDER BY id"), "the rows that were there hold the defaults")
+	require.Equal(t, []string{`1|ok|it's a \ back|(7,x)`, `2|ok|it's a \ back|(7,x)`, `3|ok|it's a \ back|(7,x)`},
+		p.targetQuery("SELECT id::text, s::text, note, c2 FROM typed ORDER BY id"), "the rows that were there hold the defaults")
+	require.Equal(t, []string{"s|mood", "c2|text"}, p.targetQuery(`SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
+WHERE attrelid = 'public.typed'::regclass AND attname IN ('s', 'c2') ORDER BY attnum`), "an added column's type is chosen alike")
 	require.Equal(t, []string{"0"}, p.targetQuery("SELECT count(*)::text FROM pg_attrdef WHERE adrelid = 'public.typed'::regclass"),
 		"the target's columns keep no default: every value comes from the source")
 	require.NotContains(t, stderr.String(), "rewrote the table")
