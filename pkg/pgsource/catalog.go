@@ -72,12 +72,13 @@ func checkLogical(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-// ensurePublication creates the publication FOR ALL TABLES when missing,
-// publishing a partitioned table's changes as its own (not as its
-// partitions'): the target gets the table the source's users write to,
-// rows that move between partitions stay one row, and a partition added
-// later needs nothing new. A publication that exists is the user's, left
-// as it is.
+// ensurePublication creates the publication FOR ALL TABLES when missing.
+// A partitioned table is published as its partitions, each a table of its
+// own in the target: with publish_via_partition_root it would be one, but
+// PostgreSQL then publishes no TRUNCATE of a partition, and truncating old
+// partitions is how partitioned tables are kept; the target would keep
+// those rows for good. A publication that exists is the user's, left as it
+// is.
 func ensurePublication(ctx context.Context, conn *pgx.Conn, name string) (created bool, err error) {
 	var n int
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_publication WHERE pubname = $1", name).Scan(&n); err != nil {
@@ -87,7 +88,7 @@ func ensurePublication(ctx context.Context, conn *pgx.Conn, name string) (create
 		return false, nil
 	}
 	// The name passed Options' identifier check, so it needs no quoting.
-	if _, err := conn.Exec(ctx, "CREATE PUBLICATION "+name+" FOR ALL TABLES WITH (publish_via_partition_root = true)"); err != nil {
+	if _, err := conn.Exec(ctx, "CREATE PUBLICATION "+name+" FOR ALL TABLES"); err != nil {
 		return false, fmt.Errorf("create publication %s: %w", name, err)
 	}
 	return true, nil
@@ -353,6 +354,33 @@ func releaseSlot(ctx context.Context, conn *pgx.Conn, slot string, takeOver bool
 	}
 }
 
+// checkSlotIsOurs returns ErrForeignSlot when a slot named slot exists
+// but is not a pgoutput logical slot of conn's database: another
+// database's changefeed may have picked the same name (serve's default),
+// and taking that slot over or dropping it would end that changefeed.
+func checkSlotIsOurs(ctx context.Context, conn *pgx.Conn, slot string) error {
+	var db, kind, plugin *string
+	var here string
+	err := conn.QueryRow(ctx, `SELECT s.database, s.slot_type, s.plugin, current_database()
+FROM pg_replication_slots s WHERE s.slot_name = $1`, slot).Scan(&db, &kind, &plugin, &here)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return err
+	case db == nil || *db != here || kind == nil || *kind != "logical" || plugin == nil || *plugin != "pgoutput":
+		str := func(p *string) string {
+			if p == nil {
+				return "-"
+			}
+			return *p
+		}
+		return fmt.Errorf("%w: slot %s is a %s slot of database %s (plugin %s), not a pgoutput slot of %s: choose another slot name",
+			ErrForeignSlot, slot, str(kind), str(db), str(plugin), here)
+	}
+	return nil
+}
+
 // SlotExists reports whether the source at dsn has the slot: a starting
 // changefeed whose slot is missing clears what an earlier slot left in the
 // target before Open creates a new one (serve's startOrResume).
@@ -362,6 +390,9 @@ func SlotExists(ctx context.Context, dsn, slot string) (bool, error) {
 		return false, err
 	}
 	defer conn.Close(context.Background())
+	if err := checkSlotIsOurs(ctx, conn, slot); err != nil {
+		return false, err
+	}
 	var ok bool
 	err = conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", slot).Scan(&ok)
 	return ok, err
@@ -376,6 +407,9 @@ func DropSlot(ctx context.Context, dsn, slot string) error {
 		return err
 	}
 	defer conn.Close(context.Background())
+	if err := checkSlotIsOurs(ctx, conn, slot); err != nil {
+		return err
+	}
 	if err := releaseSlot(ctx, conn, slot, true, clock.Real{}); err != nil {
 		return err
 	}

@@ -52,6 +52,11 @@ var (
 	// slot past what this source's tables have (a later process took the
 	// changefeed over); the source stops.
 	ErrSlotTakenOver = errors.New("pgsource: another process took the slot over")
+	// ErrForeignSlot: the slot's name is taken by a slot this source
+	// cannot use: another database's (slot names are the server's, not a
+	// database's), a physical one, or one of another output plugin. It is
+	// neither used, taken over nor dropped.
+	ErrForeignSlot = errors.New("pgsource: the slot belongs to something else")
 )
 
 // SchemaSink receives relation versions as DDLs and the schema frontier

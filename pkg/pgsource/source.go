@@ -145,7 +145,7 @@ func (s *Source) Open(ctx context.Context) (Info, error) {
 	if created, err := ensurePublication(ctx, conn, s.opts.Publication); err != nil {
 		return Info{}, err
 	} else if created {
-		s.log.Info("publication created FOR ALL TABLES (partitioned tables as themselves)", zap.String("publication", s.opts.Publication))
+		s.log.Info("publication created FOR ALL TABLES", zap.String("publication", s.opts.Publication))
 	}
 	if s.tables, err = publishedTables(ctx, conn, s.opts.Publication); err != nil {
 		return Info{}, err
@@ -160,6 +160,9 @@ func (s *Source) Open(ctx context.Context) (Info, error) {
 	// The slot's confirmed flush LSN is final only once no walsender is
 	// attached: one of a process that just died may still read its last
 	// status report.
+	if err := checkSlotIsOurs(ctx, conn, s.opts.Slot); err != nil {
+		return Info{}, err
+	}
 	if err := releaseSlot(ctx, conn, s.opts.Slot, s.opts.TakeOver, s.opts.Clock); err != nil {
 		return Info{}, err
 	}

@@ -68,7 +68,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Source, "source", c.Source, "the source database: postgres://user@host:port/db (wal_level=logical; a role with REPLICATION)")
 	fs.StringVar(&c.Sink, "sink", c.Sink, "the target database: postgres://user@host:port/db (tables are created there; checkpoints in schema cdcflow)")
 	fs.StringVar(&c.Slot, "slot", c.Slot, "the logical replication slot (created when missing)")
-	fs.StringVar(&c.Publication, "publication", c.Publication, "the publication (created when missing: FOR ALL TABLES, a partitioned table published as itself)")
+	fs.StringVar(&c.Publication, "publication", c.Publication, "the publication (created FOR ALL TABLES when missing)")
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the event store, a cache wiped at start (default: a temporary directory)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "address serving /metrics, /healthz and /readyz (empty: none)")
 	fs.StringVar(&c.PprofAddr, "pprof-addr", c.PprofAddr, "loopback address serving /debug/pprof (empty: none)")

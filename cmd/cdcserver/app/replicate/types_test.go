@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/pkg/pgsource"
 )
 
 // targetQuery runs one query on the target and returns its rows, each as
@@ -46,9 +48,10 @@ func (p *pair) targetQuery(sql string) []string {
 // the user made there) and as their base types where it has not, with the
 // same text; a table the user created first on the target keeps its own;
 // a generated column is not published and compare leaves it out; a
-// partitioned table arrives as one table, rows that move between
-// partitions included; and a column added with a constant default gives
-// the rows that were there its value, which no row change carries.
+// partitioned table arrives as its partitions, a row that moves between
+// them and a partition truncated included; and a column added with a
+// constant default gives the rows that were there its value, which no
+// row change carries.
 func TestServeReplicatesCreatedTypesDefaultsAndPartitions(t *testing.T) {
 	p := newPair(t)
 	p.exec("CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')")
@@ -82,15 +85,16 @@ WHERE attrelid = 'public.typed'::regclass AND attnum > 1 ORDER BY attnum`),
 		p.targetQuery(`SELECT 'keeps.' || attname, format_type(atttypid, atttypmod) FROM pg_attribute
 WHERE attrelid = 'public.keeps'::regclass AND attname = 'm'`)...),
 		"a created type the target has as itself (the user made mood there), the others as their base types; the user's table keeps its own")
-	require.Equal(t, []string{"gen", "keeps", "parted", "typed"},
+	require.Equal(t, []string{"gen", "keeps", "parted_eu", "parted_us", "typed"},
 		p.targetQuery("SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace AND relkind = 'r' ORDER BY 1"),
-		"the partitioned table is one table in the target, and gen has no generated column to fill")
+		"the partitions are tables in the target, and gen has no generated column to fill")
 
 	p.exec(`UPDATE typed SET m = 'ok', moods = '{happy}', c = ROW(2, 'q"uote'), p = 9.99, ps = '{1,2}' WHERE id = 2`)
 	p.exec("UPDATE keeps SET m = 'happy'")
 	p.exec("INSERT INTO gen (id, a) VALUES (11, 11)")
 	p.exec("UPDATE parted SET region = 'us' WHERE id = 1") // moves between partitions
-	p.exec("INSERT INTO parted VALUES (3, 'eu', 'c')")
+	p.exec("INSERT INTO parted VALUES (3, 'eu', 'c'), (4, 'eu', 'd')")
+	p.exec("TRUNCATE parted_eu") // old partitions are truncated: the target's must be too
 	p.waitEqual("changes of created types, a generated column and a partitioned table")
 
 	p.exec(`ALTER TABLE typed ADD COLUMN s mood DEFAULT 'ok', ADD COLUMN note text DEFAULT E'it''s a \\ back', ADD COLUMN n int DEFAULT 42, ADD COLUMN plain int, ADD COLUMN c2 "Sales".pt DEFAULT ROW(7, 'x')`)
@@ -185,4 +189,34 @@ func TestATableCreatedAgainUnderItsNameStops(t *testing.T) {
 		time.Minute, 20*time.Millisecond, "the other tables go on")
 	require.Equal(t, []string{"1|old", "2|old"}, p.targetQuery("SELECT id::text, v FROM again ORDER BY id"), "nothing mixed in")
 	require.NoError(t, stop(), stderr.String())
+}
+
+// Slot names are the server's, not a database's: a changefeed of another
+// database that took serve's default slot name keeps its slot. serve
+// refuses at start (exit 2) instead of taking that slot over or dropping
+// it as an unfinished start of its own.
+func TestServeLeavesAnotherDatabasesSlotAlone(t *testing.T) {
+	p := newPair(t)
+	p.exec("CREATE TABLE t (id int PRIMARY KEY)")
+	p.exec("CREATE DATABASE other")
+	other, err := pgx.Connect(context.Background(), p.src.DSNFor("other"))
+	require.NoError(t, err)
+	defer other.Close(context.Background())
+	_, err = other.Exec(context.Background(), "SELECT pg_create_logical_replication_slot('cdcflow', 'pgoutput')")
+	require.NoError(t, err)
+	slotOf := func() string {
+		var db string
+		require.NoError(t, p.conn.QueryRow(context.Background(), "SELECT database FROM pg_replication_slots WHERE slot_name = 'cdcflow'").Scan(&db))
+		return db
+	}
+	require.Equal(t, "other", slotOf())
+
+	err = p.runOnce(p.config())
+	require.ErrorIs(t, err, ErrSetup)
+	require.ErrorIs(t, err, pgsource.ErrForeignSlot)
+	require.ErrorContains(t, err, "database other")
+	require.Equal(t, "other", slotOf(), "the other database's slot is still there")
+	var active bool
+	require.NoError(t, p.conn.QueryRow(context.Background(), "SELECT active FROM pg_replication_slots WHERE slot_name = 'cdcflow'").Scan(&active))
+	require.False(t, active)
 }
