@@ -214,9 +214,9 @@ func (l *lane) queueWork(q *pgx.Batch, d *dstate) (int, common.Ts, error) {
 // key included, so the old row is as the move found it) and queues one
 // statement that inserts the new row with the unchanged columns copied
 // from the old row in the target, or NULL if the target has no such row
-// (then nothing holds the value). moved reports the second (b was
-// flushed and must be replaced). Either way the caller then deletes the
-// old key in the batch, after the move.
+// (then nothing holds the value). moved reports the second: the move is
+// a statement of its own (flush started a new batch). Either way the
+// caller then deletes the old key in the batch, after the move.
 func (l *lane) queueMove(q *pgx.Batch, t *table, b *batch, key []byte, c pgcodec.RowChange, flush func() error) (moved bool, err error) {
 	if len(c.From) != len(t.key) {
 		return false, fmt.Errorf("%w: %w: %s: a move from %d key columns, the table has %d", ErrApply, errBadData, t.qname, len(c.From), len(t.key))

@@ -167,6 +167,9 @@ func (ss *session) newColumn(ctx context.Context, m *msgRelation, c relColumn, a
 			col.Base = "text"
 		}
 	}
+	if !added {
+		return nil // a table new to the session: every row of it is streamed
+	}
 	var missing *string
 	var hasDefault bool
 	err := ss.catalog.QueryRow(ctx, `SELECT CASE WHEN atthasmissing THEN (attmissingval::text::text[])[1] END, atthasdef
@@ -177,7 +180,7 @@ FROM pg_attribute WHERE attrelid = $1 AND attname = $2 AND NOT attisdropped`, m.
 		return fmt.Errorf("pgsource: the value of %s.%s in earlier rows: %w", m.name, c.name, err)
 	case missing != nil:
 		col.Missing, col.HasMissing = *missing, true
-	case added && hasDefault:
+	case hasDefault:
 		// Either the default came after the column (the rows keep their
 		// NULLs, as the target's do) or adding it rewrote the table (a
 		// volatile default, a domain with a constraint): PostgreSQL then
