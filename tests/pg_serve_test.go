@@ -32,8 +32,8 @@ func startServe(t *testing.T, src, dst *pgtest.Server, dataDir string) *childPro
 }
 
 // pgWorkload writes to tables t1..tN until stopped: inserts, updates of a
-// small column (the TOASTed body is left unchanged) and deletes, in
-// transactions of a few rows.
+// small column or of the key (the TOASTed body is left unchanged) and
+// deletes, in transactions of a few rows.
 type pgWorkload struct {
 	pool   *pgxpool.Pool
 	tables int
@@ -72,9 +72,14 @@ func (w *pgWorkload) run(seed uint64) {
 		for range 4 {
 			tbl := fmt.Sprintf("t%d", 1+rng.IntN(w.tables))
 			switch p := rng.IntN(100); {
-			case p < 70:
+			case p < 65:
 				next++
 				_, err = tx.Exec(ctx, "INSERT INTO "+tbl+" VALUES ($1, 0, $2)", next, fmt.Sprintf("%x", rng.Uint64()))
+			case p < 70:
+				// A new key, the body left as it was: a move, whose
+				// TOASTed body (the first rows') only the old row holds.
+				next++
+				_, err = tx.Exec(ctx, "UPDATE "+tbl+" SET id = $1 WHERE id = (SELECT id FROM "+tbl+" ORDER BY random() LIMIT 1)", next)
 			case p < 90:
 				_, err = tx.Exec(ctx, "UPDATE "+tbl+" SET n = n + 1 WHERE id = (SELECT id FROM "+tbl+" ORDER BY random() LIMIT 1)")
 			default:
