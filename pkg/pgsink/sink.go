@@ -35,6 +35,9 @@ type Sink struct {
 	wg     sync.WaitGroup
 
 	durableFn func(id common.DispatcherID, epoch uint64, ts common.Ts)
+	// leftFn reports whether a source table left the changefeed
+	// (SetLeft); nil: none is known to have.
+	leftFn func(oid uint32) bool
 	// generation is the owner's generation this sink writes at (Start
 	// sets it before any lane runs; read-only after).
 	generation int64
@@ -278,15 +281,15 @@ func (s *Sink) BindAll(ctx context.Context, bs []Binding) error {
 		}
 		s.logBaseTypes(tables)
 	}
-	taken, err := takenTargets(ctx, conn, bs)
+	taken, err := s.claimTargets(ctx, conn, bs)
 	if err != nil {
-		return fmt.Errorf("%w: read checkpoints: %w", ErrApply, err)
+		return err
 	}
 	for _, b := range bs {
-		if o, ok := taken[b.Rel.QualifiedName()]; ok && o.dispatcher != hexID(b.ID) {
-			s.failed(b.ID, fmt.Errorf("%w: %s holds the rows of source table %d, not of %d (dropped and created again, or renamed away): "+
-				"empty it and delete dispatcher %s's row from cdcflow.checkpoints, then restart", ErrTargetTaken,
-				b.Rel.QualifiedName(), o.oid, b.Rel.OID, o.dispatcher), true)
+		if o, ok := taken[b.ID]; ok {
+			s.failed(b.ID, fmt.Errorf("%w: %s holds the rows of source table %d, not of %d (dropped and created again, or "+
+				"renamed away, while this process ran): a restart empties it for this table once that one has left the changefeed",
+				ErrTargetTaken, b.Rel.QualifiedName(), o.oid, b.Rel.OID), true)
 		}
 		l := s.laneFor(b.Rel.OID)
 		if t := tables[b.Rel.OID]; t != nil {
@@ -316,33 +319,88 @@ type targetOwner struct {
 	oid        int64
 }
 
-// takenTargets returns, by target table, the source table that wrote each
-// of bs's target tables, from cdcflow.checkpoints: a target recorded for
-// another dispatcher holds that table's rows. Several recorded for one
-// target: any one of them other than the binding's own.
-func takenTargets(ctx context.Context, conn *pgx.Conn, bs []Binding) (map[string]targetOwner, error) {
-	names, own := make([]string, len(bs)), make(map[string]string, len(bs))
+// claimTargets finds, from cdcflow.checkpoints, the bindings of bs whose
+// target table other source tables wrote, and returns those that must
+// stop, with one such table each. A target table written only by tables
+// that have left the changefeed (SetLeft says so, and their dispatchers
+// are neither bound nor being bound: dropped, found at a start) and not by
+// the binding's own table is emptied for it, their checkpoint rows
+// deleted, in one transaction. One a table still bound wrote (dropped
+// while this process runs: its dispatcher may have rows in flight) or
+// that holds the binding's own rows besides is not touched: that binding
+// stops.
+func (s *Sink) claimTargets(ctx context.Context, conn *pgx.Conn, bs []Binding) (map[common.DispatcherID]targetOwner, error) {
+	names := make([]string, len(bs))
+	inChangefeed := map[string]bool{}
 	for i, b := range bs {
 		names[i] = b.Rel.QualifiedName()
-		own[names[i]] = hexID(b.ID)
+		inChangefeed[hexID(b.ID)] = true
 	}
+	s.mu.Lock()
+	for id := range s.mu.bound {
+		inChangefeed[hexID(id)] = true
+	}
+	s.mu.Unlock()
 	rows, err := conn.Query(ctx, "SELECT target, dispatcher, table_oid FROM cdcflow.checkpoints WHERE target = ANY($1::text[])", names)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: read checkpoints: %w", ErrApply, err)
 	}
-	defer rows.Close()
-	out := map[string]targetOwner{}
+	owners := map[string][]targetOwner{}
 	for rows.Next() {
 		var target string
 		var o targetOwner
 		if err := rows.Scan(&target, &o.dispatcher, &o.oid); err != nil {
-			return nil, err
+			rows.Close()
+			return nil, fmt.Errorf("%w: read checkpoints: %w", ErrApply, err)
 		}
-		if _, seen := out[target]; !seen || out[target].dispatcher == own[target] {
-			out[target] = o
+		owners[target] = append(owners[target], o)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("%w: read checkpoints: %w", ErrApply, err)
+	}
+	stop := map[common.DispatcherID]targetOwner{}
+	var reclaim []string
+	var gone []string
+	for i, b := range bs {
+		var own bool
+		var live, left []targetOwner
+		for _, o := range owners[names[i]] {
+			switch {
+			case o.dispatcher == hexID(b.ID):
+				own = true
+			case inChangefeed[o.dispatcher] || s.leftFn == nil || !s.leftFn(uint32(o.oid)):
+				live = append(live, o)
+			default:
+				left = append(left, o)
+			}
+		}
+		switch {
+		case len(live) > 0:
+			stop[b.ID] = live[0]
+		case len(left) > 0 && own:
+			stop[b.ID] = left[0]
+		case len(left) > 0:
+			reclaim = append(reclaim, names[i])
+			for _, o := range left {
+				gone = append(gone, o.dispatcher)
+				s.log.Warn("a target table held the rows of a source table that left the changefeed: emptied for the table of its name now",
+					zap.String("table", names[i]), zap.Int64("old_oid", o.oid), zap.Uint32("oid", b.Rel.OID))
+			}
 		}
 	}
-	return out, rows.Err()
+	if len(reclaim) > 0 {
+		if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "TRUNCATE "+strings.Join(reclaim, ", ")); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "DELETE FROM cdcflow.checkpoints WHERE dispatcher = ANY($1::text[])", gone)
+			return err
+		}); err != nil {
+			return nil, fmt.Errorf("%w: empty the target tables of tables gone: %w", ErrApply, err)
+		}
+	}
+	return stop, nil
 }
 
 // hexID is id as cdcflow.checkpoints keys it.
@@ -376,6 +434,12 @@ func (s *Sink) Unbind(id common.DispatcherID) {
 	delete(s.mu.bound, id)
 	delete(s.mu.durable, id)
 }
+
+// SetLeft tells the sink which source tables (by OID) have left the
+// changefeed: a target table written only by such tables is emptied when
+// a table of its name is bound. Without it such a table stops instead
+// (ErrTargetTaken). Set before Bind; not safe to call concurrently with it.
+func (s *Sink) SetLeft(left func(oid uint32) bool) { s.leftFn = left }
 
 // SetDurable implements eventcollector.AsyncSink.
 func (s *Sink) SetDurable(f func(id common.DispatcherID, epoch uint64, ts common.Ts)) {

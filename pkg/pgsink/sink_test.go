@@ -472,9 +472,10 @@ func TestAMoveKeepsTheUnchangedValue(t *testing.T) {
 
 // A table dropped at the source and created again under the same name is
 // another table (another OID) whose target table already holds the first
-// one's rows: it stops, naming both and what to do, rather than mix its
-// rows into them; the first table's work goes on, and binding the same
-// table again is no conflict.
+// one's rows: while the first is bound it stops, naming both, rather than
+// mix its rows into them; the first table's work goes on, and binding the
+// same table again is no conflict. Once the first has left the changefeed
+// (a later start, SetLeft) the target table is emptied for the new one.
 func TestATargetTableOfAnotherSourceTableStopsTheNewOne(t *testing.T) {
 	e := newSinkEnv(t, nil)
 	ctx := context.Background()
@@ -500,6 +501,29 @@ func TestATargetTableOfAnotherSourceTableStopsTheNewOne(t *testing.T) {
 	e.dur.wait(t, old, 14)
 	require.Equal(t, []string{`{"id":1,"v":"old","big":null}`, `{"id":2,"v":"old","big":null}`}, e.contents("app.t"),
 		"nothing of the new table's mixed in")
+
+	// A later process, to which the first table has left the changefeed
+	// (dropped: no longer published), empties the target table for the
+	// new one and forgets the old checkpoint; without being told, it
+	// stops the new table as this one did.
+	later := func(left func(uint32) bool) *Sink {
+		s2, err := New(Options{DSN: e.pg.DSN, Workers: 2, FlushInterval: 5 * time.Millisecond, MaxFlushInterval: DefaultFlushInterval})
+		require.NoError(t, err)
+		if left != nil {
+			s2.SetLeft(left)
+		}
+		require.NoError(t, s2.Start(ctx))
+		t.Cleanup(s2.Close)
+		require.NoError(t, s2.BindAll(ctx, []Binding{{ID: recreated, Rel: again, StartTs: 12}}))
+		return s2
+	}
+	e.sink.Close()
+	require.Len(t, later(nil).Stopped(), 1, "not told that the first table left")
+	require.Empty(t, later(func(oid uint32) bool { return oid == 100 }).Stopped())
+	require.Empty(t, e.contents("app.t"), "emptied for the new table")
+	var rows int
+	require.NoError(t, e.conn.QueryRow(ctx, "SELECT count(*) FROM cdcflow.checkpoints WHERE table_oid = 100").Scan(&rows))
+	require.Zero(t, rows, "the old table's checkpoint is gone with it")
 }
 
 // Changes the target refuses (a value its type cannot take) fail only

@@ -192,6 +192,13 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 		}
 		binds[i] = pgsink.Binding{ID: dispatcherOf(rel.OID), Rel: rel, StartTs: start}
 	}
+	published := make(map[uint32]bool, len(p.info.Tables))
+	for _, rel := range p.info.Tables {
+		published[rel.OID] = true
+	}
+	// A table not published at the start has left the changefeed (one
+	// created since is bound, and the sink looks at those first).
+	p.sink.SetLeft(func(oid uint32) bool { return !published[oid] })
 	if err := p.sink.BindAll(ctx, binds); err != nil {
 		return setup(err)
 	}

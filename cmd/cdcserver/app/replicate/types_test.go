@@ -165,7 +165,9 @@ func TestServeReadsValuesTheSameWhateverTheServersFormats(t *testing.T) {
 // A table dropped and created again under its name while serve runs is a
 // new table to the stream (a new OID), and its target table holds the
 // dropped one's rows: the new table stops, saying so, instead of mixing
-// its rows into them; the other tables go on.
+// its rows into them; the other tables go on. A restart, to which the
+// dropped table is not published, empties the target table for the new
+// one, and the new one arrives whole.
 func TestATableCreatedAgainUnderItsNameStops(t *testing.T) {
 	p := newPair(t)
 	p.exec("CREATE TABLE kept (id int PRIMARY KEY)")
@@ -176,8 +178,9 @@ func TestATableCreatedAgainUnderItsNameStops(t *testing.T) {
 	stop, stderr := p.serve(cfg)
 	p.waitEqual("the snapshot")
 	require.Eventually(t, func() bool {
-		return len(p.targetQuery("SELECT dispatcher FROM cdcflow.checkpoints WHERE target = '\"public\".\"again\"'")) == 1
-	}, time.Minute, 20*time.Millisecond, "the first table's checkpoint is recorded")
+		return len(p.targetQuery("SELECT dispatcher FROM cdcflow.checkpoints WHERE target = '\"public\".\"again\"'")) == 1 &&
+			len(p.targetQuery("SELECT value FROM cdcflow.state WHERE key = 'snapshot-done:cdcflow' AND value <> ''")) == 1
+	}, time.Minute, 20*time.Millisecond, "the first table's checkpoint and the snapshot's completion are recorded")
 	p.exec("DROP TABLE again")
 	p.exec("CREATE TABLE again (id int PRIMARY KEY, v text)")
 	p.exec("INSERT INTO again VALUES (3, 'new')")
@@ -188,6 +191,15 @@ func TestATableCreatedAgainUnderItsNameStops(t *testing.T) {
 	require.Eventually(t, func() bool { return len(p.targetQuery("SELECT id::text FROM kept")) == 1 },
 		time.Minute, 20*time.Millisecond, "the other tables go on")
 	require.Equal(t, []string{"1|old", "2|old"}, p.targetQuery("SELECT id::text, v FROM again ORDER BY id"), "nothing mixed in")
+	require.NoError(t, stop(), stderr.String())
+
+	// At the next start the dropped table is not published: its target
+	// table is emptied for the new one, which replays from its start.
+	p.exec("INSERT INTO again VALUES (4, 'while down')")
+	stop, stderr = p.serve(cfg)
+	p.waitEqual("after a restart")
+	require.Equal(t, []string{"3|new", "4|while down"}, p.targetQuery("SELECT id::text, v FROM again ORDER BY id"))
+	require.Contains(t, stderr.String(), "emptied for the table of its name now")
 	require.NoError(t, stop(), stderr.String())
 }
 
