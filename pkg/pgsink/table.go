@@ -146,7 +146,8 @@ func (t *table) evolve(rel pgcodec.Relation, has targetTypes) ([]string, error) 
 	}
 	for _, name := range t.order {
 		if !inRel[name] {
-			return nil, fmt.Errorf("%w: %s: column %q is gone from the source (dropped or renamed)", ErrSchemaChange, t.qname, name)
+			return nil, fmt.Errorf("%w: %s: column %q is gone from the source (dropped or renamed there), or the target table has a column the source never had",
+				ErrSchemaChange, t.qname, name)
 		}
 	}
 	if !slices.Equal(rel.KeyColumns(), t.key) {
