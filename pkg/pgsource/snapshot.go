@@ -123,7 +123,7 @@ func (s *Source) snapshotWorker(snap *pendingSnapshot, work <-chan catalogTable)
 	if _, err := tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"); err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SET TRANSACTION SNAPSHOT '%s'", strings.ReplaceAll(snap.name, "'", "''"))); err != nil {
+	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+pgcodec.QuoteLiteral(snap.name)); err != nil {
 		return fmt.Errorf("set the exported snapshot: %w", err)
 	}
 	for t := range work {
