@@ -34,7 +34,7 @@ func (ss *session) handle(ctx context.Context, data []byte) error {
 			return fmt.Errorf("%w: BEGIN inside a transaction", ErrProtocol)
 		}
 		ts := max(ss.last+2, common.TsFromTime(m.commitTime))
-		ss.cur = &txn{ts: ts, pending: map[uint32][]common.Row{}}
+		ss.cur = &txn{ts: ts, xid: m.xid, pending: map[uint32][]common.Row{}}
 		ss.refreshSubs()
 		// A subscription that arrives from below ts while this
 		// transaction is decoded may have missed its rows: it replays.
@@ -67,8 +67,11 @@ func (ss *session) handle(ctx context.Context, data []byte) error {
 			}
 		}
 	case msgMessage:
-		if m.prefix == heartbeatPrefix {
+		switch m.prefix {
+		case heartbeatPrefix:
 			s.met.heartbeats.Inc()
+		case copyPrefix:
+			return ss.copyMark(ctx, m)
 		}
 	case msgIgnored:
 	}
@@ -87,16 +90,23 @@ func (ss *session) relation(ctx context.Context, m *msgRelation) error {
 	if seen && sameRelation(old, rel) {
 		return nil
 	}
-	ss.known[m.oid] = rel
 	if ss.announced[m.oid] && seen && old.Validate() != nil && rel.Validate() == nil {
 		// A table whose changes were skipped for want of a key has one
 		// now: its next change announces it, as a new table's first.
 		delete(ss.announced, m.oid)
 	}
+	ss.s.relationChanged(m.oid, seen)
+	return ss.adopt(rel)
+}
+
+// adopt makes rel its table's relation version from the current
+// transaction on: a DDL at its commit-ts minus one.
+func (ss *session) adopt(rel pgcodec.Relation) error {
+	ss.known[rel.OID] = rel
 	if ss.cur == nil {
 		return nil // outside a transaction: it takes effect at the next one
 	}
-	ddl := schemastore.DDL{TableID: int64(m.oid), CommitTs: ss.cur.ts - 1, Query: pgcodec.RelationDDL(rel)}
+	ddl := schemastore.DDL{TableID: int64(rel.OID), CommitTs: ss.cur.ts - 1, Query: pgcodec.RelationDDL(rel)}
 	if err := ss.s.opts.Schema.AddDDL(ddl); err != nil && !errors.Is(err, schemastore.ErrDDLBeforeFrontier) && !errors.Is(err, schemastore.ErrDuplicateDDL) {
 		return fmt.Errorf("pgsource: record the DDL of %s: %w", rel.QualifiedName(), err)
 	}
@@ -352,6 +362,9 @@ func (ss *session) add(ctx context.Context, oid uint32, c pgcodec.Change, key []
 	t := ss.cur
 	s := ss.s
 	t.index++
+	if ws := s.copyWindows[oid]; len(ws) > 0 {
+		ss.touchCopies(ws, c, key, &change)
+	}
 	if len(ss.subs[oid]) == 0 {
 		ss.unsubscribed(oid, t.ts)
 		return nil
@@ -368,28 +381,16 @@ func (ss *session) add(ctx context.Context, oid uint32, c pgcodec.Change, key []
 
 // unsubscribed handles a change of a table without a subscription.
 func (ss *session) unsubscribed(oid uint32, ts common.Ts) {
-	s := ss.s
 	if ss.announced[oid] {
 		return
 	}
 	ss.announced[oid] = true
 	rel, ok := ss.known[oid]
-	if !ok || rel.Validate() != nil {
-		s.met.skippedTables.Inc()
-		s.log.Error("changes of a table that cannot be replicated are skipped (no key)", zap.Uint32("oid", oid),
-			zap.String("table", rel.QualifiedName()))
-		return
+	relErr := rel.Validate()
+	if !ok {
+		rel.OID, relErr = oid, fmt.Errorf("%w: no description of relation %d", ErrNoKey, oid)
 	}
-	s.mu.Lock()
-	if _, held := s.mu.holds[oid]; !held {
-		s.mu.holds[oid] = ts
-	}
-	s.mu.Unlock()
-	s.log.Info("a new published table: holding the slot before its first change until it is subscribed",
-		zap.String("table", rel.QualifiedName()), zap.Stringer("first_ts", ts))
-	if f := s.opts.OnNewTable; f != nil {
-		f(rel, ts)
-	}
+	ss.s.announce(rel, relErr, ts)
 }
 
 // flush pushes the transaction's pending rows of oid to its subscriptions
@@ -515,6 +516,10 @@ func (ss *session) commit(ctx context.Context, m msgCommit) error {
 			b.resolved = t.ts
 		}
 	}
+	for _, c := range t.copied {
+		s.finishCopy(c, t.ts, false)
+	}
+	s.noteCommit(t.xid)
 	ss.last = t.ts
 	ss.cur = nil
 	ss.journal = append(ss.journal, Position{LSN: t.endLSN, Ts: t.ts})

@@ -22,6 +22,9 @@ type metrics struct {
 	walEnd        prometheus.Gauge
 	snapshotRows  prometheus.Counter
 	snapshotDone  prometheus.Gauge
+	copyRows      prometheus.Counter
+	copyRetries   prometheus.Counter
+	joined        prometheus.Counter
 }
 
 func newMetrics(s *Source, reg prometheus.Registerer) (*metrics, error) {
@@ -46,6 +49,10 @@ func newMetrics(s *Source, reg prometheus.Registerer) (*metrics, error) {
 		walEnd:       g("server_wal_end_lsn", "The server's WAL end, from its keepalives."),
 		snapshotRows: c("snapshot_rows_total", "Rows copied by the initial snapshot."),
 		snapshotDone: g("snapshot_tables_done", "Tables the initial snapshot has copied."),
+		copyRows:     c("copy_rows_total", "Rows of tables that joined while running copied into the stream (CopyTable)."),
+		copyRetries: c("copy_retries_total", "Chunks of a copy read again: a truncate or a new relation version in the chunk's window, "+
+			"a commit the chunk's snapshot could not see yet (waiting for a synchronous standby), or no subscription yet."),
+		joined: c("joined_tables_total", "Published tables that joined while running (announced through OnNewTable)."),
 	}
 	if err := promutil.RegisterAll(reg, m.all()...); err != nil {
 		return nil, err
@@ -55,7 +62,8 @@ func newMetrics(s *Source, reg prometheus.Registerer) (*metrics, error) {
 
 func (m *metrics) all() []prometheus.Collector {
 	return []prometheus.Collector{m.commits, m.rows, m.ddls, m.heartbeats, m.replays, m.reconnects, m.skippedTables, m.refused,
-		m.committedTs, m.confirmedLSN, m.walEnd, m.snapshotRows, m.snapshotDone}
+		m.committedTs, m.confirmedLSN, m.walEnd, m.snapshotRows, m.snapshotDone,
+		m.copyRows, m.copyRetries, m.joined}
 }
 
 func (m *metrics) unregister() { promutil.UnregisterAll(m.reg, m.all()...) }

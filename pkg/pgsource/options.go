@@ -57,6 +57,8 @@ var (
 	// database's), a physical one, or one of another output plugin. It is
 	// neither used, taken over nor dropped.
 	ErrForeignSlot = errors.New("pgsource: the slot belongs to something else")
+	// ErrTableGone: a table to copy no longer exists.
+	ErrTableGone = errors.New("pgsource: the table is gone")
 )
 
 // SchemaSink receives relation versions as DDLs and the schema frontier
@@ -106,15 +108,36 @@ type Options struct {
 	// waits for it, so it must return at once (read a value kept up to
 	// date elsewhere, as the sink's MinDurable does).
 	SafePoint func() (ts common.Ts, ok bool)
-	// OnNewTable, if set, is told of a published table first seen in the
-	// stream (added to the publication while running) and the commit-ts
-	// of its first change; the slot is held before it until the table is
-	// subscribed from a start-ts below firstTs, which replays it from the
-	// slot. It is called on the stream's goroutine, holding no lock of the
-	// source, once per table; the stream waits for it, so it should hand
-	// the table to another goroutine and return (serve queues it for the
-	// goroutine that binds and registers new tables).
+	// OnNewTable, if set, is told of a published table that joined while
+	// running (added to the publication, or created under one FOR ALL
+	// TABLES) and a commit-ts to subscribe it from below: the commit-ts of
+	// its first change, if the stream saw one first, or, if the
+	// publication's poll found it first, the one after the last commit
+	// decoded. The slot is held before it until the table is subscribed
+	// from a start-ts below firstTs (which replays the stream from the slot
+	// if it passed there). Its rows from before it joined are not in the
+	// stream: CopyTable copies them. It is called on the stream's or the
+	// poll's goroutine, holding no lock of the source, about once per
+	// table (a restarted stream may announce again a table not yet
+	// subscribed); the caller waits for it, so it should hand the table to
+	// another goroutine and return (serve queues it for the goroutine that
+	// binds, registers and copies new tables).
 	OnNewTable func(rel pgcodec.Relation, firstTs common.Ts)
+	// PublicationPollInterval is how often the publication's tables are
+	// listed, to find the tables that joined it without a change since
+	// (announced through OnNewTable). Default 10s; negative: off (a table
+	// is then found at its first change).
+	PublicationPollInterval time.Duration
+	// CopyChunkRows is the rows of one chunk of CopyTable: what the stream
+	// holds of a copy at a time, and the rows read between two
+	// watermarks. Default 4096.
+	CopyChunkRows int
+	// copyHook, if set (tests), runs after a copy's chunk is read and
+	// before its high watermark is written.
+	copyHook func(oid uint32, rows int)
+	// skipSyncRepCheck and skipRecentCheck (tests) turn off one of the two
+	// ways a copy finds a commit its chunk's snapshot cannot see yet.
+	skipSyncRepCheck, skipRecentCheck bool
 	// ResolvedInterval is how often every subscription's resolved-ts and
 	// the schema frontier move to the last commit. A table's own commits
 	// resolve it at once (each commit's push carries its commit-ts as the
@@ -191,6 +214,12 @@ func (o Options) withDefaults() Options {
 	if o.ChunkRows == 0 {
 		o.ChunkRows = 1024
 	}
+	if o.PublicationPollInterval == 0 {
+		o.PublicationPollInterval = 10 * time.Second
+	}
+	if o.CopyChunkRows == 0 {
+		o.CopyChunkRows = 4096
+	}
 	if o.SnapshotWorkers == 0 {
 		o.SnapshotWorkers = 2
 	}
@@ -219,6 +248,7 @@ func (o Options) validate() error {
 	p.IntRange("ChunkRows", o.ChunkRows, 1, 1<<20)
 	p.IntRange("ResolvedPushesPerSec", o.ResolvedPushesPerSec, 1, 1<<30)
 	p.IntRange("SnapshotWorkers", o.SnapshotWorkers, 1, 64)
+	p.IntRange("CopyChunkRows", o.CopyChunkRows, 1, 1<<20)
 	p.Require(o.ReadLinger <= time.Second, "ReadLinger %v must be at most 1s", o.ReadLinger)
 	return p.Err()
 }

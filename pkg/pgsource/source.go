@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,6 +36,18 @@ type Source struct {
 	wg     sync.WaitGroup
 	kick   chan struct{} // capacity 1: a replay or a quiesce was asked for
 
+	// copyNonce tells this process's copy watermarks from another's;
+	// copySeq numbers its chunks.
+	copyNonce string
+	copySeq   atomic.Uint64
+	// copyWindows are the copy chunks whose window is open, by table
+	// (the stream goroutine's).
+	copyWindows map[uint32][]*copyChunk
+	// recentXids are the xids of the last recentCommits commits decoded,
+	// recentN the commits decoded (the stream goroutine's).
+	recentXids [recentCommits]uint32
+	recentN    uint64
+
 	// Set by Open, read-only after.
 	tables   []catalogTable
 	snapshot *pendingSnapshot // nil unless Open created the slot
@@ -51,7 +64,12 @@ type Source struct {
 		committed               common.Ts            // the last commit decoded
 		begun                   common.Ts            // the last transaction begun (its rows may be decoded already)
 		snapshotDone            bool
-		err                     error // why the source stopped, if it did
+		// copies are the chunks of copies in flight, by id.
+		copies map[string]*copyChunk
+		// published are the tables known to be published: those of Open
+		// and those announced since (OnNewTable).
+		published map[uint32]bool
+		err       error // why the source stopped, if it did
 		// quiesce is a pending Quiesce (nil: none).
 		quiesce *quiesceReq
 		// quiesced: the stream ended at a Quiesce; it opens no session.
@@ -95,9 +113,12 @@ func New(opts Options) (*Source, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	s := &Source{opts: opts, log: opts.Logger.Named("pgsource"), kick: make(chan struct{}, 1)}
+	s := &Source{opts: opts, log: opts.Logger.Named("pgsource"), kick: make(chan struct{}, 1),
+		copyNonce: fmt.Sprintf("%x", rand.Uint64()), copyWindows: map[uint32][]*copyChunk{}}
 	s.mu.subs = map[uint32][]*sub{}
 	s.mu.holds = map[uint32]common.Ts{}
+	s.mu.copies = map[string]*copyChunk{}
+	s.mu.published = map[uint32]bool{}
 	var err error
 	if s.met, err = newMetrics(s, opts.Registerer); err != nil {
 		return nil, err
@@ -194,6 +215,9 @@ func (s *Source) Open(ctx context.Context) (Info, error) {
 	s.mu.saved = s.resume
 	s.mu.committed = s.resume.Ts
 	s.mu.snapshotDone = s.snapshot == nil
+	for _, t := range s.tables {
+		s.mu.published[t.oid] = true
+	}
 	s.mu.Unlock()
 	return info, nil
 }
@@ -298,6 +322,9 @@ func (s *Source) Start() error {
 	s.mu.started = true
 	s.wg.Go(s.run)
 	s.wg.Go(s.runHeartbeat)
+	if s.opts.PublicationPollInterval > 0 {
+		s.wg.Go(s.runPublicationPoll)
+	}
 	return nil
 }
 

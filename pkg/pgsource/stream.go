@@ -117,10 +117,12 @@ func (s *Source) stop(err error) {
 // txn is the transaction being decoded.
 type txn struct {
 	ts      common.Ts
+	xid     uint32
 	endLSN  uint64
 	index   uint32
 	pending map[uint32][]common.Row // rows not yet pushed, by table
 	spilled []*sub                  // subscriptions that were pushed rows of this transaction
+	copied  []*copyChunk            // chunks of copies pushed in this transaction
 }
 
 // session is one replication connection, from a saved position.

@@ -1,0 +1,290 @@
+package pgsource
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/pgcodec"
+)
+
+// fold applies a table's changes, in the order pushed, to a map from the
+// key column's text to the row's columns (what an upserting sink holds).
+func fold(t *testing.T, changes []pgcodec.RowChange, key string) map[string]map[string]string {
+	t.Helper()
+	rows := map[string]map[string]string{}
+	for _, c := range changes {
+		switch c.Change {
+		case pgcodec.Truncate:
+			rows = map[string]map[string]string{}
+			continue
+		case pgcodec.Move:
+			old := rows[string(c.From[0].Text)]
+			delete(rows, string(c.From[0].Text))
+			rows[text(c, key)] = old
+		}
+		k := text(c, key)
+		if c.Change == pgcodec.Delete {
+			delete(rows, k)
+			continue
+		}
+		row := rows[k]
+		if row == nil {
+			row = map[string]string{}
+			rows[k] = row
+		}
+		for _, d := range c.Columns {
+			if d.Kind != pgcodec.Unchanged {
+				row[d.Name] = text(c, d.Name)
+			}
+		}
+	}
+	return rows
+}
+
+// tableRows reads a source table the way fold keeps it.
+func (e *srcEnv) tableRows(table, key string) map[string]map[string]string {
+	e.t.Helper()
+	rows, err := e.conn.Query(context.Background(), "SELECT * FROM "+table)
+	require.NoError(e.t, err)
+	out := map[string]map[string]string{}
+	for rows.Next() {
+		vals, err := rows.Values()
+		require.NoError(e.t, err)
+		row := map[string]string{}
+		for i, f := range rows.FieldDescriptions() {
+			row[f.Name] = "<null>"
+			if vals[i] != nil {
+				row[f.Name] = fmt.Sprint(vals[i])
+			}
+		}
+		out[row[key]] = row
+	}
+	require.NoError(e.t, rows.Err())
+	return out
+}
+
+// joinedTable is a table that joins the publication while streaming,
+// announced, subscribed from where the announcement says.
+type joinedTable struct {
+	src  *Source
+	sink *recordingSink
+	oid  uint32
+	from common.Ts
+}
+
+// streamThenJoin starts a source on a publication of t1 only, then adds
+// table to it and waits for the poll to announce it (it has no change in
+// the stream) and subscribes it.
+func streamThenJoin(t *testing.T, e *srcEnv, table string, tweak func(*Options)) joinedTable {
+	t.Helper()
+	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
+	e.exec("CREATE PUBLICATION only_t1 FOR TABLE t1")
+	announced := make(chan common.Ts, 4)
+	src := e.source(func(o *Options) {
+		o.Publication = "only_t1"
+		o.PublicationPollInterval = 20 * time.Millisecond
+		o.OnNewTable = func(rel pgcodec.Relation, ts common.Ts) {
+			if rel.Name == table {
+				announced <- ts
+			}
+		}
+		if tweak != nil {
+			tweak(o)
+		}
+	})
+	_, sinks := openAndSubscribe(t, e, src, "t1")
+	e.exec("INSERT INTO t1 VALUES (1)")
+	sinks["t1"].waitFor("t1 streams", func() bool { return len(sinks["t1"].rows) == 1 })
+	e.exec("ALTER PUBLICATION only_t1 ADD TABLE " + table)
+	var from common.Ts
+	select {
+	case from = <-announced:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s was never announced", table)
+	}
+	j := joinedTable{src: src, sink: newRecordingSink(t, from-1), oid: e.oid(table), from: from}
+	sub, err := src.Subscribe(common.TableSpan(int64(j.oid)), from-1, j.sink)
+	require.NoError(t, err)
+	t.Cleanup(sub.Close)
+	return j
+}
+
+// A table added to the publication with rows in it and no change since is
+// found by the poll and copied in chunks, while it is written to: a row
+// changed or deleted after a chunk's snapshot and before its high
+// watermark keeps the stream's version (the chunk's older one is dropped),
+// so what the subscription folds to is the table. Without the window's
+// key tracking the chunk's row would overwrite the update and bring the
+// deleted row back.
+func TestATableThatJoinsWithRowsIsCopiedWhileWrittenTo(t *testing.T) {
+	e := newSrcEnv(t)
+	e.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text, n int)")
+	e.exec("INSERT INTO t2 SELECT g, 'v' || g, g FROM generate_series(1, 1000) g")
+	writer, err := pgx.Connect(context.Background(), e.pg.DSN)
+	require.NoError(t, err)
+	defer writer.Close(context.Background())
+	chunks := 0
+	j := streamThenJoin(t, e, "t2", func(o *Options) {
+		o.CopyChunkRows = 300
+		o.copyHook = func(_ uint32, rows int) {
+			// After the chunk's snapshot, before its high watermark: the
+			// chunk holds the rows as they were.
+			chunks++
+			if chunks > 1 {
+				return
+			}
+			for _, q := range []string{"UPDATE t2 SET v = 'changed' WHERE id = 1", "DELETE FROM t2 WHERE id = 2",
+				"INSERT INTO t2 VALUES (5000, 'new', 0)", "UPDATE t2 SET n = -1 WHERE id = 700"} {
+				_, err := writer.Exec(context.Background(), q)
+				require.NoError(t, err)
+			}
+		}
+	})
+	res, err := j.src.CopyTable(context.Background(), j.oid)
+	require.NoError(t, err)
+	require.Equal(t, 4, res.Chunks, "1000 rows and one more in chunks of 300")
+	require.Equal(t, int64(999), res.Rows, "ids 3-1000 and 5000: the first chunk's window touched ids 1 and 2")
+	require.Greater(t, res.Ts, j.from)
+	e.exec("UPDATE t2 SET v = 'after' WHERE id = 3")
+	want := e.tableRows("t2", "id")
+	j.sink.waitFor("the copy and the changes around it", func() bool { return len(j.sink.rows) == 4+999+1 })
+	got := fold(t, j.sink.changes(), "id")
+	require.Equal(t, len(want), len(got))
+	require.Equal(t, want, got)
+	require.Equal(t, 999.0, testutilValue(j.src.met.copyRows))
+}
+
+// A commit that the stream has already delivered but that the chunk's
+// snapshot cannot see (its transaction waits for a synchronous standby
+// that is not there: in the WAL, not yet visible) must not be overwritten
+// by the chunk's older row: the copy reads the chunk again, under new
+// watermarks, until that commit is visible. Each of the two checks finds
+// it alone: the copier's (the transaction waits in SyncRep) and the
+// stream's (it decoded the transaction's commit before the low
+// watermark). With neither, the copy ends with the row as it was before
+// the commit.
+func TestACopyWaitsForACommitItsSnapshotCannotSeeYet(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		only func(*Options)
+	}{
+		{"SyncRepCheck", func(o *Options) { o.skipRecentCheck = true }},
+		{"RecentCommitsCheck", func(o *Options) { o.skipSyncRepCheck = true }},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testACopyWaitsForACommitItsSnapshotCannotSeeYet(t, tc.only) })
+	}
+}
+
+func testACopyWaitsForACommitItsSnapshotCannotSeeYet(t *testing.T, only func(*Options)) {
+	e := newSrcEnv(t)
+	e.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text)")
+	e.exec("INSERT INTO t2 SELECT g, 'v' || g FROM generate_series(1, 10) g")
+	j := streamThenJoin(t, e, "t2", only)
+	e.exec("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
+	e.exec("SELECT pg_reload_conf()")
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			e.exec("ALTER SYSTEM RESET synchronous_standby_names")
+			e.exec("SELECT pg_reload_conf()")
+		}
+	}
+	t.Cleanup(release)
+	waiting := make(chan error, 1)
+	go func() {
+		conn, err := pgx.Connect(context.Background(), e.pg.DSN)
+		if err != nil {
+			waiting <- err
+			return
+		}
+		defer conn.Close(context.Background())
+		_, err = conn.Exec(context.Background(), "UPDATE t2 SET v = 'waited' WHERE id = 3") // commits, then waits
+		waiting <- err
+	}()
+	j.sink.waitFor("the stream delivers the waiting commit", func() bool {
+		for _, r := range j.sink.rows {
+			if c, err := pgcodec.DecodeValue(r.Value); err == nil && text(c, "v") == "waited" {
+				return true
+			}
+		}
+		return false
+	})
+	copied := make(chan error, 1)
+	var res CopyResult
+	go func() {
+		var err error
+		res, err = j.src.CopyTable(context.Background(), j.oid)
+		copied <- err
+	}()
+	deadline := time.Now().Add(60 * time.Second)
+	for testutilValue(j.src.met.copyRetries) < 3 {
+		select {
+		case err := <-copied:
+			t.Fatalf("the copy ended (%v) while a commit it cannot see was delivered", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+		require.True(t, time.Now().Before(deadline), "the copy never read its chunk again")
+	}
+	release()
+	require.NoError(t, <-waiting)
+	require.NoError(t, <-copied)
+	j.sink.waitFor("the copy", func() bool { return j.sink.resolved >= res.Ts })
+	got := fold(t, j.sink.changes(), "id")
+	require.Equal(t, e.tableRows("t2", "id"), got)
+	require.Equal(t, "waited", got["3"]["v"])
+}
+
+// A truncate in a chunk's window sends the chunk back (its rows may be
+// from before the truncate); read again, the table's rows after it are
+// copied, none from before.
+func TestATruncateInAChunksWindowReadsItAgain(t *testing.T) {
+	e := newSrcEnv(t)
+	e.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text)")
+	e.exec("INSERT INTO t2 SELECT g, 'old' FROM generate_series(1, 50) g")
+	writer, err := pgx.Connect(context.Background(), e.pg.DSN)
+	require.NoError(t, err)
+	defer writer.Close(context.Background())
+	first := true
+	j := streamThenJoin(t, e, "t2", func(o *Options) {
+		o.copyHook = func(uint32, int) {
+			if first {
+				first = false
+				_, err := writer.Exec(context.Background(), "TRUNCATE t2; INSERT INTO t2 VALUES (7, 'new')")
+				require.NoError(t, err)
+			}
+		}
+	})
+	res, err := j.src.CopyTable(context.Background(), j.oid)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Retries)
+	require.Equal(t, int64(1), res.Rows)
+	j.sink.waitFor("the copy", func() bool { return j.sink.resolved >= res.Ts })
+	got := fold(t, j.sink.changes(), "id")
+	require.Equal(t, map[string]map[string]string{"7": {"id": "7", "v": "new"}}, got)
+}
+
+func TestChunkQueryContinuesAfterTheKeyInKeyOrder(t *testing.T) {
+	rel := pgcodec.Relation{Schema: "s", Name: "t", Columns: []pgcodec.Column{
+		{Name: "a", Type: "integer", Key: true}, {Name: "v", Type: "text"}, {Name: "b", Type: "character varying(5)", Key: true}}}
+	q, args := chunkQuery(rel, nil, 10)
+	require.Equal(t, `SELECT t."a"::text, t."v"::text, t."b"::text FROM "s"."t" t ORDER BY t."a", t."b" LIMIT 10`, q)
+	require.Empty(t, args)
+	q, args = chunkQuery(rel, [][]byte{[]byte("3"), []byte("x'y")}, 10)
+	require.Equal(t, `SELECT t."a"::text, t."v"::text, t."b"::text FROM "s"."t" t WHERE (t."a", t."b") > ($1::text::integer, $2::text::character varying(5)) ORDER BY t."a", t."b" LIMIT 10`, q)
+	require.Equal(t, []any{"3", "x'y"}, args)
+	require.Equal(t, []uint32{7, 9, 5}, snapshotInProgress("5:4294967310:7,9,4294967301"), "xid8s as 32-bit xids")
+	require.Empty(t, snapshotInProgress("5:5:"))
+	keys := []string{windowKey([][]byte{[]byte("ab"), []byte("c")}), windowKey([][]byte{[]byte("a"), []byte("bc")})}
+	sort.Strings(keys)
+	require.NotEqual(t, keys[0], keys[1], "parts are length-prefixed")
+	require.False(t, strings.Contains(keys[0], "abc"))
+}
