@@ -2,12 +2,11 @@ package pgsource
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,17 +33,30 @@ import (
 // the stream already delivered, and what commits after the high watermark
 // applies on top. The writers of the table are never blocked.
 //
+// pgoutput's rows are not always whole: an update that leaves a TOASTed
+// value alone carries it as unchanged, and the sink keeps the value the
+// target has, which a row not yet copied has not. A touched key whose
+// changes in the window left such a value unknown, and the new key of a
+// move (a key change with an unchanged value, pgcodec.Move, whose value
+// the sink takes from the old row in the target) at any time during the
+// copy, are read again once the ranges are done (keyed chunks, under
+// watermarks the same way), until a round leaves none.
+//
 // The one gap: a transaction whose commit is in the WAL before the low
 // watermark (so outside the window) but not yet visible to the chunk's
-// snapshot (committed, still waiting for a synchronous standby). The
-// chunk's transaction finds such commits among its snapshot's in-progress
-// transactions (pg_xact_status 'committed') and reads the chunk again
-// later, under new watermarks (errSnapshotAhead).
+// snapshot. Two checks find one: its backend waits for a synchronous
+// standby (pg_stat_activity, SyncRep: the copy's role needs to see other
+// roles' sessions, pg_read_all_stats), or the stream decoded its commit
+// among the last recentCommits before the low watermark; the chunk is then
+// read again later (errSnapshotAhead, or sent back). A commit decoded
+// earlier than those and still invisible without a SyncRep wait is not
+// found.
 //
 // A truncate or a new relation version of the table in the window, or a
 // table without a subscription at the high watermark, sends the chunk
 // back to be read again too. Memory: one chunk per copy (CopyChunkRows
-// rows, at most copyChunkBytes of values).
+// rows, at most copyChunkBytes of values; keyed chunks keyedChunkRows
+// rows) and the keys to read again.
 
 // copyPrefix marks the watermarks of a copy (pg_logical_emit_message).
 const copyPrefix = "cdcflow-copy"
@@ -52,14 +64,28 @@ const copyPrefix = "cdcflow-copy"
 // copyChunkBytes bounds the values one chunk holds.
 const copyChunkBytes = 16 << 20
 
+// keyedChunkRows bounds the rows of a chunk read by key (each may be
+// large: it had an unchanged TOASTed value).
+const keyedChunkRows = 64
+
 // errSnapshotAhead: the chunk's snapshot misses a commit the stream may
 // have passed before the low watermark; the chunk is read again.
 var errSnapshotAhead = errors.New("pgsource: a commit before the low watermark is not yet visible")
 
+// copyState is one CopyTable's, shared with the stream from its first low
+// watermark (Source.copyTables) until the stream finds it done.
+type copyState struct {
+	oid uint32
+	// abandoned: the copy gave up; the stream forgets it.
+	abandoned atomic.Bool
+	// refetch are the keys to read again, by windowKey (the stream's).
+	refetch map[string][][]byte
+}
+
 // copyChunk is one chunk of a copy, from its registration to its push.
 type copyChunk struct {
 	id   string
-	oid  uint32
+	st   *copyState
 	done chan struct{} // closed once pushed (ts) or sent back (retry)
 
 	// Set by the copier under Source.mu before the high watermark is
@@ -68,19 +94,24 @@ type copyChunk struct {
 	rel   pgcodec.Relation
 	rows  []copiedRow
 	xip   []uint32 // the chunk snapshot's in-progress transactions (their xids' low 32 bits)
+	// final: the ranges are done (this is their last chunk, or a keyed
+	// one): the stream hands the keys to read again over. last: and the
+	// copier has no keys left to read besides.
+	final, last bool
 
 	// Owned by the stream goroutine from the low watermark on.
-	window    map[string]struct{}
+	window    map[string]*touch
 	lowN      uint64 // the commits the stream had decoded at the low watermark
 	truncated bool   // a truncate in the window
 	relNew    bool   // a new relation version in the window
 	relFirst  bool   // the stream's first description of the table in the window
-	abandoned bool   // dropped from the registry: forget the window
 
 	// Set by the stream before done is closed.
-	ts     common.Ts
-	retry  bool
-	pushed int // rows pushed (the others were touched in the window)
+	ts      common.Ts
+	retry   bool
+	pushed  int        // rows pushed (the others were touched in the window)
+	refetch [][][]byte // keys to read again (final chunks)
+	ended   bool       // the copy is done: the stream forgot its state
 }
 
 // copiedRow is a row a chunk read: its key's text and its columns.
@@ -96,10 +127,11 @@ type CopyResult struct {
 	// copy began, or a later version of it.
 	Ts common.Ts
 	// Rows pushed (a row the stream changed during its chunk's window is
-	// not: the stream delivered its newer version).
+	// not: the stream delivered its newer version; a row read again is
+	// counted again).
 	Rows int64
-	// Chunks read, and Retries: chunks read again.
-	Chunks, Retries int
+	// Chunks pushed, Retries chunks read again, Refetched keys read again.
+	Chunks, Retries, Refetched int
 }
 
 // CopyTable copies the rows table oid holds into the stream, in chunks
@@ -115,10 +147,19 @@ func (s *Source) CopyTable(ctx context.Context, oid uint32) (CopyResult, error) 
 		return res, err
 	}
 	defer conn.Close(context.Background())
+	st := &copyState{oid: oid, refetch: map[string][][]byte{}}
+	defer st.abandoned.Store(true) // a no-op for the stream once the copy ended
 	var after [][]byte
+	var refetch [][][]byte
+	ranged := true
 	backoff := newCopyBackoff(s)
 	for {
-		c, last, err := s.copyChunk(ctx, conn, oid, after)
+		req := chunkReq{after: after}
+		if !ranged {
+			req = chunkReq{keys: refetch[:min(len(refetch), keyedChunkRows)]}
+			req.last = len(req.keys) == len(refetch)
+		}
+		c, last, err := s.copyChunk(ctx, conn, st, req)
 		switch {
 		case errors.Is(err, errSnapshotAhead) || err == nil && c.retry:
 			res.Retries++
@@ -134,11 +175,25 @@ func (s *Source) CopyTable(ctx context.Context, oid uint32) (CopyResult, error) 
 		res.Chunks++
 		res.Ts = c.ts
 		res.Rows += int64(c.pushed)
-		if last == nil {
+		if ranged {
+			after, ranged = last, last != nil
+		} else {
+			res.Refetched += len(req.keys)
+			refetch = refetch[len(req.keys):]
+		}
+		refetch = append(refetch, c.refetch...)
+		if c.ended {
 			return res, nil
 		}
-		after = last
 	}
+}
+
+// chunkReq is what a chunk reads: the rows after the key after (nil: from
+// the first), or the rows of keys.
+type chunkReq struct {
+	after [][]byte
+	keys  [][][]byte
+	last  bool // keyed: no keys left to read besides
 }
 
 // connectCopy is a connection for a copy: its watermarks carry no data,
@@ -179,11 +234,10 @@ func (b *copyBackoff) wait(ctx context.Context) error {
 	}
 }
 
-// copyChunk reads and pushes one chunk from after the key after (nil:
-// from the first). last is the key to continue after, nil if the chunk
-// was the table's end.
-func (s *Source) copyChunk(ctx context.Context, conn *pgx.Conn, oid uint32, after [][]byte) (c *copyChunk, last [][]byte, err error) {
-	c = &copyChunk{id: fmt.Sprintf("%s.%d", s.copyNonce, s.copySeq.Add(1)), oid: oid, done: make(chan struct{})}
+// copyChunk reads and pushes one chunk. last is the key the ranges
+// continue after, nil once they are done (or for a keyed chunk).
+func (s *Source) copyChunk(ctx context.Context, conn *pgx.Conn, st *copyState, req chunkReq) (c *copyChunk, last [][]byte, err error) {
+	c = &copyChunk{id: fmt.Sprintf("%s.%d", s.copyNonce, s.copySeq.Add(1)), st: st, done: make(chan struct{})}
 	s.mu.Lock()
 	if s.mu.closed {
 		s.mu.Unlock()
@@ -200,15 +254,17 @@ func (s *Source) copyChunk(ctx context.Context, conn *pgx.Conn, oid uint32, afte
 	if err := emitCopyMark(ctx, conn, "low", c.id); err != nil {
 		return nil, nil, err
 	}
-	rel, rows, last, xip, err := s.readChunk(ctx, conn, oid, after)
+	rel, rows, last, xip, err := s.readChunk(ctx, conn, st.oid, req)
 	if err != nil {
 		return nil, nil, err
 	}
 	s.mu.Lock()
 	c.rel, c.rows, c.xip, c.ready = rel, rows, xip, true
+	c.final = req.keys != nil || last == nil
+	c.last = c.final && (req.keys == nil || req.last)
 	s.mu.Unlock()
 	if h := s.opts.copyHook; h != nil {
-		h(oid, len(rows))
+		h(st.oid, len(rows))
 	}
 	if err := emitCopyMark(ctx, conn, "high", c.id); err != nil {
 		return nil, nil, err
@@ -232,10 +288,10 @@ func emitCopyMark(ctx context.Context, conn *pgx.Conn, kind, id string) error {
 	return nil
 }
 
-// readChunk reads up to CopyChunkRows rows of oid after the key after, in
-// key order, in a snapshot taken after the low watermark, with the
-// relation as that snapshot sees it.
-func (s *Source) readChunk(ctx context.Context, conn *pgx.Conn, oid uint32, after [][]byte) (rel pgcodec.Relation, rows []copiedRow, last [][]byte, xip []uint32, err error) {
+// readChunk reads up to CopyChunkRows rows of oid after the key
+// req.after, in key order, or the rows of req.keys, in a snapshot taken
+// after the low watermark, with the relation as that snapshot sees it.
+func (s *Source) readChunk(ctx context.Context, conn *pgx.Conn, oid uint32, req chunkReq) (rel pgcodec.Relation, rows []copiedRow, last [][]byte, xip []uint32, err error) {
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return rel, nil, nil, nil, err
@@ -271,7 +327,10 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&rel.
 	if err := rel.Validate(); err != nil {
 		return rel, nil, nil, nil, fmt.Errorf("%w: %s: %w", ErrNoKey, rel.QualifiedName(), err)
 	}
-	query, args := chunkQuery(rel, after, s.opts.CopyChunkRows)
+	query, args := chunkQuery(rel, req.after, s.opts.CopyChunkRows)
+	if req.keys != nil {
+		query, args = keyedQuery(rel, req.keys)
+	}
 	res, err := tx.Query(ctx, query, args...)
 	if err != nil {
 		return rel, nil, nil, nil, err
@@ -303,7 +362,7 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&rel.
 			}
 		}
 		out = append(out, r)
-		if bytes >= copyChunkBytes {
+		if bytes >= copyChunkBytes && req.keys == nil {
 			break
 		}
 	}
@@ -311,7 +370,7 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&rel.
 	if err := res.Err(); err != nil {
 		return rel, nil, nil, nil, err
 	}
-	if len(out) < s.opts.CopyChunkRows && bytes < copyChunkBytes {
+	if req.keys != nil || len(out) < s.opts.CopyChunkRows && bytes < copyChunkBytes {
 		return rel, out, nil, xip, nil // the table's end
 	}
 	return rel, out, out[len(out)-1].key, xip, nil
@@ -342,6 +401,30 @@ func chunkQuery(rel pgcodec.Relation, after [][]byte, limit int) (string, []any)
 	return q + " ORDER BY " + strings.Join(keys, ", ") + fmt.Sprintf(" LIMIT %d", limit), args
 }
 
+// keyedQuery selects rel's rows of keys, their columns as text.
+func keyedQuery(rel pgcodec.Relation, keys [][][]byte) (string, []any) {
+	var cols, names, types []string
+	for _, c := range rel.Columns {
+		cols = append(cols, "t."+pgcodec.QuoteIdent(c.Name)+"::text")
+		if c.Key {
+			names = append(names, "t."+pgcodec.QuoteIdent(c.Name))
+			types = append(types, c.Type)
+		}
+	}
+	var args []any
+	tuples := make([]string, len(keys))
+	for i, k := range keys {
+		params := make([]string, len(k))
+		for j, part := range k {
+			args = append(args, string(part))
+			params[j] = fmt.Sprintf("$%d::text::%s", len(args), types[j])
+		}
+		tuples[i] = "(" + strings.Join(params, ", ") + ")"
+	}
+	return "SELECT " + strings.Join(cols, ", ") + " FROM " + rel.QualifiedName() + " t WHERE (" + strings.Join(names, ", ") +
+		") IN (" + strings.Join(tuples, ", ") + ")", args
+}
+
 // snapshotInProgress returns the in-progress transactions of a snapshot
 // in pg_current_snapshot's text form (xmin:xmax:xip,...), as the 32-bit
 // xids the stream and pg_stat_activity show.
@@ -366,198 +449,4 @@ func xidTexts(xids []uint32) []string {
 		out[i] = strconv.FormatUint(uint64(x), 10)
 	}
 	return out
-}
-
-// recentCommits is how many of the stream's last commits' xids are kept
-// (Source.recentXids), to find a chunk snapshot's in-progress transaction
-// that the stream decoded before the low watermark.
-const recentCommits = 4096
-
-// noteCommit keeps a decoded commit's xid (the stream goroutine's).
-func (s *Source) noteCommit(xid uint32) {
-	s.recentXids[s.recentN%recentCommits] = xid
-	s.recentN++
-}
-
-// committedBefore reports whether the stream decoded the commit of one of
-// xids among the commits before the n-th (as far back as it keeps them).
-func (s *Source) committedBefore(xids []uint32, n uint64) bool {
-	if s.opts.skipRecentCheck || len(xids) == 0 {
-		return false
-	}
-	from := uint64(0)
-	if s.recentN > recentCommits {
-		from = s.recentN - recentCommits
-	}
-	for i := from; i < n; i++ {
-		if slices.Contains(xids, s.recentXids[i%recentCommits]) {
-			return true
-		}
-	}
-	return false
-}
-
-// dropCopy takes a chunk out of the registry (its copy gave up on it):
-// the stream forgets its window at the table's next change.
-func (s *Source) dropCopy(c *copyChunk) {
-	s.mu.Lock()
-	delete(s.mu.copies, c.id)
-	s.mu.Unlock()
-}
-
-// finishCopy ends a chunk the stream has pushed (at ts) or sends back.
-func (s *Source) finishCopy(c *copyChunk, ts common.Ts, retry bool) {
-	s.mu.Lock()
-	_, live := s.mu.copies[c.id]
-	delete(s.mu.copies, c.id)
-	s.mu.Unlock()
-	if live {
-		c.ts, c.retry = ts, retry
-		close(c.done)
-	}
-}
-
-// copyMark handles a watermark in the stream (the stream goroutine's).
-func (ss *session) copyMark(ctx context.Context, m msgMessage) error {
-	s := ss.s
-	kind, id, ok := strings.Cut(string(m.content), ":")
-	if !ok || !m.transactional || ss.cur == nil {
-		return nil
-	}
-	s.mu.Lock()
-	c := s.mu.copies[id]
-	ready := c != nil && c.ready
-	s.mu.Unlock()
-	if c == nil {
-		return nil // another process's, or given up
-	}
-	switch kind {
-	case "low":
-		c.window, c.truncated, c.relNew, c.relFirst = map[string]struct{}{}, false, false, false
-		c.lowN = s.recentN
-		ws := s.copyWindows[c.oid]
-		for i, x := range ws {
-			if x == c {
-				ws = append(ws[:i:i], ws[i+1:]...)
-				break
-			}
-		}
-		s.copyWindows[c.oid] = append(ws, c)
-	case "high":
-		s.closeWindow(c)
-		if !ready || c.window == nil || c.truncated || c.relNew || len(ss.subs[c.oid]) == 0 || s.committedBefore(c.xip, c.lowN) {
-			s.finishCopy(c, ss.cur.ts, true)
-			return nil
-		}
-		known, ok := ss.known[c.oid]
-		if ok && c.relFirst && !sameShape(known, c.rel) {
-			// The stream's description is of a change after the chunk's
-			// snapshot: which one is newer is not known.
-			s.finishCopy(c, ss.cur.ts, true)
-			return nil
-		}
-		if !ok || !sameShape(known, c.rel) {
-			if err := ss.adopt(c.rel); err != nil {
-				return err
-			}
-		}
-		for _, r := range c.rows {
-			if _, touched := c.window[windowKey(r.key)]; touched {
-				continue
-			}
-			if err := ss.add(ctx, c.oid, pgcodec.Insert, r.key, pgcodec.RowChange{Change: pgcodec.Insert, Columns: r.datums}); err != nil {
-				return err
-			}
-			s.met.copyRows.Inc()
-			c.pushed++
-		}
-		ss.cur.copied = append(ss.cur.copied, c)
-	}
-	return nil
-}
-
-// closeWindow stops noting the changes of c's table for c.
-func (s *Source) closeWindow(c *copyChunk) {
-	ws := s.copyWindows[c.oid]
-	for i, x := range ws {
-		if x == c {
-			ws = append(ws[:i:i], ws[i+1:]...)
-			break
-		}
-	}
-	if len(ws) == 0 {
-		delete(s.copyWindows, c.oid)
-	} else {
-		s.copyWindows[c.oid] = ws
-	}
-}
-
-// touchCopies notes a change of a table in the windows open on it.
-func (ss *session) touchCopies(ws []*copyChunk, c pgcodec.Change, key [][]byte, change *pgcodec.RowChange) {
-	s := ss.s
-	for _, w := range ws {
-		s.mu.Lock()
-		_, live := s.mu.copies[w.id]
-		s.mu.Unlock()
-		if !live {
-			s.closeWindow(w) // given up
-			continue
-		}
-		switch c {
-		case pgcodec.Truncate:
-			w.truncated = true
-		case pgcodec.Move:
-			from := make([][]byte, len(change.From))
-			for i, d := range change.From {
-				from[i] = d.Text
-			}
-			w.window[windowKey(from)] = struct{}{}
-			w.window[windowKey(key)] = struct{}{}
-		default:
-			w.window[windowKey(key)] = struct{}{}
-		}
-	}
-}
-
-// relationChanged marks the windows open on a table that got a new
-// relation version (seen: one replaced a version the stream knew) or its
-// first description in this stream.
-func (s *Source) relationChanged(oid uint32, seen bool) {
-	for _, w := range s.copyWindows[oid] {
-		if seen {
-			w.relNew = true
-		} else {
-			w.relFirst = true
-		}
-	}
-}
-
-// windowKey is a key's text as a map key (each part length-prefixed).
-func windowKey(key [][]byte) string {
-	n := 0
-	for _, k := range key {
-		n += 4 + len(k)
-	}
-	b := make([]byte, 0, n)
-	for _, k := range key {
-		b = binary.BigEndian.AppendUint32(b, uint32(len(k)))
-		b = append(b, k...)
-	}
-	return string(b)
-}
-
-// sameShape compares two relation versions by what the rows carry:
-// names, types and keys (not the catalog's value for rows from before a
-// column, which only a stream's description of an added column has).
-func sameShape(a, b pgcodec.Relation) bool {
-	if a.Schema != b.Schema || a.Name != b.Name || len(a.Columns) != len(b.Columns) {
-		return false
-	}
-	for i := range a.Columns {
-		x, y := a.Columns[i], b.Columns[i]
-		if x.Name != y.Name || x.TypeOID != y.TypeOID || x.Type != y.Type || x.Key != y.Key || x.Base != y.Base {
-			return false
-		}
-	}
-	return true
 }

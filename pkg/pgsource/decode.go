@@ -362,8 +362,8 @@ func (ss *session) add(ctx context.Context, oid uint32, c pgcodec.Change, key []
 	t := ss.cur
 	s := ss.s
 	t.index++
-	if ws := s.copyWindows[oid]; len(ws) > 0 {
-		ss.touchCopies(ws, c, key, &change)
+	if len(s.copyTables) > 0 || len(s.copyWindows) > 0 {
+		ss.noteCopies(oid, c, key, &change)
 	}
 	if len(ss.subs[oid]) == 0 {
 		ss.unsubscribed(oid, t.ts)

@@ -43,6 +43,8 @@ type Source struct {
 	// copyWindows are the copy chunks whose window is open, by table
 	// (the stream goroutine's).
 	copyWindows map[uint32][]*copyChunk
+	// copyTables are the copies active on a table (the stream goroutine's).
+	copyTables map[uint32]*copyState
 	// recentXids are the xids of the last recentCommits commits decoded,
 	// recentN the commits decoded (the stream goroutine's).
 	recentXids [recentCommits]uint32
@@ -114,7 +116,7 @@ func New(opts Options) (*Source, error) {
 		return nil, err
 	}
 	s := &Source{opts: opts, log: opts.Logger.Named("pgsource"), kick: make(chan struct{}, 1),
-		copyNonce: fmt.Sprintf("%x", rand.Uint64()), copyWindows: map[uint32][]*copyChunk{}}
+		copyNonce: fmt.Sprintf("%x", rand.Uint64()), copyWindows: map[uint32][]*copyChunk{}, copyTables: map[uint32]*copyState{}}
 	s.mu.subs = map[uint32][]*sub{}
 	s.mu.holds = map[uint32]common.Ts{}
 	s.mu.copies = map[string]*copyChunk{}

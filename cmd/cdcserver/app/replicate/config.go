@@ -40,6 +40,9 @@ type Config struct {
 	SinkWorkers       int
 	// SourceReadLinger is pgsource.Options.ReadLinger (0: off).
 	SourceReadLinger time.Duration
+	// PublicationPollInterval is pgsource.Options.PublicationPollInterval
+	// (0: off).
+	PublicationPollInterval time.Duration
 	// SinkFlushInterval is how often a sink lane commits the rows it
 	// holds, SinkMaxFlushInterval how far a lane stretches that while its
 	// rows are far behind; SinkCheckpointInterval how often an idle
@@ -59,7 +62,7 @@ func DefaultConfig() Config {
 	return Config{Slot: "cdcflow", Publication: "cdcflow", MetricsAddr: "127.0.0.1:9464", PprofAddr: "127.0.0.1:0",
 		LogFormat: "text", LogLevel: "info", ProgressInterval: 5 * time.Second, ReadyLag: 30 * time.Second,
 		SinkWorkers: 4, SinkFlushInterval: pgsink.DefaultFlushInterval, SinkMaxFlushInterval: pgsink.DefaultMaxFlushInterval,
-		SinkCheckpointInterval: pgsink.DefaultCheckpointInterval, SourceReadLinger: pgsource.DefaultReadLinger, Settings: goruntime.Settings{GCPercent: 300},
+		SinkCheckpointInterval: pgsink.DefaultCheckpointInterval, SourceReadLinger: pgsource.DefaultReadLinger, PublicationPollInterval: 10 * time.Second, Settings: goruntime.Settings{GCPercent: 300},
 		ShutdownTimeout: 30 * time.Second}
 }
 
@@ -81,6 +84,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.SinkMaxFlushInterval, "sink-max-flush-interval", c.SinkMaxFlushInterval, "while a lane's rows are more than four times this behind (a backlog), it commits this often instead of every --sink-flush-interval (at least that; equal to it: no stretching)")
 	fs.DurationVar(&c.SinkCheckpointInterval, "sink-checkpoint-interval", c.SinkCheckpointInterval, "how often the checkpoint of a table without new rows is written (its resolved-ts advance)")
 	fs.DurationVar(&c.SourceReadLinger, "source-read-linger", c.SourceReadLinger, "once the replication stream has read all the source sent, its next read waits this long so that messages arrive in batches rather than one per read (0 = off; at most 1s): fewer wake-ups per row while it keeps up, at most this much more latency")
+	fs.DurationVar(&c.PublicationPollInterval, "publication-poll-interval", c.PublicationPollInterval, "how often the publication's tables are listed to find the ones that joined it (ALTER PUBLICATION ... ADD TABLE) without a change since; each table that joins is copied, its rows then streamed (0 = off: a table is found at its first change, and copied then)")
 	c.Settings.BindFlags(fs, "serve")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a clean stop may take")
 }
@@ -112,6 +116,7 @@ func (c Config) Validate() error {
 	p.Require(c.SinkMaxFlushInterval >= c.SinkFlushInterval, "--sink-max-flush-interval must be at least --sink-flush-interval")
 	p.Require(c.SinkCheckpointInterval > 0, "--sink-checkpoint-interval must be positive")
 	p.Require(c.SourceReadLinger >= 0 && c.SourceReadLinger <= time.Second, "--source-read-linger must be 0..1s")
+	p.Require(c.PublicationPollInterval >= 0, "--publication-poll-interval must not be negative")
 	c.Settings.Check(p)
 	p.Require(c.ShutdownTimeout > 0, "--shutdown-timeout must be positive")
 	return p.Err()

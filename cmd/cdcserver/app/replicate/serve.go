@@ -55,7 +55,10 @@ type parts struct {
 	tmpDir    bool
 	info      pgsource.Info
 	newTables chan newTable
-	wg        sync.WaitGroup
+	// known are the tables bound (addNewTables' after build).
+	known  map[uint32]bool
+	copier *copier
+	wg     sync.WaitGroup
 	// cancel ends the goroutines of parts (new tables) at close.
 	cancel context.CancelFunc
 }
@@ -213,11 +216,37 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 		}
 	}
 	step("register")
+	if err := p.queueCopies(ctx, cfg, ckpts); err != nil {
+		return setup(err)
+	}
 	if err := p.source.Start(); err != nil {
 		return setup(err)
 	}
 	p.log.Info("built", append(took, zap.Duration("total", time.Since(began)))...)
 	p.wg.Go(func() { p.addNewTables(ctx) })
+	p.wg.Go(func() { p.copier.run(ctx) })
+	return nil
+}
+
+// queueCopies queues the copies a start owes: on a resumed slot, the
+// published tables the target lists as not yet copied and those without
+// a checkpoint (they joined while no serve ran). A new slot's snapshot
+// copies every table.
+func (p *parts) queueCopies(ctx context.Context, cfg Config, ckpts map[common.DispatcherID]common.Ts) error {
+	p.copier = newCopier(p, cfg.Slot)
+	p.known = make(map[uint32]bool, len(p.info.Tables))
+	for _, rel := range p.info.Tables {
+		p.known[rel.OID] = true
+	}
+	pending, err := p.copier.pending(ctx)
+	if err != nil || p.info.Created {
+		return err
+	}
+	for _, rel := range p.info.Tables {
+		if _, ok := ckpts[dispatcherOf(rel.OID)]; !ok || pending[rel.OID] {
+			p.copier.add(rel)
+		}
+	}
 	return nil
 }
 
@@ -312,12 +341,15 @@ func (p *parts) startOrResume(ctx context.Context, cfg Config) error {
 // openSource builds and opens the source.
 func (p *parts) openSource(ctx context.Context, cfg Config) error {
 	var err error
-	linger := cfg.SourceReadLinger
+	linger, poll := cfg.SourceReadLinger, cfg.PublicationPollInterval
 	if linger == 0 {
 		linger = -1 // off (pgsource's zero is its default)
 	}
+	if poll == 0 {
+		poll = -1
+	}
 	p.source, err = pgsource.New(pgsource.Options{DSN: cfg.Source, Slot: cfg.Slot, Publication: cfg.Publication, TakeOver: true,
-		ReadLinger: linger, Schema: p.schema, Positions: p.positions, SafePoint: p.sink.MinDurable, Logger: p.log, Registerer: p.reg,
+		ReadLinger: linger, PublicationPollInterval: poll, Schema: p.schema, Positions: p.positions, SafePoint: p.sink.MinDurable, Logger: p.log, Registerer: p.reg,
 		OnNewTable: func(rel pgcodec.Relation, firstTs common.Ts) {
 			select {
 			case p.newTables <- newTable{rel, firstTs}:
@@ -351,11 +383,18 @@ func (p *parts) addNewTables(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case t := <-p.newTables:
-			if err := p.add(ctx, t.rel, t.firstTs-1); err != nil && ctx.Err() == nil {
-				p.log.Error("add a new table", zap.String("table", t.rel.QualifiedName()), zap.Error(err))
+			if p.known[t.rel.OID] {
+				continue // announced again (a restarted stream, or the poll and the stream both)
+			}
+			if err := p.add(ctx, t.rel, t.firstTs-1); err != nil {
+				if ctx.Err() == nil {
+					p.log.Error("add a new table", zap.String("table", t.rel.QualifiedName()), zap.Error(err))
+				}
 				continue
 			}
+			p.known[t.rel.OID] = true
 			p.log.Info("replicating a new table", zap.String("table", t.rel.QualifiedName()), zap.Stringer("from", t.firstTs))
+			p.copier.add(t.rel) // the rows it had when it joined
 		}
 	}
 }

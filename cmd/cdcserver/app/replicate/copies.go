@@ -1,0 +1,163 @@
+package replicate
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/pgcodec"
+	"github.com/cdcflow/eventservice/pkg/pgsource"
+)
+
+// copier copies the rows of tables that joined the changefeed after its
+// snapshot (pgsource.Source.CopyTable), one table at a time, and keeps
+// the tables whose copy is not yet durably applied in the target's
+// cdcflow.state (copiesKey): a table is listed there before its copy
+// starts and taken off once its dispatcher's durable checkpoint has passed
+// the copy's last chunk. A start copies the listed tables again (a copy
+// cut short by a crash left rows out; copying again is harmless, the sink
+// upserts) and the published tables without a checkpoint (they joined
+// while serve was down).
+type copier struct {
+	p   *parts
+	key string
+	log *zap.Logger
+
+	mu    sync.Mutex
+	queue []pgcodec.Relation
+	wake  chan struct{}
+
+	// Owned by run.
+	listed    []uint32             // as the target's state holds them
+	finishing map[uint32]common.Ts // copied up to ts, listed until durable there
+}
+
+func copiesKey(slot string) string { return "copies:" + slot }
+
+func newCopier(p *parts, slot string) *copier {
+	return &copier{p: p, key: copiesKey(slot), log: p.log.Named("copy"), wake: make(chan struct{}, 1), finishing: map[uint32]common.Ts{}}
+}
+
+// pending returns the tables the target lists as not copied yet.
+func (c *copier) pending(ctx context.Context) (map[uint32]bool, error) {
+	v, _, err := c.p.sink.State(ctx, c.key)
+	if err != nil {
+		return nil, err
+	}
+	out := map[uint32]bool{}
+	for _, f := range strings.Split(v, ",") {
+		if oid, err := strconv.ParseUint(f, 10, 32); err == nil {
+			out[uint32(oid)] = true
+			c.listed = append(c.listed, uint32(oid))
+		}
+	}
+	return out, nil
+}
+
+// add queues a table for its copy.
+func (c *copier) add(rel pgcodec.Relation) {
+	c.mu.Lock()
+	c.queue = append(c.queue, rel)
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run copies the queued tables until ctx ends.
+func (c *copier) run(ctx context.Context) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.wake:
+		case <-tick.C:
+		}
+		c.settle(ctx)
+		c.mu.Lock()
+		todo := c.queue
+		c.queue = nil
+		c.mu.Unlock()
+		for i, rel := range todo {
+			if err := c.copyTable(ctx, rel); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				c.log.Error("copy a table that joined: trying again in a while", zap.String("table", rel.QualifiedName()), zap.Error(err))
+				c.mu.Lock()
+				c.queue = append(c.queue, todo[i:]...)
+				c.mu.Unlock()
+				break
+			}
+			c.settle(ctx)
+		}
+	}
+}
+
+// copyTable lists rel, copies it and remembers where its copy ends.
+func (c *copier) copyTable(ctx context.Context, rel pgcodec.Relation) error {
+	if !slices.Contains(c.listed, rel.OID) {
+		if err := c.save(ctx, append(slices.Clone(c.listed), rel.OID)); err != nil {
+			return err
+		}
+	}
+	c.log.Info("copying the rows of a table that joined", zap.String("table", rel.QualifiedName()))
+	began := time.Now()
+	res, err := c.p.source.CopyTable(ctx, rel.OID)
+	switch {
+	case errors.Is(err, pgsource.ErrTableGone) || errors.Is(err, pgsource.ErrNoKey):
+		c.log.Warn("a table that joined is not copied", zap.String("table", rel.QualifiedName()), zap.Error(err))
+		return c.save(ctx, slices.DeleteFunc(slices.Clone(c.listed), func(o uint32) bool { return o == rel.OID }))
+	case err != nil:
+		return err
+	}
+	c.finishing[rel.OID] = res.Ts
+	c.log.Info("copied the rows of a table that joined", zap.String("table", rel.QualifiedName()), zap.Int64("rows", res.Rows),
+		zap.Int("chunks", res.Chunks), zap.Int("read_again", res.Retries), zap.Duration("took", time.Since(began)),
+		zap.Stringer("ts", res.Ts))
+	return nil
+}
+
+// settle takes off the list the tables whose copy the target holds.
+func (c *copier) settle(ctx context.Context) {
+	var done []uint32
+	for oid, ts := range c.finishing {
+		if c.p.sink.Durable(dispatcherOf(oid)) >= ts {
+			done = append(done, oid)
+		}
+	}
+	if len(done) == 0 {
+		return
+	}
+	listed := slices.DeleteFunc(slices.Clone(c.listed), func(o uint32) bool { return slices.Contains(done, o) })
+	if err := c.save(ctx, listed); err != nil {
+		c.log.Warn("record copies done", zap.Error(err))
+		return
+	}
+	for _, oid := range done {
+		delete(c.finishing, oid)
+	}
+}
+
+// save records the tables whose copy is not yet durable.
+func (c *copier) save(ctx context.Context, listed []uint32) error {
+	f := make([]string, len(listed))
+	for i, oid := range listed {
+		f[i] = strconv.FormatUint(uint64(oid), 10)
+	}
+	if err := c.p.sink.SetState(ctx, c.key, strings.Join(f, ",")); err != nil {
+		return err
+	}
+	c.listed = listed
+	return nil
+}
