@@ -14,7 +14,11 @@
 // ResolvedInterval, and an idle database is advanced by heartbeats
 // (pg_logical_emit_message). A large transaction goes to the store in
 // chunks of ChunkRows; an initial snapshot is copied from the slot's
-// exported snapshot before streaming from its consistent point.
+// exported snapshot before streaming from its consistent point. A table
+// that joins while streaming (announced at its first change, or found by
+// the publication's poll) is copied by CopyTable in chunks read between
+// two watermarks the stream carries, the rows a change touched in between
+// left to the stream (copy.go, copy_stream.go).
 //
 // The replication socket lingers (linger.go, ReadLinger): once a read found
 // the socket drained, the next waits out the linger (real time) so that a
@@ -25,9 +29,12 @@
 // below SafePoint (what every dispatcher durably applied) and below every
 // table announced but not yet subscribed, and only after its position was
 // saved; no row is pushed twice to a subscription and none is skipped that
-// it did not have; a subscription from below what the slot retains is
+// it did not have; a chunk of a copy pushes no row older than what the
+// stream delivered for its key before its high watermark; a subscription
+// from below what the slot retains is
 // ErrStartTsTruncated, never rows invented; a message that does not decode
 // stops the source (ErrProtocol). Goroutines: Start starts the stream (whose
-// snapshot copy runs SnapshotWorkers more until it is done) and the
-// heartbeat; Close stops them and waits. No package state.
+// snapshot copy runs SnapshotWorkers more until it is done), the
+// heartbeat and the publication's poll; CopyTable runs on its caller's;
+// Close stops them and waits. No package state.
 package pgsource

@@ -105,4 +105,3 @@ func (p *pair) targetRows(t *testing.T, table string) int {
 	}
 	return n
 }
-
