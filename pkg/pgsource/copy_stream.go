@@ -128,6 +128,7 @@ func (ss *session) copyMark(ctx context.Context, m msgMessage) error {
 // and, for a final chunk, hands the keys to read again over.
 func (ss *session) pushChunk(ctx context.Context, c *copyChunk) error {
 	s, st := ss.s, c.st
+	c.pushed = 0 // a transaction decoded again (the session ended before its commit) pushes again
 	for wk, t := range c.window {
 		if t.incomplete && !t.deleted {
 			st.refetch[wk] = t.key
