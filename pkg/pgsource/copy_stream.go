@@ -142,6 +142,7 @@ func (ss *session) pushChunk(ctx context.Context, c *copyChunk) error {
 			return err
 		}
 		s.met.copyRows.Inc()
+		s.copied.Add(1)
 		c.pushed++
 	}
 	if c.final {

@@ -82,6 +82,8 @@ type Source struct {
 	// lastCommit is when the last commit was decoded (clock UnixNano), for
 	// the heartbeat.
 	lastCommit atomic.Int64
+	// copied counts the rows copies pushed (CopiedRows).
+	copied atomic.Int64
 	// streaming is set while a replication session is open.
 	streaming atomic.Bool
 	progress  snapshotProgress
@@ -391,6 +393,10 @@ func (s *Source) allSubs() []*sub {
 	}
 	return out
 }
+
+// CopiedRows returns the rows CopyTable's copies have pushed so far, all
+// tables together (for a progress line).
+func (s *Source) CopiedRows() int64 { return s.copied.Load() }
 
 // now is the clock's time.
 func (s *Source) now() time.Time { return s.opts.Clock.Now() }

@@ -3,6 +3,7 @@ package replicate
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,6 +34,10 @@ type copier struct {
 	mu    sync.Mutex
 	queue []pgcodec.Relation
 	wake  chan struct{}
+	// current is the table being copied ("" between copies) and from the
+	// source's CopiedRows when it began.
+	current string
+	from    int64
 
 	// Owned by run.
 	listed    []uint32             // as the target's state holds them
@@ -113,7 +118,13 @@ func (c *copier) copyTable(ctx context.Context, rel pgcodec.Relation) error {
 	}
 	c.log.Info("copying the rows of a table that joined", zap.String("table", rel.QualifiedName()))
 	began := time.Now()
+	c.mu.Lock()
+	c.current, c.from = rel.QualifiedName(), c.p.source.CopiedRows()
+	c.mu.Unlock()
 	res, err := c.p.source.CopyTable(ctx, rel.OID)
+	c.mu.Lock()
+	c.current = ""
+	c.mu.Unlock()
 	switch {
 	case errors.Is(err, pgsource.ErrTableGone) || errors.Is(err, pgsource.ErrNoKey):
 		c.log.Warn("a table that joined is not copied", zap.String("table", rel.QualifiedName()), zap.Error(err))
@@ -126,6 +137,20 @@ func (c *copier) copyTable(ctx context.Context, rel pgcodec.Relation) error {
 		zap.Int("chunks", res.Chunks), zap.Int("read_again", res.Retries), zap.Duration("took", time.Since(began)),
 		zap.Stringer("ts", res.Ts))
 	return nil
+}
+
+// status is the progress line's part: the table being copied, its rows
+// so far and the tables queued ("" when none).
+func (c *copier) status() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.current == "" && len(c.queue) == 0 {
+		return ""
+	}
+	if c.current == "" {
+		return fmt.Sprintf("  copies: %d tables queued", len(c.queue))
+	}
+	return fmt.Sprintf("  copying %s: %d rows, %d more tables queued", c.current, c.p.source.CopiedRows()-c.from, len(c.queue))
 }
 
 // settle takes off the list the tables whose copy the target holds.

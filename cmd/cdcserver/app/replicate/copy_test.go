@@ -9,6 +9,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/pkg/pgcodec"
+	"github.com/cdcflow/eventservice/pkg/pgsource"
+	"github.com/cdcflow/eventservice/pkg/schemastore"
 )
 
 // A table added to the publication with rows in it is copied while it is
@@ -104,4 +109,32 @@ func (p *pair) targetRows(t *testing.T, table string) int {
 		return 0
 	}
 	return n
+}
+
+// The progress line names the table being copied, its rows so far and
+// the tables queued behind it, and says nothing without copies.
+func TestTheProgressLineShowsTheCopies(t *testing.T) {
+	schema, err := schemastore.NewMemory(schemastore.MemoryOptions{InitialResolvedTs: 1})
+	require.NoError(t, err)
+	src, err := pgsource.New(pgsource.Options{DSN: "postgres://nowhere", Schema: schema, Positions: nopPositions{}})
+	require.NoError(t, err)
+	defer src.Close()
+	c := newCopier(&parts{source: src, log: zap.NewNop()}, "cdcflow")
+	require.Empty(t, c.status())
+	c.add(pgcodec.Relation{Schema: "public", Name: "a"})
+	c.add(pgcodec.Relation{Schema: "public", Name: "b"})
+	require.Equal(t, "  copies: 2 tables queued", c.status())
+	c.mu.Lock()
+	c.current, c.queue = `"public"."a"`, c.queue[1:]
+	c.mu.Unlock()
+	require.Equal(t, `  copying "public"."a": 0 rows, 1 more tables queued`, c.status())
+}
+
+// nopPositions is a PositionStore that keeps nothing (the source is never
+// opened).
+type nopPositions struct{}
+
+func (nopPositions) Save(context.Context, string, pgsource.Position) error { return nil }
+func (nopPositions) Load(context.Context, string, uint64) (pgsource.Position, bool, error) {
+	return pgsource.Position{}, false, nil
 }

@@ -10,7 +10,8 @@ import (
 
 // progress prints serve's progress line: rows applied per second, lag,
 // pending tasks; during the initial snapshot, tables and rows copied, the
-// rate and an estimate of what is left.
+// rate and an estimate of what is left; while a table that joined is
+// copied, its name, its rows so far and the tables queued.
 type progress struct {
 	p        *parts
 	w        io.Writer
@@ -61,5 +62,6 @@ func (g *progress) print() {
 		line += fmt.Sprintf("  snapshot: tables %d/%d, rows %d of ~%d, %.0f rows/s, ~%s left", snap.TablesDone, snap.Tables,
 			snap.Rows, snap.EstimatedRows, copyRate, left)
 	}
+	line += g.p.copier.status()
 	fmt.Fprintln(g.w, line)
 }
