@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -101,10 +102,10 @@ type copyChunk struct {
 
 	// Owned by the stream goroutine from the low watermark on.
 	window    map[string]*touch
-	lowN      uint64 // the commits the stream had decoded at the low watermark
-	truncated bool   // a truncate in the window
-	relNew    bool   // a new relation version in the window
-	relFirst  bool   // the stream's first description of the table in the window
+	before    []uint32 // the xids of the commits decoded before the low watermark (the last recentCommits)
+	truncated bool     // a truncate in the window
+	relNew    bool     // a new relation version in the window
+	relFirst  bool     // the stream's first description of the table in the window
 
 	// Set by the stream before done is closed.
 	ts      common.Ts
@@ -251,6 +252,9 @@ func (s *Source) copyChunk(ctx context.Context, conn *pgx.Conn, st *copyState, r
 			s.dropCopy(chunk)
 		}
 	}()
+	if h := s.opts.copyStartHook; h != nil {
+		h()
+	}
 	if err := emitCopyMark(ctx, conn, "low", c.id); err != nil {
 		return nil, nil, err
 	}
@@ -292,33 +296,51 @@ func emitCopyMark(ctx context.Context, conn *pgx.Conn, kind, id string) error {
 // req.after, in key order, or the rows of req.keys, in a snapshot taken
 // after the low watermark, with the relation as that snapshot sees it.
 func (s *Source) readChunk(ctx context.Context, conn *pgx.Conn, oid uint32, req chunkReq) (rel pgcodec.Relation, rows []copiedRow, last [][]byte, xip []uint32, err error) {
+	// The table is locked (ACCESS SHARE, as any read) before the
+	// snapshot is taken: a rewrite (ALTER TABLE ... TYPE) holding it
+	// would otherwise leave a snapshot from before the rewrite that sees
+	// the rewritten table empty, and the copy would end there.
+	var name string
+	if err := conn.QueryRow(ctx, "SELECT $1::oid::regclass::text", oid).Scan(&name); err != nil {
+		return rel, nil, nil, nil, fmt.Errorf("%w: table %d: %w", ErrTableGone, oid, err)
+	}
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return rel, nil, nil, nil, err
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // read only
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+name+" IN ACCESS SHARE MODE"); err != nil {
+		return rel, nil, nil, nil, fmt.Errorf("%w: %w", errSnapshotAhead, err) // renamed or dropped meanwhile: read again
+	}
 	var snap string
 	if err := tx.QueryRow(ctx, "SELECT pg_current_snapshot()::text").Scan(&snap); err != nil {
 		return rel, nil, nil, nil, err
 	}
 	xip = snapshotInProgress(snap)
 	if len(xip) > 0 && !s.opts.skipSyncRepCheck {
+		// A backend that began its commit before this transaction did (so
+		// possibly before the low watermark's commit) and still waits for
+		// a standby: its commit may be in the stream before the window.
+		// One that began after is in the window or after it.
 		var waiting int
-		if err := tx.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND backend_xid::text = ANY($1)",
-			xidTexts(xip)).Scan(&waiting); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE wait_event = 'SyncRep' AND backend_xid::text = ANY($1) AND query_start < now()`, xidTexts(xip)).Scan(&waiting); err != nil {
 			return rel, nil, nil, nil, err
 		}
 		if waiting > 0 {
 			return rel, nil, nil, nil, errSnapshotAhead
 		}
 	}
-	var ident string
-	err = tx.QueryRow(ctx, `SELECT n.nspname, c.relname, c.relreplident FROM pg_class c
-JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&rel.Schema, &rel.Name, &ident)
+	var ident, locked string
+	err = tx.QueryRow(ctx, `SELECT n.nspname, c.relname, c.relreplident, c.oid::regclass::text FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&rel.Schema, &rel.Name, &ident, &locked)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return rel, nil, nil, nil, fmt.Errorf("%w: table %d", ErrTableGone, oid)
 	} else if err != nil {
 		return rel, nil, nil, nil, err
+	}
+	if locked != name {
+		return rel, nil, nil, nil, fmt.Errorf("%w: table %d renamed from %s to %s", errSnapshotAhead, oid, name, locked)
 	}
 	rel.OID = oid
 	if rel.Columns, err = tableColumns(ctx, tx.Conn(), oid, ident[0]); err != nil {
@@ -327,11 +349,20 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&rel.
 	if err := rel.Validate(); err != nil {
 		return rel, nil, nil, nil, fmt.Errorf("%w: %s: %w", ErrNoKey, rel.QualifiedName(), err)
 	}
-	query, args := chunkQuery(rel, req.after, s.opts.CopyChunkRows)
+	order, err := keyOrder(ctx, tx, oid, ident[0], rel)
+	if err != nil {
+		return rel, nil, nil, nil, err
+	}
+	query, args := chunkQuery(rel, order, req.after, s.opts.CopyChunkRows)
 	if req.keys != nil {
 		query, args = keyedQuery(rel, req.keys)
 	}
-	res, err := tx.Query(ctx, query, args...)
+	// Text results of the columns themselves (their output functions,
+	// which pgoutput uses too): a cast to text is another function for
+	// some types (true::text is "true", pgoutput's "t"; char(n) drops its
+	// padding; inet its /32), and a key the chunk and the stream print
+	// differently would never be found touched.
+	res, err := tx.Query(ctx, query, append([]any{pgx.QueryResultFormats{pgx.TextFormatCode}}, args...)...)
 	if err != nil {
 		return rel, nil, nil, nil, err
 	}
@@ -376,52 +407,106 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&rel.
 	return rel, out, out[len(out)-1].key, xip, nil
 }
 
-// chunkQuery selects a chunk of rel's rows after the key after, its
-// columns as text, in key order (the key's index serves both).
-func chunkQuery(rel pgcodec.Relation, after [][]byte, limit int) (string, []any) {
-	cols := make([]string, len(rel.Columns))
-	var keys, params []string
-	var args []any
-	for i, c := range rel.Columns {
-		// Qualified: ORDER BY "id" would sort by the output column of
-		// that name, the text.
-		cols[i] = "t." + pgcodec.QuoteIdent(c.Name) + "::text"
+// chunkQuery selects a chunk of rel's rows after the key after (its
+// parts in column order), in the key index's order (order: the key parts'
+// positions, index column first), which the index serves.
+func chunkQuery(rel pgcodec.Relation, order []int, after [][]byte, limit int) (string, []any) {
+	var keys, types []string
+	for _, c := range rel.Columns {
 		if c.Key {
 			keys = append(keys, "t."+pgcodec.QuoteIdent(c.Name))
-			if after != nil {
-				args = append(args, string(after[len(args)]))
-				params = append(params, fmt.Sprintf("$%d::text::%s", len(args), c.Type))
-			}
+			types = append(types, c.Type)
 		}
 	}
-	q := "SELECT " + strings.Join(cols, ", ") + " FROM " + rel.QualifiedName() + " t"
-	if after != nil {
-		q += " WHERE (" + strings.Join(keys, ", ") + ") > (" + strings.Join(params, ", ") + ")"
+	names, params := make([]string, len(order)), make([]string, len(order))
+	var args []any
+	for i, k := range order {
+		names[i] = keys[k]
+		if after != nil {
+			args = append(args, string(after[k]))
+			params[i] = fmt.Sprintf("$%d::text::%s", len(args), types[k])
+		}
 	}
-	return q + " ORDER BY " + strings.Join(keys, ", ") + fmt.Sprintf(" LIMIT %d", limit), args
+	q := "SELECT " + selectList(rel) + " FROM " + rel.QualifiedName() + " t"
+	if after != nil {
+		q += " WHERE (" + strings.Join(names, ", ") + ") > (" + strings.Join(params, ", ") + ")"
+	}
+	return q + " ORDER BY " + strings.Join(names, ", ") + fmt.Sprintf(" LIMIT %d", limit), args
+}
+
+// selectList is rel's columns, qualified: ORDER BY "id" would sort by an
+// output column of that name.
+func selectList(rel pgcodec.Relation) string {
+	cols := make([]string, len(rel.Columns))
+	for i, c := range rel.Columns {
+		cols[i] = "t." + pgcodec.QuoteIdent(c.Name)
+	}
+	return strings.Join(cols, ", ")
+}
+
+// keyOrder returns the positions of rel's key parts (in column order) in
+// the order of the key's index (the replica identity index, or the
+// primary key): PRIMARY KEY (b, a) on columns (a, b) is [1, 0].
+func keyOrder(ctx context.Context, tx pgx.Tx, oid uint32, ident byte, rel pgcodec.Relation) ([]int, error) {
+	rows, err := tx.Query(ctx, `SELECT a.attname FROM pg_index i
+CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = $1 AND CASE WHEN $2 = 'i' THEN i.indisreplident ELSE i.indisprimary END
+ORDER BY k.n`, oid, string([]byte{ident}))
+	if err != nil {
+		return nil, err
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	var keys []string
+	for _, c := range rel.Columns {
+		if c.Key {
+			keys = append(keys, c.Name)
+		}
+	}
+	order := make([]int, 0, len(keys))
+	for _, n := range names {
+		if i := slices.Index(keys, n); i >= 0 && !slices.Contains(order, i) {
+			order = append(order, i)
+		}
+	}
+	if len(order) != len(keys) { // not what tableColumns found: column order then
+		order = order[:0]
+		for i := range keys {
+			order = append(order, i)
+		}
+	}
+	return order, nil
 }
 
 // keyedQuery selects rel's rows of keys, their columns as text.
 func keyedQuery(rel pgcodec.Relation, keys [][][]byte) (string, []any) {
-	var cols, names, types []string
+	var names, types []string
 	for _, c := range rel.Columns {
-		cols = append(cols, "t."+pgcodec.QuoteIdent(c.Name)+"::text")
 		if c.Key {
 			names = append(names, "t."+pgcodec.QuoteIdent(c.Name))
 			types = append(types, c.Type)
 		}
 	}
 	var args []any
-	tuples := make([]string, len(keys))
-	for i, k := range keys {
+	var tuples []string
+	for _, k := range keys {
+		if len(k) != len(types) {
+			continue // noted under another key: the table's key changed, which stops it
+		}
 		params := make([]string, len(k))
 		for j, part := range k {
 			args = append(args, string(part))
 			params[j] = fmt.Sprintf("$%d::text::%s", len(args), types[j])
 		}
-		tuples[i] = "(" + strings.Join(params, ", ") + ")"
+		tuples = append(tuples, "("+strings.Join(params, ", ")+")")
 	}
-	return "SELECT " + strings.Join(cols, ", ") + " FROM " + rel.QualifiedName() + " t WHERE (" + strings.Join(names, ", ") +
+	if len(tuples) == 0 {
+		return "SELECT " + selectList(rel) + " FROM " + rel.QualifiedName() + " t WHERE false", nil
+	}
+	return "SELECT " + selectList(rel) + " FROM " + rel.QualifiedName() + " t WHERE (" + strings.Join(names, ", ") +
 		") IN (" + strings.Join(tuples, ", ") + ")", args
 }
 

@@ -37,18 +37,26 @@ func (s *Source) noteCommit(xid uint32) {
 	s.recentN++
 }
 
-// committedBefore reports whether the stream decoded the commit of one of
-// xids among the commits before the n-th (as far back as it keeps them).
-func (s *Source) committedBefore(xids []uint32, n uint64) bool {
-	if s.opts.skipRecentCheck || len(xids) == 0 {
+// recentCommitXids returns the xids of the last recentCommits commits
+// decoded (a chunk keeps them from its low watermark: the commits of its
+// window would overwrite them by its high one).
+func (s *Source) recentCommitXids() []uint32 {
+	n := min(s.recentN, recentCommits)
+	out := make([]uint32, 0, n)
+	for i := s.recentN - n; i < s.recentN; i++ {
+		out = append(out, s.recentXids[i%recentCommits])
+	}
+	return out
+}
+
+// committedBefore reports whether one of xids is among before, the
+// commits decoded before a low watermark.
+func (s *Source) committedBefore(xids, before []uint32) bool {
+	if s.opts.skipRecentCheck {
 		return false
 	}
-	from := uint64(0)
-	if s.recentN > recentCommits {
-		from = s.recentN - recentCommits
-	}
-	for i := from; i < n; i++ {
-		if slices.Contains(xids, s.recentXids[i%recentCommits]) {
+	for _, x := range xids {
+		if slices.Contains(before, x) {
 			return true
 		}
 	}
@@ -95,7 +103,7 @@ func (ss *session) copyMark(ctx context.Context, m msgMessage) error {
 		// A stream read again from the slot may decode it twice: the
 		// window starts again, and so do its notes.
 		c.window, c.truncated, c.relNew, c.relFirst = map[string]*touch{}, false, false, false
-		c.lowN = s.recentN
+		c.before = s.recentCommitXids()
 		s.closeWindow(c)
 		s.copyWindows[oid] = append(s.copyWindows[oid], c)
 		if cur := s.copyTables[oid]; cur != c.st {
@@ -103,7 +111,7 @@ func (ss *session) copyMark(ctx context.Context, m msgMessage) error {
 		}
 	case "high":
 		s.closeWindow(c)
-		if !ready || c.window == nil || c.truncated || c.relNew || len(ss.subs[oid]) == 0 || s.committedBefore(c.xip, c.lowN) {
+		if !ready || c.window == nil || c.truncated || c.relNew || len(ss.subs[oid]) == 0 || s.committedBefore(c.xip, c.before) {
 			s.finishCopy(c, ss.cur.ts, true)
 			return nil
 		}

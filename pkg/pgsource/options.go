@@ -135,6 +135,9 @@ type Options struct {
 	// copyHook, if set (tests), runs after a copy's chunk is read and
 	// before its high watermark is written.
 	copyHook func(oid uint32, rows int)
+	// copyStartHook, if set (tests), runs before each chunk's low
+	// watermark (each attempt).
+	copyStartHook func()
 	// skipSyncRepCheck and skipRecentCheck (tests) turn off one of the two
 	// ways a copy finds a commit its chunk's snapshot cannot see yet.
 	skipSyncRepCheck, skipRecentCheck bool

@@ -109,10 +109,11 @@ func (s *Source) announce(rel pgcodec.Relation, relErr error, firstTs common.Ts)
 	if firstTs != 0 {
 		ts = firstTs
 	}
-	if relErr == nil {
-		if _, held := s.mu.holds[rel.OID]; !held {
-			s.mu.holds[rel.OID] = ts
-		}
+	if _, held := s.mu.holds[rel.OID]; !held && relErr == nil && len(s.mu.subs[rel.OID]) == 0 {
+		// A table subscribed meanwhile is not held again: the stream's
+		// list of subscriptions is the one of its transaction's BEGIN,
+		// and nothing would take a hold set now off.
+		s.mu.holds[rel.OID] = ts
 	}
 	s.mu.Unlock()
 	if relErr != nil {

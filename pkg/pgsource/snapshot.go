@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -141,10 +140,9 @@ func (s *Source) snapshotWorker(snap *pendingSnapshot, work <-chan catalogTable)
 func (s *Source) copyTable(ctx context.Context, tx pgx.Tx, ts common.Ts, t catalogTable) error {
 	rel := t.relation()
 	cols := make([]string, len(rel.Columns))
-	for i, c := range rel.Columns {
-		cols[i] = pgcodec.QuoteIdent(c.Name) + "::text"
-	}
-	rows, err := tx.Query(ctx, "SELECT "+strings.Join(cols, ", ")+" FROM "+rel.QualifiedName())
+	// In text, by the columns' output functions as pgoutput prints them
+	// (see readChunk): a key the snapshot and the stream print alike.
+	rows, err := tx.Query(ctx, "SELECT "+selectList(rel)+" FROM "+rel.QualifiedName()+" t", pgx.QueryResultFormats{pgx.TextFormatCode})
 	if err != nil {
 		return err
 	}

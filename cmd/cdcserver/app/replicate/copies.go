@@ -20,9 +20,10 @@ import (
 // copier copies the rows of tables that joined the changefeed after its
 // snapshot (pgsource.Source.CopyTable), one table at a time, and keeps
 // the tables whose copy is not yet durably applied in the target's
-// cdcflow.state (copiesKey): a table is listed there before its copy
-// starts and taken off once its dispatcher's durable checkpoint has passed
-// the copy's last chunk. A start copies the listed tables again (a copy
+// cdcflow.state (copiesKey): a table is listed there before it is bound
+// (so before its dispatcher can write a checkpoint, which would make a
+// start take it for copied) and taken off once its dispatcher's durable
+// checkpoint has passed the copy's last chunk. A start copies the listed tables again (a copy
 // cut short by a crash left rows out; copying again is harmless, the sink
 // upserts) and the published tables without a checkpoint (they joined
 // while serve was down).
@@ -39,8 +40,12 @@ type copier struct {
 	current string
 	from    int64
 
+	// listMu serialises the list's changes (listed as the target's
+	// state holds it).
+	listMu sync.Mutex
+	listed []uint32
+
 	// Owned by run.
-	listed    []uint32             // as the target's state holds them
 	finishing map[uint32]common.Ts // copied up to ts, listed until durable there
 }
 
@@ -56,6 +61,8 @@ func (c *copier) pending(ctx context.Context) (map[uint32]bool, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.listMu.Lock()
+	defer c.listMu.Unlock()
 	out := map[uint32]bool{}
 	for _, f := range strings.Split(v, ",") {
 		if oid, err := strconv.ParseUint(f, 10, 32); err == nil {
@@ -66,7 +73,34 @@ func (c *copier) pending(ctx context.Context) (map[uint32]bool, error) {
 	return out, nil
 }
 
-// add queues a table for its copy.
+// list lists oids as owing a copy, durably, before they are bound.
+func (c *copier) list(ctx context.Context, oids ...uint32) error {
+	c.listMu.Lock()
+	defer c.listMu.Unlock()
+	listed := slices.Clone(c.listed)
+	for _, oid := range oids {
+		if !slices.Contains(listed, oid) {
+			listed = append(listed, oid)
+		}
+	}
+	if len(listed) == len(c.listed) {
+		return nil
+	}
+	return c.saveLocked(ctx, listed)
+}
+
+// unlist takes oids off the list.
+func (c *copier) unlist(ctx context.Context, oids ...uint32) error {
+	c.listMu.Lock()
+	defer c.listMu.Unlock()
+	listed := slices.DeleteFunc(slices.Clone(c.listed), func(o uint32) bool { return slices.Contains(oids, o) })
+	if len(listed) == len(c.listed) {
+		return nil
+	}
+	return c.saveLocked(ctx, listed)
+}
+
+// add queues a listed table for its copy.
 func (c *copier) add(rel pgcodec.Relation) {
 	c.mu.Lock()
 	c.queue = append(c.queue, rel)
@@ -109,12 +143,10 @@ func (c *copier) run(ctx context.Context) {
 	}
 }
 
-// copyTable lists rel, copies it and remembers where its copy ends.
+// copyTable copies rel and remembers where its copy ends.
 func (c *copier) copyTable(ctx context.Context, rel pgcodec.Relation) error {
-	if !slices.Contains(c.listed, rel.OID) {
-		if err := c.save(ctx, append(slices.Clone(c.listed), rel.OID)); err != nil {
-			return err
-		}
+	if err := c.list(ctx, rel.OID); err != nil { // listed when it joined; again, in case
+		return err
 	}
 	c.log.Info("copying the rows of a table that joined", zap.String("table", rel.QualifiedName()))
 	began := time.Now()
@@ -128,7 +160,7 @@ func (c *copier) copyTable(ctx context.Context, rel pgcodec.Relation) error {
 	switch {
 	case errors.Is(err, pgsource.ErrTableGone) || errors.Is(err, pgsource.ErrNoKey):
 		c.log.Warn("a table that joined is not copied", zap.String("table", rel.QualifiedName()), zap.Error(err))
-		return c.save(ctx, slices.DeleteFunc(slices.Clone(c.listed), func(o uint32) bool { return o == rel.OID }))
+		return c.unlist(ctx, rel.OID)
 	case err != nil:
 		return err
 	}
@@ -164,8 +196,7 @@ func (c *copier) settle(ctx context.Context) {
 	if len(done) == 0 {
 		return
 	}
-	listed := slices.DeleteFunc(slices.Clone(c.listed), func(o uint32) bool { return slices.Contains(done, o) })
-	if err := c.save(ctx, listed); err != nil {
+	if err := c.unlist(ctx, done...); err != nil {
 		c.log.Warn("record copies done", zap.Error(err))
 		return
 	}
@@ -174,8 +205,9 @@ func (c *copier) settle(ctx context.Context) {
 	}
 }
 
-// save records the tables whose copy is not yet durable.
-func (c *copier) save(ctx context.Context, listed []uint32) error {
+// saveLocked records the tables whose copy is not yet durable (listMu
+// held).
+func (c *copier) saveLocked(ctx context.Context, listed []uint32) error {
 	f := make([]string, len(listed))
 	for i, oid := range listed {
 		f[i] = strconv.FormatUint(uint64(oid), 10)

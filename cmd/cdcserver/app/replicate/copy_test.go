@@ -138,3 +138,69 @@ func (nopPositions) Save(context.Context, string, pgsource.Position) error { ret
 func (nopPositions) Load(context.Context, string, uint64) (pgsource.Position, bool, error) {
 	return pgsource.Position{}, false, nil
 }
+
+// Two tables join at once and the first one's copy cannot end (a commit
+// waits for a synchronous standby, so every chunk is read again): the
+// second waits in the queue, bound, its checkpoint written. A stop then
+// must leave both listed, so that the next start copies both: listed only
+// when its copy began, the second was taken for copied at the restart
+// (it has a checkpoint) and its rows never came.
+func TestServeListsEveryTableThatJoinedBeforeBindingIt(t *testing.T) {
+	p := newPair(t)
+	p.exec("CREATE TABLE t1 (id int PRIMARY KEY, v text)")
+	for _, name := range []string{"t1", "t2", "t3"} {
+		if name != "t1" {
+			p.exec(fmt.Sprintf("CREATE TABLE %s (id int PRIMARY KEY, v text)", name))
+		}
+		p.exec(fmt.Sprintf("INSERT INTO %s SELECT g, 'v' || g FROM generate_series(1, 100) g", name))
+	}
+	p.exec("CREATE PUBLICATION cdcflow FOR TABLE t1")
+	cfg := p.config()
+	cfg.PublicationPollInterval = 50 * time.Millisecond
+	stop, _ := p.serve(cfg)
+	p.waitEqual("t1's snapshot")
+
+	p.exec("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
+	p.exec("SELECT pg_reload_conf()")
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			p.exec("ALTER SYSTEM RESET synchronous_standby_names")
+			p.exec("SELECT pg_reload_conf()")
+		}
+	}
+	t.Cleanup(release)
+	waiting := make(chan error, 1)
+	go func() {
+		conn, err := pgx.Connect(context.Background(), p.src.DSN)
+		if err != nil {
+			waiting <- err
+			return
+		}
+		defer conn.Close(context.Background())
+		_, err = conn.Exec(context.Background(), "UPDATE t1 SET v = 'waited' WHERE id = 1") // commits, then waits
+		waiting <- err
+	}()
+	p.exec("SET synchronous_commit = local")
+	p.exec("ALTER PUBLICATION cdcflow ADD TABLE t2, t3")
+	dst, err := pgx.Connect(context.Background(), p.dst.DSN)
+	require.NoError(t, err)
+	defer dst.Close(context.Background())
+	var oid3 uint32
+	require.NoError(t, p.conn.QueryRow(context.Background(), "SELECT 't3'::regclass::oid").Scan(&oid3))
+	checkpointed := false
+	for deadline := time.Now().Add(time.Minute); !checkpointed && time.Now().Before(deadline); {
+		require.NoError(t, dst.QueryRow(context.Background(), "SELECT EXISTS (SELECT FROM cdcflow.checkpoints WHERE table_oid = $1)",
+			int64(oid3)).Scan(&checkpointed))
+		time.Sleep(50 * time.Millisecond) // polling the target with a deadline, not ordering
+	}
+	require.True(t, checkpointed, "t3 is bound and checkpointed while it waits for its copy")
+	require.Zero(t, p.targetRows(t, "t2")+p.targetRows(t, "t3"), "no copy could end")
+	require.NoError(t, stop())
+	release()
+	require.NoError(t, <-waiting)
+	stop, _ = p.serve(cfg)
+	p.waitEqual("t2 and t3, copied after the restart")
+	require.NoError(t, stop())
+}

@@ -202,6 +202,9 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 	// A table not published at the start has left the changefeed (one
 	// created since is bound, and the sink looks at those first).
 	p.sink.SetLeft(func(oid uint32) bool { return !published[oid] })
+	if err := p.queueCopies(ctx, cfg, ckpts); err != nil { // listed before a checkpoint can be written
+		return setup(err)
+	}
 	if err := p.sink.BindAll(ctx, binds); err != nil {
 		return setup(err)
 	}
@@ -216,9 +219,6 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 		}
 	}
 	step("register")
-	if err := p.queueCopies(ctx, cfg, ckpts); err != nil {
-		return setup(err)
-	}
 	if err := p.source.Start(); err != nil {
 		return setup(err)
 	}
@@ -242,10 +242,19 @@ func (p *parts) queueCopies(ctx context.Context, cfg Config, ckpts map[common.Di
 	if err != nil || p.info.Created {
 		return err
 	}
+	var owed []pgcodec.Relation
+	var oids []uint32
 	for _, rel := range p.info.Tables {
 		if _, ok := ckpts[dispatcherOf(rel.OID)]; !ok || pending[rel.OID] {
-			p.copier.add(rel)
+			owed = append(owed, rel)
+			oids = append(oids, rel.OID)
 		}
+	}
+	if err := p.copier.list(ctx, oids...); err != nil {
+		return err
+	}
+	for _, rel := range owed {
+		p.copier.add(rel)
 	}
 	return nil
 }
@@ -385,6 +394,14 @@ func (p *parts) addNewTables(ctx context.Context) {
 		case t := <-p.newTables:
 			if p.known[t.rel.OID] {
 				continue // announced again (a restarted stream, or the poll and the stream both)
+			}
+			// Listed before it is bound: once bound, its checkpoint could
+			// make a start take it for copied.
+			if err := p.copier.list(ctx, t.rel.OID); err != nil {
+				if ctx.Err() == nil {
+					p.log.Error("add a new table", zap.String("table", t.rel.QualifiedName()), zap.Error(err))
+				}
+				continue
 			}
 			if err := p.add(ctx, t.rel, t.firstTs-1); err != nil {
 				if ctx.Err() == nil {
