@@ -17,12 +17,16 @@ import (
 )
 
 // The copy of a table that joins while streaming (CopyTable): its rows
-// are read in chunks by key, each between two watermarks the stream
-// itself carries, and pushed into the stream at the second one's commit
-// (DBLog's watermarks):
+// are read in chunks in its key's order, each between two watermarks the
+// stream itself carries, and pushed into the stream at the second one's
+// commit (DBLog's watermarks):
 //
 //  1. a low watermark, a transactional logical message, is committed;
-//  2. a chunk is read in a REPEATABLE READ transaction begun after it;
+//  2. a REPEATABLE READ transaction begun after it locks the table (ACCESS
+//     SHARE: a rewrite holding it would leave an earlier snapshot that sees
+//     it empty), takes its snapshot and reads the chunk, by the columns'
+//     output functions (as pgoutput prints them: a cast to text prints
+//     some keys differently);
 //  3. a high watermark is committed.
 //
 // The stream notes the keys every change of the table touches between the
@@ -46,12 +50,13 @@ import (
 // The one gap: a transaction whose commit is in the WAL before the low
 // watermark (so outside the window) but not yet visible to the chunk's
 // snapshot. Two checks find one: its backend waits for a synchronous
-// standby (pg_stat_activity, SyncRep: the copy's role needs to see other
-// roles' sessions, pg_read_all_stats), or the stream decoded its commit
-// among the last recentCommits before the low watermark; the chunk is then
-// read again later (errSnapshotAhead, or sent back). A commit decoded
-// earlier than those and still invisible without a SyncRep wait is not
-// found.
+// standby since before the chunk's transaction began (pg_stat_activity,
+// SyncRep: the copy's role needs to see other roles' sessions,
+// pg_read_all_stats), or the stream decoded its commit among the last
+// recentCommits before the low watermark (the chunk keeps them from
+// there); the chunk is then read again later (errSnapshotAhead, or sent
+// back). A commit decoded earlier than those and still invisible without
+// a SyncRep wait the role can see is not found.
 //
 // A truncate or a new relation version of the table in the window, or a
 // table without a subscription at the high watermark, sends the chunk
