@@ -102,14 +102,15 @@ type catalogTable struct {
 	replIdent   byte
 	columns     []pgcodec.Column
 	reltuples   float64
-	relationErr error // why it cannot be replicated (no key), or nil
+	kind        string // pg_class.relkind: "p" for a partitioned table (published through its root)
+	relationErr error  // why it cannot be replicated (no key), or nil
 }
 
 // publishedTables lists the publication's tables with their columns and
 // keys. A table without a usable key is listed with relationErr set.
 func publishedTables(ctx context.Context, conn *pgx.Conn, pub string) ([]catalogTable, error) {
 	rows, err := conn.Query(ctx, `
-SELECT c.oid, n.nspname, c.relname, c.relreplident, greatest(c.reltuples, 0)
+SELECT c.oid, n.nspname, c.relname, c.relreplident, greatest(c.reltuples, 0), c.relkind::text
 FROM pg_publication_tables pt
 JOIN pg_namespace n ON n.nspname = pt.schemaname
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
@@ -122,7 +123,7 @@ ORDER BY n.nspname, c.relname`, pub)
 	for rows.Next() {
 		var t catalogTable
 		var ident string
-		if err := rows.Scan(&t.oid, &t.schema, &t.name, &ident, &t.reltuples); err != nil {
+		if err := rows.Scan(&t.oid, &t.schema, &t.name, &ident, &t.reltuples, &t.kind); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -156,6 +157,16 @@ ORDER BY n.nspname, c.relname`, pub)
 	return tables, nil
 }
 
+// only is what reads the table's own rows: "ONLY " but for a partitioned
+// table (its partitions' rows are its own), so that an inheritance
+// parent's copy leaves its children's rows to them.
+func (t catalogTable) only() string {
+	if t.kind == "p" {
+		return ""
+	}
+	return "ONLY "
+}
+
 func (t catalogTable) relation() pgcodec.Relation {
 	return pgcodec.Relation{OID: t.oid, Schema: t.schema, Name: t.name, Columns: t.columns}
 }
@@ -182,7 +193,8 @@ SELECT t.oid, a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid, a.att
 FROM unnest($1::oid[], $2::text[]) AS t(oid, ident)
 JOIN pg_attribute a ON a.attrelid = t.oid
 LEFT JOIN LATERAL (
-  SELECT i.indkey FROM pg_index i
+  -- the key's columns, not those an INCLUDE adds (pgoutput does not mark them)
+  SELECT (i.indkey::int2[])[0:i.indnkeyatts - 1] AS indkey FROM pg_index i
   WHERE i.indrelid = a.attrelid AND t.ident <> 'n' AND CASE WHEN t.ident = 'i' THEN i.indisreplident ELSE i.indisprimary END
   LIMIT 1) k ON true
 WHERE a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
@@ -305,17 +306,31 @@ func (s *Source) readChunk(ctx context.Context, conn *pgx.Conn, oid uint32, req 
 	// snapshot is taken: a rewrite (ALTER TABLE ... TYPE) holding it
 	// would otherwise leave a snapshot from before the rewrite that sees
 	// the rewritten table empty, and the copy would end there.
-	var name string
-	if err := conn.QueryRow(ctx, "SELECT $1::oid::regclass::text", oid).Scan(&name); err != nil {
-		return rel, nil, nil, nil, fmt.Errorf("%w: table %d: %w", ErrTableGone, oid, err)
+	var name, kind string
+	err = conn.QueryRow(ctx, "SELECT c.oid::regclass::text, c.relkind::text FROM pg_class c WHERE c.oid = $1", oid).Scan(&name, &kind)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return rel, nil, nil, nil, fmt.Errorf("%w: table %d", ErrTableGone, oid)
+	} else if err != nil {
+		return rel, nil, nil, nil, err
+	}
+	// A plain table's own rows only: an inheritance child's rows are
+	// published as the child's. A partitioned table (published through
+	// its root) is read with its partitions.
+	only := ""
+	if kind != "p" {
+		only = "ONLY "
 	}
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return rel, nil, nil, nil, err
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // read only
-	if _, err := tx.Exec(ctx, "LOCK TABLE "+name+" IN ACCESS SHARE MODE"); err != nil {
-		return rel, nil, nil, nil, fmt.Errorf("%w: %w", errSnapshotAhead, err) // renamed or dropped meanwhile: read again
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+only+name+" IN ACCESS SHARE MODE"); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table: renamed or dropped meanwhile
+			return rel, nil, nil, nil, fmt.Errorf("%w: %w", errSnapshotAhead, err)
+		}
+		return rel, nil, nil, nil, err
 	}
 	var snap string
 	if err := tx.QueryRow(ctx, "SELECT pg_current_snapshot()::text").Scan(&snap); err != nil {
@@ -358,9 +373,9 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&rel.
 	if err != nil {
 		return rel, nil, nil, nil, err
 	}
-	query, args := chunkQuery(rel, order, req.after, s.opts.CopyChunkRows)
+	query, args := chunkQuery(rel, only, order, req.after, s.opts.CopyChunkRows)
 	if req.keys != nil {
-		query, args = keyedQuery(rel, req.keys)
+		query, args = keyedQuery(rel, only, req.keys)
 	}
 	// Text results of the columns themselves (their output functions,
 	// which pgoutput uses too): a cast to text is another function for
@@ -415,13 +430,16 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&rel.
 // chunkQuery selects a chunk of rel's rows after the key after (its
 // parts in column order), in the key index's order (order: the key parts'
 // positions, index column first), which the index serves.
-func chunkQuery(rel pgcodec.Relation, order []int, after [][]byte, limit int) (string, []any) {
+func chunkQuery(rel pgcodec.Relation, only string, order []int, after [][]byte, limit int) (string, []any) {
 	var keys, types []string
 	for _, c := range rel.Columns {
 		if c.Key {
 			keys = append(keys, "t."+pgcodec.QuoteIdent(c.Name))
 			types = append(types, c.Type)
 		}
+	}
+	if len(after) != len(keys) {
+		after = nil // the key changed between two chunks (which stops the table): from the first row again
 	}
 	names, params := make([]string, len(order)), make([]string, len(order))
 	var args []any
@@ -432,7 +450,7 @@ func chunkQuery(rel pgcodec.Relation, order []int, after [][]byte, limit int) (s
 			params[i] = fmt.Sprintf("$%d::text::%s", len(args), types[k])
 		}
 	}
-	q := "SELECT " + selectList(rel) + " FROM " + rel.QualifiedName() + " t"
+	q := "SELECT " + selectList(rel) + " FROM " + only + rel.QualifiedName() + " t"
 	if after != nil {
 		q += " WHERE (" + strings.Join(names, ", ") + ") > (" + strings.Join(params, ", ") + ")"
 	}
@@ -456,7 +474,7 @@ func keyOrder(ctx context.Context, tx pgx.Tx, oid uint32, ident byte, rel pgcode
 	rows, err := tx.Query(ctx, `SELECT a.attname FROM pg_index i
 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-WHERE i.indrelid = $1 AND CASE WHEN $2 = 'i' THEN i.indisreplident ELSE i.indisprimary END
+WHERE i.indrelid = $1 AND CASE WHEN $2 = 'i' THEN i.indisreplident ELSE i.indisprimary END AND k.n <= i.indnkeyatts
 ORDER BY k.n`, oid, string([]byte{ident}))
 	if err != nil {
 		return nil, err
@@ -487,7 +505,7 @@ ORDER BY k.n`, oid, string([]byte{ident}))
 }
 
 // keyedQuery selects rel's rows of keys, their columns as text.
-func keyedQuery(rel pgcodec.Relation, keys [][][]byte) (string, []any) {
+func keyedQuery(rel pgcodec.Relation, only string, keys [][][]byte) (string, []any) {
 	var names, types []string
 	for _, c := range rel.Columns {
 		if c.Key {
@@ -509,9 +527,9 @@ func keyedQuery(rel pgcodec.Relation, keys [][][]byte) (string, []any) {
 		tuples = append(tuples, "("+strings.Join(params, ", ")+")")
 	}
 	if len(tuples) == 0 {
-		return "SELECT " + selectList(rel) + " FROM " + rel.QualifiedName() + " t WHERE false", nil
+		return "SELECT " + selectList(rel) + " FROM " + only + rel.QualifiedName() + " t WHERE false", nil
 	}
-	return "SELECT " + selectList(rel) + " FROM " + rel.QualifiedName() + " t WHERE (" + strings.Join(names, ", ") +
+	return "SELECT " + selectList(rel) + " FROM " + only + rel.QualifiedName() + " t WHERE (" + strings.Join(names, ", ") +
 		") IN (" + strings.Join(tuples, ", ") + ")", args
 }
 

@@ -142,7 +142,7 @@ func (s *Source) copyTable(ctx context.Context, tx pgx.Tx, ts common.Ts, t catal
 	cols := make([]string, len(rel.Columns))
 	// In text, by the columns' output functions as pgoutput prints them
 	// (see readChunk): a key the snapshot and the stream print alike.
-	rows, err := tx.Query(ctx, "SELECT "+selectList(rel)+" FROM "+rel.QualifiedName()+" t", pgx.QueryResultFormats{pgx.TextFormatCode})
+	rows, err := tx.Query(ctx, "SELECT "+selectList(rel)+" FROM "+t.only()+rel.QualifiedName()+" t", pgx.QueryResultFormats{pgx.TextFormatCode})
 	if err != nil {
 		return err
 	}

@@ -111,10 +111,14 @@ func (c *copier) add(rel pgcodec.Relation) {
 	}
 }
 
-// run copies the queued tables until ctx ends.
+// run copies the queued tables until ctx ends. A copy that fails (the
+// source down, a privilege missing) goes to the end of the queue and is
+// tried again after a back-off of its own, the others meanwhile.
 func (c *copier) run(ctx context.Context) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	failures := map[uint32]int{}
+	retryAt := map[uint32]time.Time{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -127,18 +131,32 @@ func (c *copier) run(ctx context.Context) {
 		todo := c.queue
 		c.queue = nil
 		c.mu.Unlock()
-		for i, rel := range todo {
+		var later []pgcodec.Relation
+		for _, rel := range todo {
+			if time.Now().Before(retryAt[rel.OID]) {
+				later = append(later, rel)
+				continue
+			}
 			if err := c.copyTable(ctx, rel); err != nil {
 				if ctx.Err() != nil {
 					return
 				}
-				c.log.Error("copy a table that joined: trying again in a while", zap.String("table", rel.QualifiedName()), zap.Error(err))
-				c.mu.Lock()
-				c.queue = append(c.queue, todo[i:]...)
-				c.mu.Unlock()
-				break
+				failures[rel.OID]++
+				wait := min(time.Second<<min(failures[rel.OID], 6), time.Minute)
+				retryAt[rel.OID] = time.Now().Add(wait)
+				c.log.Error("copy a table that joined: trying again later", zap.String("table", rel.QualifiedName()),
+					zap.Duration("in", wait), zap.Error(err))
+				later = append(later, rel)
+				continue
 			}
+			delete(failures, rel.OID)
+			delete(retryAt, rel.OID)
 			c.settle(ctx)
+		}
+		if len(later) > 0 {
+			c.mu.Lock()
+			c.queue = append(c.queue, later...)
+			c.mu.Unlock()
 		}
 	}
 }

@@ -387,33 +387,52 @@ func (p *parts) add(ctx context.Context, rel pgcodec.Relation, start common.Ts) 
 
 // addNewTables registers the tables the source finds while streaming.
 func (p *parts) addNewTables(ctx context.Context) {
+	// A table that could not be listed or bound (the target down) is
+	// tried again: it is announced once, and the slot is held before it
+	// until it is subscribed.
+	var retry []newTable
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
 	for {
+		var todo []newTable
 		select {
 		case <-ctx.Done():
 			return
 		case t := <-p.newTables:
+			todo = []newTable{t}
+		case <-tick.C:
+			todo, retry = retry, nil
+		}
+		for _, t := range todo {
 			if p.known[t.rel.OID] {
 				continue // announced again (a restarted stream, or the poll and the stream both)
 			}
-			// Listed before it is bound: once bound, its checkpoint could
-			// make a start take it for copied.
-			if err := p.copier.list(ctx, t.rel.OID); err != nil {
-				if ctx.Err() == nil {
-					p.log.Error("add a new table", zap.String("table", t.rel.QualifiedName()), zap.Error(err))
+			if err := p.addNewTable(ctx, t); err != nil {
+				if ctx.Err() != nil {
+					return
 				}
-				continue
+				p.log.Error("add a new table: trying again in a second", zap.String("table", t.rel.QualifiedName()), zap.Error(err))
+				retry = append(retry, t)
 			}
-			if err := p.add(ctx, t.rel, t.firstTs-1); err != nil {
-				if ctx.Err() == nil {
-					p.log.Error("add a new table", zap.String("table", t.rel.QualifiedName()), zap.Error(err))
-				}
-				continue
-			}
-			p.known[t.rel.OID] = true
-			p.log.Info("replicating a new table", zap.String("table", t.rel.QualifiedName()), zap.Stringer("from", t.firstTs))
-			p.copier.add(t.rel) // the rows it had when it joined
 		}
 	}
+}
+
+// addNewTable lists, binds, registers and queues the copy of a table that
+// joined.
+func (p *parts) addNewTable(ctx context.Context, t newTable) error {
+	// Listed before it is bound: once bound, its checkpoint could make a
+	// start take it for copied.
+	if err := p.copier.list(ctx, t.rel.OID); err != nil {
+		return err
+	}
+	if err := p.add(ctx, t.rel, t.firstTs-1); err != nil {
+		return err
+	}
+	p.known[t.rel.OID] = true
+	p.log.Info("replicating a new table", zap.String("table", t.rel.QualifiedName()), zap.Stringer("from", t.firstTs))
+	p.copier.add(t.rel) // the rows it had when it joined
+	return nil
 }
 
 // loop runs until ctx ends or the source stops for good: it records the
