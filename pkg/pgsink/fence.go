@@ -164,6 +164,11 @@ func (s *Sink) fenced(ctx context.Context, f func(tx pgx.Tx) error, after ...fun
 		return err
 	}
 	defer release()
+	return s.fencedOn(ctx, conn, f, after...)
+}
+
+// fencedOn is fenced on conn (the admin connection, held by the caller).
+func (s *Sink) fencedOn(ctx context.Context, conn *pgx.Conn, f func(tx pgx.Tx) error, after ...func()) error {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return err

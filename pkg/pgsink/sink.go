@@ -281,7 +281,11 @@ func (s *Sink) BindAll(ctx context.Context, bs []Binding) error {
 		}
 		s.logBaseTypes(tables)
 	}
-	taken, err := s.claimTargets(ctx, conn, bs)
+	taken, written, err := s.claimTargets(ctx, conn, bs)
+	if err != nil {
+		return err
+	}
+	owning, err := s.ownColumns(ctx, conn, tables, written)
 	if err != nil {
 		return err
 	}
@@ -293,7 +297,9 @@ func (s *Sink) BindAll(ctx context.Context, bs []Binding) error {
 		}
 		l := s.laneFor(b.Rel.OID)
 		if t := tables[b.Rel.OID]; t != nil {
-			if _, err := t.evolve(b.Rel, has); err != nil {
+			if err := owning[b.Rel.OID]; err != nil {
+				s.failed(b.ID, err, true)
+			} else if _, err := t.evolve(b.Rel, has); err != nil {
 				s.failed(b.ID, err, true) // an existing target table that does not match
 			}
 			l.attach(b.ID, t)
@@ -321,7 +327,8 @@ type targetOwner struct {
 
 // claimTargets finds, from cdcflow.checkpoints, the bindings of bs whose
 // target table other source tables wrote, and returns those that must
-// stop, with one such table each. A target table written only by tables
+// stop, with one such table each, and the target tables the changefeed
+// wrote to (a checkpoint row names them, after what it emptied). A target table written only by tables
 // that have left the changefeed (SetLeft says so, and their dispatchers
 // are neither bound nor being bound: dropped, found at a start) and not by
 // the binding's own table is emptied for it, their checkpoint rows
@@ -329,7 +336,7 @@ type targetOwner struct {
 // while this process runs: its dispatcher may have rows in flight) or
 // that holds the binding's own rows besides is not touched: that binding
 // stops.
-func (s *Sink) claimTargets(ctx context.Context, conn *pgx.Conn, bs []Binding) (map[common.DispatcherID]targetOwner, error) {
+func (s *Sink) claimTargets(ctx context.Context, conn *pgx.Conn, bs []Binding) (map[common.DispatcherID]targetOwner, map[string]bool, error) {
 	names := make([]string, len(bs))
 	inChangefeed := map[string]bool{}
 	for i, b := range bs {
@@ -343,7 +350,7 @@ func (s *Sink) claimTargets(ctx context.Context, conn *pgx.Conn, bs []Binding) (
 	s.mu.Unlock()
 	rows, err := conn.Query(ctx, "SELECT target, dispatcher, table_oid FROM cdcflow.checkpoints WHERE target = ANY($1::text[])", names)
 	if err != nil {
-		return nil, fmt.Errorf("%w: read checkpoints: %w", ErrApply, err)
+		return nil, nil, fmt.Errorf("%w: read checkpoints: %w", ErrApply, err)
 	}
 	owners := map[string][]targetOwner{}
 	for rows.Next() {
@@ -351,15 +358,19 @@ func (s *Sink) claimTargets(ctx context.Context, conn *pgx.Conn, bs []Binding) (
 		var o targetOwner
 		if err := rows.Scan(&target, &o.dispatcher, &o.oid); err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("%w: read checkpoints: %w", ErrApply, err)
+			return nil, nil, fmt.Errorf("%w: read checkpoints: %w", ErrApply, err)
 		}
 		owners[target] = append(owners[target], o)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("%w: read checkpoints: %w", ErrApply, err)
+		return nil, nil, fmt.Errorf("%w: read checkpoints: %w", ErrApply, err)
 	}
 	stop := map[common.DispatcherID]targetOwner{}
+	written := map[string]bool{}
+	for name, os := range owners {
+		written[name] = len(os) > 0
+	}
 	var reclaim []string
 	var gone []string
 	for i, b := range bs {
@@ -382,6 +393,7 @@ func (s *Sink) claimTargets(ctx context.Context, conn *pgx.Conn, bs []Binding) (
 			stop[b.ID] = left[0]
 		case len(left) > 0:
 			reclaim = append(reclaim, names[i])
+			written[names[i]] = own
 			for _, o := range left {
 				gone = append(gone, o.dispatcher)
 				s.log.Warn("a target table held the rows of a source table that left the changefeed: emptied for the table of its name now",
@@ -397,10 +409,10 @@ func (s *Sink) claimTargets(ctx context.Context, conn *pgx.Conn, bs []Binding) (
 			_, err := tx.Exec(ctx, "DELETE FROM cdcflow.checkpoints WHERE dispatcher = ANY($1::text[])", gone)
 			return err
 		}); err != nil {
-			return nil, fmt.Errorf("%w: empty the target tables of tables gone: %w", ErrApply, err)
+			return nil, nil, fmt.Errorf("%w: empty the target tables of tables gone: %w", ErrApply, err)
 		}
 	}
-	return stop, nil
+	return stop, written, nil
 }
 
 // hexID is id as cdcflow.checkpoints keys it.

@@ -21,6 +21,11 @@ type table struct {
 	types map[string]string // column -> SQL type, in the target
 	order []string          // the target's columns, in order
 	key   []string
+	// required are the target's columns no row can be written without
+	// (NOT NULL, no default, not generated or identity); own those the
+	// target table has of its own (own.go), never the source's.
+	required map[string]bool
+	own      map[string]bool
 	// stmts caches the statements built from types and key, by the
 	// upserted columns' signature (deleteSig for the delete): building
 	// them was 6% of serve's CPU at 1000 tables. Cleared when a column
@@ -51,13 +56,14 @@ func loadTables(ctx context.Context, q querier, rels []pgcodec.Relation) (map[ui
 	names := make([]string, len(rels))
 	out := map[uint32]*table{}
 	for i, r := range rels {
-		t := &table{rel: r, qname: r.QualifiedName(), types: map[string]string{}}
+		t := &table{rel: r, qname: r.QualifiedName(), types: map[string]string{}, required: map[string]bool{}}
 		byName[[2]string{r.Schema, r.Name}] = t
 		out[r.OID] = t
 		names[i] = t.qname
 	}
 	rows, err := q.Query(ctx, `
-SELECT n.nspname, c.relname, a.attname, format_type(a.atttypid, a.atttypmod), coalesce(a.attnum = ANY(k.indkey), false)
+SELECT n.nspname, c.relname, a.attname, format_type(a.atttypid, a.atttypmod), coalesce(a.attnum = ANY(k.indkey), false),
+  a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = ''
 FROM pg_attribute a
 JOIN pg_class c ON c.oid = a.attrelid
 JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -70,8 +76,8 @@ ORDER BY a.attrelid, a.attnum`, names)
 	defer rows.Close()
 	for rows.Next() {
 		var schema, rel, name, typ string
-		var key bool
-		if err := rows.Scan(&schema, &rel, &name, &typ, &key); err != nil {
+		var key, required bool
+		if err := rows.Scan(&schema, &rel, &name, &typ, &key, &required); err != nil {
 			return nil, err
 		}
 		t := byName[[2]string{schema, rel}]
@@ -80,6 +86,7 @@ ORDER BY a.attrelid, a.attnum`, names)
 		}
 		t.types[name] = typ
 		t.order = append(t.order, name)
+		t.required[name] = required
 		if key {
 			t.key = append(t.key, name)
 		}
@@ -145,8 +152,8 @@ func (t *table) evolve(rel pgcodec.Relation, has targetTypes) ([]string, error) 
 		}
 	}
 	for _, name := range t.order {
-		if !inRel[name] {
-			return nil, fmt.Errorf("%w: %s: column %q is gone from the source (dropped or renamed there), or the target table has a column the source never had",
+		if !inRel[name] && !t.own[name] {
+			return nil, fmt.Errorf("%w: %s: column %q is gone from the source (dropped or renamed there), or was added to the target table after the changefeed first wrote to it (a column of its own is one it had then)",
 				ErrSchemaChange, t.qname, name)
 		}
 	}
