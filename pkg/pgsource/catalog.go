@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -103,14 +104,15 @@ type catalogTable struct {
 	columns     []pgcodec.Column
 	reltuples   float64
 	kind        string // pg_class.relkind: "p" for a partitioned table (published through its root)
-	relationErr error  // why it cannot be replicated (no key), or nil
+	pub         pubShape
+	relationErr error // why it cannot be replicated (no key), or nil
 }
 
 // publishedTables lists the publication's tables with their columns and
 // keys. A table without a usable key is listed with relationErr set.
 func publishedTables(ctx context.Context, conn *pgx.Conn, pub string) ([]catalogTable, error) {
 	rows, err := conn.Query(ctx, `
-SELECT c.oid, n.nspname, c.relname, c.relreplident, greatest(c.reltuples, 0), c.relkind::text
+SELECT c.oid, n.nspname, c.relname, c.relreplident, greatest(c.reltuples, 0), c.relkind::text, `+pubShapeColumns+`
 FROM pg_publication_tables pt
 JOIN pg_namespace n ON n.nspname = pt.schemaname
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
@@ -123,7 +125,7 @@ ORDER BY n.nspname, c.relname`, pub)
 	for rows.Next() {
 		var t catalogTable
 		var ident string
-		if err := rows.Scan(&t.oid, &t.schema, &t.name, &ident, &t.reltuples, &t.kind); err != nil {
+		if err := rows.Scan(&t.oid, &t.schema, &t.name, &ident, &t.reltuples, &t.kind, &t.pub.attnames, &t.pub.rowFilter); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -148,7 +150,7 @@ ORDER BY n.nspname, c.relname`, pub)
 	}
 	for i := range tables {
 		t := &tables[i]
-		t.columns = cols[t.oid]
+		t.columns = t.pub.columns(cols[t.oid])
 		if err := t.relation().Validate(); err != nil {
 			t.relationErr = fmt.Errorf("%w: %s.%s (replica identity %q): add a primary key, or set REPLICA IDENTITY USING INDEX: %w",
 				ErrNoKey, t.schema, t.name, t.replIdent, err)
@@ -427,4 +429,51 @@ func DropSlot(ctx context.Context, dsn, slot string) error {
 	}
 	_, err = conn.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", slot)
 	return err
+}
+
+// pubShape is what a publication publishes of a table (PostgreSQL 15):
+// its column list (nil: every column) and its row filter ("" : every
+// row). The initial snapshot and a copy read the same, as PostgreSQL's
+// own table synchronisation does: a row the filter leaves out is not
+// copied, a column the list leaves out not read.
+type pubShape struct {
+	attnames  []string
+	rowFilter string
+}
+
+// pubShapeColumns is the select list of pg_publication_tables' column
+// list and row filter: through to_jsonb, so that a server before 15
+// (without those columns) answers NULL.
+const pubShapeColumns = "to_jsonb(pt)->'attnames', coalesce(to_jsonb(pt)->>'rowfilter', '')"
+
+// columns keeps the published ones of cols, in their order.
+func (p pubShape) columns(cols []pgcodec.Column) []pgcodec.Column {
+	if p.attnames == nil {
+		return cols
+	}
+	out := make([]pgcodec.Column, 0, len(p.attnames))
+	for _, c := range cols {
+		if slices.Contains(p.attnames, c.Name) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// publishedShape reads what publication pub publishes of rel; a table not
+// (or no longer) in it is ErrTableGone.
+func publishedShape(ctx context.Context, q pgx.Tx, pub string, rel pgcodec.Relation) (pubShape, error) {
+	var p pubShape
+	err := q.QueryRow(ctx, "SELECT "+pubShapeColumns+` FROM pg_publication_tables pt
+WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3`, pub, rel.Schema, rel.Name).Scan(&p.attnames, &p.rowFilter)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return p, fmt.Errorf("%w: %s is no longer in publication %s", ErrTableGone, rel.QualifiedName(), pub)
+	}
+	return p, err
+}
+
+// readScope is what a copy's query reads: FROM (the table, ONLY unless
+// partitioned, as t) and the publication's row filter.
+type readScope struct {
+	from, filter string
 }

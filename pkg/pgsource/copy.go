@@ -373,9 +373,15 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&rel.
 	if err != nil {
 		return rel, nil, nil, nil, err
 	}
-	query, args := chunkQuery(rel, only, order, req.after, s.opts.CopyChunkRows)
+	pub, err := publishedShape(ctx, tx, s.opts.Publication, rel)
+	if err != nil {
+		return rel, nil, nil, nil, err
+	}
+	rel.Columns = pub.columns(rel.Columns)
+	scope := readScope{from: only + rel.QualifiedName() + " t", filter: pub.rowFilter}
+	query, args := chunkQuery(rel, scope, order, req.after, s.opts.CopyChunkRows)
 	if req.keys != nil {
-		query, args = keyedQuery(rel, only, req.keys)
+		query, args = keyedQuery(rel, scope, req.keys)
 	}
 	// Text results of the columns themselves (their output functions,
 	// which pgoutput uses too): a cast to text is another function for
@@ -430,7 +436,7 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&rel.
 // chunkQuery selects a chunk of rel's rows after the key after (its
 // parts in column order), in the key index's order (order: the key parts'
 // positions, index column first), which the index serves.
-func chunkQuery(rel pgcodec.Relation, only string, order []int, after [][]byte, limit int) (string, []any) {
+func chunkQuery(rel pgcodec.Relation, scope readScope, order []int, after [][]byte, limit int) (string, []any) {
 	var keys, types []string
 	for _, c := range rel.Columns {
 		if c.Key {
@@ -450,9 +456,16 @@ func chunkQuery(rel pgcodec.Relation, only string, order []int, after [][]byte, 
 			params[i] = fmt.Sprintf("$%d::text::%s", len(args), types[k])
 		}
 	}
-	q := "SELECT " + selectList(rel) + " FROM " + only + rel.QualifiedName() + " t"
+	var where []string
+	if scope.filter != "" {
+		where = append(where, "("+scope.filter+")")
+	}
 	if after != nil {
-		q += " WHERE (" + strings.Join(names, ", ") + ") > (" + strings.Join(params, ", ") + ")"
+		where = append(where, "("+strings.Join(names, ", ")+") > ("+strings.Join(params, ", ")+")")
+	}
+	q := "SELECT " + selectList(rel) + " FROM " + scope.from
+	if len(where) > 0 {
+		q += " WHERE " + strings.Join(where, " AND ")
 	}
 	return q + " ORDER BY " + strings.Join(names, ", ") + fmt.Sprintf(" LIMIT %d", limit), args
 }
@@ -505,7 +518,7 @@ ORDER BY k.n`, oid, string([]byte{ident}))
 }
 
 // keyedQuery selects rel's rows of keys, their columns as text.
-func keyedQuery(rel pgcodec.Relation, only string, keys [][][]byte) (string, []any) {
+func keyedQuery(rel pgcodec.Relation, scope readScope, keys [][][]byte) (string, []any) {
 	var names, types []string
 	for _, c := range rel.Columns {
 		if c.Key {
@@ -527,9 +540,13 @@ func keyedQuery(rel pgcodec.Relation, only string, keys [][][]byte) (string, []a
 		tuples = append(tuples, "("+strings.Join(params, ", ")+")")
 	}
 	if len(tuples) == 0 {
-		return "SELECT " + selectList(rel) + " FROM " + only + rel.QualifiedName() + " t WHERE false", nil
+		return "SELECT " + selectList(rel) + " FROM " + scope.from + " WHERE false", nil
 	}
-	return "SELECT " + selectList(rel) + " FROM " + only + rel.QualifiedName() + " t WHERE (" + strings.Join(names, ", ") +
+	filter := ""
+	if scope.filter != "" {
+		filter = "(" + scope.filter + ") AND "
+	}
+	return "SELECT " + selectList(rel) + " FROM " + scope.from + " WHERE " + filter + "(" + strings.Join(names, ", ") +
 		") IN (" + strings.Join(tuples, ", ") + ")", args
 }
 

@@ -316,18 +316,18 @@ func TestATruncateInAChunksWindowReadsItAgain(t *testing.T) {
 func TestChunkQueryContinuesAfterTheKeyInKeyOrder(t *testing.T) {
 	rel := pgcodec.Relation{Schema: "s", Name: "t", Columns: []pgcodec.Column{
 		{Name: "a", Type: "integer", Key: true}, {Name: "v", Type: "text"}, {Name: "b", Type: "character varying(5)", Key: true}}}
-	q, args := chunkQuery(rel, "", []int{0, 1}, nil, 10)
+	q, args := chunkQuery(rel, readScope{from: `"s"."t" t`}, []int{0, 1}, nil, 10)
 	require.Equal(t, `SELECT t."a", t."v", t."b" FROM "s"."t" t ORDER BY t."a", t."b" LIMIT 10`, q)
 	require.Empty(t, args)
-	q, args = chunkQuery(rel, "", []int{0, 1}, [][]byte{[]byte("3"), []byte("x'y")}, 10)
+	q, args = chunkQuery(rel, readScope{from: `"s"."t" t`}, []int{0, 1}, [][]byte{[]byte("3"), []byte("x'y")}, 10)
 	require.Equal(t, `SELECT t."a", t."v", t."b" FROM "s"."t" t WHERE (t."a", t."b") > ($1::text::integer, $2::text::character varying(5)) ORDER BY t."a", t."b" LIMIT 10`, q)
 	require.Equal(t, []any{"3", "x'y"}, args)
 	// PRIMARY KEY (b, a): the index's order, the key parts still in column order.
-	q, args = chunkQuery(rel, "", []int{1, 0}, [][]byte{[]byte("3"), []byte("x")}, 10)
+	q, args = chunkQuery(rel, readScope{from: `"s"."t" t`}, []int{1, 0}, [][]byte{[]byte("3"), []byte("x")}, 10)
 	require.Equal(t, `SELECT t."a", t."v", t."b" FROM "s"."t" t WHERE (t."b", t."a") > ($1::text::character varying(5), $2::text::integer) ORDER BY t."b", t."a" LIMIT 10`, q)
 	require.Equal(t, []any{"x", "3"}, args)
-	q, args = keyedQuery(rel, "", [][][]byte{{[]byte("1"), []byte("p")}, {[]byte("too few")}})
-	require.Equal(t, `SELECT t."a", t."v", t."b" FROM "s"."t" t WHERE (t."a", t."b") IN (($1::text::integer, $2::text::character varying(5)))`, q,
+	q, args = keyedQuery(rel, readScope{from: `"s"."t" t`, filter: "v <> 'x'"}, [][][]byte{{[]byte("1"), []byte("p")}, {[]byte("too few")}})
+	require.Equal(t, `SELECT t."a", t."v", t."b" FROM "s"."t" t WHERE (v <> 'x') AND (t."a", t."b") IN (($1::text::integer, $2::text::character varying(5)))`, q,
 		"a key noted under another key's shape is left out")
 	require.Equal(t, []any{"1", "p"}, args)
 	require.Equal(t, []uint32{7, 9, 5}, snapshotInProgress("5:4294967310:7,9,4294967301"), "xid8s as 32-bit xids")

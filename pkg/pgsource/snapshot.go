@@ -142,7 +142,11 @@ func (s *Source) copyTable(ctx context.Context, tx pgx.Tx, ts common.Ts, t catal
 	cols := make([]string, len(rel.Columns))
 	// In text, by the columns' output functions as pgoutput prints them
 	// (see readChunk): a key the snapshot and the stream print alike.
-	rows, err := tx.Query(ctx, "SELECT "+selectList(rel)+" FROM "+t.only()+rel.QualifiedName()+" t", pgx.QueryResultFormats{pgx.TextFormatCode})
+	q := "SELECT " + selectList(rel) + " FROM " + t.only() + rel.QualifiedName() + " t"
+	if t.pub.rowFilter != "" {
+		q += " WHERE " + t.pub.rowFilter // the publication's row filter: its rows only
+	}
+	rows, err := tx.Query(ctx, q, pgx.QueryResultFormats{pgx.TextFormatCode})
 	if err != nil {
 		return err
 	}
