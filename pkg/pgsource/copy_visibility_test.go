@@ -1,0 +1,165 @@
+package pgsource
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/pkg/pgcodec"
+)
+
+// A commit that the stream has already delivered but that the chunk's
+// snapshot cannot see (its transaction waits for a synchronous standby
+// that is not there: in the WAL, not yet visible) must not be overwritten
+// by the chunk's older row: the copy reads the chunk again, under new
+// watermarks, until that commit is visible. Each of the two checks finds
+// it alone: the copier's (the transaction waits in SyncRep) and the
+// stream's (it decoded the transaction's commit before the low
+// watermark). With neither, the copy ends with the row as it was before
+// the commit.
+func TestACopyWaitsForACommitItsSnapshotCannotSeeYet(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		only func(*Options)
+	}{
+		{"SyncRepCheck", func(o *Options) { o.skipRecentCheck = true }},
+		{"RecentCommitsCheck", func(o *Options) { o.skipSyncRepCheck = true }},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testACopyWaitsForACommitItsSnapshotCannotSeeYet(t, tc.only) })
+	}
+}
+
+func testACopyWaitsForACommitItsSnapshotCannotSeeYet(t *testing.T, only func(*Options)) {
+	e := newSrcEnv(t)
+	e.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text)")
+	e.exec("INSERT INTO t2 SELECT g, 'v' || g FROM generate_series(1, 10) g")
+	j := streamThenJoin(t, e, "t2", only)
+	e.exec("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
+	e.exec("SELECT pg_reload_conf()")
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			e.exec("ALTER SYSTEM RESET synchronous_standby_names")
+			e.exec("SELECT pg_reload_conf()")
+		}
+	}
+	t.Cleanup(release)
+	waiting := make(chan error, 1)
+	go func() {
+		conn, err := pgx.Connect(context.Background(), e.pg.DSN)
+		if err != nil {
+			waiting <- err
+			return
+		}
+		defer conn.Close(context.Background())
+		_, err = conn.Exec(context.Background(), "UPDATE t2 SET v = 'waited' WHERE id = 3") // commits, then waits
+		waiting <- err
+	}()
+	j.sink.waitFor("the stream delivers the waiting commit", func() bool {
+		for _, r := range j.sink.rows {
+			if c, err := pgcodec.DecodeValue(r.Value); err == nil && text(c, "v") == "waited" {
+				return true
+			}
+		}
+		return false
+	})
+	copied := make(chan error, 1)
+	var res CopyResult
+	go func() {
+		var err error
+		res, err = j.src.CopyTable(context.Background(), j.oid)
+		copied <- err
+	}()
+	deadline := time.Now().Add(60 * time.Second)
+	for testutilValue(j.src.met.copyRetries) < 3 {
+		select {
+		case err := <-copied:
+			t.Fatalf("the copy ended (%v) while a commit it cannot see was delivered", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+		require.True(t, time.Now().Before(deadline), "the copy never read its chunk again")
+	}
+	release()
+	require.NoError(t, <-waiting)
+	require.NoError(t, <-copied)
+	j.sink.waitFor("the copy", func() bool { return j.sink.resolved >= res.Ts })
+	got := fold(t, j.sink.changes(), "id")
+	require.Equal(t, e.tableRows("t2", "id"), got)
+	require.Equal(t, "waited", got["3"]["v"])
+}
+
+// The commits decoded before a chunk's low watermark are kept with the
+// chunk: a window with more commits than the stream keeps (4096, of any
+// table) no longer hides the commit waiting for a standby that the stream
+// delivered before it, and the chunk is read again (here once the commit
+// is visible). Looked up at the high watermark, the window's commits had
+// pushed it out, and the chunk's older row overwrote the commit.
+func TestTheRecentCommitsCheckSeesPastABusyWindow(t *testing.T) {
+	e := newSrcEnv(t)
+	e.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text)")
+	e.exec("INSERT INTO t2 SELECT g, 'v' || g FROM generate_series(1, 10) g")
+	busy, err := pgx.Connect(context.Background(), e.pg.DSN)
+	require.NoError(t, err)
+	defer busy.Close(context.Background())
+	_, err = busy.Exec(context.Background(), "SET synchronous_commit = local")
+	require.NoError(t, err)
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			e.exec("ALTER SYSTEM RESET synchronous_standby_names")
+			e.exec("SELECT pg_reload_conf()")
+		}
+	}
+	t.Cleanup(release)
+	waiting := make(chan error, 1)
+	attempts, first := 0, true
+	j := streamThenJoin(t, e, "t2", func(o *Options) {
+		o.skipSyncRepCheck = true
+		o.copyStartHook = func() {
+			if attempts++; attempts == 2 { // the chunk read again: once the commit is visible
+				release()
+				require.NoError(t, <-waiting)
+			}
+		}
+		o.copyHook = func(uint32, int) {
+			if !first {
+				return
+			}
+			first = false
+			_, err := busy.Exec(context.Background(), fmt.Sprintf(
+				"DO $$ BEGIN FOR i IN 1..%d LOOP INSERT INTO t1 VALUES (100 + i); COMMIT; END LOOP; END $$", recentCommits+100))
+			require.NoError(t, err)
+		}
+	})
+	e.exec("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
+	e.exec("SELECT pg_reload_conf()")
+	go func() {
+		conn, err := pgx.Connect(context.Background(), e.pg.DSN)
+		if err != nil {
+			waiting <- err
+			return
+		}
+		defer conn.Close(context.Background())
+		_, err = conn.Exec(context.Background(), "UPDATE t2 SET v = 'waited' WHERE id = 3")
+		waiting <- err
+	}()
+	j.sink.waitFor("the stream delivers the waiting commit", func() bool {
+		for _, r := range j.sink.rows {
+			if c, err := pgcodec.DecodeValue(r.Value); err == nil && text(c, "v") == "waited" {
+				return true
+			}
+		}
+		return false
+	})
+	res, err := j.src.CopyTable(context.Background(), j.oid)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Retries, "the first chunk was read again")
+	j.sink.waitFor("the copy", func() bool { return j.sink.resolved >= res.Ts })
+	require.Equal(t, "waited", fold(t, j.sink.changes(), "id")["3"]["v"])
+}
