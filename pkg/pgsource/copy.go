@@ -82,7 +82,8 @@ var errSnapshotAhead = errors.New("pgsource: a commit before the low watermark i
 // copyState is one CopyTable's, shared with the stream from its first low
 // watermark (Source.copyTables) until the stream finds it done.
 type copyState struct {
-	oid uint32
+	oid   uint32
+	fresh bool // a truncate at the first chunk's low watermark
 	// abandoned: the copy gave up; the stream forgets it.
 	abandoned atomic.Bool
 	// refetch are the keys to read again, by windowKey (the stream's).
@@ -101,6 +102,9 @@ type copyChunk struct {
 	rel   pgcodec.Relation
 	rows  []copiedRow
 	xip   []uint32 // the chunk snapshot's in-progress transactions (their xids' low 32 bits)
+	// first: the ranges' first chunk (a fresh copy truncates at its low
+	// watermark).
+	first bool
 	// final: the ranges are done (this is their last chunk, or a keyed
 	// one): the stream hands the keys to read again over. last: and the
 	// copier has no keys left to read besides.
@@ -143,18 +147,21 @@ type CopyResult struct {
 
 // CopyTable copies the rows table oid holds into the stream, in chunks
 // between watermarks (see above), and returns once the stream has pushed
-// the last one. The table must have a subscription from below the
+// the last one. fresh empties the table's subscriptions first, in the
+// stream's order (a truncate at the first chunk's low watermark): for a
+// table whose changes the stream missed for a while (OnRejoin), whose
+// target holds rows deleted meanwhile. The table must have a subscription from below the
 // current stream position (a chunk whose table has none is read again
 // until it has). One copy per table at a time. A table that is gone is
 // ErrTableGone; a table without a key ErrNoKey.
-func (s *Source) CopyTable(ctx context.Context, oid uint32) (CopyResult, error) {
+func (s *Source) CopyTable(ctx context.Context, oid uint32, fresh bool) (CopyResult, error) {
 	var res CopyResult
 	conn, err := connectCopy(ctx, s.opts.DSN)
 	if err != nil {
 		return res, err
 	}
 	defer conn.Close(context.Background())
-	st := &copyState{oid: oid, refetch: map[string][][]byte{}}
+	st := &copyState{oid: oid, fresh: fresh, refetch: map[string][][]byte{}}
 	defer st.abandoned.Store(true) // a no-op for the stream once the copy ended
 	var after [][]byte
 	var refetch [][][]byte
@@ -244,7 +251,8 @@ func (b *copyBackoff) wait(ctx context.Context) error {
 // copyChunk reads and pushes one chunk. last is the key the ranges
 // continue after, nil once they are done (or for a keyed chunk).
 func (s *Source) copyChunk(ctx context.Context, conn *pgx.Conn, st *copyState, req chunkReq) (c *copyChunk, last [][]byte, err error) {
-	c = &copyChunk{id: fmt.Sprintf("%s.%d", s.copyNonce, s.copySeq.Add(1)), st: st, done: make(chan struct{})}
+	c = &copyChunk{id: fmt.Sprintf("%s.%d", s.copyNonce, s.copySeq.Add(1)), st: st, done: make(chan struct{}),
+		first: req.after == nil && req.keys == nil}
 	s.mu.Lock()
 	if s.mu.closed {
 		s.mu.Unlock()

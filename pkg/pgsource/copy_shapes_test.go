@@ -44,7 +44,7 @@ func TestAKeyACastWouldPrintDifferentlyIsFoundTouched(t *testing.T) {
 					}
 				}
 			})
-			res, err := j.src.CopyTable(context.Background(), j.oid)
+			res, err := j.src.CopyTable(context.Background(), j.oid, false)
 			require.NoError(t, err)
 			require.Equal(t, int64(98), res.Rows, "the two rows the window touched are the stream's")
 			j.sink.waitFor("the copy", func() bool { return j.sink.resolved >= res.Ts })
@@ -108,7 +108,7 @@ func TestARewriteDuringACopyDoesNotEndIt(t *testing.T) {
 			}()
 		}
 	})
-	res, err := j.src.CopyTable(context.Background(), j.oid)
+	res, err := j.src.CopyTable(context.Background(), j.oid, false)
 	require.NoError(t, err)
 	require.NoError(t, <-committed)
 	require.Equal(t, int64(1000), res.Rows, "every row copied")
@@ -139,7 +139,7 @@ func TestADroppedTableEndsItsCopy(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	res, err := j.src.CopyTable(ctx, j.oid)
+	res, err := j.src.CopyTable(ctx, j.oid, false)
 	require.ErrorIs(t, err, ErrTableGone, "%+v", res)
 }
 
@@ -165,7 +165,7 @@ func TestAnIncludedColumnIsNotPartOfTheKey(t *testing.T) {
 			}
 		}
 	})
-	res, err := j.src.CopyTable(context.Background(), j.oid)
+	res, err := j.src.CopyTable(context.Background(), j.oid, false)
 	require.NoError(t, err)
 	j.sink.waitFor("the copy", func() bool { return j.sink.resolved >= res.Ts })
 	got := fold(t, j.sink.changes(), "id")
@@ -199,7 +199,7 @@ func TestACopiedRowPrintsLikeTheStream(t *testing.T) {
  ARRAY['[1,2)'::int8range]
  FROM generate_series(1, 5) g`)
 	j := streamThenJoin(t, e, "t2", nil)
-	res, err := j.src.CopyTable(context.Background(), j.oid)
+	res, err := j.src.CopyTable(context.Background(), j.oid, false)
 	require.NoError(t, err)
 	j.sink.waitFor("the copy", func() bool { return j.sink.resolved >= res.Ts })
 	e.exec("UPDATE t2 SET id = id")
@@ -242,7 +242,7 @@ func TestAnInheritanceParentsCopyIsItsOwnRows(t *testing.T) {
 	e.exec("INSERT INTO t2 SELECT g, 'p' FROM generate_series(1, 10) g")
 	e.exec("INSERT INTO t2c SELECT g, 'c' FROM generate_series(101, 110) g")
 	j := streamThenJoin(t, e, "t2", nil)
-	res, err := j.src.CopyTable(context.Background(), j.oid)
+	res, err := j.src.CopyTable(context.Background(), j.oid, false)
 	require.NoError(t, err)
 	j.sink.waitFor("the copy", func() bool { return j.sink.resolved >= res.Ts })
 	require.Len(t, fold(t, j.sink.changes(), "id"), 10, "only the parent's own rows")
@@ -271,7 +271,7 @@ func TestAKeyThatWidensBetweenChunksDoesNotPanic(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	res, err := j.src.CopyTable(ctx, j.oid)
+	res, err := j.src.CopyTable(ctx, j.oid, false)
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, res.Rows, int64(100), "every row, some twice")
 }

@@ -100,10 +100,22 @@ func (ss *session) copyMark(ctx context.Context, m msgMessage) error {
 	oid := c.st.oid
 	switch kind {
 	case "low":
+		if c.first && c.st.fresh {
+			// Emptied here, before the window opens (its own truncate
+			// would send the chunk back): what the stream delivers after
+			// applies on top, and the chunks fill the rest.
+			if err := ss.add(ctx, oid, pgcodec.Truncate, nil, pgcodec.RowChange{Change: pgcodec.Truncate}); err != nil {
+				return err
+			}
+		}
 		// A stream read again from the slot may decode it twice: the
 		// window starts again, and so do its notes.
 		c.window, c.truncated, c.relNew, c.relFirst = map[string]*touch{}, false, false, false
-		c.before = s.recentCommitXids()
+		if c.before == nil {
+			// Kept from the first decoding: read again from the slot, the
+			// window's commits come before it in the ring a second time.
+			c.before = s.recentCommitXids()
+		}
 		s.closeWindow(c)
 		s.copyWindows[oid] = append(s.copyWindows[oid], c)
 		if cur := s.copyTables[oid]; cur != c.st {

@@ -104,6 +104,10 @@ func streamThenJoin(t *testing.T, e *srcEnv, table string, tweak func(*Options))
 	e.exec("INSERT INTO t1 VALUES (1)")
 	sinks["t1"].waitFor("t1 streams", func() bool { return len(sinks["t1"].rows) == 1 })
 	e.exec("ALTER PUBLICATION only_t1 ADD TABLE " + table)
+	if src.opts.PublicationPollInterval < 0 {
+		// No poll: a change announces it.
+		e.exec("UPDATE " + table + " SET id = id WHERE id = (SELECT min(id) FROM " + table + ")")
+	}
 	var from common.Ts
 	select {
 	case from = <-announced:
@@ -148,7 +152,7 @@ func TestATableThatJoinsWithRowsIsCopiedWhileWrittenTo(t *testing.T) {
 			}
 		}
 	})
-	res, err := j.src.CopyTable(context.Background(), j.oid)
+	res, err := j.src.CopyTable(context.Background(), j.oid, false)
 	require.NoError(t, err)
 	require.Equal(t, 4, res.Chunks, "1000 rows and one more in chunks of 300")
 	require.Equal(t, int64(999), res.Rows, "ids 3-1000 and 5000: the first chunk's window touched ids 1 and 2")
@@ -192,7 +196,7 @@ func TestRowsLeftWithoutAnUnchangedValueAreReadAgain(t *testing.T) {
 			}
 		}
 	})
-	res, err := j.src.CopyTable(context.Background(), j.oid)
+	res, err := j.src.CopyTable(context.Background(), j.oid, false)
 	require.NoError(t, err)
 	require.Equal(t, 2, res.Refetched, "id 5 and id -90")
 	j.sink.waitFor("the copy", func() bool { return j.sink.resolved >= res.Ts })
@@ -223,7 +227,7 @@ func TestATruncateInAChunksWindowReadsItAgain(t *testing.T) {
 			}
 		}
 	})
-	res, err := j.src.CopyTable(context.Background(), j.oid)
+	res, err := j.src.CopyTable(context.Background(), j.oid, false)
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Retries)
 	require.Equal(t, int64(1), res.Rows)
@@ -255,4 +259,64 @@ func TestChunkQueryContinuesAfterTheKeyInKeyOrder(t *testing.T) {
 	sort.Strings(keys)
 	require.NotEqual(t, keys[0], keys[1], "parts are length-prefixed")
 	require.False(t, strings.Contains(keys[0], "abc"))
+}
+
+// A table that leaves the publication and joins it again missed its
+// changes while it was out: the poll tells of it (OnRejoin), and a fresh
+// copy empties its subscription first, in the stream's order, then copies
+// it, so the rows deleted while it was out are gone too. A quick removal
+// and re-adding between two rounds of the poll is found by its new
+// membership row.
+func TestATableThatLeavesAndJoinsAgainIsCopiedAnew(t *testing.T) {
+	for _, quick := range []bool{false, true} {
+		t.Run(map[bool]string{false: "AcrossPolls", true: "BetweenPolls"}[quick], func(t *testing.T) {
+			e := newSrcEnv(t)
+			e.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text)")
+			e.exec("INSERT INTO t2 SELECT g, 'v' || g FROM generate_series(1, 100) g")
+			rejoined := make(chan pgcodec.Relation, 1)
+			j := streamThenJoin(t, e, "t2", func(o *Options) {
+				o.OnRejoin = func(rel pgcodec.Relation) { rejoined <- rel }
+				if quick {
+					o.PublicationPollInterval = -1 // the test polls
+				}
+			})
+			res, err := j.src.CopyTable(context.Background(), j.oid, false)
+			require.NoError(t, err)
+			j.sink.waitFor("the copy", func() bool { return j.sink.resolved >= res.Ts })
+			poll := func() {
+				conn, err := connect(context.Background(), e.pg.DSN)
+				require.NoError(t, err)
+				defer conn.Close(context.Background())
+				require.NoError(t, j.src.pollPublication(context.Background(), conn))
+			}
+			if quick {
+				poll() // records the membership row
+			}
+			e.exec("ALTER PUBLICATION only_t1 DROP TABLE t2")
+			if !quick {
+				require.Eventually(t, func() bool {
+					j.src.mu.Lock()
+					defer j.src.mu.Unlock()
+					return j.src.mu.left[j.oid]
+				}, time.Minute, 10*time.Millisecond, "the poll finds t2 gone")
+			}
+			e.exec("DELETE FROM t2 WHERE id <= 10")
+			e.exec("UPDATE t2 SET v = 'while out' WHERE id = 20")
+			e.exec("INSERT INTO t2 VALUES (500, 'new while out')")
+			e.exec("ALTER PUBLICATION only_t1 ADD TABLE t2")
+			if quick {
+				poll()
+			}
+			select {
+			case rel := <-rejoined:
+				require.Equal(t, "t2", rel.Name)
+			case <-time.After(time.Minute):
+				t.Fatal("no rejoin told")
+			}
+			res, err = j.src.CopyTable(context.Background(), j.oid, true)
+			require.NoError(t, err)
+			j.sink.waitFor("the fresh copy", func() bool { return j.sink.resolved >= res.Ts })
+			require.Equal(t, e.tableRows("t2", "id"), fold(t, j.sink.changes(), "id"))
+		})
+	}
 }

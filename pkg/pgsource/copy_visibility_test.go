@@ -38,14 +38,12 @@ func testACopyWaitsForACommitItsSnapshotCannotSeeYet(t *testing.T, only func(*Op
 	e.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text)")
 	e.exec("INSERT INTO t2 SELECT g, 'v' || g FROM generate_series(1, 10) g")
 	j := streamThenJoin(t, e, "t2", only)
-	e.exec("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
-	e.exec("SELECT pg_reload_conf()")
+	e.setSyncStandby("nobody")
 	released := false
 	release := func() {
 		if !released {
 			released = true
-			e.exec("ALTER SYSTEM RESET synchronous_standby_names")
-			e.exec("SELECT pg_reload_conf()")
+			e.setSyncStandby("")
 		}
 	}
 	t.Cleanup(release)
@@ -60,6 +58,7 @@ func testACopyWaitsForACommitItsSnapshotCannotSeeYet(t *testing.T, only func(*Op
 		_, err = conn.Exec(context.Background(), "UPDATE t2 SET v = 'waited' WHERE id = 3") // commits, then waits
 		waiting <- err
 	}()
+	e.waitSyncRep()
 	j.sink.waitFor("the stream delivers the waiting commit", func() bool {
 		for _, r := range j.sink.rows {
 			if c, err := pgcodec.DecodeValue(r.Value); err == nil && text(c, "v") == "waited" {
@@ -72,7 +71,7 @@ func testACopyWaitsForACommitItsSnapshotCannotSeeYet(t *testing.T, only func(*Op
 	var res CopyResult
 	go func() {
 		var err error
-		res, err = j.src.CopyTable(context.Background(), j.oid)
+		res, err = j.src.CopyTable(context.Background(), j.oid, false)
 		copied <- err
 	}()
 	deadline := time.Now().Add(60 * time.Second)
@@ -112,8 +111,7 @@ func TestTheRecentCommitsCheckSeesPastABusyWindow(t *testing.T) {
 	release := func() {
 		if !released {
 			released = true
-			e.exec("ALTER SYSTEM RESET synchronous_standby_names")
-			e.exec("SELECT pg_reload_conf()")
+			e.setSyncStandby("")
 		}
 	}
 	t.Cleanup(release)
@@ -137,8 +135,7 @@ func TestTheRecentCommitsCheckSeesPastABusyWindow(t *testing.T) {
 			require.NoError(t, err)
 		}
 	})
-	e.exec("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
-	e.exec("SELECT pg_reload_conf()")
+	e.setSyncStandby("nobody")
 	go func() {
 		conn, err := pgx.Connect(context.Background(), e.pg.DSN)
 		if err != nil {
@@ -149,6 +146,7 @@ func TestTheRecentCommitsCheckSeesPastABusyWindow(t *testing.T) {
 		_, err = conn.Exec(context.Background(), "UPDATE t2 SET v = 'waited' WHERE id = 3")
 		waiting <- err
 	}()
+	e.waitSyncRep()
 	j.sink.waitFor("the stream delivers the waiting commit", func() bool {
 		for _, r := range j.sink.rows {
 			if c, err := pgcodec.DecodeValue(r.Value); err == nil && text(c, "v") == "waited" {
@@ -157,9 +155,50 @@ func TestTheRecentCommitsCheckSeesPastABusyWindow(t *testing.T) {
 		}
 		return false
 	})
-	res, err := j.src.CopyTable(context.Background(), j.oid)
+	res, err := j.src.CopyTable(context.Background(), j.oid, false)
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Retries, "the first chunk was read again")
 	j.sink.waitFor("the copy", func() bool { return j.sink.resolved >= res.Ts })
 	require.Equal(t, "waited", fold(t, j.sink.changes(), "id")["3"]["v"])
+}
+
+// waitSyncRep waits until a backend waits for a synchronous standby: a
+// connection opened right after pg_reload_conf may have forked before the
+// postmaster read the setting, and then commits without waiting.
+func (e *srcEnv) waitSyncRep() {
+	e.t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var n int
+		require.NoError(e.t, e.conn.QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'").Scan(&n))
+		if n > 0 {
+			return
+		}
+		require.True(e.t, time.Now().Before(deadline), "no commit waits for the standby")
+		time.Sleep(10 * time.Millisecond) // polling the server with a deadline, not ordering
+	}
+}
+
+// setSyncStandby sets synchronous_standby_names and waits until the
+// server has read it: once this test's own backend shows it, the
+// postmaster has, and every connection opened after has it too (one
+// opened right after pg_reload_conf may not).
+func (e *srcEnv) setSyncStandby(name string) {
+	e.t.Helper()
+	if name == "" {
+		e.exec("ALTER SYSTEM RESET synchronous_standby_names")
+	} else {
+		e.exec("ALTER SYSTEM SET synchronous_standby_names = '" + name + "'")
+	}
+	e.exec("SELECT pg_reload_conf()")
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var v string
+		require.NoError(e.t, e.conn.QueryRow(context.Background(), "SHOW synchronous_standby_names").Scan(&v))
+		if v == name {
+			return
+		}
+		require.True(e.t, time.Now().Before(deadline), "the server never read synchronous_standby_names")
+		time.Sleep(10 * time.Millisecond) // polling the server with a deadline, not ordering
+	}
 }

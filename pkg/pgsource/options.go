@@ -123,6 +123,13 @@ type Options struct {
 	// another goroutine and return (serve queues it for the goroutine that
 	// binds, registers and copies new tables).
 	OnNewTable func(rel pgcodec.Relation, firstTs common.Ts)
+	// OnRejoin, if set, is told of a subscribed table that left the
+	// publication and joined it again (found by the poll): its changes
+	// while it was out are not in the stream, and CopyTable with fresh
+	// copies it anew (the target emptied first, in the stream's order).
+	// Called on the poll's goroutine; it should hand the table over and
+	// return.
+	OnRejoin func(rel pgcodec.Relation)
 	// PublicationPollInterval is how often the publication's tables are
 	// listed, to find the tables that joined it without a change since
 	// (announced through OnNewTable). Default 10s; negative: off (a table

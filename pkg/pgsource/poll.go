@@ -58,40 +58,102 @@ func (s *Source) runPublicationPoll() {
 	}
 }
 
-// pollPublication announces the published tables not known to be.
+// pollPublication announces the published tables not known to be, and
+// tells of those that left the publication and joined it again
+// (OnRejoin): absent from one round and back in a later one, or back under
+// a new membership row (pg_publication_rel) between two rounds.
 func (s *Source) pollPublication(ctx context.Context, conn *pgx.Conn) error {
 	rows, err := conn.Query(ctx, `
-SELECT c.oid FROM pg_publication_tables pt
+SELECT c.oid, coalesce(pr.oid, 0) FROM pg_publication_tables pt
 JOIN pg_namespace n ON n.nspname = pt.schemaname
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+LEFT JOIN pg_publication_rel pr ON pr.prrelid = c.oid AND pr.prpubid = (SELECT oid FROM pg_publication WHERE pubname = $1)
 WHERE pt.pubname = $1`, s.opts.Publication)
 	if err != nil {
 		return err
 	}
-	var joined bool
-	s.mu.Lock()
+	type member struct{ oid, row uint32 }
+	var now []member
 	for rows.Next() {
-		var oid uint32
-		if err := rows.Scan(&oid); err != nil {
-			break
+		var m member
+		if err := rows.Scan(&m.oid, &m.row); err != nil {
+			rows.Close()
+			return err
 		}
-		if !s.mu.published[oid] {
+		now = append(now, m)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	var joined bool
+	rejoined := map[uint32]bool{}
+	current := make(map[uint32]bool, len(now))
+	s.mu.Lock()
+	for _, m := range now {
+		current[m.oid] = true
+		switch before := s.mu.membership[m.oid]; {
+		case s.mu.left[m.oid]:
+			rejoined[m.oid] = true
+		case !s.mu.published[m.oid]:
 			joined = true
+		case m.row != 0 && before != 0 && m.row != before:
+			rejoined[m.oid] = true // removed and added again between two rounds
+		}
+		s.mu.membership[m.oid] = m.row
+	}
+	var left []uint32
+	for oid, p := range s.mu.published {
+		if p && !current[oid] {
+			s.mu.published[oid], s.mu.left[oid] = false, true
+			delete(s.mu.membership, oid)
+			left = append(left, oid)
 		}
 	}
 	s.mu.Unlock()
-	rows.Close()
-	if err := rows.Err(); err != nil || !joined {
-		return err
+	for _, oid := range left {
+		s.log.Warn("a table left the publication: its changes are not streamed until it joins again (then it is copied anew)",
+			zap.Uint32("oid", oid))
+	}
+	if !joined && len(rejoined) == 0 {
+		return nil
 	}
 	tables, err := publishedTables(ctx, conn, s.opts.Publication)
 	if err != nil {
 		return err
 	}
 	for _, t := range tables {
-		s.announce(t.relation(), t.relationErr, 0)
+		if rejoined[t.oid] {
+			s.rejoin(t.relation(), t.relationErr)
+		} else {
+			s.announce(t.relation(), t.relationErr, 0)
+		}
 	}
 	return nil
+}
+
+// rejoin reports a table that left the publication and joined it again:
+// its changes while it was out are not in the stream. One subscribed is
+// told to OnRejoin (serve copies it anew, emptied first), one that is not
+// is announced as a table that joined.
+func (s *Source) rejoin(rel pgcodec.Relation, relErr error) {
+	s.mu.Lock()
+	delete(s.mu.left, rel.OID)
+	subscribed := len(s.mu.subs[rel.OID]) > 0
+	if subscribed {
+		s.mu.published[rel.OID] = true
+	}
+	s.mu.Unlock()
+	if !subscribed || relErr != nil {
+		s.announce(rel, relErr, 0)
+		return
+	}
+	s.met.joined.Inc()
+	s.log.Warn("a table joined the publication again: its changes while it was out were not streamed, so it is copied anew",
+		zap.String("table", rel.QualifiedName()))
+	if f := s.opts.OnRejoin; f != nil {
+		f(rel)
+	}
 }
 
 // announce reports a table that joined the publication, once: from the

@@ -57,7 +57,7 @@ func TestTheRowFilterAndColumnListHoldForCopies(t *testing.T) {
 	sub2, err := src.Subscribe(common.TableSpan(int64(oid)), from-1, sink2)
 	require.NoError(t, err)
 	defer sub2.Close()
-	res, err := src.CopyTable(context.Background(), oid)
+	res, err := src.CopyTable(context.Background(), oid, false)
 	require.NoError(t, err)
 	sink2.waitFor("the copy", func() bool { return sink2.resolved >= res.Ts })
 	got2 := fold(t, sink2.changes(), "id")

@@ -69,9 +69,12 @@ type Source struct {
 		// copies are the chunks of copies in flight, by id.
 		copies map[string]*copyChunk
 		// published are the tables known to be published: those of Open
-		// and those announced since (OnNewTable).
-		published map[uint32]bool
-		err       error // why the source stopped, if it did
+		// and those announced since (OnNewTable); left those the poll
+		// found gone from the publication; membership their
+		// pg_publication_rel rows (0: none, FOR ALL TABLES).
+		published, left map[uint32]bool
+		membership      map[uint32]uint32
+		err             error // why the source stopped, if it did
 		// quiesce is a pending Quiesce (nil: none).
 		quiesce *quiesceReq
 		// quiesced: the stream ended at a Quiesce; it opens no session.
@@ -122,7 +125,7 @@ func New(opts Options) (*Source, error) {
 	s.mu.subs = map[uint32][]*sub{}
 	s.mu.holds = map[uint32]common.Ts{}
 	s.mu.copies = map[string]*copyChunk{}
-	s.mu.published = map[uint32]bool{}
+	s.mu.published, s.mu.left, s.mu.membership = map[uint32]bool{}, map[uint32]bool{}, map[uint32]uint32{}
 	var err error
 	if s.met, err = newMetrics(s, opts.Registerer); err != nil {
 		return nil, err

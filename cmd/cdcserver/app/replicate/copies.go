@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,7 +34,7 @@ type copier struct {
 	log *zap.Logger
 
 	mu    sync.Mutex
-	queue []pgcodec.Relation
+	queue []copyJob
 	wake  chan struct{}
 	// current is the table being copied ("" between copies) and from the
 	// source's CopiedRows when it began.
@@ -44,6 +45,7 @@ type copier struct {
 	// state holds it).
 	listMu sync.Mutex
 	listed []uint32
+	fresh  map[uint32]bool // listed tables copied anew (emptied first): they rejoined
 
 	// Owned by run.
 	finishing map[uint32]common.Ts // copied up to ts, listed until durable there
@@ -52,10 +54,18 @@ type copier struct {
 func copiesKey(slot string) string { return "copies:" + slot }
 
 func newCopier(p *parts, slot string) *copier {
-	return &copier{p: p, key: copiesKey(slot), log: p.log.Named("copy"), wake: make(chan struct{}, 1), finishing: map[uint32]common.Ts{}}
+	return &copier{p: p, key: copiesKey(slot), log: p.log.Named("copy"), wake: make(chan struct{}, 1), finishing: map[uint32]common.Ts{},
+		fresh: map[uint32]bool{}}
 }
 
-// pending returns the tables the target lists as not copied yet.
+// copyJob is a queued copy: fresh empties the table first.
+type copyJob struct {
+	rel   pgcodec.Relation
+	fresh bool
+}
+
+// pending returns the tables the target lists as not copied yet, each
+// with whether its copy empties it first (listed as "oid!").
 func (c *copier) pending(ctx context.Context) (map[uint32]bool, error) {
 	v, _, err := c.p.sink.State(ctx, c.key)
 	if err != nil {
@@ -65,28 +75,39 @@ func (c *copier) pending(ctx context.Context) (map[uint32]bool, error) {
 	defer c.listMu.Unlock()
 	out := map[uint32]bool{}
 	for _, f := range strings.Split(v, ",") {
-		if oid, err := strconv.ParseUint(f, 10, 32); err == nil {
-			out[uint32(oid)] = true
+		fresh := strings.HasSuffix(f, "!")
+		if oid, err := strconv.ParseUint(strings.TrimSuffix(f, "!"), 10, 32); err == nil {
+			out[uint32(oid)] = fresh
 			c.listed = append(c.listed, uint32(oid))
+			if fresh {
+				c.fresh[uint32(oid)] = true
+			}
 		}
 	}
 	return out, nil
 }
 
-// list lists oids as owing a copy, durably, before they are bound.
-func (c *copier) list(ctx context.Context, oids ...uint32) error {
+// list lists oids as owing a copy (fresh: one that empties them first),
+// durably, before they are bound.
+func (c *copier) list(ctx context.Context, fresh bool, oids ...uint32) error {
 	c.listMu.Lock()
 	defer c.listMu.Unlock()
-	listed := slices.Clone(c.listed)
+	listed, changed := slices.Clone(c.listed), false
 	for _, oid := range oids {
 		if !slices.Contains(listed, oid) {
-			listed = append(listed, oid)
+			listed, changed = append(listed, oid), true
+		}
+		if fresh && !c.fresh[oid] {
+			changed = true
 		}
 	}
-	if len(listed) == len(c.listed) {
+	if !changed {
 		return nil
 	}
-	return c.saveLocked(ctx, listed)
+	if err := c.saveLocked(ctx, listed, fresh, oids); err != nil {
+		return err
+	}
+	return nil
 }
 
 // unlist takes oids off the list.
@@ -97,13 +118,13 @@ func (c *copier) unlist(ctx context.Context, oids ...uint32) error {
 	if len(listed) == len(c.listed) {
 		return nil
 	}
-	return c.saveLocked(ctx, listed)
+	return c.saveLocked(ctx, listed, false, nil)
 }
 
-// add queues a listed table for its copy.
-func (c *copier) add(rel pgcodec.Relation) {
+// add queues a listed table for its copy (fresh: emptied first).
+func (c *copier) add(rel pgcodec.Relation, fresh bool) {
 	c.mu.Lock()
-	c.queue = append(c.queue, rel)
+	c.queue = append(c.queue, copyJob{rel: rel, fresh: fresh})
 	c.mu.Unlock()
 	select {
 	case c.wake <- struct{}{}:
@@ -131,13 +152,14 @@ func (c *copier) run(ctx context.Context) {
 		todo := c.queue
 		c.queue = nil
 		c.mu.Unlock()
-		var later []pgcodec.Relation
-		for _, rel := range todo {
+		var later []copyJob
+		for _, job := range todo {
+			rel := job.rel
 			if time.Now().Before(retryAt[rel.OID]) {
-				later = append(later, rel)
+				later = append(later, job)
 				continue
 			}
-			if err := c.copyTable(ctx, rel); err != nil {
+			if err := c.copyTable(ctx, job); err != nil {
 				if ctx.Err() != nil {
 					return
 				}
@@ -146,7 +168,7 @@ func (c *copier) run(ctx context.Context) {
 				retryAt[rel.OID] = time.Now().Add(wait)
 				c.log.Error("copy a table that joined: trying again later", zap.String("table", rel.QualifiedName()),
 					zap.Duration("in", wait), zap.Error(err))
-				later = append(later, rel)
+				later = append(later, job)
 				continue
 			}
 			delete(failures, rel.OID)
@@ -162,8 +184,9 @@ func (c *copier) run(ctx context.Context) {
 }
 
 // copyTable copies rel and remembers where its copy ends.
-func (c *copier) copyTable(ctx context.Context, rel pgcodec.Relation) error {
-	if err := c.list(ctx, rel.OID); err != nil { // listed when it joined; again, in case
+func (c *copier) copyTable(ctx context.Context, job copyJob) error {
+	rel := job.rel
+	if err := c.list(ctx, job.fresh, rel.OID); err != nil { // listed when it joined; again, in case
 		return err
 	}
 	c.log.Info("copying the rows of a table that joined", zap.String("table", rel.QualifiedName()))
@@ -171,7 +194,7 @@ func (c *copier) copyTable(ctx context.Context, rel pgcodec.Relation) error {
 	c.mu.Lock()
 	c.current, c.from = rel.QualifiedName(), c.p.source.CopiedRows()
 	c.mu.Unlock()
-	res, err := c.p.source.CopyTable(ctx, rel.OID)
+	res, err := c.p.source.CopyTable(ctx, rel.OID, job.fresh)
 	c.mu.Lock()
 	c.current = ""
 	c.mu.Unlock()
@@ -225,14 +248,24 @@ func (c *copier) settle(ctx context.Context) {
 
 // saveLocked records the tables whose copy is not yet durable (listMu
 // held).
-func (c *copier) saveLocked(ctx context.Context, listed []uint32) error {
+func (c *copier) saveLocked(ctx context.Context, listed []uint32, fresh bool, oids []uint32) error {
+	freshNow := maps.Clone(c.fresh)
+	maps.DeleteFunc(freshNow, func(oid uint32, _ bool) bool { return !slices.Contains(listed, oid) })
+	if fresh {
+		for _, oid := range oids {
+			freshNow[oid] = true
+		}
+	}
 	f := make([]string, len(listed))
 	for i, oid := range listed {
 		f[i] = strconv.FormatUint(uint64(oid), 10)
+		if freshNow[oid] {
+			f[i] += "!"
+		}
 	}
 	if err := c.p.sink.SetState(ctx, c.key, strings.Join(f, ",")); err != nil {
 		return err
 	}
-	c.listed = listed
+	c.listed, c.fresh = listed, freshNow
 	return nil
 }

@@ -18,7 +18,8 @@ import (
 
 // A table added to the publication with rows in it is copied while it is
 // written to (ALTER PUBLICATION ... ADD TABLE, no change of it needed to
-// find it), and so is one added while serve is down (at the next start: it
+// find it), copied anew when it leaves the publication and joins it again,
+// and so is one added while serve is down (at the next start: it
 // has no checkpoint); a table the target lists as not yet copied (a copy a
 // crash cut short) is copied again at a start, which brings back the rows
 // the target lacks. Compare finds every published table equal after each.
@@ -70,6 +71,16 @@ func TestServeCopiesTablesThatJoinThePublication(t *testing.T) {
 	wg.Wait()
 	require.Positive(t, writes)
 	p.waitEqual("t2, copied while written to")
+
+	// t2 leaves the publication and joins it again: its changes while it
+	// was out are not streamed (the deletes would stay in the target), so
+	// it is copied anew, emptied first. Whether a round of the poll sees it
+	// out or only its new membership row, it is found.
+	p.exec("ALTER PUBLICATION cdcflow DROP TABLE t2")
+	p.exec("DELETE FROM t2 WHERE id % 5 = 0")
+	p.exec("UPDATE t2 SET v = 'while out' WHERE id % 7 = 0")
+	p.exec("ALTER PUBLICATION cdcflow ADD TABLE t2")
+	p.waitEqual("t2, copied anew after it left the publication and joined again")
 	require.NoError(t, stop())
 
 	// t3 joins while serve is down.
@@ -121,8 +132,8 @@ func TestTheProgressLineShowsTheCopies(t *testing.T) {
 	defer src.Close()
 	c := newCopier(&parts{source: src, log: zap.NewNop()}, "cdcflow")
 	require.Empty(t, c.status())
-	c.add(pgcodec.Relation{Schema: "public", Name: "a"})
-	c.add(pgcodec.Relation{Schema: "public", Name: "b"})
+	c.add(pgcodec.Relation{Schema: "public", Name: "a"}, false)
+	c.add(pgcodec.Relation{Schema: "public", Name: "b"}, false)
 	require.Equal(t, "  copies: 2 tables queued", c.status())
 	c.mu.Lock()
 	c.current, c.queue = `"public"."a"`, c.queue[1:]
@@ -160,14 +171,12 @@ func TestServeListsEveryTableThatJoinedBeforeBindingIt(t *testing.T) {
 	stop, _ := p.serve(cfg)
 	p.waitEqual("t1's snapshot")
 
-	p.exec("ALTER SYSTEM SET synchronous_standby_names = 'nobody'")
-	p.exec("SELECT pg_reload_conf()")
+	p.setSyncStandby(t, "nobody")
 	released := false
 	release := func() {
 		if !released {
 			released = true
-			p.exec("ALTER SYSTEM RESET synchronous_standby_names")
-			p.exec("SELECT pg_reload_conf()")
+			p.setSyncStandby(t, "")
 		}
 	}
 	t.Cleanup(release)
@@ -203,4 +212,26 @@ func TestServeListsEveryTableThatJoinedBeforeBindingIt(t *testing.T) {
 	stop, _ = p.serve(cfg)
 	p.waitEqual("t2 and t3, copied after the restart")
 	require.NoError(t, stop())
+}
+
+// setSyncStandby sets the source's synchronous_standby_names and waits
+// until the server has read it (see pgsource's test of the same name).
+func (p *pair) setSyncStandby(t *testing.T, name string) {
+	t.Helper()
+	if name == "" {
+		p.exec("ALTER SYSTEM RESET synchronous_standby_names")
+	} else {
+		p.exec("ALTER SYSTEM SET synchronous_standby_names = '" + name + "'")
+	}
+	p.exec("SELECT pg_reload_conf()")
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var v string
+		require.NoError(t, p.conn.QueryRow(context.Background(), "SHOW synchronous_standby_names").Scan(&v))
+		if v == name {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "the server never read synchronous_standby_names")
+		time.Sleep(10 * time.Millisecond) // polling the server with a deadline, not ordering
+	}
 }

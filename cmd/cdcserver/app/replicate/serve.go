@@ -66,6 +66,7 @@ type parts struct {
 type newTable struct {
 	rel     pgcodec.Relation
 	firstTs common.Ts
+	rejoin  bool // it left the publication and joined it again (OnRejoin)
 }
 
 // Run is `cdcserver serve`: it replicates cfg.Source into cfg.Sink until
@@ -245,16 +246,17 @@ func (p *parts) queueCopies(ctx context.Context, cfg Config, ckpts map[common.Di
 	var owed []pgcodec.Relation
 	var oids []uint32
 	for _, rel := range p.info.Tables {
-		if _, ok := ckpts[dispatcherOf(rel.OID)]; !ok || pending[rel.OID] {
+		_, listed := pending[rel.OID]
+		if _, ok := ckpts[dispatcherOf(rel.OID)]; !ok || listed {
 			owed = append(owed, rel)
 			oids = append(oids, rel.OID)
 		}
 	}
-	if err := p.copier.list(ctx, oids...); err != nil {
+	if err := p.copier.list(ctx, false, oids...); err != nil {
 		return err
 	}
 	for _, rel := range owed {
-		p.copier.add(rel)
+		p.copier.add(rel, pending[rel.OID])
 	}
 	return nil
 }
@@ -361,7 +363,13 @@ func (p *parts) openSource(ctx context.Context, cfg Config) error {
 		ReadLinger: linger, PublicationPollInterval: poll, Schema: p.schema, Positions: p.positions, SafePoint: p.sink.MinDurable, Logger: p.log, Registerer: p.reg,
 		OnNewTable: func(rel pgcodec.Relation, firstTs common.Ts) {
 			select {
-			case p.newTables <- newTable{rel, firstTs}:
+			case p.newTables <- newTable{rel: rel, firstTs: firstTs}:
+			case <-ctx.Done():
+			}
+		},
+		OnRejoin: func(rel pgcodec.Relation) {
+			select {
+			case p.newTables <- newTable{rel: rel, rejoin: true}:
 			case <-ctx.Done():
 			}
 		}})
@@ -404,6 +412,20 @@ func (p *parts) addNewTables(ctx context.Context) {
 			todo, retry = retry, nil
 		}
 		for _, t := range todo {
+			if t.rejoin && p.known[t.rel.OID] {
+				// Its changes while it was out of the publication are lost:
+				// copied anew, emptied first.
+				if err := p.copier.list(ctx, true, t.rel.OID); err != nil {
+					if ctx.Err() != nil {
+						return
+					}
+					p.log.Error("copy a table that joined again: trying again in a second", zap.String("table", t.rel.QualifiedName()), zap.Error(err))
+					retry = append(retry, t)
+					continue
+				}
+				p.copier.add(t.rel, true)
+				continue
+			}
 			if p.known[t.rel.OID] {
 				continue // announced again (a restarted stream, or the poll and the stream both)
 			}
@@ -423,7 +445,7 @@ func (p *parts) addNewTables(ctx context.Context) {
 func (p *parts) addNewTable(ctx context.Context, t newTable) error {
 	// Listed before it is bound: once bound, its checkpoint could make a
 	// start take it for copied.
-	if err := p.copier.list(ctx, t.rel.OID); err != nil {
+	if err := p.copier.list(ctx, false, t.rel.OID); err != nil {
 		return err
 	}
 	if err := p.add(ctx, t.rel, t.firstTs-1); err != nil {
@@ -431,7 +453,7 @@ func (p *parts) addNewTable(ctx context.Context, t newTable) error {
 	}
 	p.known[t.rel.OID] = true
 	p.log.Info("replicating a new table", zap.String("table", t.rel.QualifiedName()), zap.Stringer("from", t.firstTs))
-	p.copier.add(t.rel) // the rows it had when it joined
+	p.copier.add(t.rel, false) // the rows it had when it joined
 	return nil
 }
 
