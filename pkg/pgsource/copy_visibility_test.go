@@ -48,25 +48,7 @@ func testACopyWaitsForACommitItsSnapshotCannotSeeYet(t *testing.T, only func(*Op
 	}
 	t.Cleanup(release)
 	waiting := make(chan error, 1)
-	go func() {
-		conn, err := pgx.Connect(context.Background(), e.pg.DSN)
-		if err != nil {
-			waiting <- err
-			return
-		}
-		defer conn.Close(context.Background())
-		_, err = conn.Exec(context.Background(), "UPDATE t2 SET v = 'waited' WHERE id = 3") // commits, then waits
-		waiting <- err
-	}()
-	e.waitSyncRep()
-	j.sink.waitFor("the stream delivers the waiting commit", func() bool {
-		for _, r := range j.sink.rows {
-			if c, err := pgcodec.DecodeValue(r.Value); err == nil && text(c, "v") == "waited" {
-				return true
-			}
-		}
-		return false
-	})
+	e.commitThatWaits(j, waiting)
 	copied := make(chan error, 1)
 	var res CopyResult
 	go func() {
@@ -136,6 +118,20 @@ func TestTheRecentCommitsCheckSeesPastABusyWindow(t *testing.T) {
 		}
 	})
 	e.setSyncStandby("nobody")
+	e.commitThatWaits(j, waiting)
+	res, err := j.src.CopyTable(context.Background(), j.oid, false)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Retries, "the first chunk was read again")
+	j.sink.waitFor("the copy", func() bool { return j.sink.resolved >= res.Ts })
+	require.Equal(t, "waited", fold(t, j.sink.changes(), "id")["3"]["v"])
+}
+
+// commitThatWaits commits "UPDATE t2 SET v = 'waited' WHERE id = 3" on a
+// connection of its own, whose commit then waits for the synchronous
+// standby that is not there (its error goes to waiting once released),
+// and returns once the backend waits and the stream delivered the commit.
+func (e *srcEnv) commitThatWaits(j joinedTable, waiting chan<- error) {
+	e.t.Helper()
 	go func() {
 		conn, err := pgx.Connect(context.Background(), e.pg.DSN)
 		if err != nil {
@@ -146,7 +142,16 @@ func TestTheRecentCommitsCheckSeesPastABusyWindow(t *testing.T) {
 		_, err = conn.Exec(context.Background(), "UPDATE t2 SET v = 'waited' WHERE id = 3")
 		waiting <- err
 	}()
-	e.waitSyncRep()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var n int
+		require.NoError(e.t, e.conn.QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'").Scan(&n))
+		if n > 0 {
+			break
+		}
+		require.True(e.t, time.Now().Before(deadline), "no commit waits for the standby")
+		time.Sleep(10 * time.Millisecond) // polling the server with a deadline, not ordering
+	}
 	j.sink.waitFor("the stream delivers the waiting commit", func() bool {
 		for _, r := range j.sink.rows {
 			if c, err := pgcodec.DecodeValue(r.Value); err == nil && text(c, "v") == "waited" {
@@ -155,28 +160,6 @@ func TestTheRecentCommitsCheckSeesPastABusyWindow(t *testing.T) {
 		}
 		return false
 	})
-	res, err := j.src.CopyTable(context.Background(), j.oid, false)
-	require.NoError(t, err)
-	require.Equal(t, 1, res.Retries, "the first chunk was read again")
-	j.sink.waitFor("the copy", func() bool { return j.sink.resolved >= res.Ts })
-	require.Equal(t, "waited", fold(t, j.sink.changes(), "id")["3"]["v"])
-}
-
-// waitSyncRep waits until a backend waits for a synchronous standby: a
-// connection opened right after pg_reload_conf may have forked before the
-// postmaster read the setting, and then commits without waiting.
-func (e *srcEnv) waitSyncRep() {
-	e.t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		var n int
-		require.NoError(e.t, e.conn.QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'").Scan(&n))
-		if n > 0 {
-			return
-		}
-		require.True(e.t, time.Now().Before(deadline), "no commit waits for the standby")
-		time.Sleep(10 * time.Millisecond) // polling the server with a deadline, not ordering
-	}
 }
 
 // setSyncStandby sets synchronous_standby_names and waits until the

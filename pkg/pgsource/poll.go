@@ -19,43 +19,15 @@ import (
 // catalog query a round, and the tables' descriptions only when one
 // joined.
 func (s *Source) runPublicationPoll() {
-	t := s.opts.Clock.NewTicker(s.opts.PublicationPollInterval)
-	defer t.Stop()
-	var conn *pgx.Conn
-	defer func() {
-		if conn != nil {
-			conn.Close(context.Background())
-		}
-	}()
-	for {
-		select {
-		case <-s.ctx.Done():
-			return
-		case <-t.C():
-		}
+	s.everyTick(s.opts.PublicationPollInterval, time.Minute, "publication poll", zap.WarnLevel, func(ctx context.Context, conn *pgx.Conn) error {
 		s.mu.Lock()
 		ready := s.mu.snapshotDone
 		s.mu.Unlock()
 		if !ready {
-			continue // the snapshot copies what is published now
+			return nil // the snapshot copies what is published now
 		}
-		if conn == nil {
-			c, err := connect(s.ctx, s.opts.DSN)
-			if err != nil {
-				s.log.Debug("publication poll: connect", zap.Error(err))
-				continue
-			}
-			conn = c
-		}
-		ctx, cancel := context.WithTimeout(s.ctx, time.Minute)
-		err := s.pollPublication(ctx, conn)
-		cancel()
-		if err != nil && s.ctx.Err() == nil {
-			s.log.Warn("publication poll", zap.Error(err))
-			conn.Close(context.Background())
-			conn = nil
-		}
-	}
+		return s.pollPublication(ctx, conn)
+	})
 }
 
 // pollPublication announces the published tables not known to be, and
