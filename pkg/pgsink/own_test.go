@@ -76,3 +76,25 @@ func TestATargetColumnNoRowCanBeWrittenWithoutStopsTheTable(t *testing.T) {
 	require.Len(t, e.sink.Stopped(), 1)
 	require.Contains(t, e.sink.Stopped()[0], `column "tenant" is NOT NULL without a default`)
 }
+
+// A column the source adds under the name of one of the target table's
+// own stops the table: applied, the source's values would overwrite the
+// user's (and the column, still taken for the target's own, would hide
+// the source dropping it later).
+func TestASourceColumnNamedLikeAnOwnOneStopsTheTable(t *testing.T) {
+	e := newSinkEnv(t, nil)
+	ctx := context.Background()
+	_, err := e.conn.Exec(ctx, `CREATE SCHEMA app; CREATE TABLE app.t (id integer PRIMARY KEY, v text, big text, note text)`)
+	require.NoError(t, err)
+	id := common.DispatcherIDFromUint64(1)
+	require.NoError(t, e.sink.Bind(ctx, id, relT, 10))
+	require.NoError(t, e.sink.BeginEpoch(id, 1, 10))
+	added := relT
+	added.Columns = append(append([]pgcodec.Column(nil), relT.Columns...), pgcodec.Column{Name: "note", Type: "text", TypeOID: 25})
+	require.NoError(t, e.sink.ApplyDDL(id, &messaging.DDL{TableID: 100, CommitTs: 11, Query: pgcodec.RelationDDL(added)}))
+	require.NoError(t, e.sink.ApplyRows(id, rows(12, tx(pgcodec.Insert, col("id", "1"), col("v", "a"), null("big"), col("note", "from source")))))
+	require.NoError(t, e.sink.Checkpoint(id, 12))
+	require.Eventually(t, func() bool { return len(e.sink.Stopped()) == 1 }, 60*time.Second, 5*time.Millisecond)
+	require.Contains(t, e.sink.Stopped()[0], `has a column "note" now, and the target table has one of its own by that name`)
+	require.Empty(t, e.contents("app.t"))
+}

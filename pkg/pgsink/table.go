@@ -142,6 +142,11 @@ func (t *table) evolve(rel pgcodec.Relation, has targetTypes) ([]string, error) 
 		inRel[c.Name] = true
 		typ, ok := t.types[c.Name]
 		switch {
+		case t.own[c.Name]:
+			// The user's column: writing the source's values into it
+			// would overwrite theirs.
+			return nil, fmt.Errorf("%w: %s: the source has a column %q now, and the target table has one of its own by that name",
+				ErrSchemaChange, t.qname, c.Name)
 		case !ok:
 			if c.Key {
 				return nil, fmt.Errorf("%w: %s: new key column %q", ErrSchemaChange, t.qname, c.Name)

@@ -374,18 +374,18 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&rel.
 	if rel.Columns, err = tableColumns(ctx, tx.Conn(), oid, ident[0]); err != nil {
 		return rel, nil, nil, nil, err
 	}
-	if err := rel.Validate(); err != nil {
+	pub, err := publishedShape(ctx, tx, s.opts.Publication, rel)
+	if err != nil {
+		return rel, nil, nil, nil, err
+	}
+	rel.Columns = pub.columns(rel.Columns)
+	if err := rel.Validate(); err != nil { // after the column list, which may leave the key out
 		return rel, nil, nil, nil, fmt.Errorf("%w: %s: %w", ErrNoKey, rel.QualifiedName(), err)
 	}
 	order, err := keyOrder(ctx, tx, oid, ident[0], rel)
 	if err != nil {
 		return rel, nil, nil, nil, err
 	}
-	pub, err := publishedShape(ctx, tx, s.opts.Publication, rel)
-	if err != nil {
-		return rel, nil, nil, nil, err
-	}
-	rel.Columns = pub.columns(rel.Columns)
 	scope := readScope{from: only + rel.QualifiedName() + " t", filter: pub.rowFilter}
 	query, args := chunkQuery(rel, scope, order, req.after, s.opts.CopyChunkRows)
 	if req.keys != nil {

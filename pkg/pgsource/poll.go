@@ -116,8 +116,14 @@ func (s *Source) rejoin(rel pgcodec.Relation, relErr error) {
 		s.mu.published[rel.OID] = true
 	}
 	s.mu.Unlock()
-	if !subscribed || relErr != nil {
+	if !subscribed {
 		s.announce(rel, relErr, 0)
+		return
+	}
+	if relErr != nil {
+		s.met.skippedTables.Inc()
+		s.log.Error("a table joined the publication again without a key: its changes cannot be replicated", zap.String("table", rel.QualifiedName()),
+			zap.Error(relErr))
 		return
 	}
 	s.met.joined.Inc()

@@ -48,14 +48,21 @@ type copier struct {
 	fresh  map[uint32]bool // listed tables copied anew (emptied first): they rejoined
 
 	// Owned by run.
-	finishing map[uint32]common.Ts // copied up to ts, listed until durable there
+	finishing map[uint32]finished // copied up to ts, listed until durable there
 }
 
 func copiesKey(slot string) string { return "copies:" + slot }
 
 func newCopier(p *parts, slot string) *copier {
-	return &copier{p: p, key: copiesKey(slot), log: p.log.Named("copy"), wake: make(chan struct{}, 1), finishing: map[uint32]common.Ts{},
+	return &copier{p: p, key: copiesKey(slot), log: p.log.Named("copy"), wake: make(chan struct{}, 1), finishing: map[uint32]finished{},
 		fresh: map[uint32]bool{}}
+}
+
+// finished is a copy that ended at ts (fresh: one that emptied the table
+// first), listed until the target holds it durably.
+type finished struct {
+	ts    common.Ts
+	fresh bool
 }
 
 // copyJob is a queued copy: fresh empties the table first.
@@ -114,6 +121,11 @@ func (c *copier) list(ctx context.Context, fresh bool, oids ...uint32) error {
 func (c *copier) unlist(ctx context.Context, oids ...uint32) error {
 	c.listMu.Lock()
 	defer c.listMu.Unlock()
+	return c.unlistLocked(ctx, oids...)
+}
+
+// unlistLocked is unlist with listMu held.
+func (c *copier) unlistLocked(ctx context.Context, oids ...uint32) error {
 	listed := slices.DeleteFunc(slices.Clone(c.listed), func(o uint32) bool { return slices.Contains(oids, o) })
 	if len(listed) == len(c.listed) {
 		return nil
@@ -205,7 +217,7 @@ func (c *copier) copyTable(ctx context.Context, job copyJob) error {
 	case err != nil:
 		return err
 	}
-	c.finishing[rel.OID] = res.Ts
+	c.finishing[rel.OID] = finished{ts: res.Ts, fresh: job.fresh}
 	c.log.Info("copied the rows of a table that joined", zap.String("table", rel.QualifiedName()), zap.Int64("rows", res.Rows),
 		zap.Int("chunks", res.Chunks), zap.Int("read_again", res.Retries), zap.Duration("took", time.Since(began)),
 		zap.Stringer("ts", res.Ts))
@@ -229,15 +241,25 @@ func (c *copier) status() string {
 // settle takes off the list the tables whose copy the target holds.
 func (c *copier) settle(ctx context.Context) {
 	var done []uint32
-	for oid, ts := range c.finishing {
-		if c.p.sink.Durable(dispatcherOf(oid)) >= ts {
+	c.listMu.Lock()
+	for oid, f := range c.finishing {
+		if c.fresh[oid] && !f.fresh {
+			// Listed again to be copied anew (it rejoined) since this copy
+			// ended: that copy's listing is not this one's to take off.
+			delete(c.finishing, oid)
+			continue
+		}
+		if c.p.sink.Durable(dispatcherOf(oid)) >= f.ts {
 			done = append(done, oid)
 		}
 	}
 	if len(done) == 0 {
+		c.listMu.Unlock()
 		return
 	}
-	if err := c.unlist(ctx, done...); err != nil {
+	err := c.unlistLocked(ctx, done...)
+	c.listMu.Unlock()
+	if err != nil {
 		c.log.Warn("record copies done", zap.Error(err))
 		return
 	}
