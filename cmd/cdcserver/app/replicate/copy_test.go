@@ -108,6 +108,18 @@ func TestServeCopiesTablesThatJoinThePublication(t *testing.T) {
 	}
 	require.Empty(t, listed, "no copy is left listed once the copies are durable")
 	require.NoError(t, stop())
+
+	// t2 leaves the publication while serve is down, so the next start
+	// does not bind it; rows are deleted while it is out; it joins again.
+	// Its target rows are the changefeed's (a checkpoint names it), so it
+	// is copied anew, emptied first.
+	p.exec("ALTER PUBLICATION cdcflow DROP TABLE t2")
+	stop, _ = p.serve(cfg)
+	p.waitEqual("t2 out of the publication")
+	p.exec("DELETE FROM t2 WHERE id % 11 = 0")
+	p.exec("ALTER PUBLICATION cdcflow ADD TABLE t2")
+	p.waitEqual("t2, copied anew after it joined again across a restart")
+	require.NoError(t, stop())
 }
 
 // targetRows is how many rows a target table holds (0 until it exists).

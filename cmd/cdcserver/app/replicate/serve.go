@@ -55,8 +55,10 @@ type parts struct {
 	tmpDir    bool
 	info      pgsource.Info
 	newTables chan newTable
-	// known are the tables bound (addNewTables' after build).
+	// known are the tables bound (addNewTables' after build); ckpts the
+	// checkpoints the target held at the start (read-only after build).
 	known  map[uint32]bool
+	ckpts  map[common.DispatcherID]common.Ts
 	copier *copier
 	wg     sync.WaitGroup
 	// cancel ends the goroutines of parts (new tables) at close.
@@ -203,6 +205,7 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 	// A table not published at the start has left the changefeed (one
 	// created since is bound, and the sink looks at those first).
 	p.sink.SetLeft(func(oid uint32) bool { return !published[oid] })
+	p.ckpts = ckpts
 	if err := p.queueCopies(ctx, cfg, ckpts); err != nil { // listed before a checkpoint can be written
 		return setup(err)
 	}
@@ -443,9 +446,13 @@ func (p *parts) addNewTables(ctx context.Context) {
 // addNewTable lists, binds, registers and queues the copy of a table that
 // joined.
 func (p *parts) addNewTable(ctx context.Context, t newTable) error {
+	// A table the changefeed wrote before that joins now (it left the
+	// publication before this start): its target rows may hold rows
+	// deleted while it was out, so it is copied anew, emptied first.
+	_, fresh := p.ckpts[dispatcherOf(t.rel.OID)]
 	// Listed before it is bound: once bound, its checkpoint could make a
 	// start take it for copied.
-	if err := p.copier.list(ctx, false, t.rel.OID); err != nil {
+	if err := p.copier.list(ctx, fresh, t.rel.OID); err != nil {
 		return err
 	}
 	if err := p.add(ctx, t.rel, t.firstTs-1); err != nil {
@@ -453,7 +460,7 @@ func (p *parts) addNewTable(ctx context.Context, t newTable) error {
 	}
 	p.known[t.rel.OID] = true
 	p.log.Info("replicating a new table", zap.String("table", t.rel.QualifiedName()), zap.Stringer("from", t.firstTs))
-	p.copier.add(t.rel, false) // the rows it had when it joined
+	p.copier.add(t.rel, fresh) // the rows it had when it joined
 	return nil
 }
 
