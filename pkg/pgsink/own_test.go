@@ -38,6 +38,15 @@ func TestATargetTableKeepsColumnsOfItsOwn(t *testing.T) {
 	e.dur.wait(t, id, 12)
 	require.Equal(t, []string{`{"id":1,"v":"b","big":null,"synced":true,"note":"mine"}`}, e.contents("app.t"),
 		"the target's own columns: a default on insert, its value kept on update")
+	_, err = e.conn.Exec(ctx, "UPDATE app.t SET synced = false")
+	require.NoError(t, err)
+	require.NoError(t, e.sink.ApplyRows(id, rows(13, move("1", col("id", "7"), col("v", "moved")))))
+	require.NoError(t, e.sink.ApplyRows(id, rows(14, move("404", col("id", "8"), col("v", "no old row")))))
+	require.NoError(t, e.sink.Checkpoint(id, 14))
+	e.dur.wait(t, id, 14)
+	require.Equal(t, []string{`{"id":7,"v":"moved","big":null,"synced":false,"note":"mine"}`,
+		`{"id":8,"v":"no old row","big":null,"synced":true,"note":null}`}, e.contents("app.t"),
+		"a move carries them with the row, their defaults where the old row is not there")
 	e.sink.Close()
 
 	// A later process: the table was written to, so its own columns are
@@ -48,19 +57,19 @@ func TestATargetTableKeepsColumnsOfItsOwn(t *testing.T) {
 	s2.SetDurable(d2.record)
 	require.NoError(t, s2.Start(ctx))
 	defer s2.Close()
-	require.NoError(t, s2.Bind(ctx, id, relT, 12))
+	require.NoError(t, s2.Bind(ctx, id, relT, 14))
 	require.Empty(t, s2.Stopped())
-	require.NoError(t, s2.BeginEpoch(id, 1, 12))
-	require.NoError(t, s2.ApplyRows(id, rows(13, tx(pgcodec.Insert, col("id", "2"), col("v", "c"), null("big")))))
-	require.NoError(t, s2.Checkpoint(id, 13))
-	d2.wait(t, id, 13)
-	require.Len(t, e.contents("app.t"), 2)
+	require.NoError(t, s2.BeginEpoch(id, 1, 14))
+	require.NoError(t, s2.ApplyRows(id, rows(15, tx(pgcodec.Insert, col("id", "2"), col("v", "c"), null("big")))))
+	require.NoError(t, s2.Checkpoint(id, 15))
+	d2.wait(t, id, 15)
+	require.Len(t, e.contents("app.t"), 3)
 
 	dropped := relT
 	dropped.Columns = relT.Columns[:2] // "big" dropped in the source
-	require.NoError(t, s2.ApplyDDL(id, &messaging.DDL{TableID: 100, CommitTs: 14, Query: pgcodec.RelationDDL(dropped)}))
-	require.NoError(t, s2.ApplyRows(id, rows(15, tx(pgcodec.Insert, col("id", "3"), col("v", "d")))))
-	require.NoError(t, s2.Checkpoint(id, 15))
+	require.NoError(t, s2.ApplyDDL(id, &messaging.DDL{TableID: 100, CommitTs: 16, Query: pgcodec.RelationDDL(dropped)}))
+	require.NoError(t, s2.ApplyRows(id, rows(17, tx(pgcodec.Insert, col("id", "3"), col("v", "d")))))
+	require.NoError(t, s2.Checkpoint(id, 17))
 	require.Eventually(t, func() bool { return len(s2.Stopped()) == 1 }, 60*time.Second, 5*time.Millisecond)
 	require.Contains(t, s2.Stopped()[0], `column "big" is gone`)
 }

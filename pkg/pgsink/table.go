@@ -26,6 +26,11 @@ type table struct {
 	// target table has of its own (own.go), never the source's.
 	required map[string]bool
 	own      map[string]bool
+	// defaults are the target columns' default expressions ("" none);
+	// fixed those it cannot be given a value (generated, identity
+	// ALWAYS).
+	defaults map[string]string
+	fixed    map[string]bool
 	// stmts caches the statements built from types and key, by the
 	// upserted columns' signature (deleteSig for the delete): building
 	// them was 6% of serve's CPU at 1000 tables. Cleared when a column
@@ -56,15 +61,18 @@ func loadTables(ctx context.Context, q querier, rels []pgcodec.Relation) (map[ui
 	names := make([]string, len(rels))
 	out := map[uint32]*table{}
 	for i, r := range rels {
-		t := &table{rel: r, qname: r.QualifiedName(), types: map[string]string{}, required: map[string]bool{}}
+		t := &table{rel: r, qname: r.QualifiedName(), types: map[string]string{}, required: map[string]bool{},
+			defaults: map[string]string{}, fixed: map[string]bool{}}
 		byName[[2]string{r.Schema, r.Name}] = t
 		out[r.OID] = t
 		names[i] = t.qname
 	}
 	rows, err := q.Query(ctx, `
 SELECT n.nspname, c.relname, a.attname, format_type(a.atttypid, a.atttypmod), coalesce(a.attnum = ANY(k.indkey), false),
-  a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = ''
+  a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = '',
+  coalesce(pg_get_expr(d.adbin, d.adrelid), ''), a.attgenerated <> '' OR a.attidentity = 'a'
 FROM pg_attribute a
+LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 JOIN pg_class c ON c.oid = a.attrelid
 JOIN pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN LATERAL (SELECT i.indkey FROM pg_index i WHERE i.indrelid = a.attrelid AND i.indisprimary) k ON true
@@ -75,9 +83,9 @@ ORDER BY a.attrelid, a.attnum`, names)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var schema, rel, name, typ string
-		var key, required bool
-		if err := rows.Scan(&schema, &rel, &name, &typ, &key, &required); err != nil {
+		var schema, rel, name, typ, def string
+		var key, required, fixed bool
+		if err := rows.Scan(&schema, &rel, &name, &typ, &key, &required, &def, &fixed); err != nil {
 			return nil, err
 		}
 		t := byName[[2]string{schema, rel}]
@@ -87,6 +95,7 @@ ORDER BY a.attrelid, a.attnum`, names)
 		t.types[name] = typ
 		t.order = append(t.order, name)
 		t.required[name] = required
+		t.defaults[name], t.fixed[name] = def, fixed
 		if key {
 			t.key = append(t.key, name)
 		}
@@ -257,6 +266,18 @@ func (t *table) moveSQL(present, unchanged []string) string {
 		on[i] = fmt.Sprintf("o.%s = $%d::text::%s", pgcodec.QuoteIdent(k), p, t.types[k])
 	}
 	cols := append(slices.Clone(present), unchanged...)
+	// The target's own columns go with the row too (their default where
+	// the old row is not there).
+	for _, c := range t.order {
+		if !t.own[c] || t.fixed[c] {
+			continue
+		}
+		v := "o." + pgcodec.QuoteIdent(c)
+		if d := t.defaults[c]; d != "" {
+			v = "coalesce(" + v + ", " + d + ")"
+		}
+		sel, cols = append(sel, v), append(cols, c)
+	}
 	return fmt.Sprintf("INSERT INTO %s (%s) SELECT %s FROM (VALUES (1)) AS x LEFT JOIN %s AS o ON %s %s", t.qname, quoteAll(cols),
 		strings.Join(sel, ", "), t.qname, strings.Join(on, " AND "), t.onConflict(cols))
 }
