@@ -80,18 +80,29 @@ func (c *copier) pending(ctx context.Context) (map[uint32]bool, error) {
 	}
 	c.listMu.Lock()
 	defer c.listMu.Unlock()
+	out := parseCopies(v)
+	for oid, fresh := range out {
+		c.listed = append(c.listed, oid)
+		if fresh {
+			c.fresh[oid] = true
+		}
+	}
+	slices.Sort(c.listed)
+	return out, nil
+}
+
+// parseCopies reads the list of copies owed as the target's state holds
+// it ("oid" or "oid!" for a fresh one, comma-separated), skipping what is
+// not an OID: the state is the target's, and hostile until read.
+func parseCopies(v string) map[uint32]bool {
 	out := map[uint32]bool{}
 	for _, f := range strings.Split(v, ",") {
 		fresh := strings.HasSuffix(f, "!")
-		if oid, err := strconv.ParseUint(strings.TrimSuffix(f, "!"), 10, 32); err == nil {
-			out[uint32(oid)] = fresh
-			c.listed = append(c.listed, uint32(oid))
-			if fresh {
-				c.fresh[uint32(oid)] = true
-			}
+		if oid, err := strconv.ParseUint(strings.TrimSuffix(f, "!"), 10, 32); err == nil && oid != 0 {
+			out[uint32(oid)] = out[uint32(oid)] || fresh
 		}
 	}
-	return out, nil
+	return out
 }
 
 // list lists oids as owing a copy (fresh: one that empties them first),

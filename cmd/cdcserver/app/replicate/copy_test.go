@@ -247,3 +247,22 @@ func (p *pair) setSyncStandby(t *testing.T, name string) {
 		time.Sleep(10 * time.Millisecond) // polling the server with a deadline, not ordering
 	}
 }
+
+func TestParseCopiesReadsWhatSaveWritesAndSkipsTheRest(t *testing.T) {
+	require.Equal(t, map[uint32]bool{16384: false, 16390: true}, parseCopies("16384,16390!"))
+	require.Empty(t, parseCopies(""))
+	require.Equal(t, map[uint32]bool{7: true}, parseCopies("x,7,,7!,-1,99999999999,0,!"), "a duplicate keeps fresh")
+}
+
+// The list of copies in the target's state is the target's: whatever it
+// holds, parsing it never panics and yields only OIDs.
+func FuzzParseCopies(f *testing.F) {
+	for _, s := range []string{"", "1", "1,2!", "!,,", "4294967295!", "4294967296"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		for oid := range parseCopies(v) {
+			require.NotZero(t, oid)
+		}
+	})
+}
