@@ -29,21 +29,7 @@ func TestAKeyACastWouldPrintDifferentlyIsFoundTouched(t *testing.T) {
 			e := newSrcEnv(t)
 			e.exec(tc.ddl)
 			e.exec(tc.ins)
-			writer, err := pgx.Connect(context.Background(), e.pg.DSN)
-			require.NoError(t, err)
-			defer writer.Close(context.Background())
-			first := true
-			j := streamThenJoin(t, e, "t2", func(o *Options) {
-				o.copyHook = func(uint32, int) {
-					if first {
-						first = false
-						for _, q := range []string{tc.upd, tc.del} {
-							_, err := writer.Exec(context.Background(), q)
-							require.NoError(t, err)
-						}
-					}
-				}
-			})
+			j := streamThenJoin(t, e, "t2", func(o *Options) { e.writeAtChunks(o, map[int][]string{1: {tc.upd, tc.del}}) })
 			res, err := j.src.CopyTable(context.Background(), j.oid, false)
 			require.NoError(t, err)
 			require.Equal(t, int64(98), res.Rows, "the two rows the window touched are the stream's")
@@ -124,18 +110,9 @@ func TestADroppedTableEndsItsCopy(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text)")
 	e.exec("INSERT INTO t2 SELECT g, 'v' || g FROM generate_series(1, 1000) g")
-	dropper, err := pgx.Connect(context.Background(), e.pg.DSN)
-	require.NoError(t, err)
-	defer dropper.Close(context.Background())
-	chunks := 0
 	j := streamThenJoin(t, e, "t2", func(o *Options) {
 		o.CopyChunkRows = 300
-		o.copyHook = func(uint32, int) {
-			if chunks++; chunks == 1 {
-				_, err := dropper.Exec(context.Background(), "DROP TABLE t2")
-				require.NoError(t, err)
-			}
-		}
+		e.writeAtChunks(o, map[int][]string{1: {"DROP TABLE t2"}})
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -150,20 +127,8 @@ func TestAnIncludedColumnIsNotPartOfTheKey(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE t2 (id int, v text NOT NULL, PRIMARY KEY (id) INCLUDE (v))")
 	e.exec("INSERT INTO t2 SELECT g, 'v' || g FROM generate_series(1, 100) g")
-	writer, err := pgx.Connect(context.Background(), e.pg.DSN)
-	require.NoError(t, err)
-	defer writer.Close(context.Background())
-	first := true
 	j := streamThenJoin(t, e, "t2", func(o *Options) {
-		o.copyHook = func(uint32, int) {
-			if first {
-				first = false
-				for _, q := range []string{"UPDATE t2 SET v = 'changed' WHERE id = 1", "DELETE FROM t2 WHERE id = 2"} {
-					_, err := writer.Exec(context.Background(), q)
-					require.NoError(t, err)
-				}
-			}
-		}
+		e.writeAtChunks(o, map[int][]string{1: {"UPDATE t2 SET v = 'changed' WHERE id = 1", "DELETE FROM t2 WHERE id = 2"}})
 	})
 	res, err := j.src.CopyTable(context.Background(), j.oid, false)
 	require.NoError(t, err)
@@ -256,18 +221,9 @@ func TestAKeyThatWidensBetweenChunksDoesNotPanic(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE t2 (id int, b int NOT NULL, v text, CONSTRAINT t2_pkey PRIMARY KEY (id))")
 	e.exec("INSERT INTO t2 SELECT g, g, 'v' FROM generate_series(1, 100) g")
-	alter, err := pgx.Connect(context.Background(), e.pg.DSN)
-	require.NoError(t, err)
-	defer alter.Close(context.Background())
-	chunks := 0
 	j := streamThenJoin(t, e, "t2", func(o *Options) {
 		o.CopyChunkRows = 30
-		o.copyHook = func(uint32, int) {
-			if chunks++; chunks == 1 {
-				_, err := alter.Exec(context.Background(), "ALTER TABLE t2 DROP CONSTRAINT t2_pkey, ADD PRIMARY KEY (id, b)")
-				require.NoError(t, err)
-			}
-		}
+		e.writeAtChunks(o, map[int][]string{1: {"ALTER TABLE t2 DROP CONSTRAINT t2_pkey, ADD PRIMARY KEY (id, b)"}})
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

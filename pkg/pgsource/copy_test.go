@@ -132,25 +132,12 @@ func TestATableThatJoinsWithRowsIsCopiedWhileWrittenTo(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text, n int)")
 	e.exec("INSERT INTO t2 SELECT g, 'v' || g, g FROM generate_series(1, 1000) g")
-	writer, err := pgx.Connect(context.Background(), e.pg.DSN)
-	require.NoError(t, err)
-	defer writer.Close(context.Background())
-	chunks := 0
 	j := streamThenJoin(t, e, "t2", func(o *Options) {
 		o.CopyChunkRows = 300
-		o.copyHook = func(_ uint32, rows int) {
-			// After the chunk's snapshot, before its high watermark: the
-			// chunk holds the rows as they were.
-			chunks++
-			if chunks > 1 {
-				return
-			}
-			for _, q := range []string{"UPDATE t2 SET v = 'changed' WHERE id = 1", "DELETE FROM t2 WHERE id = 2",
-				"INSERT INTO t2 VALUES (5000, 'new', 0)", "UPDATE t2 SET n = -1 WHERE id = 700"} {
-				_, err := writer.Exec(context.Background(), q)
-				require.NoError(t, err)
-			}
-		}
+		// After the first chunk's snapshot, before its high watermark: the
+		// chunk holds the rows as they were.
+		e.writeAtChunks(o, map[int][]string{1: {"UPDATE t2 SET v = 'changed' WHERE id = 1", "DELETE FROM t2 WHERE id = 2",
+			"INSERT INTO t2 VALUES (5000, 'new', 0)", "UPDATE t2 SET n = -1 WHERE id = 700"}})
 	})
 	res, err := j.src.CopyTable(context.Background(), j.oid, false)
 	require.NoError(t, err)
@@ -178,23 +165,12 @@ func TestRowsLeftWithoutAnUnchangedValueAreReadAgain(t *testing.T) {
 	e.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text, body text)")
 	e.exec("ALTER TABLE t2 ALTER COLUMN body SET STORAGE EXTERNAL")
 	e.exec("INSERT INTO t2 SELECT g, 'v' || g, repeat(md5(g::text), 100) FROM generate_series(1, 100) g")
-	writer, err := pgx.Connect(context.Background(), e.pg.DSN)
-	require.NoError(t, err)
-	defer writer.Close(context.Background())
-	chunks := 0
 	j := streamThenJoin(t, e, "t2", func(o *Options) {
 		o.CopyChunkRows = 30
-		o.copyHook = func(uint32, int) {
-			chunks++
-			switch chunks {
-			case 1: // in the first chunk's window
-				_, err := writer.Exec(context.Background(), "UPDATE t2 SET v = 'changed' WHERE id = 5")
-				require.NoError(t, err)
-			case 2: // a row of a later range moves to the copied one
-				_, err := writer.Exec(context.Background(), "UPDATE t2 SET id = -90 WHERE id = 90")
-				require.NoError(t, err)
-			}
-		}
+		e.writeAtChunks(o, map[int][]string{
+			1: {"UPDATE t2 SET v = 'changed' WHERE id = 5"}, // in the first chunk's window
+			2: {"UPDATE t2 SET id = -90 WHERE id = 90"},     // a row of a later range moves to the copied one
+		})
 	})
 	res, err := j.src.CopyTable(context.Background(), j.oid, false)
 	require.NoError(t, err)
@@ -214,18 +190,8 @@ func TestATruncateInAChunksWindowReadsItAgain(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text)")
 	e.exec("INSERT INTO t2 SELECT g, 'old' FROM generate_series(1, 50) g")
-	writer, err := pgx.Connect(context.Background(), e.pg.DSN)
-	require.NoError(t, err)
-	defer writer.Close(context.Background())
-	first := true
 	j := streamThenJoin(t, e, "t2", func(o *Options) {
-		o.copyHook = func(uint32, int) {
-			if first {
-				first = false
-				_, err := writer.Exec(context.Background(), "TRUNCATE t2; INSERT INTO t2 VALUES (7, 'new')")
-				require.NoError(t, err)
-			}
-		}
+		e.writeAtChunks(o, map[int][]string{1: {"TRUNCATE t2; INSERT INTO t2 VALUES (7, 'new')"}})
 	})
 	res, err := j.src.CopyTable(context.Background(), j.oid, false)
 	require.NoError(t, err)
@@ -331,4 +297,23 @@ func FuzzSnapshotInProgress(f *testing.F) {
 		xip := snapshotInProgress(snap)
 		require.LessOrEqual(t, len(xip), len(snap))
 	})
+}
+
+// writeAtChunks makes o's copy hook run statements, on a connection of
+// their own, once a copy's n-th chunk is read and before its high
+// watermark (in its window, after its snapshot): at[n] (each chunk read
+// counts, read again or not).
+func (e *srcEnv) writeAtChunks(o *Options, at map[int][]string) {
+	e.t.Helper()
+	writer, err := pgx.Connect(context.Background(), e.pg.DSN)
+	require.NoError(e.t, err)
+	e.t.Cleanup(func() { writer.Close(context.Background()) })
+	chunks := 0
+	o.copyHook = func(uint32, int) {
+		chunks++
+		for _, q := range at[chunks] {
+			_, err := writer.Exec(context.Background(), q)
+			require.NoError(e.t, err)
+		}
+	}
 }

@@ -38,15 +38,7 @@ func testACopyWaitsForACommitItsSnapshotCannotSeeYet(t *testing.T, only func(*Op
 	e.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text)")
 	e.exec("INSERT INTO t2 SELECT g, 'v' || g FROM generate_series(1, 10) g")
 	j := streamThenJoin(t, e, "t2", only)
-	e.setSyncStandby("nobody")
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			e.setSyncStandby("")
-		}
-	}
-	t.Cleanup(release)
+	release := e.waitForAStandby()
 	waiting := make(chan error, 1)
 	e.commitThatWaits(j, waiting)
 	copied := make(chan error, 1)
@@ -89,14 +81,7 @@ func TestTheRecentCommitsCheckSeesPastABusyWindow(t *testing.T) {
 	defer busy.Close(context.Background())
 	_, err = busy.Exec(context.Background(), "SET synchronous_commit = local")
 	require.NoError(t, err)
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			e.setSyncStandby("")
-		}
-	}
-	t.Cleanup(release)
+	release := e.releasable()
 	waiting := make(chan error, 1)
 	attempts, first := 0, true
 	j := streamThenJoin(t, e, "t2", func(o *Options) {
@@ -184,4 +169,25 @@ func (e *srcEnv) setSyncStandby(name string) {
 		require.True(e.t, time.Now().Before(deadline), "the server never read synchronous_standby_names")
 		time.Sleep(10 * time.Millisecond) // polling the server with a deadline, not ordering
 	}
+}
+
+// waitForAStandby makes commits wait for a synchronous standby that is
+// not there until the returned release (at the latest at the test's end).
+func (e *srcEnv) waitForAStandby() (release func()) {
+	e.setSyncStandby("nobody")
+	return e.releasable()
+}
+
+// releasable returns a release of the synchronous standby setting that
+// runs once, and at the test's end if not before.
+func (e *srcEnv) releasable() (release func()) {
+	released := false
+	release = func() {
+		if !released {
+			released = true
+			e.setSyncStandby("")
+		}
+	}
+	e.t.Cleanup(release)
+	return release
 }
