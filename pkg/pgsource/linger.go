@@ -43,9 +43,9 @@ import (
 // the linger ends. Without it, every message that arrives during a linger
 // woke the netpoller for nothing (the stream's goroutine sleeps, it does
 // not wait on the socket), which went back to sleep until the next one:
-// at 100 tables under make pgbench's load, about 1,800 epoll wake-ups a
-// second for the 50 reads the lingers left, and the netpoller a quarter of
-// serve's CPU profile. The hush is set by the short read that starts a
+// at 100 tables under make pgbench's load, about 1,800 epoll events a
+// second on this socket where the stream read it 150 times, and the
+// netpoller a quarter of serve's CPU profile. The hush is set by the short read that starts a
 // linger and lifted (SO_RCVLOWAT back to 1) before the read that ends it,
 // so no read ever waits on a raised mark.
 //
