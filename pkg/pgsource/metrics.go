@@ -15,6 +15,7 @@ type metrics struct {
 	heartbeats    prometheus.Counter
 	replays       prometheus.Counter
 	reconnects    prometheus.Counter
+	silences      prometheus.Counter
 	skippedTables prometheus.Counter
 	refused       prometheus.Counter
 	committedTs   prometheus.Gauge
@@ -41,6 +42,7 @@ func newMetrics(s *Source, reg prometheus.Registerer) (*metrics, error) {
 		heartbeats:    c("heartbeats_total", "Heartbeat messages decoded (written when the database was idle)."),
 		replays:       c("replays_total", "Times the stream started again from the slot for a subscription from a past start-ts."),
 		reconnects:    c("reconnects_total", "Times the replication connection was opened again after an error."),
+		silences:      c("receive_timeouts_total", "Replication sessions ended because the server sent nothing within the receive timeout (a reply asked for half-way included)."),
 		skippedTables: c("skipped_tables_total", "Published tables whose changes are skipped: they have no key."),
 		refused: c("refused_pushes_total", "Pushes the store refused (rows at or below their table's resolved-ts, or a resolved-ts "+
 			"below the last): the stream and the store disagree on what was delivered, and those rows may be missing downstream. Never expected; alert on any."),
@@ -61,7 +63,7 @@ func newMetrics(s *Source, reg prometheus.Registerer) (*metrics, error) {
 }
 
 func (m *metrics) all() []prometheus.Collector {
-	return []prometheus.Collector{m.commits, m.rows, m.ddls, m.heartbeats, m.replays, m.reconnects, m.skippedTables, m.refused,
+	return []prometheus.Collector{m.commits, m.rows, m.ddls, m.heartbeats, m.replays, m.reconnects, m.silences, m.skippedTables, m.refused,
 		m.committedTs, m.confirmedLSN, m.walEnd, m.snapshotRows, m.snapshotDone,
 		m.copyRows, m.copyRetries, m.joined}
 }

@@ -59,6 +59,10 @@ var (
 	ErrForeignSlot = errors.New("pgsource: the slot belongs to something else")
 	// ErrTableGone: a table to copy no longer exists.
 	ErrTableGone = errors.New("pgsource: the table is gone")
+	// ErrSourceSilent ends a replication session that heard nothing from
+	// the server for ReceiveTimeout, a reply asked for half-way included;
+	// the source connects again.
+	ErrSourceSilent = errors.New("pgsource: the source sent nothing within the receive timeout")
 )
 
 // SchemaSink receives relation versions as DDLs and the schema frontier
@@ -148,6 +152,9 @@ type Options struct {
 	// skipSyncRepCheck and skipRecentCheck (tests) turn off one of the two
 	// ways a copy finds a commit its chunk's snapshot cannot see yet.
 	skipSyncRepCheck, skipRecentCheck bool
+	// replyHeard, if set (tests), runs on the stream's goroutine when a
+	// message arrives after a reply was asked for (ReceiveTimeout).
+	replyHeard func()
 	// ResolvedInterval is how often every subscription's resolved-ts and
 	// the schema frontier move to the last commit. A table's own commits
 	// resolve it at once (each commit's push carries its commit-ts as the
@@ -190,6 +197,15 @@ type Options struct {
 	// stream that is behind never waits. It adds at most this to the
 	// latency of a message. Default DefaultReadLinger; negative: off.
 	ReadLinger time.Duration
+	// ReceiveTimeout: a replication stream that has heard nothing from the
+	// server for half of it asks for a reply (a status report with
+	// reply requested, which a live walsender answers at once, idle or
+	// not), and one that has still heard nothing for the other half ends
+	// with ErrSourceSilent and connects again, as PostgreSQL's own
+	// wal_receiver_timeout does: a link that died without a word (a
+	// partition, a host gone, a walsender stuck) is noticed instead of
+	// waited on. Default DefaultReceiveTimeout; negative: off.
+	ReceiveTimeout time.Duration
 	// Logger defaults to zap.NewNop(); Clock to the real clock.
 	Logger *zap.Logger
 	Clock  clock.Clock
@@ -199,6 +215,10 @@ type Options struct {
 
 // DefaultReadLinger is Options.ReadLinger's default.
 const DefaultReadLinger = 20 * time.Millisecond
+
+// DefaultReceiveTimeout is Options.ReceiveTimeout's default, PostgreSQL's
+// wal_receiver_timeout's.
+const DefaultReceiveTimeout = time.Minute
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
@@ -236,6 +256,9 @@ func (o Options) withDefaults() Options {
 	if o.ReadLinger == 0 {
 		o.ReadLinger = DefaultReadLinger
 	}
+	if o.ReceiveTimeout == 0 {
+		o.ReceiveTimeout = DefaultReceiveTimeout
+	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
@@ -260,5 +283,7 @@ func (o Options) validate() error {
 	p.IntRange("SnapshotWorkers", o.SnapshotWorkers, 1, 64)
 	p.IntRange("CopyChunkRows", o.CopyChunkRows, 1, 1<<20)
 	p.Require(o.ReadLinger <= time.Second, "ReadLinger %v must be at most 1s", o.ReadLinger)
+	p.Require(o.ReceiveTimeout < 0 || o.ReceiveTimeout >= 2*o.StatusInterval,
+		"ReceiveTimeout %v must be at least twice StatusInterval %v (or negative: off)", o.ReceiveTimeout, o.StatusInterval)
 	return p.Err()
 }

@@ -284,6 +284,11 @@ func (ss *session) loop(ctx context.Context) error {
 		s.mu.Unlock()
 	}()
 	var armed time.Time
+	// heard: when the loop last heard from the server (the time it
+	// started the read that got a message); asked: when it asked for a
+	// reply since (zero: it has not). See Options.ReceiveTimeout.
+	heard, asked := s.now(), time.Time{}
+	half := s.opts.ReceiveTimeout / 2
 	for {
 		select {
 		case <-s.kick:
@@ -314,7 +319,24 @@ func (ss *session) loop(ctx context.Context) error {
 			}
 			nextStatus = now.Add(s.opts.StatusInterval)
 		}
-		if wake := minTime(nextResolved, nextStatus); !wake.Equal(armed) {
+		wake := minTime(nextResolved, nextStatus)
+		if half > 0 {
+			if asked.IsZero() && !now.Before(heard.Add(half)) {
+				if err := ss.askReply(ctx); err != nil {
+					return err
+				}
+				asked = now
+			}
+			if asked.IsZero() {
+				wake = minTime(wake, heard.Add(half))
+			} else if !now.Before(asked.Add(half)) {
+				s.met.silences.Inc()
+				return fmt.Errorf("%w: nothing for %v, %v since a reply was asked for", ErrSourceSilent, now.Sub(heard), now.Sub(asked))
+			} else {
+				wake = minTime(wake, asked.Add(half))
+			}
+		}
+		if !wake.Equal(armed) {
 			// The ticks are on the source's clock; the socket counts
 			// real time, so it gets the wait, not the instant.
 			if err := netConn.SetReadDeadline(clock.RealDeadline(wake.Sub(now))); err != nil {
@@ -335,6 +357,10 @@ func (ss *session) loop(ctx context.Context) error {
 			}
 			return err
 		}
+		if h := s.opts.replyHeard; h != nil && !asked.IsZero() {
+			h()
+		}
+		heard, asked = now, time.Time{}
 		switch m := raw.(type) {
 		case *pgproto3.ErrorResponse:
 			return fmt.Errorf("replication: %s (SQLSTATE %s)", m.Message, m.Code)
@@ -403,7 +429,15 @@ func (ss *session) advanceResolved(ctx context.Context) error {
 
 // sendStatus confirms to the server the last position below the safe
 // point, after saving it.
-func (ss *session) sendStatus(ctx context.Context) error {
+func (ss *session) sendStatus(ctx context.Context) error { return ss.report(ctx, false) }
+
+// askReply sends the status report with a reply requested: a live
+// walsender answers with a keepalive at once (ReceiveTimeout).
+func (ss *session) askReply(ctx context.Context) error { return ss.report(ctx, true) }
+
+// report confirms to the server the last position below the safe point,
+// after saving it, asking for a reply if reply is set.
+func (ss *session) report(ctx context.Context, reply bool) error {
 	s := ss.s
 	safe, ok := s.opts.SafePoint()
 	s.mu.Lock()
@@ -437,5 +471,5 @@ func (ss *session) sendStatus(ctx context.Context) error {
 		s.met.confirmedLSN.Set(float64(next.LSN))
 	}
 	lsn := pglogrepl.LSN(next.LSN)
-	return pglogrepl.SendStandbyStatusUpdate(ctx, ss.conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: lsn, WALFlushPosition: lsn, WALApplyPosition: lsn})
+	return pglogrepl.SendStandbyStatusUpdate(ctx, ss.conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: lsn, WALFlushPosition: lsn, WALApplyPosition: lsn, ReplyRequested: reply})
 }

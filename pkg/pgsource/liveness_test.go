@@ -1,0 +1,111 @@
+package pgsource
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/internal/faultproxy"
+	"github.com/cdcflow/eventservice/internal/pgtest"
+	"github.com/cdcflow/eventservice/pkg/schemastore"
+)
+
+// TestASilentLinkIsNoticedAndTheStreamResumes: the link to the source goes
+// silent without closing (a proxy that stops forwarding both ways: every
+// write still succeeds, nothing arrives, as in a partition or with a stuck
+// walsender). The stream asks for a reply half-way through its receive
+// timeout, ends the session with ErrSourceSilent when none comes, and
+// connects again once the link works: the rows written while it was silent
+// arrive, none twice. Without the timeout the session waits on the silent
+// link for good and receive_timeouts_total stays 0.
+func TestASilentLinkIsNoticedAndTheStreamResumes(t *testing.T) {
+	e := newSrcEnv(t)
+	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
+	proxy := pgtest.StartProxy(t, e.pg.Addr, 0)
+	src := e.source(func(o *Options) {
+		o.DSN = strings.Replace(e.pg.DSN, e.pg.Addr, proxy.Addr, 1)
+		o.ReceiveTimeout = 2 * time.Second
+	})
+	_, sinks := openAndSubscribe(t, e, src, "t1")
+	sink := sinks["t1"]
+	for i := 1; i <= 5; i++ {
+		e.exec("INSERT INTO t1 VALUES ($1)", i) // the test's own connection: not through the proxy
+	}
+	sink.waitFor("five rows", func() bool { return len(sink.rows) >= 5 })
+	require.Zero(t, testutilValue(src.met.silences))
+
+	proxy.Hold(faultproxy.Upstream)
+	caught := proxy.Hold(faultproxy.Downstream)
+	for i := 6; i <= 10; i++ {
+		e.exec("INSERT INTO t1 VALUES ($1)", i)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	select {
+	case <-caught: // the walsender's next message went silent
+	case <-ctx.Done():
+		t.Fatal("nothing from the server reached the proxy")
+	}
+	require.Eventually(t, func() bool { return testutilValue(src.met.silences) >= 1 }, time.Minute, 10*time.Millisecond,
+		"the silent session ended by its receive timeout")
+	proxy.Reset() // the link works again (the silent connections are gone)
+	sink.waitFor("ten rows", func() bool { return len(sink.rows) >= 10 })
+	seen := map[string]bool{}
+	for _, c := range sink.changes() {
+		id := text(c, "id")
+		require.False(t, seen[id], "row %s twice", id)
+		seen[id] = true
+	}
+	require.Len(t, seen, 10)
+	require.GreaterOrEqual(t, testutilValue(src.met.reconnects), 1.0)
+}
+
+// TestAnIdleServerAskedForAReplyKeepsTheSession: with no heartbeats and
+// nothing written the server sends nothing of its own; the stream asks for
+// a reply every half receive timeout, gets one each time, and the session
+// lives on (no receive timeout, no reconnect).
+func TestAnIdleServerAskedForAReplyKeepsTheSession(t *testing.T) {
+	e := newSrcEnv(t)
+	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
+	replies := make(chan struct{}, 16)
+	src := e.source(func(o *Options) {
+		o.HeartbeatInterval = time.Hour // an idle database, and nothing to wake it
+		o.ReceiveTimeout = 400 * time.Millisecond
+		o.replyHeard = func() {
+			select {
+			case replies <- struct{}{}:
+			default:
+			}
+		}
+	})
+	openAndSubscribe(t, e, src, "t1")
+	deadline := time.After(time.Minute)
+	for range 5 {
+		select {
+		case <-replies:
+		case <-deadline:
+			t.Fatal("the server did not answer the stream's requests for a reply")
+		}
+	}
+	require.Zero(t, testutilValue(src.met.silences), "every silence was answered")
+	require.Zero(t, testutilValue(src.met.reconnects))
+}
+
+// TestReceiveTimeoutOption: the default is PostgreSQL's
+// wal_receiver_timeout, negative turns it off, and one too short to hear a
+// reply asked for at the status cadence is refused.
+func TestReceiveTimeoutOption(t *testing.T) {
+	require.Equal(t, DefaultReceiveTimeout, Options{}.withDefaults().ReceiveTimeout)
+	schema, err := schemastore.NewMemory(schemastore.MemoryOptions{InitialResolvedTs: 1})
+	require.NoError(t, err)
+	opts := Options{DSN: "postgres://x", Schema: schema, Positions: newMemPositions(), StatusInterval: time.Second}.withDefaults()
+	opts.ReceiveTimeout = -1
+	require.NoError(t, opts.validate())
+	opts.ReceiveTimeout = 1500 * time.Millisecond
+	require.ErrorIs(t, opts.validate(), ErrInvalidOptions)
+	opts.ReceiveTimeout = 2 * time.Second
+	require.NoError(t, opts.validate())
+}
