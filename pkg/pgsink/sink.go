@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/internal/pgdial"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventcollector"
 	"github.com/cdcflow/eventservice/pkg/messaging"
@@ -165,6 +166,7 @@ func (s *Sink) connect(ctx context.Context, statements int) (*pgx.Conn, error) {
 	for k, v := range pgcodec.TextFormatParams() { // the source's values are text in them
 		cfg.RuntimeParams[k] = v
 	}
+	pgdial.Apply(&cfg.Config) // and this side notices a dead target (package pgdial)
 	for k, v := range map[string]string{
 		"idle_in_transaction_session_timeout": "30s",
 		"default_transaction_isolation":       "read committed",
@@ -196,7 +198,7 @@ func (s *Sink) adminConn(ctx context.Context) (*pgx.Conn, func(), error) {
 // Checkpoints returns the checkpoints the target holds, by dispatcher: a
 // restart resumes each dispatcher from its own.
 func (s *Sink) Checkpoints(ctx context.Context) (map[common.DispatcherID]common.Ts, error) {
-	conn, err := pgx.Connect(ctx, s.opts.DSN)
+	conn, err := s.connect(ctx, 0)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConnect, err)
 	}
@@ -544,7 +546,7 @@ func (s *Sink) failed(id common.DispatcherID, err error, stop bool) {
 // State returns the value of key in the target's cdcflow.state (ok false
 // if unset): what an embedder records next to the checkpoints.
 func (s *Sink) State(ctx context.Context, key string) (string, bool, error) {
-	conn, err := pgx.Connect(ctx, s.opts.DSN)
+	conn, err := s.connect(ctx, 0)
 	if err != nil {
 		return "", false, fmt.Errorf("%w: %w", ErrConnect, err)
 	}

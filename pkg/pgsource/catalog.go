@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/cdcflow/eventservice/internal/pgdial"
 	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 )
@@ -25,6 +26,7 @@ func connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
 	for k, v := range pgcodec.TextFormatParams() { // the snapshot's rows are text in them
 		cfg.RuntimeParams[k] = v
 	}
+	pgdial.Apply(&cfg.Config) // a dead host fails the connection (package pgdial)
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConnect, err)
@@ -44,6 +46,7 @@ func connectReplication(ctx context.Context, dsn string, linger time.Duration) (
 		cfg.RuntimeParams[k] = v
 	}
 	cfg.RuntimeParams["replication"] = "database"
+	pgdial.Apply(cfg)
 	if linger > 0 {
 		dial := cfg.DialFunc
 		cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {

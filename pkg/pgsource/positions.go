@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/cdcflow/eventservice/internal/pgdial"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -26,7 +27,12 @@ const positionsKept = 16
 // NewTablePositions connects to dsn and creates the table if missing.
 // Close releases the connections.
 func NewTablePositions(ctx context.Context, dsn string) (*TablePositions, error) {
-	pool, err := pgxpool.New(ctx, dsn)
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("%w: positions: %w", ErrConnect, err)
+	}
+	pgdial.Apply(&cfg.ConnConfig.Config)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: positions: %w", ErrConnect, err)
 	}

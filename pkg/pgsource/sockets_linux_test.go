@@ -1,6 +1,7 @@
 package pgsource
 
 import (
+	"context"
 	"net"
 	"runtime"
 	"syscall"
@@ -9,6 +10,8 @@ import (
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/internal/pgdial"
 )
 
 // tcpPair returns both ends of a loopback TCP connection.
@@ -163,4 +166,38 @@ func TestLingerWithoutHushStillLingers(t *testing.T) {
 	}
 	require.Equal(t, 1, calls, "a refused hush is not tried again")
 	require.Len(t, ft.slept, 2, "the reads after short ones lingered")
+}
+
+// userTimeout reads a TCP socket's TCP_USER_TIMEOUT.
+func userTimeout(t *testing.T, c net.Conn) time.Duration {
+	t.Helper()
+	if l, ok := c.(*lingerConn); ok {
+		c = l.Conn
+	}
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	require.NoError(t, err)
+	var v int
+	var gerr error
+	require.NoError(t, raw.Control(func(fd uintptr) {
+		v, gerr = syscall.GetsockoptInt(int(fd), syscall.IPPROTO_TCP, 0x12) // TCP_USER_TIMEOUT
+	}))
+	require.NoError(t, gerr)
+	return time.Duration(v) * time.Millisecond
+}
+
+// TestTheSourcesConnectionsNoticeADeadHost: the catalog, copy and
+// replication connections dial through pgdial (keepalives and a TCP user
+// timeout), so a source host that vanishes fails them instead of leaving a
+// query or the stream waiting for a quarter of an hour.
+func TestTheSourcesConnectionsNoticeADeadHost(t *testing.T) {
+	e := newSrcEnv(t)
+	ctx := context.Background()
+	conn, err := connect(ctx, e.pg.DSN)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	require.Equal(t, pgdial.UserTimeout, userTimeout(t, conn.PgConn().Conn()))
+	repl, err := connectReplication(ctx, e.pg.DSN, 20*time.Millisecond)
+	require.NoError(t, err)
+	defer repl.Close(ctx)
+	require.Equal(t, pgdial.UserTimeout, userTimeout(t, repl.Conn()))
 }
