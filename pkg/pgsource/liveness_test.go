@@ -95,8 +95,8 @@ func TestAnIdleServerAskedForAReplyKeepsTheSession(t *testing.T) {
 }
 
 // TestReceiveTimeoutOption: the default is PostgreSQL's
-// wal_receiver_timeout, negative turns it off, and one too short to hear a
-// reply asked for at the status cadence is refused.
+// wal_receiver_timeout, negative turns it off, and one below 100ms (a
+// reconnect storm, not a liveness check) is refused.
 func TestReceiveTimeoutOption(t *testing.T) {
 	require.Equal(t, DefaultReceiveTimeout, Options{}.withDefaults().ReceiveTimeout)
 	schema, err := schemastore.NewMemory(schemastore.MemoryOptions{InitialResolvedTs: 1})
@@ -104,8 +104,8 @@ func TestReceiveTimeoutOption(t *testing.T) {
 	opts := Options{DSN: "postgres://x", Schema: schema, Positions: newMemPositions(), StatusInterval: time.Second}.withDefaults()
 	opts.ReceiveTimeout = -1
 	require.NoError(t, opts.validate())
-	opts.ReceiveTimeout = 1500 * time.Millisecond
+	opts.ReceiveTimeout = 50 * time.Millisecond
 	require.ErrorIs(t, opts.validate(), ErrInvalidOptions)
-	opts.ReceiveTimeout = 2 * time.Second
+	opts.ReceiveTimeout = 100 * time.Millisecond
 	require.NoError(t, opts.validate())
 }

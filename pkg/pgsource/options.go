@@ -283,7 +283,7 @@ func (o Options) validate() error {
 	p.IntRange("SnapshotWorkers", o.SnapshotWorkers, 1, 64)
 	p.IntRange("CopyChunkRows", o.CopyChunkRows, 1, 1<<20)
 	p.Require(o.ReadLinger <= time.Second, "ReadLinger %v must be at most 1s", o.ReadLinger)
-	p.Require(o.ReceiveTimeout < 0 || o.ReceiveTimeout >= 2*o.StatusInterval,
-		"ReceiveTimeout %v must be at least twice StatusInterval %v (or negative: off)", o.ReceiveTimeout, o.StatusInterval)
+	p.Require(o.ReceiveTimeout < 0 || o.ReceiveTimeout >= 100*time.Millisecond,
+		"ReceiveTimeout %v must be at least 100ms (or negative: off)", o.ReceiveTimeout)
 	return p.Err()
 }
