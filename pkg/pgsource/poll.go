@@ -2,6 +2,7 @@ package pgsource
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -168,4 +169,36 @@ func (s *Source) announce(rel pgcodec.Relation, relErr error, firstTs common.Ts)
 	if f := s.opts.OnNewTable; f != nil {
 		f(rel, ts)
 	}
+}
+
+// Memberships returns the membership row (pg_publication_rel's oid) of
+// each table the publication names one by one, by table OID. A table
+// removed from the publication and added again gets a new row, so an
+// embedder that records the rows can tell, after a time it was not
+// running, that a table's changes while it was out were never streamed
+// (serve copies such a table anew). Tables published through FOR ALL
+// TABLES or FOR TABLES IN SCHEMA have no row and are absent.
+func (s *Source) Memberships(ctx context.Context) (map[uint32]uint32, error) {
+	conn, err := connect(ctx, s.opts.DSN)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, `
+SELECT pr.prrelid, pr.oid FROM pg_publication_rel pr
+WHERE pr.prpubid = (SELECT oid FROM pg_publication WHERE pubname = $1)`, s.opts.Publication)
+	if err != nil {
+		return nil, fmt.Errorf("%w: memberships: %w", ErrConnect, err)
+	}
+	out := map[uint32]uint32{}
+	for rows.Next() {
+		var table, row uint32
+		if err := rows.Scan(&table, &row); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out[table] = row
+	}
+	rows.Close()
+	return out, rows.Err()
 }

@@ -60,7 +60,9 @@ type parts struct {
 	known  map[uint32]bool
 	ckpts  map[common.DispatcherID]common.Ts
 	copier *copier
-	wg     sync.WaitGroup
+	// members records the tables' membership rows (members.go).
+	members *members
+	wg      sync.WaitGroup
 	// cancel ends the goroutines of parts (new tables) at close.
 	cancel context.CancelFunc
 }
@@ -233,35 +235,73 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 }
 
 // queueCopies queues the copies a start owes: on a resumed slot, the
-// published tables the target lists as not yet copied and those without
-// a checkpoint (they joined while no serve ran). A new slot's snapshot
-// copies every table.
+// published tables the target lists as not yet copied, those without a
+// checkpoint (they joined while no serve ran) and, anew, those that left
+// the publication and joined it again while no serve ran (members.go). A
+// new slot's snapshot copies every table. Then it records the tables'
+// membership rows.
 func (p *parts) queueCopies(ctx context.Context, cfg Config, ckpts map[common.DispatcherID]common.Ts) error {
 	p.copier = newCopier(p, cfg.Slot)
+	p.members = newMembers(p, cfg.Slot)
 	p.known = make(map[uint32]bool, len(p.info.Tables))
 	for _, rel := range p.info.Tables {
 		p.known[rel.OID] = true
 	}
 	pending, err := p.copier.pending(ctx)
-	if err != nil || p.info.Created {
+	if err != nil {
+		return err
+	}
+	current, err := p.source.Memberships(ctx)
+	if err != nil {
+		return err
+	}
+	if p.info.Created {
+		return p.members.record(ctx, current)
+	}
+	recorded, err := p.members.load(ctx)
+	if err != nil {
 		return err
 	}
 	var owed []pgcodec.Relation
-	var oids []uint32
+	var oids, written []uint32
 	for _, rel := range p.info.Tables {
 		_, listed := pending[rel.OID]
-		if _, ok := ckpts[dispatcherOf(rel.OID)]; !ok || listed {
+		_, ok := ckpts[dispatcherOf(rel.OID)]
+		if ok {
+			written = append(written, rel.OID)
+		}
+		if !ok || listed {
 			owed = append(owed, rel)
 			oids = append(oids, rel.OID)
 		}
 	}
+	rejoined := rejoinedWhileDown(recorded, current, written)
 	if err := p.copier.list(ctx, false, oids...); err != nil {
 		return err
 	}
-	for _, rel := range owed {
-		p.copier.add(rel, pending[rel.OID])
+	if err := p.copier.list(ctx, true, rejoined...); err != nil {
+		return err
 	}
-	return nil
+	queue := make(map[uint32]bool, len(oids)+len(rejoined)) // table -> fresh
+	for _, oid := range oids {
+		queue[oid] = pending[oid]
+	}
+	again := make(map[uint32]bool, len(rejoined))
+	for _, oid := range rejoined {
+		queue[oid], again[oid] = true, true
+	}
+	for _, rel := range p.info.Tables {
+		fresh, ok := queue[rel.OID]
+		if !ok {
+			continue
+		}
+		if again[rel.OID] {
+			p.log.Warn("a table left the publication and joined it again while serve was down: copying it anew",
+				zap.String("table", rel.QualifiedName()))
+		}
+		p.copier.add(rel, fresh)
+	}
+	return p.members.record(ctx, current)
 }
 
 // startOrResume opens the source and decides, with what the target
@@ -457,6 +497,13 @@ func (p *parts) addNewTable(ctx context.Context, t newTable) error {
 	// Listed before it is bound: once bound, its checkpoint could make a
 	// start take it for copied.
 	if err := p.copier.list(ctx, fresh, t.rel.OID); err != nil {
+		return err
+	}
+	current, err := p.source.Memberships(ctx)
+	if err != nil {
+		return err
+	}
+	if err := p.members.recordOne(ctx, t.rel.OID, current); err != nil { // listed first: see members
 		return err
 	}
 	if err := p.add(ctx, t.rel, t.firstTs-1); err != nil {
