@@ -101,7 +101,7 @@ var errHealthy = errors.New("pgnotify: connection was listening")
 // listenOnce connects, LISTENs, runs OnConnect and hands out notifications
 // until the connection fails or ctx ends.
 func listenOnce(ctx context.Context, o ListenOptions) error {
-	conn, err := connect(ctx, o.DSN)
+	conn, err := pgx.Connect(ctx, o.DSN)
 	if err != nil {
 		return err
 	}

@@ -287,7 +287,7 @@ func (p *Publisher) connection(ctx context.Context, slot int) (*pgx.Conn, error)
 	if conn != nil && !conn.IsClosed() {
 		return conn, nil
 	}
-	conn, err := connect(ctx, p.opts.DSN)
+	conn, err := pgx.Connect(ctx, p.opts.DSN)
 	if err != nil {
 		return nil, err
 	}
