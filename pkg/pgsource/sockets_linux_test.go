@@ -168,36 +168,38 @@ func TestLingerWithoutHushStillLingers(t *testing.T) {
 	require.Len(t, ft.slept, 2, "the reads after short ones lingered")
 }
 
-// userTimeout reads a TCP socket's TCP_USER_TIMEOUT.
-func userTimeout(t *testing.T, c net.Conn) time.Duration {
+// keepIdle reads a TCP socket's TCP_KEEPIDLE (0: keepalives off).
+func keepIdle(t *testing.T, c net.Conn) time.Duration {
 	t.Helper()
 	if l, ok := c.(*lingerConn); ok {
 		c = l.Conn
 	}
 	raw, err := c.(*net.TCPConn).SyscallConn()
 	require.NoError(t, err)
-	var v int
+	var on, v int
 	var gerr error
 	require.NoError(t, raw.Control(func(fd uintptr) {
-		v, gerr = syscall.GetsockoptInt(int(fd), syscall.IPPROTO_TCP, 0x12) // TCP_USER_TIMEOUT
+		if on, gerr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_KEEPALIVE); gerr == nil {
+			v, gerr = syscall.GetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_KEEPIDLE)
+		}
 	}))
 	require.NoError(t, gerr)
-	return time.Duration(v) * time.Millisecond
+	return time.Duration(on*v) * time.Second
 }
 
 // TestTheSourcesConnectionsNoticeADeadHost: the catalog, copy and
-// replication connections dial through pgdial (keepalives and a TCP user
-// timeout), so a source host that vanishes fails them instead of leaving a
-// query or the stream waiting for a quarter of an hour.
+// replication connections dial through pgdial (keepalives after 10 s of
+// silence), so a source host that vanishes fails them instead of leaving a
+// query waiting.
 func TestTheSourcesConnectionsNoticeADeadHost(t *testing.T) {
 	e := newSrcEnv(t)
 	ctx := context.Background()
 	conn, err := connect(ctx, e.pg.DSN)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
-	require.Equal(t, pgdial.UserTimeout, userTimeout(t, conn.PgConn().Conn()))
+	require.Equal(t, pgdial.KeepAliveIdle, keepIdle(t, conn.PgConn().Conn()))
 	repl, err := connectReplication(ctx, e.pg.DSN, 20*time.Millisecond)
 	require.NoError(t, err)
 	defer repl.Close(ctx)
-	require.Equal(t, pgdial.UserTimeout, userTimeout(t, repl.Conn()))
+	require.Equal(t, pgdial.KeepAliveIdle, keepIdle(t, repl.Conn()))
 }
