@@ -171,34 +171,55 @@ func (s *Source) announce(rel pgcodec.Relation, relErr error, firstTs common.Ts)
 	}
 }
 
-// Memberships returns the membership row (pg_publication_rel's oid) of
-// each table the publication names one by one, by table OID. A table
-// removed from the publication and added again gets a new row, so an
-// embedder that records the rows can tell, after a time it was not
-// running, that a table's changes while it was out were never streamed
-// (serve copies such a table anew). Tables published through FOR ALL
-// TABLES or FOR TABLES IN SCHEMA have no row and are absent.
-func (s *Source) Memberships(ctx context.Context) (map[uint32]uint32, error) {
+// Membership is the publication's identity and the membership row
+// (pg_publication_rel's oid) of each table it names one by one, by table
+// OID: a partition published through a partitioned table it belongs to
+// has the row of the nearest such table, as the stream sends its own
+// changes. A table removed from the publication and added again gets a
+// new row, so an embedder that records the rows can tell, after a time it
+// was not running, that a table's changes while it was out were never
+// streamed (serve copies such a table anew). Tables published through
+// FOR ALL TABLES or FOR TABLES IN SCHEMA have no row and are absent.
+type Membership struct {
+	// Publication is the publication's oid (0: it does not exist): a
+	// publication dropped and created again under the same name has
+	// another, and every row with it.
+	Publication uint32
+	Rows        map[uint32]uint32
+}
+
+// Memberships reads the publication's Membership.
+func (s *Source) Memberships(ctx context.Context) (Membership, error) {
 	conn, err := connect(ctx, s.opts.DSN)
 	if err != nil {
-		return nil, err
+		return Membership{}, err
 	}
 	defer conn.Close(context.Background())
-	rows, err := conn.Query(ctx, `
-SELECT pr.prrelid, pr.oid FROM pg_publication_rel pr
-WHERE pr.prpubid = (SELECT oid FROM pg_publication WHERE pubname = $1)`, s.opts.Publication)
+	m := Membership{Rows: map[uint32]uint32{}}
+	err = conn.QueryRow(ctx, "SELECT coalesce((SELECT oid FROM pg_publication WHERE pubname = $1), 0)", s.opts.Publication).Scan(&m.Publication)
 	if err != nil {
-		return nil, fmt.Errorf("%w: memberships: %w", ErrConnect, err)
+		return Membership{}, fmt.Errorf("%w: memberships: %w", ErrConnect, err)
 	}
-	out := map[uint32]uint32{}
+	// pg_partition_tree lists a partitioned table's or a partition's tree
+	// (the leaves at their depth below it) and nothing for a plain table.
+	rows, err := conn.Query(ctx, `
+SELECT DISTINCT ON (leaf) leaf, row FROM (
+  SELECT coalesce(t.relid, pr.prrelid)::oid AS leaf, pr.oid AS row, coalesce(t.level, 0) AS depth
+  FROM pg_publication_rel pr
+  LEFT JOIN LATERAL pg_partition_tree(pr.prrelid) t ON t.isleaf
+  WHERE pr.prpubid = $1) m
+ORDER BY leaf, depth`, m.Publication)
+	if err != nil {
+		return Membership{}, fmt.Errorf("%w: memberships: %w", ErrConnect, err)
+	}
 	for rows.Next() {
 		var table, row uint32
 		if err := rows.Scan(&table, &row); err != nil {
 			rows.Close()
-			return nil, err
+			return Membership{}, err
 		}
-		out[table] = row
+		m.Rows[table] = row
 	}
 	rows.Close()
-	return out, rows.Err()
+	return m, rows.Err()
 }

@@ -2,15 +2,19 @@ package replicate
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/cdcflow/eventservice/pkg/pgsource"
 )
 
 // members keeps, in the target's cdcflow.state (membersKey), the
-// membership row (pg_publication_rel's oid) under which each published
-// table's changes were last streamed into the target.
+// publication's oid and the membership row (pg_publication_rel's oid)
+// under which each published table's changes were last streamed into the
+// target (pgsource.Membership).
 //
 // Why: a table removed from the publication and added again while no
 // serve ran has had changes the stream never carried (pgoutput decides by
@@ -20,115 +24,151 @@ import (
 // row other than the recorded one copies the table anew, emptied first.
 //
 // Order: a start lists such tables as fresh copies (copier.list) before
-// it records the rows it found, and a table that joins while running is
-// listed before its row is recorded, so a crash between the two copies it
-// again rather than forgetting it. A table without a row (FOR ALL TABLES,
-// FOR TABLES IN SCHEMA) is not recorded and not checked.
+// it records the rows it found, and a table that joins or joins again
+// while running is listed before its row is recorded, so a crash between
+// the two copies it again rather than forgetting it. A table's recorded
+// row is kept while it is out of the publication (so that its return
+// shows as a new row, however many starts it sat out) and replaced only
+// by its next row. A table without a row (FOR ALL TABLES, FOR TABLES IN
+// SCHEMA) is not recorded and not checked. A publication dropped and
+// created again (or a pg_upgrade that recreated it) has a new oid and new
+// rows for every table: the recorded rows are then dropped, not compared,
+// since copying every table anew is not what such a change asks for.
 type members struct {
 	p   *parts
 	key string
 
-	mu   sync.Mutex
-	rows map[uint32]uint32 // as the target's state holds them
+	mu       sync.Mutex
+	recorded memberRecord
+}
+
+// memberRecord is what the state holds: the publication's oid and the
+// tables' rows.
+type memberRecord struct {
+	publication uint32
+	rows        map[uint32]uint32
 }
 
 func membersKey(slot string) string { return "members:" + slot }
 
 func newMembers(p *parts, slot string) *members {
-	return &members{p: p, key: membersKey(slot), rows: map[uint32]uint32{}}
+	return &members{p: p, key: membersKey(slot), recorded: memberRecord{rows: map[uint32]uint32{}}}
 }
 
-// load reads the recorded rows.
-func (m *members) load(ctx context.Context) (map[uint32]uint32, error) {
+// load reads the record.
+func (m *members) load(ctx context.Context) (memberRecord, error) {
 	v, _, err := m.p.sink.State(ctx, m.key)
 	if err != nil {
-		return nil, err
+		return memberRecord{}, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.rows = parseMembers(v)
-	return m.rows, nil
+	m.recorded = parseMembers(v)
+	return m.recorded, nil
 }
 
-// rejoinedWhileDown returns the tables of published whose recorded row differs
-// from the current one (both known): removed and added again since.
-func rejoinedWhileDown(recorded, current map[uint32]uint32, published []uint32) []uint32 {
+// rejoinedWhileDown returns the tables of written (bound before, with a
+// checkpoint) whose recorded row differs from the current one (both
+// known, under the same publication): removed and added again since.
+func rejoinedWhileDown(recorded memberRecord, current pgsource.Membership, written []uint32) []uint32 {
+	if recorded.publication != current.Publication {
+		return nil
+	}
 	var out []uint32
-	for _, oid := range published {
-		if was, now := recorded[oid], current[oid]; was != 0 && now != 0 && was != now {
+	for _, oid := range written {
+		if was, now := recorded.rows[oid], current.Rows[oid]; was != 0 && now != 0 && was != now {
 			out = append(out, oid)
 		}
 	}
 	return out
 }
 
-// record replaces the recorded rows with current, durably.
-func (m *members) record(ctx context.Context, current map[uint32]uint32) error {
+// record records current over the record, durably: the current rows
+// replace the recorded ones, a table without a current row keeps its
+// recorded one, and another publication's rows are dropped.
+func (m *members) record(ctx context.Context, current pgsource.Membership) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err := m.p.sink.SetState(ctx, m.key, formatMembers(current)); err != nil {
-		return err
+	return m.saveLocked(ctx, mergeMembers(m.recorded, current))
+}
+
+// mergeMembers is record's new record (see record).
+func mergeMembers(recorded memberRecord, current pgsource.Membership) memberRecord {
+	next := memberRecord{publication: current.Publication, rows: maps.Clone(current.Rows)}
+	if recorded.publication == current.Publication {
+		for oid, row := range recorded.rows {
+			if _, ok := next.rows[oid]; !ok {
+				next.rows[oid] = row
+			}
+		}
 	}
-	m.rows = current
-	return nil
+	return next
 }
 
 // recordOne records oid's row in current (a table that joined while
 // running, once listed), keeping the others as recorded: another table's
 // new row may belong to a rejoin not handled yet.
-func (m *members) recordOne(ctx context.Context, oid uint32, current map[uint32]uint32) error {
+func (m *members) recordOne(ctx context.Context, oid uint32, current pgsource.Membership) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	row, ok := current[oid]
-	if !ok || m.rows[oid] == row {
+	row, ok := current.Rows[oid]
+	if !ok || m.recorded.publication == current.Publication && m.recorded.rows[oid] == row {
 		return nil
 	}
-	rows := make(map[uint32]uint32, len(m.rows)+1)
-	for k, v := range m.rows {
-		rows[k] = v
+	next := memberRecord{publication: current.Publication, rows: map[uint32]uint32{}}
+	if m.recorded.publication == current.Publication {
+		next.rows = maps.Clone(m.recorded.rows)
 	}
-	rows[oid] = row
-	if err := m.p.sink.SetState(ctx, m.key, formatMembers(rows)); err != nil {
+	next.rows[oid] = row
+	return m.saveLocked(ctx, next)
+}
+
+func (m *members) saveLocked(ctx context.Context, next memberRecord) error {
+	if err := m.p.sink.SetState(ctx, m.key, formatMembers(next)); err != nil {
 		return err
 	}
-	m.rows = rows
+	m.recorded = next
 	return nil
 }
 
-// parseMembers reads the recorded rows ("table:row", comma-separated),
-// skipping what is not a pair of OIDs: the state is the target's, and
-// hostile until read.
-func parseMembers(v string) map[uint32]uint32 {
-	out := map[uint32]uint32{}
+// parseMembers reads a record ("publication=oid" and "table:row" entries,
+// comma-separated), skipping what is not an entry of OIDs: the state is
+// the target's, and hostile until read.
+func parseMembers(v string) memberRecord {
+	out := memberRecord{rows: map[uint32]uint32{}}
+	oid := func(s string) uint32 {
+		n, err := strconv.ParseUint(s, 10, 32)
+		if err != nil {
+			return 0
+		}
+		return uint32(n)
+	}
 	for _, f := range strings.Split(v, ",") {
+		if p, ok := strings.CutPrefix(f, "publication="); ok {
+			out.publication = oid(p)
+			continue
+		}
 		table, row, ok := strings.Cut(f, ":")
 		if !ok {
 			continue
 		}
-		t, err1 := strconv.ParseUint(table, 10, 32)
-		r, err2 := strconv.ParseUint(row, 10, 32)
-		if err1 == nil && err2 == nil && t != 0 && r != 0 {
-			out[uint32(t)] = uint32(r)
+		if t, r := oid(table), oid(row); t != 0 && r != 0 {
+			out.rows[t] = r
 		}
 	}
 	return out
 }
 
-// formatMembers writes rows as parseMembers reads them, in table order.
-func formatMembers(rows map[uint32]uint32) string {
-	tables := make([]uint32, 0, len(rows))
-	for t := range rows {
-		tables = append(tables, t)
-	}
-	slices.Sort(tables)
+// formatMembers writes a record as parseMembers reads it, tables in order.
+func formatMembers(m memberRecord) string {
 	var b strings.Builder
-	for i, t := range tables {
-		if i > 0 {
-			b.WriteByte(',')
-		}
+	b.WriteString("publication=")
+	b.WriteString(strconv.FormatUint(uint64(m.publication), 10))
+	for _, t := range slices.Sorted(maps.Keys(m.rows)) {
+		b.WriteByte(',')
 		b.WriteString(strconv.FormatUint(uint64(t), 10))
 		b.WriteByte(':')
-		b.WriteString(strconv.FormatUint(uint64(rows[t]), 10))
+		b.WriteString(strconv.FormatUint(uint64(m.rows[t]), 10))
 	}
 	return b.String()
 }

@@ -275,6 +275,11 @@ func (p *parts) queueCopies(ctx context.Context, cfg Config, ckpts map[common.Di
 			oids = append(oids, rel.OID)
 		}
 	}
+	if recorded.publication != 0 && recorded.publication != current.Publication {
+		p.log.Warn("the publication was created again since the last start (or the source upgraded): "+
+			"a table removed from it and added again while serve was down cannot be told apart this time",
+			zap.String("publication", cfg.Publication))
+	}
 	rejoined := rejoinedWhileDown(recorded, current, written)
 	if err := p.copier.list(ctx, false, oids...); err != nil {
 		return err
@@ -462,7 +467,7 @@ func (p *parts) addNewTables(ctx context.Context) {
 			if t.rejoin && p.known[t.rel.OID] {
 				// Its changes while it was out of the publication are lost:
 				// copied anew, emptied first.
-				if err := p.copier.list(ctx, true, t.rel.OID); err != nil {
+				if err := p.rejoinTable(ctx, t.rel); err != nil {
 					if ctx.Err() != nil {
 						return
 					}
@@ -470,7 +475,6 @@ func (p *parts) addNewTables(ctx context.Context) {
 					retry = append(retry, t)
 					continue
 				}
-				p.copier.add(t.rel, true)
 				continue
 			}
 			if p.known[t.rel.OID] {
@@ -487,6 +491,29 @@ func (p *parts) addNewTables(ctx context.Context) {
 	}
 }
 
+// rejoinTable lists a bound table that joined the publication again for a
+// fresh copy, records its new membership row (after the listing: see
+// members) and queues the copy.
+func (p *parts) rejoinTable(ctx context.Context, rel pgcodec.Relation) error {
+	if err := p.copier.list(ctx, true, rel.OID); err != nil {
+		return err
+	}
+	if err := p.recordMembership(ctx, rel.OID); err != nil {
+		return err
+	}
+	p.copier.add(rel, true)
+	return nil
+}
+
+// recordMembership records oid's current membership row.
+func (p *parts) recordMembership(ctx context.Context, oid uint32) error {
+	current, err := p.source.Memberships(ctx)
+	if err != nil {
+		return err
+	}
+	return p.members.recordOne(ctx, oid, current)
+}
+
 // addNewTable lists, binds, registers and queues the copy of a table that
 // joined.
 func (p *parts) addNewTable(ctx context.Context, t newTable) error {
@@ -499,11 +526,7 @@ func (p *parts) addNewTable(ctx context.Context, t newTable) error {
 	if err := p.copier.list(ctx, fresh, t.rel.OID); err != nil {
 		return err
 	}
-	current, err := p.source.Memberships(ctx)
-	if err != nil {
-		return err
-	}
-	if err := p.members.recordOne(ctx, t.rel.OID, current); err != nil { // listed first: see members
+	if err := p.recordMembership(ctx, t.rel.OID); err != nil { // listed first: see members
 		return err
 	}
 	if err := p.add(ctx, t.rel, t.firstTs-1); err != nil {
