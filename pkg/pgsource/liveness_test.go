@@ -24,6 +24,7 @@ import (
 func TestASilentLinkIsNoticedAndTheStreamResumes(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
+	setWalSenderTimeout(t, e, "1s") // the receive timeout is at least twice it
 	proxy := pgtest.StartProxy(t, e.pg.Addr, 0)
 	src := e.source(func(o *Options) {
 		o.DSN = strings.Replace(e.pg.DSN, e.pg.Addr, proxy.Addr, 1)
@@ -70,10 +71,11 @@ func TestASilentLinkIsNoticedAndTheStreamResumes(t *testing.T) {
 func TestAnIdleServerAskedForAReplyKeepsTheSession(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
+	setWalSenderTimeout(t, e, "1s")
 	replies := make(chan struct{}, 16)
 	src := e.source(func(o *Options) {
 		o.HeartbeatInterval = time.Hour // an idle database, and nothing to wake it
-		o.ReceiveTimeout = 400 * time.Millisecond
+		o.ReceiveTimeout = 400 * time.Millisecond // 2s: twice wal_sender_timeout
 		o.replyHeard = func() {
 			select {
 			case replies <- struct{}{}:
@@ -83,7 +85,7 @@ func TestAnIdleServerAskedForAReplyKeepsTheSession(t *testing.T) {
 	})
 	openAndSubscribe(t, e, src, "t1")
 	deadline := time.After(time.Minute)
-	for range 5 {
+	for range 3 {
 		select {
 		case <-replies:
 		case <-deadline:
@@ -92,6 +94,51 @@ func TestAnIdleServerAskedForAReplyKeepsTheSession(t *testing.T) {
 	}
 	require.Zero(t, testutilValue(src.met.silences), "every silence was answered")
 	require.Zero(t, testutilValue(src.met.reconnects))
+}
+
+// setWalSenderTimeout sets the server's wal_sender_timeout and waits until
+// a new connection reads it.
+func setWalSenderTimeout(t *testing.T, e *srcEnv, v string) {
+	t.Helper()
+	e.exec("ALTER SYSTEM SET wal_sender_timeout = '" + v + "'")
+	e.exec("SELECT pg_reload_conf()")
+	deadline := time.Now().Add(time.Minute)
+	for {
+		conn, err := connect(context.Background(), e.pg.DSN)
+		require.NoError(t, err)
+		var got string
+		err = conn.QueryRow(context.Background(), "SHOW wal_sender_timeout").Scan(&got)
+		conn.Close(context.Background())
+		require.NoError(t, err)
+		if got == v {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "wal_sender_timeout is still %s", got)
+		time.Sleep(10 * time.Millisecond) // polling the server with a deadline, not ordering
+	}
+}
+
+// A session's receive timeout is at least twice the server's
+// wal_sender_timeout, and doubles for each session in a row that ended
+// silent, up to 16 times.
+func TestTheReceiveTimeoutFollowsTheServerAndBacksOff(t *testing.T) {
+	e := newSrcEnv(t)
+	setWalSenderTimeout(t, e, "3s")
+	src := e.source(func(o *Options) { o.ReceiveTimeout = 2 * time.Second })
+	ctx := context.Background()
+	conn, err := connect(ctx, e.pg.DSN)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	for streak, want := range []time.Duration{6, 12, 24, 48, 96, 96} {
+		src.silentStreak = streak
+		got, err := src.receiveTimeout(ctx, conn)
+		require.NoError(t, err)
+		require.Equal(t, want*time.Second, got, "after %d silent sessions", streak)
+	}
+	src.opts.ReceiveTimeout = -1
+	got, err := src.receiveTimeout(ctx, conn)
+	require.NoError(t, err)
+	require.Zero(t, got, "off")
 }
 
 // TestReceiveTimeoutOption: the default is PostgreSQL's

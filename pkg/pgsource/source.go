@@ -35,6 +35,10 @@ type Source struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	kick   chan struct{} // capacity 1: a replay or a quiesce was asked for
+	// silentStreak counts the sessions in a row that ended silent
+	// (ErrSourceSilent): each doubles the next one's receive timeout.
+	// The stream's goroutine's.
+	silentStreak int
 
 	// copyNonce tells this process's copy watermarks from another's;
 	// copySeq numbers its chunks.

@@ -130,11 +130,13 @@ type session struct {
 	s       *Source
 	conn    *pgconn.PgConn
 	catalog *pgx.Conn // for type names of new relation versions
-	known   map[uint32]pgcodec.Relation
-	rels    map[uint32]*msgRelation // this connection's relation messages
-	last    common.Ts               // the chain: the last commit's ts
-	journal []Position              // commits since the saved position, thinned
-	cur     *txn
+	// receiveTimeout is this session's (Source.receiveTimeout; 0: off).
+	receiveTimeout time.Duration
+	known          map[uint32]pgcodec.Relation
+	rels           map[uint32]*msgRelation // this connection's relation messages
+	last           common.Ts               // the chain: the last commit's ts
+	journal        []Position              // commits since the saved position, thinned
+	cur            *txn
 	// announced: new tables already reported to OnNewTable.
 	announced map[uint32]bool
 	// subs is the subscriptions by table as of the transaction's BEGIN
@@ -194,12 +196,40 @@ func (s *Source) session(from Position, known map[uint32]pgcodec.Relation) error
 	if from, err = s.reseed(ctx, catalog, from); err != nil {
 		return err
 	}
+	timeout, err := s.receiveTimeout(ctx, catalog)
+	if err != nil {
+		return err
+	}
 	ss := &session{s: s, conn: conn, catalog: catalog, known: known, rels: map[uint32]*msgRelation{}, last: from.Ts,
-		journal: []Position{from}, announced: map[uint32]bool{}}
+		journal: []Position{from}, announced: map[uint32]bool{}, receiveTimeout: timeout}
 	s.streaming.Store(true)
 	defer s.streaming.Store(false)
 	defer ss.endPushes()
 	return ss.loop(ctx)
+}
+
+// lastChanceRead is how long a stream whose reply did not come by its
+// deadline still reads before it calls the link silent.
+const lastChanceRead = 50 * time.Millisecond
+
+// receiveTimeout is a session's receive timeout: ReceiveTimeout, but at
+// least twice the server's wal_sender_timeout (a walsender decoding a
+// large transaction whose changes the publication filters out reads our
+// requests for a reply only every wal_sender_timeout/2, and not at all
+// before the fix of 15.2), doubled for each session in a row that ended
+// silent (up to 16 times): a session that times out again and again
+// would replay the same stretch of WAL for ever. 0: off.
+func (s *Source) receiveTimeout(ctx context.Context, catalog *pgx.Conn) (time.Duration, error) {
+	t := s.opts.ReceiveTimeout
+	if t <= 0 {
+		return 0, nil
+	}
+	var ms int64
+	if err := catalog.QueryRow(ctx, "SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout'").Scan(&ms); err != nil {
+		return 0, fmt.Errorf("%w: wal_sender_timeout: %w", ErrConnect, err)
+	}
+	t = max(t, 2*time.Duration(ms)*time.Millisecond)
+	return t << min(s.silentStreak, 4), nil
 }
 
 // reseed returns the position the session's commit-ts chain continues
@@ -284,11 +314,18 @@ func (ss *session) loop(ctx context.Context) error {
 		s.mu.Unlock()
 	}()
 	var armed time.Time
-	// heard: when the loop last heard from the server (the time it
-	// started the read that got a message); asked: when it asked for a
-	// reply since (zero: it has not). See Options.ReceiveTimeout.
-	heard, asked := s.now(), time.Time{}
-	half := s.opts.ReceiveTimeout / 2
+	// Liveness (Options.ReceiveTimeout), in real time since the session
+	// began (a stopwatch: the source's clock may be a test's, the socket's
+	// deadlines are real): heard is when the loop last heard from the
+	// server (the top of the iteration after a message arrived: late, never
+	// early), asked when it asked for a reply since, chance when it began
+	// the one short read it allows past the deadline before it calls the
+	// link silent (a reply already in the socket is not missed because a
+	// read found its deadline passed before reading); -1: not.
+	live := clock.StartStopwatch()
+	heard, asked, chance := time.Duration(0), time.Duration(-1), time.Duration(-1)
+	gotMessage := false
+	half := ss.receiveTimeout / 2
 	for {
 		select {
 		case <-s.kick:
@@ -321,20 +358,34 @@ func (ss *session) loop(ctx context.Context) error {
 		}
 		wake := minTime(nextResolved, nextStatus)
 		if half > 0 {
-			if asked.IsZero() && !now.Before(heard.Add(half)) {
+			el := live.Elapsed()
+			if gotMessage {
+				if el > ss.receiveTimeout {
+					s.silentStreak = 0 // this session lived past a timeout and heard on
+				}
+				heard, asked, chance, gotMessage = el, -1, -1, false
+			}
+			if asked < 0 && el >= heard+half {
 				if err := ss.askReply(ctx); err != nil {
 					return err
 				}
-				asked = now
+				asked = el
 			}
-			if asked.IsZero() {
-				wake = minTime(wake, heard.Add(half))
-			} else if !now.Before(asked.Add(half)) {
-				s.met.silences.Inc()
-				return fmt.Errorf("%w: nothing for %v, %v since a reply was asked for", ErrSourceSilent, now.Sub(heard), now.Sub(asked))
-			} else {
-				wake = minTime(wake, asked.Add(half))
+			due := heard + half
+			if asked >= 0 {
+				if due = asked + half; el >= due {
+					if chance < 0 {
+						chance = el
+					}
+					if due = chance + lastChanceRead; el >= due {
+						s.met.silences.Inc()
+						s.silentStreak++
+						return fmt.Errorf("%w: nothing for %v, %v since a reply was asked for (timeout %v)",
+							ErrSourceSilent, el-heard, el-asked, ss.receiveTimeout)
+					}
+				}
 			}
+			wake = minTime(wake, now.Add(due-el))
 		}
 		if !wake.Equal(armed) {
 			// The ticks are on the source's clock; the socket counts
@@ -357,10 +408,10 @@ func (ss *session) loop(ctx context.Context) error {
 			}
 			return err
 		}
-		if h := s.opts.replyHeard; h != nil && !asked.IsZero() {
+		if h := s.opts.replyHeard; h != nil && asked >= 0 {
 			h()
 		}
-		heard, asked = now, time.Time{}
+		gotMessage = true
 		switch m := raw.(type) {
 		case *pgproto3.ErrorResponse:
 			return fmt.Errorf("replication: %s (SQLSTATE %s)", m.Message, m.Code)
