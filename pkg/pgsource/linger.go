@@ -1,6 +1,7 @@
 package pgsource
 
 import (
+	"fmt"
 	"net"
 	"time"
 
@@ -39,7 +40,7 @@ import (
 // about a buffer per linger).
 //
 // While a linger lasts the socket is hushed (hush, Linux: SO_RCVLOWAT
-// raised as far as the kernel allows): the kernel wakes no reader until
+// raised to hushMark): the kernel wakes no reader until
 // the linger ends. Without it, every message that arrives during a linger
 // woke the netpoller for nothing (the stream's goroutine sleeps, it does
 // not wait on the socket), which went back to sleep until the next one:
@@ -111,31 +112,36 @@ func (c *lingerConn) Read(p []byte) (int, error) {
 		}
 		c.cycle, c.cycling, c.cycleBytes = now, true, 0
 	}
-	c.setHush(false)
+	if err := c.setHush(false); err != nil {
+		return 0, err // a read with the mark raised could wait with data queued
+	}
 	n, err := c.Conn.Read(p)
 	c.cycleBytes += n
 	if c.streaming && n > 0 && n < len(p) {
 		c.short, c.waiting = c.now(), true
-		c.setHush(true)
+		_ = c.setHush(true) // refused: lingers unhushed
 	}
 	return n, err
 }
 
 // setHush raises or lowers the socket's low-water mark, if it has one and
-// it is not already so. A socket that refuses is not hushed again: the
-// linger works without it, at the cost of the wake-ups it saves.
-func (c *lingerConn) setHush(on bool) {
+// it is not already so. A socket that refuses to raise it is not hushed
+// again: the linger works without it, at the cost of the wake-ups it
+// saves. One that refuses to lower it fails the read (the connection is
+// broken: setsockopt on a live TCP socket does not fail).
+func (c *lingerConn) setHush(on bool) error {
 	if c.hush == nil || c.hushed == on {
-		return
+		return nil
 	}
 	if err := c.hush(on); err != nil {
 		if c.hushed {
-			return // kept raised: the next read tries to lower it again
+			return fmt.Errorf("pgsource: lower the replication socket's SO_RCVLOWAT: %w", err)
 		}
 		c.hush = nil
-		return
+		return nil
 	}
 	c.hushed = on
+	return nil
 }
 
 // wait is how long the linger beginning now lasts from its short read:

@@ -74,7 +74,7 @@ func TestAnIdleServerAskedForAReplyKeepsTheSession(t *testing.T) {
 	setWalSenderTimeout(t, e, "1s")
 	replies := make(chan struct{}, 16)
 	src := e.source(func(o *Options) {
-		o.HeartbeatInterval = time.Hour // an idle database, and nothing to wake it
+		o.HeartbeatInterval = time.Hour           // an idle database, and nothing to wake it
 		o.ReceiveTimeout = 400 * time.Millisecond // 2s: twice wal_sender_timeout
 		o.replyHeard = func() {
 			select {
