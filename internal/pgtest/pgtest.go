@@ -56,6 +56,9 @@ type Options struct {
 	Fsync bool
 	// Settings are more "name=value" server settings.
 	Settings []string
+	// TLS turns ssl on with a self-signed certificate for 127.0.0.1 (the
+	// DSN keeps sslmode=disable; sslmode=require in it negotiates TLS).
+	TLS bool
 }
 
 // Start initialises a cluster in a fresh directory and starts it; the
@@ -117,6 +120,13 @@ func Launch(opts Options) (*Server, error) {
 	}
 	if opts.Logical {
 		settings = append(settings, "wal_level=logical", "max_replication_slots=20", "max_wal_senders=20")
+	}
+	if opts.TLS {
+		cert, key, err := selfSigned(s.dir, uid, gid)
+		if err != nil {
+			return fail(err)
+		}
+		settings = append(settings, "ssl=on", "ssl_cert_file="+cert, "ssl_key_file="+key)
 	}
 	settings = append(settings, opts.Settings...)
 	s.opts = fmt.Sprintf("-p %d", port)

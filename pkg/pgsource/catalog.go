@@ -47,6 +47,7 @@ func connectReplication(ctx context.Context, dsn string, linger time.Duration) (
 	}
 	cfg.RuntimeParams["replication"] = "database"
 	pgdial.Apply(cfg)
+	var last *lingerConn // the socket of the dial that connected (pgconn dials again for a fallback)
 	if linger > 0 {
 		dial := cfg.DialFunc
 		cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -54,12 +55,18 @@ func connectReplication(ctx context.Context, dsn string, linger time.Duration) (
 			if err != nil {
 				return nil, err
 			}
-			return newLingerConn(c, linger), nil
+			last = newLingerConn(c, linger)
+			return last, nil
 		}
 	}
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: replication connection: %w", ErrConnect, err)
+	}
+	if last != nil {
+		// Kept with the connection, not found again from conn.Conn(),
+		// which is the TLS layer above it when TLS was negotiated.
+		conn.CustomData()[lingerKey] = last
 	}
 	return conn, nil
 }

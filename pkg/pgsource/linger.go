@@ -86,9 +86,17 @@ func newLingerConn(c net.Conn, linger time.Duration) *lingerConn {
 	return &lingerConn{Conn: c, linger: linger, now: made.Elapsed, sleep: clock.RealSleep, hush: hushOf(c)}
 }
 
-// lingerOf returns conn's lingerConn, or nil (ReadLinger off).
+// lingerKey keeps a replication connection's lingerConn in its
+// CustomData.
+const lingerKey = "cdcflow.linger"
+
+// lingerOf returns conn's lingerConn, or nil (ReadLinger off). It is kept
+// with the connection (connectReplication): conn.Conn() is the TLS layer
+// above it when TLS was negotiated, as pgx's default sslmode (prefer)
+// does with a server that has ssl on, and found by a type assertion there
+// the linger was silently off.
 func lingerOf(conn *pgconn.PgConn) *lingerConn {
-	c, _ := conn.Conn().(*lingerConn)
+	c, _ := conn.CustomData()[lingerKey].(*lingerConn)
 	return c
 }
 

@@ -2,8 +2,10 @@ package pgsource
 
 import (
 	"context"
+	"crypto/tls"
 	"net"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/internal/pgdial"
+	"github.com/cdcflow/eventservice/internal/pgtest"
 )
 
 // tcpPair returns both ends of a loopback TCP connection.
@@ -203,4 +206,24 @@ func TestTheSourcesConnectionsNoticeADeadHost(t *testing.T) {
 	require.NoError(t, err)
 	defer repl.Close(ctx)
 	require.Equal(t, pgdial.KeepAliveIdle, keepIdle(t, repl.Conn()))
+}
+
+// TestTheLingerRunsUnderTLS: with TLS negotiated (pgx's default sslmode,
+// prefer, does it with a server that has ssl on) the connection's Conn is
+// the TLS layer, not the lingering socket under it; the linger is kept
+// with the connection, so the stream still lingers and hushes. It was
+// found by a type assertion on Conn, and silently off under TLS.
+func TestTheLingerRunsUnderTLS(t *testing.T) {
+	pg := pgtest.StartWith(t, pgtest.Options{Logical: true, TLS: true})
+	ctx := context.Background()
+	dsn := strings.Replace(pg.DSN, "sslmode=disable", "sslmode=require", 1)
+	repl, err := connectReplication(ctx, dsn, 20*time.Millisecond)
+	require.NoError(t, err)
+	defer repl.Close(ctx)
+	_, isTLS := repl.Conn().(*tls.Conn)
+	require.True(t, isTLS, "TLS was negotiated")
+	l := lingerOf(repl)
+	require.NotNil(t, l, "the linger is found under TLS")
+	require.NotNil(t, l.hush, "the socket under TLS is TCP")
+	require.Equal(t, pgdial.KeepAliveIdle, keepIdle(t, l))
 }
