@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/pkg/pgcodec"
 )
 
 // TestMembershipsGivesEachPublishedTableItsRow: a table named by the
@@ -47,4 +49,37 @@ func TestMembershipsGivesEachPublishedTableItsRow(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEqual(t, before, m.Rows[e.oid("plain")], "added again: a new row")
 	require.NotZero(t, m.Rows[e.oid("plain")])
+}
+
+// TestARejoinBeforeTheFirstPollIsTold: Open records the membership rows it
+// finds, so a table removed from the publication and added again before
+// the poll's first round is told of (OnRejoin) by that round. Without the
+// record the first round took the new row for the first one seen.
+func TestARejoinBeforeTheFirstPollIsTold(t *testing.T) {
+	e := newSrcEnv(t)
+	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
+	e.exec("CREATE TABLE t2 (id int PRIMARY KEY)")
+	e.exec("CREATE PUBLICATION cdcflow FOR TABLE t1, t2")
+	rejoined := make(chan pgcodec.Relation, 1)
+	src := e.source(func(o *Options) {
+		o.PublicationPollInterval = -1 // the test polls
+		o.OnRejoin = func(rel pgcodec.Relation) { rejoined <- rel }
+	})
+	openAndSubscribe(t, e, src, "t1", "t2")
+	src.mu.Lock()
+	src.mu.snapshotDone = true // the poll runs once the snapshot is done (none here: nothing to copy)
+	src.mu.Unlock()
+	e.exec("ALTER PUBLICATION cdcflow DROP TABLE t2")
+	e.exec("ALTER PUBLICATION cdcflow ADD TABLE t2")
+	ctx := context.Background()
+	conn, err := connect(ctx, e.pg.DSN)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	require.NoError(t, src.pollPublication(ctx, conn))
+	select {
+	case rel := <-rejoined:
+		require.Equal(t, "t2", rel.Name)
+	default:
+		t.Fatal("the first round did not tell of t2's rejoin")
+	}
 }

@@ -105,6 +105,38 @@ WHERE pt.pubname = $1`, s.opts.Publication)
 	return nil
 }
 
+// seedMembership records the membership rows as Open finds them, so that
+// the poll's first round tells of a table removed and added again since
+// (found by review: the first round took every row for the first seen).
+func (s *Source) seedMembership(ctx context.Context, conn *pgx.Conn) error {
+	rows, err := conn.Query(ctx, `
+SELECT prrelid, oid FROM pg_publication_rel WHERE prpubid = (SELECT oid FROM pg_publication WHERE pubname = $1)`, s.opts.Publication)
+	if err != nil {
+		return fmt.Errorf("%w: membership: %w", ErrConnect, err)
+	}
+	seen := map[uint32]uint32{}
+	for rows.Next() {
+		var table, row uint32
+		if err := rows.Scan(&table, &row); err != nil {
+			rows.Close()
+			return err
+		}
+		seen[table] = row
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for table, row := range seen {
+		if _, ok := s.mu.membership[table]; !ok {
+			s.mu.membership[table] = row
+		}
+	}
+	return nil
+}
+
 // rejoin reports a table that left the publication and joined it again:
 // its changes while it was out are not in the stream. One subscribed is
 // told to OnRejoin (serve copies it anew, emptied first), one that is not

@@ -182,6 +182,9 @@ func (s *Source) Open(ctx context.Context) (Info, error) {
 	if s.tables, err = publishedTables(ctx, conn, s.opts.Publication); err != nil {
 		return Info{}, err
 	}
+	if err := s.seedMembership(ctx, conn); err != nil {
+		return Info{}, err
+	}
 	info := Info{}
 	for _, t := range s.tables {
 		if t.relationErr != nil {
