@@ -35,8 +35,9 @@ func connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
 }
 
 // connectReplication opens a logical replication connection.
-// Its socket is a lingerConn (linger > 0), which lingers only once the
-// session streams (lingerOf(conn).stream).
+// Its socket is a lingerConn, which lingers (linger > 0) only once the
+// session streams (lingerOf(conn).stream) and counts the bytes read (the
+// stream's liveness, whatever the linger).
 func connectReplication(ctx context.Context, dsn string, linger time.Duration) (*pgconn.PgConn, error) {
 	cfg, err := pgconn.ParseConfig(dsn)
 	if err != nil {
@@ -48,26 +49,22 @@ func connectReplication(ctx context.Context, dsn string, linger time.Duration) (
 	cfg.RuntimeParams["replication"] = "database"
 	pgdial.Apply(cfg)
 	var last *lingerConn // the socket of the dial that connected (pgconn dials again for a fallback)
-	if linger > 0 {
-		dial := cfg.DialFunc
-		cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := dial(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			last = newLingerConn(c, linger)
-			return last, nil
+	dial := cfg.DialFunc
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
 		}
+		last = newLingerConn(c, max(linger, 0))
+		return last, nil
 	}
 	conn, err := pgconn.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: replication connection: %w", ErrConnect, err)
 	}
-	if last != nil {
-		// Kept with the connection, not found again from conn.Conn(),
-		// which is the TLS layer above it when TLS was negotiated.
-		conn.CustomData()[lingerKey] = last
-	}
+	// Kept with the connection, not found again from conn.Conn(), which
+	// is the TLS layer above it when TLS was negotiated.
+	conn.CustomData()[lingerKey] = last
 	return conn, nil
 }
 

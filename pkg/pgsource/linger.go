@@ -3,6 +3,7 @@ package pgsource
 import (
 	"fmt"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -79,18 +80,29 @@ type lingerConn struct {
 	// whether it is raised.
 	hush   func(on bool) error
 	hushed bool
+	// got counts the bytes read: the stream's liveness hears the server
+	// by them, so a message that takes long to arrive (a large value over
+	// a slow link) is not taken for silence. Atomic: pgconn may read on a
+	// goroutine of its own while it writes.
+	got atomic.Int64
 }
 
 func newLingerConn(c net.Conn, linger time.Duration) *lingerConn {
 	made := clock.StartStopwatch()
-	return &lingerConn{Conn: c, linger: linger, now: made.Elapsed, sleep: clock.RealSleep, hush: hushOf(c)}
+	l := &lingerConn{Conn: c, linger: linger, now: made.Elapsed, sleep: clock.RealSleep}
+	if linger > 0 {
+		l.hush = hushOf(c)
+	}
+	return l
 }
 
 // lingerKey keeps a replication connection's lingerConn in its
 // CustomData.
 const lingerKey = "cdcflow.linger"
 
-// lingerOf returns conn's lingerConn, or nil (ReadLinger off). It is kept
+// lingerOf returns conn's lingerConn (one that never lingers when
+// ReadLinger is off), nil for a connection connectReplication did not
+// make. It is kept
 // with the connection (connectReplication): conn.Conn() is the TLS layer
 // above it when TLS was negotiated, as pgx's default sslmode (prefer)
 // does with a server that has ssl on, and found by a type assertion there
@@ -125,7 +137,8 @@ func (c *lingerConn) Read(p []byte) (int, error) {
 	}
 	n, err := c.Conn.Read(p)
 	c.cycleBytes += n
-	if c.streaming && n > 0 && n < len(p) {
+	c.got.Add(int64(n))
+	if c.streaming && c.linger > 0 && n > 0 && n < len(p) {
 		c.short, c.waiting = c.now(), true
 		_ = c.setHush(true) // refused: lingers unhushed
 	}

@@ -119,7 +119,7 @@ func TestLingerIsBoundedByTheStreamsRate(t *testing.T) {
 }
 
 // TestReadLingerOption: the default lingers, a negative value turns it off
-// (no lingerConn), and more than a second is refused.
+// (a lingerConn that never lingers), and more than a second is refused.
 func TestReadLingerOption(t *testing.T) {
 	require.Equal(t, DefaultReadLinger, Options{}.withDefaults().ReadLinger)
 	schema, err := schemastore.NewMemory(schemastore.MemoryOptions{InitialResolvedTs: 1})

@@ -156,3 +156,28 @@ func TestReceiveTimeoutOption(t *testing.T) {
 	opts.ReceiveTimeout = 100 * time.Millisecond
 	require.NoError(t, opts.validate())
 }
+
+// TestAMessageThatArrivesSlowlyIsNotSilence: one change of a 4 MB value
+// through a link that forwards 32 KiB per 40 ms takes several seconds to
+// arrive, longer than the receive timeout (2 s); the bytes that keep
+// coming are the server's word, so the session lives on and the row
+// arrives. Counting only whole messages, the session was ended as silent
+// and the next one read the same message again.
+func TestAMessageThatArrivesSlowlyIsNotSilence(t *testing.T) {
+	e := newSrcEnv(t)
+	e.exec("CREATE TABLE big (id int PRIMARY KEY, body text)")
+	e.exec("ALTER TABLE big ALTER COLUMN body SET STORAGE EXTERNAL") // not compressed: the message is the value's size
+	setWalSenderTimeout(t, e, "1s")
+	proxy := pgtest.StartProxy(t, e.pg.Addr, 0)
+	src := e.source(func(o *Options) {
+		o.DSN = strings.Replace(e.pg.DSN, e.pg.Addr, proxy.Addr, 1)
+		o.ReceiveTimeout = 2 * time.Second
+	})
+	_, sinks := openAndSubscribe(t, e, src, "big")
+	sink := sinks["big"]
+	proxy.SetDelay(40 * time.Millisecond) // per chunk of at most 32 KiB: about 5 s for 4 MB
+	e.exec("INSERT INTO big SELECT 1, string_agg(md5(g::text), '') FROM generate_series(1, 131072) g")
+	sink.waitFor("the 4 MB row", func() bool { return len(sink.rows) >= 1 })
+	require.Len(t, text(sink.changes()[0], "body"), 4<<20)
+	require.Zero(t, testutilValue(src.met.silences), "a link that delivers, however slowly, is not silent")
+}

@@ -325,6 +325,12 @@ func (ss *session) loop(ctx context.Context) error {
 	live := clock.StartStopwatch()
 	heard, asked, chance := time.Duration(0), time.Duration(-1), time.Duration(-1)
 	gotMessage := false
+	// Bytes count too (lingerConn.got), not only whole messages: a message
+	// of hundreds of megabytes over a slow link takes longer than the
+	// timeout to arrive, and taken for silence it was read again by every
+	// new session, for ever.
+	socket := lingerOf(ss.conn)
+	var got int64
 	half := ss.receiveTimeout / 2
 	for {
 		select {
@@ -359,6 +365,11 @@ func (ss *session) loop(ctx context.Context) error {
 		wake := minTime(nextResolved, nextStatus)
 		if half > 0 {
 			el := live.Elapsed()
+			if socket != nil {
+				if n := socket.got.Load(); n != got {
+					got, gotMessage = n, true
+				}
+			}
 			if gotMessage {
 				if el > ss.receiveTimeout {
 					s.silentStreak = 0 // this session lived past a timeout and heard on
