@@ -202,12 +202,16 @@ func (ss *session) noteCopies(oid uint32, c pgcodec.Change, key [][]byte, change
 			st.refetch[windowKey(key)] = cloneKey(key)
 		}
 	}
+	var dead []*copyChunk
 	for _, w := range s.copyWindows[oid] {
 		s.mu.Lock()
 		_, live := s.mu.copies[w.id]
 		s.mu.Unlock()
 		if !live {
-			s.closeWindow(w) // given up
+			// Given up; closed after the loop: closeWindow deletes from
+			// the slice being ranged over, which moved the next window
+			// into this one's place and left a nil at its end.
+			dead = append(dead, w)
 			continue
 		}
 		switch c {
@@ -227,6 +231,9 @@ func (ss *session) noteCopies(oid uint32, c pgcodec.Change, key [][]byte, change
 			w.note(from, true, false)
 			w.note(key, false, true)
 		}
+	}
+	for _, w := range dead {
+		s.closeWindow(w)
 	}
 }
 
