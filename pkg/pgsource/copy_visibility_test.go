@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/pgtest"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 )
 
@@ -152,23 +153,7 @@ func (e *srcEnv) commitThatWaits(j joinedTable, waiting chan<- error) {
 // postmaster has, and every connection opened after has it too (one
 // opened right after pg_reload_conf may not).
 func (e *srcEnv) setSyncStandby(name string) {
-	e.t.Helper()
-	if name == "" {
-		e.exec("ALTER SYSTEM RESET synchronous_standby_names")
-	} else {
-		e.exec("ALTER SYSTEM SET synchronous_standby_names = '" + name + "'")
-	}
-	e.exec("SELECT pg_reload_conf()")
-	deadline := time.Now().Add(time.Minute)
-	for {
-		var v string
-		require.NoError(e.t, e.conn.QueryRow(context.Background(), "SHOW synchronous_standby_names").Scan(&v))
-		if v == name {
-			return
-		}
-		require.True(e.t, time.Now().Before(deadline), "the server never read synchronous_standby_names")
-		time.Sleep(10 * time.Millisecond) // polling the server with a deadline, not ordering
-	}
+	pgtest.Set(e.t, e.conn, "synchronous_standby_names", name)
 }
 
 // waitForAStandby makes commits wait for a synchronous standby that is

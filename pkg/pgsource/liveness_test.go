@@ -97,25 +97,9 @@ func TestAnIdleServerAskedForAReplyKeepsTheSession(t *testing.T) {
 }
 
 // setWalSenderTimeout sets the server's wal_sender_timeout and waits until
-// a new connection reads it.
+// the server has read it.
 func setWalSenderTimeout(t *testing.T, e *srcEnv, v string) {
-	t.Helper()
-	e.exec("ALTER SYSTEM SET wal_sender_timeout = '" + v + "'")
-	e.exec("SELECT pg_reload_conf()")
-	deadline := time.Now().Add(time.Minute)
-	for {
-		conn, err := connect(context.Background(), e.pg.DSN)
-		require.NoError(t, err)
-		var got string
-		err = conn.QueryRow(context.Background(), "SHOW wal_sender_timeout").Scan(&got)
-		conn.Close(context.Background())
-		require.NoError(t, err)
-		if got == v {
-			return
-		}
-		require.True(t, time.Now().Before(deadline), "wal_sender_timeout is still %s", got)
-		time.Sleep(10 * time.Millisecond) // polling the server with a deadline, not ordering
-	}
+	pgtest.Set(t, e.conn, "wal_sender_timeout", v)
 }
 
 // A session's receive timeout is at least twice the server's

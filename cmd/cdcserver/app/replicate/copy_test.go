@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/internal/pgtest"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 	"github.com/cdcflow/eventservice/pkg/pgsource"
 	"github.com/cdcflow/eventservice/pkg/schemastore"
@@ -288,25 +289,9 @@ func TestServeListsEveryTableThatJoinedBeforeBindingIt(t *testing.T) {
 }
 
 // setSyncStandby sets the source's synchronous_standby_names and waits
-// until the server has read it (see pgsource's test of the same name).
+// until the server has read it.
 func (p *pair) setSyncStandby(t *testing.T, name string) {
-	t.Helper()
-	if name == "" {
-		p.exec("ALTER SYSTEM RESET synchronous_standby_names")
-	} else {
-		p.exec("ALTER SYSTEM SET synchronous_standby_names = '" + name + "'")
-	}
-	p.exec("SELECT pg_reload_conf()")
-	deadline := time.Now().Add(time.Minute)
-	for {
-		var v string
-		require.NoError(t, p.conn.QueryRow(context.Background(), "SHOW synchronous_standby_names").Scan(&v))
-		if v == name {
-			return
-		}
-		require.True(t, time.Now().Before(deadline), "the server never read synchronous_standby_names")
-		time.Sleep(10 * time.Millisecond) // polling the server with a deadline, not ordering
-	}
+	pgtest.Set(t, p.conn, "synchronous_standby_names", name)
 }
 
 func TestParseCopiesReadsWhatSaveWritesAndSkipsTheRest(t *testing.T) {
