@@ -46,7 +46,7 @@ func (d *durables) record(id common.DispatcherID, _ uint64, ts common.Ts) {
 	}
 }
 
-func (d *durables) wait(t *testing.T, id common.DispatcherID, ts common.Ts) {
+func (d *durables) wait(t testing.TB, id common.DispatcherID, ts common.Ts) {
 	t.Helper()
 	deadline := time.After(60 * time.Second)
 	for {

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cdcflow/eventservice/internal/pgtest"
+	"github.com/cdcflow/eventservice/internal/proccpu"
 )
 
 // feed is a changefeed from the source to the target.
@@ -227,11 +228,11 @@ func (f *cdcflowFeed) close() error { return f.pause(context.Background()) }
 func (f *cdcflowFeed) cpuTime() (time.Duration, error) {
 	total := f.cpu
 	if f.cmd != nil {
-		st, err := readProcStat(f.cmd.Process.Pid)
+		st, err := proccpu.Read(f.cmd.Process.Pid)
 		if err != nil {
 			return 0, err
 		}
-		total += st.self + st.reaped
+		total += st.Self + st.Reaped
 	}
 	return total, nil
 }

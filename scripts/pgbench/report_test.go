@@ -1,7 +1,6 @@
 package main
 
 import (
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -86,14 +85,4 @@ func TestPerRow(t *testing.T) {
 	to := cpuParts{3 * time.Second, 3 * time.Second, 0}
 	require.Equal(t, [4]float64{20, 10, -1, 30}, perRow(from, to, [3]bool{true, true, false}, 100000))
 	require.Equal(t, [4]float64{-1, -1, -1, -1}, perRow(from, to, [3]bool{true, true, true}, 0))
-}
-
-// readProcStat reads this process's own times and parent.
-func TestReadProcStat(t *testing.T) {
-	st, err := readProcStat(os.Getpid())
-	require.NoError(t, err)
-	require.Equal(t, os.Getppid(), st.ppid)
-	total, err := treeCPU(os.Getpid())
-	require.NoError(t, err)
-	require.GreaterOrEqual(t, total, st.self)
 }
