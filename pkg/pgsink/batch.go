@@ -6,9 +6,6 @@ import (
 	"strings"
 	"unsafe"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
-
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 )
 
@@ -16,7 +13,7 @@ import (
 // effect per key, in the order keys first appeared.
 //
 // A batch lives within one lane commit (queueWork builds it, queue hands
-// its values to the pgx batch that commit sends), and the rows it is
+// its values to the pipeline that commit sends), and the rows it is
 // built from stay in their dispatcher's work until that commit returned.
 // So keys and values are strings over the rows' own bytes (unsafe.String),
 // not copies: nothing writes into a row's bytes once it was handed to the
@@ -105,32 +102,30 @@ func indexOf(ds []pgcodec.Datum, name string) int {
 }
 
 // upsertGroup is the upserts of one set of present columns: a statement
-// of its own, one text array per column.
+// of its own. vals are its rows' values one row after another (nil:
+// NULL), the parameters of VALUES as they are.
 type upsertGroup struct {
 	cols []string
-	args []pgtype.FlatArray[pgtype.Text]
+	vals [][]byte
 	n    int
 }
 
-// queue adds the statements that write the batch to t to q: one DELETE
+// queue adds the statements that write the batch to t to p: one DELETE
 // over the deleted keys, then one upsert per set of columns present (an
 // update that left a TOASTed column unchanged leaves it out).
-func (b *batch) queue(q *pgx.Batch, t *table) (rows int, err error) {
-	var delArgs []pgtype.FlatArray[pgtype.Text]
+func (b *batch) queue(p *pipeline, t *table) (rows int, err error) {
+	var delVals [][]byte // the deleted keys' columns, key after key
 	var groups []*upsertGroup
 	var present []int // e.cols indexes of the columns an upsert writes
 	for k := range b.effects {
 		e := &b.effects[k]
 		if e.del {
-			if delArgs == nil {
-				delArgs = make([]pgtype.FlatArray[pgtype.Text], len(t.key))
-			}
-			for i, kc := range t.key {
+			for _, kc := range t.key {
 				j := indexOf(e.cols, kc)
 				if j < 0 || e.cols[j].Kind != pgcodec.Text {
 					return 0, fmt.Errorf("%w: %w: %s: a delete without key column %q", ErrApply, errBadData, t.qname, kc)
 				}
-				delArgs[i] = append(delArgs[i], pgtype.Text{String: bytesString(e.cols[j].Text), Valid: true})
+				delVals = append(delVals, text(e.cols[j].Text))
 			}
 			continue
 		}
@@ -145,37 +140,37 @@ func (b *batch) queue(q *pgx.Batch, t *table) (rows int, err error) {
 		}
 		g := findGroup(groups, e.cols, present)
 		if g == nil {
-			g = &upsertGroup{cols: make([]string, len(present)), args: make([]pgtype.FlatArray[pgtype.Text], len(present))}
+			g = &upsertGroup{cols: make([]string, len(present))}
 			for i, j := range present {
 				g.cols[i] = e.cols[j].Name
 			}
 			groups = append(groups, g)
 		}
-		for i, j := range present {
+		for _, j := range present {
 			d := &e.cols[j]
 			if d.Kind == pgcodec.Null {
-				g.args[i] = append(g.args[i], pgtype.Text{})
+				g.vals = append(g.vals, nil)
 			} else {
-				g.args[i] = append(g.args[i], pgtype.Text{String: bytesString(d.Text), Valid: true})
+				g.vals = append(g.vals, text(d.Text))
 			}
 		}
 		g.n++
 	}
-	if delArgs != nil {
-		n := len(delArgs[0])
+	if delVals != nil {
+		n := len(delVals) / len(t.key)
 		if n <= valuesMaxRows {
-			q.Queue(t.statement(deleteSig+valuesSig(n), func() string { return t.deleteValuesSQL(n) }), valueArgs(delArgs, n)...)
+			p.add(t.statement(deleteSig+valuesSig(n), func() string { return t.deleteValuesSQL(n) }), delVals...)
 		} else {
-			q.Queue(t.statement(deleteSig, t.deleteSQL), anyArgs(delArgs)...)
+			p.add(t.statement(deleteSig, t.deleteSQL), p.arrays(delVals, len(t.key))...)
 		}
 		rows += n
 	}
 	for _, g := range groups {
 		sig := strings.Join(g.cols, "\x00")
 		if g.n <= valuesMaxRows {
-			q.Queue(t.statement(sig+valuesSig(g.n), func() string { return t.upsertValuesSQL(g.cols, g.n) }), valueArgs(g.args, g.n)...)
+			p.add(t.statement(sig+valuesSig(g.n), func() string { return t.upsertValuesSQL(g.cols, g.n) }), g.vals...)
 		} else {
-			q.Queue(t.statement(sig, func() string { return t.upsertSQL(g.cols) }), anyArgs(g.args)...)
+			p.add(t.statement(sig, func() string { return t.upsertSQL(g.cols) }), p.arrays(g.vals, len(g.cols))...)
 		}
 		rows += g.n
 	}
@@ -207,14 +202,13 @@ func valuesSig(n int) string {
 	return "\x00\x00\x02"
 }
 
-// valueArgs lists n rows of cols (one text array per column) row by row,
-// the parameters of a VALUES statement (valueRows).
-func valueArgs(cols []pgtype.FlatArray[pgtype.Text], n int) []any {
-	out := make([]any, 0, n*len(cols))
-	for r := range n {
-		for _, c := range cols {
-			out = append(out, c[r])
-		}
+// arrays encodes rows of ncols values (vals, row after row) as one text
+// array per column, the parameters of an unnesting statement.
+func (p *pipeline) arrays(vals [][]byte, ncols int) [][]byte {
+	n := len(vals) / ncols
+	out := make([][]byte, ncols)
+	for c := range ncols {
+		out[c] = p.textArray(n, func(i int) []byte { return vals[i*ncols+c] })
 	}
 	return out
 }
@@ -241,12 +235,4 @@ func findGroup(groups []*upsertGroup, cols []pgcodec.Datum, present []int) *upse
 		}
 	}
 	return nil
-}
-
-func anyArgs(cols []pgtype.FlatArray[pgtype.Text]) []any {
-	out := make([]any, len(cols))
-	for i, c := range cols {
-		out[i] = c
-	}
-	return out
 }

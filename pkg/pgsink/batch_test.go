@@ -5,53 +5,76 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 )
 
-// texts is a column's argument as a list of values ("<null>" for NULL).
-func texts(t *testing.T, arg any) []string {
+// parseTextArray reads a text[] literal as pipeline.textArray writes it
+// ("<null>" for NULL): elements quoted, quotes and backslashes escaped.
+func parseTextArray(t *testing.T, lit []byte) []string {
 	t.Helper()
-	a, ok := arg.(pgtype.FlatArray[pgtype.Text])
-	require.True(t, ok, "%T", arg)
-	out := make([]string, len(a))
-	for i, v := range a {
-		out[i] = "<null>"
-		if v.Valid {
-			out[i] = v.String
+	require.True(t, len(lit) >= 2 && lit[0] == '{' && lit[len(lit)-1] == '}', "%q", lit)
+	var out []string
+	body := lit[1 : len(lit)-1]
+	for i := 0; i < len(body); {
+		if strings.HasPrefix(string(body[i:]), "NULL") {
+			out = append(out, "<null>")
+			i += 4
+		} else {
+			require.Equal(t, byte('"'), body[i], "%q", lit)
+			var v []byte
+			for i++; body[i] != '"'; i++ {
+				if body[i] == '\\' {
+					i++
+				}
+				v = append(v, body[i])
+			}
+			out = append(out, string(v))
+			i++
+		}
+		if i < len(body) {
+			require.Equal(t, byte(','), body[i], "%q", lit)
+			i++
 		}
 	}
 	return out
 }
 
-// columns is a statement's arguments as one list of values per column
+// columns is a statement's parameters as one list of values per column
 // ("<null>" for NULL), whichever form it takes: a text array per column
 // (unnest) or the rows' values one after another (VALUES, ncols a row).
-func columns(t *testing.T, q *pgx.QueuedQuery, ncols int) [][]string {
+func columns(t *testing.T, q pstmt, ncols int) [][]string {
 	t.Helper()
 	out := make([][]string, ncols)
-	if strings.Contains(q.SQL, "unnest(") {
-		require.Len(t, q.Arguments, ncols)
-		for i, a := range q.Arguments {
-			out[i] = texts(t, a)
+	if strings.Contains(q.sql, "unnest(") {
+		require.Len(t, q.params, ncols)
+		for i, a := range q.params {
+			out[i] = parseTextArray(t, a)
 		}
 		return out
 	}
-	require.Contains(t, q.SQL, "::text::")
-	require.Zero(t, len(q.Arguments)%ncols)
-	for i, a := range q.Arguments {
-		v, ok := a.(pgtype.Text)
-		require.True(t, ok, "%T", a)
+	require.Contains(t, q.sql, "::text::")
+	require.Zero(t, len(q.params)%ncols)
+	for i, v := range q.params {
 		s := "<null>"
-		if v.Valid {
-			s = v.String
+		if v != nil {
+			s = string(v)
 		}
 		out[i%ncols] = append(out[i%ncols], s)
 	}
 	return out
+}
+
+// textArray quotes every value, so that braces, commas, quotes,
+// backslashes, spaces, an empty string and the word NULL come back as
+// themselves, and NULL as NULL.
+func TestTextArrayKeepsEveryValueItself(t *testing.T) {
+	vals := [][]byte{[]byte(`a"b\c`), []byte("{x,y}"), []byte(" NULL "), []byte("NULL"), {}, nil, []byte("é\n")}
+	var p pipeline
+	lit := p.textArray(len(vals), func(i int) []byte { return vals[i] })
+	require.Equal(t, []string{`a"b\c`, "{x,y}", " NULL ", "NULL", "", "<null>", "é\n"}, parseTextArray(t, lit))
+	require.Equal(t, "{\"a\\\"b\\\\c\",\"{x,y}\",\" NULL \",\"NULL\",\"\",NULL,\"é\n\"}", string(lit))
 }
 
 // A batch collapses a table's changes to the last effect per key, then
@@ -77,28 +100,28 @@ func TestABatchGroupsUpsertsByTheColumnsPresent(t *testing.T) {
 	b.add([]byte("5"), pgcodec.RowChange{Change: pgcodec.Insert, Columns: []pgcodec.Datum{
 		named("v", text("e")), named("id", text("5")), named("n", text("50"))}}) // another column order
 	b.add([]byte("6"), row(pgcodec.Insert, "6", "60", text("f")))
-	q := &pgx.Batch{}
+	q := &pipeline{}
 	n, err := b.queue(q, tb)
 	require.NoError(t, err)
 	require.Equal(t, 6, n)
-	require.Len(t, q.QueuedQueries, 4)
+	require.Len(t, q.stmts, 4)
 
-	del := q.QueuedQueries[0]
-	require.Equal(t, `DELETE FROM "public"."t" WHERE ("id") IN (($1::text::bigint))`, del.SQL)
+	del := q.stmts[0]
+	require.Equal(t, `DELETE FROM "public"."t" WHERE ("id") IN (($1::text::bigint))`, del.sql)
 	require.Equal(t, [][]string{{"4"}}, columns(t, del, 1))
 
-	all := q.QueuedQueries[1] // three rows: unnested
-	require.Contains(t, all.SQL, `INSERT INTO "public"."t" ("id", "n", "v") SELECT`)
-	require.Contains(t, all.SQL, "unnest(")
+	all := q.stmts[1] // three rows: unnested
+	require.Contains(t, all.sql, `INSERT INTO "public"."t" ("id", "n", "v") SELECT`)
+	require.Contains(t, all.sql, "unnest(")
 	require.Equal(t, [][]string{{"1", "2", "6"}, {"11", "20", "60"}, {"a", "<null>", "f"}}, columns(t, all, 3))
 
-	unchanged := q.QueuedQueries[2] // one row: VALUES
+	unchanged := q.stmts[2] // one row: VALUES
 	require.Equal(t, `INSERT INTO "public"."t" ("id", "n") VALUES ($1::text::bigint, $2::text::integer) ON CONFLICT ("id") DO UPDATE SET "n" = EXCLUDED."n"`,
-		unchanged.SQL)
+		unchanged.sql)
 	require.Equal(t, [][]string{{"3"}, {"30"}}, columns(t, unchanged, 2))
 
-	reordered := q.QueuedQueries[3]
-	require.Contains(t, reordered.SQL, `INSERT INTO "public"."t" ("v", "id", "n") VALUES`)
+	reordered := q.stmts[3]
+	require.Contains(t, reordered.sql, `INSERT INTO "public"."t" ("v", "id", "n") VALUES`)
 	require.Equal(t, [][]string{{"e"}, {"5"}, {"50"}}, columns(t, reordered, 3))
 }
 
@@ -106,24 +129,24 @@ func TestABatchGroupsUpsertsByTheColumnsPresent(t *testing.T) {
 func TestABatchDeletesCompositeKeysInEitherForm(t *testing.T) {
 	tb := &table{qname: `"public"."c"`, types: map[string]string{"a": "integer", "b": "text"}, order: []string{"a", "b"},
 		key: []string{"a", "b"}}
-	del := func(keys ...string) *pgx.QueuedQuery {
+	del := func(keys ...string) pstmt {
 		b := newBatch()
 		for _, k := range keys {
 			b.add([]byte(k), pgcodec.RowChange{Change: pgcodec.Delete, Columns: []pgcodec.Datum{
 				{Name: "a", Kind: pgcodec.Text, Text: []byte(k)}, {Name: "b", Kind: pgcodec.Text, Text: []byte("k" + k)}}})
 		}
-		q := &pgx.Batch{}
+		q := &pipeline{}
 		n, err := b.queue(q, tb)
 		require.NoError(t, err)
 		require.Equal(t, len(keys), n)
-		require.Len(t, q.QueuedQueries, 1)
-		return q.QueuedQueries[0]
+		require.Len(t, q.stmts, 1)
+		return q.stmts[0]
 	}
 	two := del("1", "2")
-	require.Equal(t, `DELETE FROM "public"."c" WHERE ("a", "b") IN (($1::text::integer, $2::text::text), ($3::text::integer, $4::text::text))`, two.SQL)
+	require.Equal(t, `DELETE FROM "public"."c" WHERE ("a", "b") IN (($1::text::integer, $2::text::text), ($3::text::integer, $4::text::text))`, two.sql)
 	require.Equal(t, [][]string{{"1", "2"}, {"k1", "k2"}}, columns(t, two, 2))
 	three := del("1", "2", "3")
-	require.Contains(t, three.SQL, "USING unnest(")
+	require.Contains(t, three.sql, "USING unnest(")
 	require.Equal(t, [][]string{{"1", "2", "3"}, {"k1", "k2", "k3"}}, columns(t, three, 2))
 }
 
@@ -137,7 +160,7 @@ func TestABatchRefusesADeleteWithoutItsKey(t *testing.T) {
 	} {
 		b := newBatch()
 		b.add([]byte("1"), pgcodec.RowChange{Change: pgcodec.Delete, Columns: cols})
-		_, err := b.queue(&pgx.Batch{}, tb)
+		_, err := b.queue(&pipeline{}, tb)
 		require.ErrorIs(t, err, errBadData, name)
 	}
 }
@@ -153,14 +176,14 @@ func TestStatementSignaturesNeverCollide(t *testing.T) {
 	seen := map[string]string{} // SQL -> the statement it was asked for
 	queue := func(what string, b *batch) {
 		t.Helper()
-		q := &pgx.Batch{}
+		q := &pipeline{}
 		_, err := b.queue(q, tb)
 		require.NoError(t, err)
-		for _, qq := range q.QueuedQueries {
-			if prev, ok := seen[qq.SQL]; ok && prev != what {
-				t.Fatalf("%s got the SQL of %s: %s", what, prev, qq.SQL)
+		for _, qq := range q.stmts {
+			if prev, ok := seen[qq.sql]; ok && prev != what {
+				t.Fatalf("%s got the SQL of %s: %s", what, prev, qq.sql)
 			}
-			seen[qq.SQL] = what
+			seen[qq.sql] = what
 		}
 	}
 	cols := func(names ...string) pgcodec.RowChange {

@@ -3,10 +3,9 @@ package pgsink
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
@@ -15,49 +14,53 @@ import (
 // A lane's transaction: the statements one commit sends (the fence, each
 // dispatcher's collapsed rows and DDL, the checkpoints), as one pipeline.
 
+// checkpointSQL upserts the checkpoints of a commit, given as arrays.
+const checkpointSQL = `
+INSERT INTO cdcflow.checkpoints (dispatcher, table_oid, target, ts)
+SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[])
+ON CONFLICT (dispatcher) DO UPDATE SET ts = GREATEST(cdcflow.checkpoints.ts, EXCLUDED.ts), table_oid = EXCLUDED.table_oid,
+  target = EXCLUDED.target, updated_at = now()`
+
 // commit applies ds's work and checkpoints in one transaction: every
-// statement is queued in one pgx batch, sent as one pipeline and run in
-// one implicit transaction (one round trip, all or nothing), however many
-// tables the lane holds.
+// statement goes in one pipeline, run in one implicit transaction (one
+// round trip, all or nothing), however many tables the lane holds.
 func (l *lane) commit(ds []*dstate) error {
 	ctx := l.s.ctx
-	b := &pgx.Batch{}
-	b.Queue(fenceSQL, l.s.opts.Owner, l.s.generation) // first: see fence.go
+	p := &l.pipe
+	p.stmts, p.buf = p.stmts[:0], p.buf[:0]
+	defer func() { clear(p.stmts) }() // the rows' bytes are not the lane's to keep
+	p.add(&l.fence, l.owner, p.int64Param(l.s.generation)) // first: see fence.go
 	mark := false
 	if !l.s.marked.Load() {
 		for _, d := range ds {
 			if mark = d.rows; mark {
-				b.Queue(markWroteSQL, l.s.opts.Owner) // once per owner, not per commit
+				p.add(&l.markWrote, l.owner) // once per owner, not per commit
 				break
 			}
 		}
 	}
 	var marks []durableMark
-	var ckIDs, ckTargets []string
-	var ckOIDs, ckTs []int64
+	var ckd []*dstate // marks' dispatchers
 	applied := 0
 	for _, d := range ds {
-		n, ckpt, err := l.queueWork(b, d)
+		n, ckpt, err := l.queueWork(p, d)
 		if err != nil {
 			return err
 		}
 		applied += n
 		if ckpt != 0 {
 			marks = append(marks, durableMark{id: d.id, epoch: d.epoch, ts: ckpt})
-			ckIDs = append(ckIDs, d.hexID)
-			ckOIDs = append(ckOIDs, int64(d.table.rel.OID))
-			ckTargets = append(ckTargets, d.table.qname)
-			ckTs = append(ckTs, int64(ckpt))
+			ckd = append(ckd, d)
 		}
 	}
 	if len(marks) > 0 {
-		b.Queue(`
-INSERT INTO cdcflow.checkpoints (dispatcher, table_oid, target, ts)
-SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[])
-ON CONFLICT (dispatcher) DO UPDATE SET ts = GREATEST(cdcflow.checkpoints.ts, EXCLUDED.ts), table_oid = EXCLUDED.table_oid,
-  target = EXCLUDED.target, updated_at = now()`, ckIDs, ckOIDs, ckTargets, ckTs)
+		p.add(&l.checkpoints,
+			p.textArray(len(marks), func(i int) []byte { return []byte(ckd[i].hexID) }),
+			p.textArray(len(marks), func(i int) []byte { return strconv.AppendInt(nil, int64(ckd[i].table.rel.OID), 10) }),
+			p.textArray(len(marks), func(i int) []byte { return []byte(ckd[i].table.qname) }),
+			p.textArray(len(marks), func(i int) []byte { return strconv.AppendInt(nil, int64(marks[i].ts), 10) }))
 	}
-	if err := l.send(ctx, b); err != nil {
+	if err := l.send(ctx, p); err != nil {
 		l.reloadTables(ds) // columns an ALTER of the batch added are gone again
 		return fmt.Errorf("%w: %w", ErrApply, err)
 	}
@@ -78,33 +81,16 @@ ON CONFLICT (dispatcher) DO UPDATE SET ts = GREATEST(cdcflow.checkpoints.ts, EXC
 	return nil
 }
 
-// send runs b in one transaction. A batch without DDL goes as one
-// pipeline (an implicit transaction); one with an ADD COLUMN runs its
-// statements one by one in an explicit transaction, because a pipeline
-// prepares every statement before running any, and the rows' upsert
-// names a column the ALTER before it has not added yet.
-func (l *lane) send(ctx context.Context, b *pgx.Batch) error {
-	ddl := false
-	for _, q := range b.QueuedQueries {
-		if strings.HasPrefix(q.SQL, "ALTER TABLE") {
-			ddl = true
-			break
-		}
+// send runs p in one transaction. A pipeline without DDL goes as one
+// (an implicit transaction); one with an ADD COLUMN runs its statements
+// one by one in an explicit transaction, because a pipeline prepares
+// every statement before running any, and the rows' upsert names a column
+// the ALTER before it has not added yet.
+func (l *lane) send(ctx context.Context, p *pipeline) error {
+	if p.hasDDL() {
+		return l.runInTransaction(ctx, p)
 	}
-	if !ddl {
-		return l.conn.SendBatch(ctx, b).Close()
-	}
-	tx, err := l.conn.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback(context.Background()) //nolint:errcheck // after Commit it is a no-op
-	for _, q := range b.QueuedQueries {
-		if _, err := tx.Exec(ctx, q.SQL, q.Arguments...); err != nil {
-			return err
-		}
-	}
-	return tx.Commit(ctx)
+	return l.exec(ctx, p)
 }
 
 // reloadTables reads ds's tables from the target again after a failed
@@ -133,7 +119,7 @@ func (l *lane) reloadTables(ds []*dstate) {
 // queueWork queues one dispatcher's work in order: rows collapse into a
 // batch, queued before a DDL and replaced by a truncate; it returns the
 // rows written and the last checkpoint of the work.
-func (l *lane) queueWork(q *pgx.Batch, d *dstate) (int, common.Ts, error) {
+func (l *lane) queueWork(q *pipeline, d *dstate) (int, common.Ts, error) {
 	t := d.table
 	b := newBatch()
 	n := 0
@@ -158,7 +144,7 @@ func (l *lane) queueWork(q *pgx.Batch, d *dstate) (int, common.Ts, error) {
 				}
 				if c.Change == pgcodec.Truncate {
 					b = newBatch() // what the transaction wrote before is gone too
-					q.Queue("TRUNCATE " + t.qname)
+					q.addPlain("TRUNCATE " + t.qname)
 					continue
 				}
 				if len(r.Key) < 4 {
@@ -194,7 +180,7 @@ func (l *lane) queueWork(q *pgx.Batch, d *dstate) (int, common.Ts, error) {
 				return 0, 0, err
 			}
 			for _, stmt := range adds {
-				q.Queue(stmt)
+				q.addPlain(stmt)
 			}
 			t.added(rel, has) // undone by reloadTables if the transaction fails
 			l.s.met.ddls.Inc()
@@ -217,7 +203,7 @@ func (l *lane) queueWork(q *pgx.Batch, d *dstate) (int, common.Ts, error) {
 // (then nothing holds the value). moved reports the second: the move is
 // a statement of its own (flush started a new batch). Either way the
 // caller then deletes the old key in the batch, after the move.
-func (l *lane) queueMove(q *pgx.Batch, t *table, b *batch, key []byte, c pgcodec.RowChange, flush func() error) (moved bool, err error) {
+func (l *lane) queueMove(q *pipeline, t *table, b *batch, key []byte, c pgcodec.RowChange, flush func() error) (moved bool, err error) {
 	if len(c.From) != len(t.key) {
 		return false, fmt.Errorf("%w: %w: %s: a move from %d key columns, the table has %d", ErrApply, errBadData, t.qname, len(c.From), len(t.key))
 	}
@@ -230,7 +216,7 @@ func (l *lane) queueMove(q *pgx.Batch, t *table, b *batch, key []byte, c pgcodec
 		return false, err
 	}
 	var present, unchanged []string
-	var args []any
+	var args [][]byte
 	for _, d := range c.Columns {
 		if _, ok := t.types[d.Name]; !ok {
 			return false, fmt.Errorf("%w: %s: column %q is not in the target (its DDL did not come first)", ErrSchemaChange, t.qname, d.Name)
@@ -239,9 +225,9 @@ func (l *lane) queueMove(q *pgx.Batch, t *table, b *batch, key []byte, c pgcodec
 		case pgcodec.Unchanged:
 			unchanged = append(unchanged, d.Name)
 		case pgcodec.Null:
-			present, args = append(present, d.Name), append(args, pgtype.Text{})
+			present, args = append(present, d.Name), append(args, nil)
 		default:
-			present, args = append(present, d.Name), append(args, pgtype.Text{String: bytesString(d.Text), Valid: true})
+			present, args = append(present, d.Name), append(args, text(d.Text))
 		}
 	}
 	for _, k := range t.key {
@@ -249,10 +235,10 @@ func (l *lane) queueMove(q *pgx.Batch, t *table, b *batch, key []byte, c pgcodec
 		if j < 0 || c.From[j].Kind != pgcodec.Text {
 			return false, fmt.Errorf("%w: %w: %s: a move without old key column %q", ErrApply, errBadData, t.qname, k)
 		}
-		args = append(args, pgtype.Text{String: bytesString(c.From[j].Text), Valid: true})
+		args = append(args, text(c.From[j].Text))
 	}
 	sig := "\x00move\x00" + strings.Join(present, "\x00") + "\x00\x00" + strings.Join(unchanged, "\x00")
-	q.Queue(t.statement(sig, func() string { return t.moveSQL(present, unchanged) }), args...)
+	q.add(t.statement(sig, func() string { return t.moveSQL(present, unchanged) }), args...)
 	return true, nil
 }
 

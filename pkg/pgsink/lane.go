@@ -88,10 +88,22 @@ type lane struct {
 	newest common.Ts
 	// arrived is when rows were last taken; the lane goroutine's.
 	arrived time.Time
+
+	// What the lane goroutine sends with (pipeline.go): the pipeline a
+	// commit builds (reused), the statements every commit may carry, the
+	// owner as a parameter, how many connections the lane has had (a
+	// statement is prepared on the one its conn names) and how many
+	// statements it has named.
+	pipe                          pipeline
+	fence, markWrote, checkpoints stmt
+	owner                         []byte
+	connections, named            uint64
 }
 
 func newLane(s *Sink, n int, conn *pgx.Conn) *lane {
-	l := &lane{s: s, n: n, conn: conn, tables: map[uint32]*table{}, states: map[common.DispatcherID]*dstate{}}
+	l := &lane{s: s, n: n, conn: conn, tables: map[uint32]*table{}, states: map[common.DispatcherID]*dstate{},
+		fence: stmt{sql: fenceSQL}, markWrote: stmt{sql: markWroteSQL}, checkpoints: stmt{sql: checkpointSQL},
+		owner: []byte(s.opts.Owner), connections: 1}
 	l.cond = sync.NewCond(&l.mu)
 	l.wake = make(chan struct{}, 1)
 	return l
@@ -425,9 +437,10 @@ func (l *lane) reconnect() {
 	delay := 50 * time.Millisecond
 	for l.s.ctx.Err() == nil {
 		_ = l.conn.Close(context.Background())
-		conn, err := l.s.connect(l.s.ctx, l.s.opts.LaneStatements)
+		conn, err := l.s.connect(l.s.ctx)
 		if err == nil {
 			l.conn = conn
+			l.connections++ // what was prepared on the old one is not on this one
 			l.down.Store(false)
 			return
 		}

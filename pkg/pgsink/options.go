@@ -74,12 +74,6 @@ type Options struct {
 	// QueueRows bounds the rows queued per lane; ApplyRows blocks beyond
 	// it (back-pressure). Default 20000.
 	QueueRows int
-	// LaneStatements is the size of each lane connection's prepared
-	// statement cache (pgx's LRU). Default 8192: a lane's tables need
-	// three to six each (one row, two and more, as upserts and deletes:
-	// valuesMaxRows), and a cache smaller than that prepares them again
-	// at every commit.
-	LaneStatements int
 	// MaxFailures: a table whose transaction the target refuses this many
 	// times in a row is stopped. Default 5.
 	MaxFailures int
@@ -119,7 +113,6 @@ func (o Options) withDefaults() Options {
 	def(&o.BatchRows, 5000)
 	def(&o.QueueRows, 20000)
 	def(&o.MaxFailures, 5)
-	def(&o.LaneStatements, 8192)
 	if o.FlushInterval == 0 {
 		o.FlushInterval = DefaultFlushInterval
 	}
@@ -149,7 +142,6 @@ func (o Options) validate() error {
 	p.IntRange("BatchRows", o.BatchRows, 1, 1<<20)
 	p.IntRange("QueueRows", o.QueueRows, o.BatchRows, 1<<24)
 	p.IntRange("MaxFailures", o.MaxFailures, 1, 1000)
-	p.IntRange("LaneStatements", o.LaneStatements, 16, 1<<20)
 	p.Require(o.FlushInterval > 0, "FlushInterval must be positive")
 	p.Require(o.MaxFlushInterval >= o.FlushInterval, "MaxFlushInterval %v must be at least FlushInterval %v", o.MaxFlushInterval, o.FlushInterval)
 	p.Require(o.CheckpointInterval > 0, "CheckpointInterval must be positive")

@@ -104,7 +104,7 @@ func (s *Sink) Start(ctx context.Context) error {
 	if s.mu.started {
 		return nil
 	}
-	conn, err := s.connect(ctx, 0)
+	conn, err := s.connect(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrConnect, err)
 	}
@@ -122,7 +122,7 @@ func (s *Sink) Start(ctx context.Context) error {
 	}
 	s.marked.Store(s.wrote)
 	for i := range s.opts.Workers {
-		c, err := s.connect(ctx, s.opts.LaneStatements)
+		c, err := s.connect(ctx)
 		if err != nil {
 			for _, l := range s.lanes {
 				l.conn.Close(context.Background())
@@ -139,11 +139,8 @@ func (s *Sink) Start(ctx context.Context) error {
 	return nil
 }
 
-// connect opens a connection to the target; statements > 0 sizes its
-// prepared-statement cache (a lane's: it writes every table hashed to it
-// with two or three statements each, and pgx's default of 512 is an LRU
-// that a lane of 250 tables cycles through, preparing its statements
-// again at every commit).
+// connect opens a connection to the target (a lane's prepares its own
+// statements, pipeline.go, outside pgx's statement cache).
 //
 // Every connection of a sink may hold the owner's fence lock (fence.go),
 // which a later sink's Start waits for, so none may keep it when its
@@ -155,13 +152,10 @@ func (s *Sink) Start(ctx context.Context) error {
 // and READ COMMITTED, whatever the target's default, makes the fence's
 // read of the owner's generation see the later sink's commit it waited
 // for (a snapshot taken at the transaction's start would not).
-func (s *Sink) connect(ctx context.Context, statements int) (*pgx.Conn, error) {
+func (s *Sink) connect(ctx context.Context) (*pgx.Conn, error) {
 	cfg, err := pgx.ParseConfig(s.opts.DSN)
 	if err != nil {
 		return nil, err
-	}
-	if statements > 0 {
-		cfg.StatementCacheCapacity = statements
 	}
 	for k, v := range pgcodec.TextFormatParams() { // the source's values are text in them
 		cfg.RuntimeParams[k] = v
@@ -185,7 +179,7 @@ func (s *Sink) connect(ctx context.Context, statements int) (*pgx.Conn, error) {
 func (s *Sink) adminConn(ctx context.Context) (*pgx.Conn, func(), error) {
 	s.adminMu.Lock()
 	if s.admin == nil || s.admin.IsClosed() {
-		c, err := s.connect(ctx, 0)
+		c, err := s.connect(ctx)
 		if err != nil {
 			s.adminMu.Unlock()
 			return nil, nil, fmt.Errorf("%w: %w", ErrConnect, err)
@@ -198,7 +192,7 @@ func (s *Sink) adminConn(ctx context.Context) (*pgx.Conn, func(), error) {
 // Checkpoints returns the checkpoints the target holds, by dispatcher: a
 // restart resumes each dispatcher from its own.
 func (s *Sink) Checkpoints(ctx context.Context) (map[common.DispatcherID]common.Ts, error) {
-	conn, err := s.connect(ctx, 0)
+	conn, err := s.connect(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConnect, err)
 	}
@@ -546,7 +540,7 @@ func (s *Sink) failed(id common.DispatcherID, err error, stop bool) {
 // State returns the value of key in the target's cdcflow.state (ok false
 // if unset): what an embedder records next to the checkpoints.
 func (s *Sink) State(ctx context.Context, key string) (string, bool, error) {
-	conn, err := s.connect(ctx, 0)
+	conn, err := s.connect(ctx)
 	if err != nil {
 		return "", false, fmt.Errorf("%w: %w", ErrConnect, err)
 	}

@@ -2,6 +2,7 @@ package pgsink
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"runtime"
 	"sort"
@@ -184,7 +185,9 @@ func TestChangesAreAppliedInOrderAndCheckpointed(t *testing.T) {
 // Batches of one to four rows, on a table with a composite key, whichever
 // statement form carries them (VALUES up to valuesMaxRows rows, unnested
 // arrays above): inserts with a NULL, updates that leave a TOASTed column
-// unchanged, and deletes give the same target.
+// unchanged, and deletes give the same target; values that an array
+// literal would take for its syntax (quotes, backslashes, braces, commas,
+// the word NULL) and an empty string arrive as themselves, in keys too.
 func TestEveryStatementFormAppliesTheSameChanges(t *testing.T) {
 	e := newSinkEnv(t, nil)
 	relC := pgcodec.Relation{OID: 300, Schema: "app", Name: "c", Columns: []pgcodec.Column{
@@ -207,21 +210,21 @@ func TestEveryStatementFormAppliesTheSameChanges(t *testing.T) {
 		require.NoError(t, e.sink.Checkpoint(id, ts))
 		e.dur.wait(t, id, ts)
 	}
+	odd := []string{`v"{a,b}\`, "", "NULL", ` {"x"} `}
+	js := func(s string) string { b, err := json.Marshal(s); require.NoError(t, err); return string(b) }
 	var want []string
 	for n := 1; n <= 4; n++ {
 		var ins, upd, del []pgcodec.RowChange
 		for i := range n {
 			a := strconv.Itoa(10*n + i)
-			ins = append(ins, tx(pgcodec.Insert, col("a", a), col("b", "k"+a), null("v"), col("big", "BIG"+a)))
-			upd = append(upd, tx(pgcodec.Update, col("a", a), col("b", "k"+a), col("v", "v"+a), unchanged("big")))
-			del = append(del, tx(pgcodec.Delete, col("a", a), col("b", "k"+a)))
+			b, v := `k"`+a+`,\`, odd[i]
+			ins = append(ins, tx(pgcodec.Insert, col("a", a), col("b", b), null("v"), col("big", "BIG"+a)))
+			upd = append(upd, tx(pgcodec.Update, col("a", a), col("b", b), col("v", v), unchanged("big")))
+			del = append(del, tx(pgcodec.Delete, col("a", a), col("b", b)))
+			want = append(want, fmt.Sprintf(`{"a":%s,"b":%s,"v":%s,"big":"BIG%s"}`, a, js(b), js(v), a))
 		}
 		apply(ins...)
 		apply(upd...)
-		for i := range n {
-			a := strconv.Itoa(10*n + i)
-			want = append(want, fmt.Sprintf(`{"a":%s,"b":"k%s","v":"v%s","big":"BIG%s"}`, a, a, a, a))
-		}
 		sort.Strings(want)
 		require.Equal(t, want, e.contents("app.c"), "%d rows a statement", n)
 		apply(del...)

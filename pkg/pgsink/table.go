@@ -35,7 +35,7 @@ type table struct {
 	// upserted columns' signature (deleteSig for the delete): building
 	// them was 6% of serve's CPU at 1000 tables. Cleared when a column
 	// is added or the table reloaded.
-	stmts map[string]string
+	stmts map[string]*stmt
 }
 
 // deleteSig is the stmts key of the delete: it starts with a NUL, which no
@@ -43,14 +43,14 @@ type table struct {
 const deleteSig = "\x00delete"
 
 // statement returns the cached statement of sig, built by build if new.
-func (t *table) statement(sig string, build func() string) string {
+func (t *table) statement(sig string, build func() string) *stmt {
 	if s, ok := t.stmts[sig]; ok {
 		return s
 	}
 	if t.stmts == nil {
-		t.stmts = map[string]string{}
+		t.stmts = map[string]*stmt{}
 	}
-	s := build()
+	s := &stmt{sql: build()}
 	t.stmts[sig] = s
 	return s
 }
