@@ -27,7 +27,7 @@ func (l *lane) commit(ds []*dstate) error {
 	ctx := l.s.ctx
 	p := &l.pipe
 	p.stmts, p.buf = p.stmts[:0], p.buf[:0]
-	defer func() { clear(p.stmts) }()                      // the rows' bytes are not the lane's to keep
+	defer p.release()
 	p.add(&l.fence, l.owner, p.int64Param(l.s.generation)) // first: see fence.go
 	mark := false
 	if !l.s.marked.Load() {

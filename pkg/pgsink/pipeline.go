@@ -45,6 +45,20 @@ type pipeline struct {
 	buf   []byte
 }
 
+// keptBuf is the most buffer a lane keeps for its next commit: a commit
+// of large values (a TOASTed column of megabytes in an array) does not
+// pin that much for the lane's life.
+const keptBuf = 1 << 20
+
+// release forgets the rows' bytes (they are not the lane's to keep) and
+// an outsized buffer, after a commit.
+func (p *pipeline) release() {
+	clear(p.stmts)
+	if cap(p.buf) > keptBuf {
+		p.buf = nil
+	}
+}
+
 func (p *pipeline) add(s *stmt, params ...[]byte) {
 	p.stmts = append(p.stmts, pstmt{prep: s, sql: s.sql, params: params})
 }
