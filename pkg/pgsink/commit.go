@@ -71,7 +71,7 @@ func (l *lane) commit(ds []*dstate) error {
 		for _, w := range d.work {
 			l.pending -= len(w.rows)
 		}
-		d.work, d.rows, d.failures = nil, false, 0
+		d.work, d.rows, d.failures = d.dropWork(), false, 0
 		d.written = now
 	}
 	l.s.met.rows.Add(float64(applied))

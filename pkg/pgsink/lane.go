@@ -57,6 +57,14 @@ type dstate struct {
 	broken bool
 }
 
+// dropWork empties d's work for reuse: the ops' rows are let go, the
+// list's room is kept (a dispatcher's work grew from nothing after every
+// commit, a few allocations a commit per table in a drain).
+func (d *dstate) dropWork() []op {
+	clear(d.work)
+	return d.work[:0]
+}
+
 // lane applies the dispatchers hashed to it, on its own connection.
 type lane struct {
 	s    *Sink
@@ -71,6 +79,7 @@ type lane struct {
 	mu      sync.Mutex
 	cond    *sync.Cond // enqueuers waiting for room: signalled on dequeue and close
 	queue   []op
+	spare   []op // the queue take emptied last, for the next (a drain grew a new one at every take)
 	qrows   int
 	closed  bool
 	tables  map[uint32]*table               // under mu
@@ -195,7 +204,8 @@ func (l *lane) take(deadline time.Time) bool {
 	}
 	defer l.mu.Unlock()
 	q := l.queue
-	l.queue, l.qrows = nil, 0
+	l.queue, l.qrows = l.spare, 0
+	defer func() { clear(q); l.spare = q[:0] }() // before the unlock (defers run last first)
 	closed := l.closed
 	l.cond.Broadcast()
 	// The states map is shared with attach (a table added while running),
@@ -211,7 +221,7 @@ func (l *lane) take(deadline time.Time) bool {
 			for _, w := range d.work {
 				l.pending -= len(w.rows)
 			}
-			d.work, d.rows, d.epoch, d.broken = nil, false, o.epoch, false
+			d.work, d.rows, d.epoch, d.broken = d.dropWork(), false, o.epoch, false
 			continue
 		}
 		if d.broken {
@@ -399,7 +409,7 @@ func (l *lane) commitAll(now time.Time) {
 			for _, w := range d.work {
 				l.pending -= len(w.rows)
 			}
-			d.work, d.rows, d.broken = nil, false, true
+			d.work, d.rows, d.broken = d.dropWork(), false, true
 		}
 	}
 }
@@ -408,7 +418,7 @@ func (l *lane) commitAll(now time.Time) {
 // was superseded and writes nothing more.
 func (l *lane) dropHeld() {
 	for _, d := range l.held {
-		d.work, d.rows = nil, false
+		d.work, d.rows = d.dropWork(), false
 	}
 	l.pending = 0
 }
