@@ -39,6 +39,15 @@ func (b *batch) empty() bool { return len(b.effects) == 0 }
 // bytesString is a string over b's bytes (see batch: they outlive it).
 func bytesString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
+// stringBytes is s's bytes, not copied: only for reading (an encoder
+// copies them into its buffer). Never nil, which would be NULL.
+func stringBytes(s string) []byte {
+	if s == "" {
+		return emptyText
+	}
+	return unsafe.Slice(unsafe.StringData(s), len(s))
+}
+
 // add folds a change of key into the batch, taking ownership of
 // c.Columns. An update's unchanged (TOASTed) column takes the value an
 // earlier change of the batch gave it; without one it stays unchanged,
@@ -161,7 +170,7 @@ func (b *batch) queue(p *pipeline, t *table) (rows int, err error) {
 		if n <= valuesMaxRows {
 			p.add(t.statement(deleteSig+valuesSig(n), func() string { return t.deleteValuesSQL(n) }), delVals...)
 		} else {
-			p.add(t.statement(deleteSig, t.deleteSQL), p.arrays(delVals, len(t.key))...)
+			p.addArrays(t.statement(deleteSig, t.deleteSQL), p.arrays(delVals, len(t.key))...)
 		}
 		rows += n
 	}
@@ -170,7 +179,7 @@ func (b *batch) queue(p *pipeline, t *table) (rows int, err error) {
 		if g.n <= valuesMaxRows {
 			p.add(t.statement(sig+valuesSig(g.n), func() string { return t.upsertValuesSQL(g.cols, g.n) }), g.vals...)
 		} else {
-			p.add(t.statement(sig, func() string { return t.upsertSQL(g.cols) }), p.arrays(g.vals, len(g.cols))...)
+			p.addArrays(t.statement(sig, func() string { return t.upsertSQL(g.cols) }), p.arrays(g.vals, len(g.cols))...)
 		}
 		rows += g.n
 	}

@@ -1,7 +1,9 @@
 package pgsink
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 
@@ -10,34 +12,38 @@ import (
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 )
 
-// parseTextArray reads a text[] literal as pipeline.textArray writes it
-// ("<null>" for NULL): elements quoted, quotes and backslashes escaped.
-func parseTextArray(t *testing.T, lit []byte) []string {
+// parseArray reads a one-dimensional text[] in the binary array format
+// as pipeline.textArray writes it ("<null>" for NULL), checking its
+// header against what it holds.
+func parseArray(t *testing.T, b []byte) []string {
 	t.Helper()
-	require.True(t, len(lit) >= 2 && lit[0] == '{' && lit[len(lit)-1] == '}', "%q", lit)
-	var out []string
-	body := lit[1 : len(lit)-1]
-	for i := 0; i < len(body); {
-		if strings.HasPrefix(string(body[i:]), "NULL") {
-			out = append(out, "<null>")
-			i += 4
-		} else {
-			require.Equal(t, byte('"'), body[i], "%q", lit)
-			var v []byte
-			for i++; body[i] != '"'; i++ {
-				if body[i] == '\\' {
-					i++
-				}
-				v = append(v, body[i])
-			}
-			out = append(out, string(v))
-			i++
-		}
-		if i < len(body) {
-			require.Equal(t, byte(','), body[i], "%q", lit)
-			i++
-		}
+	u32 := func() uint32 {
+		t.Helper()
+		require.GreaterOrEqual(t, len(b), 4)
+		v := binary.BigEndian.Uint32(b)
+		b = b[4:]
+		return v
 	}
+	require.Equal(t, uint32(1), u32(), "dimensions")
+	hasNull := u32()
+	require.Equal(t, uint32(oidText), u32(), "element type")
+	n := u32()
+	require.Equal(t, uint32(1), u32(), "lower bound")
+	out := make([]string, 0, n)
+	nulls := uint32(0)
+	for range n {
+		l := u32()
+		if l == math.MaxUint32 {
+			out = append(out, "<null>")
+			nulls = 1
+			continue
+		}
+		require.GreaterOrEqual(t, uint32(len(b)), l)
+		out = append(out, string(b[:l]))
+		b = b[l:]
+	}
+	require.Empty(t, b, "bytes after the last element")
+	require.Equal(t, nulls, hasNull, "the has-nulls flag")
 	return out
 }
 
@@ -49,12 +55,14 @@ func columns(t *testing.T, q pstmt, ncols int) [][]string {
 	out := make([][]string, ncols)
 	if strings.Contains(q.sql, "unnest(") {
 		require.Len(t, q.params, ncols)
+		require.Equal(t, allBinary, q.formats)
 		for i, a := range q.params {
-			out[i] = parseTextArray(t, a)
+			out[i] = parseArray(t, a)
 		}
 		return out
 	}
 	require.Contains(t, q.sql, "::text::")
+	require.Nil(t, q.formats, "text")
 	require.Zero(t, len(q.params)%ncols)
 	for i, v := range q.params {
 		s := "<null>"
@@ -66,15 +74,19 @@ func columns(t *testing.T, q pstmt, ncols int) [][]string {
 	return out
 }
 
-// textArray quotes every value, so that braces, commas, quotes,
-// backslashes, spaces, an empty string and the word NULL come back as
-// themselves, and NULL as NULL.
-func TestTextArrayKeepsEveryValueItself(t *testing.T) {
-	vals := [][]byte{[]byte(`a"b\c`), []byte("{x,y}"), []byte(" NULL "), []byte("NULL"), {}, nil, []byte("é\n")}
+// textArray writes every value as its bytes, an empty one as empty and
+// NULL as NULL (and says it holds one); int8Array writes 8-byte
+// big-endian elements.
+func TestArraysInTheBinaryFormat(t *testing.T) {
+	vals := [][]byte{[]byte(`a"b\c`), []byte("{x,y}"), []byte("NULL"), {}, nil, []byte("é\n")}
 	var p pipeline
-	lit := p.textArray(len(vals), func(i int) []byte { return vals[i] })
-	require.Equal(t, []string{`a"b\c`, "{x,y}", " NULL ", "NULL", "", "<null>", "é\n"}, parseTextArray(t, lit))
-	require.Equal(t, "{\"a\\\"b\\\\c\",\"{x,y}\",\" NULL \",\"NULL\",\"\",NULL,\"é\n\"}", string(lit))
+	arr := p.textArray(len(vals), func(i int) []byte { return vals[i] })
+	require.Equal(t, []string{`a"b\c`, "{x,y}", "NULL", "", "<null>", "é\n"}, parseArray(t, arr))
+	require.Equal(t, []string{"x", ""}, parseArray(t, p.textArray(2, func(i int) []byte { return [][]byte{[]byte("x"), {}}[i] })))
+	ints := p.int8Array(2, func(i int) int64 { return []int64{-1, 1 << 40}[i] })
+	require.Equal(t, []byte{0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, oidInt8, 0, 0, 0, 2, 0, 0, 0, 1,
+		0, 0, 0, 8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 8, 0, 0, 1, 0, 0, 0, 0, 0}, ints)
+	require.Equal(t, []string{`a"b\c`, "{x,y}", "NULL", "", "<null>", "é\n"}, parseArray(t, arr), "what followed left it alone")
 }
 
 // A batch collapses a table's changes to the last effect per key, then

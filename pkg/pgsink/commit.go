@@ -3,7 +3,6 @@ package pgsink
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/cdcflow/eventservice/pkg/common"
@@ -53,11 +52,11 @@ func (l *lane) commit(ds []*dstate) error {
 		}
 	}
 	if len(marks) > 0 {
-		p.add(&l.checkpoints,
-			p.textArray(len(marks), func(i int) []byte { return []byte(ckd[i].hexID) }),
-			p.textArray(len(marks), func(i int) []byte { return strconv.AppendInt(nil, int64(ckd[i].table.rel.OID), 10) }),
-			p.textArray(len(marks), func(i int) []byte { return []byte(ckd[i].table.qname) }),
-			p.textArray(len(marks), func(i int) []byte { return strconv.AppendInt(nil, int64(marks[i].ts), 10) }))
+		p.addArrays(&l.checkpoints,
+			p.textArray(len(marks), func(i int) []byte { return stringBytes(ckd[i].hexID) }),
+			p.int8Array(len(marks), func(i int) int64 { return int64(ckd[i].table.rel.OID) }),
+			p.textArray(len(marks), func(i int) []byte { return stringBytes(ckd[i].table.qname) }),
+			p.int8Array(len(marks), func(i int) int64 { return int64(marks[i].ts) }))
 	}
 	if err := l.send(ctx, p); err != nil {
 		l.reloadTables(ds) // columns an ALTER of the batch added are gone again

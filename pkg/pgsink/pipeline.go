@@ -2,6 +2,8 @@ package pgsink
 
 import (
 	"context"
+	"encoding/binary"
+	"math"
 	"strconv"
 )
 
@@ -30,14 +32,16 @@ type stmt struct {
 // pstmt is one statement of a pipeline: a prepared one, or (prep nil) a
 // statement sent as is (TRUNCATE, ALTER TABLE).
 type pstmt struct {
-	prep   *stmt
-	sql    string // prep's SQL, or the statement's own
-	params [][]byte
+	prep    *stmt
+	sql     string // prep's SQL, or the statement's own
+	params  [][]byte
+	formats []int16 // the params' (nil: all text; allBinary: all arrays)
 }
 
 // pipeline is a commit's statements in order. buf holds the bytes of the
-// parameters encoded here (arrays, numbers); the others are the rows'
-// own bytes (see batch: they outlive the commit).
+// parameters encoded here (arrays, in the binary format; numbers); the
+// others are the rows' own bytes, text (see batch: they outlive the
+// commit).
 type pipeline struct {
 	stmts []pstmt
 	buf   []byte
@@ -57,8 +61,15 @@ func (p *pipeline) release() {
 	}
 }
 
+// add queues prepared statement s with text parameters.
 func (p *pipeline) add(s *stmt, params ...[]byte) {
 	p.stmts = append(p.stmts, pstmt{prep: s, sql: s.sql, params: params})
+}
+
+// addArrays queues prepared statement s whose parameters are all arrays
+// (binary).
+func (p *pipeline) addArrays(s *stmt, params ...[]byte) {
+	p.stmts = append(p.stmts, pstmt{prep: s, sql: s.sql, params: params, formats: allBinary})
 }
 
 // addPlain queues a statement without parameters, sent as is.
@@ -93,34 +104,58 @@ func (p *pipeline) int64Param(n int64) []byte {
 	return p.buf[start:len(p.buf):len(p.buf)]
 }
 
-// textArray encodes vals (nil: NULL) as a text[] literal into p's
-// buffer: each value double-quoted, its quotes and backslashes escaped,
-// so that no value (braces, commas, spaces, the word NULL) is read as
-// anything but itself.
+// The element types of the arrays a lane sends (pg_type's OIDs).
+const (
+	oidText = 25
+	oidInt8 = 20
+)
+
+// textArray encodes vals (nil: NULL) as a one-dimensional text[] in
+// PostgreSQL's binary array format into p's buffer: no value needs
+// quoting or escaping, and the server copies each element instead of
+// parsing the array's text form (array_in, a character at a time, which
+// a drain's arrays of thousands of values paid).
 func (p *pipeline) textArray(n int, val func(i int) []byte) []byte {
-	start := len(p.buf)
-	p.buf = append(p.buf, '{')
+	start := p.arrayHeader(n, oidText)
 	for i := range n {
-		if i > 0 {
-			p.buf = append(p.buf, ',')
-		}
 		v := val(i)
 		if v == nil {
-			p.buf = append(p.buf, "NULL"...)
+			p.buf = binary.BigEndian.AppendUint32(p.buf, math.MaxUint32) // -1: NULL
+			p.buf[start+7] = 1                                           // the header's has-nulls flag
 			continue
 		}
-		p.buf = append(p.buf, '"')
-		for _, c := range v {
-			if c == '"' || c == '\\' {
-				p.buf = append(p.buf, '\\')
-			}
-			p.buf = append(p.buf, c)
-		}
-		p.buf = append(p.buf, '"')
+		p.buf = binary.BigEndian.AppendUint32(p.buf, uint32(len(v)))
+		p.buf = append(p.buf, v...)
 	}
-	p.buf = append(p.buf, '}')
 	return p.buf[start:len(p.buf):len(p.buf)]
 }
+
+// int8Array encodes n values as a one-dimensional bigint[] in the binary
+// array format into p's buffer.
+func (p *pipeline) int8Array(n int, val func(i int) int64) []byte {
+	start := p.arrayHeader(n, oidInt8)
+	for i := range n {
+		p.buf = binary.BigEndian.AppendUint32(p.buf, 8)
+		p.buf = binary.BigEndian.AppendUint64(p.buf, uint64(val(i)))
+	}
+	return p.buf[start:len(p.buf):len(p.buf)]
+}
+
+// arrayHeader appends the header of a one-dimensional array of n
+// elements of type elem (no NULLs yet) and returns where it starts.
+func (p *pipeline) arrayHeader(n int, elem uint32) int {
+	start := len(p.buf)
+	p.buf = binary.BigEndian.AppendUint32(p.buf, 1) // dimensions
+	p.buf = binary.BigEndian.AppendUint32(p.buf, 0) // has nulls
+	p.buf = binary.BigEndian.AppendUint32(p.buf, elem)
+	p.buf = binary.BigEndian.AppendUint32(p.buf, uint32(n)) // the dimension's length
+	p.buf = binary.BigEndian.AppendUint32(p.buf, 1)         // and lower bound
+	return start
+}
+
+// allBinary is the parameter formats of a statement whose parameters are
+// all arrays (binary); nil, all text, is every other statement's.
+var allBinary = []int16{1}
 
 // exec sends p on the lane's connection as one pipeline, one implicit
 // transaction (all or nothing), in one round trip: the statements the
@@ -144,7 +179,7 @@ func (l *lane) exec(ctx context.Context, p *pipeline) error {
 	}
 	for _, s := range p.stmts {
 		if s.prep != nil {
-			pl.SendQueryPrepared(s.prep.name, s.params, nil, nil)
+			pl.SendQueryPrepared(s.prep.name, s.params, s.formats, nil)
 		} else {
 			pl.SendQueryParams(s.sql, nil, nil, nil, nil)
 		}
@@ -181,7 +216,7 @@ func (l *lane) runInTransaction(ctx context.Context, p *pipeline) (err error) {
 		}
 	}()
 	for _, s := range p.stmts {
-		if _, err := pc.ExecParams(ctx, s.sql, s.params, nil, nil, nil).Close(); err != nil {
+		if _, err := pc.ExecParams(ctx, s.sql, s.params, nil, s.formats, nil).Close(); err != nil {
 			return err
 		}
 	}
