@@ -168,18 +168,27 @@ func (b *batch) queue(p *pipeline, t *table) (rows int, err error) {
 	if delVals != nil {
 		n := len(delVals) / len(t.key)
 		if n <= valuesMaxRows {
-			p.add(t.statement(deleteSig+valuesSig(n), func() string { return t.deleteValuesSQL(n) }), delVals...)
+			st := t.memo(formOf(n), true, nil, func() *stmt {
+				return t.statement(deleteSig+valuesSig(n), func() string { return t.deleteValuesSQL(n) })
+			})
+			p.add(st, delVals...)
 		} else {
-			p.addArrays(t.statement(deleteSig, t.deleteSQL), p.arrays(delVals, len(t.key))...)
+			st := t.memo(formMany, true, nil, func() *stmt { return t.statement(deleteSig, t.deleteSQL) })
+			p.addArrays(st, p.arrays(delVals, len(t.key))...)
 		}
 		rows += n
 	}
 	for _, g := range groups {
-		sig := strings.Join(g.cols, "\x00")
 		if g.n <= valuesMaxRows {
-			p.add(t.statement(sig+valuesSig(g.n), func() string { return t.upsertValuesSQL(g.cols, g.n) }), g.vals...)
+			st := t.memo(formOf(g.n), false, g.cols, func() *stmt {
+				return t.statement(strings.Join(g.cols, "\x00")+valuesSig(g.n), func() string { return t.upsertValuesSQL(g.cols, g.n) })
+			})
+			p.add(st, g.vals...)
 		} else {
-			p.addArrays(t.statement(sig, func() string { return t.upsertSQL(g.cols) }), p.arrays(g.vals, len(g.cols))...)
+			st := t.memo(formMany, false, g.cols, func() *stmt {
+				return t.statement(strings.Join(g.cols, "\x00"), func() string { return t.upsertSQL(g.cols) })
+			})
+			p.addArrays(st, p.arrays(g.vals, len(g.cols))...)
 		}
 		rows += g.n
 	}

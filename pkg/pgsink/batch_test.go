@@ -227,3 +227,37 @@ func TestStatementSignaturesNeverCollide(t *testing.T) {
 	queue("upsert of \\x01delete, a, \\x01", one)
 	queue("upsert of \\x01delete, a, \\x02", two)
 }
+
+// A table's last statement of each form is used again only for the same
+// columns: a one-row upsert that leaves a column unchanged between two
+// that do not gets its own statement, and the third the first one's.
+func TestALastStatementIsUsedAgainOnlyForItsColumns(t *testing.T) {
+	tb := &table{qname: `"public"."t"`, types: map[string]string{"id": "bigint", "v": "text"}, order: []string{"id", "v"},
+		key: []string{"id"}}
+	one := func(cols ...pgcodec.Datum) pstmt {
+		b := newBatch()
+		b.add([]byte("1"), pgcodec.RowChange{Change: pgcodec.Update, Columns: cols})
+		q := &pipeline{}
+		_, err := b.queue(q, tb)
+		require.NoError(t, err)
+		require.Len(t, q.stmts, 1)
+		return q.stmts[0]
+	}
+	id := pgcodec.Datum{Name: "id", Kind: pgcodec.Text, Text: []byte("1")}
+	v := pgcodec.Datum{Name: "v", Kind: pgcodec.Text, Text: []byte("x")}
+	all := one(id, v)
+	keyOnly := one(id, pgcodec.Datum{Name: "v", Kind: pgcodec.Unchanged})
+	require.NotSame(t, all.prep, keyOnly.prep)
+	require.Contains(t, keyOnly.sql, "DO NOTHING")
+	again := one(id, v)
+	require.Same(t, all.prep, again.prep)
+	del := newBatch()
+	del.add([]byte("1"), pgcodec.RowChange{Change: pgcodec.Delete, Columns: []pgcodec.Datum{id}})
+	q := &pipeline{}
+	_, err := del.queue(q, tb)
+	require.NoError(t, err)
+	require.Contains(t, q.stmts[0].sql, "DELETE")
+	require.Same(t, all.prep, one(id, v).prep, "a delete of the form has a place of its own")
+	tb.forget()
+	require.NotSame(t, all.prep, one(id, v).prep, "forgotten with the columns")
+}

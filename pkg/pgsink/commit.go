@@ -109,7 +109,8 @@ func (l *lane) reloadTables(ds []*dstate) {
 	}
 	for _, d := range ds {
 		if t := fresh[d.table.rel.OID]; t != nil && len(t.order) > 0 {
-			d.table.types, d.table.order, d.table.key, d.table.stmts = t.types, t.order, t.key, nil
+			d.table.types, d.table.order, d.table.key = t.types, t.order, t.key
+			d.table.forget()
 		}
 	}
 }

@@ -36,6 +36,49 @@ type table struct {
 	// them was 6% of serve's CPU at 1000 tables. Cleared when a column
 	// is added or the table reloaded.
 	stmts map[string]*stmt
+	// last is the statement each form (forms) last used, with the
+	// columns it writes: at 1000 tables most statements are a table's one
+	// upsert of one row, and the signature string, its concatenation and
+	// the map probe of every such statement were a twentieth of serve.
+	last [2][forms]lastStmt // [1]: the deletes
+}
+
+// The forms a table's statements take: an upsert or delete of one row, of
+// two (VALUES) and of more (unnested arrays).
+const (
+	formOne = iota
+	formTwo
+	formMany
+	forms
+)
+
+func formOf(rows int) int { return min(rows, formMany+1) - 1 }
+
+// lastStmt is a form's last statement: its columns (nil: a delete) and
+// itself.
+type lastStmt struct {
+	cols []string
+	st   *stmt
+}
+
+// forget drops the statements built from the table's columns and key
+// (they changed).
+func (t *table) forget() {
+	t.stmts, t.last = nil, [2][forms]lastStmt{}
+}
+
+// memo returns the statement of form that writes cols (or, with del,
+// deletes by key), built by build on a miss of the form's last one.
+func (t *table) memo(form int, del bool, cols []string, build func() *stmt) *stmt {
+	l := &t.last[0][form]
+	if del {
+		l = &t.last[1][form]
+	}
+	if l.st != nil && slices.Equal(l.cols, cols) {
+		return l.st
+	}
+	*l = lastStmt{cols: cols, st: build()}
+	return l.st
 }
 
 // deleteSig is the stmts key of the delete: it starts with a NUL, which no
@@ -200,7 +243,7 @@ func (t *table) added(rel pgcodec.Relation, has targetTypes) {
 		if _, ok := t.types[c.Name]; !ok {
 			t.types[c.Name] = has.of(c)
 			t.order = append(t.order, c.Name)
-			t.stmts = nil
+			t.forget()
 		}
 	}
 	t.rel = rel
