@@ -129,6 +129,11 @@ func (b *batch) queue(p *pipeline, t *table) (rows int, err error) {
 	for k := range b.effects {
 		e := &b.effects[k]
 		if e.del {
+			if len(t.key) == 0 {
+				// A target table whose key was dropped (read again after a
+				// failure): a delete cannot be applied, and must not be lost.
+				return 0, fmt.Errorf("%w: %s: the target table has no primary key to delete by", ErrSchemaChange, t.qname)
+			}
 			for _, kc := range t.key {
 				j := indexOf(e.cols, kc)
 				if j < 0 || e.cols[j].Kind != pgcodec.Text {

@@ -261,3 +261,13 @@ func TestALastStatementIsUsedAgainOnlyForItsColumns(t *testing.T) {
 	tb.forget()
 	require.NotSame(t, all.prep, one(id, v).prep, "forgotten with the columns")
 }
+
+// A delete of a table whose target lost its key (read again after a
+// failure) is refused as a schema change, never dropped.
+func TestADeleteWithoutATargetKeyIsASchemaChange(t *testing.T) {
+	tb := &table{qname: `"public"."t"`, types: map[string]string{"id": "bigint"}, order: []string{"id"}}
+	b := newBatch()
+	b.add([]byte("1"), pgcodec.RowChange{Change: pgcodec.Delete, Columns: []pgcodec.Datum{{Name: "id", Kind: pgcodec.Text, Text: []byte("1")}}})
+	_, err := b.queue(&pipeline{}, tb)
+	require.ErrorIs(t, err, ErrSchemaChange)
+}

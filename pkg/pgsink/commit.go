@@ -3,6 +3,8 @@ package pgsink
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/cdcflow/eventservice/pkg/common"
@@ -108,10 +110,15 @@ func (l *lane) reloadTables(ds []*dstate) {
 		return
 	}
 	for _, d := range ds {
-		if t := fresh[d.table.rel.OID]; t != nil && len(t.order) > 0 {
-			d.table.types, d.table.order, d.table.key = t.types, t.order, t.key
-			d.table.forget()
+		t := fresh[d.table.rel.OID]
+		if t == nil || len(t.order) == 0 {
+			continue
 		}
+		if maps.Equal(t.types, d.table.types) && slices.Equal(t.order, d.table.order) && slices.Equal(t.key, d.table.key) {
+			continue // unchanged: its statements stand (each forgotten one stays prepared on the lane's backend)
+		}
+		d.table.types, d.table.order, d.table.key = t.types, t.order, t.key
+		d.table.forget()
 	}
 }
 

@@ -2,10 +2,13 @@ package pgsink
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/pkg/common"
@@ -291,4 +294,17 @@ func TestASoleOwnerRefusesATargetOfAnotherOwner(t *testing.T) {
 	owners, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.Equal(t, []string{"default"}, owners)
+}
+
+// A lane takes the connection for lost on the server's connection and
+// shutdown errors, but not on a protocol violation, which the server
+// reports of a Bind that does not match its statement: sent again it
+// would fail again, so it is the table's to fail.
+func TestWhatALaneTakesForALostConnection(t *testing.T) {
+	l := &lane{}
+	for code, lost := range map[string]bool{"08006": true, "57P01": true, "08P01": false, "23505": false, "42703": false} {
+		require.Equal(t, lost, l.lost(&pgconn.PgError{Code: code}), code)
+	}
+	require.True(t, l.lost(io.ErrUnexpectedEOF), "no server error: the connection broke")
+	require.False(t, l.lost(fmt.Errorf("%w: x", ErrSchemaChange)))
 }

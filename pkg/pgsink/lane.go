@@ -436,7 +436,11 @@ func (l *lane) lost(err error) bool {
 	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
-		return strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57P")
+		// Not 08P01 (protocol violation): the server says that of a Bind
+		// whose parameters do not match the statement, which sent again
+		// would fail again; if the server also closed the connection, the
+		// next use fails without a server error, and that is lost.
+		return strings.HasPrefix(pe.Code, "08") && pe.Code != "08P01" || strings.HasPrefix(pe.Code, "57P")
 	}
 	return true
 }

@@ -158,39 +158,39 @@ func (p *pipeline) arrayHeader(n int, elem uint32) int {
 var allBinary = []int16{1}
 
 // exec sends p on the lane's connection as one pipeline, one implicit
-// transaction (all or nothing), in one round trip: the statements the
-// connection has not prepared yet are prepared at its head (a restart at
-// 1000 tables meets some 750 new statements a lane, which one round trip
-// each would hold up for a second).
+// transaction (all or nothing), in one round trip: a statement the
+// connection has not prepared yet is prepared in the pipeline just before
+// its first use (a restart at 1000 tables meets some 750 new statements a
+// lane, which a round trip each would hold up for a second). Just before,
+// not at the head: parsing a statement locks the tables it names, and
+// nothing of the commit may touch the target's tables before its fence
+// (fence.go) has run.
 func (l *lane) exec(ctx context.Context, p *pipeline) error {
 	pl := l.conn.PgConn().StartPipeline(ctx)
 	var fresh []*stmt
 	for _, s := range p.stmts {
-		if s.prep == nil || s.prep.conn == l.connections {
+		if s.prep == nil {
+			pl.SendQueryParams(s.sql, nil, nil, nil, nil)
 			continue
 		}
-		if s.prep.name == "" {
-			l.named++
-			s.prep.name = "cdcflow_" + strconv.Itoa(l.n) + "_" + strconv.FormatUint(l.named, 10)
+		if s.prep.conn != l.connections {
+			if s.prep.name == "" {
+				l.named++
+				s.prep.name = "cdcflow_" + strconv.Itoa(l.n) + "_" + strconv.FormatUint(l.named, 10)
+			}
+			pl.SendPrepare(s.prep.name, s.prep.sql, nil)
+			s.prep.conn = l.connections
+			fresh = append(fresh, s.prep)
 		}
-		pl.SendPrepare(s.prep.name, s.prep.sql, nil)
-		s.prep.conn = l.connections
-		fresh = append(fresh, s.prep)
-	}
-	for _, s := range p.stmts {
-		if s.prep != nil {
-			pl.SendQueryPrepared(s.prep.name, s.params, s.formats, nil)
-		} else {
-			pl.SendQueryParams(s.sql, nil, nil, nil, nil)
-		}
+		pl.SendQueryPrepared(s.prep.name, s.params, s.formats, nil)
 	}
 	err := pl.Sync()
 	if cerr := pl.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		// A statement prepared at the head of a pipeline that failed later
-		// stays prepared (PostgreSQL's prepared statements are not
+		// A statement prepared in a pipeline that failed later stays
+		// prepared (PostgreSQL's prepared statements are not
 		// transactional), so the next try prepares it under a new name:
 		// under its own, the retry of the tables one by one failed with
 		// 42P05 (TestARefusedChangeFailsOnlyItsTable).

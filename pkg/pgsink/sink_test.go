@@ -585,3 +585,32 @@ func TestTargetDownIsRetriedNotStopped(t *testing.T) {
 	e.conn = conn
 	require.Equal(t, []string{`{"id":1,"v":"a","big":null}`}, e.contents("app.t"))
 }
+
+// A lane's failed commit reads its tables again: a table whose target is
+// unchanged keeps its statements (forgetting them would prepare them
+// again under new names and leave the old ones prepared, at every
+// failure); one whose target changed forgets them.
+func TestAReloadKeepsTheStatementsOfAnUnchangedTable(t *testing.T) {
+	e := newSinkEnv(t, func(o *Options) { o.Workers = 1 })
+	ctx := context.Background()
+	id := common.DispatcherIDFromUint64(1)
+	require.NoError(t, e.sink.Bind(ctx, id, relT, 10))
+	require.NoError(t, e.sink.BeginEpoch(id, 1, 10))
+	require.NoError(t, e.sink.ApplyRows(id, rows(12, tx(pgcodec.Insert, col("id", "1"), col("v", "a"), null("big")))))
+	require.NoError(t, e.sink.Checkpoint(id, 12))
+	e.dur.wait(t, id, 12)
+	e.sink.Close() // the lane goroutine is done with its state
+	l := e.sink.laneFor(relT.OID)
+	d := l.states[id]
+	st := d.table.last[0][formOne].st
+	require.NotNil(t, st, "the insert's statement")
+	e.sink.ctx = context.Background() // reloadTables reads through the (closed) sink's context
+	defer func() { e.sink.admin.Close(ctx) }() // it connects again
+	l.reloadTables([]*dstate{d})
+	require.Same(t, st, d.table.last[0][formOne].st, "unchanged: kept")
+	_, err := e.conn.Exec(ctx, "ALTER TABLE app.t ADD COLUMN extra text")
+	require.NoError(t, err)
+	l.reloadTables([]*dstate{d})
+	require.Nil(t, d.table.last[0][formOne].st, "changed: forgotten")
+	require.Contains(t, d.table.order, "extra")
+}

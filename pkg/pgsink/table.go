@@ -52,6 +52,10 @@ const (
 	forms
 )
 
+// The forms follow valuesMaxRows: two VALUES forms, then the unnested
+// one (this fails to compile if valuesMaxRows changes without them).
+var _ = [1]struct{}{}[forms-(valuesMaxRows+1)]
+
 func formOf(rows int) int { return min(rows, formMany+1) - 1 }
 
 // lastStmt is a form's last statement: its columns (nil: a delete) and
