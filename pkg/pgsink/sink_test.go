@@ -604,8 +604,10 @@ func TestAReloadKeepsTheStatementsOfAnUnchangedTable(t *testing.T) {
 	d := l.states[id]
 	st := d.table.last[0][formOne].st
 	require.NotNil(t, st, "the insert's statement")
-	e.sink.ctx = context.Background() // reloadTables reads through the (closed) sink's context
-	defer func() { e.sink.admin.Close(ctx) }() // it connects again
+	// reloadTables reads through the sink's context, cancelled by Close,
+	// and connects the admin connection again.
+	e.sink.ctx = context.Background()
+	defer func() { e.sink.admin.Close(ctx) }()
 	l.reloadTables([]*dstate{d})
 	require.Same(t, st, d.table.last[0][formOne].st, "unchanged: kept")
 	_, err := e.conn.Exec(ctx, "ALTER TABLE app.t ADD COLUMN extra text")
