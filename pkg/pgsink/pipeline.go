@@ -8,15 +8,18 @@ import (
 )
 
 // A lane's commit as it goes on the wire: its statements and their
-// parameters, already text, sent over the lane's pgconn as one pipeline.
+// parameters, already encoded, sent over the lane's pgconn as one
+// pipeline.
 //
 // The lanes used to queue pgx batches of pgtype values; at 1000 tables,
 // where most statements carry one row, pgx's per-argument work (boxing
 // each value, finding its encode plan, building each Bind) was about a
 // fifth of serve's CPU (a profile of make pgbench's live load). Every
-// parameter of a lane statement is text (the SQL casts it), and the rows'
-// values are text as the source sent them, so a parameter is the row's
-// own bytes, or a text array encoded once into the pipeline's buffer.
+// parameter of a lane statement is text (the SQL casts it) or an array of
+// text, and the rows' values are text as the source sent them, so a
+// parameter is the row's own bytes, or an array encoded once into the
+// pipeline's buffer in PostgreSQL's binary array format. emptyText and
+// allBinary are read-only.
 
 // stmt is a statement a lane prepares on its connection, under its own
 // name (pgx's statement cache is not asked: it would describe it again
