@@ -12,7 +12,9 @@
 // the target's value otherwise), then deletes and upserts go out as
 // batched statements over unnest'ed arrays (one or two rows as VALUES of
 // text parameters, which cost the target less), and the dispatchers'
-// checkpoints are written in the same transaction. Once it commits, the
+// checkpoints are written in the same transaction: one pipeline of
+// statements the lane prepared itself, their parameters encoded by it
+// (pipeline.go), the fence first. Once it commits, the
 // lane reports those checkpoints durable to the collector, which
 // heartbeats only durable checkpoints: a restart resumes exactly from
 // what the target holds, and a replay re-applies harmlessly (upserts and
