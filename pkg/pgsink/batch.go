@@ -34,6 +34,21 @@ type effect struct {
 
 func newBatch() *batch { return &batch{m: map[string]int32{}} }
 
+// reset empties b for the next table's changes, letting go of the rows'
+// bytes. A lane keeps one batch for all its tables (a map and a slice per
+// table and commit were a tenth of the lane's allocations at 1000 tables);
+// one grown large (a drain's) is dropped rather than cleared, which would
+// cost its whole size at every table.
+func (b *batch) reset() {
+	if b.m == nil || len(b.m) > 64 {
+		*b = batch{m: map[string]int32{}}
+		return
+	}
+	clear(b.m)
+	clear(b.effects)
+	b.effects = b.effects[:0]
+}
+
 func (b *batch) empty() bool { return len(b.effects) == 0 }
 
 // bytesString is a string over b's bytes (see batch: they outlive it).

@@ -127,7 +127,8 @@ func (l *lane) reloadTables(ds []*dstate) {
 // rows written and the last checkpoint of the work.
 func (l *lane) queueWork(q *pipeline, d *dstate) (int, common.Ts, error) {
 	t := d.table
-	b := newBatch()
+	b := &l.batch
+	b.reset()
 	n := 0
 	var ckpt common.Ts
 	flush := func() error {
@@ -136,7 +137,7 @@ func (l *lane) queueWork(q *pipeline, d *dstate) (int, common.Ts, error) {
 		}
 		k, err := b.queue(q, t)
 		n += k
-		b = newBatch()
+		b.reset()
 		return err
 	}
 	for _, w := range d.work {
@@ -149,7 +150,7 @@ func (l *lane) queueWork(q *pipeline, d *dstate) (int, common.Ts, error) {
 					return 0, 0, fmt.Errorf("%w: %w: %s: %w", ErrApply, errBadData, t.qname, err)
 				}
 				if c.Change == pgcodec.Truncate {
-					b = newBatch() // what the transaction wrote before is gone too
+					b.reset() // what the transaction wrote before is gone too
 					q.addPlain("TRUNCATE " + t.qname)
 					continue
 				}

@@ -104,6 +104,7 @@ type lane struct {
 	// statement is prepared on the one its conn names) and how many
 	// statements it has named.
 	pipe                          pipeline
+	batch                         batch // queueWork's, for one table at a time
 	fence, markWrote, checkpoints stmt
 	owner                         []byte
 	connections, named            uint64
