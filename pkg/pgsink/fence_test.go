@@ -45,10 +45,7 @@ func TestALaterSinkWaitsForAndFencesOutAnEarlierOne(t *testing.T) {
 	a := newSinkEnv(t, func(o *Options) { o.Workers = 1; o.Owner = "feed" })
 	require.Equal(t, int64(1), a.sink.Generation())
 	id := common.DispatcherIDFromUint64(1)
-	require.NoError(t, a.sink.Bind(ctx, id, relT, 10))
-	require.NoError(t, a.sink.BeginEpoch(id, 1, 10))
-	require.NoError(t, a.sink.ApplyRows(id, rows(12, tx(pgcodec.Insert, col("id", "1"), col("v", "a"), null("big")))))
-	require.NoError(t, a.sink.Checkpoint(id, 12))
+	a.firstRow(id)
 	a.dur.wait(t, id, 12)
 
 	// The test holds the table: A's next transaction passes its fence,

@@ -124,6 +124,16 @@ func rows(ts common.Ts, changes ...pgcodec.RowChange) []common.Row {
 	return out
 }
 
+// firstRow binds id to relT, begins its first epoch at 10 and hands the
+// sink one row of relT at 12 with its checkpoint (not yet durable).
+func (e *sinkEnv) firstRow(id common.DispatcherID) {
+	e.t.Helper()
+	require.NoError(e.t, e.sink.Bind(context.Background(), id, relT, 10))
+	require.NoError(e.t, e.sink.BeginEpoch(id, 1, 10))
+	require.NoError(e.t, e.sink.ApplyRows(id, rows(12, tx(pgcodec.Insert, col("id", "1"), col("v", "a"), null("big")))))
+	require.NoError(e.t, e.sink.Checkpoint(id, 12))
+}
+
 func (e *sinkEnv) contents(table string) []string {
 	e.t.Helper()
 	rs, err := e.conn.Query(context.Background(), "SELECT row_to_json(x)::text FROM "+table+" x")
@@ -279,10 +289,7 @@ func TestLaneFlushesOnTheInjectedClock(t *testing.T) {
 	e := newSinkEnv(t, func(o *Options) { o.Workers = 1; o.FlushInterval = time.Hour; o.Clock = fake })
 	ctx := context.Background()
 	id := common.DispatcherIDFromUint64(1)
-	require.NoError(t, e.sink.Bind(ctx, id, relT, 10))
-	require.NoError(t, e.sink.BeginEpoch(id, 1, 10))
-	require.NoError(t, e.sink.ApplyRows(id, rows(12, tx(pgcodec.Insert, col("id", "1"), col("v", "a"), null("big")))))
-	require.NoError(t, e.sink.Checkpoint(id, 12))
+	e.firstRow(id)
 	// The lane holds the rows and waits for its flush deadline.
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -594,10 +601,7 @@ func TestAReloadKeepsTheStatementsOfAnUnchangedTable(t *testing.T) {
 	e := newSinkEnv(t, func(o *Options) { o.Workers = 1 })
 	ctx := context.Background()
 	id := common.DispatcherIDFromUint64(1)
-	require.NoError(t, e.sink.Bind(ctx, id, relT, 10))
-	require.NoError(t, e.sink.BeginEpoch(id, 1, 10))
-	require.NoError(t, e.sink.ApplyRows(id, rows(12, tx(pgcodec.Insert, col("id", "1"), col("v", "a"), null("big")))))
-	require.NoError(t, e.sink.Checkpoint(id, 12))
+	e.firstRow(id)
 	e.dur.wait(t, id, 12)
 	e.sink.Close() // the lane goroutine is done with its state
 	l := e.sink.laneFor(relT.OID)
