@@ -62,3 +62,38 @@ func perRow(from, to cpuParts, present [3]bool, rows int) [4]float64 {
 	}
 	return out
 }
+
+// series logs, every period until stop is called, the rows committed
+// in that period (rows/s) and the CPU each present part spent per row
+// in it: a run's time series, which shows a configuration that slows as
+// a run goes on where the run's totals only show that it is slower.
+func (m cpuMeter) series(period time.Duration, rows func() int64, logf func(format string, args ...any)) (stop func()) {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(period)
+		defer tick.Stop()
+		start := time.Now()
+		prev, err := m.read()
+		prevRows := rows()
+		for err == nil {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			var now cpuParts
+			if now, err = m.read(); err != nil {
+				logf("time series: %v", err)
+				return
+			}
+			n := rows()
+			pr := perRow(prev, now, m.present(), int(n-prevRows))
+			logf("  t=%3.0fs %6.0f rows/s, CPU µs/row source %s target %s changefeed %s all %s",
+				time.Since(start).Seconds(), float64(n-prevRows)/period.Seconds(), num(pr[0], 0), num(pr[1], 0), num(pr[2], 0), num(pr[3], 0))
+			prev, prevRows = now, n
+		}
+	}()
+	return func() { close(done); <-finished }
+}

@@ -97,6 +97,9 @@ type loader struct {
 	tables        int
 	ins, upd, del []string
 	clients       []*client
+	// committed counts the transactions committed so far, for the
+	// main load's time series.
+	committed atomic.Int64
 }
 
 func newLoader(ctx context.Context, dsn string, tables, clients int, seed uint64) (*loader, error) {
@@ -150,6 +153,7 @@ func (l *loader) run(ctx context.Context, rows int) (loadStats, error) {
 					once.Do(func() { first = err; cancel() })
 					return
 				}
+				l.committed.Add(1)
 			}
 		})
 	}

@@ -129,7 +129,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var results []result
 	for r := range o.runs {
 		for _, n := range o.tables {
-			for _, m := range o.modes {
+			// Each run starts the modes one further along (none, native,
+			// cdcflow; then native, cdcflow, none; ...), so that no mode
+			// always follows the same one: whatever a run leaves behind
+			// (the page cache, the disk's write-back) falls on each mode
+			// in turn, not on one.
+			for i := range o.modes {
+				m := o.modes[(i+r)%len(o.modes)]
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}

@@ -145,7 +145,11 @@ func (b *bench) runConfig(ctx context.Context, mode string, tables, run int) (re
 	if err != nil {
 		return fail("read CPU times", err)
 	}
+	stopSeries := meter.series(10*time.Second, func() int64 { return ld.committed.Load() * rowsPerTxn }, func(format string, args ...any) {
+		b.logf("%s/%d:"+format, append([]any{mode, tables}, args...)...)
+	})
 	st, loadErr := ld.run(ctx, b.opts.rows)
+	stopSeries()
 	if cpuAfter, err := meter.read(); err == nil {
 		res.cpuLoad = perRow(cpuBefore, cpuAfter, meter.present(), st.rows)
 	} else {
