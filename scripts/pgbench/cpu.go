@@ -65,13 +65,15 @@ func perRow(from, to cpuParts, present [3]bool, rows int) [4]float64 {
 
 // series logs, every period until stop is called, the rows committed
 // in that period (rows/s) and the CPU each present part spent per row
-// in it: a run's time series, which shows a configuration that slows as
-// a run goes on where the run's totals only show that it is slower.
-func (m cpuMeter) series(period time.Duration, rows func() int64, logf func(format string, args ...any)) (stop func()) {
+// in it: a run's time series, which shows what a run's totals hide (a
+// slow start, the minutes when autovacuum analyzes every table). stop
+// returns the rows/s of each whole period.
+func (m cpuMeter) series(period time.Duration, rows func() int64, logf func(format string, args ...any)) (stop func() []float64) {
 	done := make(chan struct{})
-	finished := make(chan struct{})
+	finished := make(chan []float64, 1)
 	go func() {
-		defer close(finished)
+		var rates []float64
+		defer func() { finished <- rates }()
 		tick := time.NewTicker(period)
 		defer tick.Stop()
 		start := time.Now()
@@ -89,11 +91,13 @@ func (m cpuMeter) series(period time.Duration, rows func() int64, logf func(form
 				return
 			}
 			n := rows()
+			rate := float64(n-prevRows) / period.Seconds()
+			rates = append(rates, rate)
 			pr := perRow(prev, now, m.present(), int(n-prevRows))
 			logf("  t=%3.0fs %6.0f rows/s, CPU µs/row source %s target %s changefeed %s all %s",
-				time.Since(start).Seconds(), float64(n-prevRows)/period.Seconds(), num(pr[0], 0), num(pr[1], 0), num(pr[2], 0), num(pr[3], 0))
+				time.Since(start).Seconds(), rate, num(pr[0], 0), num(pr[1], 0), num(pr[2], 0), num(pr[3], 0))
 			prev, prevRows = now, n
 		}
 	}()
-	return func() { close(done); <-finished }
+	return func() []float64 { close(done); return <-finished }
 }

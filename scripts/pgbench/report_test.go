@@ -86,3 +86,25 @@ func TestPerRow(t *testing.T) {
 	require.Equal(t, [4]float64{20, 10, -1, 30}, perRow(from, to, [3]bool{true, true, false}, 100000))
 	require.Equal(t, [4]float64{-1, -1, -1, -1}, perRow(from, to, [3]bool{true, true, true}, 0))
 }
+
+// The median 10 s rate is a column of its own with its own ratio and an
+// informational line beside the goal, whose verdict stays the whole
+// load's rate.
+func TestTheWindowRateIsReportedBesideTheGoal(t *testing.T) {
+	withWindow := func(r result, w float64) result { r.windowRate = w; return r }
+	ss := summarize([]result{
+		withWindow(res(modeNone, 1000, 20000, -1, -1, "n/a", ""), 25000),
+		withWindow(res(modeNative, 1000, 16000, 200, 20000, "yes", ""), 20000),
+		withWindow(res(modeCDCFlow, 1000, 12000, 300, 20000, "yes", ""), 19000),
+		withWindow(res(modeCDCFlow, 1000, 14000, 300, 20000, "yes", ""), 21000),
+	})
+	c, _ := find(ss, modeCDCFlow, 1000)
+	require.Equal(t, 20000.0, c.windowRate)
+	out := render(ss)
+	for _, want := range []string{
+		"source slowed no more than by native: cdcflow 0.65 of the baseline, native 0.80: NOT MET",
+		"1000 tables, the same by the median 10 s of the load: cdcflow 0.80 of the baseline, native 0.80 (cdcflow 1.00 of native)",
+	} {
+		require.Contains(t, out, want)
+	}
+}

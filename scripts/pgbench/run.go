@@ -149,7 +149,7 @@ func (b *bench) runConfig(ctx context.Context, mode string, tables, run int) (re
 		b.logf("%s/%d:"+format, append([]any{mode, tables}, args...)...)
 	})
 	st, loadErr := ld.run(ctx, b.opts.rows)
-	stopSeries()
+	res.windowRate = median(stopSeries())
 	if cpuAfter, err := meter.read(); err == nil {
 		res.cpuLoad = perRow(cpuBefore, cpuAfter, meter.present(), st.rows)
 	} else {
