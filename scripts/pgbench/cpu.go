@@ -78,25 +78,31 @@ func (m cpuMeter) series(period time.Duration, rows func() int64, logf func(form
 		defer tick.Stop()
 		start := time.Now()
 		prev, err := m.read()
-		prevRows := rows()
-		for err == nil {
+		if err != nil {
+			logf(" time series: %v", err)
+			return
+		}
+		prevAt, prevRows := start, rows()
+		for {
 			select {
 			case <-done:
 				return
 			case <-tick.C:
 			}
-			var now cpuParts
-			if now, err = m.read(); err != nil {
-				logf("time series: %v", err)
+			now, err := m.read()
+			if err != nil {
+				logf(" time series: %v", err)
 				return
 			}
-			n := rows()
-			rate := float64(n-prevRows) / period.Seconds()
+			// The rate over the time the window really took: a late tick
+			// makes a longer window, not a faster one.
+			at, n := time.Now(), rows()
+			rate := float64(n-prevRows) / at.Sub(prevAt).Seconds()
 			rates = append(rates, rate)
 			pr := perRow(prev, now, m.present(), int(n-prevRows))
 			logf("  t=%3.0fs %6.0f rows/s, CPU µs/row source %s target %s changefeed %s all %s",
-				time.Since(start).Seconds(), rate, num(pr[0], 0), num(pr[1], 0), num(pr[2], 0), num(pr[3], 0))
-			prev, prevRows = now, n
+				at.Sub(start).Seconds(), rate, num(pr[0], 0), num(pr[1], 0), num(pr[2], 0), num(pr[3], 0))
+			prev, prevAt, prevRows = now, at, n
 		}
 	}()
 	return func() []float64 { close(done); return <-finished }

@@ -251,7 +251,7 @@ func goalLines(ss []summary) []string {
 		// Not the goal's verdict (that is the whole load's rate, above):
 		// the same comparison over the median 10 s, for what the whole
 		// load's rate mixes in (docs/benchmarks.md).
-		if okN && okB && base.windowRate > 0 && c.windowRate >= 0 && nat.windowRate >= 0 {
+		if okN && okB && base.windowRate > 0 && c.windowRate >= 0 && nat.windowRate > 0 {
 			out = append(out, fmt.Sprintf("     %4d tables, the same by the median 10 s of the load: cdcflow %.2f of the baseline, native %.2f (cdcflow %.2f of native)",
 				n, c.windowRate/base.windowRate, nat.windowRate/base.windowRate, c.windowRate/nat.windowRate))
 		}

@@ -101,10 +101,44 @@ func TestTheWindowRateIsReportedBesideTheGoal(t *testing.T) {
 	c, _ := find(ss, modeCDCFlow, 1000)
 	require.Equal(t, 20000.0, c.windowRate)
 	out := render(ss)
+	require.Contains(t, out, "source rows/s  vs none 10s median  vs none")
+	// cdcflow's row: the whole rate 13000 (0.65 of none), the median 10 s 20000 (0.80).
+	require.Regexp(t, `cdcflow\s+1000\s+13000\s+0\.65\s+20000\s+0\.80\s`, out)
 	for _, want := range []string{
 		"source slowed no more than by native: cdcflow 0.65 of the baseline, native 0.80: NOT MET",
 		"1000 tables, the same by the median 10 s of the load: cdcflow 0.80 of the baseline, native 0.80 (cdcflow 1.00 of native)",
 	} {
 		require.Contains(t, out, want)
 	}
+}
+
+// Each run takes the modes in another order, so that no mode always
+// follows the same one; run 0 takes them as given.
+func TestEachRunTakesTheModesInAnotherOrder(t *testing.T) {
+	modes := []string{modeNone, modeNative, modeCDCFlow}
+	var orders [][]string
+	for r := range 7 {
+		orders = append(orders, orderOfRun(modes, r))
+	}
+	require.Equal(t, modes, orders[0])
+	require.Equal(t, []string{modeNone, modeCDCFlow, modeNative}, orders[1])
+	require.Equal(t, []string{modeNative, modeNone, modeCDCFlow}, orders[2])
+	require.Equal(t, orders[0], orders[6], "runs beyond the permutations start over")
+	for r, o := range orders[:6] {
+		require.ElementsMatch(t, modes, o, "run %d", r)
+		for _, p := range orders[:r] {
+			require.NotEqual(t, p, o, "run %d repeats an order", r)
+		}
+	}
+	// cdcflow follows native in only one of the first three runs.
+	after := 0
+	for _, o := range orders[:3] {
+		for i := 1; i < len(o); i++ {
+			if o[i] == modeCDCFlow && o[i-1] == modeNative {
+				after++
+			}
+		}
+	}
+	require.Equal(t, 1, after)
+	require.Equal(t, []string{modeCDCFlow}, orderOfRun([]string{modeCDCFlow}, 3))
 }

@@ -149,7 +149,7 @@ func (b *bench) runConfig(ctx context.Context, mode string, tables, run int) (re
 		b.logf("%s/%d:"+format, append([]any{mode, tables}, args...)...)
 	})
 	st, loadErr := ld.run(ctx, b.opts.rows)
-	res.windowRate = median(stopSeries())
+	windows := stopSeries()
 	if cpuAfter, err := meter.read(); err == nil {
 		res.cpuLoad = perRow(cpuBefore, cpuAfter, meter.present(), st.rows)
 	} else {
@@ -167,7 +167,7 @@ func (b *bench) runConfig(ctx context.Context, mode string, tables, run int) (re
 	if err := errors.Join(loadErr, probeErr); err != nil {
 		return fail("the main load", err)
 	}
-	res.rowsPerSec = st.rowsPerSec()
+	res.rowsPerSec, res.windowRate = st.rowsPerSec(), median(windows)
 	b.logf("%s/%d: %d rows in %.1fs: %.0f rows/s; lag p50 %s p99 %s max %s ms", mode, tables, st.rows, st.elapsed.Seconds(),
 		res.rowsPerSec, num(res.lagP50, 0), num(res.lagP99, 0), num(res.lagMax, 0))
 	if profDone != nil {
