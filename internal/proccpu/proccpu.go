@@ -55,14 +55,36 @@ func Read(pid int) (Stat, error) {
 // between the reads is missed or counted once, not twice, within a tick
 // or so of its time.
 func Tree(root int) (time.Duration, error) {
+	parts, err := TreeBy(root, nil)
+	return parts[""], err
+}
+
+// Exited is TreeBy's key for the CPU time of the root itself and of its
+// children that have exited (a postmaster's autovacuum workers, mostly).
+const Exited = "exited"
+
+// TreeBy is Tree split by kind: each live child's time under what kind
+// says of its title (its command line, which PostgreSQL rewrites to say
+// what a backend is: "postgres: walsender ...", "postgres: autovacuum
+// worker ..."), the root's own and its reaped children's under Exited.
+// A nil kind puts everything under "" and reads no titles. A child's time
+// moves from its kind to Exited when it exits, so a kind whose children
+// come and go is read together with Exited.
+func TreeBy(root int, kind func(title string) string) (map[string]time.Duration, error) {
 	st, err := Read(root)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	total := st.Self + st.Reaped
+	key := func(k string) string {
+		if kind == nil {
+			return ""
+		}
+		return k
+	}
+	parts := map[string]time.Duration{key(Exited): st.Self + st.Reaped}
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -73,7 +95,24 @@ func Tree(root int) (time.Duration, error) {
 		if err != nil || c.PPID != root {
 			continue // gone, or not a child
 		}
-		total += c.Self + c.Reaped
+		k := ""
+		if kind != nil {
+			title, err := Title(pid)
+			if err != nil {
+				continue // gone
+			}
+			k = kind(title)
+		}
+		parts[k] += c.Self + c.Reaped
 	}
-	return total, nil
+	return parts, nil
+}
+
+// Title is pid's command line, its arguments joined by spaces.
+func Title(pid int) (string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " ")), nil
 }

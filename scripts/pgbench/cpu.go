@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/cdcflow/eventservice/internal/proccpu"
@@ -82,6 +84,7 @@ func (m cpuMeter) series(period time.Duration, rows func() int64, logf func(form
 			logf(" time series: %v", err)
 			return
 		}
+		prevSrc := m.sourceParts()
 		prevAt, prevRows := start, rows()
 		for {
 			select {
@@ -100,10 +103,70 @@ func (m cpuMeter) series(period time.Duration, rows func() int64, logf func(form
 			rate := float64(n-prevRows) / at.Sub(prevAt).Seconds()
 			rates = append(rates, rate)
 			pr := perRow(prev, now, m.present(), int(n-prevRows))
-			logf("  t=%3.0fs %6.0f rows/s, CPU µs/row source %s target %s changefeed %s all %s",
-				at.Sub(start).Seconds(), rate, num(pr[0], 0), num(pr[1], 0), num(pr[2], 0), num(pr[3], 0))
-			prev, prevAt, prevRows = now, at, n
+			src := m.sourceParts()
+			logf("  t=%3.0fs %6.0f rows/s, CPU µs/row source %s target %s changefeed %s all %s; source: %s",
+				at.Sub(start).Seconds(), rate, num(pr[0], 0), num(pr[1], 0), num(pr[2], 0), num(pr[3], 0),
+				splitPerRow(prevSrc, src, int(n-prevRows)))
+			prev, prevSrc, prevAt, prevRows = now, src, at, n
 		}
 	}()
 	return func() []float64 { close(done); return <-finished }
+}
+
+// The parts of a PostgreSQL server that the time series splits the
+// source's CPU into, in the order it prints them.
+var serverParts = []string{"backends", "walsender", "autovacuum", "other"}
+
+// serverPart names the part a PostgreSQL server's child belongs to from
+// the title PostgreSQL gives it ("postgres: walsender ...").
+func serverPart(title string) string {
+	rest, ok := strings.CutPrefix(title, "postgres: ")
+	if !ok {
+		return "other"
+	}
+	switch {
+	case strings.HasPrefix(rest, "walsender"):
+		return "walsender"
+	case strings.HasPrefix(rest, "autovacuum worker"):
+		return "autovacuum"
+	}
+	for _, aux := range []string{"checkpointer", "background writer", "walwriter", "autovacuum launcher",
+		"logical replication launcher", "archiver", "stats collector", "logical replication worker"} {
+		if strings.HasPrefix(rest, aux) {
+			return "other"
+		}
+	}
+	return "backends" // a client's: "postgres: <user> <database> <host> <state>"
+}
+
+// sourceParts is the source server's CPU by part, with its exited
+// children (autovacuum workers, mostly: a worker's time moves there when
+// it exits) counted as autovacuum; nil when unknown.
+func (m cpuMeter) sourceParts() map[string]time.Duration {
+	if m.src == 0 {
+		return nil
+	}
+	parts, err := proccpu.TreeBy(m.src, serverPart)
+	if err != nil {
+		return nil
+	}
+	parts["autovacuum"] += parts[proccpu.Exited]
+	delete(parts, proccpu.Exited)
+	return parts
+}
+
+// splitPerRow formats what each part of the source spent per row between
+// two sourceParts readings.
+func splitPerRow(from, to map[string]time.Duration, rows int) string {
+	if from == nil || to == nil || rows <= 0 {
+		return "-"
+	}
+	var b strings.Builder
+	for i, p := range serverParts {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		fmt.Fprintf(&b, "%s %.0f", p, float64((to[p]-from[p]).Microseconds())/float64(rows))
+	}
+	return b.String()
 }

@@ -142,3 +142,27 @@ func TestEachRunTakesTheModesInAnotherOrder(t *testing.T) {
 	require.Equal(t, 1, after)
 	require.Equal(t, []string{modeCDCFlow}, orderOfRun([]string{modeCDCFlow}, 3))
 }
+
+// A source's children are told apart by the titles PostgreSQL 15 gives
+// them; what each part spent per row is printed in a fixed order.
+func TestServerPartsByTitle(t *testing.T) {
+	for title, want := range map[string]string{
+		"postgres: walsender postgres 127.0.0.1(40122) START_REPLICATION": "walsender",
+		"postgres: autovacuum worker postgres":                            "autovacuum",
+		"postgres: autovacuum launcher":                                   "other",
+		"postgres: checkpointer":                                          "other",
+		"postgres: background writer":                                     "other",
+		"postgres: walwriter":                                             "other",
+		"postgres: logical replication launcher":                          "other",
+		"postgres: postgres postgres 127.0.0.1(40100) idle":               "backends",
+		"postgres: postgres postgres 127.0.0.1(40100) COMMIT":             "backends",
+		"/usr/lib/postgresql/15/bin/postgres -D /tmp/x/data":              "other",
+	} {
+		require.Equal(t, want, serverPart(title), title)
+	}
+	from := map[string]time.Duration{"backends": time.Second, "walsender": 0}
+	to := map[string]time.Duration{"backends": 3 * time.Second, "walsender": time.Second, "autovacuum": 500 * time.Millisecond}
+	require.Equal(t, "backends 20 walsender 10 autovacuum 5 other 0", splitPerRow(from, to, 100000))
+	require.Equal(t, "-", splitPerRow(nil, to, 100000))
+	require.Equal(t, "-", splitPerRow(from, to, 0))
+}
