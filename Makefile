@@ -138,7 +138,7 @@ soak:
 # 4-row transactions over 100 and 1000 tables, the source's rows/s against
 # a run without replication, lag, catch-up, a 300k-row backlog's drain and
 # compare; scripts/pgbench prints the table and writes it into
-# docs/benchmarks.md. About 20 minutes. PGBENCH_FLAGS adds flags (-runs 3).
+# docs/benchmarks.md. About 10 minutes; PGBENCH_FLAGS adds flags (-runs 3: about 30).
 PGBENCH_FLAGS ?=
 .PHONY: pgbench
 pgbench:
