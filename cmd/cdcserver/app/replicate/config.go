@@ -26,7 +26,7 @@ import (
 // ErrInvalidConfig wraps every configuration error.
 var ErrInvalidConfig = errors.New("invalid configuration")
 
-// Config is serve's configuration; each field is one flag.
+// Config is serve's configuration; each exported field is one flag.
 type Config struct {
 	Source, Sink      string
 	Slot, Publication string
@@ -57,6 +57,11 @@ type Config struct {
 	goruntime.Settings
 	// ShutdownTimeout bounds a clean stop.
 	ShutdownTimeout time.Duration
+
+	// loopInterval is how often serve checks its fence and its source
+	// and records the snapshot's completion (0: a second); no flag, tests
+	// set it.
+	loopInterval time.Duration
 }
 
 // DefaultConfig returns serve's defaults.

@@ -541,7 +541,11 @@ func (p *parts) addNewTable(ctx context.Context, t newTable) error {
 // loop runs until ctx ends or the source stops for good: it records the
 // snapshot's completion and prints the progress line.
 func (p *parts) loop(ctx context.Context, cfg Config, stderr io.Writer) error {
-	tick := time.NewTicker(time.Second)
+	every := cfg.loopInterval
+	if every == 0 {
+		every = time.Second
+	}
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	prog := newProgress(p, stderr)
 	nextProgress := time.Now().Add(cfg.ProgressInterval)
@@ -551,6 +555,16 @@ func (p *parts) loop(ctx context.Context, cfg Config, stderr io.Writer) error {
 		case <-ctx.Done():
 			p.log.Info("stopping")
 			p.quiesce(cfg.ShutdownTimeout / 2)
+			if !snapshotRecorded {
+				// A snapshot applied in full since the last tick: recorded
+				// now, or the next start would take it for interrupted and
+				// copy every table again.
+				rctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout/4)
+				if _, err := p.recordSnapshot(rctx, cfg); err != nil {
+					p.log.Warn("stopping without recording the initial snapshot as done: the next start copies every table again", zap.Error(err))
+				}
+				cancel()
+			}
 			return nil
 		case <-tick.C:
 		}
@@ -563,18 +577,27 @@ func (p *parts) loop(ctx context.Context, cfg Config, stderr io.Writer) error {
 			return err
 		}
 		if !snapshotRecorded {
-			if lo, ok := p.sink.MinDurable(); ok && lo >= p.info.SnapshotTs {
-				if err := p.sink.SetState(ctx, snapshotKey(cfg.Slot), strconv.FormatUint(uint64(p.info.SnapshotTs), 10)); err == nil {
-					snapshotRecorded = true
-					p.log.Info("initial snapshot applied")
-				}
-			}
+			snapshotRecorded, _ = p.recordSnapshot(ctx, cfg) // the target down: the next tick tries again
 		}
 		if cfg.ProgressInterval > 0 && !time.Now().Before(nextProgress) {
 			prog.print()
 			nextProgress = time.Now().Add(cfg.ProgressInterval)
 		}
 	}
+}
+
+// recordSnapshot records the initial snapshot as done once every table's
+// durable checkpoint has reached its ts, and says whether it did.
+func (p *parts) recordSnapshot(ctx context.Context, cfg Config) (bool, error) {
+	lo, ok := p.sink.MinDurable()
+	if !ok || lo < p.info.SnapshotTs {
+		return false, nil
+	}
+	if err := p.sink.SetState(ctx, snapshotKey(cfg.Slot), strconv.FormatUint(uint64(p.info.SnapshotTs), 10)); err != nil {
+		return false, err
+	}
+	p.log.Info("initial snapshot applied")
+	return true, nil
 }
 
 // quiesce ends the stream at its last commit for a clean stop: the sink
