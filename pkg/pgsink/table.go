@@ -171,6 +171,32 @@ func (h targetTypes) of(c pgcodec.Column) string {
 	return c.TargetType()
 }
 
+// missingTables is the set of the qualified names of rels that the target
+// lacks.
+func missingTables(ctx context.Context, q querier, rels []pgcodec.Relation) (map[string]bool, error) {
+	if len(rels) == 0 {
+		return nil, nil
+	}
+	names := make([]string, len(rels))
+	for i, r := range rels {
+		names[i] = r.QualifiedName()
+	}
+	rows, err := q.Query(ctx, "SELECT n FROM unnest($1::text[]) AS n WHERE to_regclass(n) IS NULL", names)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	missing := map[string]bool{}
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			return nil, err
+		}
+		missing[n] = true
+	}
+	return missing, rows.Err()
+}
+
 // createTableSQL creates rel's schema and table if missing, with its
 // columns and key.
 func createTableSQL(rel pgcodec.Relation, has targetTypes) string {

@@ -554,16 +554,12 @@ func (p *parts) loop(ctx context.Context, cfg Config, stderr io.Writer) error {
 		select {
 		case <-ctx.Done():
 			p.log.Info("stopping")
-			p.quiesce(cfg.ShutdownTimeout / 2)
-			if !snapshotRecorded {
+			quiesced := p.quiesce(cfg.ShutdownTimeout / 2)
+			if !snapshotRecorded && quiesced {
 				// A snapshot applied in full since the last tick: recorded
 				// now, or the next start would take it for interrupted and
 				// copy every table again.
-				rctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout/4)
-				if _, err := p.recordSnapshot(rctx, cfg); err != nil {
-					p.log.Warn("stopping without recording the initial snapshot as done: the next start copies every table again", zap.Error(err))
-				}
-				cancel()
+				p.recordSnapshotAtStop(cfg)
 			}
 			return nil
 		case <-tick.C:
@@ -586,6 +582,34 @@ func (p *parts) loop(ctx context.Context, cfg Config, stderr io.Writer) error {
 	}
 }
 
+// recordSnapshotAtStop records the initial snapshot as done after a clean
+// stop's quiesce: every table was resolved to the last commit and the sink
+// commits every checkpoint at once, so a snapshot the stream has passed is
+// durable everywhere within moments (a wait bounded by a quarter of
+// ShutdownTimeout; polled, the sink has no signal for it).
+func (p *parts) recordSnapshotAtStop(cfg Config) {
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout/4)
+	defer cancel()
+	for {
+		done, err := p.recordSnapshot(ctx, cfg)
+		if done {
+			return
+		}
+		if err == nil {
+			t := time.NewTimer(10 * time.Millisecond)
+			select {
+			case <-t.C:
+				continue
+			case <-ctx.Done():
+				t.Stop()
+				err = ctx.Err()
+			}
+		}
+		p.log.Warn("stopping without recording the initial snapshot as done: the next start copies every table again", zap.Error(err))
+		return
+	}
+}
+
 // recordSnapshot records the initial snapshot as done once every table's
 // durable checkpoint has reached its ts, and says whether it did.
 func (p *parts) recordSnapshot(ctx context.Context, cfg Config) (bool, error) {
@@ -604,18 +628,19 @@ func (p *parts) recordSnapshot(ctx context.Context, cfg Config) (bool, error) {
 // commits every checkpoint at once from now on, and the source waits
 // (within timeout) until every table has durably applied the last commit,
 // then confirms it to the slot, so that the next start reads nothing
-// again. If it cannot (the target is down, a table is stopped), the slot
+// again, and says whether it did. If it cannot (the target is down, a table is stopped), the slot
 // keeps the position it had, as after a crash.
-func (p *parts) quiesce(timeout time.Duration) {
+func (p *parts) quiesce(timeout time.Duration) bool {
 	p.sink.Drain()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	if err := p.source.Quiesce(ctx); err != nil {
 		p.log.Warn("stopping without confirming the last commit to the slot: the next start reads the stream again from where it was last confirmed",
 			zap.Error(err))
-		return
+		return false
 	}
 	p.log.Info("the last commit is applied everywhere and confirmed to the slot")
+	return true
 }
 
 // lag is how far the slowest table's durable checkpoint is behind now.
