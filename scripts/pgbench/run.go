@@ -214,6 +214,7 @@ func (b *bench) runConfig(ctx context.Context, mode string, tables, run int) (re
 		// idle through the drain, they would only take CPU from it (see
 		// connectLean). Nothing loads after the backlog.
 		ld.close()
+		b.logSlotWAL(ctx, src.DSN, f.publication(), mode, tables)
 		cpuBefore, cpuErr := meter.read()
 		t0 := time.Now()
 		if err := f.resume(ctx); err != nil {
@@ -377,4 +378,25 @@ func (b *bench) logDir() string {
 		return b.opts.logs
 	}
 	return b.tmp
+}
+
+// logSlotWAL logs how much WAL the restart's walsender decodes: from the
+// slot's restart_lsn to its confirmed position (decoded again, sent to no
+// one: the slot's restart point moves only at a running-xacts record both
+// decoded and confirmed) and from there to now (the backlog). The first
+// part differs from run to run and mode to mode, and the drain's CPU with it.
+func (b *bench) logSlotWAL(ctx context.Context, dsn, slot, mode string, tables int) {
+	var again, backlog int
+	q := "SELECT pg_wal_lsn_diff(confirmed_flush_lsn, restart_lsn)::bigint FROM pg_replication_slots WHERE slot_name = '" + slot + "'"
+	if err := queryInt(ctx, dsn, q, &again); err != nil {
+		b.logf("%s/%d: the slot's position: %v", mode, tables, err)
+		return
+	}
+	q = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint FROM pg_replication_slots WHERE slot_name = '" + slot + "'"
+	if err := queryInt(ctx, dsn, q, &backlog); err != nil {
+		b.logf("%s/%d: the slot's position: %v", mode, tables, err)
+		return
+	}
+	b.logf("%s/%d: the restart decodes %.1f MB of WAL again before the slot's confirmed position, then %.1f MB of backlog",
+		mode, tables, float64(again)/1e6, float64(backlog)/1e6)
 }
