@@ -76,12 +76,16 @@ type lane struct {
 	// lane closed; it is rung after the change, under mu.
 	wake chan struct{}
 
-	mu      sync.Mutex
-	cond    *sync.Cond // enqueuers waiting for room: signalled on dequeue and close
-	queue   []op
-	spare   []op // the queue take emptied last, for the next (a drain grew a new one at every take)
-	qrows   int
-	closed  bool
+	mu     sync.Mutex
+	cond   *sync.Cond // enqueuers waiting for room: signalled on dequeue and close
+	queue  []op
+	spare  []op // the queue take emptied last, for the next (a drain grew a new one at every take)
+	qrows  int
+	closed bool
+	// warm are the tables still to warm (warm.go), warmed how many were
+	// ever queued; under mu.
+	warm    []*table
+	warmed  int
 	tables  map[uint32]*table               // under mu
 	states  map[common.DispatcherID]*dstate // under mu; a dstate's fields are the lane goroutine's
 	pending int                             // rows in the dstates' work; the lane goroutine's
@@ -180,8 +184,8 @@ func (l *lane) take(deadline time.Time) bool {
 	clk := l.s.opts.Clock
 	for {
 		l.mu.Lock()
-		if len(l.queue) > 0 || l.closed || l.s.draining.Load() && !l.ckptDue.IsZero() {
-			break // (draining: held checkpoints are due now; see Sink.Drain)
+		if len(l.queue) > 0 || l.closed || l.s.draining.Load() && !l.ckptDue.IsZero() || len(l.warm) > 0 && l.pending == 0 {
+			break // (draining: held checkpoints are due now; see Sink.Drain; warm: warm.go)
 		}
 		l.mu.Unlock()
 		if deadline.IsZero() {
@@ -263,6 +267,9 @@ func (l *lane) run() {
 	clk := l.s.opts.Clock
 	last := clk.Now()
 	for {
+		if l.pending == 0 && l.warmSome() {
+			continue
+		}
 		var deadline time.Time
 		if l.pending > 0 {
 			deadline = l.rowsDeadline(last)

@@ -12,6 +12,7 @@ type metrics struct {
 	commits       prometheus.Counter
 	ddls          prometheus.Counter
 	reconnects    prometheus.Counter
+	warmed        prometheus.Counter
 	stopped       prometheus.Gauge
 	commitSeconds prometheus.Histogram
 }
@@ -26,6 +27,8 @@ func newMetrics(_ *Sink, reg prometheus.Registerer) (*metrics, error) {
 			Help: "Relation DDLs applied (new columns added)."}),
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "cdcflow", Subsystem: "pgsink", Name: "reconnects_total",
 			Help: "Times a lane lost the target and connected again (its work kept and retried)."}),
+		warmed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "cdcflow", Subsystem: "pgsink", Name: "warmed_tables_total",
+			Help: "Tables whose upsert a lane prepared and ran on no rows before their first rows (the target's caches warmed while the stream has sent nothing yet)."}),
 		stopped: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "cdcflow", Subsystem: "pgsink", Name: "stopped_tables",
 			Help: "Tables stopped by a schema change the sink cannot apply, or changes the target kept refusing."}),
 		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "cdcflow", Subsystem: "pgsink", Name: "commit_duration_seconds",
@@ -38,7 +41,7 @@ func newMetrics(_ *Sink, reg prometheus.Registerer) (*metrics, error) {
 }
 
 func (m *metrics) all() []prometheus.Collector {
-	return []prometheus.Collector{m.rows, m.commits, m.ddls, m.reconnects, m.stopped, m.commitSeconds}
+	return []prometheus.Collector{m.rows, m.commits, m.ddls, m.reconnects, m.warmed, m.stopped, m.commitSeconds}
 }
 
 func (m *metrics) unregister() { promutil.UnregisterAll(m.reg, m.all()...) }

@@ -306,7 +306,9 @@ func (s *Sink) BindAll(ctx context.Context, bs []Binding) error {
 	if err != nil {
 		return err
 	}
+	warm := map[*lane][]*table{}
 	for _, b := range bs {
+		_, stopped := taken[b.ID]
 		if o, ok := taken[b.ID]; ok {
 			s.failed(b.ID, fmt.Errorf("%w: %s holds the rows of source table %d, not of %d (dropped and created again, or "+
 				"renamed away, while this process ran): a restart empties it for this table once that one has left the changefeed",
@@ -316,10 +318,14 @@ func (s *Sink) BindAll(ctx context.Context, bs []Binding) error {
 		if t := tables[b.Rel.OID]; t != nil {
 			if err := owning[b.Rel.OID]; err != nil {
 				s.failed(b.ID, err, true)
+				stopped = true
 			} else if _, err := t.evolve(b.Rel, has); err != nil {
 				s.failed(b.ID, err, true) // an existing target table that does not match
+				stopped = true
 			}
-			l.attach(b.ID, t)
+			if t = l.attach(b.ID, t); !stopped {
+				warm[l] = append(warm[l], t)
+			}
 		} else if !l.has(b.Rel.OID) {
 			return fmt.Errorf("%w: table %s was not created", ErrApply, b.Rel.QualifiedName())
 		} else {
@@ -331,6 +337,9 @@ func (s *Sink) BindAll(ctx context.Context, bs []Binding) error {
 			s.mu.durable[b.ID] = b.StartTs
 		}
 		s.mu.Unlock()
+	}
+	for l, ts := range warm {
+		l.queueWarm(ts) // while the stream has sent nothing yet (warm.go)
 	}
 	return nil
 }

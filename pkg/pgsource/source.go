@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
@@ -59,6 +60,10 @@ type Source struct {
 	snapshot *pendingSnapshot // nil unless Open created the slot
 	resume   Position         // where the stream starts
 
+	// early is the stream OpenStream started, until the first session
+	// takes it (or Close closes it); under mu.
+	early *earlyStream
+
 	mu struct {
 		sync.Mutex
 		opened, started, closed bool
@@ -103,6 +108,19 @@ type pendingSnapshot struct {
 	name string
 	ts   common.Ts
 	lsn  uint64
+}
+
+// earlyStream is a replication stream started before Start (OpenStream):
+// START_REPLICATION sent from from, nothing read yet.
+type earlyStream struct {
+	conn    *pgconn.PgConn
+	catalog *pgx.Conn
+	from    Position
+}
+
+func (e *earlyStream) close() {
+	_ = e.conn.Close(context.Background())
+	_ = e.catalog.Close(context.Background())
 }
 
 // sub is one subscription: a table from a start-ts.
@@ -322,6 +340,58 @@ func (b *sub) Close() {
 	s.mu.subsVersion++
 }
 
+// OpenStream starts the stream of a slot Open resumed (START_REPLICATION
+// from where Start would start it) without reading it, so that the
+// walsender does what it must before sending anything while the caller
+// subscribes its tables: it decodes again the WAL from the slot's restart
+// point to its confirmed position (the restart point moves only at a
+// running-xacts record decoded and confirmed, up to two of the server's
+// 15 s intervals behind), tens of megabytes after a busy stream, and
+// connects and starts its decoding context. Start's first session reads
+// this stream; Close closes it if Start never ran. Optional; after Open,
+// before Start, once; not on a slot Open created (its snapshot is copied
+// first, and the stream starts on the slot's own connection).
+func (s *Source) OpenStream(ctx context.Context) error {
+	s.mu.Lock()
+	switch {
+	case s.mu.closed:
+		s.mu.Unlock()
+		return ErrClosed
+	case !s.mu.opened || s.mu.started || s.early != nil || s.snapshot != nil:
+		s.mu.Unlock()
+		return fmt.Errorf("%w: OpenStream needs a resumed slot, after Open and before Start, once", ErrInvalidOptions)
+	}
+	from := s.mu.saved
+	s.mu.Unlock()
+	conn, catalog, err := s.startStream(ctx, from)
+	if err != nil {
+		return err
+	}
+	e := &earlyStream{conn: conn, catalog: catalog, from: from}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mu.closed || s.mu.started {
+		e.close()
+		return fmt.Errorf("%w: OpenStream raced Close or Start", ErrInvalidOptions)
+	}
+	s.early = e
+	return nil
+}
+
+// takeEarly returns the stream OpenStream started, if it starts at from
+// (nil otherwise: one that does not is closed).
+func (s *Source) takeEarly(from Position) *earlyStream {
+	s.mu.Lock()
+	e := s.early
+	s.early = nil
+	s.mu.Unlock()
+	if e != nil && e.from != from {
+		e.close()
+		return nil
+	}
+	return e
+}
+
 // Start copies the snapshot (if Open created the slot) and streams, until
 // Close. It fails after Close or twice.
 func (s *Source) Start() error {
@@ -356,6 +426,9 @@ func (s *Source) Close() {
 	s.wg.Wait()
 	if s.snapshot != nil && s.snapshot.conn != nil {
 		_ = s.snapshot.conn.Close(context.Background())
+	}
+	if e := s.takeEarly(Position{}); e != nil { // never started, or ended before its first session
+		e.close()
 	}
 	s.met.unregister()
 }

@@ -175,24 +175,18 @@ func (ss *session) refreshSubs() {
 func (s *Source) session(from Position, known map[uint32]pgcodec.Relation) error {
 	ctx := s.ctx
 	var conn *pgconn.PgConn
-	if s.snapshot != nil && s.snapshot.conn != nil {
-		conn, s.snapshot.conn = s.snapshot.conn, nil // the slot's own connection, idle since the snapshot
+	var catalog *pgx.Conn
+	if e := s.takeEarly(from); e != nil {
+		conn, catalog = e.conn, e.catalog // started by OpenStream
 	} else {
 		var err error
-		if conn, err = connectReplication(ctx, s.opts.DSN, s.opts.ReadLinger); err != nil {
+		if conn, catalog, err = s.startStream(ctx, from); err != nil {
 			return err
 		}
 	}
 	defer conn.Close(context.Background())
-	catalog, err := connect(ctx, s.opts.DSN)
-	if err != nil {
-		return err
-	}
 	defer catalog.Close(context.Background())
-	args := []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", s.opts.Publication), "messages 'true'"}
-	if err := pglogrepl.StartReplication(ctx, conn, s.opts.Slot, pglogrepl.LSN(from.LSN), pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
-		return fmt.Errorf("start replication: %w", err)
-	}
+	var err error
 	if from, err = s.reseed(ctx, catalog, from); err != nil {
 		return err
 	}
@@ -206,6 +200,32 @@ func (s *Source) session(from Position, known map[uint32]pgcodec.Relation) error
 	defer s.streaming.Store(false)
 	defer ss.endPushes()
 	return ss.loop(ctx)
+}
+
+// startStream connects (or takes the slot's own connection, idle since the
+// snapshot) and a catalog connection, and starts replication from from.
+func (s *Source) startStream(ctx context.Context, from Position) (*pgconn.PgConn, *pgx.Conn, error) {
+	var conn *pgconn.PgConn
+	if s.snapshot != nil && s.snapshot.conn != nil {
+		conn, s.snapshot.conn = s.snapshot.conn, nil
+	} else {
+		var err error
+		if conn, err = connectReplication(ctx, s.opts.DSN, s.opts.ReadLinger); err != nil {
+			return nil, nil, err
+		}
+	}
+	catalog, err := connect(ctx, s.opts.DSN)
+	if err != nil {
+		_ = conn.Close(context.Background())
+		return nil, nil, err
+	}
+	args := []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", s.opts.Publication), "messages 'true'"}
+	if err := pglogrepl.StartReplication(ctx, conn, s.opts.Slot, pglogrepl.LSN(from.LSN), pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
+		_ = conn.Close(context.Background())
+		_ = catalog.Close(context.Background())
+		return nil, nil, fmt.Errorf("start replication: %w", err)
+	}
+	return conn, catalog, nil
 }
 
 // lastChanceRead is how long a stream whose reply did not come by its

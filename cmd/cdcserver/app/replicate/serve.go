@@ -149,6 +149,15 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 	if err := p.startOrResume(ctx, cfg); err != nil {
 		return err
 	}
+	if !p.info.Created {
+		// The walsender decodes again what the slot retains before its
+		// confirmed position (up to about 30 s of the stream before the
+		// stop) while the store, the sink's binding and the dispatchers
+		// come up; Start reads the stream.
+		if err := p.source.OpenStream(ctx); err != nil {
+			p.log.Warn("the stream could not start early: it starts with the source", zap.Error(err))
+		}
+	}
 	step("source")
 	p.dataDir = cfg.DataDir
 	if p.dataDir == "" {
