@@ -216,6 +216,7 @@ func (b *bench) runConfig(ctx context.Context, mode string, tables, run int) (re
 		ld.close()
 		b.logSlotWAL(ctx, src.DSN, f.publication(), mode, tables)
 		cpuBefore, cpuErr := meter.read()
+		srcBefore := meter.sourceParts()
 		t0 := time.Now()
 		if err := f.resume(ctx); err != nil {
 			return fail("restart the changefeed", err)
@@ -254,8 +255,8 @@ func (b *bench) runConfig(ctx context.Context, mode string, tables, run int) (re
 		}
 		res.drain = seconds(drained.Sub(t0))
 		res.drainRate = float64(bst.rows) / res.drain
-		b.logf("%s/%d: backlog of %d rows (loaded at %.0f rows/s) drained in %.1fs (start-up %.1fs): %.0f rows/s", mode, tables, bst.rows,
-			bst.rowsPerSec(), res.drain, res.startUp, res.drainRate)
+		b.logf("%s/%d: backlog of %d rows (loaded at %.0f rows/s) drained in %.1fs (start-up %.1fs): %.0f rows/s; source CPU µs/row: %s", mode, tables, bst.rows,
+			bst.rowsPerSec(), res.drain, res.startUp, res.drainRate, splitPerRow(srcBefore, meter.sourceParts(), bst.rows))
 	}
 
 	// Verification: cdcserver compare over the changefeed's publication.
