@@ -178,14 +178,15 @@ func (l *lane) ring() {
 }
 
 // take waits for queued work (or the deadline, on the sink's clock; with
-// a zero deadline, for work only) and moves it into the dispatchers' work
-// lists. It reports false once the lane is closed.
-func (l *lane) take(deadline time.Time) bool {
+// a zero deadline, for work only; with canWarm, not while tables are left
+// to warm) and moves it into the dispatchers' work lists. It reports false
+// once the lane is closed.
+func (l *lane) take(deadline time.Time, canWarm bool) bool {
 	clk := l.s.opts.Clock
 	for {
 		l.mu.Lock()
-		if len(l.queue) > 0 || l.closed || l.s.draining.Load() && !l.ckptDue.IsZero() || len(l.warm) > 0 && l.pending == 0 {
-			break // (draining: held checkpoints are due now; see Sink.Drain; warm: warm.go)
+		if len(l.queue) > 0 || l.closed || l.s.draining.Load() && !l.ckptDue.IsZero() || canWarm && len(l.warm) > 0 {
+			break // (draining: held checkpoints are due now; see Sink.Drain)
 		}
 		l.mu.Unlock()
 		if deadline.IsZero() {
@@ -267,9 +268,6 @@ func (l *lane) run() {
 	clk := l.s.opts.Clock
 	last := clk.Now()
 	for {
-		if l.pending == 0 && l.warmSome() {
-			continue
-		}
 		var deadline time.Time
 		if l.pending > 0 {
 			deadline = l.rowsDeadline(last)
@@ -277,16 +275,17 @@ func (l *lane) run() {
 		if !l.ckptDue.IsZero() && (deadline.IsZero() || l.ckptDue.Before(deadline)) {
 			deadline = l.ckptDue
 		}
-		if !l.take(deadline) {
+		// With tables to warm and no commit due soon, take returns at once
+		// (warm.go).
+		canWarm := deadline.IsZero() || deadline.Sub(clk.Now()) >= warmMargin
+		if !l.take(deadline, canWarm) {
 			return
-		}
-		if len(l.held) == 0 {
-			continue
 		}
 		now := clk.Now()
 		rowsDue := l.pending >= l.s.opts.BatchRows || l.pending > 0 && !now.Before(l.rowsDeadline(last))
 		ckptsDue := !l.ckptDue.IsZero() && (!now.Before(l.ckptDue) || l.s.draining.Load())
 		if !rowsDue && !ckptsDue {
+			l.warmSome(now, deadline) // while nothing is due
 			continue
 		}
 		l.commitAll(now)

@@ -2,6 +2,7 @@ package pgsink
 
 import (
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 )
@@ -13,17 +14,23 @@ import (
 // each lane's first commit (about 250 tables, one upsert each) spent 0.47
 // s in the target where the next ones spent 0.03 to 0.07 s. At a restart
 // that time is idle: the stream has sent nothing while the walsender
-// decodes again what the slot retains before its confirmed position. So
-// once the tables are bound, a lane with nothing to apply prepares each
+// decodes again what the slot retains before its confirmed position, and
+// the first rows' lane waits up to a second for more before it commits
+// (flushInterval). So once the tables are bound, a lane with no commit
+// due within warmMargin prepares each
 // of its tables' upsert of a whole row (the statement of inserts and of
 // updates that leave no column unchanged) and runs it on no rows, a few
 // tables at a time, behind the fence like any commit. It writes nothing;
 // the statement stays prepared for the rows, and the table's cache
 // entries serve its other statements.
 
-// warmChunk is how many tables one warm-up pipeline takes: rows that
-// arrive meanwhile wait for at most that (about 1 ms a table).
-const warmChunk = 64
+// warmChunk is how many tables one warm-up pipeline takes (about 1 ms a
+// table in the target), and warmMargin how long before a commit is due a
+// lane still starts one: rows wait for a chunk at most that long.
+const (
+	warmChunk  = 32
+	warmMargin = 50 * time.Millisecond
+)
 
 // warmMax is the most tables a lane warms: each is a statement prepared
 // on its connection for good, which a lane with very many tables would
@@ -46,17 +53,19 @@ func (l *lane) queueWarm(ts []*table) {
 	l.ring()
 }
 
-// warmSome warms the next chunk of the tables queued to warm if the lane
-// has nothing else to do, and reports whether it did.
-func (l *lane) warmSome() bool {
+// warmSome warms the next chunk of the tables queued to warm, at now,
+// unless a commit is due within warmMargin of it (deadline; zero: none
+// due). A lane holding rows of a backlog waits up to a second for more
+// before it commits (flushInterval): time it spends warming instead.
+func (l *lane) warmSome(now, deadline time.Time) {
 	superseded := l.s.Err() != nil // before mu: Err takes the sink's
 	l.mu.Lock()
 	if superseded {
 		l.warm = nil // nothing more is sent
 	}
-	if len(l.warm) == 0 || len(l.queue) > 0 || l.closed || l.pending > 0 {
+	if len(l.warm) == 0 || l.closed || !deadline.IsZero() && deadline.Sub(now) < warmMargin {
 		l.mu.Unlock()
-		return false
+		return
 	}
 	n := min(len(l.warm), warmChunk)
 	ts := append([]*table(nil), l.warm[:n]...)
@@ -82,11 +91,17 @@ func (l *lane) warmSome() bool {
 		st := t.memo(formMany, false, cols, func() *stmt {
 			return t.statement(strings.Join(cols, "\x00"), func() string { return t.upsertSQL(cols) })
 		})
+		if st.conn == l.connections {
+			continue // a commit of its rows prepared it first
+		}
 		empty := make([][]byte, len(cols))
 		for i := range empty {
 			empty[i] = p.textArray(0, nil)
 		}
 		p.addArrays(st, empty...)
+	}
+	if len(p.stmts) == 1 {
+		return // the fence alone
 	}
 	err := l.exec(l.s.ctx, p)
 	if err == nil {
@@ -98,5 +113,4 @@ func (l *lane) warmSome() bool {
 		l.warm = nil
 		l.mu.Unlock()
 	}
-	return true
 }
