@@ -13,12 +13,22 @@ import (
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 )
 
-// Once its tables are bound, a lane with nothing to apply warms them (each
-// table's upsert of a whole row prepared and run on no rows): every table
-// counted, nothing written, the owner not marked as having written; the
-// rows that follow use the warmed statements and arrive as sent.
+// Once its tables are bound, a lane with nothing due warms them (each
+// table's upsert of a whole row prepared and planned, not run): every
+// table counted, nothing written, no trigger fired, the owner not marked
+// as having written; the rows that follow use the warmed statements and
+// arrive as sent.
 func TestALaneWarmsItsTablesBeforeTheirFirstRows(t *testing.T) {
 	e := newSinkEnv(t, nil)
+	// One target table the user created first, with a statement-level
+	// trigger: warming must not fire it (an empty INSERT would).
+	for _, sql := range []string{"CREATE SCHEMA app", "CREATE TABLE app.fired (at timestamptz)",
+		"CREATE TABLE app.w00 (id integer PRIMARY KEY, v text, big text)",
+		"CREATE FUNCTION app.note() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN INSERT INTO app.fired VALUES (now()); RETURN NULL; END$$",
+		"CREATE TRIGGER note AFTER INSERT OR UPDATE ON app.w00 FOR EACH STATEMENT EXECUTE FUNCTION app.note()"} {
+		_, err := e.conn.Exec(context.Background(), sql)
+		require.NoError(t, err, sql)
+	}
 	const n = 20
 	binds := make([]Binding, n)
 	for i := range binds {
@@ -32,6 +42,7 @@ func TestALaneWarmsItsTablesBeforeTheirFirstRows(t *testing.T) {
 	var written int
 	require.NoError(t, e.conn.QueryRow(context.Background(), "SELECT count(*) FROM cdcflow.owners WHERE wrote").Scan(&written))
 	require.Zero(t, written, "warming writes nothing")
+	require.Empty(t, e.contents("app.fired"), "warming runs no statement: no trigger fires")
 	for _, b := range binds {
 		require.Empty(t, e.contents(b.Rel.QualifiedName()))
 		require.NoError(t, e.sink.BeginEpoch(b.ID, 1, 10))
