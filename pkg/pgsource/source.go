@@ -348,9 +348,12 @@ func (b *sub) Close() {
 // running-xacts record decoded and confirmed, up to two of the server's
 // 15 s intervals behind), tens of megabytes after a busy stream, and
 // connects and starts its decoding context. Start's first session reads
-// this stream; Close closes it if Start never ran. Optional; after Open,
-// before Start, once; not on a slot Open created (its snapshot is copied
-// first, and the stream starts on the slot's own connection).
+// this stream; Close closes it if Start never ran. Nothing answers the
+// server until Start: a Start later than the server's wal_sender_timeout
+// (60 s by default) finds the stream ended, and its first session connects
+// again (nothing lost, nothing gained). Optional; after Open, before
+// Start, once; not on a slot Open created (its snapshot is copied first,
+// and the stream starts on the slot's own connection).
 func (s *Source) OpenStream(ctx context.Context) error {
 	s.mu.Lock()
 	switch {
