@@ -177,10 +177,7 @@ func (l *lane) exec(ctx context.Context, p *pipeline) error {
 			continue
 		}
 		if s.prep.conn != l.connections {
-			if s.prep.name == "" {
-				l.named++
-				s.prep.name = "cdcflow_" + strconv.Itoa(l.n) + "_" + strconv.FormatUint(l.named, 10)
-			}
+			l.name(s.prep)
 			pl.SendPrepare(s.prep.name, s.prep.sql, nil)
 			s.prep.conn = l.connections
 			fresh = append(fresh, s.prep)
@@ -202,6 +199,15 @@ func (l *lane) exec(ctx context.Context, p *pipeline) error {
 		}
 	}
 	return err
+}
+
+// name gives st a name of the lane's if it has none (a statement that
+// failed to prepare was unnamed: its name is spent).
+func (l *lane) name(st *stmt) {
+	if st.name == "" {
+		l.named++
+		st.name = "cdcflow_" + strconv.Itoa(l.n) + "_" + strconv.FormatUint(l.named, 10)
+	}
 }
 
 // runInTransaction sends p's statements one by one, unprepared, in an

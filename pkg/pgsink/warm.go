@@ -97,10 +97,7 @@ func (l *lane) warmSome(now, deadline time.Time) {
 		if st.conn == l.connections {
 			continue // a commit of its rows prepared it first
 		}
-		if st.name == "" {
-			l.named++
-			st.name = "cdcflow_" + strconv.Itoa(l.n) + "_" + strconv.FormatUint(l.named, 10)
-		}
+		l.name(st)
 		stmts = append(stmts, st)
 		explains = append(explains, "EXPLAIN EXECUTE "+st.name+"("+strings.TrimSuffix(strings.Repeat("'{}', ", len(cols)), ", ")+")")
 	}
