@@ -65,6 +65,10 @@ type parts struct {
 	wg      sync.WaitGroup
 	// cancel ends the goroutines of parts (new tables) at close.
 	cancel context.CancelFunc
+	// stopBy is when a clean stop must be over (zero until one began):
+	// its quiesce, the snapshot's record and close share ShutdownTimeout.
+	stopBy time.Time
+	knobs  *stopKnobs
 }
 
 type newTable struct {
@@ -85,10 +89,10 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 		return fmt.Errorf("%w: logger: %w", ErrInvalidConfig, err)
 	}
 	defer cfg.Settings.Apply(os.Getenv)()
-	p := &parts{reg: prometheus.NewRegistry(), log: lg, newTables: make(chan newTable, 64)}
+	p := &parts{reg: prometheus.NewRegistry(), log: lg, newTables: make(chan newTable, 64), knobs: cfg.stopKnobs}
 	p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ctx, p.cancel = context.WithCancel(ctx)
-	defer p.close(cfg.ShutdownTimeout)
+	defer func() { p.close(p.closeBudget(cfg.ShutdownTimeout)) }()
 	if err := p.build(ctx, cfg); err != nil {
 		return err
 	}
@@ -563,6 +567,7 @@ func (p *parts) loop(ctx context.Context, cfg Config, stderr io.Writer) error {
 		select {
 		case <-ctx.Done():
 			p.log.Info("stopping")
+			p.stopBy = time.Now().Add(cfg.ShutdownTimeout)
 			quiesced := p.quiesce(cfg.ShutdownTimeout / 2)
 			if !snapshotRecorded && quiesced {
 				// A snapshot applied in full since the last tick: recorded
@@ -597,7 +602,7 @@ func (p *parts) loop(ctx context.Context, cfg Config, stderr io.Writer) error {
 // durable everywhere within moments (a wait bounded by a quarter of
 // ShutdownTimeout; polled, the sink has no signal for it).
 func (p *parts) recordSnapshotAtStop(cfg Config) {
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout/4)
+	ctx, cancel := context.WithTimeout(context.Background(), min(cfg.ShutdownTimeout/4, time.Until(p.stopBy)))
 	defer cancel()
 	for {
 		done, err := p.recordSnapshot(ctx, cfg)
@@ -643,7 +648,11 @@ func (p *parts) quiesce(timeout time.Duration) bool {
 	p.sink.Drain()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	if err := p.source.Quiesce(ctx); err != nil {
+	quiesce := p.source.Quiesce
+	if p.knobs != nil && p.knobs.quiesce != nil {
+		quiesce = p.knobs.quiesce
+	}
+	if err := quiesce(ctx); err != nil {
 		p.log.Warn("stopping without confirming the last commit to the slot: the next start reads the stream again from where it was last confirmed",
 			zap.Error(err))
 		return false
@@ -661,12 +670,28 @@ func (p *parts) lag() time.Duration {
 	return lo.Lag(time.Now())
 }
 
+// closeBudget is how long close may take: what a clean stop has left of
+// ShutdownTimeout (it began with the quiesce), or all of it when serve
+// ends otherwise (an error, or a failed start).
+func (p *parts) closeBudget(shutdown time.Duration) time.Duration {
+	if p.stopBy.IsZero() {
+		return shutdown
+	}
+	return max(0, time.Until(p.stopBy))
+}
+
 // close stops everything in reverse order, within timeout.
 func (p *parts) close(timeout time.Duration) {
 	p.cancel()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		if k := p.knobs; k != nil && k.closing != nil {
+			k.closing()
+		}
+		if k := p.knobs; k != nil && k.closed != nil {
+			defer k.closed()
+		}
 		if p.coll != nil {
 			if err := p.coll.Close(); err != nil {
 				p.log.Warn("close collector", zap.Error(err))
