@@ -13,6 +13,7 @@ type metrics struct {
 	ddls          prometheus.Counter
 	reconnects    prometheus.Counter
 	warmed        prometheus.Counter
+	warmFailures  prometheus.Counter
 	stopped       prometheus.Gauge
 	commitSeconds prometheus.Histogram
 }
@@ -28,7 +29,9 @@ func newMetrics(_ *Sink, reg prometheus.Registerer) (*metrics, error) {
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "cdcflow", Subsystem: "pgsink", Name: "reconnects_total",
 			Help: "Times a lane lost the target and connected again (its work kept and retried)."}),
 		warmed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "cdcflow", Subsystem: "pgsink", Name: "warmed_tables_total",
-			Help: "Tables whose upsert a lane prepared and ran on no rows before their first rows (the target's caches warmed while the stream has sent nothing yet)."}),
+			Help: "Tables whose upsert a lane prepared and had the target plan, without running it, before their first rows (the target's caches warmed while the stream has sent nothing yet)."}),
+		warmFailures: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "cdcflow", Subsystem: "pgsink", Name: "warm_failures_total",
+			Help: "Warm-up pipelines the target refused (a table locked by another session past the warm-up's lock timeout, for one): the lane stops warming, and its tables' statements are prepared by their first rows' commits."}),
 		stopped: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "cdcflow", Subsystem: "pgsink", Name: "stopped_tables",
 			Help: "Tables stopped by a schema change the sink cannot apply, or changes the target kept refusing."}),
 		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "cdcflow", Subsystem: "pgsink", Name: "commit_duration_seconds",
@@ -41,7 +44,7 @@ func newMetrics(_ *Sink, reg prometheus.Registerer) (*metrics, error) {
 }
 
 func (m *metrics) all() []prometheus.Collector {
-	return []prometheus.Collector{m.rows, m.commits, m.ddls, m.reconnects, m.warmed, m.stopped, m.commitSeconds}
+	return []prometheus.Collector{m.rows, m.commits, m.ddls, m.reconnects, m.warmed, m.warmFailures, m.stopped, m.commitSeconds}
 }
 
 func (m *metrics) unregister() { promutil.UnregisterAll(m.reg, m.all()...) }

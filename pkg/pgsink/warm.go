@@ -35,6 +35,14 @@ const (
 	warmMargin = 50 * time.Millisecond
 )
 
+// warmLockTimeout bounds each lock a warm-up pipeline waits for. Preparing
+// an upsert takes its table's RowExclusiveLock until the pipeline ends, so
+// a table that another session holds in a conflicting mode (an ALTER, a
+// VACUUM FULL, a LOCK TABLE on the target) would hold the lane, and every
+// table of it, in a warm-up of tables that may have no rows at all; the
+// rows' own commits wait for such a lock as they must.
+const warmLockTimeout = "100ms"
+
 // warmMax is the most tables a lane warms: each is a statement prepared
 // on its connection for good, which a lane with very many tables would
 // pay for tables that may see no row for a long time.
@@ -119,15 +127,17 @@ func (l *lane) warmSome(now, deadline time.Time) {
 		l.reconnect()
 	default:
 		// Nothing is lost: the rows' commits prepare what they need.
-		l.s.log.Debug("warming a lane's statements failed", zap.Int("lane", l.n), zap.Error(err))
+		l.s.met.warmFailures.Inc()
+		l.s.log.Info("a lane stops warming its tables' statements: the target refused", zap.Int("lane", l.n), zap.Error(err))
 		l.mu.Lock()
 		l.warm = nil
 		l.mu.Unlock()
 	}
 }
 
-// warmPipeline sends, in one pipeline behind the fence, each statement's
-// Prepare and an EXPLAIN EXECUTE of it on empty arrays: the server plans
+// warmPipeline sends, in one pipeline behind the fence and under
+// warmLockTimeout, each statement's Prepare and an EXPLAIN EXECUTE of it on
+// empty arrays: the server plans
 // it (its table's and indexes' cache entries built) and runs nothing, so
 // no row is written and no trigger fires. The statements count as
 // prepared on the lane's connection once it succeeded; on failure they are
@@ -135,6 +145,9 @@ func (l *lane) warmSome(now, deadline time.Time) {
 func (l *lane) warmPipeline(stmts []*stmt, explains []string) error {
 	pl := l.conn.PgConn().StartPipeline(l.s.ctx)
 	pl.SendQueryParams(fenceSQL, [][]byte{l.owner, []byte(strconv.FormatInt(l.s.generation, 10))}, nil, nil, nil)
+	// For the rest of the pipeline's transaction (the fence waits as long
+	// as it must).
+	pl.SendQueryParams("SELECT set_config('lock_timeout', $1, true)", [][]byte{[]byte(warmLockTimeout)}, nil, nil, nil)
 	for i, st := range stmts {
 		pl.SendPrepare(st.name, st.sql, nil)
 		pl.SendQueryParams(explains[i], nil, nil, nil, nil)

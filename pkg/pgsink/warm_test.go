@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
@@ -58,4 +59,46 @@ func TestALaneWarmsItsTablesBeforeTheirFirstRows(t *testing.T) {
 			e.contents(b.Rel.QualifiedName()))
 	}
 	require.Equal(t, float64(n), testutil.ToFloat64(e.sink.met.warmed), "warmed once")
+}
+
+// A table that another session holds locked on the target does not hold
+// its lane in the warm-up: the warm-up waits for a lock at most
+// warmLockTimeout, then stops, and the lane applies the rows of its other
+// tables while the lock is held; the locked table's rows go in once it is
+// released. Without the bound the lane would wait in the warm-up's
+// pipeline for as long as the lock is held, with every table behind it.
+func TestALockedTableDoesNotHoldALanesWarmUp(t *testing.T) {
+	e := newSinkEnv(t, func(o *Options) { o.Workers = 1 })
+	ctx := context.Background()
+	_, err := e.conn.Exec(ctx, "CREATE SCHEMA app; CREATE TABLE app.locked (id integer PRIMARY KEY, v text, big text)")
+	require.NoError(t, err)
+	holder, err := pgx.Connect(ctx, e.pg.DSN)
+	require.NoError(t, err)
+	defer holder.Close(ctx)
+	hold, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	_, err = hold.Exec(ctx, "LOCK TABLE app.locked IN ACCESS EXCLUSIVE MODE") // as an ALTER TABLE would
+	require.NoError(t, err)
+
+	locked, other := relT, relT
+	locked.OID, locked.Name = 2000, "locked"
+	other.OID, other.Name = 2001, "other"
+	lockedID, otherID := common.DispatcherIDFromUint64(2000), common.DispatcherIDFromUint64(2001)
+	require.NoError(t, e.sink.BindAll(ctx, []Binding{{ID: lockedID, Rel: locked, StartTs: 10}, {ID: otherID, Rel: other, StartTs: 10}}))
+	require.Eventually(t, func() bool { return testutil.ToFloat64(e.sink.met.warmFailures) == 1 }, time.Minute, 10*time.Millisecond,
+		"the warm-up gives up on the locked table")
+
+	require.NoError(t, e.sink.BeginEpoch(otherID, 1, 10))
+	require.NoError(t, e.sink.ApplyRows(otherID, rows(12, tx(pgcodec.Insert, col("id", "1"), col("v", "a"), null("big")))))
+	require.NoError(t, e.sink.Checkpoint(otherID, 12))
+	e.dur.wait(t, otherID, 12)
+	require.Equal(t, []string{`{"id":1,"v":"a","big":null}`}, e.contents("app.other"), "the lane applies its other tables meanwhile")
+
+	require.NoError(t, e.sink.BeginEpoch(lockedID, 1, 10))
+	require.NoError(t, e.sink.ApplyRows(lockedID, rows(13, tx(pgcodec.Insert, col("id", "2"), col("v", "b"), null("big")))))
+	require.NoError(t, e.sink.Checkpoint(lockedID, 13))
+	require.NoError(t, hold.Rollback(ctx))
+	e.dur.wait(t, lockedID, 13)
+	require.Equal(t, []string{`{"id":2,"v":"b","big":null}`}, e.contents("app.locked"), "its rows go in once the lock is released")
+	require.Zero(t, testutil.ToFloat64(e.sink.met.warmed), "nothing of the failed pipeline counts as warmed")
 }
