@@ -63,12 +63,13 @@ type Config struct {
 	// and records the snapshot's completion (0: a second); no flag, tests
 	// set it.
 	loopInterval time.Duration
-	// stopKnobs hold a clean stop's steps for a test (nil: none).
+	// stopKnobs let a test hold a clean stop's steps (nil: none).
 	stopKnobs *stopKnobs
 }
 
-// stopKnobs are a test's hooks into a clean stop: quiesce runs in place of
-// the source's quiesce, with its context (bounded by the step's share of
+// stopKnobs are a test's hooks into a clean stop, so that it can make each
+// step take as long as it likes: quiesce runs in place of the source's
+// quiesce, with its context (bounded by the step's share of
 // ShutdownTimeout); closing runs first in close's goroutine and closed last.
 type stopKnobs struct {
 	quiesce func(ctx context.Context) error

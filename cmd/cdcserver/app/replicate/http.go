@@ -64,7 +64,7 @@ func serveHTTP(cfg Config, p *parts) (*httpServers, error) {
 	prof.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	prof.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	if err := start(cfg.PprofAddr, prof); err != nil {
-		h.close()
+		h.close(time.Time{})
 		return nil, err
 	}
 	return h, nil
@@ -78,8 +78,14 @@ func (h *httpServers) pprofAddr() string {
 	return h.addrs[1]
 }
 
-func (h *httpServers) close() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+// close shuts the servers down, giving requests in flight 2 s, or what
+// is left until by (a clean stop's end; zero: none).
+func (h *httpServers) close(by time.Time) {
+	wait := 2 * time.Second
+	if !by.IsZero() {
+		wait = min(wait, max(0, time.Until(by)))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	for _, s := range h.servers {
 		_ = s.Shutdown(ctx)

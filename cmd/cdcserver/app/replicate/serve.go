@@ -100,7 +100,7 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrSetup, err)
 	}
-	defer httpSrv.close()
+	defer func() { httpSrv.close(p.stopBy) }()
 	lg.Info("serving", zap.Int("tables", len(p.info.Tables)), zap.Bool("snapshot", p.info.Created),
 		zap.Stringer("resume_ts", p.info.ResumeTs), zap.String("metrics", httpSrv.metricsAddr()), zap.String("pprof", httpSrv.pprofAddr()))
 	fmt.Fprintf(stderr, "serve: replicating %d tables; metrics at %s\n", len(p.info.Tables), orNone(httpSrv.metricsAddr()))
@@ -687,7 +687,7 @@ func (p *parts) close(timeout time.Duration) {
 	go func() {
 		defer close(done)
 		if k := p.knobs; k != nil && k.closing != nil {
-			k.closing()
+			k.closing() // first, so that a test can hold the close past its budget
 		}
 		if k := p.knobs; k != nil && k.closed != nil {
 			defer k.closed()
@@ -723,6 +723,6 @@ func (p *parts) close(timeout time.Duration) {
 	select {
 	case <-done:
 	case <-time.After(timeout):
-		p.log.Error("shutdown timed out", zap.Duration("timeout", timeout))
+		p.log.Error("shutdown timed out: closing did not end within what the stop had left of --shutdown-timeout", zap.Duration("left", timeout))
 	}
 }

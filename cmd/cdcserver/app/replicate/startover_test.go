@@ -3,6 +3,8 @@ package replicate
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -226,27 +228,32 @@ func TestACleanStopRecordsTheSnapshotItApplied(t *testing.T) {
 // had a timeout of its own (a half, a quarter and the whole: up to 1.75
 // times the flag). The quiesce here takes its whole half (it waits for
 // its context's end, as one does whose table never applies the last
-// commit) and the close is held until the test lets it go: the stop must
-// return when the budget is spent, not a whole ShutdownTimeout after the
-// quiesce.
+// commit; a stop that did not quiesce records no snapshot) and the close
+// is held until the test lets it go: the stop must return when the budget
+// is spent, not a whole ShutdownTimeout after the quiesce.
 func TestACleanStopKeepsWithinItsTimeout(t *testing.T) {
 	p := newPair(t)
 	p.exec("CREATE TABLE t (id int PRIMARY KEY)")
 	cfg := p.config()
 	cfg.ShutdownTimeout = 2 * time.Second
 	release, closed := make(chan struct{}), make(chan struct{})
+	var letGo sync.Once
+	t.Cleanup(func() { // the close goes on after the stop returned: its end is waited for, pass or fail
+		letGo.Do(func() { close(release) })
+		<-closed
+	})
 	cfg.stopKnobs = &stopKnobs{
 		quiesce: func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() },
 		closing: func() { <-release },
 		closed:  func() { close(closed) },
 	}
 	stop, stderr := p.serve(cfg)
-	p.waitEqual("the snapshot")
+	require.Eventually(t, func() bool { return strings.Contains(stderr.String(), "serve: replicating") },
+		time.Minute, 10*time.Millisecond, "serving (built, the stop is a clean one)")
 	began := time.Now()
 	require.NoError(t, stop(), stderr.String())
 	took := time.Since(began)
-	close(release)
-	<-closed // the close goes on after the stop returned; the test waits for its end
+	letGo.Do(func() { close(release) })
 	require.Less(t, took, cfg.ShutdownTimeout*5/4, "the stop took %v\n%s", took, stderr.String())
 	require.Contains(t, stderr.String(), "stopping without confirming the last commit to the slot")
 	require.Contains(t, stderr.String(), "shutdown timed out")
