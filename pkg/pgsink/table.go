@@ -181,20 +181,26 @@ func missingTables(ctx context.Context, q querier, rels []pgcodec.Relation) (map
 	for i, r := range rels {
 		names[i] = r.QualifiedName()
 	}
-	rows, err := q.Query(ctx, "SELECT n FROM unnest($1::text[]) AS n WHERE to_regclass(n) IS NULL", names)
+	return nameSet(ctx, q, "SELECT n FROM unnest($1::text[]) AS n WHERE to_regclass(n) IS NULL", names)
+}
+
+// nameSet runs sql, a query of one text column over the array names, and
+// returns the names it yields as a set.
+func nameSet(ctx context.Context, q querier, sql string, names []string) (map[string]bool, error) {
+	rows, err := q.Query(ctx, sql, names)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	missing := map[string]bool{}
+	set := map[string]bool{}
 	for rows.Next() {
 		var n string
 		if err := rows.Scan(&n); err != nil {
 			return nil, err
 		}
-		missing[n] = true
+		set[n] = true
 	}
-	return missing, rows.Err()
+	return set, rows.Err()
 }
 
 // createTableSQL creates rel's schema and table if missing, with its
@@ -412,21 +418,9 @@ func createdTypes(ctx context.Context, q querier, rels ...pgcodec.Relation) (tar
 			}
 		}
 	}
-	has := targetTypes{}
 	if len(names) == 0 {
-		return has, nil
+		return targetTypes{}, nil
 	}
-	rows, err := q.Query(ctx, "SELECT n FROM unnest($1::text[]) AS n WHERE to_regtype(n) IS NOT NULL", names)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var n string
-		if err := rows.Scan(&n); err != nil {
-			return nil, err
-		}
-		has[n] = true
-	}
-	return has, rows.Err()
+	set, err := nameSet(ctx, q, "SELECT n FROM unnest($1::text[]) AS n WHERE to_regtype(n) IS NOT NULL", names)
+	return targetTypes(set), err
 }
