@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/pkg/common"
@@ -47,6 +48,12 @@ func TestALaterSinkWaitsForAndFencesOutAnEarlierOne(t *testing.T) {
 	id := common.DispatcherIDFromUint64(1)
 	a.firstRow(id)
 	a.dur.wait(t, id, 12)
+	// The lane warms the table once idle (warm.go), in a pipeline behind
+	// the fence too: the lock wait the test looks for below must be A's
+	// commit, not that warm-up, which B would wait for instead.
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(a.sink.met.warmed)+testutil.ToFloat64(a.sink.met.warmFailures) == 1
+	}, time.Minute, 5*time.Millisecond, "A's warm-up of the table is over")
 
 	// The test holds the table: A's next transaction passes its fence,
 	// then waits for the table.
