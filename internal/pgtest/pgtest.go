@@ -1,7 +1,8 @@
 // Package pgtest starts a real PostgreSQL server for tests: initdb and
 // postgres from the machine's PostgreSQL 15 packages, as a non-root user
 // (the packages' "postgres" user when the test runs as root), on a free
-// loopback port, in a temporary directory that is removed when the test
+// loopback port (below the ephemeral range; another one when a parallel
+// server takes it first), in a temporary directory that is removed when the test
 // ends. A test that cannot start the server fails; it never skips.
 //
 // StartWith takes Options: wal_level=logical for replication sources,
@@ -17,8 +18,10 @@
 package pgtest
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -104,12 +107,6 @@ func Launch(opts Options) (*Server, error) {
 			return fail(err)
 		}
 	}
-	port, err := freePort()
-	if err != nil {
-		return fail(err)
-	}
-	s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	s.DSN = fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", s.Addr)
 	s.data = filepath.Join(s.dir, "data")
 	if out, err := s.run(filepath.Join(bin, "initdb"), "-D", s.data, "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8").CombinedOutput(); err != nil {
 		return fail(fmt.Errorf("initdb: %v\n%s", err, out))
@@ -129,15 +126,37 @@ func Launch(opts Options) (*Server, error) {
 		settings = append(settings, "ssl=on", "ssl_cert_file="+cert, "ssl_key_file="+key)
 	}
 	settings = append(settings, opts.Settings...)
-	s.opts = fmt.Sprintf("-p %d", port)
-	for _, kv := range settings {
-		s.opts += " -c " + kv
+	// The port is free when chosen but nothing holds it until the server
+	// binds it, so another server started in parallel (another test
+	// package's) can take it first: the start then fails on the bind and
+	// is tried again on another port.
+	for attempt := 1; ; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			return fail(err)
+		}
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		s.DSN = fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", s.Addr)
+		s.opts = fmt.Sprintf("-p %d", port)
+		for _, kv := range settings {
+			s.opts += " -c " + kv
+		}
+		err = s.Restart()
+		if err == nil {
+			return s, nil
+		}
+		if !errors.Is(err, errPortTaken) || attempt == portAttempts {
+			return fail(err)
+		}
 	}
-	if err := s.Restart(); err != nil {
-		return fail(err)
-	}
-	return s, nil
 }
+
+// portAttempts bounds how many ports Launch tries when the one it chose
+// is taken before the server binds it.
+const portAttempts = 5
+
+// errPortTaken marks a start that failed because the port was taken.
+var errPortTaken = errors.New("port taken")
 
 // Stop stops the server (fast shutdown), keeping its data: Restart starts
 // it again on the same address.
@@ -152,7 +171,13 @@ func (s *Server) Stop() error {
 func (s *Server) Restart() error {
 	if out, err := s.run(filepath.Join(s.bin, "pg_ctl"), "-D", s.data, "-o", s.opts, "-w", "-l", filepath.Join(s.dir, "log"), "start").CombinedOutput(); err != nil {
 		log, _ := os.ReadFile(filepath.Join(s.dir, "log"))
-		return fmt.Errorf("pg_ctl start: %v\n%s\n%s", err, out, log)
+		// The log is appended to by every start: only this start's part
+		// says why this one failed.
+		_ = os.Remove(filepath.Join(s.dir, "log"))
+		if bytes.Contains(log, []byte("Address already in use")) {
+			err = fmt.Errorf("%w: %v", errPortTaken, err)
+		}
+		return fmt.Errorf("pg_ctl start: %w\n%s\n%s", err, out, log)
 	}
 	return nil
 }
@@ -204,14 +229,49 @@ func runner() (func(string, ...string) *exec.Cmd, int, int, error) {
 	}, uid, gid, nil
 }
 
-// freePort asks the kernel for a free loopback port.
+// freePort chooses a free loopback port below the kernel's ephemeral
+// range, so that no outgoing connection (the tests make many) is given it
+// between the choice and the server's bind; it falls back to a port the
+// kernel chooses when none of a few random ones is free.
 func freePort() (int, error) {
+	low := ephemeralLow()
+	for range 20 {
+		port := portFloor + rand.IntN(low-portFloor)
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err == nil {
+			_ = l.Close()
+			return port, nil
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// portFloor is the lowest port freePort chooses: above the well-known
+// and most registered services' ports.
+const portFloor = 20000
+
+// ephemeralLow is the first port of the kernel's ephemeral range (Linux's
+// default, 32768, when it cannot be read or leaves no room below it).
+func ephemeralLow() int {
+	const linuxDefault = 32768
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return linuxDefault
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return linuxDefault
+	}
+	low, err := strconv.Atoi(f[0])
+	if err != nil || low <= portFloor+1000 {
+		return linuxDefault
+	}
+	return low
 }
 
 // PostmasterPID is the running server's postmaster process id, from its

@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"net"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -48,4 +49,33 @@ func TestLogicalServerStopsAndRestarts(t *testing.T) {
 	var n int
 	require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM pg_tables WHERE tablename = 'kept'").Scan(&n))
 	require.Equal(t, 1, n, "its data kept")
+}
+
+// The port a server is given is below the kernel's ephemeral range, where
+// no outgoing connection can be handed it before the server binds it.
+func TestFreePortIsBelowTheEphemeralRange(t *testing.T) {
+	low := ephemeralLow()
+	for range 50 {
+		port, err := freePort()
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, port, portFloor)
+		require.Less(t, port, low)
+	}
+}
+
+// A start that fails because something else took the port says so
+// (errPortTaken, which Launch answers with another port), and the server
+// starts once the port is free again.
+func TestAStartOnATakenPortSaysSo(t *testing.T) {
+	s := Start(t)
+	require.NoError(t, s.Stop())
+	l, err := net.Listen("tcp", s.Addr)
+	require.NoError(t, err)
+	err = s.Restart()
+	require.ErrorIs(t, err, errPortTaken)
+	require.NoError(t, l.Close())
+	require.NoError(t, s.Restart())
+	conn, err := pgx.Connect(context.Background(), s.DSN)
+	require.NoError(t, err)
+	require.NoError(t, conn.Close(context.Background()))
 }
