@@ -2,8 +2,9 @@
 // postgres from the machine's PostgreSQL 15 packages, as a non-root user
 // (the packages' "postgres" user when the test runs as root), on a free
 // loopback port (below the ephemeral range; another one when a parallel
-// server takes it first), in a temporary directory that is removed when the test
-// ends. A test that cannot start the server fails; it never skips.
+// server takes it first), in a temporary directory that is removed when
+// the test ends. A test that cannot start the server fails; it never
+// skips.
 //
 // StartWith takes Options: wal_level=logical for replication sources,
 // fsync on for benchmarks; Stop and Restart take a server down and back
