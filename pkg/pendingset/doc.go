@@ -67,5 +67,6 @@
 // forgets queued items). Add keeps working after either; it just records.
 //
 // Test support: clock.Fake (package pkg/clock, the module's one clock) drives
-// Options.Clock in tests.
+// Options.Clock in tests. The key's state machine is traced step by step by
+// the datadriven scripts in testdata/trace (TestTraces).
 package pendingset
