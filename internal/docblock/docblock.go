@@ -1,7 +1,3 @@
-// Package docblock rewrites a generated block of a document: what lies
-// between the lines <!-- name --> and <!-- /name -->. The benchmark
-// scripts write their tables into README.md and docs/ with it, so a figure
-// appears once, generated.
 package docblock
 
 import (

@@ -1,7 +1,3 @@
-// Package proccpu reads processes' CPU times from /proc (Linux): what a
-// benchmark charges to a PostgreSQL server (a postmaster and its
-// backends) or to a child process. It is a measuring kit for benchmarks
-// and scripts, never linked by the library.
 package proccpu
 
 import (

@@ -1,8 +1,3 @@
-// Package tlstest makes certificate authorities and certificates for tests
-// of mutual TLS: a CA, and leaf certificates it signs for 127.0.0.1 with
-// the subject alternative names a test chooses (the identities a
-// remote.Policy grants targets to). Files are PEM, written in a directory
-// of the test's.
 package tlstest
 
 import (

@@ -1,20 +1,3 @@
-// Command benchtable reads `go test -bench` output (several -count runs)
-// and prints one table of medians per benchmark and metric, then the
-// headline ratios of the project, each computed from medians measured in
-// the same run.
-//
-// Usage: go run ./scripts/benchtable [-update] bench.out [cdcserver.json]
-//
-// The optional second file is the one JSON object `cdcserver --json` prints;
-// its notify and lag figures follow the ratios.
-//
-// With -update it prints nothing and rewrites, instead, the generated
-// blocks of the documents that quote it: the headline ratios and the
-// server run in README.md (between <!-- benchtable:headline --> and
-// <!-- /benchtable:headline -->), the table of medians in
-// docs/benchmarks.md (<!-- benchtable:table --> ... <!-- /benchtable:table -->).
-// Every figure is thus stated once, as this program computed it; prose
-// names rows and never repeats a number.
 package main
 
 import (
