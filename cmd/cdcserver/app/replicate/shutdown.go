@@ -1,0 +1,91 @@
+package replicate
+
+import (
+	"context"
+	"os"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// A clean stop's quiesce, and closing the parts within what ShutdownTimeout has left.
+
+// quiesce ends the stream at its last commit for a clean stop: the sink
+// commits every checkpoint at once from now on, and the source waits
+// (within timeout) until every table has durably applied the last commit,
+// then confirms it to the slot, so that the next start reads nothing
+// again, and says whether it did. If it cannot (the target is down, a table is stopped), the slot
+// keeps the position it had, as after a crash.
+func (p *parts) quiesce(timeout time.Duration) bool {
+	p.sink.Drain()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	quiesce := p.source.Quiesce
+	if p.knobs != nil && p.knobs.quiesce != nil {
+		quiesce = p.knobs.quiesce
+	}
+	if err := quiesce(ctx); err != nil {
+		p.log.Warn("stopping without confirming the last commit to the slot: the next start reads the stream again from where it was last confirmed",
+			zap.Error(err))
+		return false
+	}
+	p.log.Info("the last commit is applied everywhere and confirmed to the slot")
+	return true
+}
+
+// closeBudget is how long close may take: what a clean stop has left of
+// ShutdownTimeout (it began with the quiesce), or all of it when serve
+// ends otherwise (an error, or a failed start).
+func (p *parts) closeBudget(shutdown time.Duration) time.Duration {
+	if p.stopBy.IsZero() {
+		return shutdown
+	}
+	return max(0, time.Until(p.stopBy))
+}
+
+// close stops everything in reverse order, within timeout.
+func (p *parts) close(timeout time.Duration) {
+	p.cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if k := p.knobs; k != nil && k.closing != nil {
+			k.closing() // first, so that a test can hold the close past its budget
+		}
+		if k := p.knobs; k != nil && k.closed != nil {
+			defer k.closed()
+		}
+		if p.coll != nil {
+			if err := p.coll.Close(); err != nil {
+				p.log.Warn("close collector", zap.Error(err))
+			}
+		}
+		if p.svc != nil {
+			p.svc.Close()
+		}
+		if p.source != nil {
+			p.source.Close()
+		}
+		if p.store != nil {
+			_ = p.store.Close()
+		}
+		p.wg.Wait()
+		if p.inproc != nil {
+			p.inproc.Close()
+		}
+		if p.sink != nil {
+			p.sink.Close()
+		}
+		if p.positions != nil {
+			p.positions.Close()
+		}
+		if p.tmpDir {
+			_ = os.RemoveAll(p.dataDir)
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		p.log.Error("shutdown timed out: closing did not end within what the stop had left of --shutdown-timeout", zap.Duration("left", timeout))
+	}
+}
