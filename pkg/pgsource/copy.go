@@ -370,6 +370,11 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&rel.
 	if locked != name {
 		return rel, nil, nil, nil, fmt.Errorf("%w: table %d renamed from %s to %s", errSnapshotAhead, oid, name, locked)
 	}
+	if len(ident) != 1 {
+		// relreplident is a "char": one byte, or the catalog is not what
+		// PostgreSQL writes.
+		return rel, nil, nil, nil, fmt.Errorf("%w: table %d has replica identity %q", ErrProtocol, oid, ident)
+	}
 	rel.OID = oid
 	if rel.Columns, err = tableColumns(ctx, tx.Conn(), oid, ident[0]); err != nil {
 		return rel, nil, nil, nil, err
