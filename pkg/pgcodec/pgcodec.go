@@ -380,9 +380,126 @@ func (c Column) TargetType() string {
 	return c.Type
 }
 
-// validType reports whether a type name may be written into SQL.
+// validType reports whether a type name may be written into SQL: it must
+// read as a type name as format_type writes one, and nothing else, since a
+// sink pastes it into CREATE TABLE and ALTER TABLE unquoted. The grammar:
+// name parts (a bare identifier, or a quoted one with "" for a quote)
+// joined by '.' (a schema), each optionally followed by a type modifier of
+// digits and words ("(20)", "(10,2)", "(5,-2)", an extension's
+// "(Point,4326)"); after a space, only the words of SQL's multi-word types
+// ("character varying", "double precision", "timestamp(3) with time zone",
+// "interval day to second"); then any number of "[]". What a space could
+// otherwise bring in (NOT NULL, DEFAULT, GENERATED ALWAYS AS (...),
+// REFERENCES, COLLATE) is a column's constraint, not its type, and is
+// refused.
 func validType(t string) bool {
-	return t != "" && len(t) <= 256 && utf8.ValidString(t) && !strings.ContainsAny(t, ";\x00")
+	if t == "" || len(t) > 256 || !utf8.ValidString(t) {
+		return false
+	}
+	for strings.HasSuffix(t, "[]") {
+		t = t[:len(t)-2]
+	}
+	afterSpace := false
+	for i := 0; ; {
+		if i >= len(t) {
+			return false // an empty part: "", "a.", "a ", "[]"
+		}
+		switch c := t[i]; {
+		case c == '"':
+			if afterSpace {
+				return false
+			}
+			j, ok := quotedIdentEnd(t, i)
+			if !ok {
+				return false
+			}
+			i = j
+		case isIdentStart(c):
+			j := i + 1
+			for j < len(t) && isIdentByte(t[j]) {
+				j++
+			}
+			if afterSpace && !typeWord(strings.ToLower(t[i:j])) {
+				return false
+			}
+			i = j
+		default:
+			return false
+		}
+		if i < len(t) && t[i] == '(' {
+			j := strings.IndexByte(t[i:], ')')
+			if j < 0 || !validTypmod(t[i+1:i+j]) {
+				return false
+			}
+			i += j + 1
+		}
+		if i == len(t) {
+			return true
+		}
+		switch t[i] {
+		case '.':
+			afterSpace = false
+		case ' ':
+			afterSpace = true
+		default:
+			return false
+		}
+		i++
+	}
+}
+
+// quotedIdentEnd returns the index just past the quoted identifier that
+// starts at t[i] == '"' ("" inside stands for one quote), and false when it
+// is unterminated, empty or holds a NUL.
+func quotedIdentEnd(t string, i int) (int, bool) {
+	for j := i + 1; j < len(t); j++ {
+		switch t[j] {
+		case 0:
+			return 0, false
+		case '"':
+			if j+1 < len(t) && t[j+1] == '"' {
+				j++
+				continue
+			}
+			return j + 1, j > i+1
+		}
+	}
+	return 0, false
+}
+
+// validTypmod reports whether m, what lies between a type modifier's
+// parentheses, is a comma-separated list of (possibly negative) numbers
+// and bare words.
+func validTypmod(m string) bool {
+	for _, item := range strings.Split(m, ",") {
+		item = strings.TrimPrefix(item, "-")
+		if item == "" {
+			return false
+		}
+		for k := 0; k < len(item); k++ {
+			if !isIdentByte(item[k]) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func isIdentStart(c byte) bool {
+	return c == '_' || ('a' <= c && c <= 'z') || ('A' <= c && c <= 'Z')
+}
+
+func isIdentByte(c byte) bool { return isIdentStart(c) || c == '$' || ('0' <= c && c <= '9') }
+
+// typeWord reports whether w may follow a space in a type name: the words
+// of SQL's multi-word types as format_type writes them.
+func typeWord(w string) bool {
+	switch w {
+	case "varying", "precision", "with", "without", "time", "zone",
+		"year", "month", "day", "hour", "minute", "second", "to":
+		return true
+	}
+	return false
 }
 
 // Relation is a table as the source sees it.

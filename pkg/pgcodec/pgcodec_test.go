@@ -157,3 +157,33 @@ func FuzzDecodeValue(f *testing.F) {
 		require.Equal(t, c, named)
 	})
 }
+
+// A column's type is pasted into CREATE TABLE and ALTER TABLE unquoted, so
+// it must read as a type name and nothing more: what a space or a
+// parenthesis could bring in besides (a generated expression that runs a
+// function on the target, a default, a constraint, a collation) is refused.
+func TestATypeNameCarriesNothingButAType(t *testing.T) {
+	for _, typ := range []string{
+		"integer", "text", "character varying(20)", "numeric(10,2)", "numeric(5,-2)", "double precision",
+		"timestamp(3) with time zone", "timestamp without time zone", "time(6) without time zone",
+		"interval day to second(3)", "interval year to month", "bit varying(5)", `"char"`, "text[]",
+		"integer[][]", `"Sales".mood[]`, `public."we""ird type"`, "geometry(PointZ,4326)", "ext$1.t_2",
+	} {
+		require.True(t, validType(typ), "%q refused", typ)
+	}
+	for _, typ := range []string{
+		"", "int; DROP TABLE x", "text GENERATED ALWAYS AS (pg_read_file('/etc/hostname')) STORED",
+		"text GENERATED ALWAYS AS IDENTITY", "integer NOT NULL", "integer DEFAULT 5", "text COLLATE \"C\"",
+		"integer REFERENCES secrets", "integer PRIMARY KEY", "text CHECK (false)", "numeric(10,2) DEFAULT 1",
+		"numeric(1 2)", "numeric(1,(2))", "numeric(", "text)", "a.", ".a", "a..b", "a  b", "text [] ",
+		`"unterminated`, `""`, "\"a\x00\"", "int\x00", "text -- comment", "text/*x*/", "int'", "[]",
+		"integer varying(1) with (x)", "1integer", "character varying(20)extra",
+	} {
+		require.False(t, validType(typ), "%q accepted", typ)
+	}
+	// Through the DDL a sink parses: the same refusal, a typed error.
+	r := Relation{OID: 1, Schema: "s", Name: "t", Columns: []Column{{Name: "id", Type: "integer", Key: true},
+		{Name: "x", Type: "text GENERATED ALWAYS AS (pg_read_file('/etc/hostname')) STORED"}}}
+	_, err := ParseRelationDDL(RelationDDL(r))
+	require.ErrorIs(t, err, ErrMalformed)
+}
