@@ -3,6 +3,7 @@ package pgsink
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -78,7 +79,9 @@ func (s *Sink) claimTargets(ctx context.Context, conn *pgx.Conn, bs []Binding) (
 			switch {
 			case o.dispatcher == hexID(b.ID):
 				own = true
-			case inChangefeed[o.dispatcher] || s.leftFn == nil || !s.leftFn(uint32(o.oid)):
+			case inChangefeed[o.dispatcher] || s.leftFn == nil || o.oid < 0 || o.oid > math.MaxUint32 || !s.leftFn(uint32(o.oid)):
+				// An OID no table can have is not one that left: the
+				// rows stay, and the binding stops.
 				live = append(live, o)
 			default:
 				left = append(left, o)

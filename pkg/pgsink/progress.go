@@ -38,10 +38,19 @@ func (s *Sink) Checkpoints(ctx context.Context) (map[common.DispatcherID]common.
 		if _, err := fmt.Sscanf(key, "%016x%016x", &id.Hi, &id.Lo); err != nil {
 			continue // not one of ours
 		}
+		if ts < 0 {
+			// Ours, but not as the sink writes it: as a Ts it would be
+			// past every commit, and the table would resume after them all.
+			return nil, fmt.Errorf("%w: cdcflow.checkpoints: dispatcher %s at ts %d", ErrCorruptProgress, key, ts)
+		}
 		out[id] = common.Ts(ts)
 	}
 	return out, rows.Err()
 }
+
+// ErrCorruptProgress: a record of the target's progress (cdcflow.checkpoints)
+// holds what the sink never writes, so it cannot be resumed from.
+var ErrCorruptProgress = errors.New("pgsink: the target's progress records are corrupt")
 
 // hexID is id as cdcflow.checkpoints keys it.
 func hexID(id common.DispatcherID) string { return fmt.Sprintf("%016x%016x", id.Hi, id.Lo) }

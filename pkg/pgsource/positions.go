@@ -12,6 +12,10 @@ import (
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
+// ErrCorruptPosition: a saved position holds what TablePositions never
+// writes (a negative commit-ts), so the slot cannot be resumed from it.
+var ErrCorruptPosition = errors.New("pgsource: a saved source position is corrupt")
+
 // TablePositions is a PositionStore in a table of a PostgreSQL database,
 // cdcflow.source_positions: typically the sink's, so that the slot's
 // positions live and die with the checkpoints they match. It keeps the
@@ -74,6 +78,10 @@ func (p *TablePositions) Load(ctx context.Context, slot string, lsn uint64) (Pos
 	}
 	if err != nil {
 		return Position{}, false, err
+	}
+	if ts < 0 {
+		// Not as Save writes it: as a Ts it would be past every commit.
+		return Position{}, false, fmt.Errorf("%w: cdcflow.source_positions: slot %s at %d has ts %d", ErrCorruptPosition, slot, lsn, ts)
 	}
 	return Position{LSN: lsn, Ts: common.Ts(ts)}, true, nil
 }
