@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/cdcflow/eventservice/pkg/common"
 )
 
 // A decoder of pgoutput's messages (protocol version 1, with messages),
@@ -135,9 +137,23 @@ func (r *reader) u64(what string) uint64 {
 	return v
 }
 
+// A commit time is microseconds since 2000-01-01. One before the Unix
+// epoch or past what a Ts can hold (2^46 ms after it, the year 4199)
+// would wrap the commit-ts it becomes, so it is refused.
+const (
+	minCommitMicros = -946_684_800_000_000                                      // 1970-01-01
+	maxCommitMicros = (1<<(64-common.LogicalBits) - 1 - 946_684_800_000) * 1000 // the largest Ts's millisecond
+)
+
 func (r *reader) time(what string) time.Time {
 	us := int64(r.u64(what))
-	return pgEpoch.Add(time.Duration(us) * time.Microsecond)
+	if r.err == nil && (us < minCommitMicros || us > maxCommitMicros) {
+		r.fail(what + " out of range")
+		return time.Time{}
+	}
+	// Microseconds since the Unix epoch: past about 292 years from
+	// 2000 a time.Duration could not hold them.
+	return time.UnixMicro(us - minCommitMicros).UTC()
 }
 
 // cstring reads a NUL-terminated string.

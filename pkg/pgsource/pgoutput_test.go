@@ -2,9 +2,12 @@ package pgsource
 
 import (
 	"encoding/binary"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/pkg/common"
 )
 
 // Messages as pgoutput writes them (protocol version 1).
@@ -80,4 +83,26 @@ func FuzzParseMessage(f *testing.F) {
 			require.ErrorIs(t, err, ErrMalformedMessage)
 		}
 	})
+}
+
+// A commit time before the Unix epoch or past what a commit-ts can hold
+// would wrap the Ts it becomes (a commit-ts far behind or ahead of every
+// other): the message is malformed. The bounds themselves parse.
+func TestACommitTimeOutOfRangeIsMalformed(t *testing.T) {
+	begin := func(us int64) []byte {
+		b := []byte{'B'}
+		b = binary.BigEndian.AppendUint64(b, 0x1000)
+		b = binary.BigEndian.AppendUint64(b, uint64(us))
+		return binary.BigEndian.AppendUint32(b, 7)
+	}
+	for _, us := range []int64{minCommitMicros - 1, maxCommitMicros + 1, math.MinInt64, math.MaxInt64} {
+		_, err := parseMessage(begin(us))
+		require.ErrorIs(t, err, ErrMalformedMessage, "%d", us)
+	}
+	for _, us := range []int64{minCommitMicros, 0, 1_000_000_000, maxCommitMicros} {
+		m, err := parseMessage(begin(us))
+		require.NoError(t, err, "%d", us)
+		ts := common.TsFromTime(m.(msgBegin).commitTime)
+		require.Equal(t, us/1000-minCommitMicros/1000, ts.PhysicalMs(), "%d: the Ts keeps the time", us)
+	}
 }
