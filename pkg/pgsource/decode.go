@@ -229,6 +229,13 @@ func (ss *session) change(ctx context.Context, oid uint32, c pgcodec.Change, old
 		if t != nil && len(t) != len(m.columns) {
 			return fmt.Errorf("%w: a tuple of %d columns for %s.%s of %d", ErrProtocol, len(t), m.namespace, m.name, len(m.columns))
 		}
+		if t != nil && len(t) != len(rel.Columns) {
+			// The relation version in use (a snapshot copy's, adopted
+			// from the catalog) is not the stream's description: the
+			// tuple cannot be read by it, and indexing it would panic.
+			return fmt.Errorf("%w: a tuple of %d columns for %s.%s, whose relation version in use has %d", ErrProtocol,
+				len(t), m.namespace, m.name, len(rel.Columns))
+		}
 	}
 	// The key and the datums are built in the session's scratch slices:
 	// add encodes them into the row (pgcodec.EncodeRow copies), so one

@@ -562,3 +562,31 @@ func TestAChangeCopiesItsRowsAndKeepsNoReferenceIntoTheMessage(t *testing.T) {
 		require.Equal(t, w.cols, got, "row %d", i)
 	}
 }
+
+// A change whose tuple the relation version in use cannot read (a
+// snapshot copy adopted the catalog's version, of another column count,
+// while the stream's description is older) is a protocol error of the
+// stream, never an index past the tuple's end, whichever of the two has
+// more columns.
+func TestATupleTheRelationVersionInUseCannotReadIsAnError(t *testing.T) {
+	src := &Source{log: zaptest.NewLogger(t)}
+	src.opts.ChunkRows = 1 << 20
+	var err error
+	src.met, err = newMetrics(src, prometheus.NewRegistry())
+	require.NoError(t, err)
+	two := []pgcodec.Column{{Name: "id", Type: "text", Key: true}, {Name: "v", Type: "text"}}
+	three := append(append([]pgcodec.Column{}, two...), pgcodec.Column{Name: "w", Type: "text"})
+	tuple := []tupleCol{{kind: 't', data: []byte("k")}, {kind: 't', data: []byte("v")}}
+	for name, inUse := range map[string][]pgcodec.Column{"more columns": three, "fewer columns": two[:1]} {
+		ss := &session{s: src,
+			known: map[uint32]pgcodec.Relation{7: {OID: 7, Schema: "public", Name: "t", Columns: inUse}},
+			rels:  map[uint32]*msgRelation{7: {oid: 7, namespace: "public", name: "t", columns: []relColumn{{key: true, name: "id"}, {name: "v"}}}},
+			subs:  map[uint32][]*sub{7: {{oid: 7}}},
+			cur:   &txn{ts: 100, pending: map[uint32][]common.Row{}},
+		}
+		ctx := context.Background()
+		require.ErrorIs(t, ss.change(ctx, 7, pgcodec.Insert, nil, 0, tuple), ErrProtocol, name)
+		require.ErrorIs(t, ss.change(ctx, 7, pgcodec.Update, tuple, 'O', tuple), ErrProtocol, name)
+		require.Empty(t, ss.cur.pending[7], name)
+	}
+}
