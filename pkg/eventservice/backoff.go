@@ -1,10 +1,11 @@
 package eventservice
 
 import (
-	"math/rand/v2"
+	"math"
 	"sync"
 	"time"
 
+	"github.com/cdcflow/eventservice/internal/backoff"
 	"github.com/cdcflow/eventservice/internal/dueheap"
 	"github.com/cdcflow/eventservice/pkg/clock"
 )
@@ -95,17 +96,18 @@ func (b *dueTimers[T]) run(closing <-chan struct{}, fire func(T)) {
 	}
 }
 
+// backoffJitter is the fraction by which Options.Rand shortens a back-off
+// delay at most.
+const backoffJitter = 0.2
+
 // backoffDelay is the delay of back-off attempt n (counted from 0 since the
 // last success): BackoffBase doubled per attempt, capped at BackoffMax,
-// shortened by up to 20% of jitter so dispatchers refused together do not
-// retry together. It is the service's one back-off, for sends and for
-// store re-registrations alike.
+// shortened by up to backoffJitter (20%) at random (Options.Rand) so
+// dispatchers refused together do not retry together. It is the service's
+// one back-off, for sends and for store re-registrations alike, and the
+// module's (internal/backoff.Delay, whose failures count from 1).
 func (svc *Service) backoffDelay(n int) time.Duration {
-	d := svc.opts.BackoffBase << min(n, 30)
-	if d <= 0 || d > svc.opts.BackoffMax {
-		d = svc.opts.BackoffMax
-	}
-	return d - time.Duration(rand.Float64()*0.2*float64(d))
+	return backoff.Delay(min(n, math.MaxInt-1)+1, svc.opts.BackoffBase, svc.opts.BackoffMax, backoffJitter, svc.opts.Rand())
 }
 
 // backoffExpired re-queues a session whose back-off expired (a stale entry

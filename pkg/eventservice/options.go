@@ -1,6 +1,7 @@
 package eventservice
 
 import (
+	"math/rand/v2"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -73,8 +74,17 @@ type Options struct {
 	// inbound capacity or the send could never be accepted.
 	MaxMessagesPerTask int
 	// BackoffBase and BackoffMax bound a dispatcher's exponential back-off
-	// after its target refused or failed a send. Defaults 10ms and 1s.
+	// after its target refused or failed a send, and after a failed store
+	// re-registration. Defaults 10ms and 1s. Each delay is shortened by up
+	// to 20% at random, so that dispatchers refused together do not retry
+	// together.
 	BackoffBase, BackoffMax time.Duration
+	// Rand returns a number in [0,1) for that jitter: a delay d becomes
+	// d*(1-0.2*u). The service's workers call it concurrently, so it must
+	// be safe for concurrent use; inject one returning 0 for exact delays.
+	// A target's resolved-ts set draws its jitter from it too. Default
+	// math/rand/v2.Float64.
+	Rand func() float64
 	// SignalInterval: a dispatcher whose collector has not acknowledged
 	// (by heartbeat) the progress published this long ago gets it re-sent
 	// as a keepalive resolved-ts. A dropped last message leaves no later
@@ -174,6 +184,9 @@ func (o Options) EnsureDefaults() Options {
 	if o.SignalInterval == 0 {
 		o.SignalInterval = DefaultSignalInterval
 	}
+	if o.Rand == nil {
+		o.Rand = rand.Float64
+	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
@@ -189,6 +202,7 @@ func (o Options) Validate() error {
 	p.Required("Transport", o.Transport)
 	p.NotTypedNil("Clock", o.Clock)
 	p.NotTypedNil("Registerer", o.Registerer)
+	p.Required("Rand", o.Rand)
 	p.IntRange("PrepareWorkers", o.PrepareWorkers, 1, 1024)
 	p.IntRange("ScanWorkers", o.ScanWorkers, 1, 1024)
 	p.IntRange("ScanQueueSize", o.ScanQueueSize, 1, 1<<20)

@@ -104,6 +104,7 @@ func (svc *Service) targetLocked(name messaging.Target) (*target, error) {
 		MaxBatch:      svc.opts.ResolvedBatch,
 		BackoffBase:   svc.opts.BackoffBase,
 		BackoffMax:    svc.opts.BackoffMax,
+		Rand:          svc.opts.Rand,
 		Clock:         svc.opts.Clock,
 		Registerer:    svc.opts.Registerer,
 		MetricsPrefix: namespace + "_" + subsystem + "_resolved_set",

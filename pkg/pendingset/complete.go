@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	ibackoff "github.com/cdcflow/eventservice/internal/backoff"
 )
 
 // Complete reports the outcome of delivering batch, a slice of entries
@@ -203,23 +205,9 @@ func (s *Set[K, V]) backoffLocked(n int) time.Duration {
 }
 
 // backoff computes min(max, base*2^(n-1)) * (1 - jitter*u), without
-// overflow for any n.
+// overflow for any n: the module's one back-off, internal/backoff.Delay.
 func backoff(n int, base, max time.Duration, jitter, u float64) time.Duration {
-	d := base
-	for k := 1; k < n && d < max; k++ {
-		if d > max/2 {
-			d = max
-			break
-		}
-		d *= 2
-	}
-	if d > max {
-		d = max
-	}
-	if u < 0 || u >= 1 || u != u {
-		u = 0
-	}
-	return d - time.Duration(float64(d)*jitter*u)
+	return ibackoff.Delay(n, base, max, jitter, u)
 }
 
 // promoteDueLocked makes every backing-off or quarantined key whose time has

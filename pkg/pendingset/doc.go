@@ -1,7 +1,8 @@
 // Package pendingset is a coalescing pending set and the pump that drains
 // it: the replacement for a blocking FIFO between producers that must never
 // wait and a slow, fallible delivery path (seed 001, Flyte #7757). It is
-// generic and imports nothing of the project.
+// generic and imports nothing of the project but pkg/clock (the module's
+// one clock) and internal/backoff (its one back-off).
 //
 // A Set[K, V] holds at most one undelivered value per key; Add merges a new
 // value into it with Options.Merge. A capacity-one doorbell tells the

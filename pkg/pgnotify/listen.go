@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/internal/backoff"
 	"github.com/cdcflow/eventservice/pkg/clock"
 )
 
@@ -70,7 +71,8 @@ func Listen(ctx context.Context, o ListenOptions) error {
 		o.Clock = clock.Real{}
 	}
 	log := o.Logger.Named("pgnotify.listen")
-	delay := o.RetryBase
+	// No jitter: one listener per process, no herd to spread.
+	reconnect := backoff.Backoff{Base: o.RetryBase, Max: o.RetryMax}
 	for {
 		err := listenOnce(ctx, o)
 		if ctx.Err() != nil {
@@ -80,8 +82,9 @@ func Listen(ctx context.Context, o ListenOptions) error {
 			return err
 		}
 		if errors.Is(err, errHealthy) {
-			delay = o.RetryBase // it ran fine before it broke
+			reconnect.Reset() // it ran fine before it broke
 		}
+		delay := reconnect.Next()
 		log.Warn("listener connection lost; reconnecting", zap.Duration("in", delay), zap.Error(err))
 		t := o.Clock.NewTimer(delay)
 		select {
@@ -90,7 +93,6 @@ func Listen(ctx context.Context, o ListenOptions) error {
 			return ctx.Err()
 		case <-t.C():
 		}
-		delay = min(2*delay, o.RetryMax)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/internal/backoff"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -457,9 +458,11 @@ func (l *lane) lost(err error) bool {
 var errBadData = errors.New("pgsink: bad change")
 
 // reconnect replaces the lane's connection, retrying with a doubling
-// delay until it succeeds or the sink closes.
+// delay (50ms to 2s, shortened by up to 20% at random: the lanes that lost
+// the target together do not all try again together) until it succeeds or
+// the sink closes.
 func (l *lane) reconnect() {
-	delay := 50 * time.Millisecond
+	pause := backoff.Backoff{Base: 50 * time.Millisecond, Max: 2 * time.Second, Jitter: 0.2}
 	for l.s.ctx.Err() == nil {
 		_ = l.conn.Close(context.Background())
 		conn, err := l.s.connect(l.s.ctx)
@@ -469,14 +472,13 @@ func (l *lane) reconnect() {
 			l.down.Store(false)
 			return
 		}
-		t := l.s.opts.Clock.NewTimer(delay)
+		t := l.s.opts.Clock.NewTimer(pause.Next())
 		select {
 		case <-l.s.ctx.Done():
 			t.Stop()
 			return
 		case <-t.C():
 		}
-		delay = min(2*delay, 2*time.Second)
 	}
 }
 

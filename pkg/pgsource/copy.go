@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/cdcflow/eventservice/internal/backoff"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 )
@@ -166,7 +167,7 @@ func (s *Source) CopyTable(ctx context.Context, oid uint32, fresh bool) (CopyRes
 	var after [][]byte
 	var refetch [][][]byte
 	ranged := true
-	backoff := newCopyBackoff(s)
+	pause := newCopyBackoff(s)
 	for {
 		req := chunkReq{after: after}
 		if !ranged {
@@ -178,14 +179,14 @@ func (s *Source) CopyTable(ctx context.Context, oid uint32, fresh bool) (CopyRes
 		case errors.Is(err, errSnapshotAhead) || err == nil && c.retry:
 			res.Retries++
 			s.met.copyRetries.Inc()
-			if err := backoff.wait(ctx); err != nil {
+			if err := pause.wait(ctx); err != nil {
 				return res, err
 			}
 			continue
 		case err != nil:
 			return res, err
 		}
-		backoff.reset()
+		pause.reset()
 		res.Chunks++
 		res.Ts = c.ts
 		res.Rows += int64(c.pushed)
@@ -224,20 +225,23 @@ func connectCopy(ctx context.Context, dsn string) (*pgx.Conn, error) {
 	return conn, nil
 }
 
-// copyBackoff spaces the reads of a chunk sent back.
+// copyBackoff spaces the reads of a chunk sent back: 20ms doubling up to
+// 2s, no jitter (one copy, no herd), back to 20ms after a chunk that went
+// in.
 type copyBackoff struct {
-	s     *Source
-	delay time.Duration
+	s *Source
+	b backoff.Backoff
 }
 
-func newCopyBackoff(s *Source) *copyBackoff { return &copyBackoff{s: s, delay: 20 * time.Millisecond} }
+func newCopyBackoff(s *Source) *copyBackoff {
+	return &copyBackoff{s: s, b: backoff.Backoff{Base: 20 * time.Millisecond, Max: 2 * time.Second}}
+}
 
-func (b *copyBackoff) reset() { b.delay = 20 * time.Millisecond }
+func (b *copyBackoff) reset() { b.b.Reset() }
 
 func (b *copyBackoff) wait(ctx context.Context) error {
-	t := b.s.opts.Clock.NewTimer(b.delay)
+	t := b.s.opts.Clock.NewTimer(b.b.Next())
 	defer t.Stop()
-	b.delay = min(2*b.delay, 2*time.Second)
 	select {
 	case <-t.C():
 		return nil

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/internal/backoff"
 	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
@@ -53,7 +54,9 @@ func (s *Source) run() {
 			return
 		}
 	}
-	delay := 100 * time.Millisecond
+	// The reconnect back-off: 100ms doubling up to 5s, no jitter (one
+	// stream per slot, no herd), never reset.
+	reconnect := backoff.Backoff{Base: 100 * time.Millisecond, Max: 5 * time.Second}
 	known := map[uint32]pgcodec.Relation{}
 	for _, t := range s.tables {
 		known[t.oid] = t.relation()
@@ -86,6 +89,7 @@ func (s *Source) run() {
 			continue
 		}
 		s.met.reconnects.Inc()
+		delay := reconnect.Next()
 		s.log.Warn("replication stream ended; reconnecting", zap.Error(err), zap.Duration("in", delay))
 		t := s.opts.Clock.NewTimer(delay)
 		select {
@@ -100,7 +104,6 @@ func (s *Source) run() {
 			}
 		case <-t.C():
 		}
-		delay = min(2*delay, 5*time.Second)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
+	"github.com/cdcflow/eventservice/internal/backoff"
 	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
@@ -37,7 +38,9 @@ type ClientOptions struct {
 	// TLS); nil dials plaintext.
 	TLS *tls.Config
 	// RetryBase and RetryMax bound the doubling back-off between
-	// reconnects of the data stream. Defaults 50 ms and 2 s.
+	// reconnects of the data stream. Defaults 50 ms and 2 s. Each delay is
+	// shortened by up to 20% at random, so that the collectors of a
+	// service that restarted do not all reconnect at once.
 	RetryBase, RetryMax time.Duration
 	// LivenessTimeout: a data stream on which nothing arrived from the
 	// service (it pings every third of its own timeout when idle) for
@@ -210,21 +213,28 @@ func (c *Client) Close() {
 	c.local.Close()
 }
 
+// reconnectJitter is the fraction by which a reconnect's delay is shortened
+// at most.
+const reconnectJitter = 0.2
+
 // run keeps a data stream open.
 func (c *Client) run(ctx context.Context) {
-	delay := c.opts.RetryBase
+	// Jittered: the collectors of a service that went away all reconnect
+	// when it comes back.
+	reconnect := backoff.Backoff{Base: c.opts.RetryBase, Max: c.opts.RetryMax, Jitter: reconnectJitter}
 	for ctx.Err() == nil {
 		opened, err := c.stream(ctx)
 		if ctx.Err() != nil {
 			return
 		}
 		if opened {
-			delay = c.opts.RetryBase // it worked for a while: start the back-off over
+			reconnect.Reset() // it worked for a while: start the back-off over
 		}
 		if errors.Is(err, errDeadLink) {
 			c.met.deadLinks.Inc()
 			c.redial()
 		}
+		delay := reconnect.Next()
 		c.logStreamEnd(err, delay)
 		t := c.opts.Clock.NewTimer(delay)
 		select {
@@ -233,7 +243,6 @@ func (c *Client) run(ctx context.Context) {
 			return
 		case <-t.C():
 		}
-		delay = min(2*delay, c.opts.RetryMax)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/internal/backoff"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 	"github.com/cdcflow/eventservice/pkg/pgsource"
@@ -187,7 +188,9 @@ func (c *copier) run(ctx context.Context) {
 					return
 				}
 				failures[rel.OID]++
-				wait := min(time.Second<<min(failures[rel.OID], 6), time.Minute)
+				// 2s doubling up to a minute, no jitter (one copier, one
+				// table at a time).
+				wait := backoff.Delay(failures[rel.OID], 2*time.Second, time.Minute, 0, 0)
 				retryAt[rel.OID] = time.Now().Add(wait)
 				c.log.Error("copy a table that joined: trying again later", zap.String("table", rel.QualifiedName()),
 					zap.Duration("in", wait), zap.Error(err))

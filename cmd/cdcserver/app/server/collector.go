@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/cdcflow/eventservice/internal/backoff"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventcollector"
 	"github.com/cdcflow/eventservice/pkg/messaging"
@@ -179,9 +180,11 @@ func RunCollector(ctx context.Context, cfg Config, stdout, stderr io.Writer) (Co
 // addAllWithRetry registers dispatchers in batches (one control call per
 // messaging.MaxRegisterBatch), retrying those the service could not be
 // asked (it may not be up yet, or the connection is being rebuilt) with a
-// doubling delay, until ctx ends. Any other refusal is the error.
+// doubling delay (20ms to 1s, shortened by up to 20% at random: the
+// collectors of a service that is not up yet all wait for it), until ctx
+// ends. Any other refusal is the error.
 func addAllWithRetry(ctx context.Context, coll *eventcollector.Collector, specs []eventcollector.DispatcherSpec) error {
-	delay := 20 * time.Millisecond
+	pause := backoff.Backoff{Base: 20 * time.Millisecond, Max: time.Second, Jitter: 0.2}
 	for {
 		var retry []eventcollector.DispatcherSpec
 		for i, err := range coll.AddDispatchers(ctx, specs) {
@@ -197,14 +200,13 @@ func addAllWithRetry(ctx context.Context, coll *eventcollector.Collector, specs 
 			return nil
 		}
 		specs = retry
-		t := time.NewTimer(delay) // a retry delay, not synchronisation
+		t := time.NewTimer(pause.Next()) // a retry delay, not synchronisation
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return ctx.Err()
 		case <-t.C:
 		}
-		delay = min(2*delay, time.Second)
 	}
 }
 
