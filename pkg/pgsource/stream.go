@@ -448,7 +448,10 @@ func (ss *session) loop(ctx context.Context) error {
 		gotMessage = true
 		switch m := raw.(type) {
 		case *pgproto3.ErrorResponse:
-			return fmt.Errorf("replication: %s (SQLSTATE %s)", m.Message, m.Code)
+			// A *pgconn.PgError, as pgx returns for any other statement: a
+			// caller tells a terminated walsender (57P01) from a dropped
+			// slot by its Code (errors.As).
+			return fmt.Errorf("replication: %w", pgconn.ErrorResponseToPgError(m))
 		case *pgproto3.CopyData:
 			if len(m.Data) == 0 {
 				return fmt.Errorf("%w: empty CopyData", ErrProtocol)
