@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/backoff"
 	"github.com/cdcflow/eventservice/pkg/schemastore"
 )
 
@@ -129,4 +130,17 @@ func TestReadLingerOption(t *testing.T) {
 	require.NoError(t, opts.validate())
 	opts.ReadLinger = 2 * time.Second
 	require.ErrorIs(t, opts.validate(), ErrInvalidOptions)
+}
+
+// The stream's reconnect back-off doubles while sessions keep failing
+// and starts over after a session that lasted, so a walsender terminated
+// after a long healthy stream is retried at once.
+func TestTheReconnectBackoffStartsOverAfterAHealthySession(t *testing.T) {
+	b := backoff.Backoff{Base: 100 * time.Millisecond, Max: 5 * time.Second}
+	var got []time.Duration
+	for _, lasted := range []time.Duration{0, time.Second, 0, 0, 0, 0, 0, healthySession, 0} {
+		got = append(got, reconnectDelay(&b, lasted))
+	}
+	ms := time.Millisecond
+	require.Equal(t, []time.Duration{100 * ms, 200 * ms, 400 * ms, 800 * ms, 1600 * ms, 3200 * ms, 5000 * ms, 100 * ms, 200 * ms}, got)
 }

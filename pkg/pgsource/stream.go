@@ -55,7 +55,8 @@ func (s *Source) run() {
 		}
 	}
 	// The reconnect back-off: 100ms doubling up to 5s, no jitter (one
-	// stream per slot, no herd), never reset.
+	// stream per slot, no herd), started over after a session that lasted
+	// (see reconnectDelay).
 	reconnect := backoff.Backoff{Base: 100 * time.Millisecond, Max: 5 * time.Second}
 	known := map[uint32]pgcodec.Relation{}
 	for _, t := range s.tables {
@@ -75,6 +76,7 @@ func (s *Source) run() {
 			return
 		}
 		s.mu.Unlock()
+		began := s.opts.Clock.Now()
 		err := s.session(from, known)
 		if s.ctx.Err() != nil || errors.Is(err, errQuiesced) {
 			return
@@ -89,7 +91,7 @@ func (s *Source) run() {
 			continue
 		}
 		s.met.reconnects.Inc()
-		delay := reconnect.Next()
+		delay := reconnectDelay(&reconnect, s.opts.Clock.Now().Sub(began))
 		s.log.Warn("replication stream ended; reconnecting", zap.Error(err), zap.Duration("in", delay))
 		t := s.opts.Clock.NewTimer(delay)
 		select {
@@ -105,6 +107,22 @@ func (s *Source) run() {
 		case <-t.C():
 		}
 	}
+}
+
+// healthySession is how long a session must have lasted for the
+// reconnect after it to start the back-off over: a walsender terminated
+// after hours of streaming is retried at once, not after the delay that
+// failures long ago had reached; one that keeps failing within this
+// still backs off.
+const healthySession = 30 * time.Second
+
+// reconnectDelay is the wait before the next session, after one that
+// lasted lasted.
+func reconnectDelay(b *backoff.Backoff, lasted time.Duration) time.Duration {
+	if lasted >= healthySession {
+		b.Reset()
+	}
+	return b.Next()
 }
 
 // stop records why the source stopped for good.
