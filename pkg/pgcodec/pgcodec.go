@@ -438,7 +438,9 @@ func validType(t string) bool {
 		}
 		switch t[i] {
 		case '.':
-			afterSpace = false
+			if afterSpace {
+				return false // a type's word is never a schema
+			}
 		case ' ':
 			afterSpace = true
 		default:

@@ -1,7 +1,9 @@
 package pgcodec
 
 import (
+	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -177,7 +179,7 @@ func TestATypeNameCarriesNothingButAType(t *testing.T) {
 		"integer REFERENCES secrets", "integer PRIMARY KEY", "text CHECK (false)", "numeric(10,2) DEFAULT 1",
 		"numeric(1 2)", "numeric(1,(2))", "numeric(", "text)", "a.", ".a", "a..b", "a  b", "text [] ",
 		`"unterminated`, `""`, "\"a\x00\"", "int\x00", "text -- comment", "text/*x*/", "int'", "[]",
-		"integer varying(1) with (x)", "1integer", "character varying(20)extra",
+		"integer varying(1) with (x)", "1integer", "character varying(20)extra", "integer time.x",
 	} {
 		require.False(t, validType(typ), "%q accepted", typ)
 	}
@@ -186,4 +188,32 @@ func TestATypeNameCarriesNothingButAType(t *testing.T) {
 		{Name: "x", Type: "text GENERATED ALWAYS AS (pg_read_file('/etc/hostname')) STORED"}}}
 	_, err := ParseRelationDDL(RelationDDL(r))
 	require.ErrorIs(t, err, ErrMalformed)
+}
+
+// Whatever bytes a DDL's type holds, validType does not panic, and what it
+// accepts can only be a type name: no quote that ends a literal, no
+// statement or comment separator, no control character, and a space only
+// before one of the multi-word types' words.
+func FuzzValidType(f *testing.F) {
+	for _, s := range []string{"integer", "character varying(20)", `"Sales".mood[]`, "timestamp(3) with time zone",
+		"text GENERATED ALWAYS AS (1) STORED", "int; DROP TABLE x", `public."we""ird"`, "numeric(5,-2)"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, typ string) {
+		if !validType(typ) {
+			return
+		}
+		unquoted := regexp.MustCompile(`"([^"]|"")*"`).ReplaceAllString(typ, `"q"`)
+		require.NotContains(t, unquoted, "'")
+		require.NotContains(t, unquoted, ";")
+		require.NotContains(t, unquoted, "--")
+		require.NotContains(t, unquoted, "/*")
+		for _, r := range unquoted {
+			require.False(t, r < ' ' || r == 0x7f, "%q: a control character", typ)
+		}
+		for _, w := range strings.Split(unquoted, " ")[1:] {
+			word := strings.ToLower(strings.TrimRight(strings.SplitN(w, "(", 2)[0], "[]"))
+			require.True(t, typeWord(word), "%q: %q after a space", typ, word)
+		}
+	})
 }
