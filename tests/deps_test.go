@@ -54,6 +54,8 @@ func TestPackageDependenciesFollowTheArchitecture(t *testing.T) {
 		// module it links only the pending set, the clock and the back-off.
 		{"pkg/pgnotify", []string{"pkg/common", "pkg/messaging", "pkg/eventstore", "pkg/eventservice", "pkg/eventcollector",
 			"pkg/upstream", "pkg/schemastore", "pkg/pgsource", "pkg/pgsink", "pkg/pgcodec", "pkg/remote", "internal/", "cmd/"}},
+		// The wire carries messages; the store stays on the service's side.
+		{"pkg/remote", []string{"pkg/eventstore", "github.com/cockroachdb/pebble"}},
 		{"pkg/common", []string{module + "/"}},
 		{"pkg/clock", []string{module + "/"}},
 	} {
