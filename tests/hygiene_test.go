@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -28,7 +29,7 @@ func libraryFiles(t *testing.T, visit func(rel string, fset *token.FileSet, f *a
 		}
 		files++
 		fset := token.NewFileSet()
-		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		f, err := parser.ParseFile(fset, path, nil, 0)
 		if err != nil {
 			return err
 		}
@@ -100,4 +101,100 @@ func TestLibraryGoroutinesRunInWaitGroups(t *testing.T) {
 		})
 	})
 	require.Empty(t, found, "go statements in pkg/: start them with a WaitGroup's Go, owned by what Close waits on")
+}
+
+// TestLibraryNeverAssignsPackageVariables reads the library's source: a
+// package-level variable of pkg/ is a sentinel error, an interface
+// assertion or a table written once where it is declared, and no function
+// assigns to it, to an element or a field of it, or increments it. State
+// lives in what a constructor returns, so two services (or a test's two
+// stores) in one process never share it. An identifier that resolves to a
+// local declaration is not taken for the package's.
+func TestLibraryNeverAssignsPackageVariables(t *testing.T) {
+	type file struct {
+		rel string
+		fs  *token.FileSet
+		f   *ast.File
+	}
+	byDir := map[string][]file{}
+	libraryFiles(t, func(rel string, fset *token.FileSet, f *ast.File) {
+		byDir[filepath.Dir(rel)] = append(byDir[filepath.Dir(rel)], file{rel, fset, f})
+	})
+	var found []string
+	for _, files := range byDir {
+		vars := map[string]bool{}
+		for _, fl := range files {
+			for _, d := range fl.f.Decls {
+				if g, ok := d.(*ast.GenDecl); ok && g.Tok == token.VAR {
+					for _, sp := range g.Specs {
+						for _, n := range sp.(*ast.ValueSpec).Names {
+							if n.Name != "_" {
+								vars[n.Name] = true
+							}
+						}
+					}
+				}
+			}
+		}
+		// root is the variable an assignment's target starts from: x in
+		// x, x[i], x.f, *x.
+		var root func(ast.Expr) *ast.Ident
+		root = func(e ast.Expr) *ast.Ident {
+			switch e := e.(type) {
+			case *ast.Ident:
+				return e
+			case *ast.IndexExpr:
+				return root(e.X)
+			case *ast.SelectorExpr:
+				return root(e.X)
+			case *ast.StarExpr:
+				return root(e.X)
+			case *ast.ParenExpr:
+				return root(e.X)
+			}
+			return nil
+		}
+		for _, fl := range files {
+			local := func(id *ast.Ident) bool {
+				if id.Obj == nil {
+					return false // declared in another file of the package
+				}
+				vs, ok := id.Obj.Decl.(*ast.ValueSpec)
+				if !ok {
+					return true // a parameter, a := or a range variable
+				}
+				for _, d := range fl.f.Decls {
+					if g, ok := d.(*ast.GenDecl); ok && slices.Contains(g.Specs, ast.Spec(vs)) {
+						return false
+					}
+				}
+				return true
+			}
+			check := func(e ast.Expr, pos token.Pos) {
+				if id := root(e); id != nil && vars[id.Name] && !local(id) {
+					found = append(found, fl.rel+":"+strconv.Itoa(fl.fs.Position(pos).Line)+" "+id.Name)
+				}
+			}
+			for _, d := range fl.f.Decls {
+				fn, ok := d.(*ast.FuncDecl)
+				if !ok || fn.Body == nil {
+					continue
+				}
+				ast.Inspect(fn.Body, func(n ast.Node) bool {
+					switch n := n.(type) {
+					case *ast.AssignStmt:
+						if n.Tok != token.DEFINE {
+							for _, l := range n.Lhs {
+								check(l, n.Pos())
+							}
+						}
+					case *ast.IncDecStmt:
+						check(n.X, n.Pos())
+					}
+					return true
+				})
+			}
+		}
+	}
+	require.Empty(t, found, "package-level variables assigned in pkg/: keep state in what a constructor returns")
 }
