@@ -3,6 +3,7 @@ package eventservice
 import (
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -59,10 +60,21 @@ func TestAStoreNotificationOnceCloseBeganChangesNothing(t *testing.T) {
 		return before, after
 	}
 	var duringBefore, duringAfter, lateBefore, lateAfter []seen
+	// ended rings after an owner ended its preparation or scan (the
+	// session's state already moved): a doorbell of one, so a wait for
+	// idle misses no end.
+	ended := make(chan struct{}, 1)
+	ring := func() {
+		select {
+		case ended <- struct{}{}:
+		default:
+		}
+	}
 	h := newHarness(t, func(o *Options) {
 		store = &unregisterHookStoreForTest{Store: o.Store.(*eventstore.Store)}
 		o.Store = store
-	}, hooks{closeUnregistered: func() { lateBefore, lateAfter = notifyAll() }})
+	}, hooks{closeUnregistered: func() { lateBefore, lateAfter = notifyAll() },
+		prepared: func(*session, prepareOutcome) { ring() }, scanned: func(*session, scanOutcome) { ring() }})
 	h.advanceSchema(1 << 40)
 	for i := uint64(1); i <= n; i++ {
 		id := h.register(i, 10)
@@ -70,9 +82,19 @@ func TestAStoreNotificationOnceCloseBeganChangesNothing(t *testing.T) {
 		h.check.waitResolved(id, 20)
 		ds = append(ds, h.dispatcher(id))
 	}
+	// Published 20 is not yet idle: the owner ends its preparation after
+	// the publish.
 	for _, d := range ds {
-		st, _ := d.session.Load().sched.load()
-		require.Equal(t, stateIdle.String(), st.String())
+		for {
+			if st, _ := d.session.Load().sched.load(); st == stateIdle {
+				break
+			}
+			select {
+			case <-ended:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("d %v never idle", d.id)
+			}
+		}
 	}
 	first := func(common.DispatcherID) {
 		store.onUnregister.Store(nil)
