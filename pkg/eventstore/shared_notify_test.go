@@ -105,17 +105,7 @@ func TestADispatcherUnregisteredWhileAnotherIsNotifiedIsNotNotifiedAfter(t *test
 // advance (30), flushed by the same goroutine after it, shows that the
 // flush of 20 is over.
 func TestADispatcherRegisteredWhileANotificationIsHeldIsNotToldItTwice(t *testing.T) {
-	armed := make(chan time.Duration, 16)
-	published := make(chan common.Ts, 16)
-	env := newTestEnv(t, func(o *Options) { o.NotifyInterval = 100 * time.Millisecond }, func(s *Store) {
-		s.knobs.published = func(ts common.Ts) { published <- ts }
-		s.knobs.throttleArmed = func(d time.Duration) {
-			select { // never block the flusher (Close waits for it)
-			case armed <- d:
-			default:
-			}
-		}
-	})
+	env, armed, published := newThrottledEnv(t)
 	// flush waits for the flusher to arm its timer for a held advance and
 	// then lets the interval pass.
 	flush := func() {

@@ -739,17 +739,7 @@ func TestRegistrationDoesNotHoldTheStoreLockAcrossSubscribe(t *testing.T) {
 // NotifyInterval, advances within it are not notified one by one; the
 // latest is notified once the interval is up, with no further push.
 func TestNotifyIntervalHoldsBackButNeverLosesTheLastAdvance(t *testing.T) {
-	armed := make(chan time.Duration, 16)
-	published := make(chan common.Ts, 16)
-	env := newTestEnv(t, func(o *Options) { o.NotifyInterval = 100 * time.Millisecond }, func(s *Store) {
-		s.knobs.published = func(ts common.Ts) { published <- ts }
-		s.knobs.throttleArmed = func(d time.Duration) {
-			select { // never block the flusher (Close waits for it)
-			case armed <- d:
-			default:
-			}
-		}
-	})
+	env, armed, published := newThrottledEnv(t)
 	r := newRecorder()
 	require.NoError(t, env.store.RegisterDispatcher(did(1), common.TableSpan(1), 0, r))
 	sub := env.up.last(t, common.TableSpan(1))
@@ -999,4 +989,22 @@ func TestGCTargetFollowsTheMinimumCheckpointWhateverTheOrder(t *testing.T) {
 		sub.mu.Unlock()
 		require.Equal(t, at, got, "step %d: subscribers at or below the target", step)
 	}
+}
+
+// newThrottledEnv is a test store with a NotifyInterval of 100 ms whose
+// knobs report each publish (published) and each arming of the throttle's
+// timer (armed: never blocking the flusher, which Close waits for).
+func newThrottledEnv(t *testing.T) (*testEnv, <-chan time.Duration, <-chan common.Ts) {
+	armed := make(chan time.Duration, 16)
+	published := make(chan common.Ts, 16)
+	env := newTestEnv(t, func(o *Options) { o.NotifyInterval = 100 * time.Millisecond }, func(s *Store) {
+		s.knobs.published = func(ts common.Ts) { published <- ts }
+		s.knobs.throttleArmed = func(d time.Duration) {
+			select {
+			case armed <- d:
+			default:
+			}
+		}
+	})
+	return env, armed, published
 }

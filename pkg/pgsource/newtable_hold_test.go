@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/pkg/common"
-	"github.com/cdcflow/eventservice/pkg/pgcodec"
 )
 
 // reportsForTest counts the stream's status reports: SafePoint is called
@@ -83,14 +82,10 @@ func (p *memPositions) maxSaved() Position {
 func TestTheSlotIsHeldBelowANewTableUntilItIsSubscribed(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
-	type announce struct {
-		rel pgcodec.Relation
-		ts  common.Ts
-	}
-	announced := make(chan announce, 4)
+	announced := make(chan announcement, 4)
 	reports := newReportsForTest()
 	src := e.source(func(o *Options) {
-		o.OnNewTable = func(rel pgcodec.Relation, ts common.Ts) { announced <- announce{rel, ts} }
+		o.OnNewTable = announceInto(announced)
 		o.SafePoint = reports.safePoint
 		o.HeartbeatInterval = time.Hour // the stream's commits are the test's
 	})
@@ -115,7 +110,7 @@ func TestTheSlotIsHeldBelowANewTableUntilItIsSubscribed(t *testing.T) {
 	after, err := pglogrepl.ParseLSN(afterText) // above it, below its commit
 	require.NoError(t, err)
 
-	var a announce
+	var a announcement
 	select {
 	case a = <-announced:
 	case <-time.After(60 * time.Second):

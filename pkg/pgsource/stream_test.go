@@ -194,13 +194,9 @@ func TestReplayAndRestartReadTheSameCommitTs(t *testing.T) {
 func TestTableAddedWhileStreaming(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
-	type announce struct {
-		rel pgcodec.Relation
-		ts  common.Ts
-	}
-	announced := make(chan announce, 4)
+	announced := make(chan announcement, 4)
 	src := e.source(func(o *Options) {
-		o.OnNewTable = func(rel pgcodec.Relation, ts common.Ts) { announced <- announce{rel, ts} }
+		o.OnNewTable = announceInto(announced)
 		o.SafePoint = func() (common.Ts, bool) { return common.TsFromTime(time.Now().Add(time.Hour)), true }
 	})
 	_, sinks := openAndSubscribe(t, e, src, "t1")
@@ -209,7 +205,7 @@ func TestTableAddedWhileStreaming(t *testing.T) {
 	e.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text)")
 	e.exec("INSERT INTO t2 VALUES (1, 'a'), (2, 'b')")
 	e.exec("INSERT INTO t2 VALUES (3, 'c')")
-	var a announce
+	var a announcement
 	select {
 	case a = <-announced:
 	case <-time.After(60 * time.Second):
@@ -589,4 +585,15 @@ func TestATupleTheRelationVersionInUseCannotReadIsAnError(t *testing.T) {
 		require.ErrorIs(t, ss.change(ctx, 7, pgcodec.Update, tuple, 'O', tuple), ErrProtocol, name)
 		require.Empty(t, ss.cur.pending[7], name)
 	}
+}
+
+// announcement is one OnNewTable call.
+type announcement struct {
+	rel pgcodec.Relation
+	ts  common.Ts
+}
+
+// announceInto is an OnNewTable that records each call on ch.
+func announceInto(ch chan<- announcement) func(pgcodec.Relation, common.Ts) {
+	return func(rel pgcodec.Relation, ts common.Ts) { ch <- announcement{rel, ts} }
 }
