@@ -110,13 +110,7 @@ func TestTheSlotIsHeldBelowANewTableUntilItIsSubscribed(t *testing.T) {
 	after, err := pglogrepl.ParseLSN(afterText) // above it, below its commit
 	require.NoError(t, err)
 
-	var a announcement
-	select {
-	case a = <-announced:
-	case <-time.After(60 * time.Second):
-		t.Fatal("t2 was never announced")
-	}
-	require.Equal(t, "t2", a.rel.Name)
+	a := nextAnnouncement(t, announced, "t2")
 
 	// Commits of a subscribed table after t2's first change, and status
 	// reports after they were journaled.

@@ -205,13 +205,7 @@ func TestTableAddedWhileStreaming(t *testing.T) {
 	e.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text)")
 	e.exec("INSERT INTO t2 VALUES (1, 'a'), (2, 'b')")
 	e.exec("INSERT INTO t2 VALUES (3, 'c')")
-	var a announcement
-	select {
-	case a = <-announced:
-	case <-time.After(60 * time.Second):
-		t.Fatal("t2 was never announced")
-	}
-	require.Equal(t, "t2", a.rel.Name)
+	a := nextAnnouncement(t, announced, "t2")
 	require.Equal(t, []string{"id"}, a.rel.KeyColumns())
 	require.Less(t, src.Position().Ts, a.ts, "the slot is held before t2's first change")
 	sink := newRecordingSink(t, a.ts-1)
@@ -596,4 +590,18 @@ type announcement struct {
 // announceInto is an OnNewTable that records each call on ch.
 func announceInto(ch chan<- announcement) func(pgcodec.Relation, common.Ts) {
 	return func(rel pgcodec.Relation, ts common.Ts) { ch <- announcement{rel, ts} }
+}
+
+// nextAnnouncement waits for the next announcement on ch and checks that
+// it is of table name.
+func nextAnnouncement(t *testing.T, ch <-chan announcement, name string) announcement {
+	t.Helper()
+	var a announcement
+	select {
+	case a = <-ch:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s was never announced", name)
+	}
+	require.Equal(t, name, a.rel.Name)
+	return a
 }
