@@ -14,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // binDirs are where Debian's PostgreSQL 15 packages put initdb and pg_ctl.
@@ -146,6 +147,17 @@ var errPortTaken = errors.New("port taken")
 func (s *Server) Stop() error {
 	if out, err := s.run(filepath.Join(s.bin, "pg_ctl"), "-D", s.data, "-m", "fast", "-w", "stop").CombinedOutput(); err != nil {
 		return fmt.Errorf("pg_ctl stop: %v\n%s", err, out)
+	}
+	return nil
+}
+
+// StopWith stops the server in mode ("smart", "fast"), keeping its data,
+// and fails if it has not stopped within wait (pg_ctl's -t): a shutdown
+// that something holds up is an error, not a hang.
+func (s *Server) StopWith(mode string, wait time.Duration) error {
+	secs := strconv.Itoa(max(1, int(wait.Round(time.Second)/time.Second)))
+	if out, err := s.run(filepath.Join(s.bin, "pg_ctl"), "-D", s.data, "-m", mode, "-t", secs, "-w", "stop").CombinedOutput(); err != nil {
+		return fmt.Errorf("pg_ctl stop -m %s: %v\n%s", mode, err, out)
 	}
 	return nil
 }

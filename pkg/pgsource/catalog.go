@@ -34,6 +34,34 @@ func connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
 	return conn, nil
 }
 
+// connectControl opens the connection a long-lived task of the source
+// keeps (the heartbeat, the publication poll, a session's catalog
+// queries): a replication connection in database mode, which runs SQL
+// over the simple query protocol. Because a smart shutdown of the source
+// waits for every regular client to leave, and walsenders are not
+// regular clients: a regular connection kept open would hold the
+// shutdown for as long as serve runs, where this one is asked to leave
+// once the regular clients are gone (its walsender is terminated before
+// the shutdown checkpoint, as native subscribers' are). Its cost is a
+// WAL sender slot (max_wal_senders), not a client connection.
+func connectControl(ctx context.Context, dsn string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConnect, err)
+	}
+	for k, v := range pgcodec.TextFormatParams() {
+		cfg.RuntimeParams[k] = v
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol // a walsender parses simple queries only
+	pgdial.Apply(&cfg.Config)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConnect, err)
+	}
+	return conn, nil
+}
+
 // connectReplication opens a logical replication connection.
 // Its socket is a lingerConn, which lingers (linger > 0) only once the
 // session streams (lingerOf(conn).stream) and counts the bytes read (the

@@ -2,11 +2,14 @@ package pgsource
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/cdcflow/eventservice/internal/pglink"
 )
 
 // runHeartbeat writes a heartbeat message when no commit was decoded for
@@ -23,38 +26,72 @@ func (s *Source) runHeartbeat() {
 }
 
 // everyTick runs f every interval (on the source's clock) until Close,
-// each within timeout, on a connection of its own: opened at the first
-// tick and again after an error (logged at level), which closes it.
+// each within timeout, on the side connection the heartbeat and the poll
+// share (sideConn): opened at the first tick that needs it and again after
+// an error (logged at level), which closes it.
 func (s *Source) everyTick(interval, timeout time.Duration, name string, level zapcore.Level, f func(ctx context.Context, conn *pgx.Conn) error) {
 	t := s.opts.Clock.NewTicker(interval)
 	defer t.Stop()
-	var conn *pgx.Conn
-	defer func() {
-		if conn != nil {
-			conn.Close(context.Background())
-		}
-	}()
 	for {
 		select {
 		case <-s.ctx.Done():
 			return
 		case <-t.C():
 		}
-		if conn == nil {
-			c, err := connect(s.ctx, s.opts.DSN)
-			if err != nil {
-				s.log.Log(level, name+": connect", zap.Error(err))
-				continue
-			}
-			conn = c
-		}
-		ctx, cancel := context.WithTimeout(s.ctx, timeout)
-		err := f(ctx, conn)
-		cancel()
-		if err != nil && s.ctx.Err() == nil {
-			s.log.Log(level, name, zap.Error(err))
-			conn.Close(context.Background())
-			conn = nil
-		}
+		s.side.run(s, name, level, timeout, f)
 	}
+}
+
+// sideConn is the connection the source's side tasks (the heartbeat, the
+// publication poll) share, one at a time: a control connection
+// (connectControl), so it never holds up a smart shutdown, and one WAL
+// sender slot for both.
+type sideConn struct {
+	mu   sync.Mutex
+	conn *pgx.Conn
+}
+
+// run runs f on the connection within timeout, connecting first if
+// needed; an error is logged and closes the connection.
+func (c *sideConn) run(s *Source, name string, level zapcore.Level, timeout time.Duration, f func(ctx context.Context, conn *pgx.Conn) error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn == nil {
+		conn, err := connectControl(s.ctx, s.opts.DSN)
+		if err != nil {
+			s.log.Log(s.levelOf(err, level), name+": connect", zap.String("cause", pglink.Cause(err)))
+			return
+		}
+		c.conn = conn
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, timeout)
+	err := f(ctx, c.conn)
+	cancel()
+	if err != nil && s.ctx.Err() == nil {
+		s.log.Log(s.levelOf(err, level), name, zap.String("cause", pglink.Cause(err)))
+		c.close()
+	}
+}
+
+// close closes the connection, if open. REQUIRES: c.mu held, or the
+// tasks stopped.
+func (c *sideConn) close() {
+	if c.conn != nil {
+		c.conn.Close(context.Background())
+		c.conn = nil
+	}
+}
+
+// levelOf is the level a side task logs err at: level, unless err says
+// the source itself is down (unreachable, shutting down, starting up),
+// which the stream logs once for the outage (Source.link): then debug.
+func (s *Source) levelOf(err error, level zapcore.Level) zapcore.Level {
+	switch pglink.Classify(err) {
+	case pglink.Unreachable, pglink.ShuttingDown, pglink.StartingUp, pglink.Terminated:
+		return zapcore.DebugLevel
+	}
+	if down, _ := s.link.IsDown(); down {
+		return zapcore.DebugLevel
+	}
+	return level
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/internal/pglink"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
@@ -31,6 +32,11 @@ type Source struct {
 	opts Options
 	log  *zap.Logger
 	met  *metrics
+	// link logs the source's outages once (the stream reports them; the
+	// heartbeat and the poll only look).
+	link *pglink.Watch
+	// side is the heartbeat's and the poll's connection.
+	side sideConn
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -144,6 +150,7 @@ func New(opts Options) (*Source, error) {
 	}
 	s := &Source{opts: opts, log: opts.Logger.Named("pgsource"), kick: make(chan struct{}, 1),
 		copyNonce: fmt.Sprintf("%x", rand.Uint64()), copyWindows: map[uint32][]*copyChunk{}, copyTables: map[uint32]*copyState{}}
+	s.link = pglink.NewWatch(s.log, "the source", opts.Clock.Now)
 	s.mu.subs = map[uint32][]*sub{}
 	s.mu.holds = map[uint32]common.Ts{}
 	s.mu.copies = map[string]*copyChunk{}
@@ -427,6 +434,7 @@ func (s *Source) Close() {
 	s.mu.Unlock()
 	s.cancel()
 	s.wg.Wait()
+	s.side.close() // its tasks have stopped
 	if s.snapshot != nil && s.snapshot.conn != nil {
 		_ = s.snapshot.conn.Close(context.Background())
 	}

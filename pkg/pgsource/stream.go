@@ -92,7 +92,10 @@ func (s *Source) run() {
 		}
 		s.met.reconnects.Inc()
 		delay := reconnectDelay(&reconnect, s.opts.Clock.Now().Sub(began))
-		s.log.Warn("replication stream ended; reconnecting", zap.Error(err), zap.Duration("in", delay))
+		// Logged once an outage (a source restarting fails every
+		// attempt), named for what the server said: shutting down,
+		// starting up, in recovery.
+		s.link.Down(err, zap.Duration("next_attempt_in", delay))
 		t := s.opts.Clock.NewTimer(delay)
 		select {
 		case <-s.ctx.Done():
@@ -157,6 +160,11 @@ type session struct {
 	rels           map[uint32]*msgRelation // this connection's relation messages
 	last           common.Ts               // the chain: the last commit's ts
 	journal        []Position              // commits since the saved position, thinned
+	// walEnd is the WAL end of the last keepalive heard between
+	// transactions (the walsender's sent position: every commit before
+	// it was streamed or had nothing published) with the chain's ts then;
+	// LSN 0: none yet. Confirmed once that ts is safe (see report).
+	walEnd Position
 	cur            *txn
 	// announced: new tables already reported to OnNewTable.
 	announced map[uint32]bool
@@ -219,6 +227,7 @@ func (s *Source) session(from Position, known map[uint32]pgcodec.Relation) error
 		journal: []Position{from}, announced: map[uint32]bool{}, receiveTimeout: timeout}
 	s.streaming.Store(true)
 	defer s.streaming.Store(false)
+	s.link.Up()
 	defer ss.endPushes()
 	return ss.loop(ctx)
 }
@@ -235,7 +244,7 @@ func (s *Source) startStream(ctx context.Context, from Position) (*pgconn.PgConn
 			return nil, nil, err
 		}
 	}
-	catalog, err := connect(ctx, s.opts.DSN)
+	catalog, err := connectControl(ctx, s.opts.DSN)
 	if err != nil {
 		_ = conn.Close(context.Background())
 		return nil, nil, err
@@ -481,6 +490,9 @@ func (ss *session) loop(ctx context.Context) error {
 					return fmt.Errorf("%w: keepalive: %w", ErrProtocol, err)
 				}
 				s.met.walEnd.Set(float64(k.ServerWALEnd))
+				if ss.cur == nil && uint64(k.ServerWALEnd) > ss.walEnd.LSN {
+					ss.walEnd = Position{LSN: uint64(k.ServerWALEnd), Ts: ss.last}
+				}
 				if k.ReplyRequested {
 					if err := ss.sendStatus(ctx); err != nil {
 						return err
@@ -560,6 +572,19 @@ func (ss *session) report(ctx context.Context, reply bool) error {
 			if p.Ts <= safe && p.LSN > next.LSN {
 				next = p
 			}
+		}
+		// Nothing decoded waits to be durable: confirm what the server
+		// says it sent, as a native subscriber does. A walsender asked to
+		// shut down waits until its client confirms exactly that (after
+		// the last commit come aborted transactions, the shutdown
+		// checkpoint), and the server's shutdown with it. It cannot lose a
+		// row: a transaction is skipped on restart only if its commit
+		// record lies before the confirmed position, and every commit
+		// before walEnd was decoded (the stream is in order) and is
+		// durable (its ts is at or below the safe point); walEnd.Ts, the
+		// last of them, seeds the chain as a commit's position would.
+		if ss.walEnd.LSN > next.LSN && ss.walEnd.Ts <= safe {
+			next = ss.walEnd
 		}
 	}
 	if next.LSN > saved.LSN {

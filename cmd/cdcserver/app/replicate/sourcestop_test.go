@@ -1,0 +1,113 @@
+package replicate
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// shutdownBound is how long a shutdown of the source may take with serve
+// connected: a native subscriber's takes about a second, and one that
+// serve holds up lasts until serve stops.
+const shutdownBound = 30 * time.Second
+
+// reconnect replaces the pair's source connection (after a restart of
+// the source, or before a smart shutdown, which waits for it).
+func (p *pair) reconnect(open bool) {
+	p.t.Helper()
+	p.conn.Close(context.Background())
+	if !open {
+		return
+	}
+	conn, err := pgx.Connect(context.Background(), p.src.DSN)
+	require.NoError(p.t, err)
+	p.t.Cleanup(func() { conn.Close(context.Background()) })
+	p.conn = conn
+}
+
+// A shutdown of the source is never held up by serve, and serve resumes
+// by itself once the source is back:
+//   - smart, while serve idles: a smart shutdown waits for every regular
+//     client to leave, and serve's connections that stay open (its
+//     stream, heartbeat, poll, catalog) are walsenders, which it does not
+//     wait for;
+//   - fast, under a write load with a transaction left open: the
+//     walsender waits until its client confirms everything it sent, and
+//     after the last commit come the aborted transactions and the
+//     shutdown checkpoint; serve confirms the server's WAL end once every
+//     commit decoded is durable, as a native subscriber does.
+//
+// Each completes within shutdownBound (pg_ctl -t); held up, it lasted
+// until serve stopped.
+func TestASourceShutdownIsNotHeldUp(t *testing.T) {
+	p := newPair(t)
+	p.exec("CREATE TABLE t (id int PRIMARY KEY, v int)")
+	p.exec("INSERT INTO t SELECT g, 0 FROM generate_series(1, 200) g")
+	stop, stderr := p.serve(p.config())
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = stop()
+		}
+	}()
+	p.waitEqual("the snapshot")
+
+	p.reconnect(false) // the test's own client would hold a smart shutdown
+	began := time.Now()
+	require.NoError(t, p.src.StopWith("smart", shutdownBound), "a smart shutdown with serve idle\n%s", stderr)
+	t.Logf("smart shutdown, serve idle: %v", time.Since(began).Round(time.Millisecond))
+	require.NoError(t, p.src.Restart())
+	p.reconnect(true)
+	p.exec("UPDATE t SET v = 1 WHERE id = 1")
+	p.waitEqual("after a smart shutdown")
+
+	// Under load: writers commit until the server ends their sessions,
+	// and one transaction is left open (its WAL lies after every commit).
+	open, err := pgx.Connect(context.Background(), p.src.DSN)
+	require.NoError(t, err)
+	defer open.Close(context.Background())
+	_, err = open.Exec(context.Background(), "BEGIN; INSERT INTO t VALUES (1000000, 0)")
+	require.NoError(t, err)
+	var commits atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 2 {
+		wg.Go(func() {
+			conn, err := pgx.Connect(context.Background(), p.src.DSN)
+			if err != nil {
+				t.Errorf("writer: %v", err)
+				return
+			}
+			defer conn.Close(context.Background())
+			for i := 0; ; i++ {
+				id := 1 + (i*2+w)%200
+				if _, err := conn.Exec(context.Background(), fmt.Sprintf(
+					"BEGIN; UPDATE t SET v = v + 1 WHERE id = %d; INSERT INTO t VALUES (%d, %d); COMMIT", id, 1000+i*2+w, i)); err != nil {
+					return // the shutdown ended the session
+				}
+				commits.Add(1)
+			}
+		})
+	}
+	deadline := time.Now().Add(time.Minute)
+	for commits.Load() < 200 {
+		require.True(t, time.Now().Before(deadline), "the writers never committed 200 transactions")
+		time.Sleep(10 * time.Millisecond) // polling a counter with a deadline, not ordering
+	}
+	p.reconnect(false)
+	began = time.Now()
+	require.NoError(t, p.src.StopWith("fast", shutdownBound), "a fast shutdown under load\n%s", stderr)
+	t.Logf("fast shutdown, under load: %v", time.Since(began).Round(time.Millisecond))
+	wg.Wait()
+	require.NoError(t, p.src.Restart())
+	p.reconnect(true)
+	p.exec("UPDATE t SET v = 2 WHERE id = 2")
+	p.waitEqual("after a fast shutdown under load")
+	stopped = true
+	require.NoError(t, stop())
+}
