@@ -165,7 +165,7 @@ type session struct {
 	// it was streamed or had nothing published) with the chain's ts then;
 	// LSN 0: none yet. Confirmed once that ts is safe (see report).
 	walEnd Position
-	cur            *txn
+	cur    *txn
 	// announced: new tables already reported to OnNewTable.
 	announced map[uint32]bool
 	// subs is the subscriptions by table as of the transaction's BEGIN
