@@ -155,7 +155,7 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 // new slot's snapshot copies every table. Then it records the tables'
 // membership rows.
 func (p *parts) queueCopies(ctx context.Context, cfg Config, ckpts map[common.DispatcherID]common.Ts) error {
-	p.copier = newCopier(p, cfg.Slot)
+	p.copier = newCopier(p, cfg.Slot, cfg.copySettleInterval)
 	p.members = newMembers(p, cfg.Slot)
 	p.known = make(map[uint32]bool, len(p.info.Tables))
 	for _, rel := range p.info.Tables {

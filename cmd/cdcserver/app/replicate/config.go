@@ -52,6 +52,10 @@ type Config struct {
 	// and records the snapshot's completion (0: a second); no flag, tests
 	// set it.
 	loopInterval time.Duration
+	// copySettleInterval is how often the copier takes off its list the
+	// copies the target holds durably (0: a second); no flag, tests set
+	// it.
+	copySettleInterval time.Duration
 	// stopKnobs let a test hold a clean stop's steps (nil: none).
 	stopKnobs *stopKnobs
 }

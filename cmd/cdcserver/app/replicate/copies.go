@@ -25,7 +25,8 @@ import (
 // cdcflow.state (copiesKey): a table is listed there before it is bound
 // (so before its dispatcher can write a checkpoint, which would make a
 // start take it for copied) and taken off once its dispatcher's durable
-// checkpoint has passed the copy's last chunk. A start copies the listed tables again (a copy
+// checkpoint has passed the copy's last chunk (settle: every settleEvery,
+// and once more at a clean stop). A start copies the listed tables again (a copy
 // cut short by a crash left rows out; copying again is harmless, the sink
 // upserts) and the published tables without a checkpoint (they joined
 // while serve was down).
@@ -33,6 +34,10 @@ type copier struct {
 	p   *parts
 	key string
 	log *zap.Logger
+	// settleEvery is how often run settles the list.
+	settleEvery time.Duration
+	// done is closed when run returns: finishing is then settleAtStop's.
+	done chan struct{}
 
 	mu    sync.Mutex
 	queue []copyJob
@@ -48,15 +53,20 @@ type copier struct {
 	listed []uint32
 	fresh  map[uint32]bool // listed tables copied anew (emptied first): they rejoined
 
-	// Owned by run.
+	// Owned by run, then by settleAtStop once run returned.
 	finishing map[uint32]finished // copied up to ts, listed until durable there
 }
 
 func copiesKey(slot string) string { return "copies:" + slot }
 
-func newCopier(p *parts, slot string) *copier {
-	return &copier{p: p, key: copiesKey(slot), log: p.log.Named("copy"), wake: make(chan struct{}, 1), finishing: map[uint32]finished{},
-		fresh: map[uint32]bool{}}
+// newCopier is the copier of slot's changefeed, settling its list every
+// settleEvery (0: a second).
+func newCopier(p *parts, slot string, settleEvery time.Duration) *copier {
+	if settleEvery == 0 {
+		settleEvery = time.Second
+	}
+	return &copier{p: p, key: copiesKey(slot), log: p.log.Named("copy"), settleEvery: settleEvery, done: make(chan struct{}),
+		wake: make(chan struct{}, 1), finishing: map[uint32]finished{}, fresh: map[uint32]bool{}}
 }
 
 // finished is a copy that ended at ts (fresh: one that emptied the table
@@ -156,12 +166,16 @@ func (c *copier) add(rel pgcodec.Relation, fresh bool) {
 	}
 }
 
-// run copies the queued tables until ctx ends. A copy that fails (the
+// run copies the queued tables until ctx ends, and settles the list every
+// settleEvery (after a copy, if one fell due during it). A copy that fails (the
 // source down, a privilege missing) goes to the end of the queue and is
 // tried again after a back-off of its own, the others meanwhile.
 func (c *copier) run(ctx context.Context) {
-	tick := time.NewTicker(time.Second)
+	defer close(c.done)
+	tick := time.NewTicker(time.Second) // the failed copies' retries
 	defer tick.Stop()
+	settle := time.NewTicker(c.settleEvery)
+	defer settle.Stop()
 	failures := map[uint32]int{}
 	retryAt := map[uint32]time.Time{}
 	for {
@@ -170,8 +184,9 @@ func (c *copier) run(ctx context.Context) {
 			return
 		case <-c.wake:
 		case <-tick.C:
+		case <-settle.C:
+			c.settle(ctx)
 		}
-		c.settle(ctx)
 		c.mu.Lock()
 		todo := c.queue
 		c.queue = nil
@@ -199,7 +214,11 @@ func (c *copier) run(ctx context.Context) {
 			}
 			delete(failures, rel.OID)
 			delete(retryAt, rel.OID)
-			c.settle(ctx)
+			select {
+			case <-settle.C: // due during the copy: a long run of copies settles as it goes
+				c.settle(ctx)
+			default:
+			}
 		}
 		if len(later) > 0 {
 			c.mu.Lock()
@@ -280,6 +299,22 @@ func (c *copier) settle(ctx context.Context) {
 	for _, oid := range done {
 		delete(c.finishing, oid)
 	}
+}
+
+// settleAtStop settles the list once more at a clean stop, after its
+// quiesce had every table durably apply the last commit: a copy applied
+// since the last settle would otherwise stay listed, and the next start
+// would copy its table again. It waits (within ctx) for run to return
+// (serve's context ended with the stop), so that no copy ends while it
+// settles.
+func (c *copier) settleAtStop(ctx context.Context) {
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		c.log.Warn("stopping without taking the copies applied off the list: the next start copies their tables again", zap.Error(ctx.Err()))
+		return
+	}
+	c.settle(ctx)
 }
 
 // saveLocked records the tables whose copy is not yet durable (listMu

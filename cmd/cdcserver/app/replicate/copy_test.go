@@ -3,6 +3,7 @@ package replicate
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -142,6 +143,62 @@ func TestServeCopiesTablesThatJoinThePublication(t *testing.T) {
 	require.Contains(t, logs.String(), "t3")
 }
 
+// A clean stop right after a table's copy is applied takes it off the
+// list of copies owed, so that the next start copies nothing again: a
+// table that joins, then the same table left and joined again (a fresh
+// copy). The copier's own settling is held back for an hour: without the
+// settle at the stop, the list kept the table and the restart copied it
+// again.
+func TestACleanStopTakesOffTheCopiesItApplied(t *testing.T) {
+	p := newPair(t)
+	p.exec("CREATE TABLE t1 (id int PRIMARY KEY, v text)")
+	p.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text)")
+	p.exec("INSERT INTO t1 SELECT g, 'v' || g FROM generate_series(1, 10) g")
+	p.exec("INSERT INTO t2 SELECT g, 'v' || g FROM generate_series(1, 500) g")
+	p.exec("CREATE PUBLICATION cdcflow FOR TABLE t1")
+	cfg := p.config()
+	cfg.PublicationPollInterval = 50 * time.Millisecond
+	cfg.copySettleInterval = time.Hour
+	cfg.LogLevel = "info" // the copier's "copying" line
+	dst, err := pgx.Connect(context.Background(), p.dst.DSN)
+	require.NoError(t, err)
+	defer dst.Close(context.Background())
+	listed := func() string {
+		var v string
+		require.NoError(t, dst.QueryRow(context.Background(), "SELECT coalesce((SELECT value FROM cdcflow.state WHERE key = $1), '')",
+			copiesKey(cfg.Slot)).Scan(&v))
+		return v
+	}
+	const copying = "copying the rows of a table that joined"
+
+	stop, logs := p.serve(cfg)
+	p.waitEqual("t1's snapshot")
+	p.exec("ALTER PUBLICATION cdcflow ADD TABLE t2")
+	p.waitEqual("t2, copied after it joined")
+	require.NoError(t, stop(), logs.String())
+	require.Contains(t, logs.String(), copying)
+	require.Empty(t, listed(), "the stop took t2's applied copy off the list\n%s", logs.String())
+
+	// The restart copies nothing; t2 leaves and joins again, rows deleted
+	// while it was out (so that compare waits for its fresh copy).
+	stop, logs = p.serve(cfg)
+	p.exec("INSERT INTO t1 VALUES (11, 'after the restart')")
+	p.waitEqual("resumed")
+	p.exec("ALTER PUBLICATION cdcflow DROP TABLE t2")
+	p.exec("DELETE FROM t2 WHERE id % 5 = 0")
+	p.exec("ALTER PUBLICATION cdcflow ADD TABLE t2")
+	p.waitEqual("t2, copied anew after it left and joined again")
+	require.NoError(t, stop(), logs.String())
+	require.Equal(t, 1, strings.Count(logs.String(), copying), "the restart copied nothing, the rejoin once\n%s", logs.String())
+	require.Empty(t, listed(), "the stop took t2's applied fresh copy off the list\n%s", logs.String())
+
+	stop, logs = p.serve(cfg)
+	p.exec("INSERT INTO t1 VALUES (12, 'after the second restart')")
+	p.waitEqual("resumed again")
+	require.NoError(t, stop(), logs.String())
+	require.NotContains(t, logs.String(), copying, "the restart copied a table whose fresh copy was applied")
+}
+
 func TestParseMembersReadsWhatFormatWritesAndSkipsTheRest(t *testing.T) {
 	rec := memberRecord{publication: 16400, rows: map[uint32]uint32{16384: 16500, 16390: 16501, 4294967295: 1}}
 	require.Equal(t, rec, parseMembers(formatMembers(rec)))
@@ -204,7 +261,7 @@ func TestTheProgressLineShowsTheCopies(t *testing.T) {
 	src, err := pgsource.New(pgsource.Options{DSN: "postgres://nowhere", Schema: schema, Positions: nopPositions{}})
 	require.NoError(t, err)
 	defer src.Close()
-	c := newCopier(&parts{source: src, log: zap.NewNop()}, "cdcflow")
+	c := newCopier(&parts{source: src, log: zap.NewNop()}, "cdcflow", 0)
 	require.Empty(t, c.status())
 	c.add(pgcodec.Relation{Schema: "public", Name: "a"}, false)
 	c.add(pgcodec.Relation{Schema: "public", Name: "b"}, false)

@@ -136,12 +136,11 @@ func (p *parts) loop(ctx context.Context, cfg Config, stderr io.Writer) error {
 		case <-ctx.Done():
 			p.log.Info("stopping")
 			p.stopBy = time.Now().Add(cfg.ShutdownTimeout)
-			quiesced := p.quiesce(cfg.ShutdownTimeout / 2)
-			if !snapshotRecorded && quiesced {
-				// A snapshot applied in full since the last tick: recorded
-				// now, or the next start would take it for interrupted and
-				// copy every table again.
-				p.recordSnapshotAtStop(cfg)
+			if p.quiesce(cfg.ShutdownTimeout / 2) {
+				// A snapshot or a copy applied in full since the last tick:
+				// recorded now, or the next start would take it for
+				// interrupted and copy its tables again.
+				p.recordAtStop(cfg, !snapshotRecorded)
 			}
 			return nil
 		case <-tick.C:

@@ -33,6 +33,21 @@ func (p *parts) quiesce(timeout time.Duration) bool {
 	return true
 }
 
+// recordAtStop records, once a clean stop's quiesce had every table
+// durably apply the last commit, what serve records on its ticks and a
+// next start would otherwise redo: the initial snapshot as done (snapshot:
+// not recorded yet), then the copies applied since the copier last
+// settled its list. Both within a quarter of ShutdownTimeout (or what the
+// stop has left).
+func (p *parts) recordAtStop(cfg Config, snapshot bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), min(cfg.ShutdownTimeout/4, time.Until(p.stopBy)))
+	defer cancel()
+	if snapshot {
+		p.recordSnapshotAtStop(ctx, cfg)
+	}
+	p.copier.settleAtStop(ctx)
+}
+
 // closeBudget is how long close may take: what a clean stop has left of
 // ShutdownTimeout (it began with the quiesce), or all of it when serve
 // ends otherwise (an error, or a failed start).

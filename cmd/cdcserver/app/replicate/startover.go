@@ -146,11 +146,9 @@ func snapshotKey(slot string) string { return "snapshot-done:" + slot }
 // recordSnapshotAtStop records the initial snapshot as done after a clean
 // stop's quiesce: every table was resolved to the last commit and the sink
 // commits every checkpoint at once, so a snapshot the stream has passed is
-// durable everywhere within moments (a wait bounded by a quarter of
-// ShutdownTimeout; polled, the sink has no signal for it).
-func (p *parts) recordSnapshotAtStop(cfg Config) {
-	ctx, cancel := context.WithTimeout(context.Background(), min(cfg.ShutdownTimeout/4, time.Until(p.stopBy)))
-	defer cancel()
+// durable everywhere within moments (a wait bounded by ctx, recordAtStop's;
+// polled, the sink has no signal for it).
+func (p *parts) recordSnapshotAtStop(ctx context.Context, cfg Config) {
 	for {
 		done, err := p.recordSnapshot(ctx, cfg)
 		if done {
