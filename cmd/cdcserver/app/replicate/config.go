@@ -56,6 +56,9 @@ type Config struct {
 	// copies the target holds durably (0: a second); no flag, tests set
 	// it.
 	copySettleInterval time.Duration
+	// copyChunkRows is pgsource.Options.CopyChunkRows (0: its default);
+	// no flag, tests set it so that small tables span many chunks.
+	copyChunkRows int
 	// stopKnobs let a test hold a clean stop's steps (nil: none).
 	stopKnobs *stopKnobs
 }

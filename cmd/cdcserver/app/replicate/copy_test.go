@@ -25,20 +25,30 @@ import (
 // has no checkpoint); a table the target lists as not yet copied (a copy a
 // crash cut short) is copied again at a start, which brings back the rows
 // the target lacks. Compare finds every published table equal after each.
+// The tables are small and so are the chunks, so that a copy still spans
+// many chunks (each a window the writer's changes fall in): the test
+// copies a table six times, and at 20,000 rows of 3.2 KB in chunks of
+// 4096 a loaded CI machine under -race moved about 130 rows/s and a phase
+// outlasted its 2-minute wait.
 func TestServeCopiesTablesThatJoinThePublication(t *testing.T) {
+	const rows, chunk = 4000, 256
 	p := newPair(t)
+	lap := laps(t)
 	p.exec("CREATE TABLE t1 (id int PRIMARY KEY, v text)")
 	p.exec("INSERT INTO t1 SELECT g, 'v' || g FROM generate_series(1, 10) g")
 	for _, name := range []string{"t2", "t3"} {
 		p.exec(fmt.Sprintf("CREATE TABLE %s (id int PRIMARY KEY, v text, body text)", name))
 		p.exec(fmt.Sprintf("ALTER TABLE %s ALTER COLUMN body SET STORAGE EXTERNAL", name))
-		p.exec(fmt.Sprintf("INSERT INTO %s SELECT g, 'v' || g, repeat(md5(g::text), 100) FROM generate_series(1, 20000) g", name))
+		// 3.2 KB: TOASTed, so that an update can leave it unchanged.
+		p.exec(fmt.Sprintf("INSERT INTO %s SELECT g, 'v' || g, repeat(md5(g::text), 100) FROM generate_series(1, %d) g", name, rows))
 	}
 	p.exec("CREATE PUBLICATION cdcflow FOR TABLE t1")
 	cfg := p.config()
 	cfg.PublicationPollInterval = 50 * time.Millisecond
+	cfg.copyChunkRows = chunk
 	stop, _ := p.serve(cfg)
 	p.waitEqual("t1's snapshot")
+	lap("t1's snapshot")
 
 	// t2 joins while a writer changes it: updates (some leaving the
 	// TOASTed body unchanged), deletes, inserts, key changes.
@@ -52,11 +62,11 @@ func TestServeCopiesTablesThatJoinThePublication(t *testing.T) {
 		}
 		defer conn.Close(context.Background())
 		for i := 0; ctx.Err() == nil; i++ {
-			id := 1 + (i*7919)%20000
+			id := 1 + (i*7919)%rows
 			q := []string{
 				fmt.Sprintf("UPDATE t2 SET v = 'w%d' WHERE id = %d", i, id),
 				fmt.Sprintf("DELETE FROM t2 WHERE id = %d", id),
-				fmt.Sprintf("INSERT INTO t2 VALUES (%d, 'new', 'b') ON CONFLICT (id) DO UPDATE SET body = 'b%d'", 20000+i, i),
+				fmt.Sprintf("INSERT INTO t2 VALUES (%d, 'new', 'b') ON CONFLICT (id) DO UPDATE SET body = 'b%d'", rows+i, i),
 				fmt.Sprintf("UPDATE t2 SET id = id + 100000 WHERE id = %d", id),
 			}[i%4]
 			if _, err := conn.Exec(ctx, q); err == nil {
@@ -66,13 +76,14 @@ func TestServeCopiesTablesThatJoinThePublication(t *testing.T) {
 	})
 	p.exec("ALTER PUBLICATION cdcflow ADD TABLE t2")
 	deadline := time.Now().Add(2 * time.Minute)
-	for p.targetRows(t, "t2") < 15000 && time.Now().Before(deadline) {
+	for p.targetRows(t, "t2") < rows*3/4 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond) // polling the target with a deadline, not ordering
 	}
 	cancel()
 	wg.Wait()
 	require.Positive(t, writes)
 	p.waitEqual("t2, copied while written to")
+	lap(fmt.Sprintf("t2, copied while written to (%d writes)", writes))
 
 	// t2 leaves the publication and joins it again: its changes while it
 	// was out are not streamed (the deletes would stay in the target), so
@@ -84,6 +95,7 @@ func TestServeCopiesTablesThatJoinThePublication(t *testing.T) {
 	p.exec("ALTER PUBLICATION cdcflow ADD TABLE t2")
 	p.waitEqual("t2, copied anew after it left the publication and joined again")
 	require.NoError(t, stop())
+	lap("t2, copied anew")
 
 	// t3 joins while serve is down. t2's rejoin above was handled while
 	// running, its new membership row recorded: this start does not take
@@ -93,6 +105,7 @@ func TestServeCopiesTablesThatJoinThePublication(t *testing.T) {
 	stop, logs := p.serve(cfg)
 	p.waitEqual("t3, joined while serve was down")
 	require.NoError(t, stop())
+	lap("t3, joined while serve was down")
 	require.NotContains(t, logs.String(), "joined it again while serve was down")
 
 	// A copy of t2 cut short: the target lacks rows and lists t2.
@@ -114,6 +127,7 @@ func TestServeCopiesTablesThatJoinThePublication(t *testing.T) {
 	}
 	require.Empty(t, listed, "no copy is left listed once the copies are durable")
 	require.NoError(t, stop())
+	lap("t2, copied again")
 
 	// t2 leaves the publication while serve is down, so the next start
 	// does not bind it; rows are deleted while it is out; it joins again.
@@ -126,6 +140,7 @@ func TestServeCopiesTablesThatJoinThePublication(t *testing.T) {
 	p.exec("ALTER PUBLICATION cdcflow ADD TABLE t2")
 	p.waitEqual("t2, copied anew after it joined again across a restart")
 	require.NoError(t, stop())
+	lap("t2, copied anew across a restart")
 
 	// t3 leaves the publication and joins it again, both while serve is
 	// down, and rows change while it is out: the next start finds it
@@ -139,6 +154,7 @@ func TestServeCopiesTablesThatJoinThePublication(t *testing.T) {
 	stop, logs = p.serve(cfg)
 	p.waitEqual("t3, copied anew after it left and joined again while serve was down")
 	require.NoError(t, stop())
+	lap("t3, copied anew")
 	require.Contains(t, logs.String(), "joined it again while serve was down")
 	require.Contains(t, logs.String(), "t3")
 }
@@ -239,6 +255,16 @@ func FuzzParseMembers(f *testing.F) {
 			}
 		}
 	})
+}
+
+// laps returns a function that logs what a phase of the test took, since
+// the last call: where a slow run spent its time.
+func laps(t *testing.T) func(what string) {
+	last := time.Now()
+	return func(what string) {
+		t.Logf("%s: %v", what, time.Since(last).Round(time.Millisecond))
+		last = time.Now()
+	}
 }
 
 // targetRows is how many rows a target table holds (0 until it exists).
