@@ -348,6 +348,15 @@ func TestServeListsEveryTableThatJoinedBeforeBindingIt(t *testing.T) {
 		_, err = conn.Exec(context.Background(), "UPDATE t1 SET v = 'waited' WHERE id = 1") // commits, then waits
 		waiting <- err
 	}()
+	// The update waits for the standby before the tables join: begun
+	// after a chunk's transaction, it would not hold the copies back.
+	waitingForStandby := false
+	for deadline := time.Now().Add(time.Minute); !waitingForStandby && time.Now().Before(deadline); {
+		require.NoError(t, p.conn.QueryRow(context.Background(), "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event = 'SyncRep')").
+			Scan(&waitingForStandby))
+		time.Sleep(10 * time.Millisecond) // polling the source with a deadline, not ordering
+	}
+	require.True(t, waitingForStandby, "the update waits for the standby")
 	p.exec("SET synchronous_commit = local")
 	p.exec("ALTER PUBLICATION cdcflow ADD TABLE t2, t3")
 	dst, err := pgx.Connect(context.Background(), p.dst.DSN)
