@@ -56,7 +56,7 @@ CREATE TABLE IF NOT EXISTS cdcflow.checkpoints (
 CREATE TABLE IF NOT EXISTS cdcflow.state (key text PRIMARY KEY, value text NOT NULL);
 CREATE TABLE IF NOT EXISTS cdcflow.owners (
   owner text PRIMARY KEY, generation bigint NOT NULL, started_at timestamptz NOT NULL DEFAULT now(),
-  wrote boolean NOT NULL DEFAULT false);
+  wrote boolean NOT NULL DEFAULT false, source text);
 DO $m$ BEGIN
   -- An owners table of a version without the wrote marker: its owners are
   -- taken to have written (the safe side: a new slot then empties the
@@ -65,6 +65,14 @@ DO $m$ BEGIN
                  WHERE attrelid = 'cdcflow.owners'::regclass AND attname = 'wrote' AND NOT attisdropped) THEN
     ALTER TABLE cdcflow.owners ADD COLUMN wrote boolean NOT NULL DEFAULT true;
     ALTER TABLE cdcflow.owners ALTER COLUMN wrote SET DEFAULT false;
+  END IF;
+  -- The source an owner replicates (Options.Source), of a version that
+  -- did not record it: added only then, since an ALTER TABLE waits for
+  -- every transaction that read the table (an earlier sink's, which
+  -- Start must wait for under its own bound, not here).
+  IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                 WHERE attrelid = 'cdcflow.owners'::regclass AND attname = 'source' AND NOT attisdropped) THEN
+    ALTER TABLE cdcflow.owners ADD COLUMN source text;
   END IF;
 END $m$;
 CREATE OR REPLACE FUNCTION cdcflow.fence(p_owner text, p_generation bigint) RETURNS void LANGUAGE plpgsql AS $f$
@@ -99,7 +107,7 @@ const markWroteSQL = "UPDATE cdcflow.owners SET wrote = true WHERE owner = $1 AN
 //
 // With sole, a target that knows another owner is refused
 // (ErrAnotherOwner) before this owner's row is written.
-func acquireFence(ctx context.Context, conn *pgx.Conn, owner string, wait time.Duration, sole bool) (int64, bool, error) {
+func acquireFence(ctx context.Context, conn *pgx.Conn, owner, source string, wait time.Duration, sole bool) (int64, bool, error) {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return 0, false, err
@@ -130,12 +138,26 @@ func acquireFence(ctx context.Context, conn *pgx.Conn, owner string, wait time.D
 				"stop %q's sink and delete its row from cdcflow.owners)", ErrAnotherOwner, owner, others[0], owner, others[0])
 		}
 	}
+	if source != "" {
+		// Checked under the owner's lock: a start of the same owner from
+		// another source (a slot name reused elsewhere) must not take
+		// over, reset or resume what this one wrote.
+		var bound *string
+		err := tx.QueryRow(ctx, "SELECT source FROM cdcflow.owners WHERE owner = $1", owner).Scan(&bound)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return 0, false, err
+		}
+		if bound != nil && *bound != "" && *bound != source {
+			return 0, false, fmt.Errorf("%w: owner %q of this target replicates source %s, not %s", ErrOtherSource, owner, *bound, source)
+		}
+	}
 	var gen int64
 	var wrote bool
 	if err := tx.QueryRow(ctx, `
-INSERT INTO cdcflow.owners (owner, generation, wrote) VALUES ($1, 1, EXISTS (SELECT 1 FROM cdcflow.checkpoints))
-ON CONFLICT (owner) DO UPDATE SET generation = cdcflow.owners.generation + 1, started_at = now()
-RETURNING generation, wrote`, owner).Scan(&gen, &wrote); err != nil {
+INSERT INTO cdcflow.owners (owner, generation, wrote, source) VALUES ($1, 1, EXISTS (SELECT 1 FROM cdcflow.checkpoints), nullif($2, ''))
+ON CONFLICT (owner) DO UPDATE SET generation = cdcflow.owners.generation + 1, started_at = now(),
+  source = coalesce(cdcflow.owners.source, nullif($2, ''))
+RETURNING generation, wrote`, owner, source).Scan(&gen, &wrote); err != nil {
 		return 0, false, err
 	}
 	return gen, wrote, tx.Commit(ctx)
@@ -234,4 +256,42 @@ func (s *Sink) Superseded() <-chan struct{} { return s.supersededCh }
 // returned as it is.
 func (s *Sink) CheckFence(ctx context.Context) error {
 	return s.fenced(ctx, func(pgx.Tx) error { return nil })
+}
+
+// Owner is a row of the target's cdcflow.owners.
+type Owner struct {
+	Name       string
+	Generation int64
+	// Source is the source database's identity key the owner replicates
+	// ("" for an owner of a version that did not record it).
+	Source    string
+	Wrote     bool
+	StartedAt time.Time
+}
+
+// ReadOwners lists the owners of the target conn is connected to, without
+// writing anything (none: no cdcflow.owners there). A start checks them
+// before it writes, and status shows them.
+func ReadOwners(ctx context.Context, conn *pgx.Conn) ([]Owner, error) {
+	var exists, hasSource bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('cdcflow.owners') IS NOT NULL,
+  EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('cdcflow.owners') AND attname = 'source' AND NOT attisdropped)`).Scan(&exists, &hasSource); err != nil {
+		return nil, err
+	}
+	if !exists {
+		return nil, nil
+	}
+	source := "''"
+	if hasSource {
+		source = "coalesce(source, '')"
+	}
+	rows, err := conn.Query(ctx, "SELECT owner, generation, "+source+", wrote, started_at FROM cdcflow.owners ORDER BY owner")
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Owner, error) {
+		var o Owner
+		err := r.Scan(&o.Name, &o.Generation, &o.Source, &o.Wrote, &o.StartedAt)
+		return o, err
+	})
 }

@@ -34,6 +34,9 @@ var (
 	// ErrAnotherOwner: with SoleOwner, the target already holds another
 	// owner's sink (Start).
 	ErrAnotherOwner = errors.New("pgsink: the target holds another owner")
+	// ErrOtherSource: the owner's row binds it to another source
+	// database than Options.Source (Start).
+	ErrOtherSource = errors.New("pgsink: the target's changefeed replicates another source")
 	// ErrTargetTaken: a table's target table holds another source
 	// table's rows (one dropped and created again under the same name, or
 	// renamed away); the table stops rather than mix them.
@@ -90,6 +93,12 @@ type Options struct {
 	// the target's checkpoints and state are then one owner's, which a
 	// Reset or ClearProgress may clear whole. Default false.
 	SoleOwner bool
+	// Source identifies the source database the owner replicates (an
+	// opaque key: serve's is the source's system identifier and database
+	// OID). The first Start of an owner records it; a later Start with
+	// another one is refused (ErrOtherSource) before it writes anything.
+	// Default "": neither recorded nor checked.
+	Source string
 	// FenceWait bounds Start's wait for an earlier sink's open
 	// transactions (ErrConnect after it). Default 1m: a lane's
 	// connection that lost its client ends within 30 s

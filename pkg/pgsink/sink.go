@@ -110,8 +110,8 @@ func (s *Sink) Start(ctx context.Context) error {
 	}
 	// Before anything is read or written: an earlier sink of the owner
 	// may still have a transaction on its way to commit (fence.go).
-	if s.generation, s.wrote, err = acquireFence(ctx, conn, s.opts.Owner, s.opts.FenceWait, s.opts.SoleOwner); err != nil {
-		if errors.Is(err, ErrAnotherOwner) {
+	if s.generation, s.wrote, err = acquireFence(ctx, conn, s.opts.Owner, s.opts.Source, s.opts.FenceWait, s.opts.SoleOwner); err != nil {
+		if errors.Is(err, ErrAnotherOwner) || errors.Is(err, ErrOtherSource) {
 			return err
 		}
 		return fmt.Errorf("%w: fence owner %q: %w", ErrConnect, s.opts.Owner, err)
@@ -158,8 +158,13 @@ func (s *Sink) Start(ctx context.Context) error {
 // and READ COMMITTED, whatever the target's default, makes the fence's
 // read of the owner's generation see the later sink's commit it waited
 // for (a snapshot taken at the transaction's start would not).
-func (s *Sink) connect(ctx context.Context) (*pgx.Conn, error) {
-	cfg, err := pgx.ParseConfig(s.opts.DSN)
+func (s *Sink) connect(ctx context.Context) (*pgx.Conn, error) { return Connect(ctx, s.opts.DSN) }
+
+// Connect opens a connection to the target at dsn as the sink's own are
+// (its text formats, keepalives and timeouts): for what reads the target
+// beside a sink (a start's checks, status).
+func Connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
 	}

@@ -151,7 +151,7 @@ SELECT c.oid, n.nspname, c.relname, c.relreplident, greatest(c.reltuples, 0), c.
 FROM pg_publication_tables pt
 JOIN pg_namespace n ON n.nspname = pt.schemaname
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
-WHERE pt.pubname = $1
+WHERE pt.pubname = $1 AND pt.schemaname <> '`+ToolSchema+`'
 ORDER BY n.nspname, c.relname`, pub)
 	if err != nil {
 		return nil, err

@@ -393,6 +393,9 @@ func (ss *session) unsubscribed(oid uint32, ts common.Ts) {
 	}
 	ss.announced[oid] = true
 	rel, ok := ss.known[oid]
+	if ok && rel.Schema == ToolSchema {
+		return // the tool's own state (a FOR ALL TABLES publication includes it): never replicated
+	}
 	relErr := rel.Validate()
 	if !ok {
 		rel.OID, relErr = oid, fmt.Errorf("%w: no description of relation %d", ErrNoKey, oid)

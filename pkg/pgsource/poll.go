@@ -41,7 +41,7 @@ SELECT c.oid, coalesce(pr.oid, 0) FROM pg_publication_tables pt
 JOIN pg_namespace n ON n.nspname = pt.schemaname
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
 LEFT JOIN pg_publication_rel pr ON pr.prrelid = c.oid AND pr.prpubid = (SELECT oid FROM pg_publication WHERE pubname = $1)
-WHERE pt.pubname = $1`, s.opts.Publication)
+WHERE pt.pubname = $1 AND pt.schemaname <> '`+ToolSchema+`'`, s.opts.Publication)
 	if err != nil {
 		return err
 	}

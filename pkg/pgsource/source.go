@@ -196,7 +196,8 @@ func (s *Source) Open(ctx context.Context) (Info, error) {
 		return Info{}, err
 	}
 	defer conn.Close(context.Background())
-	if err := checkLogical(ctx, conn); err != nil {
+	// Everything that can fail before anything is created (Check).
+	if err := check(ctx, conn, s.opts.Publication, s.opts.Slot); err != nil {
 		return Info{}, err
 	}
 	if created, err := ensurePublication(ctx, conn, s.opts.Publication); err != nil {

@@ -37,8 +37,13 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 		took = append(took, zap.Duration(name, now.Sub(last)))
 		last = now
 	}
+	// The changefeed's registration comes first: it names the slot's
+	// owner before the slot or the publication is created.
+	if err := p.pre.register(ctx, cfg); err != nil {
+		return setup(err)
+	}
 	if p.sink, err = pgsink.New(pgsink.Options{DSN: cfg.Sink, Workers: cfg.SinkWorkers, FlushInterval: cfg.SinkFlushInterval, MaxFlushInterval: cfg.SinkMaxFlushInterval,
-		CheckpointInterval: cfg.SinkCheckpointInterval, Owner: cfg.Slot, SoleOwner: true, Logger: p.log, Registerer: p.reg}); err != nil {
+		CheckpointInterval: cfg.SinkCheckpointInterval, Owner: cfg.Slot, SoleOwner: true, Source: p.pre.source.Key(), Logger: p.log, Registerer: p.reg}); err != nil {
 		return setup(err)
 	}
 	if err := p.sink.Start(ctx); err != nil {

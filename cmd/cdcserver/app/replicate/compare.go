@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
+	"github.com/cdcflow/eventservice/pkg/pgsource"
 )
 
 // ErrDiffer: compare found a table that differs.
@@ -75,7 +76,8 @@ func Compare(ctx context.Context, source, sink, publication string, out io.Write
 
 // publishedTables lists the publication's tables, quoted, in name order.
 func publishedTables(ctx context.Context, conn *pgx.Conn, pub string) ([]string, error) {
-	rows, err := conn.Query(ctx, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2", pub)
+	rows, err := conn.Query(ctx, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1 AND schemaname <> $2 ORDER BY 1, 2",
+		pub, pgsource.ToolSchema) // the tool's own state is never replicated
 	if err != nil {
 		return nil, err
 	}

@@ -16,34 +16,37 @@ import (
 )
 
 // httpServers are serve's endpoints: /metrics, /healthz and /readyz on
-// the metrics address, /debug/pprof on its own loopback address.
+// the metrics address, /debug/pprof on its own loopback address. Their
+// ports are bound before a start changes anything (listenHTTP: a port
+// taken is a failed start that left both databases alone) and served once
+// the parts are built (serve).
 type httpServers struct {
-	servers []*http.Server
-	addrs   []string
-	wg      sync.WaitGroup
+	listeners []net.Listener // nil where the address is empty
+	servers   []*http.Server
+	addrs     []string
+	wg        sync.WaitGroup
 }
 
-func serveHTTP(cfg Config, p *parts) (*httpServers, error) {
+// listenHTTP binds the metrics and the pprof addresses.
+func listenHTTP(cfg Config) (*httpServers, error) {
 	h := &httpServers{}
-	start := func(addr string, mux *http.ServeMux) error {
+	for _, addr := range []string{cfg.MetricsAddr, cfg.PprofAddr} {
 		if addr == "" {
-			h.addrs = append(h.addrs, "")
-			return nil
+			h.listeners, h.addrs = append(h.listeners, nil), append(h.addrs, "")
+			continue
 		}
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
-			return fmt.Errorf("listen %s: %w", addr, err)
+			h.close(time.Time{})
+			return nil, fmt.Errorf("listen %s: %w", addr, err)
 		}
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		h.servers = append(h.servers, srv)
-		h.addrs = append(h.addrs, ln.Addr().String())
-		h.wg.Go(func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				p.log.Warn("http", zap.Error(err))
-			}
-		})
-		return nil
+		h.listeners, h.addrs = append(h.listeners, ln), append(h.addrs, ln.Addr().String())
 	}
+	return h, nil
+}
+
+// serve serves p's endpoints on the bound listeners.
+func (h *httpServers) serve(cfg Config, p *parts) {
 	metrics := http.NewServeMux()
 	metrics.Handle("/metrics", promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{}))
 	metrics.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -54,20 +57,25 @@ func serveHTTP(cfg Config, p *parts) (*httpServers, error) {
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	if err := start(cfg.MetricsAddr, metrics); err != nil {
-		return nil, err
-	}
 	prof := http.NewServeMux()
 	prof.HandleFunc("/debug/pprof/", pprof.Index)
 	prof.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	prof.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	prof.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	prof.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	if err := start(cfg.PprofAddr, prof); err != nil {
-		h.close(time.Time{})
-		return nil, err
+	for i, mux := range []*http.ServeMux{metrics, prof} {
+		ln := h.listeners[i]
+		if ln == nil {
+			continue
+		}
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		h.servers = append(h.servers, srv)
+		h.wg.Go(func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				p.log.Warn("http", zap.Error(err))
+			}
+		})
 	}
-	return h, nil
 }
 
 func (h *httpServers) metricsAddr() string { return h.addrs[0] }
@@ -89,6 +97,13 @@ func (h *httpServers) close(by time.Time) {
 	defer cancel()
 	for _, s := range h.servers {
 		_ = s.Shutdown(ctx)
+	}
+	if len(h.servers) == 0 { // never served: the listeners are still only bound
+		for _, ln := range h.listeners {
+			if ln != nil {
+				_ = ln.Close()
+			}
+		}
 	}
 	h.wg.Wait()
 }

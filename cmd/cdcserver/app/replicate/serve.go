@@ -51,6 +51,7 @@ type parts struct {
 	coll      *eventcollector.Collector
 	dataDir   string
 	tmpDir    bool
+	pre       *preflight
 	info      pgsource.Info
 	newTables chan newTable
 	// known are the tables bound (addNewTables' after build); ckpts the
@@ -87,18 +88,24 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 		return fmt.Errorf("%w: logger: %w", ErrInvalidConfig, err)
 	}
 	defer cfg.Settings.Apply(os.Getenv)()
+	// Everything a start can fail on, before anything is changed on
+	// either database: the ports, then both databases (preflight.go).
+	httpSrv, err := listenHTTP(cfg)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrSetup, err)
+	}
 	p := &parts{reg: prometheus.NewRegistry(), log: lg, newTables: make(chan newTable, 64), knobs: cfg.stopKnobs}
+	defer func() { httpSrv.close(p.stopBy) }()
+	if p.pre, err = checkStart(ctx, cfg); err != nil {
+		return fmt.Errorf("%w: %w", ErrSetup, err)
+	}
 	p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ctx, p.cancel = context.WithCancel(ctx)
 	defer func() { p.close(p.closeBudget(cfg.ShutdownTimeout)) }()
 	if err := p.build(ctx, cfg); err != nil {
 		return err
 	}
-	httpSrv, err := serveHTTP(cfg, p)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrSetup, err)
-	}
-	defer func() { httpSrv.close(p.stopBy) }()
+	httpSrv.serve(cfg, p)
 	lg.Info("serving", zap.Int("tables", len(p.info.Tables)), zap.Bool("snapshot", p.info.Created),
 		zap.Stringer("resume_ts", p.info.ResumeTs), zap.String("metrics", httpSrv.metricsAddr()), zap.String("pprof", httpSrv.pprofAddr()))
 	fmt.Fprintf(stderr, "serve: replicating %d tables; metrics at %s\n", len(p.info.Tables), orNone(httpSrv.metricsAddr()))

@@ -36,7 +36,11 @@ func (p *pair) waitSnapshotRecorded() {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		var n int
-		require.NoError(p.t, conn.QueryRow(context.Background(), "SELECT count(*) FROM cdcflow.state WHERE key LIKE 'snapshot-done:%'").Scan(&n))
+		var exists bool
+		require.NoError(p.t, conn.QueryRow(context.Background(), "SELECT to_regclass('cdcflow.state') IS NOT NULL").Scan(&exists))
+		if exists { // serve creates it once its checks passed
+			require.NoError(p.t, conn.QueryRow(context.Background(), "SELECT count(*) FROM cdcflow.state WHERE key LIKE 'snapshot-done:%'").Scan(&n))
+		}
 		if n > 0 {
 			return
 		}
@@ -53,9 +57,11 @@ func (p *pair) waitSnapshotRecorded() {
 // slot will never stream), and compare finds the tables equal only if
 // serve emptied the target before its snapshot.
 //
-//   - a slot created by hand, with no saved position (a start-over
-//     interrupted between the slot's creation and its first position):
-//     started over, not refused;
+//   - the changefeed's slot with no saved position and no snapshot record
+//     (a start-over interrupted between the slot's creation and its first
+//     position): started over, not refused (a slot made by hand, which no
+//     changefeed registered, is refused instead:
+//     TestABadStartLeavesBothDatabasesAsTheyWere);
 //   - a slot whose snapshot never completed (no snapshot-done record);
 //   - a new slot on a target this changefeed wrote to (its slot dropped:
 //     by an operator, or by a start-over interrupted right after the drop);
@@ -67,9 +73,15 @@ func TestServeStartsOverWhatItCannotResume(t *testing.T) {
 		p.exec(fmt.Sprintf("CREATE TABLE t%d (id int PRIMARY KEY, v text)", i))
 		p.exec(fmt.Sprintf("INSERT INTO t%d SELECT g, 'v' || g FROM generate_series(1, 50) g", i))
 	}
-	p.exec("SELECT pg_create_logical_replication_slot('cdcflow', 'pgoutput')")
 	stop, stderr := p.serve(p.config())
-	p.waitEqual("a hand-made slot started over")
+	p.waitEqual("the first start")
+	p.waitSnapshotRecorded()
+	require.NoError(t, stop(), stderr.String())
+	p.targetExec("DELETE FROM cdcflow.state")
+	p.targetExec("DELETE FROM cdcflow.source_positions")
+	p.targetExec("INSERT INTO public.t1 VALUES (999, 'stray')")
+	stop, stderr = p.serve(p.config())
+	p.waitEqual("a slot without a position started over")
 	require.NoError(t, stop(), stderr.String())
 	require.Contains(t, stderr.String(), "the initial snapshot did not complete")
 
