@@ -36,7 +36,9 @@ func (s *Source) Check(ctx context.Context) error {
 
 // CheckOn is Check on conn (a connection to the source), for publication
 // pub and slot.
-func CheckOn(ctx context.Context, conn *pgx.Conn, pub, slot string) error { return check(ctx, conn, pub, slot) }
+func CheckOn(ctx context.Context, conn *pgx.Conn, pub, slot string) error {
+	return check(ctx, conn, pub, slot)
+}
 
 func check(ctx context.Context, conn *pgx.Conn, pub, slot string) error {
 	if err := checkLogical(ctx, conn); err != nil {

@@ -69,7 +69,9 @@ func TestABadStartLeavesBothDatabasesAsTheyWere(t *testing.T) {
 	defer target.Close(context.Background())
 	_, err = target.Exec(context.Background(), "CREATE ROLE ro LOGIN SUPERUSER; ALTER ROLE ro SET default_transaction_read_only = on")
 	require.NoError(t, err)
-	as := func(dsn, role string) string { return strings.Replace(dsn, "postgres://postgres@", "postgres://"+role+"@", 1) }
+	as := func(dsn, role string) string {
+		return strings.Replace(dsn, "postgres://postgres@", "postgres://"+role+"@", 1)
+	}
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer taken.Close()
