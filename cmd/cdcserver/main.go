@@ -16,24 +16,85 @@ import (
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
+// command is a subcommand of cdcserver.
+type command struct {
+	name, summary string
+	run           func(args []string, stdout, stderr io.Writer) int
+}
+
+// commands are cdcserver's subcommands, in the order an operator meets
+// them.
+func commands() []command {
+	return []command{
+		{"serve", "replicate a PostgreSQL database into another, until SIGTERM (a restart resumes)",
+			func(args []string, _, stderr io.Writer) int { return runServe(args, stderr) }},
+		{"status", "show a changefeed, whether or not serve runs: its binding, the WAL its slot holds, each table's progress", runStatus},
+		{"compare", "check that the target's tables hold the source's rows", runCompare},
+		{"remove", "remove a changefeed: its slot, its publication if it made it, the target's cdcflow state (the target's tables stay)", runRemove},
+		{"version", "name the build", func(_ []string, stdout, _ io.Writer) int { fmt.Fprintln(stdout, version()); return 0 }},
+	}
+}
+
+// usage is cdcserver's overview: the commands, then how to get help.
+func usage(w io.Writer) {
+	fmt.Fprintf(w, "usage: cdcserver COMMAND [flags]\n\nA changefeed of PostgreSQL logical replication into another PostgreSQL database.\n\nCommands:\n")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, "  %-9s %s\n", "help", "help on a command: cdcserver help serve")
+	fmt.Fprintf(w, "\nWithout a command, cdcserver runs the library's synthetic workload and verifies delivery (a benchmark;\n"+
+		"its flags: cdcserver help synthetic).\n")
+}
+
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
 		switch args[0] {
-		case "serve":
-			return runServe(args[1:], stderr)
-		case "compare":
-			return runCompare(args[1:], stdout, stderr)
-		case "--version", "-version", "version":
+		case "-h", "-help", "--help":
+			usage(stdout)
+			return 0
+		case "help":
+			return runHelp(args[1:], stdout, stderr)
+		case "--version", "-version":
 			fmt.Fprintln(stdout, version())
 			return 0
 		}
+		for _, c := range commands() {
+			if c.name == args[0] {
+				return c.run(args[1:], stdout, stderr)
+			}
+		}
 	}
+	return runSynthetic(args, stdout, stderr)
+}
+
+// runHelp is `cdcserver help [COMMAND]`: the overview, or a command's
+// flags.
+func runHelp(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stdout)
+		return 0
+	}
+	if args[0] == "synthetic" {
+		return runSynthetic([]string{"-h"}, stdout, stdout)
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			return c.run([]string{"-h"}, stdout, stdout)
+		}
+	}
+	fmt.Fprintf(stderr, "cdcserver: no command %q\n\n", args[0])
+	usage(stderr)
+	return server.ExitBadFlags
+}
+
+// runSynthetic runs the synthetic workload (cdcserver without a command).
+func runSynthetic(args []string, stdout, stderr io.Writer) int {
 	cfg := server.DefaultConfig()
 	fs := flag.NewFlagSet("cdcserver", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfg.BindFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: cdcserver [flags]\n\nRuns an embedded changefeed server on a synthetic workload and verifies delivery.\n\n")
+		fmt.Fprintf(stderr, "usage: cdcserver [flags]\n\nRuns an embedded changefeed server on a synthetic workload and verifies delivery (cdcserver --help lists the commands).\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

@@ -58,3 +58,25 @@ func TestServeAndCompareSetupErrorsExitTwo(t *testing.T) {
 	require.Contains(t, out.String(), "cdcserver")
 	require.Contains(t, out.String(), "go1.")
 }
+
+// cdcserver --help lists the commands, and help COMMAND shows a
+// command's flags; a command that does not exist is a usage error.
+func TestHelpListsTheCommands(t *testing.T) {
+	var out, errOut bytes.Buffer
+	require.Equal(t, 0, run([]string{"--help"}, &out, &errOut))
+	for _, c := range []string{"serve", "status", "compare", "remove", "help", "synthetic"} {
+		require.Contains(t, out.String(), c)
+	}
+	for _, c := range []string{"serve", "status", "compare", "remove"} {
+		out.Reset()
+		require.Equal(t, 0, run([]string{"help", c}, &out, &errOut), c)
+		require.Contains(t, out.String(), "usage: cdcserver "+c, c)
+		require.Contains(t, out.String(), "-source", c)
+	}
+	out.Reset()
+	require.Equal(t, 0, run([]string{"help", "synthetic"}, &out, &errOut))
+	require.Contains(t, out.String(), "-tables")
+	errOut.Reset()
+	require.Equal(t, 2, run([]string{"help", "nosuch"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "no command")
+}

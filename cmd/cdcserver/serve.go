@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -15,10 +16,12 @@ import (
 	"github.com/cdcflow/eventservice/cmd/cdcserver/app/server"
 )
 
-// Exit statuses of serve and compare: 0 a clean stop (compare: equal),
-// 1 the changefeed stopped (compare: a table differs), 2 bad flags or a
-// setup error (a bad DSN, a source without wal_level=logical, a table
-// without a key).
+// Exit statuses of serve, compare, status and remove: 0 a clean stop
+// (compare: equal; status: nothing to act on; remove: removed), 1 the
+// changefeed stopped (compare: a table differs; status: problems), 2 bad
+// flags, a setup error or a refused start (a bad DSN, a source without
+// wal_level=logical, a missing privilege, a slot that is not this
+// changefeed's: checked before anything is changed).
 const exitStopped = 1
 
 func runServe(args []string, stderr io.Writer) int {
@@ -27,8 +30,9 @@ func runServe(args []string, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	cfg.BindFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: cdcserver serve --source postgres://... --sink postgres://... [flags]\n\n"+
-			"Replicates a PostgreSQL database into another through the event service, until SIGTERM; a restart resumes.\n\n")
+		fmt.Fprintf(fs.Output(), "usage: cdcserver serve --source postgres://... --sink postgres://... [flags]\n\n"+
+			"Replicates a PostgreSQL database into another through the event service, until SIGTERM; a restart resumes.\n"+
+			"Exit 0: a clean stop; 1: the changefeed stopped; 2: bad flags or a refused start (nothing was changed).\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -55,8 +59,21 @@ func runCompare(args []string, stdout, stderr io.Writer) int {
 	source := fs.String("source", "", "the source database")
 	sink := fs.String("sink", "", "the target database")
 	pub := fs.String("publication", "cdcflow", "the publication whose tables are compared")
-	if err := fs.Parse(args); err != nil || *source == "" || *sink == "" {
-		fmt.Fprintln(stderr, "usage: cdcserver compare --source postgres://... --sink postgres://... [--publication P]")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: cdcserver compare --source postgres://... --sink postgres://... [--publication P]\n\n"+
+			"Checks every table of the publication: its row count and an order-independent checksum on both sides.\n"+
+			"Exit 0: EQUAL; 1: DIFFERENT (the first table that differs is named); 2: it cannot be read.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return server.ExitBadFlags
+	}
+	if *source == "" || *sink == "" {
+		fmt.Fprintln(stderr, "cdcserver compare: --source and --sink are required")
+		fs.Usage()
 		return server.ExitBadFlags
 	}
 	err := replicate.Compare(context.Background(), *source, *sink, *pub, stdout)
@@ -91,4 +108,92 @@ func version() string {
 		}
 	}
 	return fmt.Sprintf("cdcserver %s, revision %s%s, %s", bi.Main.Version, rev, dirty, bi.GoVersion)
+}
+
+// runStatus is `cdcserver status`: exit 0 when nothing needs acting on, 1
+// when the changefeed has problems (a table stopped or released, the slot
+// lost or registered elsewhere), 2 when it cannot be read.
+func runStatus(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("cdcserver status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	source := fs.String("source", "", "the source database: postgres://user@host:port/db")
+	sink := fs.String("sink", "", "the target database")
+	slot := fs.String("slot", "cdcflow", "the changefeed's slot")
+	pub := fs.String("publication", "cdcflow", "the publication (the registered one wins)")
+	asJSON := fs.Bool("json", false, "print the status as one JSON object")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: cdcserver status --source postgres://... --sink postgres://... [--slot S] [--json]\n\n"+
+			"Shows a changefeed whether or not serve runs: what it is bound to, the slot (active, the WAL it retains and\n"+
+			"has not confirmed, wal_status, safe_wal_size), the snapshot, each table's checkpoint and lag, stopped and\n"+
+			"left-out tables with why. Exit 0: nothing to act on; 1: problems listed; 2: it cannot be read.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return server.ExitBadFlags
+	}
+	if *source == "" || *sink == "" {
+		fmt.Fprintln(stderr, "cdcserver status: --source and --sink are required")
+		fs.Usage()
+		return server.ExitBadFlags
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	st, err := replicate.ReadStatus(ctx, *source, *sink, *slot, *pub)
+	if err != nil {
+		fmt.Fprintf(stderr, "cdcserver status: %v\n", err)
+		return server.ExitBadFlags
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(st)
+	} else {
+		st.WriteText(stdout)
+	}
+	if st.StatusExit() != nil {
+		return exitStopped
+	}
+	return 0
+}
+
+// runRemove is `cdcserver remove`: exit 0 when removed (or nothing was
+// left), 2 when refused or failed.
+func runRemove(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("cdcserver remove", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o replicate.RemoveOptions
+	fs.StringVar(&o.Source, "source", "", "the source database")
+	fs.StringVar(&o.Sink, "sink", "", "the target database")
+	fs.StringVar(&o.Slot, "slot", "cdcflow", "the changefeed's slot")
+	fs.StringVar(&o.Publication, "publication", "cdcflow", "the publication (dropped only if the changefeed created it)")
+	fs.BoolVar(&o.Force, "force", false, "remove it while a serve streams it: that serve is fenced out of the target (it exits) and its walsender terminated")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: cdcserver remove --source postgres://... --sink postgres://... [--slot S] [--force]\n\n"+
+			"Removes a changefeed: drops its slot (the WAL it retained is released), its publication if it created it, its\n"+
+			"registration on the source and the target's cdcflow state; the target's tables and rows stay. Refused while a\n"+
+			"serve streams the slot (unless --force) and for a slot registered for another target.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return server.ExitBadFlags
+	}
+	if o.Source == "" || o.Sink == "" {
+		fmt.Fprintln(stderr, "cdcserver remove: --source and --sink are required")
+		fs.Usage()
+		return server.ExitBadFlags
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := replicate.Remove(ctx, o, stdout); err != nil {
+		fmt.Fprintf(stderr, "cdcserver remove: %v\n", err)
+		return server.ExitBadFlags
+	}
+	fmt.Fprintln(stdout, "removed")
+	return 0
 }

@@ -1,8 +1,12 @@
 package pgsink
 
 import (
+	"context"
 	"fmt"
 	"sort"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"go.uber.org/zap"
 
@@ -25,6 +29,9 @@ func (s *Sink) MinDurable() (common.Ts, bool) {
 	var lo common.Ts
 	ok := false
 	for id := range s.mu.bound {
+		if s.mu.released[id] {
+			continue // let go of: the slot no longer waits for it
+		}
 		ts := s.mu.durable[id]
 		if !ok || ts < lo {
 			lo, ok = ts, true
@@ -46,11 +53,70 @@ func (s *Sink) Stopped() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]string, 0, len(s.mu.stopped))
-	for _, why := range s.mu.stopped {
-		out = append(out, why)
+	for _, st := range s.mu.stopped {
+		out = append(out, st.reason)
 	}
 	sort.Strings(out)
 	return out
+}
+
+// stoppedTable is why and since when a table stopped.
+type stoppedTable struct {
+	reason string
+	since  time.Time
+}
+
+// StoppedTable is a stopped table.
+type StoppedTable struct {
+	ID common.DispatcherID
+	// OID and Table name the source table.
+	OID    uint32
+	Table  string
+	Reason string
+	Since  time.Time
+	// Released: its hold on the slot was let go (Release).
+	Released bool
+}
+
+// StoppedTables lists the stopped tables, by table name.
+func (s *Sink) StoppedTables() []StoppedTable {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]StoppedTable, 0, len(s.mu.stopped))
+	for id, st := range s.mu.stopped {
+		t := StoppedTable{ID: id, Reason: st.reason, Since: st.since, Released: s.mu.released[id]}
+		if b := s.mu.bound[id]; b != nil {
+			t.OID, t.Table = b.rel.OID, b.rel.QualifiedName()
+		}
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Table < out[j].Table })
+	return out
+}
+
+// Release lets go of a stopped table's hold on the slot: its checkpoint
+// row is deleted (fenced) and its durable checkpoint no longer counts in
+// MinDurable, so the slot moves on past the changes it will never apply.
+// The table stays stopped; what it lacks is for a fresh copy to fill (the
+// caller owes one: with its checkpoint gone, a later start takes it for a
+// table never copied). ErrNotStopped for a table that is not stopped.
+func (s *Sink) Release(ctx context.Context, id common.DispatcherID) error {
+	s.mu.Lock()
+	_, stopped := s.mu.stopped[id]
+	s.mu.Unlock()
+	if !stopped {
+		return fmt.Errorf("%w: %v", ErrNotStopped, id)
+	}
+	if err := s.fenced(ctx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "DELETE FROM cdcflow.checkpoints WHERE dispatcher = $1", hexID(id))
+		return err
+	}); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.mu.released[id] = true
+	s.mu.Unlock()
+	return nil
 }
 
 // laneOf returns id's lane and any error its last work left, which the
@@ -137,7 +203,7 @@ func (s *Sink) failed(id common.DispatcherID, err error, stop bool) {
 	defer s.mu.Unlock()
 	if stop {
 		if _, was := s.mu.stopped[id]; !was {
-			s.mu.stopped[id] = err.Error()
+			s.mu.stopped[id] = stoppedTable{reason: err.Error(), since: s.opts.Clock.Now()}
 			s.met.stopped.Inc()
 			s.log.Error("table stopped", zap.Stringer("dispatcher", id), zap.Error(err))
 		}

@@ -295,3 +295,31 @@ func ReadOwners(ctx context.Context, conn *pgx.Conn) ([]Owner, error) {
 		return o, err
 	})
 }
+
+// FenceOut fences out every sink of owner in the target conn is connected
+// to, without starting one: it raises the owner's generation under the
+// owner's lock, waiting (up to wait) for their transactions that passed
+// the fence; each of them fails its next fence and stops as superseded
+// (removing a changefeed whose serve still runs). No owners table, or no
+// row of owner: nothing to fence.
+func FenceOut(ctx context.Context, conn *pgx.Conn, owner string, wait time.Duration) error {
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass('cdcflow.owners') IS NOT NULL").Scan(&exists); err != nil || !exists {
+		return err
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // after Commit it is a no-op
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", wait.Milliseconds())); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SELECT pg_advisory_xact_lock(%d, hashtext($1))", fenceLockClass), owner); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, "UPDATE cdcflow.owners SET generation = generation + 1 WHERE owner = $1", owner); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}

@@ -396,10 +396,7 @@ func (l *lane) commitAll(now time.Time) {
 		// The target is down or the connection broke: nothing is any
 		// table's fault. Keep the work, connect again and retry; the
 		// queue fills meanwhile, which is the back-pressure.
-		l.down.Store(true)
-		l.s.met.reconnects.Inc()
-		l.s.log.Warn("lost the target; reconnecting", zap.Int("lane", l.n), zap.Error(err))
-		l.reconnect()
+		l.loseTarget(err)
 		return
 	}
 	l.s.log.Warn("a lane's transaction failed; applying its tables one by one", zap.Int("lane", l.n), zap.Error(err))
@@ -411,8 +408,7 @@ func (l *lane) commitAll(now time.Time) {
 				return
 			}
 			if l.lost(err) {
-				l.down.Store(true)
-				l.reconnect()
+				l.loseTarget(err)
 				return
 			}
 			d.failures++
@@ -457,6 +453,16 @@ func (l *lane) lost(err error) bool {
 // that does not decode, a delete without its key).
 var errBadData = errors.New("pgsink: bad change")
 
+// loseTarget is the one way a lane handles a lost connection (a commit's,
+// a table's alone, a warm-up's): down, counted, the sink's outage
+// reported once for all its lanes (Sink.link), connected again.
+func (l *lane) loseTarget(err error) {
+	l.down.Store(true)
+	l.s.met.reconnects.Inc()
+	l.s.link.Down(err, zap.Int("lane", l.n))
+	l.reconnect()
+}
+
 // reconnect replaces the lane's connection, retrying with a doubling
 // delay (50ms to 2s, shortened by up to 20% at random: the lanes that lost
 // the target together do not all try again together) until it succeeds or
@@ -470,8 +476,10 @@ func (l *lane) reconnect() {
 			l.conn = conn
 			l.connections++ // what was prepared on the old one is not on this one
 			l.down.Store(false)
+			l.s.link.Up()
 			return
 		}
+		l.s.link.Down(err, zap.Int("lane", l.n))
 		t := l.s.opts.Clock.NewTimer(pause.Next())
 		select {
 		case <-l.s.ctx.Done():

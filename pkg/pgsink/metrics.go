@@ -16,9 +16,10 @@ type metrics struct {
 	warmFailures  prometheus.Counter
 	stopped       prometheus.Gauge
 	commitSeconds prometheus.Histogram
+	connected     prometheus.GaugeFunc
 }
 
-func newMetrics(_ *Sink, reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(s *Sink, reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{reg: reg,
 		rows: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "cdcflow", Subsystem: "pgsink", Name: "rows_total",
 			Help: "Row effects written to the target (after collapsing several changes of a key in one transaction)."}),
@@ -36,6 +37,13 @@ func newMetrics(_ *Sink, reg prometheus.Registerer) (*metrics, error) {
 			Help: "Tables stopped by a schema change the sink cannot apply, or changes the target kept refusing."}),
 		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "cdcflow", Subsystem: "pgsink", Name: "commit_duration_seconds",
 			Help: "Time to apply and commit one lane transaction.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+		connected: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "cdcflow", Subsystem: "pgsink", Name: "connected",
+			Help: "1 while every lane's connection to the target works, 0 otherwise."}, func() float64 {
+			if s.Connected() {
+				return 1
+			}
+			return 0
+		}),
 	}
 	if err := promutil.RegisterAll(reg, m.all()...); err != nil {
 		return nil, err
@@ -44,7 +52,7 @@ func newMetrics(_ *Sink, reg prometheus.Registerer) (*metrics, error) {
 }
 
 func (m *metrics) all() []prometheus.Collector {
-	return []prometheus.Collector{m.rows, m.commits, m.ddls, m.reconnects, m.warmed, m.warmFailures, m.stopped, m.commitSeconds}
+	return []prometheus.Collector{m.rows, m.commits, m.ddls, m.reconnects, m.warmed, m.warmFailures, m.stopped, m.commitSeconds, m.connected}
 }
 
 func (m *metrics) unregister() { promutil.UnregisterAll(m.reg, m.all()...) }

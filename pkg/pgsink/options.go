@@ -34,6 +34,8 @@ var (
 	// ErrAnotherOwner: with SoleOwner, the target already holds another
 	// owner's sink (Start).
 	ErrAnotherOwner = errors.New("pgsink: the target holds another owner")
+	// ErrNotStopped: Release of a table that is not stopped.
+	ErrNotStopped = errors.New("pgsink: the table is not stopped")
 	// ErrOtherSource: the owner's row binds it to another source
 	// database than Options.Source (Start).
 	ErrOtherSource = errors.New("pgsink: the target's changefeed replicates another source")

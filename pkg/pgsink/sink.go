@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcflow/eventservice/internal/pgdial"
+	"github.com/cdcflow/eventservice/internal/pglink"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventcollector"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
@@ -26,6 +27,8 @@ type Sink struct {
 	log   *zap.Logger
 	met   *metrics
 	lanes []*lane
+	// link logs the target's outages once for every lane (pglink).
+	link *pglink.Watch
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -61,7 +64,10 @@ type Sink struct {
 		bound           map[common.DispatcherID]*binding
 		durable         map[common.DispatcherID]common.Ts
 		errs            map[common.DispatcherID]error
-		stopped         map[common.DispatcherID]string
+		stopped         map[common.DispatcherID]stoppedTable
+		// released are stopped tables whose hold on the slot was let go
+		// (Release): MinDurable leaves them out.
+		released map[common.DispatcherID]bool
 	}
 }
 
@@ -78,10 +84,12 @@ func New(opts Options) (*Sink, error) {
 		return nil, err
 	}
 	s := &Sink{opts: opts, log: opts.Logger.Named("pgsink"), supersededCh: make(chan struct{})}
+	s.link = pglink.NewWatch(s.log, "the target", opts.Clock.Now)
 	s.mu.bound = map[common.DispatcherID]*binding{}
 	s.mu.durable = map[common.DispatcherID]common.Ts{}
 	s.mu.errs = map[common.DispatcherID]error{}
-	s.mu.stopped = map[common.DispatcherID]string{}
+	s.mu.stopped = map[common.DispatcherID]stoppedTable{}
+	s.mu.released = map[common.DispatcherID]bool{}
 	var err error
 	if s.met, err = newMetrics(s, opts.Registerer); err != nil {
 		return nil, err

@@ -121,10 +121,7 @@ func (l *lane) warmSome(now, deadline time.Time) {
 		l.s.supersede()
 		l.dropHeld()
 	case l.lost(err):
-		l.down.Store(true)
-		l.s.met.reconnects.Inc()
-		l.s.log.Warn("lost the target; reconnecting", zap.Int("lane", l.n), zap.Error(err))
-		l.reconnect()
+		l.loseTarget(err)
 	default:
 		// Nothing is lost: the rows' commits prepare what they need.
 		l.s.met.warmFailures.Inc()

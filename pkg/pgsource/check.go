@@ -22,9 +22,10 @@ var ErrNotPrimary = errors.New("pgsource: the source is a standby")
 // replicate (REPLICATION, or a superuser); the publication exists, or the
 // role may create it (FOR ALL TABLES: a superuser); every table it
 // publishes, or would, has a key; the slot, if there is one, is a pgoutput
-// slot of this database. A start runs it before it creates or drops
-// anything, on either database, so that a start that fails leaves both as
-// it found them; Open runs it too.
+// slot of this database the server has not invalidated (ErrSlotLost). A
+// start runs it before it creates or drops anything, on either database,
+// so that a start that fails leaves both as it found them; Open runs it
+// too.
 func (s *Source) Check(ctx context.Context) error {
 	conn, err := connect(ctx, s.opts.DSN)
 	if err != nil {
@@ -70,7 +71,15 @@ FROM pg_roles r WHERE r.rolname = current_user`, pub).Scan(&recovery, &super, &r
 			return t.relationErr
 		}
 	}
-	return checkSlotIsOurs(ctx, conn, slot)
+	if err := checkSlotIsOurs(ctx, conn, slot); err != nil {
+		return err
+	}
+	if st, err := ReadSlotStats(ctx, conn, slot); err != nil {
+		return fmt.Errorf("%w: %w", ErrConnect, err)
+	} else if st.WALStatus == "lost" {
+		return slotLostError(slot)
+	}
+	return nil
 }
 
 // wouldPublish is what Open would find published: the publication's
@@ -125,4 +134,26 @@ ORDER BY n.nspname, c.relname`)
 		}
 	}
 	return tables, nil
+}
+
+// TableInfo is a table of a publication as a changefeed reads it: Err
+// says why it cannot be replicated (nil: it can).
+type TableInfo struct {
+	OID  uint32
+	Name string
+	Err  error
+}
+
+// ListTables lists the tables of publication pub the changefeed would
+// read (the tool's schema left out), without changing anything.
+func ListTables(ctx context.Context, conn *pgx.Conn, pub string) ([]TableInfo, error) {
+	tables, err := publishedTables(ctx, conn, pub)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]TableInfo, len(tables))
+	for i, t := range tables {
+		out[i] = TableInfo{OID: t.oid, Name: t.relation().QualifiedName(), Err: t.relationErr}
+	}
+	return out, nil
 }

@@ -414,6 +414,9 @@ func (ss *session) flush(ctx context.Context, oid uint32, last bool) error {
 		if t.ts <= b.have && b.partial != t.ts {
 			continue // pushed before this session started again
 		}
+		if last && (len(rows) > 0 || b.partial == t.ts) {
+			b.noteUnapplied(t.ts) // rows of this commit went to it (Lag)
+		}
 		batch := eventstore.Batch{Rows: rows}
 		if last && t.ts > b.resolved {
 			batch.ResolvedTs = t.ts
@@ -518,6 +521,7 @@ func (ss *session) commit(ctx context.Context, m msgCommit) error {
 		if b.partial != t.ts {
 			continue // its last chunk went with the commit's push above
 		}
+		b.noteUnapplied(t.ts)
 		b.have, b.partial = t.ts, 0
 		if t.ts > b.resolved {
 			if err := ss.push(ctx, b, eventstore.Batch{ResolvedTs: t.ts}); err != nil {

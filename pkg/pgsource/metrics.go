@@ -26,6 +26,10 @@ type metrics struct {
 	copyRows      prometheus.Counter
 	copyRetries   prometheus.Counter
 	joined        prometheus.Counter
+	released      prometheus.Counter
+	connected     prometheus.GaugeFunc
+	behind        prometheus.GaugeFunc
+	slot          *slotCollector
 }
 
 func newMetrics(s *Source, reg prometheus.Registerer) (*metrics, error) {
@@ -48,13 +52,31 @@ func newMetrics(s *Source, reg prometheus.Registerer) (*metrics, error) {
 			"below the last): the stream and the store disagree on what was delivered, and those rows may be missing downstream. Never expected; alert on any."),
 		committedTs:  g("committed_ts_seconds", "Physical time of the last commit's commit-ts (Unix seconds)."),
 		confirmedLSN: g("confirmed_flush_lsn", "The LSN last confirmed to the slot: the WAL it retains starts here."),
-		walEnd:       g("server_wal_end_lsn", "The server's WAL end, from its keepalives."),
+		walEnd:       g("server_wal_end_lsn", "The server's WAL end, from its keepalives (at least confirmed_flush_lsn: their difference is never negative)."),
 		snapshotRows: c("snapshot_rows_total", "Rows copied by the initial snapshot."),
 		snapshotDone: g("snapshot_tables_done", "Tables the initial snapshot has copied."),
 		copyRows:     c("copy_rows_total", "Rows of tables that joined while running copied into the stream (CopyTable)."),
 		copyRetries: c("copy_retries_total", "Chunks of a copy read again: a truncate or a new relation version in the chunk's window, "+
 			"a commit the chunk's snapshot could not see yet (waiting for a synchronous standby), or no subscription yet."),
 		joined: c("joined_tables_total", "Published tables that joined while running (announced through OnNewTable)."),
+		released: c("released_tables_total", "Stopped tables whose hold on the slot was released because the slot retained more WAL than allowed "+
+			"(ReleaseTable): their checkpoint dropped, a fresh copy owed."),
+		connected: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "cdcflow", Subsystem: "pgsource", Name: "connected",
+			Help: "1 while a replication session streams from the source, 0 otherwise."}, func() float64 {
+			if s.streaming.Load() {
+				return 1
+			}
+			return 0
+		}),
+		behind: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "cdcflow", Subsystem: "pgsource", Name: "behind_bytes",
+			Help: "The server's WAL end (its keepalives) minus the position last confirmed to the slot; never negative."}, func() float64 {
+			end, conf := s.walEnd.Load(), s.confirmed.Load()
+			if end < conf {
+				return 0
+			}
+			return float64(end - conf)
+		}),
+		slot: newSlotCollector(s),
 	}
 	if err := promutil.RegisterAll(reg, m.all()...); err != nil {
 		return nil, err
@@ -65,7 +87,7 @@ func newMetrics(s *Source, reg prometheus.Registerer) (*metrics, error) {
 func (m *metrics) all() []prometheus.Collector {
 	return []prometheus.Collector{m.commits, m.rows, m.ddls, m.heartbeats, m.replays, m.reconnects, m.silences, m.skippedTables, m.refused,
 		m.committedTs, m.confirmedLSN, m.walEnd, m.snapshotRows, m.snapshotDone,
-		m.copyRows, m.copyRetries, m.joined}
+		m.copyRows, m.copyRetries, m.joined, m.released, m.connected, m.behind, m.slot}
 }
 
 func (m *metrics) unregister() { promutil.UnregisterAll(m.reg, m.all()...) }

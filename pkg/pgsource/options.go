@@ -175,6 +175,9 @@ type Options struct {
 	// StatusInterval is how often the source reports its position to the
 	// server. Default 1s.
 	StatusInterval time.Duration
+	// SlotStatsInterval is how often the slot's statistics are read
+	// (SlotStats, the cdcflow_pgsource_slot_* metrics). Default 10s.
+	SlotStatsInterval time.Duration
 	// ChunkRows bounds the rows of one transaction held per table before
 	// they are pushed to the store: a large transaction is spilled to the
 	// store in chunks, never held whole. Default 1024.
@@ -241,6 +244,9 @@ func (o Options) withDefaults() Options {
 	if o.StatusInterval == 0 {
 		o.StatusInterval = time.Second
 	}
+	if o.SlotStatsInterval == 0 {
+		o.SlotStatsInterval = 10 * time.Second
+	}
 	if o.ChunkRows == 0 {
 		o.ChunkRows = 1024
 	}
@@ -277,7 +283,7 @@ func (o Options) validate() error {
 	p.NotTypedNil("Registerer", o.Registerer)
 	p.Require(identRE.MatchString(o.Slot), "Slot %q: lower-case letters, digits and _ (a replication slot name)", o.Slot)
 	p.Require(identRE.MatchString(o.Publication), "Publication %q: lower-case letters, digits and _", o.Publication)
-	p.Require(o.ResolvedInterval > 0 && o.HeartbeatInterval > 0 && o.StatusInterval > 0, "intervals must be positive")
+	p.Require(o.ResolvedInterval > 0 && o.HeartbeatInterval > 0 && o.StatusInterval > 0 && o.SlotStatsInterval > 0, "intervals must be positive")
 	p.IntRange("ChunkRows", o.ChunkRows, 1, 1<<20)
 	p.IntRange("ResolvedPushesPerSec", o.ResolvedPushesPerSec, 1, 1<<30)
 	p.IntRange("SnapshotWorkers", o.SnapshotWorkers, 1, 64)

@@ -35,8 +35,14 @@ type Source struct {
 	// link logs the source's outages once (the stream reports them; the
 	// heartbeat and the poll only look).
 	link *pglink.Watch
-	// side is the heartbeat's and the poll's connection.
+	// side is the heartbeat's, the poll's and the slot statistics'
+	// connection.
 	side sideConn
+	// slot is the slot's statistics as last read.
+	slot slotState
+	// walEnd and confirmed are the server's WAL end as last heard and
+	// the LSN last confirmed (the behind_bytes gauge).
+	walEnd, confirmed atomic.Uint64
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -135,6 +141,13 @@ type sub struct {
 	startTs common.Ts
 	guard   *upstream.SinkGuard
 	s       *Source
+
+	// unapplied are the commit-ts of the commits whose rows were pushed
+	// to it and not yet seen durable downstream, oldest first (Lag); the
+	// stream appends, Lag pops. Bounded: past maxUnapplied the newest is
+	// overwritten (the oldest, which sets the lag, stays exact).
+	lagMu     sync.Mutex
+	unapplied []common.Ts
 
 	// Owned by the stream goroutine.
 	have     common.Ts // the last commit whose rows were pushed (startTs at first)
@@ -417,6 +430,7 @@ func (s *Source) Start() error {
 	s.mu.started = true
 	s.wg.Go(s.run)
 	s.wg.Go(s.runHeartbeat)
+	s.wg.Go(s.runSlotStats)
 	if s.opts.PublicationPollInterval > 0 {
 		s.wg.Go(s.runPublicationPoll)
 	}
@@ -495,3 +509,47 @@ func (s *Source) CopiedRows() int64 { return s.copied.Load() }
 
 // now is the clock's time.
 func (s *Source) now() time.Time { return s.opts.Clock.Now() }
+
+// maxUnapplied bounds a subscription's list of unapplied commits.
+const maxUnapplied = 4096
+
+// noteUnapplied records that commit ts pushed rows to b.
+func (b *sub) noteUnapplied(ts common.Ts) {
+	b.lagMu.Lock()
+	if n := len(b.unapplied); n >= maxUnapplied {
+		b.unapplied[n-1] = ts
+	} else if n == 0 || b.unapplied[n-1] < ts {
+		b.unapplied = append(b.unapplied, ts)
+	}
+	b.lagMu.Unlock()
+}
+
+// Lag is how long the oldest change pushed to a subscription has waited
+// to be durable downstream, at now (durable gives a table's durable
+// checkpoint: the change's commit-ts at or below it is applied); 0 when
+// every change decoded is durable. Unlike the age of the lowest
+// checkpoint, an idle table costs it nothing (its checkpoint lags its
+// resolved-ts by up to a checkpoint interval, but it has nothing to
+// apply), and a busy one counts from its oldest change, not its last.
+func (s *Source) Lag(durable func(oid uint32) (common.Ts, bool), now time.Time) time.Duration {
+	var oldest common.Ts
+	for _, b := range s.allSubs() {
+		d, ok := durable(b.oid)
+		b.lagMu.Lock()
+		i := 0
+		for ok && i < len(b.unapplied) && b.unapplied[i] <= d {
+			i++
+		}
+		if i > 0 {
+			b.unapplied = append(b.unapplied[:0], b.unapplied[i:]...)
+		}
+		if len(b.unapplied) > 0 && (oldest == 0 || b.unapplied[0] < oldest) {
+			oldest = b.unapplied[0]
+		}
+		b.lagMu.Unlock()
+	}
+	if oldest == 0 {
+		return 0
+	}
+	return max(0, now.Sub(oldest.Physical()))
+}

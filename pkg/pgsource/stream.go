@@ -81,7 +81,14 @@ func (s *Source) run() {
 		if s.ctx.Err() != nil || errors.Is(err, errQuiesced) {
 			return
 		}
-		if errors.Is(err, ErrProtocol) || errors.Is(err, ErrSlotTakenOver) {
+		switch {
+		case isSlotLost(err):
+			err = slotLostError(s.opts.Slot)
+		case isSlotMissing(err):
+			err = fmt.Errorf("%w: slot %s is gone from the source (dropped by an operator, or the changefeed removed); "+
+				"a start creates a new one and copies every table anew: %w", ErrSlotDropped, s.opts.Slot, err)
+		}
+		if errors.Is(err, ErrProtocol) || errors.Is(err, ErrSlotTakenOver) || errors.Is(err, ErrSlotLost) || errors.Is(err, ErrSlotDropped) {
 			s.stop(err)
 			return
 		}
@@ -126,6 +133,21 @@ func reconnectDelay(b *backoff.Backoff, lasted time.Duration) time.Duration {
 		b.Reset()
 	}
 	return b.Next()
+}
+
+// noteWALEnd records the server's WAL end from a keepalive: its gauge is
+// never below the confirmed position (a keepalive of the session before
+// a reconnect may be older than what the next one confirmed).
+func (s *Source) noteWALEnd(lsn uint64) {
+	s.walEnd.Store(lsn)
+	s.met.walEnd.Set(float64(max(lsn, s.confirmed.Load())))
+}
+
+// noteConfirmed records the position confirmed to the slot.
+func (s *Source) noteConfirmed(lsn uint64) {
+	s.confirmed.Store(lsn)
+	s.met.confirmedLSN.Set(float64(lsn))
+	s.met.walEnd.Set(float64(max(lsn, s.walEnd.Load())))
 }
 
 // stop records why the source stopped for good.
@@ -336,7 +358,7 @@ func (s *Source) reseed(ctx context.Context, catalog *pgx.Conn, from Position) (
 		s.mu.committed = max(s.mu.committed, p.Ts)
 	}
 	s.mu.Unlock()
-	s.met.confirmedLSN.Set(float64(p.LSN))
+	s.noteConfirmed(p.LSN)
 	return p, nil
 }
 
@@ -489,7 +511,7 @@ func (ss *session) loop(ctx context.Context) error {
 				if err != nil {
 					return fmt.Errorf("%w: keepalive: %w", ErrProtocol, err)
 				}
-				s.met.walEnd.Set(float64(k.ServerWALEnd))
+				s.noteWALEnd(uint64(k.ServerWALEnd))
 				if ss.cur == nil && uint64(k.ServerWALEnd) > ss.walEnd.LSN {
 					ss.walEnd = Position{LSN: uint64(k.ServerWALEnd), Ts: ss.last}
 				}
@@ -553,6 +575,9 @@ func (ss *session) sendStatus(ctx context.Context) error { return ss.report(ctx,
 // walsender answers with a keepalive at once (ReceiveTimeout).
 func (ss *session) askReply(ctx context.Context) error { return ss.report(ctx, true) }
 
+// saveTimeout bounds a status report's save of the slot's position.
+const saveTimeout = 5 * time.Second
+
 // report confirms to the server the last position below the safe point,
 // after saving it, asking for a reply if reply is set.
 func (ss *session) report(ctx context.Context, reply bool) error {
@@ -588,9 +613,22 @@ func (ss *session) report(ctx context.Context, reply bool) error {
 		}
 	}
 	if next.LSN > saved.LSN {
-		if err := s.opts.Positions.Save(ctx, s.opts.Slot, next); err != nil {
-			return fmt.Errorf("pgsource: save position: %w", err)
+		// Bounded: a target that vanished without a word would hold the
+		// stream (and the walsender's replies) until TCP gives up.
+		sctx, cancel := context.WithTimeout(ctx, saveTimeout)
+		err := s.opts.Positions.Save(sctx, s.opts.Slot, next)
+		cancel()
+		if err != nil {
+			// The store of positions (the target, for serve) is down:
+			// confirm nothing new this time, but keep the session, which
+			// is the source's and fine (the target's outage is its own
+			// to report). Ending it made a target outage read as the
+			// source's stream ending, over and over.
+			s.log.Debug("save the slot's position: confirming none this time", zap.Error(err))
+			next = saved
 		}
+	}
+	if next.LSN > saved.LSN {
 		s.mu.Lock()
 		s.mu.saved = next
 		s.mu.Unlock()
@@ -599,7 +637,7 @@ func (ss *session) report(ctx context.Context, reply bool) error {
 			i++
 		}
 		ss.journal = append(ss.journal[:0], ss.journal[i:]...)
-		s.met.confirmedLSN.Set(float64(next.LSN))
+		s.noteConfirmed(next.LSN)
 	}
 	lsn := pglogrepl.LSN(next.LSN)
 	return pglogrepl.SendStandbyStatusUpdate(ctx, ss.conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: lsn, WALFlushPosition: lsn, WALApplyPosition: lsn, ReplyRequested: reply})

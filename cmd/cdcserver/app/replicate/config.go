@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"net"
+	"strconv"
 	"time"
 
 	"github.com/cdcflow/eventservice/cmd/cdcserver/app/goruntime"
@@ -47,6 +48,9 @@ type Config struct {
 	goruntime.Settings
 	// ShutdownTimeout bounds a clean stop.
 	ShutdownTimeout time.Duration
+	// MaxRetainedWAL bounds the WAL the slot may retain while stopped
+	// tables hold it back: past it they let go (wal.go). 0: no bound.
+	MaxRetainedWAL int64
 
 	// loopInterval is how often serve checks its fence and its source
 	// and records the snapshot's completion (0: a second); no flag, tests
@@ -73,13 +77,33 @@ type stopKnobs struct {
 	closed  func()
 }
 
+// DefaultMaxRetainedWAL is --max-retained-wal's default: 10 GiB, far above
+// what a changefeed that keeps up retains (its restart point lags by up to
+// two of the server's 15 s running-xacts intervals) and below a disk a
+// production server would let fill.
+const DefaultMaxRetainedWAL = 10 << 30
+
+// byteSize is a flag of a size in bytes with an optional unit.
+type byteSize int64
+
+func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
+
+func (b *byteSize) Set(v string) error {
+	n, err := goruntime.ParseBytes(v)
+	if err != nil {
+		return err
+	}
+	*b = byteSize(n)
+	return nil
+}
+
 // DefaultConfig returns serve's defaults.
 func DefaultConfig() Config {
 	return Config{Slot: "cdcflow", Publication: "cdcflow", MetricsAddr: "127.0.0.1:9464", PprofAddr: "127.0.0.1:0",
 		LogFormat: "text", LogLevel: "info", ProgressInterval: 5 * time.Second, ReadyLag: 30 * time.Second,
 		SinkWorkers: 4, SinkFlushInterval: pgsink.DefaultFlushInterval, SinkMaxFlushInterval: pgsink.DefaultMaxFlushInterval,
 		SinkCheckpointInterval: pgsink.DefaultCheckpointInterval, SourceReadLinger: pgsource.DefaultReadLinger, SourceReceiveTimeout: pgsource.DefaultReceiveTimeout, PublicationPollInterval: 10 * time.Second, Settings: goruntime.Settings{GCPercent: 300},
-		ShutdownTimeout: 30 * time.Second}
+		ShutdownTimeout: 30 * time.Second, MaxRetainedWAL: DefaultMaxRetainedWAL}
 }
 
 // BindFlags registers every field on fs.
@@ -104,6 +128,9 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.PublicationPollInterval, "publication-poll-interval", c.PublicationPollInterval, "how often the publication's tables are listed to find the ones that joined it (ALTER PUBLICATION ... ADD TABLE) without a change since; each table that joins is copied, its rows then streamed (0 = off: a table is found at its first change, and copied then)")
 	c.Settings.BindFlags(fs, "serve")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a clean stop may take")
+	fs.Var((*byteSize)(&c.MaxRetainedWAL), "max-retained-wal", "a `size` (10GiB; B, KiB, MiB, GiB, TiB): once the slot retains more WAL than this, "+
+		"tables stopped by a change the target cannot apply let go of it (their checkpoint dropped, logged at ERROR, a fresh copy owed at the next start) "+
+		"so that the source's WAL stops growing for them; 0 = no bound (PostgreSQL's max_slot_wal_keep_size still applies)")
 }
 
 // Validate reports every invalid field at once.
@@ -137,5 +164,6 @@ func (c Config) Validate() error {
 	p.Require(c.PublicationPollInterval >= 0, "--publication-poll-interval must not be negative")
 	c.Settings.Check(p)
 	p.Require(c.ShutdownTimeout > 0, "--shutdown-timeout must be positive")
+	p.Require(c.MaxRetainedWAL >= 0, "--max-retained-wal must not be negative")
 	return p.Err()
 }

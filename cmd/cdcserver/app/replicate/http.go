@@ -107,25 +107,3 @@ func (h *httpServers) close(by time.Time) {
 	}
 	h.wg.Wait()
 }
-
-// notReady lists why serve is not ready: the source's stream or the sink
-// not connected, a table stopped, or the slowest table's checkpoint
-// further behind than maxLag.
-func (p *parts) notReady(maxLag time.Duration) []string {
-	var why []string
-	if err := p.source.Err(); err != nil {
-		why = append(why, "source stopped: "+err.Error())
-	} else if !p.source.Streaming() {
-		why = append(why, "source stream not connected")
-	}
-	if !p.sink.Connected() {
-		why = append(why, "sink not connected")
-	}
-	if stopped := p.sink.Stopped(); len(stopped) > 0 {
-		why = append(why, fmt.Sprintf("%d tables stopped (first: %s)", len(stopped), stopped[0]))
-	}
-	if lag := p.lag(); lag > maxLag {
-		why = append(why, fmt.Sprintf("lag %v above %v", lag.Round(time.Millisecond), maxLag))
-	}
-	return why
-}

@@ -51,7 +51,7 @@ func (g *progress) print() {
 	rate := (rows - g.lastRows) / now.Sub(g.lastAt).Seconds()
 	g.lastRows, g.lastAt = rows, now
 	st := g.p.svc.Progress()
-	line := fmt.Sprintf("serve: rows/s %.0f  lag %v  pending prepare %d scan %d  stopped tables %d", rate,
+	line := fmt.Sprintf("serve: %s  rows/s %.0f  lag %v  pending prepare %d scan %d  stopped tables %d", g.p.health.current(), rate,
 		g.p.lag().Round(time.Millisecond), st.PendingPrepare, st.PendingScan, len(g.p.sink.Stopped()))
 	if snap := g.p.source.Snapshot(); snap.Running {
 		copyRate := float64(snap.Rows) / max(snap.Elapsed.Seconds(), 0.001)
@@ -61,6 +61,17 @@ func (g *progress) print() {
 		}
 		line += fmt.Sprintf("  snapshot: tables %d/%d, rows %d of ~%d, %.0f rows/s, ~%s left", snap.TablesDone, snap.Tables,
 			snap.Rows, snap.EstimatedRows, copyRate, left)
+	}
+	if g.p.health.current() == phaseSnapshotApply {
+		// Read from the source, not yet durable in the target: the
+		// target is no cut-over point until every table is.
+		done := 0
+		for _, rel := range g.p.info.Tables {
+			if g.p.sink.Durable(dispatcherOf(rel.OID)) >= g.p.info.SnapshotTs {
+				done++
+			}
+		}
+		line += fmt.Sprintf("  snapshot: read, applying: %d of %d tables durable in the target", done, len(g.p.info.Tables))
 	}
 	line += g.p.copier.status()
 	fmt.Fprintln(g.w, line)

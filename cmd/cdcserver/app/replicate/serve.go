@@ -52,6 +52,11 @@ type parts struct {
 	dataDir   string
 	tmpDir    bool
 	pre       *preflight
+	health    health
+	met       *serveMetrics
+	// stoppedWritten is the list of stopped tables last written to the
+	// target (nil: none yet; recordStopped's).
+	stoppedWritten *string
 	info      pgsource.Info
 	newTables chan newTable
 	// known are the tables bound (addNewTables' after build); ckpts the
@@ -100,6 +105,10 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 		return fmt.Errorf("%w: %w", ErrSetup, err)
 	}
 	p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if p.met, err = newServeMetrics(p, cfg); err != nil {
+		return fmt.Errorf("%w: %w", ErrSetup, err)
+	}
+	p.setPhase(phaseStarting)
 	ctx, p.cancel = context.WithCancel(ctx)
 	defer func() { p.close(p.closeBudget(cfg.ShutdownTimeout)) }()
 	if err := p.build(ctx, cfg); err != nil {
@@ -121,7 +130,9 @@ func orNone(s string) string {
 
 // newLogger is a pingcap/log logger on stderr, text or JSON.
 func newLogger(cfg Config, stderr io.Writer) (*zap.Logger, error) {
-	lg, _, err := log.InitLoggerWithWriteSyncer(&log.Config{Level: cfg.LogLevel, Format: cfg.LogFormat},
+	// No stack traces but at debug: an operator's log says what failed and
+	// why, once; a stack of every ERROR line buried that.
+	lg, _, err := log.InitLoggerWithWriteSyncer(&log.Config{Level: cfg.LogLevel, Format: cfg.LogFormat, DisableStacktrace: cfg.LogLevel != "debug"},
 		zapcore.AddSync(stderr), zapcore.AddSync(stderr))
 	return lg, err
 }
@@ -138,10 +149,13 @@ func (p *parts) loop(ctx context.Context, cfg Config, stderr io.Writer) error {
 	prog := newProgress(p, stderr)
 	nextProgress := time.Now().Add(cfg.ProgressInterval)
 	snapshotRecorded := !p.info.Created
+	p.health.snapshotApplied.Store(snapshotRecorded)
+	p.setPhase(phaseOf(false, p.source.Snapshot().Running, snapshotRecorded))
 	for {
 		select {
 		case <-ctx.Done():
 			p.log.Info("stopping")
+			p.setPhase(phaseStopping)
 			p.stopBy = time.Now().Add(cfg.ShutdownTimeout)
 			if p.quiesce(cfg.ShutdownTimeout / 2) {
 				// A snapshot or a copy applied in full since the last tick:
@@ -162,19 +176,14 @@ func (p *parts) loop(ctx context.Context, cfg Config, stderr io.Writer) error {
 		}
 		if !snapshotRecorded {
 			snapshotRecorded, _ = p.recordSnapshot(ctx, cfg) // the target down: the next tick tries again
+			p.health.snapshotApplied.Store(snapshotRecorded)
 		}
+		p.setPhase(phaseOf(false, p.source.Snapshot().Running, snapshotRecorded))
+		p.boundWAL(ctx, cfg)
+		p.recordStopped(ctx, cfg)
 		if cfg.ProgressInterval > 0 && !time.Now().Before(nextProgress) {
 			prog.print()
 			nextProgress = time.Now().Add(cfg.ProgressInterval)
 		}
 	}
-}
-
-// lag is how far the slowest table's durable checkpoint is behind now.
-func (p *parts) lag() time.Duration {
-	lo, ok := p.sink.MinDurable()
-	if !ok {
-		return 0
-	}
-	return lo.Lag(time.Now())
 }
