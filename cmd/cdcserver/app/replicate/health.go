@@ -39,7 +39,7 @@ type health struct {
 }
 
 func (h *health) setPhase(ph phase) { h.phase.Store(int32(ph)) }
-func (h *health) current() phase   { return phase(h.phase.Load()) }
+func (h *health) current() phase    { return phase(h.phase.Load()) }
 
 // phaseOf is the phase after a tick of the loop, from what the source
 // and the snapshot's record say.

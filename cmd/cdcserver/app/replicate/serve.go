@@ -57,8 +57,8 @@ type parts struct {
 	// stoppedWritten is the list of stopped tables last written to the
 	// target (nil: none yet; recordStopped's).
 	stoppedWritten *string
-	info      pgsource.Info
-	newTables chan newTable
+	info           pgsource.Info
+	newTables      chan newTable
 	// known are the tables bound (addNewTables' after build); ckpts the
 	// checkpoints the target held at the start (read-only after build).
 	known  map[uint32]bool
