@@ -63,6 +63,9 @@ type Config struct {
 	// copyChunkRows is pgsource.Options.CopyChunkRows (0: its default);
 	// no flag, tests set it so that small tables span many chunks.
 	copyChunkRows int
+	// slotStatsInterval is pgsource.Options.SlotStatsInterval (0: its
+	// default); no flag, tests set it.
+	slotStatsInterval time.Duration
 	// stopKnobs let a test hold a clean stop's steps (nil: none).
 	stopKnobs *stopKnobs
 }
