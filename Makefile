@@ -7,7 +7,7 @@ BENCHTIME ?= 1s
 COUNT     ?= 5
 FUZZTIME  ?= 10s
 
-.PHONY: all build test vet fmt-check tidy-check bench scale scale-runs scale-thp remote remote-rows fuzz soak run clean
+.PHONY: all build test vet fmt-check tidy-check rules bench scale scale-runs scale-thp remote remote-rows fuzz soak run clean
 
 all: build
 
@@ -26,7 +26,16 @@ tidy-check:
 vet:
 	$(GO) vet $(PKGS)
 
-test: fmt-check tidy-check vet
+# rules checks serve's Prometheus alert rules (deploy/prometheus) and runs
+# their unit tests, with promtool (Debian's prometheus package; .ci/run
+# installs it).
+PROMTOOL ?= promtool
+rules:
+	@command -v $(PROMTOOL) >/dev/null 2>&1 || { echo "rules: $(PROMTOOL) not found: install it (apt-get install prometheus) or set PROMTOOL=/path/to/promtool" >&2; exit 1; }
+	$(PROMTOOL) check rules deploy/prometheus/cdcflow-alerts.yml
+	$(PROMTOOL) test rules deploy/prometheus/cdcflow-alerts_test.yml
+
+test: fmt-check tidy-check vet rules
 	$(GO) test -race -timeout 20m $(PKGS)
 
 # bench runs every benchmark with -benchmem, COUNT times, then cdcserver in
