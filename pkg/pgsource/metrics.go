@@ -26,7 +26,6 @@ type metrics struct {
 	copyRows      prometheus.Counter
 	copyRetries   prometheus.Counter
 	joined        prometheus.Counter
-	released      prometheus.Counter
 	connected     prometheus.GaugeFunc
 	behind        prometheus.GaugeFunc
 	slot          *slotCollector
@@ -59,8 +58,6 @@ func newMetrics(s *Source, reg prometheus.Registerer) (*metrics, error) {
 		copyRetries: c("copy_retries_total", "Chunks of a copy read again: a truncate or a new relation version in the chunk's window, "+
 			"a commit the chunk's snapshot could not see yet (waiting for a synchronous standby), or no subscription yet."),
 		joined: c("joined_tables_total", "Published tables that joined while running (announced through OnNewTable)."),
-		released: c("released_tables_total", "Stopped tables whose hold on the slot was released because the slot retained more WAL than allowed "+
-			"(ReleaseTable): their checkpoint dropped, a fresh copy owed."),
 		connected: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "cdcflow", Subsystem: "pgsource", Name: "connected",
 			Help: "1 while a replication session streams from the source, 0 otherwise."}, func() float64 {
 			if s.streaming.Load() {
@@ -87,7 +84,7 @@ func newMetrics(s *Source, reg prometheus.Registerer) (*metrics, error) {
 func (m *metrics) all() []prometheus.Collector {
 	return []prometheus.Collector{m.commits, m.rows, m.ddls, m.heartbeats, m.replays, m.reconnects, m.silences, m.skippedTables, m.refused,
 		m.committedTs, m.confirmedLSN, m.walEnd, m.snapshotRows, m.snapshotDone,
-		m.copyRows, m.copyRetries, m.joined, m.released, m.connected, m.behind, m.slot}
+		m.copyRows, m.copyRetries, m.joined, m.connected, m.behind, m.slot}
 }
 
 func (m *metrics) unregister() { promutil.UnregisterAll(m.reg, m.all()...) }
