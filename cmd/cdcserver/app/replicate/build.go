@@ -71,11 +71,27 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 	step("source")
 	p.dataDir = cfg.DataDir
 	if p.dataDir == "" {
-		if p.dataDir, err = os.MkdirTemp("", "cdcserver-serve-"); err != nil {
+		for _, dir := range removeStaleTempDirs(os.TempDir()) {
+			p.log.Info("removed the event store an earlier serve left behind (it was killed)", zap.String("dir", dir))
+		}
+		if p.dataDir, err = os.MkdirTemp("", tempDirPrefix); err != nil {
 			return setup(err)
 		}
 		p.tmpDir = true
 	}
+	// Held while serve runs: a start finds an unheld one stale
+	// (datadir.go), and two serves never share a store.
+	if err := os.MkdirAll(p.dataDir, 0o700); err != nil {
+		return setup(err)
+	}
+	lock, ok, err := lockDataDir(p.dataDir)
+	switch {
+	case err != nil:
+		return setup(err)
+	case !ok:
+		return setup(fmt.Errorf("--data-dir %s is another running serve's", p.dataDir))
+	}
+	p.dirLock = lock
 	storeDir := filepath.Join(p.dataDir, "eventstore")
 	_ = os.RemoveAll(storeDir) // a cache: the slot is the durable log
 	if p.store, err = eventstore.Open(eventstore.Options{Dir: storeDir, Upstream: p.source, Registerer: p.reg, Logger: p.log}); err != nil {

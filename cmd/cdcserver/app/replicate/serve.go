@@ -51,6 +51,7 @@ type parts struct {
 	coll      *eventcollector.Collector
 	dataDir   string
 	tmpDir    bool
+	dirLock   *dataDirLock
 	pre       *preflight
 	health    health
 	met       *serveMetrics

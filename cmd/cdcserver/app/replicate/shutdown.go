@@ -97,6 +97,7 @@ func (p *parts) close(timeout time.Duration) {
 		if p.tmpDir {
 			_ = os.RemoveAll(p.dataDir)
 		}
+		p.dirLock.release()
 	}()
 	select {
 	case <-done:
