@@ -162,6 +162,18 @@ func (s *Server) StopWith(mode string, wait time.Duration) error {
 	return nil
 }
 
+// Client runs one of the server's client programs (pgbench, psql) with
+// args after its connection options (host, port, the superuser), and
+// returns what it printed.
+func (s *Server) Client(prog string, args ...string) ([]byte, error) {
+	host, port, err := net.SplitHostPort(s.Addr)
+	if err != nil {
+		return nil, err
+	}
+	full := append([]string{"-h", host, "-p", port, "-U", "postgres"}, args...)
+	return s.run(filepath.Join(s.bin, prog), full...).CombinedOutput()
+}
+
 // Restart starts a stopped server again.
 func (s *Server) Restart() error {
 	if out, err := s.run(filepath.Join(s.bin, "pg_ctl"), "-D", s.data, "-o", s.opts, "-w", "-l", filepath.Join(s.dir, "log"), "start").CombinedOutput(); err != nil {

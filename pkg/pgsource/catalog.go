@@ -108,28 +108,6 @@ func checkLogical(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-// ensurePublication creates the publication FOR ALL TABLES when missing.
-// A partitioned table is published as its partitions, each a table of its
-// own in the target: with publish_via_partition_root it would be one, but
-// PostgreSQL then publishes no TRUNCATE of a partition, and truncating old
-// partitions is how partitioned tables are kept; the target would keep
-// those rows for good. A publication that exists is the user's, left as it
-// is.
-func ensurePublication(ctx context.Context, conn *pgx.Conn, name string) (created bool, err error) {
-	var n int
-	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_publication WHERE pubname = $1", name).Scan(&n); err != nil {
-		return false, err
-	}
-	if n > 0 {
-		return false, nil
-	}
-	// The name passed Options' identifier check, so it needs no quoting.
-	if _, err := conn.Exec(ctx, "CREATE PUBLICATION "+name+" FOR ALL TABLES"); err != nil {
-		return false, fmt.Errorf("create publication %s: %w", name, err)
-	}
-	return true, nil
-}
-
 // catalogTable is a published table as the catalog describes it now.
 type catalogTable struct {
 	oid         uint32

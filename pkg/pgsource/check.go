@@ -20,8 +20,8 @@ var ErrNotPrimary = errors.New("pgsource: the source is a standby")
 // Check runs every check Open can fail on, and changes nothing: the
 // source answers and is a primary with wal_level logical; the role may
 // replicate (REPLICATION, or a superuser); the publication exists, or the
-// role may create it (FOR ALL TABLES: a superuser); every table it
-// publishes, or would, has a key; the slot, if there is one, is a pgoutput
+// role may create it (CREATE on the database: it lists the tables the
+// role owns, publication.go); the slot, if there is one, is a pgoutput
 // slot of this database the server has not invalidated (ErrSlotLost). A
 // start runs it before it creates or drops anything, on either database,
 // so that a start that fails leaves both as it found them; Open runs it
@@ -58,83 +58,48 @@ FROM pg_roles r WHERE r.rolname = current_user`, pub).Scan(&recovery, &super, &r
 	if !super && !repl {
 		return fmt.Errorf("%w: role %q needs REPLICATION (ALTER ROLE %s REPLICATION) to stream the slot", ErrPrivilege, role, role)
 	}
-	if !pubExists && !super {
-		return fmt.Errorf("%w: publication %s does not exist, and only a superuser may create it FOR ALL TABLES: "+
-			"create it yourself (CREATE PUBLICATION %s FOR TABLE ...) or run as a superuser", ErrPrivilege, pub, pub)
-	}
-	tables, err := wouldPublish(ctx, conn, pub, pubExists)
-	if err != nil {
-		return err
-	}
-	for _, t := range tables {
-		if t.relationErr != nil {
-			return t.relationErr
+	if !pubExists {
+		var create bool
+		if err := conn.QueryRow(ctx, "SELECT has_database_privilege(current_database(), 'CREATE')").Scan(&create); err != nil {
+			return fmt.Errorf("%w: %w", ErrConnect, err)
+		}
+		if !create {
+			return fmt.Errorf("%w: publication %s does not exist, and role %q may not create it (CREATE on the database): "+
+				"GRANT CREATE ON DATABASE to it, or create the publication yourself (CREATE PUBLICATION %s FOR TABLE ...)", ErrPrivilege, pub, role, pub)
 		}
 	}
 	if err := checkSlotIsOurs(ctx, conn, slot); err != nil {
 		return err
 	}
-	if st, err := ReadSlotStats(ctx, conn, slot); err != nil {
+	st, err := ReadSlotStats(ctx, conn, slot)
+	if err != nil {
 		return fmt.Errorf("%w: %w", ErrConnect, err)
-	} else if st.WALStatus == "lost" {
+	}
+	if st.WALStatus == "lost" {
 		return slotLostError(slot)
+	}
+	// Room for what the start takes first: a slot (if it makes one) and a
+	// walsender (the stream's; the catalog's and the side tasks' connect
+	// again until they get one).
+	var slots, maxSlots, senders, maxSenders int
+	if err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_replication_slots), current_setting('max_replication_slots')::int,
+  (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender'), current_setting('max_wal_senders')::int`).
+		Scan(&slots, &maxSlots, &senders, &maxSenders); err != nil {
+		return fmt.Errorf("%w: %w", ErrConnect, err)
+	}
+	if !st.Exists && slots >= maxSlots {
+		return fmt.Errorf("%w: every replication slot is taken (max_replication_slots = %d): raise it (a restart of the source) or drop an unused slot",
+			ErrNoRoom, maxSlots)
+	}
+	if senders >= maxSenders {
+		return fmt.Errorf("%w: every WAL sender is taken (max_wal_senders = %d; a changefeed uses 3): raise it (a restart of the source)",
+			ErrNoRoom, maxSenders)
 	}
 	return nil
 }
 
-// wouldPublish is what Open would find published: the publication's
-// tables, or, for one Open would create FOR ALL TABLES, every table such a
-// publication would publish (permanent tables and partitions outside the
-// system schemas and the tool's).
-func wouldPublish(ctx context.Context, conn *pgx.Conn, pub string, exists bool) ([]catalogTable, error) {
-	if exists {
-		return publishedTables(ctx, conn, pub)
-	}
-	// Published by a FOR ALL TABLES publication: pg_get_publication_tables'
-	// rule (is_publishable_class) without creating one to ask it.
-	rows, err := conn.Query(ctx, `
-SELECT c.oid, n.nspname, c.relname, c.relreplident::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.relkind = 'r' AND c.relpersistence = 'p' AND c.oid >= 16384
-  AND n.nspname NOT IN ('pg_catalog', 'information_schema', '`+ToolSchema+`') AND n.nspname NOT LIKE 'pg\_%'
-ORDER BY n.nspname, c.relname`)
-	if err != nil {
-		return nil, err
-	}
-	var tables []catalogTable
-	for rows.Next() {
-		var t catalogTable
-		var ident string
-		if err := rows.Scan(&t.oid, &t.schema, &t.name, &ident); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		if ident != "" {
-			t.replIdent = ident[0]
-		}
-		tables = append(tables, t)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	oids, idents := make([]uint32, len(tables)), make([]byte, len(tables))
-	for i, t := range tables {
-		oids[i], idents[i] = t.oid, t.replIdent
-	}
-	cols, err := tablesColumns(ctx, conn, oids, idents)
-	if err != nil {
-		return nil, err
-	}
-	for i := range tables {
-		t := &tables[i]
-		t.columns = cols[t.oid]
-		if err := t.relation().Validate(); err != nil {
-			t.relationErr = fmt.Errorf("%w: %s.%s (replica identity %q): add a primary key, or set REPLICA IDENTITY USING INDEX: %w",
-				ErrNoKey, t.schema, t.name, t.replIdent, err)
-		}
-	}
-	return tables, nil
-}
+// ErrNoRoom: the source has no free replication slot or WAL sender.
+var ErrNoRoom = errors.New("pgsource: no room on the source")
 
 // TableInfo is a table of a publication as a changefeed reads it: Err
 // says why it cannot be replicated (nil: it can).

@@ -82,6 +82,7 @@ func (p *memPositions) maxSaved() Position {
 func TestTheSlotIsHeldBelowANewTableUntilItIsSubscribed(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
+	e.exec("CREATE PUBLICATION cdcflow FOR ALL TABLES") // the user's: a new table is in it at once
 	announced := make(chan announcement, 4)
 	reports := newReportsForTest()
 	src := e.source(func(o *Options) {

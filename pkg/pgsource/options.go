@@ -96,9 +96,17 @@ type Options struct {
 	// the publication. Required.
 	DSN string
 	// Slot and Publication name the logical replication slot and the
-	// publication; both are created when missing (the publication FOR ALL
-	// TABLES). Defaults "cdcflow".
+	// publication; both are created when missing (the publication listing
+	// the tables Tables chooses: publication.go). Defaults "cdcflow".
 	Slot, Publication string
+	// ManagePublication: the publication is the changefeed's (it created
+	// it): the poll keeps its list to what Tables chooses, adding tables
+	// created or given a key later and taking out one that lost its key.
+	// Default false: a publication the user made is read as it is.
+	ManagePublication bool
+	// Tables chooses the tables of a publication Open creates or the poll
+	// manages (TableRule; empty: every table with a key).
+	Tables TableRule
 	// Schema receives each new relation version as a DDL and the schema
 	// frontier. Required.
 	Schema SchemaSink
@@ -282,6 +290,9 @@ func (o Options) validate() error {
 	p.Required("Positions", o.Positions)
 	p.NotTypedNil("Registerer", o.Registerer)
 	p.Require(identRE.MatchString(o.Slot), "Slot %q: lower-case letters, digits and _ (a replication slot name)", o.Slot)
+	if err := o.Tables.Validate(); err != nil {
+		p.Addf("Tables: %v", err)
+	}
 	p.Require(identRE.MatchString(o.Publication), "Publication %q: lower-case letters, digits and _", o.Publication)
 	p.Require(o.ResolvedInterval > 0 && o.HeartbeatInterval > 0 && o.StatusInterval > 0 && o.SlotStatsInterval > 0, "intervals must be positive")
 	p.IntRange("ChunkRows", o.ChunkRows, 1, 1<<20)

@@ -27,6 +27,13 @@ func (s *Source) runPublicationPoll() {
 		if !ready {
 			return nil // the snapshot copies what is published now
 		}
+		if s.opts.ManagePublication {
+			// The list first: a table it adds is found joined below, in
+			// the same round.
+			if _, err := s.syncPublication(ctx, conn); err != nil {
+				return err
+			}
+		}
 		return s.pollPublication(ctx, conn)
 	})
 }
@@ -173,7 +180,9 @@ func (s *Source) rejoin(rel pgcodec.Relation, relErr error) {
 // replicated (relErr, no key) is logged and counted instead.
 func (s *Source) announce(rel pgcodec.Relation, relErr error, firstTs common.Ts) {
 	s.mu.Lock()
-	if s.mu.published[rel.OID] && firstTs == 0 {
+	if s.mu.published[rel.OID] && (firstTs == 0 || relErr != nil) {
+		// Known already: a new table's first change announced it, or it
+		// was left out (no key) at Open, and said so there.
 		s.mu.Unlock()
 		return
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -50,6 +51,8 @@ CREATE TABLE IF NOT EXISTS cdcflow.changefeeds (
   publication text NOT NULL,
   created_publication boolean NOT NULL DEFAULT false,
   registered_at timestamptz NOT NULL DEFAULT now());
+ALTER TABLE cdcflow.changefeeds ADD COLUMN IF NOT EXISTS include text NOT NULL DEFAULT '';
+ALTER TABLE cdcflow.changefeeds ADD COLUMN IF NOT EXISTS exclude text NOT NULL DEFAULT '';
 COMMIT`
 
 // Registration is the registry's row of one changefeed.
@@ -64,6 +67,20 @@ type Registration struct {
 	// removing the changefeed drops it).
 	CreatedPublication bool
 	RegisteredAt       time.Time
+	// Tables is the rule of the publication it manages (its last start's
+	// --include and --exclude).
+	Tables TableRule
+}
+
+// splitPatterns reads a comma-separated list of patterns.
+func splitPatterns(v string) []string {
+	var out []string
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // Connect opens a regular connection to the source (text formats as the
@@ -78,10 +95,20 @@ func LoadRegistration(ctx context.Context, conn *pgx.Conn, slot string) (Registr
 		return Registration{}, false, err
 	}
 	var r Registration
-	var sys string
+	var sys, include, exclude string
 	var dboid int64
-	err := conn.QueryRow(ctx, `SELECT slot, target_system_id, target_database_oid, target, publication, created_publication, registered_at
-FROM cdcflow.changefeeds WHERE slot = $1`, slot).Scan(&r.Slot, &sys, &dboid, &r.Target, &r.Publication, &r.CreatedPublication, &r.RegisteredAt)
+	var hasRule bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'cdcflow.changefeeds'::regclass
+  AND attname = 'include' AND NOT attisdropped)`).Scan(&hasRule); err != nil {
+		return Registration{}, false, fmt.Errorf("pgsource: read the registry: %w", err)
+	}
+	rule := "'', ''"
+	if hasRule {
+		rule = "include, exclude"
+	}
+	err := conn.QueryRow(ctx, `SELECT slot, target_system_id, target_database_oid, target, publication, created_publication, registered_at, `+rule+`
+FROM cdcflow.changefeeds WHERE slot = $1`, slot).Scan(&r.Slot, &sys, &dboid, &r.Target, &r.Publication, &r.CreatedPublication, &r.RegisteredAt,
+		&include, &exclude)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Registration{}, false, nil
 	}
@@ -93,6 +120,7 @@ FROM cdcflow.changefeeds WHERE slot = $1`, slot).Scan(&r.Slot, &sys, &dboid, &r.
 		return Registration{}, false, fmt.Errorf("%w: the registry's row of slot %s names target %q/%d", ErrCorruptRegistry, slot, sys, dboid)
 	}
 	r.TargetID = id
+	r.Tables = TableRule{Include: splitPatterns(include), Exclude: splitPatterns(exclude)}
 	return r, true, nil
 }
 
@@ -103,9 +131,10 @@ func Register(ctx context.Context, conn *pgx.Conn, r Registration) (Registration
 	if _, err := conn.Exec(ctx, registrySQL); err != nil {
 		return Registration{}, fmt.Errorf("pgsource: create the registry (schema %s on the source): %w", ToolSchema, err)
 	}
-	if _, err := conn.Exec(ctx, `INSERT INTO cdcflow.changefeeds (slot, target_system_id, target_database_oid, target, publication, created_publication)
-VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (slot) DO NOTHING`,
-		r.Slot, fmt.Sprint(r.TargetID.SystemID), int64(r.TargetID.DatabaseOID), r.Target, r.Publication, r.CreatedPublication); err != nil {
+	if _, err := conn.Exec(ctx, `INSERT INTO cdcflow.changefeeds (slot, target_system_id, target_database_oid, target, publication, created_publication, include, exclude)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (slot) DO NOTHING`,
+		r.Slot, fmt.Sprint(r.TargetID.SystemID), int64(r.TargetID.DatabaseOID), r.Target, r.Publication, r.CreatedPublication,
+		strings.Join(r.Tables.Include, ","), strings.Join(r.Tables.Exclude, ",")); err != nil {
 		return Registration{}, fmt.Errorf("pgsource: register the changefeed: %w", err)
 	}
 	got, ok, err := LoadRegistration(ctx, conn, r.Slot)
@@ -113,6 +142,41 @@ VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (slot) DO NOTHING`,
 		err = fmt.Errorf("pgsource: the registry lost slot %s's row", r.Slot)
 	}
 	return got, err
+}
+
+// SetTableRule records the rule of the publication a registered
+// changefeed manages (a start's --include and --exclude), for status.
+func SetTableRule(ctx context.Context, conn *pgx.Conn, slot string, rule TableRule) error {
+	if _, err := conn.Exec(ctx, registrySQL); err != nil {
+		return fmt.Errorf("pgsource: the registry: %w", err)
+	}
+	_, err := conn.Exec(ctx, "UPDATE cdcflow.changefeeds SET include = $2, exclude = $3 WHERE slot = $1",
+		slot, strings.Join(rule.Include, ","), strings.Join(rule.Exclude, ","))
+	return err
+}
+
+// LeftOutTables lists the tables a changefeed does not replicate, with
+// why: of a publication it manages, those its rule leaves out; of any, the
+// published tables without a key.
+func LeftOutTables(ctx context.Context, conn *pgx.Conn, pub string, managed bool, rule TableRule) ([]LeftOut, error) {
+	var out []LeftOut
+	if managed {
+		cands, err := candidates(ctx, conn)
+		if err != nil {
+			return nil, err
+		}
+		_, out = selectTables(cands, rule)
+	}
+	tables, err := publishedTables(ctx, conn, pub)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range tables {
+		if t.relationErr != nil {
+			out = append(out, LeftOut{Table: t.schema + "." + t.name, Reason: t.relationErr.Error()})
+		}
+	}
+	return out, nil
 }
 
 // Unregister deletes the slot's row, and the registry (and the schema,

@@ -189,6 +189,9 @@ type Info struct {
 	// ResumeTs is the commit-ts the stream resumes after (SnapshotTs for a
 	// new slot); no subscription may start below it.
 	ResumeTs common.Ts
+	// LeftOut are the tables not replicated, with why (no key, not the
+	// role's, in a publication the user made without a key).
+	LeftOut []LeftOut
 }
 
 // Open connects, checks that the source can be replicated (wal_level,
@@ -213,10 +216,25 @@ func (s *Source) Open(ctx context.Context) (Info, error) {
 	if err := check(ctx, conn, s.opts.Publication, s.opts.Slot); err != nil {
 		return Info{}, err
 	}
-	if created, err := ensurePublication(ctx, conn, s.opts.Publication); err != nil {
-		return Info{}, err
-	} else if created {
-		s.log.Info("publication created FOR ALL TABLES", zap.String("publication", s.opts.Publication))
+	info := Info{}
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", s.opts.Publication).Scan(&exists); err != nil {
+		return Info{}, fmt.Errorf("%w: %w", ErrConnect, err)
+	}
+	if !exists {
+		left, err := createPublication(ctx, conn, s.opts.Publication, s.opts.Tables)
+		if err != nil {
+			return Info{}, err
+		}
+		s.log.Info("publication created, listing the tables with a key", zap.String("publication", s.opts.Publication),
+			zap.Int("left_out", len(left)))
+		info.LeftOut = append(info.LeftOut, left...)
+	} else if s.opts.ManagePublication {
+		left, err := s.syncPublication(ctx, conn)
+		if err != nil {
+			return Info{}, err
+		}
+		info.LeftOut = append(info.LeftOut, left...)
 	}
 	if s.tables, err = publishedTables(ctx, conn, s.opts.Publication); err != nil {
 		return Info{}, err
@@ -224,12 +242,17 @@ func (s *Source) Open(ctx context.Context) (Info, error) {
 	if err := s.seedMembership(ctx, conn); err != nil {
 		return Info{}, err
 	}
-	info := Info{}
 	for _, t := range s.tables {
 		if t.relationErr != nil {
-			return Info{}, t.relationErr
+			// In a publication the user made: its changes are skipped, as
+			// a table's without a key always were (left out, not refused).
+			info.LeftOut = append(info.LeftOut, LeftOut{Table: t.schema + "." + t.name, Reason: t.relationErr.Error()})
+			continue
 		}
 		info.Tables = append(info.Tables, t.relation())
+	}
+	for _, l := range info.LeftOut {
+		s.log.Warn("a table is left out of the changefeed", zap.String("table", l.Table), zap.String("why", l.Reason))
 	}
 	// The slot's confirmed flush LSN is final only once no walsender is
 	// attached: one of a process that just died may still read its last

@@ -262,13 +262,19 @@ func TestIdleDatabaseAdvances(t *testing.T) {
 	}, 60*time.Second, 10*time.Millisecond, "the server's confirmed flush LSN follows")
 }
 
-// Errors at Open name what is wrong.
+// Errors at Open name what is wrong; a table without a key is left out,
+// said so, not refused.
 func TestOpenRefusesWhatCannotBeReplicated(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE keyless (a int, b text)")
-	_, err := e.source(nil).Open(context.Background())
-	require.ErrorIs(t, err, ErrNoKey)
-	require.ErrorContains(t, err, "public.keyless")
+	e.exec("CREATE TABLE keyed (a int PRIMARY KEY)")
+	info, err := e.source(nil).Open(context.Background())
+	require.NoError(t, err)
+	require.Len(t, info.Tables, 1)
+	require.Equal(t, "keyed", info.Tables[0].Name)
+	require.Len(t, info.LeftOut, 1)
+	require.Equal(t, "public.keyless", info.LeftOut[0].Table)
+	require.Contains(t, info.LeftOut[0].Reason, "primary key")
 
 	plain := pgtest.Start(t) // wal_level replica
 	src, err := New(Options{DSN: plain.DSN, Schema: e.schema, Positions: e.pos})

@@ -194,6 +194,7 @@ func TestReplayAndRestartReadTheSameCommitTs(t *testing.T) {
 func TestTableAddedWhileStreaming(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
+	e.exec("CREATE PUBLICATION cdcflow FOR ALL TABLES") // the user's: a new table is in it at once
 	announced := make(chan announcement, 4)
 	src := e.source(func(o *Options) {
 		o.OnNewTable = announceInto(announced)
@@ -222,6 +223,7 @@ func TestTableAddedWhileStreaming(t *testing.T) {
 func TestATableThatGetsAKeyIsAnnouncedFromThen(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
+	e.exec("CREATE PUBLICATION cdcflow FOR ALL TABLES") // the user's: a new table is in it at once
 	announced := make(chan common.Ts, 4)
 	src := e.source(func(o *Options) {
 		o.OnNewTable = func(rel pgcodec.Relation, ts common.Ts) { announced <- ts }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/cdcflow/eventservice/cmd/cdcserver/app/goruntime"
@@ -51,6 +52,9 @@ type Config struct {
 	// MaxRetainedWAL bounds the WAL the slot may retain while stopped
 	// tables hold it back: past it they let go (wal.go). 0: no bound.
 	MaxRetainedWAL int64
+	// Include and Exclude choose the tables of a publication serve
+	// creates (pgsource.TableRule: schema.table globs).
+	Include, Exclude patternList
 
 	// loopInterval is how often serve checks its fence and its source
 	// and records the snapshot's completion (0: a second); no flag, tests
@@ -100,6 +104,25 @@ func (b *byteSize) Set(v string) error {
 	return nil
 }
 
+// patternList is a flag of comma-separated table patterns.
+type patternList []string
+
+func (l *patternList) String() string { return strings.Join(*l, ",") }
+
+func (l *patternList) Set(v string) error {
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			*l = append(*l, p)
+		}
+	}
+	return nil
+}
+
+// tableRule is the rule the flags give.
+func (c Config) tableRule() pgsource.TableRule {
+	return pgsource.TableRule{Include: c.Include, Exclude: c.Exclude}
+}
+
 // DefaultConfig returns serve's defaults.
 func DefaultConfig() Config {
 	return Config{Slot: "cdcflow", Publication: "cdcflow", MetricsAddr: "127.0.0.1:9464", PprofAddr: "127.0.0.1:0",
@@ -131,6 +154,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.PublicationPollInterval, "publication-poll-interval", c.PublicationPollInterval, "how often the publication's tables are listed to find the ones that joined it (ALTER PUBLICATION ... ADD TABLE) without a change since; each table that joins is copied, its rows then streamed (0 = off: a table is found at its first change, and copied then)")
 	c.Settings.BindFlags(fs, "serve")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a clean stop may take")
+	fs.Var(&c.Include, "include", "for a publication serve creates: the tables to replicate, comma-separated schema.table globs (public.*,sales.orders); default every table with a key")
+	fs.Var(&c.Exclude, "exclude", "for a publication serve creates: tables left out, comma-separated schema.table globs (public.audit_*)")
 	fs.Var((*byteSize)(&c.MaxRetainedWAL), "max-retained-wal", "a `size` (10GiB; B, KiB, MiB, GiB, TiB): once the slot retains more WAL than this, "+
 		"tables stopped by a change the target cannot apply let go of it (their checkpoint dropped, logged at ERROR, a fresh copy owed at the next start) "+
 		"so that the source's WAL stops growing for them; 0 = no bound (PostgreSQL's max_slot_wal_keep_size still applies)")
@@ -168,5 +193,8 @@ func (c Config) Validate() error {
 	c.Settings.Check(p)
 	p.Require(c.ShutdownTimeout > 0, "--shutdown-timeout must be positive")
 	p.Require(c.MaxRetainedWAL >= 0, "--max-retained-wal must not be negative")
+	if err := c.tableRule().Validate(); err != nil {
+		p.Addf("--include/--exclude: %v", err)
+	}
 	return p.Err()
 }

@@ -145,6 +145,10 @@ func (pf *preflight) bind(ctx context.Context, cfg Config, src, dst *pgx.Conn) e
 		return err
 	}
 	if found {
+		if !reg.CreatedPublication && (len(cfg.Include) > 0 || len(cfg.Exclude) > 0) {
+			return fmt.Errorf("%w: --include and --exclude choose the tables of a publication serve creates; this changefeed's "+
+				"publication %s is not one (ALTER PUBLICATION to change its tables)", ErrInvalidConfig, reg.Publication)
+		}
 		if !reg.TargetID.Same(pf.target) {
 			return fmt.Errorf("%w: slot %s of this source is the changefeed into %s (registered %s), not into %s: "+
 				"it is left alone; choose another --slot for this target, or remove that changefeed first (cdcserver remove)",
@@ -159,7 +163,11 @@ func (pf *preflight) bind(ctx context.Context, cfg Config, src, dst *pgx.Conn) e
 		return fmt.Errorf("%w: %w", pgsource.ErrConnect, err)
 	}
 	pf.reg = pgsource.Registration{Slot: cfg.Slot, TargetID: pf.target, Target: fmt.Sprintf("%s/%s", pf.target.Address, pf.target.Database),
-		Publication: cfg.Publication, CreatedPublication: !pubExists}
+		Publication: cfg.Publication, CreatedPublication: !pubExists, Tables: cfg.tableRule()}
+	if pubExists && (len(cfg.Include) > 0 || len(cfg.Exclude) > 0) {
+		return fmt.Errorf("%w: --include and --exclude choose the tables of a publication serve creates; publication %s exists and is "+
+			"read as it is (ALTER PUBLICATION to change its tables)", ErrInvalidConfig, cfg.Publication)
+	}
 	if !slotExists {
 		return nil
 	}
@@ -186,14 +194,17 @@ func (pf *preflight) bind(ctx context.Context, cfg Config, src, dst *pgx.Conn) e
 // there, before anything else is created: two starts racing for one slot
 // name find one winner, and the other is refused.
 func (pf *preflight) register(ctx context.Context, cfg Config) error {
-	if pf.registered {
-		return nil
-	}
 	src, err := pgsource.Connect(ctx, cfg.Source)
 	if err != nil {
 		return err
 	}
 	defer src.Close(context.Background())
+	if pf.registered {
+		if pf.reg.CreatedPublication { // this start's rule, for the poll and status
+			return pgsource.SetTableRule(ctx, src, cfg.Slot, cfg.tableRule())
+		}
+		return nil
+	}
 	got, err := pgsource.Register(ctx, src, pf.reg)
 	if err != nil {
 		return err

@@ -116,6 +116,23 @@ func TestABadStartLeavesBothDatabasesAsTheyWere(t *testing.T) {
 	require.Equal(t, dst, catalogOf(t, p.dst.DSN))
 	p.exec("DROP PUBLICATION cdcflow")
 
+	// No free replication slot: refused before anything is made (pgtest's
+	// logical servers have 20).
+	var max int
+	require.NoError(t, p.conn.QueryRow(context.Background(), "SELECT current_setting('max_replication_slots')::int").Scan(&max))
+	for i := range max {
+		p.exec(fmt.Sprintf("SELECT pg_create_physical_replication_slot('filler_%d')", i))
+	}
+	src, dst = catalogOf(t, p.src.DSN), catalogOf(t, p.dst.DSN)
+	err = p.runOnce(p.config())
+	require.ErrorIs(t, err, pgsource.ErrNoRoom)
+	require.ErrorContains(t, err, "max_replication_slots")
+	require.Equal(t, src, catalogOf(t, p.src.DSN))
+	require.Equal(t, dst, catalogOf(t, p.dst.DSN))
+	for i := range max {
+		p.exec(fmt.Sprintf("SELECT pg_drop_replication_slot('filler_%d')", i))
+	}
+
 	// A slot made by hand (or by another tool) under the changefeed's name
 	// is left alone: neither taken over nor dropped.
 	p.exec("SELECT pg_create_logical_replication_slot('cdcflow', 'pgoutput')")

@@ -25,10 +25,27 @@ func (p *pair) reconnect(open bool) {
 	if !open {
 		return
 	}
-	conn, err := pgx.Connect(context.Background(), p.src.DSN)
-	require.NoError(p.t, err)
+	conn := p.connectSource()
 	p.t.Cleanup(func() { conn.Close(context.Background()) })
 	p.conn = conn
+}
+
+// connectSource connects to the source, again for a while: just after a
+// restart an attempt can meet a server still settling (a connection it
+// closes at once).
+func (p *pair) connectSource() *pgx.Conn {
+	p.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		conn, err := pgx.Connect(context.Background(), p.src.DSN)
+		if err == nil {
+			return conn
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("connect to the source: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling a server with a deadline, not ordering
+	}
 }
 
 // A shutdown of the source is never held up by serve, and serve resumes
@@ -69,20 +86,18 @@ func TestASourceShutdownIsNotHeldUp(t *testing.T) {
 
 	// Under load: writers commit until the server ends their sessions,
 	// and one transaction is left open (its WAL lies after every commit).
-	open, err := pgx.Connect(context.Background(), p.src.DSN)
-	require.NoError(t, err)
+	open := p.connectSource()
 	defer open.Close(context.Background())
-	_, err = open.Exec(context.Background(), "BEGIN; INSERT INTO t VALUES (1000000, 0)")
+	_, err := open.Exec(context.Background(), "BEGIN; INSERT INTO t VALUES (1000000, 0)")
 	require.NoError(t, err)
 	var commits atomic.Int64
 	var wg sync.WaitGroup
-	for w := range 2 {
+	writers := make([]*pgx.Conn, 2)
+	for w := range writers {
+		writers[w] = p.connectSource()
+	}
+	for w, conn := range writers {
 		wg.Go(func() {
-			conn, err := pgx.Connect(context.Background(), p.src.DSN)
-			if err != nil {
-				t.Errorf("writer: %v", err)
-				return
-			}
 			defer conn.Close(context.Background())
 			for i := 0; ; i++ {
 				id := 1 + (i*2+w)%200

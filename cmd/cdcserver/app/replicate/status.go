@@ -45,6 +45,8 @@ type Status struct {
 	Counts             map[string]int   `json:"counts"`
 	Lag                *durationSeconds `json:"slowest_checkpoint_lag_seconds,omitempty"`
 	Read               time.Time        `json:"read_at"`
+	// rule is the registered --include/--exclude.
+	rule pgsource.TableRule
 }
 
 // SlotStatus is the slot as the server describes it.
@@ -113,7 +115,7 @@ func ReadStatus(ctx context.Context, source, sink, slot, publication string) (*S
 	}
 	if found {
 		st.Registered, st.RegisteredTo, st.RegisteredAt = true, reg.Target, reg.RegisteredAt.UTC()
-		st.BoundHere, st.CreatedPublication = reg.TargetID.Same(dstID), reg.CreatedPublication
+		st.BoundHere, st.CreatedPublication, st.rule = reg.TargetID.Same(dstID), reg.CreatedPublication, reg.Tables
 		if reg.Publication != "" {
 			st.Publication = reg.Publication
 		}
@@ -200,6 +202,13 @@ func (st *Status) readTables(ctx context.Context, src, dst *pgx.Conn, state map[
 	if err != nil {
 		return err
 	}
+	left, err := pgsource.LeftOutTables(ctx, src, st.Publication, st.CreatedPublication, st.rule)
+	if err != nil {
+		return err
+	}
+	for _, l := range left {
+		st.LeftOut = append(st.LeftOut, LeftOutTable{Table: l.Table, Reason: l.Reason})
+	}
 	ckpts := map[uint32]common.Ts{}
 	var exists bool
 	if err := dst.QueryRow(ctx, "SELECT to_regclass('cdcflow.checkpoints') IS NOT NULL").Scan(&exists); err != nil {
@@ -235,8 +244,7 @@ func (st *Status) readTables(ctx context.Context, src, dst *pgx.Conn, state map[
 	var slowest common.Ts
 	for _, t := range tables {
 		if t.Err != nil {
-			st.LeftOut = append(st.LeftOut, LeftOutTable{Table: t.Name, Reason: t.Err.Error()})
-			continue
+			continue // left out (above)
 		}
 		ts := TableStatus{Table: t.Name, OID: t.OID, State: "replicating"}
 		if c, ok := ckpts[t.OID]; ok {
