@@ -37,17 +37,20 @@ func FlagTable(fs *flag.FlagSet) string {
 			name += " " + kind
 		}
 		name += "`"
-		fmt.Fprintf(&b, "| %s | %s | %s |\n", name, defaultText(kind, f.DefValue), cell(usage))
+		def := Default(f)
+		if def != "" {
+			def = "`" + def + "`"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s |\n", name, def, cell(usage))
 	})
 	return b.String()
 }
 
-// defaultText is a flag's default as a reader types it: a size in the
+// Default is a flag's default as a reader types it: a size in the
 // largest binary unit it is a whole number of, an empty string as nothing.
-func defaultText(kind, def string) string {
-	if def == "" {
-		return ""
-	}
+func Default(f *flag.Flag) string {
+	kind, _ := flag.UnquoteUsage(f)
+	def := f.DefValue
 	if kind == "size" {
 		if n, err := strconv.ParseInt(def, 10, 64); err == nil && n > 0 {
 			units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
@@ -56,10 +59,10 @@ func defaultText(kind, def string) string {
 				n /= 1024
 				u++
 			}
-			return fmt.Sprintf("`%d%s`", n, units[u])
+			return fmt.Sprintf("%d%s", n, units[u])
 		}
 	}
-	return "`" + def + "`"
+	return def
 }
 
 // cell makes text safe in a Markdown table cell.
