@@ -3,7 +3,7 @@
 // schedules scans and sends to one collector per changefeed over the
 // in-process transport, and at the end the server verifies that every
 // dispatcher received exactly the upstream's rows, in order, up to the
-// final resolved-ts. See README.md for the flags; `make run` runs the
+// final resolved-ts. See docs/reference/ for the flags; `make run` runs the
 // defaults.
 //
 // With --role service (or --remote-collectors N) the event service serves

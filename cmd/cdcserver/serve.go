@@ -32,7 +32,8 @@ func runServe(args []string, stderr io.Writer) int {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: cdcserver serve --source postgres://... --sink postgres://... [flags]\n\n"+
 			"Replicates a PostgreSQL database into another through the event service, until SIGTERM; a restart resumes.\n"+
-			"Exit 0: a clean stop; 1: the changefeed stopped; 2: bad flags or a refused start (nothing was changed).\n\n")
+			"Exit 0: a clean stop; 1: the changefeed stopped; 2: bad flags or a refused start (refused by its checks:\n"+
+			"nothing was changed; a failure after them leaves what it made for the next start).\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

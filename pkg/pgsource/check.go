@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -66,6 +67,22 @@ FROM pg_roles r WHERE r.rolname = current_user`, pub).Scan(&recovery, &super, &r
 		if !create {
 			return fmt.Errorf("%w: publication %s does not exist, and role %q may not create it (CREATE on the database): "+
 				"GRANT CREATE ON DATABASE to it, or create the publication yourself (CREATE PUBLICATION %s FOR TABLE ...)", ErrPrivilege, pub, role, pub)
+		}
+	}
+	if pubExists {
+		// The snapshot and the copies read the tables: a table the role may
+		// not read would fail the snapshot after the slot was made.
+		var denied []string
+		rows, err := conn.Query(ctx, `SELECT pt.schemaname || '.' || pt.tablename FROM pg_publication_tables pt
+WHERE pt.pubname = $1 AND NOT has_table_privilege(format('%I.%I', pt.schemaname, pt.tablename), 'SELECT') ORDER BY 1 LIMIT 5`, pub)
+		if err == nil {
+			denied, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		if err != nil {
+			return fmt.Errorf("%w: the publication's tables: %w", ErrConnect, err)
+		}
+		if len(denied) > 0 {
+			return fmt.Errorf("%w: role %q may not read published tables (%s): GRANT SELECT on them", ErrPrivilege, role, strings.Join(denied, ", "))
 		}
 	}
 	if err := checkSlotIsOurs(ctx, conn, slot); err != nil {

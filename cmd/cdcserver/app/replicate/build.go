@@ -69,29 +69,6 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 		}
 	}
 	step("source")
-	p.dataDir = cfg.DataDir
-	if p.dataDir == "" {
-		for _, dir := range removeStaleTempDirs(os.TempDir()) {
-			p.log.Info("removed the event store an earlier serve left behind (it was killed)", zap.String("dir", dir))
-		}
-		if p.dataDir, err = os.MkdirTemp("", tempDirPrefix); err != nil {
-			return setup(err)
-		}
-		p.tmpDir = true
-	}
-	// Held while serve runs: a start finds an unheld one stale
-	// (datadir.go), and two serves never share a store.
-	if err := os.MkdirAll(p.dataDir, 0o700); err != nil {
-		return setup(err)
-	}
-	lock, ok, err := lockDataDir(p.dataDir)
-	switch {
-	case err != nil:
-		return setup(err)
-	case !ok:
-		return setup(fmt.Errorf("--data-dir %s is another running serve's", p.dataDir))
-	}
-	p.dirLock = lock
 	storeDir := filepath.Join(p.dataDir, "eventstore")
 	_ = os.RemoveAll(storeDir) // a cache: the slot is the durable log
 	if p.store, err = eventstore.Open(eventstore.Options{Dir: storeDir, Upstream: p.source, Registerer: p.reg, Logger: p.log}); err != nil {
@@ -242,4 +219,38 @@ func (p *parts) queueCopies(ctx context.Context, cfg Config, ckpts map[common.Di
 		p.copier.add(rel, fresh)
 	}
 	return p.members.record(ctx, current)
+}
+
+// openDataDir prepares the event store's directory and takes its lock,
+// before a start changes anything on either database: a --data-dir
+// another running serve holds is refused while that serve still runs (it
+// was checked after the fence, which had already superseded it). A
+// temporary one is removed by close; the stale ones of killed serves by
+// this start.
+func (p *parts) openDataDir(cfg Config) error {
+	var err error
+	p.dataDir = cfg.DataDir
+	if p.dataDir == "" {
+		for _, dir := range removeStaleTempDirs(os.TempDir()) {
+			p.log.Info("removed the event store an earlier serve left behind (it was killed)", zap.String("dir", dir))
+		}
+		if p.dataDir, err = os.MkdirTemp("", tempDirPrefix); err != nil {
+			return err
+		}
+		p.tmpDir = true
+	}
+	// Held while serve runs: a start finds an unheld one stale
+	// (datadir.go), and two serves never share a store.
+	if err := os.MkdirAll(p.dataDir, 0o700); err != nil {
+		return err
+	}
+	lock, ok, err := lockDataDir(p.dataDir)
+	switch {
+	case err != nil:
+		return err
+	case !ok:
+		return fmt.Errorf("--data-dir %s is another running serve's", p.dataDir)
+	}
+	p.dirLock = lock
+	return nil
 }

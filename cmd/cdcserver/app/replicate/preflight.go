@@ -37,13 +37,14 @@ type preflight struct {
 //   - both databases answer, and the target is not the source's own
 //     database (another database of the same cluster is allowed: the
 //     tool's schema is never replicated);
-//   - the source: a primary, wal_level logical, a role that may replicate
-//     and create the publication if it is missing, keys, a slot of this
-//     database if there is one (pgsource.CheckOn), and room for the
-//     registry (CREATE on the database, or the registry's table writable);
-//   - the target: a primary, not read-only, CREATE on the database or the
-//     cdcflow schema there writable, and no other changefeed's schema
-//     (another owner, or this slot's owner bound to another source);
+//   - the source: a primary, wal_level logical, a role that may replicate,
+//     create the publication if it is missing and read its tables, a slot
+//     of this database the server has not invalidated, if there is one, and
+//     room for another slot and WAL sender (pgsource.CheckOn), and CREATE on
+//     the database for the registry;
+//   - the target: a primary, not read-only, CREATE on the database (the
+//     cdcflow schema), and no other changefeed's schema (another owner, or
+//     this slot's owner bound to another source);
 //   - the binding: the slot is registered for this target, or it is
 //     missing (it will be created, registered first), or it predates the
 //     registry and this target holds its positions (adopted). A slot
@@ -90,10 +91,10 @@ func checkStart(ctx context.Context, cfg Config) (*preflight, error) {
 func checkRegistryRoom(ctx context.Context, src *pgx.Conn) error {
 	var ok bool
 	var role string
-	if err := src.QueryRow(ctx, `SELECT current_user, CASE WHEN to_regclass('cdcflow.changefeeds') IS NULL
-  THEN has_database_privilege(current_database(), 'CREATE')
-    OR (to_regnamespace('cdcflow') IS NOT NULL AND has_schema_privilege('cdcflow', 'CREATE'))
-  ELSE has_table_privilege('cdcflow.changefeeds', 'SELECT, INSERT, DELETE') END`).Scan(&role, &ok); err != nil {
+	// CREATE on the database even where the schema exists: the registry's
+	// CREATE SCHEMA IF NOT EXISTS needs it all the same.
+	if err := src.QueryRow(ctx, `SELECT current_user, has_database_privilege(current_database(), 'CREATE')
+  AND (to_regclass('cdcflow.changefeeds') IS NULL OR has_table_privilege('cdcflow.changefeeds', 'SELECT, INSERT, UPDATE, DELETE'))`).Scan(&role, &ok); err != nil {
 		return fmt.Errorf("%w: %w", pgsource.ErrConnect, err)
 	}
 	if !ok {
@@ -108,9 +109,11 @@ func checkRegistryRoom(ctx context.Context, src *pgx.Conn) error {
 func checkTarget(ctx context.Context, dst *pgx.Conn, slot string, source pglink.Identity) error {
 	var recovery, readOnly, room bool
 	var role string
+	// CREATE on the database even where the schema exists: the sink's
+	// CREATE SCHEMA IF NOT EXISTS needs it all the same.
 	if err := dst.QueryRow(ctx, `SELECT pg_is_in_recovery(), current_setting('default_transaction_read_only')::bool, current_user,
-  CASE WHEN to_regnamespace('cdcflow') IS NULL THEN has_database_privilege(current_database(), 'CREATE')
-  ELSE has_schema_privilege('cdcflow', 'CREATE, USAGE') END`).Scan(&recovery, &readOnly, &role, &room); err != nil {
+  has_database_privilege(current_database(), 'CREATE')
+    AND (to_regnamespace('cdcflow') IS NULL OR has_schema_privilege('cdcflow', 'CREATE, USAGE'))`).Scan(&recovery, &readOnly, &role, &room); err != nil {
 		return fmt.Errorf("%w: the target: %w", pgsink.ErrConnect, err)
 	}
 	switch {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pingcap/log"
@@ -52,6 +53,8 @@ type parts struct {
 	dataDir   string
 	tmpDir    bool
 	dirLock   *dataDirLock
+	// closedAll: close ended every part (its budget did not cut it off).
+	closedAll atomic.Bool
 	pre       *preflight
 	health    health
 	met       *serveMetrics
@@ -102,6 +105,10 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 	}
 	p := &parts{reg: prometheus.NewRegistry(), log: lg, newTables: make(chan newTable, 64), knobs: cfg.stopKnobs}
 	defer func() { httpSrv.close(p.stopBy) }()
+	defer func() { p.closeDataDir() }()
+	if err := p.openDataDir(cfg); err != nil {
+		return fmt.Errorf("%w: %w", ErrSetup, err)
+	}
 	if p.pre, err = checkStart(ctx, cfg); err != nil {
 		return fmt.Errorf("%w: %w", ErrSetup, err)
 	}

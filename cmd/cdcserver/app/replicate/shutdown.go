@@ -94,14 +94,22 @@ func (p *parts) close(timeout time.Duration) {
 		if p.positions != nil {
 			p.positions.Close()
 		}
-		if p.tmpDir {
-			_ = os.RemoveAll(p.dataDir)
-		}
-		p.dirLock.release()
+		p.closedAll.Store(true)
+
 	}()
 	select {
 	case <-done:
 	case <-time.After(timeout):
 		p.log.Error("shutdown timed out: closing did not end within what the stop had left of --shutdown-timeout", zap.Duration("left", timeout))
 	}
+}
+
+// closeDataDir removes a temporary data directory and releases the
+// directory's lock, after close: not while a store close cut off by its
+// budget may still write there (the next start removes it then).
+func (p *parts) closeDataDir() {
+	if p.tmpDir && (p.store == nil || p.closedAll.Load()) {
+		_ = os.RemoveAll(p.dataDir)
+	}
+	p.dirLock.release()
 }
