@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/pgtest"
 	"github.com/cdcflow/eventservice/pkg/pgsink"
 	"github.com/cdcflow/eventservice/pkg/pgsource"
 )
@@ -243,4 +244,116 @@ func TestReadyzIsNeverReadyBeforeTheSnapshotIsApplied(t *testing.T) {
 		return true
 	})
 	require.Zero(t, early.Load())
+}
+
+// metricValue scrapes serve's /metrics at addr for one sample's value
+// (false: not there).
+func metricValue(t *testing.T, addr, sample string) (float64, bool) {
+	t.Helper()
+	tr := &http.Transport{DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(sample) + ` (\S+)$`).FindSubmatch(body)
+	if m == nil {
+		return 0, false
+	}
+	var v float64
+	_, err = fmt.Sscan(string(m[1]), &v)
+	return v, err == nil
+}
+
+// An idle changefeed's lag is 0 (nothing decoded waits to be applied; it
+// read 1-2 s before, the age of an idle table's checkpoint). A target
+// outage is the sink's: logged once when it begins and once when it ends,
+// with its cause and without pgx's TLS fallback noise, and never under the
+// source, whose stream goes on (TestAPositionThatCannotBeSavedDoesNotEndTheSession
+// holds the save that ended it); then the target is equal again.
+func TestATargetOutageIsTheSinksAndAnIdleLagIsZero(t *testing.T) {
+	p := newPair(t)
+	p.exec("CREATE TABLE t (id int PRIMARY KEY, v text)")
+	p.exec("INSERT INTO t SELECT g, 'v' FROM generate_series(1, 100) g")
+	cfg := p.config()
+	cfg.LogLevel = "info"
+	cfg.Sink += "&sslmode=prefer" // pgx tries TLS first: its refusal must not be the logged cause
+	cfg.Sink = regexp.MustCompile(`sslmode=disable&?`).ReplaceAllString(cfg.Sink, "")
+	stop, stderr := p.serve(cfg)
+	defer func() { _ = stop() }()
+	addr := metricsAddr(t, stderr)
+	p.waitEqual("the snapshot")
+	waitFor(t, "an idle lag of 0", time.Minute, func() bool {
+		v, ok := metricValue(t, addr, "cdcflow_serve_lag_seconds")
+		return ok && v == 0
+	})
+
+	require.NoError(t, p.dst.Stop())
+	p.exec("UPDATE t SET v = 'during' WHERE id <= 10")
+	waitFor(t, "the outage logged", time.Minute, func() bool {
+		return regexp.MustCompile(`the target is (unreachable|shutting down|failing|terminated)`).MatchString(stderr.String()) ||
+			regexp.MustCompile(`the target ended the session`).MatchString(stderr.String())
+	})
+	waitFor(t, "the sink disconnected", time.Minute, func() bool {
+		v, ok := metricValue(t, addr, "cdcflow_pgsink_connected")
+		return ok && v == 0
+	})
+	require.NoError(t, p.dst.Restart())
+	waitFor(t, "the target back", 2*time.Minute, func() bool { return regexp.MustCompile(`the target is back`).MatchString(stderr.String()) })
+	p.waitEqual("after the target's outage")
+	log := stderr.String()
+	require.Equal(t, 1, len(regexp.MustCompile(`retrying until it is back`).FindAllString(log, -1)), "one line when it began:\n%s", log)
+	require.Equal(t, 1, len(regexp.MustCompile(`the target is back`).FindAllString(log, -1)), "one line when it ended:\n%s", log)
+	require.NotContains(t, log, "tls error")
+	require.NotRegexp(t, `the source (is unreachable|is shutting down|is failing|is starting up|ended the session)`, log,
+		"the source's stream never noticed")
+	v, ok := metricValue(t, addr, "cdcflow_pgsource_reconnects_total")
+	require.True(t, ok)
+	require.Zero(t, v, "the stream never reconnected")
+}
+
+// A slot the server invalidated (wal_status lost: more WAL than
+// max_slot_wal_keep_size while serve was down) is reported as exactly that
+// at start, with what starts over, and by status; never as a protocol
+// violation. Dropping the slot, as it says, starts over and the target is
+// equal again.
+func TestALostSlotIsReportedAsLost(t *testing.T) {
+	p := newPair(t)
+	p.exec("CREATE TABLE t (id int PRIMARY KEY, v text)")
+	p.exec("INSERT INTO t SELECT g, 'v' FROM generate_series(1, 100) g")
+	stop, stderr := p.serve(p.config())
+	p.waitEqual("the snapshot")
+	require.NoError(t, stop(), stderr.String())
+
+	pgtestSet(t, p, "max_slot_wal_keep_size", "1MB")
+	waitFor(t, "the slot lost", time.Minute, func() bool {
+		p.exec("INSERT INTO t VALUES (1000 + (random() * 1e6)::int, 'wal') ON CONFLICT DO NOTHING")
+		p.exec("SELECT pg_switch_wal()")
+		p.exec("CHECKPOINT")
+		var status string
+		require.NoError(t, p.conn.QueryRow(context.Background(), "SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'cdcflow'").Scan(&status))
+		return status == "lost"
+	})
+	err := p.runOnce(p.config())
+	require.ErrorIs(t, err, ErrSetup)
+	require.ErrorIs(t, err, pgsource.ErrSlotLost)
+	require.ErrorContains(t, err, "pg_drop_replication_slot('cdcflow')")
+	st := p.status()
+	require.Equal(t, "lost", st.SlotStats.WALStatus)
+	require.ErrorIs(t, st.StatusExit(), errStatusProblem)
+
+	pgtestSet(t, p, "max_slot_wal_keep_size", "-1")
+	p.exec("SELECT pg_drop_replication_slot('cdcflow')")
+	p.exec("DELETE FROM t WHERE id <= 10") // while no slot was there to see it
+	stop, stderr = p.serve(p.config())
+	p.waitEqual("the start over")
+	require.NoError(t, stop(), stderr.String())
+}
+
+// pgtestSet sets a source setting (ALTER SYSTEM and a reload).
+func pgtestSet(t *testing.T, p *pair, name, value string) {
+	t.Helper()
+	pgtest.Set(t, p.conn, name, value)
 }
