@@ -152,3 +152,12 @@ PGBENCH_FLAGS ?=
 .PHONY: pgbench
 pgbench:
 	$(GO) run ./scripts/pgbench -update $(PGBENCH_FLAGS)
+
+# pgshutdown times a shutdown of the source (smart and fast while idle, fast
+# under load with a transaction left open) with `cdcserver serve` connected
+# and with a native subscription, and writes the table into
+# docs/benchmarks.md (about a minute; PGSHUTDOWN_FLAGS='-runs 3' for medians).
+PGSHUTDOWN_FLAGS ?=
+.PHONY: pgshutdown
+pgshutdown:
+	$(GO) run ./scripts/pgshutdown -update $(PGSHUTDOWN_FLAGS)
