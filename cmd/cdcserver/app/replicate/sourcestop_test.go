@@ -50,7 +50,7 @@ func (p *pair) connectSource() *pgx.Conn {
 
 // A shutdown of the source is never held up by serve, and serve resumes
 // by itself once the source is back:
-//   - smart, while serve idles: a smart shutdown waits for every regular
+//   - smart, and then fast, while serve idles: a smart shutdown waits for every regular
 //     client to leave, and serve's connections that stay open (its
 //     stream, heartbeat, poll, catalog) are walsenders, which it does not
 //     wait for;
@@ -83,6 +83,15 @@ func TestASourceShutdownIsNotHeldUp(t *testing.T) {
 	p.reconnect(true)
 	p.exec("UPDATE t SET v = 1 WHERE id = 1")
 	p.waitEqual("after a smart shutdown")
+
+	p.reconnect(false)
+	began = time.Now()
+	require.NoError(t, p.src.StopWith("fast", shutdownBound), "a fast shutdown with serve idle\n%s", stderr)
+	t.Logf("fast shutdown, serve idle: %v", time.Since(began).Round(time.Millisecond))
+	require.NoError(t, p.src.Restart())
+	p.reconnect(true)
+	p.exec("UPDATE t SET v = 3 WHERE id = 3")
+	p.waitEqual("after a fast shutdown")
 
 	// Under load: writers commit until the server ends their sessions,
 	// and one transaction is left open (its WAL lies after every commit).
