@@ -80,3 +80,19 @@ func TestHelpListsTheCommands(t *testing.T) {
 	require.Equal(t, 2, run([]string{"help", "nosuch"}, &out, &errOut))
 	require.Contains(t, errOut.String(), "no command")
 }
+
+// status and remove need both databases: one missing is a usage error
+// naming it, and with both given the flags parse and the command runs
+// (here against nothing: a setup error, also exit 2, but not the usage).
+func TestStatusAndRemoveNeedBothDatabases(t *testing.T) {
+	bad := "postgres://nobody@127.0.0.1:1/x?connect_timeout=2"
+	for _, cmd := range []string{"status", "remove", "compare"} {
+		var out, errOut bytes.Buffer
+		require.Equal(t, 2, run([]string{cmd, "--source", bad}, &out, &errOut), cmd)
+		require.Contains(t, errOut.String(), "--sink required", cmd)
+		errOut.Reset()
+		require.Equal(t, 2, run([]string{cmd, "--source", bad, "--sink", bad}, &out, &errOut), cmd)
+		require.NotContains(t, errOut.String(), "required", cmd)
+		require.Contains(t, errOut.String(), "cdcserver "+cmd+":", cmd)
+	}
+}

@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"sort"
+	"strings"
 	"syscall"
 
 	"github.com/cdcflow/eventservice/cmd/cdcserver/app/replicate"
@@ -36,11 +38,8 @@ func runServe(args []string, stderr io.Writer) int {
 			"nothing was changed; a failure after them leaves what it made for the next start).\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return server.ExitBadFlags
+	if code, done := parseFlags(fs, args, nil); done {
+		return code
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -66,16 +65,8 @@ func runCompare(args []string, stdout, stderr io.Writer) int {
 			"Exit 0: EQUAL; 1: DIFFERENT (the first table that differs is named); 2: it cannot be read.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return server.ExitBadFlags
-	}
-	if *source == "" || *sink == "" {
-		fmt.Fprintln(stderr, "cdcserver compare: --source and --sink are required")
-		fs.Usage()
-		return server.ExitBadFlags
+	if code, done := parseFlags(fs, args, map[string]*string{"--source": source, "--sink": sink}); done {
+		return code
 	}
 	err := replicate.Compare(context.Background(), *source, *sink, *pub, stdout)
 	switch {
@@ -129,16 +120,8 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 			"left-out tables with why. Exit 0: nothing to act on; 1: problems listed; 2: it cannot be read.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return server.ExitBadFlags
-	}
-	if *source == "" || *sink == "" {
-		fmt.Fprintln(stderr, "cdcserver status: --source and --sink are required")
-		fs.Usage()
-		return server.ExitBadFlags
+	if code, done := parseFlags(fs, args, map[string]*string{"--source": source, "--sink": sink}); done {
+		return code
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -178,16 +161,8 @@ func runRemove(args []string, stdout, stderr io.Writer) int {
 			"serve streams the slot (unless --force) and for a slot registered for another target.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return server.ExitBadFlags
-	}
-	if o.Source == "" || o.Sink == "" {
-		fmt.Fprintln(stderr, "cdcserver remove: --source and --sink are required")
-		fs.Usage()
-		return server.ExitBadFlags
+	if code, done := parseFlags(fs, args, map[string]*string{"--source": &o.Source, "--sink": &o.Sink}); done {
+		return code
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -197,4 +172,29 @@ func runRemove(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stdout, "removed")
 	return 0
+}
+
+// parseFlags parses a command's flags, and says when the command ends
+// there and with what: help (0), a bad flag, or a required one missing
+// (2, with the usage).
+func parseFlags(fs *flag.FlagSet, args []string, required map[string]*string) (code int, done bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, true
+		}
+		return server.ExitBadFlags, true
+	}
+	var missing []string
+	for name, v := range required { // read after the parse that sets them
+		if *v == "" {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		sort.Strings(missing)
+		fmt.Fprintf(fs.Output(), "%s: %s required\n", fs.Name(), strings.Join(missing, " and "))
+		fs.Usage()
+		return server.ExitBadFlags, true
+	}
+	return 0, false
 }

@@ -45,18 +45,13 @@ func TestTheDashboardAndTheAlertsNameServedMetrics(t *testing.T) {
 		p.exec(fmt.Sprintf("INSERT INTO m%d SELECT g, 'v' || g FROM generate_series(1, 50) g", i))
 	}
 	stop, stderr := p.serve(p.config())
-	stopped := false
-	defer func() {
-		if !stopped {
-			_ = stop()
-		}
-	}()
+	defer func() { _ = stop() }() // stop is idempotent: the end of the test calls it too
 	p.waitEqual("the snapshot")
 	p.exec("INSERT INTO m1 SELECT g, 'w' || g FROM generate_series(51, 80) g")
 	p.exec("UPDATE m2 SET v = 'updated' WHERE id % 3 = 0")
 	p.exec("DELETE FROM m2 WHERE id % 7 = 0")
 	p.waitEqual("the stream")
-	addr := servedMetricsAddr(t, stderr)
+	addr := metricsAddr(t, stderr)
 
 	var missing []string
 	deadline := time.Now().Add(time.Minute)
@@ -74,27 +69,8 @@ func TestTheDashboardAndTheAlertsNameServedMetrics(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond) // polling serve's endpoint with a deadline, not ordering
 	}
-	stopped = true
 	require.NoError(t, stop(), stderr.String())
 	require.Empty(t, missing, "named by deploy/grafana/cdcflow-postgres.json or deploy/prometheus/cdcflow-alerts.yml, and not exported by serve")
-}
-
-// servedMetricsAddr is the metrics address serve printed on stderr
-// ("serve: replicating N tables; metrics at ADDR"), polled with a deadline.
-func servedMetricsAddr(t *testing.T, stderr *syncBuffer) string {
-	t.Helper()
-	line := regexp.MustCompile(`serve: replicating \d+ tables; metrics at (\S+)`)
-	deadline := time.Now().Add(time.Minute)
-	for {
-		if m := line.FindStringSubmatch(stderr.String()); m != nil {
-			require.NotEqual(t, "(none)", m[1], "serve serves /metrics")
-			return m[1]
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("serve never said where it serves /metrics:\n%s", stderr.String())
-		}
-		time.Sleep(50 * time.Millisecond) // polling serve's stderr with a deadline, not ordering
-	}
 }
 
 // metricName matches the names of serve's metrics in a query: cdcflow's,

@@ -73,10 +73,11 @@ func (p *pair) lsn(sql string) pglogrepl.LSN {
 	return l
 }
 
-// metricsAddr waits until serve names its metrics address on stderr.
+// metricsAddr waits until serve names where it serves /metrics on
+// stderr (polling with a deadline).
 func metricsAddr(t *testing.T, stderr *syncBuffer) string {
 	t.Helper()
-	re := regexp.MustCompile(`metrics at (\S+)`)
+	re := regexp.MustCompile(`serve: replicating \d+ tables; metrics at (\S+)`)
 	var addr string
 	waitFor(t, "serve's metrics address", 2*time.Minute, func() bool {
 		if m := re.FindStringSubmatch(stderr.String()); m != nil {
@@ -84,6 +85,7 @@ func metricsAddr(t *testing.T, stderr *syncBuffer) string {
 		}
 		return addr != ""
 	})
+	require.NotEqual(t, "(none)", addr, "serve serves /metrics")
 	return addr
 }
 

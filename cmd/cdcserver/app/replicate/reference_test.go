@@ -30,16 +30,11 @@ func TestReferenceDocs(t *testing.T) {
 	p.exec("CREATE TABLE r1 (id int PRIMARY KEY, v text)")
 	p.exec("INSERT INTO r1 SELECT g, 'v' || g FROM generate_series(1, 20) g")
 	stop, stderr := p.serve(p.config())
-	stopped := false
-	defer func() {
-		if !stopped {
-			_ = stop()
-		}
-	}()
+	defer func() { _ = stop() }() // stop is idempotent: the end of the test calls it too
 	p.waitEqual("the snapshot")
 	p.exec("INSERT INTO r1 SELECT g, 'w' || g FROM generate_series(21, 30) g")
 	p.waitEqual("the stream")
-	addr := servedMetricsAddr(t, stderr)
+	addr := metricsAddr(t, stderr)
 
 	late := []string{"cdcflow_pgsource_slot_retained_bytes", "cdcflow_pgsource_slot_safe_wal_size_bytes", "cdcflow_pgsource_slot_wal_status"}
 	var mfs []*dto.MetricFamily
@@ -57,7 +52,6 @@ func TestReferenceDocs(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond) // polling serve's endpoint with a deadline, not ordering
 	}
-	stopped = true
 	require.NoError(t, stop(), stderr.String())
 
 	ms := refdoc.Metrics(mfs, func(name string) bool { return strings.HasPrefix(name, "cdcflow_") })
