@@ -81,7 +81,7 @@ const keyedChunkRows = 64
 var errSnapshotAhead = errors.New("pgsource: a commit before the low watermark is not yet visible")
 
 // copyState is one CopyTable's, shared with the stream from its first low
-// watermark (Source.copyTables) until the stream finds it done.
+// watermark (streamState.copyTables) until the stream finds it done.
 type copyState struct {
 	oid   uint32
 	fresh bool // a truncate at the first chunk's low watermark
@@ -97,7 +97,7 @@ type copyChunk struct {
 	st   *copyState
 	done chan struct{} // closed once pushed (ts) or sent back (retry)
 
-	// Set by the copier under Source.mu before the high watermark is
+	// Set by the copier under Source.copies before the high watermark is
 	// written, read by the stream under it after that watermark decoded.
 	ready bool
 	rel   pgcodec.Relation
@@ -163,7 +163,10 @@ func (s *Source) CopyTable(ctx context.Context, oid uint32, fresh bool) (CopyRes
 	}
 	defer conn.Close(context.Background())
 	st := &copyState{oid: oid, fresh: fresh, refetch: map[string][][]byte{}}
-	defer st.abandoned.Store(true) // a no-op for the stream once the copy ended
+	defer func() { // a no-op for the stream once the copy ended
+		st.abandoned.Store(true)
+		s.copyDrops.Add(1) // the stream forgets it at its next message
+	}()
 	var after [][]byte
 	var refetch [][][]byte
 	ranged := true
@@ -258,12 +261,14 @@ func (s *Source) copyChunk(ctx context.Context, conn *pgx.Conn, st *copyState, r
 	c = &copyChunk{id: fmt.Sprintf("%s.%d", s.copyNonce, s.copySeq.Add(1)), st: st, done: make(chan struct{}),
 		first: req.after == nil && req.keys == nil}
 	s.mu.Lock()
-	if s.mu.closed {
-		s.mu.Unlock()
+	closed := s.mu.closed
+	s.mu.Unlock()
+	if closed {
 		return nil, nil, ErrClosed
 	}
-	s.mu.copies[c.id] = c
-	s.mu.Unlock()
+	s.copies.Lock()
+	s.copies.m[c.id] = c
+	s.copies.Unlock()
 	pushed, chunk := false, c
 	defer func() {
 		if !pushed {
@@ -280,11 +285,11 @@ func (s *Source) copyChunk(ctx context.Context, conn *pgx.Conn, st *copyState, r
 	if err != nil {
 		return nil, nil, err
 	}
-	s.mu.Lock()
+	s.copies.Lock()
 	c.rel, c.rows, c.xip, c.ready = rel, rows, xip, true
 	c.final = req.keys != nil || last == nil
 	c.last = c.final && (req.keys == nil || req.last)
-	s.mu.Unlock()
+	s.copies.Unlock()
 	if h := s.opts.copyHook; h != nil {
 		h(st.oid, len(rows))
 	}

@@ -1,21 +1,20 @@
 package pgsource
 
 import (
-	"context"
 	"encoding/binary"
 	"slices"
-	"strings"
 
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 )
 
-// The stream's side of a copy (copy.go says what a copy is): it opens a
-// chunk's window at its low watermark, notes what each change of the
-// table does to the keys it touches while windows are open on it and,
-// while a copy is active, the new keys of moves; at the high watermark it
-// pushes the chunk's untouched rows. All of it runs on the stream's
-// goroutine: Source.copyWindows and Source.copyTables are its own.
+// The stream's side of a copy (copy.go says what a copy is), part of the
+// WAL core: it opens a chunk's window at its low watermark, notes what
+// each change of the table does to the keys it touches while windows are
+// open on it and, while a copy is active, the new keys of moves; at the
+// high watermark it pushes the chunk's untouched rows. The windows and the
+// copies are the stream's state (streamState); the copier registers its
+// chunks in Source.copies, which the shell reads for the core.
 
 // touch is what the changes in a window did to one key.
 type touch struct {
@@ -27,32 +26,34 @@ type touch struct {
 }
 
 // recentCommits is how many of the stream's last commits' xids are kept
-// (Source.recentXids), to find a chunk snapshot's in-progress transaction
+// (streamState.recentXids), to find a chunk snapshot's in-progress transaction
 // that the stream decoded before the low watermark.
 const recentCommits = 4096
 
 // noteCommit keeps a decoded commit's xid.
-func (s *Source) noteCommit(xid uint32) {
-	s.recentXids[s.recentN%recentCommits] = xid
-	s.recentN++
+func (c *core) noteCommit(xid uint32) {
+	st := c.st
+	st.recentXids[st.recentN%recentCommits] = xid
+	st.recentN++
 }
 
 // recentCommitXids returns the xids of the last recentCommits commits
 // decoded (a chunk keeps them from its low watermark: the commits of its
 // window would overwrite them by its high one).
-func (s *Source) recentCommitXids() []uint32 {
-	n := min(s.recentN, recentCommits)
+func (c *core) recentCommitXids() []uint32 {
+	st := c.st
+	n := min(st.recentN, recentCommits)
 	out := make([]uint32, 0, n)
-	for i := s.recentN - n; i < s.recentN; i++ {
-		out = append(out, s.recentXids[i%recentCommits])
+	for i := st.recentN - n; i < st.recentN; i++ {
+		out = append(out, st.recentXids[i%recentCommits])
 	}
 	return out
 }
 
 // committedBefore reports whether one of xids is among before, the
 // commits decoded before a low watermark.
-func (s *Source) committedBefore(xids, before []uint32) bool {
-	if s.opts.skipRecentCheck {
+func (c *core) committedBefore(xids, before []uint32) bool {
+	if c.skipRecentCheck {
 		return false
 	}
 	for _, x := range xids {
@@ -64,157 +65,147 @@ func (s *Source) committedBefore(xids, before []uint32) bool {
 }
 
 // dropCopy takes a chunk out of the registry (its copy gave up on it):
-// the stream forgets its window at the table's next change.
+// the shell tells the core at its next input (forgetCopies).
 func (s *Source) dropCopy(c *copyChunk) {
-	s.mu.Lock()
-	delete(s.mu.copies, c.id)
-	s.mu.Unlock()
+	s.copies.Lock()
+	delete(s.copies.m, c.id)
+	s.copies.Unlock()
+	s.copyDrops.Add(1)
 }
 
 // finishCopy ends a chunk the stream has pushed (at ts) or sends back.
 func (s *Source) finishCopy(c *copyChunk, ts common.Ts, retry bool) {
-	s.mu.Lock()
-	_, live := s.mu.copies[c.id]
-	delete(s.mu.copies, c.id)
-	s.mu.Unlock()
+	s.copies.Lock()
+	_, live := s.copies.m[c.id]
+	delete(s.copies.m, c.id)
+	s.copies.Unlock()
 	if live {
 		c.ts, c.retry = ts, retry
 		close(c.done)
 	}
 }
 
-// copyMark handles a watermark in the stream.
-func (ss *session) copyMark(ctx context.Context, m msgMessage) error {
-	s := ss.s
-	kind, id, ok := strings.Cut(string(m.content), ":")
-	if !ok || !m.transactional || ss.cur == nil {
-		return nil
+// hasCopies reports whether windows or copies are open on any table.
+func (c *core) hasCopies() bool { return len(c.st.copyTables) > 0 || len(c.st.copyWindows) > 0 }
+
+// forgetCopies closes the windows of chunks the copier gave up (live
+// false) and forgets the copies it abandoned: the shell asks, under
+// Source.copies, when the copier gave something up since the last time.
+func (c *core) forgetCopies(live func(*copyChunk) bool, abandoned func(*copyState) bool) {
+	for oid, st := range c.st.copyTables {
+		if abandoned(st) {
+			delete(c.st.copyTables, oid)
+		}
 	}
-	s.mu.Lock()
-	c := s.mu.copies[id]
-	ready := c != nil && c.ready
-	s.mu.Unlock()
-	if c == nil {
-		return nil // another process's, or given up
+	var dead []*copyChunk
+	for _, ws := range c.st.copyWindows {
+		for _, w := range ws {
+			if !live(w) {
+				dead = append(dead, w)
+			}
+		}
 	}
-	oid := c.st.oid
+	for _, w := range dead {
+		c.closeWindow(w)
+	}
+}
+
+// copyMark handles a watermark (kind low or high) of chunk ch, as the
+// shell found it registered (ready: the copier has filled it in).
+func (c *core) copyMark(kind string, ch *copyChunk, ready bool) {
+	oid := ch.st.oid
 	switch kind {
 	case "low":
-		if c.first && c.st.fresh {
+		if ch.first && ch.st.fresh {
 			// Emptied here, before the window opens (its own truncate
 			// would send the chunk back): what the stream delivers after
 			// applies on top, and the chunks fill the rest.
-			if err := ss.add(ctx, oid, pgcodec.Truncate, nil, pgcodec.RowChange{Change: pgcodec.Truncate}); err != nil {
-				return err
-			}
+			c.add(oid, pgcodec.Truncate, nil, pgcodec.RowChange{Change: pgcodec.Truncate})
 		}
 		// A stream read again from the slot may decode it twice: the
 		// window starts again, and so do its notes.
-		c.window, c.truncated, c.relNew, c.relFirst = map[string]*touch{}, false, false, false
-		if c.before == nil {
+		ch.window, ch.truncated, ch.relNew, ch.relFirst = map[string]*touch{}, false, false, false
+		if ch.before == nil {
 			// Kept from the first decoding: read again from the slot, the
 			// window's commits come before it in the ring a second time.
-			c.before = s.recentCommitXids()
+			ch.before = c.recentCommitXids()
 		}
-		s.closeWindow(c)
-		s.copyWindows[oid] = append(s.copyWindows[oid], c)
-		if cur := s.copyTables[oid]; cur != c.st {
-			s.copyTables[oid] = c.st
+		c.closeWindow(ch)
+		c.st.copyWindows[oid] = append(c.st.copyWindows[oid], ch)
+		if cur := c.st.copyTables[oid]; cur != ch.st {
+			c.st.copyTables[oid] = ch.st
 		}
 	case "high":
-		s.closeWindow(c)
-		if !ready || c.window == nil || c.truncated || c.relNew || len(ss.subs[oid]) == 0 || s.committedBefore(c.xip, c.before) {
-			s.finishCopy(c, ss.cur.ts, true)
-			return nil
+		c.closeWindow(ch)
+		if !ready || ch.window == nil || ch.truncated || ch.relNew || len(c.subs[oid]) == 0 || c.committedBefore(ch.xip, ch.before) {
+			c.emit(action{kind: actFinishCopy, chunk: ch, ts: c.cur.ts, retry: true})
+			return
 		}
-		known, ok := ss.known[oid]
-		if ok && c.relFirst && !sameShape(known, c.rel) {
+		known, ok := c.st.known[oid]
+		if ok && ch.relFirst && !sameShape(known, ch.rel) {
 			// The stream's description is of a change after the chunk's
 			// snapshot: which one is newer is not known.
-			s.finishCopy(c, ss.cur.ts, true)
-			return nil
+			c.emit(action{kind: actFinishCopy, chunk: ch, ts: c.cur.ts, retry: true})
+			return
 		}
-		if !ok || !sameShape(known, c.rel) {
-			if err := ss.adopt(c.rel); err != nil {
-				return err
-			}
+		if !ok || !sameShape(known, ch.rel) {
+			c.adopt(ch.rel)
 		}
-		return ss.pushChunk(ctx, c)
+		c.pushChunk(ch)
 	}
-	return nil
 }
 
 // pushChunk adds a chunk's untouched rows to the transaction as inserts
 // and, for a final chunk, hands the keys to read again over.
-func (ss *session) pushChunk(ctx context.Context, c *copyChunk) error {
-	s, st := ss.s, c.st
-	c.pushed = 0 // a transaction decoded again (the session ended before its commit) pushes again
-	for wk, t := range c.window {
+func (c *core) pushChunk(ch *copyChunk) {
+	st := ch.st
+	ch.pushed = 0 // a transaction decoded again (the session ended before its commit) pushes again
+	for wk, t := range ch.window {
 		if t.incomplete && !t.deleted {
 			st.refetch[wk] = t.key
 		}
 	}
-	for _, r := range c.rows {
-		if _, touched := c.window[windowKey(r.key)]; touched {
+	for _, r := range ch.rows {
+		if _, touched := ch.window[windowKey(r.key)]; touched {
 			continue
 		}
-		if err := ss.add(ctx, st.oid, pgcodec.Insert, r.key, pgcodec.RowChange{Change: pgcodec.Insert, Columns: r.datums}); err != nil {
-			return err
-		}
-		s.met.copyRows.Inc()
-		s.copied.Add(1)
-		c.pushed++
+		c.add(st.oid, pgcodec.Insert, r.key, pgcodec.RowChange{Change: pgcodec.Insert, Columns: r.datums})
+		c.tally.copyRows++
+		ch.pushed++
 	}
-	if c.final {
+	if ch.final {
 		for _, k := range st.refetch {
-			c.refetch = append(c.refetch, k)
+			ch.refetch = append(ch.refetch, k)
 		}
 		clear(st.refetch)
-		if c.last && len(c.refetch) == 0 && s.copyTables[st.oid] == st {
-			delete(s.copyTables, st.oid)
-			c.ended = true
+		if ch.last && len(ch.refetch) == 0 && c.st.copyTables[st.oid] == st {
+			delete(c.st.copyTables, st.oid)
+			ch.ended = true
 		}
 	}
-	ss.cur.copied = append(ss.cur.copied, c)
-	return nil
+	c.cur.copied = append(c.cur.copied, ch)
 }
 
-// closeWindow stops noting the changes of c's table for c.
-func (s *Source) closeWindow(c *copyChunk) {
-	oid := c.st.oid
-	ws := slices.DeleteFunc(s.copyWindows[oid], func(x *copyChunk) bool { return x == c })
+// closeWindow stops noting the changes of ch's table for ch.
+func (c *core) closeWindow(ch *copyChunk) {
+	oid := ch.st.oid
+	ws := slices.DeleteFunc(c.st.copyWindows[oid], func(x *copyChunk) bool { return x == ch })
 	if len(ws) == 0 {
-		delete(s.copyWindows, oid)
+		delete(c.st.copyWindows, oid)
 	} else {
-		s.copyWindows[oid] = ws
+		c.st.copyWindows[oid] = ws
 	}
 }
 
 // noteCopies notes a change of a table that a copy is active on: in the
 // windows open on it, and, for a move, the new key to read again (the
 // sink took its unchanged value from an old row the target may not have).
-func (ss *session) noteCopies(oid uint32, c pgcodec.Change, key [][]byte, change *pgcodec.RowChange) {
-	s := ss.s
-	if st := s.copyTables[oid]; st != nil {
-		if st.abandoned.Load() {
-			delete(s.copyTables, oid)
-		} else if c == pgcodec.Move {
-			st.refetch[windowKey(key)] = cloneKey(key)
-		}
+func (c *core) noteCopies(oid uint32, kind pgcodec.Change, key [][]byte, change *pgcodec.RowChange) {
+	if st := c.st.copyTables[oid]; st != nil && kind == pgcodec.Move {
+		st.refetch[windowKey(key)] = cloneKey(key)
 	}
-	var dead []*copyChunk
-	for _, w := range s.copyWindows[oid] {
-		s.mu.Lock()
-		_, live := s.mu.copies[w.id]
-		s.mu.Unlock()
-		if !live {
-			// Given up; closed after the loop: closeWindow deletes from
-			// the slice being ranged over, which moved the next window
-			// into this one's place and left a nil at its end.
-			dead = append(dead, w)
-			continue
-		}
-		switch c {
+	for _, w := range c.st.copyWindows[oid] {
+		switch kind {
 		case pgcodec.Truncate:
 			w.truncated = true
 		case pgcodec.Delete:
@@ -231,9 +222,6 @@ func (ss *session) noteCopies(oid uint32, c pgcodec.Change, key [][]byte, change
 			w.note(from, true, false)
 			w.note(key, false, true)
 		}
-	}
-	for _, w := range dead {
-		s.closeWindow(w)
 	}
 }
 
@@ -266,8 +254,8 @@ func cloneKey(key [][]byte) [][]byte {
 // relationChanged marks the windows open on a table that got a new
 // relation version (seen: one replaced a version the stream knew) or its
 // first description in this stream.
-func (s *Source) relationChanged(oid uint32, seen bool) {
-	for _, w := range s.copyWindows[oid] {
+func (c *core) relationChanged(oid uint32, seen bool) {
+	for _, w := range c.st.copyWindows[oid] {
 		if seen {
 			w.relNew = true
 		} else {

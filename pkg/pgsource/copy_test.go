@@ -318,24 +318,23 @@ func (e *srcEnv) writeAtChunks(o *Options, at map[int][]string) {
 	}
 }
 
-// Two windows open on a table, the first of a chunk given up: a change
-// closes the first and is noted in the second. Closing the first inside
+// Two windows open on a table, the first of a chunk given up: the core
+// closes the first when told (the shell does before the next message) and
+// notes a change in the second. Closing the first inside
 // the loop over the windows moved the second into its place and left a
 // nil at the end of the slice being ranged over, whose dereference
 // panicked with the source's lock held and hung the stream (found by a CI
 // run of TestACopyWaitsForACommitItsSnapshotCannotSeeYet, where chunks
 // sent back pile up windows).
 func TestAChangeSkipsAndClosesAGivenUpWindow(t *testing.T) {
-	s := &Source{copyWindows: map[uint32][]*copyChunk{}, copyTables: map[uint32]*copyState{}}
-	s.mu.copies = map[string]*copyChunk{}
+	c := newCore(newStreamState(map[uint32]pgcodec.Relation{}), Position{}, 1<<20)
 	gone := &copyChunk{id: "gone", st: &copyState{oid: 7}, window: map[string]*touch{}}
 	live := &copyChunk{id: "live", st: &copyState{oid: 7}, window: map[string]*touch{}}
-	s.mu.copies["live"] = live
-	s.copyWindows[7] = []*copyChunk{gone, live}
-	ss := &session{s: s}
+	c.st.copyWindows[7] = []*copyChunk{gone, live}
+	c.forgetCopies(func(ch *copyChunk) bool { return ch == live }, func(*copyState) bool { return false })
 	key := [][]byte{[]byte("1")}
-	ss.noteCopies(7, pgcodec.Delete, key, &pgcodec.RowChange{Change: pgcodec.Delete})
-	require.Equal(t, []*copyChunk{live}, s.copyWindows[7], "the given-up window is closed")
+	c.noteCopies(7, pgcodec.Delete, key, &pgcodec.RowChange{Change: pgcodec.Delete})
+	require.Equal(t, []*copyChunk{live}, c.st.copyWindows[7], "the given-up window is closed")
 	require.Len(t, live.window, 1, "the change is noted in the live window")
 	require.True(t, live.window[windowKey(key)].deleted)
 	require.Empty(t, gone.window)

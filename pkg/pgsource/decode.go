@@ -1,7 +1,6 @@
 package pgsource
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,10 +15,11 @@ import (
 	"github.com/cdcflow/eventservice/pkg/upstream"
 )
 
-// A session decodes one transaction at a time: its rows are routed to
-// their table's subscriptions and pushed to the store in chunks, a new
-// relation version becomes a DDL at commit-ts - 1, and the commit gives
-// the transaction its commit-ts and marks the subscriptions it pushed to.
+// The session's side of decoding (the core decides, core.go): a message
+// is parsed, what the core needs from outside is looked up (a relation's
+// description in the catalog, a watermark's chunk, the subscriptions as of
+// a BEGIN, the copies given up), the core is stepped, and its actions are
+// carried out in order.
 
 // handle applies one pgoutput message.
 func (ss *session) handle(ctx context.Context, data []byte) error {
@@ -27,90 +27,185 @@ func (ss *session) handle(ctx context.Context, data []byte) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrProtocol, err)
 	}
-	s := ss.s
+	c := ss.core
+	if c.hasCopies() {
+		ss.syncCopies()
+	}
 	switch m := msg.(type) {
 	case msgBegin:
-		if ss.cur != nil {
-			return fmt.Errorf("%w: BEGIN inside a transaction", ErrProtocol)
-		}
-		ts := max(ss.last+2, common.TsFromTime(m.commitTime))
-		ss.cur = &txn{ts: ts, xid: m.xid, pending: map[uint32][]common.Row{}}
-		ss.refreshSubs()
-		// A subscription that arrives from below ts while this
-		// transaction is decoded may have missed its rows: it replays.
-		s.mu.Lock()
-		s.mu.begun = max(s.mu.begun, ts)
-		s.mu.Unlock()
+		// begun before the subscriptions are taken: Subscribe bumps their
+		// version before it reads begun, so a subscription the core does
+		// not get replays this transaction.
+		s := ss.s
+		ts := c.tsOf(m)
+		s.begun.Store(max(s.begun.Load(), uint64(ts)))
+		err = c.begin(m, ss.changedSubs())
 	case msgCommit:
-		if ss.cur == nil {
-			return fmt.Errorf("%w: COMMIT outside a transaction", ErrProtocol)
-		}
-		if err := ss.commit(ctx, m); err != nil {
-			return err
-		}
+		err = c.commit(m)
 	case msgRelation:
-		return ss.relation(ctx, &m)
-	case msgInsert:
-		return ss.change(ctx, m.rel, pgcodec.Insert, nil, 0, m.new)
-	case msgUpdate:
-		return ss.change(ctx, m.rel, pgcodec.Update, m.old, m.oldKind, m.new)
-	case msgDelete:
-		return ss.change(ctx, m.rel, pgcodec.Delete, m.old, m.oldKind, nil)
-	case msgTruncate:
-		if ss.cur == nil {
-			return fmt.Errorf("%w: TRUNCATE outside a transaction", ErrProtocol)
+		var rel pgcodec.Relation
+		if rel, err = ss.describe(ctx, &m); err == nil {
+			c.relation(&m, rel)
 		}
-		for _, oid := range m.rels {
-			v := pgcodec.RowChange{Change: pgcodec.Truncate, Cascade: m.cascade, RestartIdentity: m.restartIdentity}
-			if err := ss.add(ctx, oid, pgcodec.Truncate, nil, v); err != nil {
+	case msgInsert:
+		err = c.change(m.rel, pgcodec.Insert, nil, 0, m.new)
+	case msgUpdate:
+		err = c.change(m.rel, pgcodec.Update, m.old, m.oldKind, m.new)
+	case msgDelete:
+		err = c.change(m.rel, pgcodec.Delete, m.old, m.oldKind, nil)
+	case msgTruncate:
+		err = c.truncate(m)
+	case msgMessage:
+		chunk, ready := ss.s.copyChunkOf(m)
+		c.message(m, chunk, ready)
+	case msgIgnored:
+	}
+	if err != nil {
+		return err
+	}
+	return ss.carry(ctx)
+}
+
+// changedSubs returns the subscriptions by table if they changed since
+// the session last took them (nil: unchanged).
+func (ss *session) changedSubs() map[uint32][]*sub {
+	s := ss.s
+	if ss.subsTaken && ss.subsVer == s.subsVersion.Load() {
+		return nil // the common case: no lock
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	subs := make(map[uint32][]*sub, len(s.mu.subs))
+	for oid, l := range s.mu.subs {
+		subs[oid] = append([]*sub(nil), l...)
+	}
+	ss.subsVer, ss.subsTaken = s.subsVersion.Load(), true
+	return subs
+}
+
+// syncCopies tells the core what the copier gave up since it last did
+// (one atomic load a message while copies are open; the registry's lock
+// only when something was given up).
+func (ss *session) syncCopies() {
+	s := ss.s
+	n := s.copyDrops.Load()
+	if n == ss.copyDropsSeen {
+		return
+	}
+	ss.copyDropsSeen = n
+	s.copies.Lock()
+	defer s.copies.Unlock()
+	ss.core.forgetCopies(func(c *copyChunk) bool { _, ok := s.copies.m[c.id]; return ok },
+		func(st *copyState) bool { return st.abandoned.Load() })
+}
+
+// copyChunkOf returns the chunk a copy watermark names, registered (nil:
+// another process's, or given up), and whether the copier filled it in.
+func (s *Source) copyChunkOf(m msgMessage) (*copyChunk, bool) {
+	if m.prefix != copyPrefix {
+		return nil, false
+	}
+	_, id, ok := cutColon(m.content)
+	if !ok {
+		return nil, false
+	}
+	s.copies.Lock()
+	defer s.copies.Unlock()
+	c := s.copies.m[id]
+	return c, c != nil && c.ready
+}
+
+// cutColon splits "kind:id".
+func cutColon(b []byte) (string, string, bool) {
+	for i, x := range b {
+		if x == ':' {
+			return string(b[:i]), string(b[i+1:]), true
+		}
+	}
+	return "", "", false
+}
+
+// carry carries the core's actions out, in order, and then publishes what
+// it counted.
+func (ss *session) carry(ctx context.Context) error {
+	s := ss.s
+	defer ss.publishTally()
+	for _, a := range ss.core.take() {
+		switch a.kind {
+		case actBegin: // begun was stored before the core began it (handle)
+		case actPush:
+			if err := ss.push(ctx, a.sub, a.batch); err != nil {
+				return err
+			}
+		case actFrontier:
+			if err := s.opts.Schema.AdvanceResolvedTs(a.ts); err != nil && !errors.Is(err, schemastore.ErrResolvedTsRegressed) {
+				return fmt.Errorf("pgsource: schema frontier: %w", err)
+			}
+		case actDDL:
+			if err := s.opts.Schema.AddDDL(a.ddl); err != nil && !errors.Is(err, schemastore.ErrDDLBeforeFrontier) && !errors.Is(err, schemastore.ErrDuplicateDDL) {
+				return fmt.Errorf("pgsource: record the DDL of table %d: %w", a.ddl.TableID, err)
+			}
+		case actAnnounce:
+			s.announce(a.rel, a.err, a.ts)
+		case actFinishCopy:
+			s.finishCopy(a.chunk, a.ts, a.retry)
+		case actCommitted:
+			s.committed.Store(max(s.committed.Load(), uint64(a.ts)))
+			s.lastCommit.Store(s.now().UnixNano())
+			s.met.committedTs.Set(float64(a.ts.PhysicalMs()) / 1000)
+		case actResolve:
+			if err := ss.pushResolved(ctx, a.subs, a.ts); err != nil {
 				return err
 			}
 		}
-	case msgMessage:
-		switch m.prefix {
-		case heartbeatPrefix:
-			s.met.heartbeats.Inc()
-		case copyPrefix:
-			return ss.copyMark(ctx, m)
-		}
-	case msgIgnored:
 	}
 	return nil
 }
 
-// relation records this connection's description of a relation and, if
-// it differs from the one known, a DDL at the current commit-ts minus one.
-func (ss *session) relation(ctx context.Context, m *msgRelation) error {
-	ss.rels[m.oid] = m
-	rel, err := ss.describe(ctx, m)
-	if err != nil {
-		return err
+// publishTally adds what the core counted to the metrics.
+func (ss *session) publishTally() {
+	t := &ss.core.tally
+	if *t == (tally{}) {
+		return
 	}
-	old, seen := ss.known[m.oid]
-	if seen && sameRelation(old, rel) {
-		return nil
-	}
-	if ss.announced[m.oid] && seen && old.Validate() != nil && rel.Validate() == nil {
-		// A table whose changes were skipped for want of a key has one
-		// now: its next change announces it, as a new table's first.
-		delete(ss.announced, m.oid)
-	}
-	ss.s.relationChanged(m.oid, seen)
-	return ss.adopt(rel)
+	m := ss.s.met
+	m.rows.Add(float64(t.rows))
+	m.ddls.Add(float64(t.ddls))
+	m.commits.Add(float64(t.commits))
+	m.heartbeats.Add(float64(t.heartbeats))
+	m.copyRows.Add(float64(t.copyRows))
+	ss.s.copied.Add(t.copyRows)
+	*t = tally{}
 }
 
-// adopt makes rel its table's relation version from the current
-// transaction on: a DDL at its commit-ts minus one.
-func (ss *session) adopt(rel pgcodec.Relation) error {
-	ss.known[rel.OID] = rel
-	if ss.cur == nil {
-		return nil // outside a transaction: it takes effect at the next one
+// pushResolved moves subs' resolved-ts to ts in one upstream.PushResolved
+// call (one store event per write worker, not a push per table), telling
+// the core of each that moved.
+func (ss *session) pushResolved(ctx context.Context, subs []*sub, ts common.Ts) error {
+	guards := ss.resolvingGuards[:0]
+	for _, b := range subs {
+		guards = append(guards, b.guard)
 	}
-	ddl := schemastore.DDL{TableID: int64(rel.OID), CommitTs: ss.cur.ts - 1, Query: pgcodec.RelationDDL(rel)}
-	if err := ss.s.opts.Schema.AddDDL(ddl); err != nil && !errors.Is(err, schemastore.ErrDDLBeforeFrontier) && !errors.Is(err, schemastore.ErrDuplicateDDL) {
-		return fmt.Errorf("pgsource: record the DDL of %s: %w", rel.QualifiedName(), err)
+	defer func() {
+		clear(guards)
+		ss.resolvingGuards = guards[:0]
+	}()
+	errs := make([]error, len(subs))
+	ss.pushContext(ctx)
+	upstream.PushResolved(ss.pushCtx, ss.pushCancel, guards, ts, errs)
+	for i, b := range subs {
+		err := errs[i]
+		if err == nil {
+			ss.core.resolvedPushed(b, ts)
+			continue
+		}
+		if (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) && ctx.Err() == nil && !b.guard.IsClosed() {
+			continue // another subscription's Close cancelled the call: the next round moves this one
+		}
+		if err := ss.pushed(b, eventstore.Batch{ResolvedTs: ts}, err); err != nil {
+			return err
+		}
 	}
-	ss.s.met.ddls.Inc()
 	return nil
 }
 
@@ -134,7 +229,7 @@ func (ss *session) describe(ctx context.Context, m *msgRelation) (pgcodec.Relati
 	}
 	for _, c := range m.columns {
 		col := pgcodec.Column{Name: c.name, TypeOID: c.typeOID}
-		if known, ok := ss.known[m.oid]; ok {
+		if known, ok := ss.core.known(m.oid); ok {
 			for _, kc := range known.Columns {
 				if kc.Name == c.name && kc.TypeOID == c.typeOID {
 					col = kc
@@ -142,7 +237,7 @@ func (ss *session) describe(ctx context.Context, m *msgRelation) (pgcodec.Relati
 			}
 		}
 		if col.Type == "" {
-			_, seen := ss.known[m.oid]
+			_, seen := ss.core.known(m.oid)
 			if err := ss.newColumn(ctx, m, c, seen, &col); err != nil {
 				return rel, err
 			}
@@ -202,244 +297,6 @@ FROM pg_attribute WHERE attrelid = $1 AND attname = $2 AND NOT attisdropped`, m.
 	return nil
 }
 
-func sameRelation(a, b pgcodec.Relation) bool {
-	if a.Schema != b.Schema || a.Name != b.Name || len(a.Columns) != len(b.Columns) {
-		return false
-	}
-	for i := range a.Columns {
-		if a.Columns[i] != b.Columns[i] {
-			return false
-		}
-	}
-	return true
-}
-
-// change turns an insert, update or delete into rows of the transaction:
-// an update that changes the key is a delete of the old key and an insert.
-func (ss *session) change(ctx context.Context, oid uint32, c pgcodec.Change, old []tupleCol, oldKind byte, new []tupleCol) error {
-	if ss.cur == nil {
-		return fmt.Errorf("%w: a change outside a transaction", ErrProtocol)
-	}
-	m := ss.rels[oid]
-	if m == nil {
-		return fmt.Errorf("%w: a change of relation %d before its description", ErrProtocol, oid)
-	}
-	rel := ss.known[oid]
-	for _, t := range [][]tupleCol{old, new} {
-		if t != nil && len(t) != len(m.columns) {
-			return fmt.Errorf("%w: a tuple of %d columns for %s.%s of %d", ErrProtocol, len(t), m.namespace, m.name, len(m.columns))
-		}
-		if t != nil && len(t) != len(rel.Columns) {
-			// The relation version in use (a snapshot copy's, adopted
-			// from the catalog) is not the stream's description: the
-			// tuple cannot be read by it, and indexing it would panic.
-			return fmt.Errorf("%w: a tuple of %d columns for %s.%s, whose relation version in use has %d", ErrProtocol,
-				len(t), m.namespace, m.name, len(rel.Columns))
-		}
-	}
-	// The key and the datums are built in the session's scratch slices:
-	// add encodes them into the row (pgcodec.EncodeRow copies), so one
-	// allocation per row is all a change costs here. They alias the
-	// message, so they are cleared on the way out: an idle session would
-	// otherwise pin its last message's buffer (a large TOASTed value).
-	defer ss.clearScratch()
-	keyOf := func(t []tupleCol, into [][]byte) ([][]byte, bool) {
-		k := into[:0]
-		for i, col := range rel.Columns {
-			if col.Key {
-				if t[i].kind != 't' && t[i].kind != 'b' {
-					return nil, false
-				}
-				k = append(k, t[i].data)
-			}
-		}
-		return k, true
-	}
-	datums := func(t []tupleCol, keysOnly bool, fill []tupleCol) []pgcodec.Datum {
-		out := ss.datums[:0]
-		for i, col := range rel.Columns {
-			if keysOnly && !col.Key {
-				continue
-			}
-			v := t[i]
-			if v.kind == 'u' && fill != nil && fill[i].kind == 't' {
-				v = fill[i] // REPLICA IDENTITY FULL: the old tuple has the value
-			}
-			d := pgcodec.Datum{Name: col.Name}
-			switch v.kind {
-			case 'n':
-				d.Kind = pgcodec.Null
-			case 'u':
-				d.Kind = pgcodec.Unchanged
-			default:
-				d.Kind, d.Text = pgcodec.Text, v.data
-			}
-			out = append(out, d)
-		}
-		ss.datums = out
-		return out
-	}
-	switch c {
-	case pgcodec.Insert:
-		key, ok := keyOf(new, ss.keys[0])
-		if !ok {
-			return fmt.Errorf("%w: %s without a key value", ErrProtocol, rel.QualifiedName())
-		}
-		ss.keys[0] = key
-		return ss.add(ctx, oid, c, key, pgcodec.RowChange{Change: c, Columns: datums(new, false, nil)})
-	case pgcodec.Update:
-		newKey, ok := keyOf(new, ss.keys[0])
-		var fill []tupleCol
-		if oldKind == 'O' {
-			fill = old
-		}
-		if !ok && old != nil {
-			newKey, ok = keyOf(old, ss.keys[0]) // a key column left unchanged (TOASTed)
-		}
-		if !ok {
-			return fmt.Errorf("%w: an update of %s without a key value", ErrProtocol, rel.QualifiedName())
-		}
-		ss.keys[0] = newKey
-		if old != nil {
-			if oldKey, ok := keyOf(old, ss.keys[1]); ok && !sameKey(oldKey, newKey) {
-				ss.keys[1] = oldKey
-				if cols := datums(new, false, fill); hasUnchanged(cols) {
-					// The unchanged value is in the old row only: a move,
-					// not a delete and an insert (which would write NULL).
-					from := make([]pgcodec.Datum, 0, len(newKey))
-					for i, col := range rel.Columns {
-						if col.Key {
-							from = append(from, pgcodec.Datum{Name: col.Name, Kind: pgcodec.Text, Text: old[i].data})
-						}
-					}
-					return ss.add(ctx, oid, pgcodec.Move, newKey, pgcodec.RowChange{Change: pgcodec.Move, Columns: cols, From: from})
-				}
-				if err := ss.add(ctx, oid, pgcodec.Delete, oldKey, pgcodec.RowChange{Change: pgcodec.Delete, Columns: datums(old, true, nil)}); err != nil {
-					return err
-				}
-				c = pgcodec.Insert // the new key's row did not exist
-			}
-		}
-		return ss.add(ctx, oid, c, newKey, pgcodec.RowChange{Change: c, Columns: datums(new, false, fill)})
-	default: // delete
-		key, ok := keyOf(old, ss.keys[0])
-		if !ok {
-			return fmt.Errorf("%w: a delete of %s without a key value", ErrProtocol, rel.QualifiedName())
-		}
-		ss.keys[0] = key
-		return ss.add(ctx, oid, c, key, pgcodec.RowChange{Change: c, Columns: datums(old, true, nil)})
-	}
-}
-
-// hasUnchanged reports whether a column of cols is an unchanged TOASTed
-// value.
-func hasUnchanged(cols []pgcodec.Datum) bool {
-	for _, d := range cols {
-		if d.Kind == pgcodec.Unchanged {
-			return true
-		}
-	}
-	return false
-}
-
-// clearScratch drops change's references into the last message.
-func (ss *session) clearScratch() {
-	clear(ss.datums)
-	clear(ss.keys[0])
-	clear(ss.keys[1])
-}
-
-func sameKey(a, b [][]byte) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if !bytes.Equal(a[i], b[i]) {
-			return false
-		}
-	}
-	return true
-}
-
-// add appends a row to the transaction, spilling the table's rows to the
-// store once it holds ChunkRows of them. A change of a published table
-// nobody subscribed is reported once (OnNewTable) and the slot is held
-// before it.
-func (ss *session) add(ctx context.Context, oid uint32, c pgcodec.Change, key [][]byte, change pgcodec.RowChange) error {
-	t := ss.cur
-	s := ss.s
-	t.index++
-	if len(s.copyTables) > 0 || len(s.copyWindows) > 0 {
-		ss.noteCopies(oid, c, key, &change)
-	}
-	if len(ss.subs[oid]) == 0 {
-		ss.unsubscribed(oid, t.ts)
-		return nil
-	}
-	k, v := pgcodec.EncodeRow(t.index, key, change)
-	row := common.Row{Op: pgcodec.Op(c), Key: k, Value: v, StartTs: t.ts - 1, CommitTs: t.ts}
-	t.pending[oid] = append(t.pending[oid], row)
-	s.met.rows.Inc()
-	if len(t.pending[oid]) >= s.opts.ChunkRows {
-		return ss.flush(ctx, oid, false)
-	}
-	return nil
-}
-
-// unsubscribed handles a change of a table without a subscription.
-func (ss *session) unsubscribed(oid uint32, ts common.Ts) {
-	if ss.announced[oid] {
-		return
-	}
-	ss.announced[oid] = true
-	rel, ok := ss.known[oid]
-	if ok && rel.Schema == ToolSchema {
-		return // the tool's own state (a FOR ALL TABLES publication includes it): never replicated
-	}
-	relErr := rel.Validate()
-	if !ok {
-		rel.OID, relErr = oid, fmt.Errorf("%w: no description of relation %d", ErrNoKey, oid)
-	}
-	ss.s.announce(rel, relErr, ts)
-}
-
-// flush pushes the transaction's pending rows of oid to its subscriptions
-// that have not had this commit yet; last marks the commit, and its push
-// carries the commit-ts as the subscription's resolved-ts (see commit).
-func (ss *session) flush(ctx context.Context, oid uint32, last bool) error {
-	t := ss.cur
-	rows := t.pending[oid]
-	delete(t.pending, oid)
-	for _, b := range ss.subs[oid] {
-		if t.ts <= b.have && b.partial != t.ts {
-			continue // pushed before this session started again
-		}
-		if last && (len(rows) > 0 || b.partial == t.ts) {
-			b.noteUnapplied(t.ts) // rows of this commit went to it (Lag)
-		}
-		batch := eventstore.Batch{Rows: rows}
-		if last && t.ts > b.resolved {
-			batch.ResolvedTs = t.ts
-		}
-		if len(rows) > 0 || batch.ResolvedTs != 0 {
-			if b.partial != t.ts && !last {
-				b.partial = t.ts
-				t.spilled = append(t.spilled, b)
-			}
-			if err := ss.push(ctx, b, batch); err != nil {
-				return err
-			}
-		}
-		if last {
-			b.have, b.partial = t.ts, 0
-			if batch.ResolvedTs != 0 {
-				b.resolved = batch.ResolvedTs
-			}
-		}
-	}
-	return nil
-}
-
 // push hands a batch to a subscription's sink. A closed subscription is
 // skipped; a store that is closing ends the session.
 func (ss *session) push(ctx context.Context, b *sub, batch eventstore.Batch) error {
@@ -486,74 +343,4 @@ func (ss *session) endPushes() {
 	if ss.pushCancel != nil {
 		ss.pushCancel()
 	}
-}
-
-// commit ends the transaction: its remaining rows go to the store and the
-// chain and the journal move on.
-//
-// The commit also resolves the tables it wrote: the stream is in commit
-// order, so once commit i is decoded no row at or below ts(i) is still to
-// come, for any table. So the schema frontier moves to ts(i) first (the
-// commit's relation DDLs are at ts(i)-1), then each table the commit wrote
-// gets its rows and ts(i) as its resolved-ts in one push: one store write
-// and one notification deliver them, at once, instead of the rows waiting
-// for the next round of every subscription's resolved-ts (advanceResolved,
-// which now only moves tables without commits of their own). At 1000
-// tables that round, every 100 ms, was most of serve's work per row.
-func (ss *session) commit(ctx context.Context, m msgCommit) error {
-	t := ss.cur
-	t.endLSN = m.endLSN
-	s := ss.s
-	if len(t.pending) > 0 || len(t.spilled) > 0 {
-		if err := s.opts.Schema.AdvanceResolvedTs(t.ts); err != nil && !errors.Is(err, schemastore.ErrResolvedTsRegressed) {
-			return fmt.Errorf("pgsource: schema frontier: %w", err)
-		}
-	}
-	for oid := range t.pending {
-		if err := ss.flush(ctx, oid, true); err != nil {
-			return err
-		}
-	}
-	// Subscriptions with rows in this commit whose last chunk was pushed
-	// early are marked and resolved too (the transaction lists them: a
-	// commit costs what it touched, not every subscription).
-	for _, b := range t.spilled {
-		if b.partial != t.ts {
-			continue // its last chunk went with the commit's push above
-		}
-		b.noteUnapplied(t.ts)
-		b.have, b.partial = t.ts, 0
-		if t.ts > b.resolved {
-			if err := ss.push(ctx, b, eventstore.Batch{ResolvedTs: t.ts}); err != nil {
-				return err
-			}
-			b.resolved = t.ts
-		}
-	}
-	for _, c := range t.copied {
-		s.finishCopy(c, t.ts, false)
-	}
-	s.noteCommit(t.xid)
-	ss.last = t.ts
-	ss.cur = nil
-	ss.journal = append(ss.journal, Position{LSN: t.endLSN, Ts: t.ts})
-	if len(ss.journal) > maxJournal {
-		// The safe point has not moved for a long while: keep every
-		// other entry (the slot's position gets coarser, never wrong:
-		// it is chosen at or below the safe point).
-		j := ss.journal[:1]
-		for i := 2; i < len(ss.journal)-1; i += 2 {
-			j = append(j, ss.journal[i])
-		}
-		ss.journal = append(j, ss.journal[len(ss.journal)-1])
-	}
-	s.mu.Lock()
-	if t.ts > s.mu.committed {
-		s.mu.committed = t.ts
-	}
-	s.mu.Unlock()
-	s.lastCommit.Store(s.now().UnixNano())
-	s.met.commits.Inc()
-	s.met.committedTs.Set(float64(t.ts.PhysicalMs()) / 1000)
-	return nil
 }

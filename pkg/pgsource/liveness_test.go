@@ -114,13 +114,12 @@ func TestTheReceiveTimeoutFollowsTheServerAndBacksOff(t *testing.T) {
 	require.NoError(t, err)
 	defer conn.Close(ctx)
 	for streak, want := range []time.Duration{6, 12, 24, 48, 96, 96} {
-		src.silentStreak = streak
-		got, err := src.receiveTimeout(ctx, conn)
+		got, err := src.receiveTimeout(ctx, conn, streak)
 		require.NoError(t, err)
 		require.Equal(t, want*time.Second, got, "after %d silent sessions", streak)
 	}
 	src.opts.ReceiveTimeout = -1
-	got, err := src.receiveTimeout(ctx, conn)
+	got, err := src.receiveTimeout(ctx, conn, 0)
 	require.NoError(t, err)
 	require.Zero(t, got, "off")
 }

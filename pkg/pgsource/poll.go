@@ -187,7 +187,7 @@ func (s *Source) announce(rel pgcodec.Relation, relErr error, firstTs common.Ts)
 		return
 	}
 	s.mu.published[rel.OID] = true
-	ts := s.mu.committed + 1
+	ts := common.Ts(s.committed.Load()) + 1
 	if firstTs != 0 {
 		ts = firstTs
 	}

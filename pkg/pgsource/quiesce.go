@@ -11,9 +11,6 @@ import (
 
 	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
-	"github.com/cdcflow/eventservice/pkg/eventstore"
-	"github.com/cdcflow/eventservice/pkg/schemastore"
-	"github.com/cdcflow/eventservice/pkg/upstream"
 )
 
 var (
@@ -111,7 +108,7 @@ func (ss *session) quiesce(ctx context.Context, req *quiesceReq) error {
 	s.mu.Lock()
 	s.mu.quiesced = true
 	s.mu.Unlock()
-	ts := ss.last
+	ts := ss.core.last
 	if err := ss.resolveAll(ctx, ts); err != nil {
 		return err
 	}
@@ -151,57 +148,13 @@ func (ss *session) endStream(req *quiesceReq) error {
 	if _, err := pglogrepl.SendStandbyCopyDone(req.ctx, ss.conn); err != nil {
 		return fmt.Errorf("pgsource: quiesce: end the stream: %w", err)
 	}
-	ss.s.log.Info("stream quiesced at the last commit", zap.Stringer("ts", ss.last))
+	ss.s.log.Info("stream quiesced at the last commit", zap.Stringer("ts", ss.core.last))
 	return nil
 }
 
 // quiesceEndWait bounds the wait for the server's answer to the end of the
 // stream.
 const quiesceEndWait = 5 * time.Second
-
-// resolveAll moves the schema frontier and every subscription's resolved-ts
-// to ts, the subscriptions in one upstream.PushResolved call (one store
-// event per write worker, not a push per table).
-func (ss *session) resolveAll(ctx context.Context, ts common.Ts) error {
-	s := ss.s
-	if err := s.opts.Schema.AdvanceResolvedTs(ts); err != nil && !errors.Is(err, schemastore.ErrResolvedTsRegressed) {
-		return fmt.Errorf("pgsource: schema frontier: %w", err)
-	}
-	subs := ss.resolving[:0]
-	guards := ss.resolvingGuards[:0]
-	for _, b := range s.allSubs() {
-		if ts <= b.resolved || ts <= b.startTs || (b.partial != 0 && b.partial <= ts) {
-			continue
-		}
-		subs = append(subs, b)
-		guards = append(guards, b.guard)
-	}
-	defer func() {
-		clear(subs)
-		clear(guards)
-		ss.resolving, ss.resolvingGuards = subs[:0], guards[:0]
-	}()
-	if len(subs) == 0 {
-		return nil
-	}
-	errs := make([]error, len(subs))
-	ss.pushContext(ctx)
-	upstream.PushResolved(ss.pushCtx, ss.pushCancel, guards, ts, errs)
-	for i, b := range subs {
-		err := errs[i]
-		if err == nil {
-			b.resolved = ts
-			continue
-		}
-		if (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) && ctx.Err() == nil && !b.guard.IsClosed() {
-			continue // another subscription's Close cancelled the call: the next round moves this one
-		}
-		if err := ss.pushed(b, eventstore.Batch{ResolvedTs: ts}, err); err != nil {
-			return err
-		}
-	}
-	return nil
-}
 
 // confirmAt reports the position to the server and whether it reached the
 // commit at ts.

@@ -48,24 +48,25 @@ type Source struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	kick   chan struct{} // capacity 1: a replay or a quiesce was asked for
-	// silentStreak counts the sessions in a row that ended silent
-	// (ErrSourceSilent): each doubles the next one's receive timeout.
-	// The stream's goroutine's.
-	silentStreak int
-
 	// copyNonce tells this process's copy watermarks from another's;
 	// copySeq numbers its chunks.
 	copyNonce string
 	copySeq   atomic.Uint64
-	// copyWindows are the copy chunks whose window is open, by table
-	// (the stream goroutine's).
-	copyWindows map[uint32][]*copyChunk
-	// copyTables are the copies active on a table (the stream goroutine's).
-	copyTables map[uint32]*copyState
-	// recentXids are the xids of the last recentCommits commits decoded,
-	// recentN the commits decoded (the stream goroutine's).
-	recentXids [recentCommits]uint32
-	recentN    uint64
+	// copyDrops counts the chunks and copies the copier gave up (the
+	// stream tells its core when it moved).
+	copyDrops atomic.Uint64
+	// copies are the chunks of copies in flight, by id: the copier
+	// registers them, the stream looks them up at their watermarks.
+	copies struct {
+		sync.Mutex
+		m map[string]*copyChunk
+	}
+	// begun is the ts of the last transaction the stream began (its rows
+	// may be decoded already), committed the last commit's: Subscribe
+	// reads them to tell a subscription that must read the slot again.
+	// subsVersion counts the changes of mu.subs, so that the stream takes
+	// the subscriptions again only when they changed (without the lock).
+	begun, committed, subsVersion atomic.Uint64
 
 	// Set by Open, read-only after.
 	tables   []catalogTable
@@ -79,16 +80,11 @@ type Source struct {
 	mu struct {
 		sync.Mutex
 		opened, started, closed bool
-		subs                    map[uint32][]*sub // by table OID
-		subsVersion             uint64
+		subs                    map[uint32][]*sub    // by table OID
 		replay                  bool                 // restart the stream from the slot
 		holds                   map[uint32]common.Ts // new tables: the slot stays before these
 		saved                   Position             // the slot's position, as last saved
-		committed               common.Ts            // the last commit decoded
-		begun                   common.Ts            // the last transaction begun (its rows may be decoded already)
 		snapshotDone            bool
-		// copies are the chunks of copies in flight, by id.
-		copies map[string]*copyChunk
 		// published are the tables known to be published: those of Open
 		// and those announced since (OnNewTable); left those the poll
 		// found gone from the publication; membership their
@@ -162,11 +158,11 @@ func New(opts Options) (*Source, error) {
 		return nil, err
 	}
 	s := &Source{opts: opts, log: opts.Logger.Named("pgsource"), kick: make(chan struct{}, 1),
-		copyNonce: fmt.Sprintf("%x", rand.Uint64()), copyWindows: map[uint32][]*copyChunk{}, copyTables: map[uint32]*copyState{}}
+		copyNonce: fmt.Sprintf("%x", rand.Uint64())}
 	s.link = pglink.NewWatch(s.log, "the source", opts.Clock.Now)
 	s.mu.subs = map[uint32][]*sub{}
 	s.mu.holds = map[uint32]common.Ts{}
-	s.mu.copies = map[string]*copyChunk{}
+	s.copies.m = map[string]*copyChunk{}
 	s.mu.published, s.mu.left, s.mu.membership = map[uint32]bool{}, map[uint32]bool{}, map[uint32]uint32{}
 	var err error
 	if s.met, err = newMetrics(s, opts.Registerer); err != nil {
@@ -289,7 +285,7 @@ func (s *Source) Open(ctx context.Context) (Info, error) {
 	info.ResumeTs = s.resume.Ts
 	s.mu.Lock()
 	s.mu.saved = s.resume
-	s.mu.committed = s.resume.Ts
+	s.committed.Store(uint64(s.resume.Ts))
 	s.mu.snapshotDone = s.snapshot == nil
 	for _, t := range s.tables {
 		s.mu.published[t.oid] = true
@@ -351,11 +347,14 @@ func (s *Source) Subscribe(span common.Span, startTs common.Ts, sink eventstore.
 	}
 	b := &sub{oid: oid, startTs: startTs, guard: upstream.NewSinkGuard(sink), s: s, have: startTs, resolved: startTs}
 	s.mu.subs[oid] = append(s.mu.subs[oid], b)
-	s.mu.subsVersion++
+	s.subsVersion.Add(1)
 	if hold, ok := s.mu.holds[oid]; ok && startTs < hold {
 		delete(s.mu.holds, oid)
 	}
-	if s.mu.started && s.mu.snapshotDone && (startTs < s.mu.committed || startTs < s.mu.begun) {
+	// After the version bump: a stream that took the subscriptions before
+	// it stored begun first (decode.go), so it either has this one or
+	// shows here the transaction it is decoding.
+	if s.mu.started && s.mu.snapshotDone && (startTs < common.Ts(s.committed.Load()) || startTs < common.Ts(s.begun.Load())) {
 		// The stream has passed startTs: read it again from the slot.
 		s.mu.replay = true
 		s.pokeLocked()
@@ -381,7 +380,7 @@ func (b *sub) Close() {
 	if len(s.mu.subs[b.oid]) == 0 {
 		delete(s.mu.subs, b.oid)
 	}
-	s.mu.subsVersion++
+	s.subsVersion.Add(1)
 }
 
 // OpenStream starts the stream of a slot Open resumed (START_REPLICATION
@@ -505,7 +504,7 @@ func (s *Source) Position() Position {
 func (s *Source) Committed() common.Ts {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.mu.committed
+	return common.Ts(s.committed.Load())
 }
 
 // subsFor returns the subscriptions of table oid (a copy).

@@ -62,6 +62,7 @@ func (s *Source) run() {
 	for _, t := range s.tables {
 		known[t.oid] = t.relation()
 	}
+	st := newStreamState(known)
 	for s.ctx.Err() == nil {
 		s.mu.Lock()
 		from := s.mu.saved
@@ -77,7 +78,7 @@ func (s *Source) run() {
 		}
 		s.mu.Unlock()
 		began := s.opts.Clock.Now()
-		err := s.session(from, known)
+		err := s.session(from, st)
 		if s.ctx.Err() != nil || errors.Is(err, errQuiesced) {
 			return
 		}
@@ -160,70 +161,33 @@ func (s *Source) stop(err error) {
 	s.mu.Unlock()
 }
 
-// txn is the transaction being decoded.
-type txn struct {
-	ts      common.Ts
-	xid     uint32
-	endLSN  uint64
-	index   uint32
-	pending map[uint32][]common.Row // rows not yet pushed, by table
-	spilled []*sub                  // subscriptions that were pushed rows of this transaction
-	copied  []*copyChunk            // chunks of copies pushed in this transaction
-}
-
-// session is one replication connection, from a saved position.
+// session is one replication connection, from a saved position: the
+// shell around its core (core.go), which decides. It reads the socket,
+// looks up what the core needs, steps it and carries its actions out.
 type session struct {
 	s       *Source
 	conn    *pgconn.PgConn
 	catalog *pgx.Conn // for type names of new relation versions
 	// receiveTimeout is this session's (Source.receiveTimeout; 0: off).
 	receiveTimeout time.Duration
-	known          map[uint32]pgcodec.Relation
-	rels           map[uint32]*msgRelation // this connection's relation messages
-	last           common.Ts               // the chain: the last commit's ts
-	journal        []Position              // commits since the saved position, thinned
-	// walEnd is the WAL end of the last keepalive heard between
-	// transactions (the walsender's sent position: every commit before
-	// it was streamed or had nothing published) with the chain's ts then;
-	// LSN 0: none yet. Confirmed once that ts is safe (see report).
-	walEnd Position
-	cur    *txn
-	// announced: new tables already reported to OnNewTable.
-	announced map[uint32]bool
-	// subs is the subscriptions by table as of the transaction's BEGIN
-	// (subsVer the version it copied): a subscription that arrives during
-	// a transaction it needs replays it (Subscribe checks begun).
-	subs    map[uint32][]*sub
-	subsVer uint64
+	core           *core
+	st             *streamState
+	// subsVer is the version of the subscriptions last handed to the core
+	// (subsTaken: at all): a subscription that arrives during a
+	// transaction it needs replays it (Subscribe checks begun).
+	subsVer   uint64
+	subsTaken bool
+	// copyDropsSeen is Source.copyDrops as last told to the core.
+	copyDropsSeen uint64
 	// pushCtx is the context of pushes (see push); pushCancel ends it,
 	// at the latest when the session ends.
 	pushCtx    context.Context
 	pushCancel context.CancelFunc
-	// resolving and resolvingGuards are resolveAll's scratch.
-	resolving       []*sub
+	// resolvingGuards is pushResolved's scratch.
 	resolvingGuards []*upstream.SinkGuard
-	// keys and datums are change's scratch (a change's new and old key,
-	// its columns), reused for every row: add copies what it keeps.
-	keys   [2][][]byte
-	datums []pgcodec.Datum
 }
 
-// refreshSubs takes the subscriptions again if they changed.
-func (ss *session) refreshSubs() {
-	s := ss.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if ss.subs != nil && ss.subsVer == s.mu.subsVersion {
-		return
-	}
-	ss.subs = make(map[uint32][]*sub, len(s.mu.subs))
-	for oid, l := range s.mu.subs {
-		ss.subs[oid] = append([]*sub(nil), l...)
-	}
-	ss.subsVer = s.mu.subsVersion
-}
-
-func (s *Source) session(from Position, known map[uint32]pgcodec.Relation) error {
+func (s *Source) session(from Position, st *streamState) error {
 	ctx := s.ctx
 	var conn *pgconn.PgConn
 	var catalog *pgx.Conn
@@ -241,12 +205,13 @@ func (s *Source) session(from Position, known map[uint32]pgcodec.Relation) error
 	if from, err = s.reseed(ctx, catalog, from); err != nil {
 		return err
 	}
-	timeout, err := s.receiveTimeout(ctx, catalog)
+	timeout, err := s.receiveTimeout(ctx, catalog, st.silentStreak)
 	if err != nil {
 		return err
 	}
-	ss := &session{s: s, conn: conn, catalog: catalog, known: known, rels: map[uint32]*msgRelation{}, last: from.Ts,
-		journal: []Position{from}, announced: map[uint32]bool{}, receiveTimeout: timeout}
+	c := newCore(st, from, s.opts.ChunkRows)
+	c.skipRecentCheck = s.opts.skipRecentCheck
+	ss := &session{s: s, conn: conn, catalog: catalog, core: c, st: st, receiveTimeout: timeout, copyDropsSeen: s.copyDrops.Load()}
 	s.streaming.Store(true)
 	defer s.streaming.Store(false)
 	s.link.Up()
@@ -291,7 +256,7 @@ const lastChanceRead = 50 * time.Millisecond
 // before the fix of 15.2), doubled for each session in a row that ended
 // silent (up to 16 times): a session that times out again and again
 // would replay the same stretch of WAL for ever. 0: off.
-func (s *Source) receiveTimeout(ctx context.Context, catalog *pgx.Conn) (time.Duration, error) {
+func (s *Source) receiveTimeout(ctx context.Context, catalog *pgx.Conn, silentStreak int) (time.Duration, error) {
 	t := s.opts.ReceiveTimeout
 	if t <= 0 {
 		return 0, nil
@@ -301,7 +266,7 @@ func (s *Source) receiveTimeout(ctx context.Context, catalog *pgx.Conn) (time.Du
 		return 0, fmt.Errorf("%w: wal_sender_timeout: %w", ErrConnect, err)
 	}
 	t = max(t, 2*time.Duration(ms)*time.Millisecond)
-	return t << min(s.silentStreak, 4), nil
+	return t << min(silentStreak, 4), nil
 }
 
 // reseed returns the position the session's commit-ts chain continues
@@ -355,7 +320,7 @@ func (s *Source) reseed(ctx context.Context, catalog *pgx.Conn, from Position) (
 	s.mu.Lock()
 	if p.LSN > s.mu.saved.LSN {
 		s.mu.saved = p
-		s.mu.committed = max(s.mu.committed, p.Ts)
+		s.committed.Store(max(s.committed.Load(), uint64(p.Ts)))
 	}
 	s.mu.Unlock()
 	s.noteConfirmed(p.LSN)
@@ -386,16 +351,12 @@ func (ss *session) loop(ctx context.Context) error {
 		s.mu.Unlock()
 	}()
 	var armed time.Time
-	// Liveness (Options.ReceiveTimeout), in real time since the session
-	// began (a stopwatch: the source's clock may be a test's, the socket's
-	// deadlines are real): heard is when the loop last heard from the
-	// server (the top of the iteration after a message arrived: late, never
-	// early), asked when it asked for a reply since, chance when it began
-	// the one short read it allows past the deadline before it calls the
-	// link silent (a reply already in the socket is not missed because a
-	// read found its deadline passed before reading); -1: not.
-	live := clock.StartStopwatch()
-	heard, asked, chance := time.Duration(0), time.Duration(-1), time.Duration(-1)
+	// Liveness (Options.ReceiveTimeout, liveness.go), in real time since
+	// the session began (a stopwatch: the source's clock may be a test's,
+	// the socket's deadlines are real); the server is heard at the top of
+	// the iteration after a message arrived: late, never early.
+	watch := clock.StartStopwatch()
+	live := newLiveness(ss.receiveTimeout)
 	gotMessage := false
 	// Bytes count too (lingerConn.got), not only whole messages: a message
 	// of hundreds of megabytes over a slow link takes longer than the
@@ -403,7 +364,6 @@ func (ss *session) loop(ctx context.Context) error {
 	// new session, for ever.
 	socket := lingerOf(ss.conn)
 	var got int64
-	half := ss.receiveTimeout / 2
 	for {
 		select {
 		case <-s.kick:
@@ -435,40 +395,29 @@ func (ss *session) loop(ctx context.Context) error {
 			nextStatus = now.Add(s.opts.StatusInterval)
 		}
 		wake := minTime(nextResolved, nextStatus)
-		if half > 0 {
-			el := live.Elapsed()
+		if ss.receiveTimeout > 0 {
 			if socket != nil {
 				if n := socket.got.Load(); n != got {
 					got, gotMessage = n, true
 				}
 			}
-			if gotMessage {
-				if el > ss.receiveTimeout {
-					s.silentStreak = 0 // this session lived past a timeout and heard on
-				}
-				heard, asked, chance, gotMessage = el, -1, -1, false
+			v := live.step(watch.Elapsed(), gotMessage)
+			gotMessage = false
+			if v.heardPastTimeout {
+				ss.st.silentStreak = 0 // this session lived past a timeout and heard on
 			}
-			if asked < 0 && el >= heard+half {
+			if v.ask {
 				if err := ss.askReply(ctx); err != nil {
 					return err
 				}
-				asked = el
 			}
-			due := heard + half
-			if asked >= 0 {
-				if due = asked + half; el >= due {
-					if chance < 0 {
-						chance = el
-					}
-					if due = chance + lastChanceRead; el >= due {
-						s.met.silences.Inc()
-						s.silentStreak++
-						return fmt.Errorf("%w: nothing for %v, %v since a reply was asked for (timeout %v)",
-							ErrSourceSilent, el-heard, el-asked, ss.receiveTimeout)
-					}
-				}
+			if v.silent {
+				s.met.silences.Inc()
+				ss.st.silentStreak++
+				return fmt.Errorf("%w: nothing for %v, %v since a reply was asked for (timeout %v)",
+					ErrSourceSilent, v.quiet, v.sinceAsk, ss.receiveTimeout)
 			}
-			wake = minTime(wake, now.Add(due-el))
+			wake = minTime(wake, now.Add(v.wakeIn))
 		}
 		if !wake.Equal(armed) {
 			// The ticks are on the source's clock; the socket counts
@@ -491,7 +440,7 @@ func (ss *session) loop(ctx context.Context) error {
 			}
 			return err
 		}
-		if h := s.opts.replyHeard; h != nil && asked >= 0 {
+		if h := s.opts.replyHeard; h != nil && live.asked >= 0 {
 			h()
 		}
 		gotMessage = true
@@ -512,9 +461,7 @@ func (ss *session) loop(ctx context.Context) error {
 					return fmt.Errorf("%w: keepalive: %w", ErrProtocol, err)
 				}
 				s.noteWALEnd(uint64(k.ServerWALEnd))
-				if ss.cur == nil && uint64(k.ServerWALEnd) > ss.walEnd.LSN {
-					ss.walEnd = Position{LSN: uint64(k.ServerWALEnd), Ts: ss.last}
-				}
+				ss.core.keepalive(uint64(k.ServerWALEnd))
 				if k.ReplyRequested {
 					if err := ss.sendStatus(ctx); err != nil {
 						return err
@@ -560,11 +507,14 @@ func (ss *session) resolvedInterval() time.Duration {
 // advanceResolved moves the schema frontier and every subscription's
 // resolved-ts to the last commit.
 func (ss *session) advanceResolved(ctx context.Context) error {
-	ts := ss.last
-	if ss.cur != nil {
-		ts = min(ts, ss.cur.ts-2) // below the open transaction and its DDL
-	}
-	return ss.resolveAll(ctx, ts)
+	return ss.resolveAll(ctx, ss.core.resolveTarget())
+}
+
+// resolveAll moves the schema frontier and every subscription's
+// resolved-ts to ts.
+func (ss *session) resolveAll(ctx context.Context, ts common.Ts) error {
+	ss.core.resolve(ts, ss.s.allSubs())
+	return ss.carry(ctx)
 }
 
 // sendStatus confirms to the server the last position below the safe
@@ -585,33 +535,12 @@ func (ss *session) report(ctx context.Context, reply bool) error {
 	safe, ok := s.opts.SafePoint()
 	s.mu.Lock()
 	saved := s.mu.saved
+	holds := make([]common.Ts, 0, len(s.mu.holds))
 	for _, hold := range s.mu.holds {
-		if hold-1 < safe {
-			safe = hold - 1
-		}
+		holds = append(holds, hold)
 	}
 	s.mu.Unlock()
-	next := saved
-	if ok {
-		for _, p := range ss.journal {
-			if p.Ts <= safe && p.LSN > next.LSN {
-				next = p
-			}
-		}
-		// Nothing decoded waits to be durable: confirm what the server
-		// says it sent, as a native subscriber does. A walsender asked to
-		// shut down waits until its client confirms exactly that (after
-		// the last commit come aborted transactions, the shutdown
-		// checkpoint), and the server's shutdown with it. It cannot lose a
-		// row: a transaction is skipped on restart only if its commit
-		// record lies before the confirmed position, and every commit
-		// before walEnd was decoded (the stream is in order) and is
-		// durable (its ts is at or below the safe point); walEnd.Ts, the
-		// last of them, seeds the chain as a commit's position would.
-		if ss.walEnd.LSN > next.LSN && ss.walEnd.Ts <= safe {
-			next = ss.walEnd
-		}
-	}
+	next := nextConfirm(saved, ss.core.journal, ss.core.walEnd, safe, ok, holds)
 	if next.LSN > saved.LSN {
 		// Bounded: a target that vanished without a word would hold the
 		// stream (and the walsender's replies) until TCP gives up.
@@ -632,11 +561,7 @@ func (ss *session) report(ctx context.Context, reply bool) error {
 		s.mu.Lock()
 		s.mu.saved = next
 		s.mu.Unlock()
-		i := 0
-		for i < len(ss.journal)-1 && ss.journal[i+1].LSN <= next.LSN {
-			i++
-		}
-		ss.journal = append(ss.journal[:0], ss.journal[i:]...)
+		ss.core.confirmed(next)
 		s.noteConfirmed(next.LSN)
 	}
 	lsn := pglogrepl.LSN(next.LSN)

@@ -508,34 +508,23 @@ func TestASessionContinuesFromWhereAnotherProcessConfirmed(t *testing.T) {
 // otherwise pin). An update that moves its key is a delete of the old key
 // and an insert of the new one.
 func TestAChangeCopiesItsRowsAndKeepsNoReferenceIntoTheMessage(t *testing.T) {
-	src := &Source{log: zaptest.NewLogger(t)}
-	src.opts.ChunkRows = 1 << 20
-	var err error
-	src.met, err = newMetrics(src, prometheus.NewRegistry())
-	require.NoError(t, err)
 	rel := pgcodec.Relation{OID: 7, Schema: "public", Name: "t", Columns: []pgcodec.Column{
 		{Name: "id", Type: "text", Key: true}, {Name: "v", Type: "text"}}}
-	ss := &session{s: src,
-		known: map[uint32]pgcodec.Relation{7: rel},
-		rels:  map[uint32]*msgRelation{7: {oid: 7, namespace: "public", name: "t", columns: []relColumn{{key: true, name: "id"}, {name: "v"}}}},
-		subs:  map[uint32][]*sub{7: {{oid: 7}}},
-		cur:   &txn{ts: 100, pending: map[uint32][]common.Row{}},
-	}
+	c := testCore(map[uint32]pgcodec.Relation{7: rel})
 	msg := []byte("k1v1k2v2")
 	tuple := func(k, v []byte) []tupleCol { return []tupleCol{{kind: 't', data: k}, {kind: 't', data: v}} }
-	ctx := context.Background()
-	require.NoError(t, ss.change(ctx, 7, pgcodec.Insert, nil, 0, tuple(msg[0:2], msg[2:4])))
-	require.NoError(t, ss.change(ctx, 7, pgcodec.Update, tuple(msg[0:2], msg[2:4]), 'K', tuple(msg[4:6], msg[6:8])))
-	for _, d := range ss.datums[:cap(ss.datums)] {
+	require.NoError(t, c.change(7, pgcodec.Insert, nil, 0, tuple(msg[0:2], msg[2:4])))
+	require.NoError(t, c.change(7, pgcodec.Update, tuple(msg[0:2], msg[2:4]), 'K', tuple(msg[4:6], msg[6:8])))
+	for _, d := range c.datums[:cap(c.datums)] {
 		require.Nil(t, d.Text, "a datum left in the scratch")
 	}
-	for _, k := range ss.keys {
+	for _, k := range c.keys {
 		for _, v := range k[:cap(k)] {
 			require.Nil(t, v, "a key column left in the scratch")
 		}
 	}
 	copy(msg, "XXXXXXXX") // the connection reuses its buffer
-	rows := ss.cur.pending[7]
+	rows := c.cur.pending[7]
 	require.Len(t, rows, 3)
 	want := []struct {
 		change pgcodec.Change
@@ -561,26 +550,29 @@ func TestAChangeCopiesItsRowsAndKeepsNoReferenceIntoTheMessage(t *testing.T) {
 // stream, never an index past the tuple's end, whichever of the two has
 // more columns.
 func TestATupleTheRelationVersionInUseCannotReadIsAnError(t *testing.T) {
-	src := &Source{log: zaptest.NewLogger(t)}
-	src.opts.ChunkRows = 1 << 20
-	var err error
-	src.met, err = newMetrics(src, prometheus.NewRegistry())
-	require.NoError(t, err)
 	two := []pgcodec.Column{{Name: "id", Type: "text", Key: true}, {Name: "v", Type: "text"}}
 	three := append(append([]pgcodec.Column{}, two...), pgcodec.Column{Name: "w", Type: "text"})
 	tuple := []tupleCol{{kind: 't', data: []byte("k")}, {kind: 't', data: []byte("v")}}
 	for name, inUse := range map[string][]pgcodec.Column{"more columns": three, "fewer columns": two[:1]} {
-		ss := &session{s: src,
-			known: map[uint32]pgcodec.Relation{7: {OID: 7, Schema: "public", Name: "t", Columns: inUse}},
-			rels:  map[uint32]*msgRelation{7: {oid: 7, namespace: "public", name: "t", columns: []relColumn{{key: true, name: "id"}, {name: "v"}}}},
-			subs:  map[uint32][]*sub{7: {{oid: 7}}},
-			cur:   &txn{ts: 100, pending: map[uint32][]common.Row{}},
-		}
-		ctx := context.Background()
-		require.ErrorIs(t, ss.change(ctx, 7, pgcodec.Insert, nil, 0, tuple), ErrProtocol, name)
-		require.ErrorIs(t, ss.change(ctx, 7, pgcodec.Update, tuple, 'O', tuple), ErrProtocol, name)
-		require.Empty(t, ss.cur.pending[7], name)
+		c := testCore(map[uint32]pgcodec.Relation{7: {OID: 7, Schema: "public", Name: "t", Columns: inUse}})
+		require.ErrorIs(t, c.change(7, pgcodec.Insert, nil, 0, tuple), ErrProtocol, name)
+		require.ErrorIs(t, c.change(7, pgcodec.Update, tuple, 'O', tuple), ErrProtocol, name)
+		require.Empty(t, c.cur.pending[7], name)
 	}
+}
+
+// testCore is a core inside a transaction at ts 100, knowing rels, each
+// with a description of two columns (id, the key, and v) and a
+// subscription.
+func testCore(rels map[uint32]pgcodec.Relation) *core {
+	c := newCore(newStreamState(rels), Position{}, 1<<20)
+	c.subs = map[uint32][]*sub{}
+	for oid := range rels {
+		c.rels[oid] = &msgRelation{oid: oid, namespace: "public", name: "t", columns: []relColumn{{key: true, name: "id"}, {name: "v"}}}
+		c.subs[oid] = []*sub{{oid: oid}}
+	}
+	c.cur = &txn{ts: 100, pending: map[uint32][]common.Row{}}
+	return c
 }
 
 // announcement is one OnNewTable call.
