@@ -261,9 +261,9 @@ func TestATableThatLeavesAndJoinsAgainIsCopiedAnew(t *testing.T) {
 			e.exec("ALTER PUBLICATION only_t1 DROP TABLE t2")
 			if !quick {
 				require.Eventually(t, func() bool {
-					j.src.mu.Lock()
-					defer j.src.mu.Unlock()
-					return j.src.mu.left[j.oid]
+					j.src.pub.Lock()
+					defer j.src.pub.Unlock()
+					return j.src.pub.left[j.oid]
 				}, time.Minute, 10*time.Millisecond, "the poll finds t2 gone")
 			}
 			e.exec("DELETE FROM t2 WHERE id <= 10")

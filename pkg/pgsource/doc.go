@@ -20,6 +20,18 @@
 // two watermarks the stream carries, the rows a change touched in between
 // left to the stream (copy.go, copy_stream.go).
 //
+// The stream's decisions are a WAL core (core.go, with copy_stream.go's
+// windows and liveness.go): single-threaded and pure, stepped by parsed
+// pgoutput messages, keepalives and ticks, returning actions (push rows or
+// a resolved-ts, move the schema frontier, record a DDL, announce a table,
+// finish a copy's chunk); each session (stream.go, decode.go) is the thin
+// shell that reads the socket, looks up what the core needs (a relation's
+// description in the catalog, the subscriptions, a watermark's chunk),
+// steps it and carries the actions out. testdata/core traces it. The
+// copy, the poll and the snapshot are its clients where they touch the
+// stream: the copier registers chunks the core opens windows for, the
+// poll announces tables the core then holds the slot before.
+//
 // The replication socket lingers (linger.go, ReadLinger): once a read found
 // the socket drained, the next waits out the linger (real time) so that a
 // stream keeping up reads bursts of messages, never more than about 128 KiB
@@ -27,14 +39,16 @@
 //
 // Invariants: the slot's confirmed flush LSN moves only to a commit at or
 // below SafePoint (what every dispatcher durably applied) and below every
-// table announced but not yet subscribed, and only after its position was
-// saved; no row is pushed twice to a subscription and none is skipped that
+// table announced but not yet subscribed, or to the server's WAL end once
+// nothing decoded waits to be durable, and only after its position was
+// saved (nextConfirm); no row is pushed twice to a subscription and none is skipped that
 // it did not have; a chunk of a copy pushes no row older than what the
 // stream delivered for its key before its high watermark; a subscription
 // from below what the slot retains is
 // ErrStartTsTruncated, never rows invented; a message that does not decode
 // stops the source (ErrProtocol). Goroutines: Start starts the stream (whose
 // snapshot copy runs SnapshotWorkers more until it is done), the
-// heartbeat and the publication's poll; CopyTable runs on its caller's;
+// heartbeat, the publication's poll and the slot statistics; CopyTable
+// runs on its caller's;
 // Close stops them and waits. No package state.
 package pgsource

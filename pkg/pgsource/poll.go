@@ -69,28 +69,28 @@ WHERE pt.pubname = $1 AND pt.schemaname <> '`+ToolSchema+`'`, s.opts.Publication
 	var joined bool
 	rejoined := map[uint32]bool{}
 	current := make(map[uint32]bool, len(now))
-	s.mu.Lock()
+	s.pub.Lock()
 	for _, m := range now {
 		current[m.oid] = true
-		switch before := s.mu.membership[m.oid]; {
-		case s.mu.left[m.oid]:
+		switch before := s.pub.membership[m.oid]; {
+		case s.pub.left[m.oid]:
 			rejoined[m.oid] = true
-		case !s.mu.published[m.oid]:
+		case !s.pub.published[m.oid]:
 			joined = true
 		case m.row != 0 && before != 0 && m.row != before:
 			rejoined[m.oid] = true // removed and added again between two rounds
 		}
-		s.mu.membership[m.oid] = m.row
+		s.pub.membership[m.oid] = m.row
 	}
 	var left []uint32
-	for oid, p := range s.mu.published {
+	for oid, p := range s.pub.published {
 		if p && !current[oid] {
-			s.mu.published[oid], s.mu.left[oid] = false, true
-			delete(s.mu.membership, oid)
+			s.pub.published[oid], s.pub.left[oid] = false, true
+			delete(s.pub.membership, oid)
 			left = append(left, oid)
 		}
 	}
-	s.mu.Unlock()
+	s.pub.Unlock()
 	for _, oid := range left {
 		s.log.Warn("a table left the publication: its changes are not streamed until it joins again (then it is copied anew)",
 			zap.Uint32("oid", oid))
@@ -134,11 +134,11 @@ SELECT prrelid, oid FROM pg_publication_rel WHERE prpubid = (SELECT oid FROM pg_
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.pub.Lock()
+	defer s.pub.Unlock()
 	for table, row := range seen {
-		if _, ok := s.mu.membership[table]; !ok {
-			s.mu.membership[table] = row
+		if _, ok := s.pub.membership[table]; !ok {
+			s.pub.membership[table] = row
 		}
 	}
 	return nil
@@ -150,12 +150,14 @@ SELECT prrelid, oid FROM pg_publication_rel WHERE prpubid = (SELECT oid FROM pg_
 // is announced as a table that joined.
 func (s *Source) rejoin(rel pgcodec.Relation, relErr error) {
 	s.mu.Lock()
-	delete(s.mu.left, rel.OID)
 	subscribed := len(s.mu.subs[rel.OID]) > 0
-	if subscribed {
-		s.mu.published[rel.OID] = true
-	}
 	s.mu.Unlock()
+	s.pub.Lock()
+	delete(s.pub.left, rel.OID)
+	if subscribed {
+		s.pub.published[rel.OID] = true
+	}
+	s.pub.Unlock()
 	if !subscribed {
 		s.announce(rel, relErr, 0)
 		return
@@ -179,14 +181,16 @@ func (s *Source) rejoin(rel pgcodec.Relation, relErr error) {
 // (firstTs 0: after the last commit decoded). One that cannot be
 // replicated (relErr, no key) is logged and counted instead.
 func (s *Source) announce(rel pgcodec.Relation, relErr error, firstTs common.Ts) {
-	s.mu.Lock()
-	if s.mu.published[rel.OID] && (firstTs == 0 || relErr != nil) {
+	s.pub.Lock()
+	if s.pub.published[rel.OID] && (firstTs == 0 || relErr != nil) {
 		// Known already: a new table's first change announced it, or it
 		// was left out (no key) at Open, and said so there.
-		s.mu.Unlock()
+		s.pub.Unlock()
 		return
 	}
-	s.mu.published[rel.OID] = true
+	s.pub.published[rel.OID] = true
+	s.pub.Unlock()
+	s.mu.Lock()
 	ts := common.Ts(s.committed.Load()) + 1
 	if firstTs != 0 {
 		ts = firstTs

@@ -28,6 +28,16 @@ import (
 // and reports the tables; the embedder then subscribes (through the event
 // store); Start copies the initial snapshot if the slot is new and
 // streams; Close stops.
+//
+// Its goroutines: the stream (run: sessions, each a shell around a WAL
+// core, stream.go and core.go), the heartbeat, the publication poll and the
+// slot statistics (sharing one side connection), and a CopyTable caller's.
+// Locking: mu guards the lifecycle and the subscriptions (and the holds
+// and the saved position Subscribe checks them against); pub the poll's
+// view of the publication; copies the copier's registry of chunks. None is
+// held while another is taken, and none across I/O but mu's lifecycle
+// checks. What the stream reads on every transaction (begun, committed,
+// the subscriptions' version) is atomic, so it takes no lock there.
 type Source struct {
 	opts Options
 	log  *zap.Logger
@@ -55,6 +65,16 @@ type Source struct {
 	// copyDrops counts the chunks and copies the copier gave up (the
 	// stream tells its core when it moved).
 	copyDrops atomic.Uint64
+	// pub is what the source knows of the publication's tables: those
+	// known to be published (Open's, and those announced since:
+	// OnNewTable), those the poll found gone from it (left), and their
+	// pg_publication_rel rows (membership; 0: none, FOR ALL TABLES). The
+	// poll's and the announcements'; taken before mu where both are.
+	pub struct {
+		sync.Mutex
+		published, left map[uint32]bool
+		membership      map[uint32]uint32
+	}
 	// copies are the chunks of copies in flight, by id: the copier
 	// registers them, the stream looks them up at their watermarks.
 	copies struct {
@@ -85,13 +105,7 @@ type Source struct {
 		holds                   map[uint32]common.Ts // new tables: the slot stays before these
 		saved                   Position             // the slot's position, as last saved
 		snapshotDone            bool
-		// published are the tables known to be published: those of Open
-		// and those announced since (OnNewTable); left those the poll
-		// found gone from the publication; membership their
-		// pg_publication_rel rows (0: none, FOR ALL TABLES).
-		published, left map[uint32]bool
-		membership      map[uint32]uint32
-		err             error // why the source stopped, if it did
+		err                     error // why the source stopped, if it did
 		// quiesce is a pending Quiesce (nil: none).
 		quiesce *quiesceReq
 		// quiesced: the stream ended at a Quiesce; it opens no session.
@@ -163,7 +177,7 @@ func New(opts Options) (*Source, error) {
 	s.mu.subs = map[uint32][]*sub{}
 	s.mu.holds = map[uint32]common.Ts{}
 	s.copies.m = map[string]*copyChunk{}
-	s.mu.published, s.mu.left, s.mu.membership = map[uint32]bool{}, map[uint32]bool{}, map[uint32]uint32{}
+	s.pub.published, s.pub.left, s.pub.membership = map[uint32]bool{}, map[uint32]bool{}, map[uint32]uint32{}
 	var err error
 	if s.met, err = newMetrics(s, opts.Registerer); err != nil {
 		return nil, err
@@ -287,10 +301,12 @@ func (s *Source) Open(ctx context.Context) (Info, error) {
 	s.mu.saved = s.resume
 	s.committed.Store(uint64(s.resume.Ts))
 	s.mu.snapshotDone = s.snapshot == nil
-	for _, t := range s.tables {
-		s.mu.published[t.oid] = true
-	}
 	s.mu.Unlock()
+	s.pub.Lock()
+	for _, t := range s.tables {
+		s.pub.published[t.oid] = true
+	}
+	s.pub.Unlock()
 	return info, nil
 }
 
