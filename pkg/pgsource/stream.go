@@ -329,11 +329,11 @@ func (s *Source) reseed(ctx context.Context, catalog *pgx.Conn, from Position) (
 
 // loop reads the stream, pushing rows as transactions arrive, advancing
 // the subscriptions' resolved-ts every ResolvedInterval and reporting the
-// safe position every StatusInterval.
+// safe position every StatusInterval: each iteration takes a kick (a
+// replay or a quiesce), runs the ticks due, steps liveness, arms the read
+// deadline for the next of them and reads one message.
 func (ss *session) loop(ctx context.Context) error {
 	s := ss.s
-	nextResolved := s.now().Add(s.opts.ResolvedInterval)
-	nextStatus := s.now().Add(s.opts.StatusInterval)
 	// The read wakes at the next tick by the connection's read deadline,
 	// set when the tick moves, and at ctx's end by a deadline in the past:
 	// a context deadline per message (pgconn watches each one) was 15% of
@@ -350,135 +350,181 @@ func (ss *session) loop(ctx context.Context) error {
 		s.mu.streamConn = nil
 		s.mu.Unlock()
 	}()
-	var armed time.Time
-	// Liveness (Options.ReceiveTimeout, liveness.go), in real time since
-	// the session began (a stopwatch: the source's clock may be a test's,
-	// the socket's deadlines are real); the server is heard at the top of
-	// the iteration after a message arrived: late, never early.
-	watch := clock.StartStopwatch()
-	live := newLiveness(ss.receiveTimeout)
-	gotMessage := false
-	// Bytes count too (lingerConn.got), not only whole messages: a message
-	// of hundreds of megabytes over a slow link takes longer than the
-	// timeout to arrive, and taken for silence it was read again by every
-	// new session, for ever.
-	socket := lingerOf(ss.conn)
-	var got int64
+	lp := &loopState{nextResolved: s.now().Add(s.opts.ResolvedInterval), nextStatus: s.now().Add(s.opts.StatusInterval),
+		watch: clock.StartStopwatch(), live: newLiveness(ss.receiveTimeout), socket: lingerOf(ss.conn)}
 	for {
-		select {
-		case <-s.kick:
-			s.mu.Lock()
-			replay, q := s.mu.replay, s.mu.quiesce
-			s.mu.quiesce = nil
-			s.mu.Unlock()
-			if q != nil {
-				q.reply <- ss.quiesce(ctx, q)
-				return errQuiesced
-			}
-			if replay {
-				return errReplay
-			}
-			armed = time.Time{} // poke moved the read deadline
-		default:
+		if err := ss.takeKick(ctx, lp); err != nil {
+			return err
 		}
 		now := s.now()
-		if !now.Before(nextResolved) {
-			if err := ss.advanceResolved(ctx); err != nil {
-				return err
-			}
-			nextResolved = now.Add(ss.resolvedInterval())
+		if err := ss.runTicks(ctx, lp, now); err != nil {
+			return err
 		}
-		if !now.Before(nextStatus) {
-			if err := ss.sendStatus(ctx); err != nil {
-				return err
-			}
-			nextStatus = now.Add(s.opts.StatusInterval)
-		}
-		wake := minTime(nextResolved, nextStatus)
+		wake := minTime(lp.nextResolved, lp.nextStatus)
 		if ss.receiveTimeout > 0 {
-			if socket != nil {
-				if n := socket.got.Load(); n != got {
-					got, gotMessage = n, true
-				}
+			in, err := ss.stepLiveness(ctx, lp)
+			if err != nil {
+				return err
 			}
-			v := live.step(watch.Elapsed(), gotMessage)
-			gotMessage = false
-			if v.heardPastTimeout {
-				ss.st.silentStreak = 0 // this session lived past a timeout and heard on
-			}
-			if v.ask {
-				if err := ss.askReply(ctx); err != nil {
-					return err
-				}
-			}
-			if v.silent {
-				s.met.silences.Inc()
-				ss.st.silentStreak++
-				return fmt.Errorf("%w: nothing for %v, %v since a reply was asked for (timeout %v)",
-					ErrSourceSilent, v.quiet, v.sinceAsk, ss.receiveTimeout)
-			}
-			wake = minTime(wake, now.Add(v.wakeIn))
+			wake = minTime(wake, now.Add(in))
 		}
-		if !wake.Equal(armed) {
+		if !wake.Equal(lp.armed) {
 			// The ticks are on the source's clock; the socket counts
 			// real time, so it gets the wait, not the instant.
 			if err := netConn.SetReadDeadline(clock.RealDeadline(wake.Sub(now))); err != nil {
 				return err
 			}
-			armed = wake
+			lp.armed = wake
 		}
 		// Checked after arming: a cancel before it ends the loop here, one
 		// after it moves the deadline past (AfterFunc runs once ctx ended).
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		raw, err := ss.conn.ReceiveMessage(context.Background())
-		if err != nil {
-			if pgconn.Timeout(err) && ctx.Err() == nil {
-				armed = time.Time{} // re-arm: on a fake clock the tick may not be due yet
-				continue
-			}
+		if err := ss.receive(ctx, lp); err != nil {
 			return err
 		}
-		if h := s.opts.replyHeard; h != nil && live.asked >= 0 {
-			h()
+	}
+}
+
+// loopState is loop's, between its iterations.
+type loopState struct {
+	nextResolved, nextStatus time.Time
+	// armed is the read deadline set (zero: to be set again).
+	armed time.Time
+	// Liveness (Options.ReceiveTimeout, liveness.go), in real time since
+	// the session began (a stopwatch: the source's clock may be a test's,
+	// the socket's deadlines are real); the server is heard at the top of
+	// the iteration after a message arrived: late, never early.
+	watch      clock.Stopwatch
+	live       liveness
+	gotMessage bool
+	// Bytes count too (lingerConn.got), not only whole messages: a
+	// message of hundreds of megabytes over a slow link takes longer than
+	// the timeout to arrive, and taken for silence it was read again by
+	// every new session, for ever.
+	socket *lingerConn
+	got    int64
+}
+
+// takeKick handles a kick: a quiesce ends the session after it
+// (errQuiesced), a replay ends it so that the stream starts again from the
+// slot (errReplay); otherwise poke moved the read deadline.
+func (ss *session) takeKick(ctx context.Context, lp *loopState) error {
+	s := ss.s
+	select {
+	case <-s.kick:
+	default:
+		return nil
+	}
+	s.mu.Lock()
+	replay, q := s.mu.replay, s.mu.quiesce
+	s.mu.quiesce = nil
+	s.mu.Unlock()
+	if q != nil {
+		q.reply <- ss.quiesce(ctx, q)
+		return errQuiesced
+	}
+	if replay {
+		return errReplay
+	}
+	lp.armed = time.Time{}
+	return nil
+}
+
+// runTicks advances the resolved-ts and reports the position when due.
+func (ss *session) runTicks(ctx context.Context, lp *loopState, now time.Time) error {
+	if !now.Before(lp.nextResolved) {
+		if err := ss.advanceResolved(ctx); err != nil {
+			return err
 		}
-		gotMessage = true
-		switch m := raw.(type) {
-		case *pgproto3.ErrorResponse:
-			// A *pgconn.PgError, as pgx returns for any other statement: a
-			// caller tells a terminated walsender (57P01) from a dropped
-			// slot by its Code (errors.As).
-			return fmt.Errorf("replication: %w", pgconn.ErrorResponseToPgError(m))
-		case *pgproto3.CopyData:
-			if len(m.Data) == 0 {
-				return fmt.Errorf("%w: empty CopyData", ErrProtocol)
-			}
-			switch m.Data[0] {
-			case pglogrepl.PrimaryKeepaliveMessageByteID:
-				k, err := pglogrepl.ParsePrimaryKeepaliveMessage(m.Data[1:])
-				if err != nil {
-					return fmt.Errorf("%w: keepalive: %w", ErrProtocol, err)
-				}
-				s.noteWALEnd(uint64(k.ServerWALEnd))
-				ss.core.keepalive(uint64(k.ServerWALEnd))
-				if k.ReplyRequested {
-					if err := ss.sendStatus(ctx); err != nil {
-						return err
-					}
-					nextStatus = s.now().Add(s.opts.StatusInterval)
-				}
-			case pglogrepl.XLogDataByteID:
-				x, err := pglogrepl.ParseXLogData(m.Data[1:])
-				if err != nil {
-					return fmt.Errorf("%w: XLogData: %w", ErrProtocol, err)
-				}
-				if err := ss.handle(ctx, x.WALData); err != nil {
-					return err
-				}
-			}
+		lp.nextResolved = now.Add(ss.resolvedInterval())
+	}
+	if !now.Before(lp.nextStatus) {
+		if err := ss.sendStatus(ctx); err != nil {
+			return err
+		}
+		lp.nextStatus = now.Add(ss.s.opts.StatusInterval)
+	}
+	return nil
+}
+
+// stepLiveness steps liveness with what arrived since the last step and
+// does what it says; it returns how long until the next step is due.
+func (ss *session) stepLiveness(ctx context.Context, lp *loopState) (time.Duration, error) {
+	if lp.socket != nil {
+		if n := lp.socket.got.Load(); n != lp.got {
+			lp.got, lp.gotMessage = n, true
 		}
 	}
+	v := lp.live.step(lp.watch.Elapsed(), lp.gotMessage)
+	lp.gotMessage = false
+	if v.heardPastTimeout {
+		ss.st.silentStreak = 0 // this session lived past a timeout and heard on
+	}
+	if v.ask {
+		if err := ss.askReply(ctx); err != nil {
+			return 0, err
+		}
+	}
+	if v.silent {
+		ss.s.met.silences.Inc()
+		ss.st.silentStreak++
+		return 0, fmt.Errorf("%w: nothing for %v, %v since a reply was asked for (timeout %v)",
+			ErrSourceSilent, v.quiet, v.sinceAsk, ss.receiveTimeout)
+	}
+	return v.wakeIn, nil
+}
+
+// receive reads one message (until the read deadline) and handles it: an
+// error the server sent, a keepalive, or WAL data for the core.
+func (ss *session) receive(ctx context.Context, lp *loopState) error {
+	s := ss.s
+	raw, err := ss.conn.ReceiveMessage(context.Background())
+	if err != nil {
+		if pgconn.Timeout(err) && ctx.Err() == nil {
+			lp.armed = time.Time{} // re-arm: on a fake clock the tick may not be due yet
+			return nil
+		}
+		return err
+	}
+	if h := s.opts.replyHeard; h != nil && lp.live.asked >= 0 {
+		h()
+	}
+	lp.gotMessage = true
+	switch m := raw.(type) {
+	case *pgproto3.ErrorResponse:
+		// A *pgconn.PgError, as pgx returns for any other statement: a
+		// caller tells a terminated walsender (57P01) from a dropped slot
+		// by its Code (errors.As).
+		return fmt.Errorf("replication: %w", pgconn.ErrorResponseToPgError(m))
+	case *pgproto3.CopyData:
+		if len(m.Data) == 0 {
+			return fmt.Errorf("%w: empty CopyData", ErrProtocol)
+		}
+		switch m.Data[0] {
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			k, err := pglogrepl.ParsePrimaryKeepaliveMessage(m.Data[1:])
+			if err != nil {
+				return fmt.Errorf("%w: keepalive: %w", ErrProtocol, err)
+			}
+			s.noteWALEnd(uint64(k.ServerWALEnd))
+			ss.core.keepalive(uint64(k.ServerWALEnd))
+			if k.ReplyRequested {
+				if err := ss.sendStatus(ctx); err != nil {
+					return err
+				}
+				lp.nextStatus = s.now().Add(s.opts.StatusInterval)
+			}
+		case pglogrepl.XLogDataByteID:
+			x, err := pglogrepl.ParseXLogData(m.Data[1:])
+			if err != nil {
+				return fmt.Errorf("%w: XLogData: %w", ErrProtocol, err)
+			}
+			return ss.handle(ctx, x.WALData)
+		}
+	}
+	return nil
 }
 
 func minTime(a, b time.Time) time.Time {
