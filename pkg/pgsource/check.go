@@ -2,21 +2,11 @@ package pgsource
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
-
-// ErrPrivilege: the source's role lacks a privilege the changefeed needs
-// (REPLICATION, CREATE on the database, or what creating the publication
-// takes).
-var ErrPrivilege = errors.New("pgsource: the source role lacks a privilege")
-
-// ErrNotPrimary: the source is a standby (in recovery): PostgreSQL 15
-// decodes logical replication on a primary only.
-var ErrNotPrimary = errors.New("pgsource: the source is a standby")
 
 // Check runs every check Open can fail on, and changes nothing: the
 // source answers and is a primary with wal_level logical; the role may
@@ -114,9 +104,6 @@ WHERE pt.pubname = $1 AND NOT has_table_privilege(format('%I.%I', pt.schemaname,
 	}
 	return nil
 }
-
-// ErrNoRoom: the source has no free replication slot or WAL sender.
-var ErrNoRoom = errors.New("pgsource: no room on the source")
 
 // TableInfo is a table of a publication as a changefeed reads it: Err
 // says why it cannot be replicated (nil: it can).

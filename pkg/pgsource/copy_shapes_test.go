@@ -62,7 +62,7 @@ func TestARewriteDuringACopyDoesNotEndIt(t *testing.T) {
 	committed := make(chan error, 1)
 	j := streamThenJoin(t, e, "t2", func(o *Options) {
 		o.CopyChunkRows = 300
-		o.copyHook = func(uint32, int) {
+		o.knobs.copyHook = func(uint32, int) {
 			if chunks++; chunks != 1 {
 				return
 			}

@@ -309,7 +309,7 @@ func (e *srcEnv) writeAtChunks(o *Options, at map[int][]string) {
 	require.NoError(e.t, err)
 	e.t.Cleanup(func() { writer.Close(context.Background()) })
 	chunks := 0
-	o.copyHook = func(uint32, int) {
+	o.knobs.copyHook = func(uint32, int) {
 		chunks++
 		for _, q := range at[chunks] {
 			_, err := writer.Exec(context.Background(), q)

@@ -27,8 +27,8 @@ func TestACopyWaitsForACommitItsSnapshotCannotSeeYet(t *testing.T) {
 		name string
 		only func(*Options)
 	}{
-		{"SyncRepCheck", func(o *Options) { o.skipRecentCheck = true }},
-		{"RecentCommitsCheck", func(o *Options) { o.skipSyncRepCheck = true }},
+		{"SyncRepCheck", func(o *Options) { o.knobs.skipRecentCheck = true }},
+		{"RecentCommitsCheck", func(o *Options) { o.knobs.skipSyncRepCheck = true }},
 	} {
 		t.Run(tc.name, func(t *testing.T) { testACopyWaitsForACommitItsSnapshotCannotSeeYet(t, tc.only) })
 	}
@@ -86,14 +86,14 @@ func TestTheRecentCommitsCheckSeesPastABusyWindow(t *testing.T) {
 	waiting := make(chan error, 1)
 	attempts, first := 0, true
 	j := streamThenJoin(t, e, "t2", func(o *Options) {
-		o.skipSyncRepCheck = true
-		o.copyStartHook = func() {
+		o.knobs.skipSyncRepCheck = true
+		o.knobs.copyStartHook = func() {
 			if attempts++; attempts == 2 { // the chunk read again: once the commit is visible
 				release()
 				require.NoError(t, <-waiting)
 			}
 		}
-		o.copyHook = func(uint32, int) {
+		o.knobs.copyHook = func(uint32, int) {
 			if !first {
 				return
 			}

@@ -122,14 +122,14 @@ func TestLingerIsBoundedByTheStreamsRate(t *testing.T) {
 // TestReadLingerOption: the default lingers, a negative value turns it off
 // (a lingerConn that never lingers), and more than a second is refused.
 func TestReadLingerOption(t *testing.T) {
-	require.Equal(t, DefaultReadLinger, Options{}.withDefaults().ReadLinger)
+	require.Equal(t, DefaultReadLinger, Options{}.EnsureDefaults().ReadLinger)
 	schema, err := schemastore.NewMemory(schemastore.MemoryOptions{InitialResolvedTs: 1})
 	require.NoError(t, err)
-	opts := Options{DSN: "postgres://x", Schema: schema, Positions: newMemPositions()}.withDefaults()
+	opts := Options{DSN: "postgres://x", Schema: schema, Positions: newMemPositions()}.EnsureDefaults()
 	opts.ReadLinger = -1
-	require.NoError(t, opts.validate())
+	require.NoError(t, opts.Validate())
 	opts.ReadLinger = 2 * time.Second
-	require.ErrorIs(t, opts.validate(), ErrInvalidOptions)
+	require.ErrorIs(t, opts.Validate(), ErrInvalidOptions)
 }
 
 // The stream's reconnect back-off doubles while sessions keep failing

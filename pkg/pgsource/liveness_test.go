@@ -76,7 +76,7 @@ func TestAnIdleServerAskedForAReplyKeepsTheSession(t *testing.T) {
 	src := e.source(func(o *Options) {
 		o.HeartbeatInterval = time.Hour           // an idle database, and nothing to wake it
 		o.ReceiveTimeout = 400 * time.Millisecond // 2s: twice wal_sender_timeout
-		o.replyHeard = func() {
+		o.knobs.replyHeard = func() {
 			select {
 			case replies <- struct{}{}:
 			default:
@@ -128,16 +128,16 @@ func TestTheReceiveTimeoutFollowsTheServerAndBacksOff(t *testing.T) {
 // wal_receiver_timeout, negative turns it off, and one below 100ms (a
 // reconnect storm, not a liveness check) is refused.
 func TestReceiveTimeoutOption(t *testing.T) {
-	require.Equal(t, DefaultReceiveTimeout, Options{}.withDefaults().ReceiveTimeout)
+	require.Equal(t, DefaultReceiveTimeout, Options{}.EnsureDefaults().ReceiveTimeout)
 	schema, err := schemastore.NewMemory(schemastore.MemoryOptions{InitialResolvedTs: 1})
 	require.NoError(t, err)
-	opts := Options{DSN: "postgres://x", Schema: schema, Positions: newMemPositions(), StatusInterval: time.Second}.withDefaults()
+	opts := Options{DSN: "postgres://x", Schema: schema, Positions: newMemPositions(), StatusInterval: time.Second}.EnsureDefaults()
 	opts.ReceiveTimeout = -1
-	require.NoError(t, opts.validate())
+	require.NoError(t, opts.Validate())
 	opts.ReceiveTimeout = 50 * time.Millisecond
-	require.ErrorIs(t, opts.validate(), ErrInvalidOptions)
+	require.ErrorIs(t, opts.Validate(), ErrInvalidOptions)
 	opts.ReceiveTimeout = 100 * time.Millisecond
-	require.NoError(t, opts.validate())
+	require.NoError(t, opts.Validate())
 }
 
 // TestAMessageThatArrivesSlowlyIsNotSilence: one change of a 4 MB value

@@ -2,7 +2,6 @@ package pgsource
 
 import (
 	"context"
-	"errors"
 	"regexp"
 	"time"
 
@@ -14,55 +13,6 @@ import (
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 	"github.com/cdcflow/eventservice/pkg/schemastore"
-)
-
-// Sentinel errors.
-var (
-	// ErrInvalidOptions: Options failed validation.
-	ErrInvalidOptions = errors.New("pgsource: invalid options")
-	// ErrConnect: the source database cannot be reached (a bad DSN, the
-	// server down, authentication).
-	ErrConnect = errors.New("pgsource: cannot connect to the source")
-	// ErrNotLogical: the source's wal_level is not logical.
-	ErrNotLogical = errors.New("pgsource: the source's wal_level is not logical")
-	// ErrNoKey: a published table has neither a primary key nor a replica
-	// identity index, so its updates and deletes cannot be applied.
-	ErrNoKey = errors.New("pgsource: table without a primary key or replica identity")
-	// ErrUnknownSlot: the slot exists but no position was saved for its
-	// confirmed flush LSN: its commit-ts cannot be recovered. Drop the
-	// slot (or point at the positions store it was made with).
-	ErrUnknownSlot = errors.New("pgsource: the slot's position is unknown")
-	// ErrSlotInUse: the slot is attached to a walsender (another process
-	// streams it, or one that died and the server has not noticed yet) and
-	// Options.TakeOver is off: its confirmed flush LSN may still move, so
-	// it is no place to resume from.
-	ErrSlotInUse = errors.New("pgsource: the slot is in use")
-	// ErrStartTsTruncated: a subscription asks for changes the slot no
-	// longer holds (below its confirmed flush).
-	ErrStartTsTruncated = errors.New("pgsource: start-ts below what the slot retains")
-	// ErrUnsupportedSpan: a subscription of part of a table.
-	ErrUnsupportedSpan = errors.New("pgsource: only whole-table spans are supported")
-	// ErrClosed: the source is closed.
-	ErrClosed = errors.New("pgsource: closed")
-	// ErrProtocol: the server sent what pgoutput never sends (a tuple
-	// whose columns do not match its relation, a change outside a
-	// transaction).
-	ErrProtocol = errors.New("pgsource: protocol violation")
-	// ErrSlotTakenOver: another process of the changefeed confirmed the
-	// slot past what this source's tables have (a later process took the
-	// changefeed over); the source stops.
-	ErrSlotTakenOver = errors.New("pgsource: another process took the slot over")
-	// ErrForeignSlot: the slot's name is taken by a slot this source
-	// cannot use: another database's (slot names are the server's, not a
-	// database's), a physical one, or one of another output plugin. It is
-	// neither used, taken over nor dropped.
-	ErrForeignSlot = errors.New("pgsource: the slot belongs to something else")
-	// ErrTableGone: a table to copy no longer exists.
-	ErrTableGone = errors.New("pgsource: the table is gone")
-	// ErrSourceSilent ends a replication session that heard nothing from
-	// the server for ReceiveTimeout, a reply asked for half-way included;
-	// the source connects again.
-	ErrSourceSilent = errors.New("pgsource: the source sent nothing within the receive timeout")
 )
 
 // SchemaSink receives relation versions as DDLs and the schema frontier
@@ -151,18 +101,8 @@ type Options struct {
 	// holds of a copy at a time, and the rows read between two
 	// watermarks. Default 4096.
 	CopyChunkRows int
-	// copyHook, if set (tests), runs after a copy's chunk is read and
-	// before its high watermark is written.
-	copyHook func(oid uint32, rows int)
-	// copyStartHook, if set (tests), runs before each chunk's low
-	// watermark (each attempt).
-	copyStartHook func()
-	// skipSyncRepCheck and skipRecentCheck (tests) turn off one of the two
-	// ways a copy finds a commit its chunk's snapshot cannot see yet.
-	skipSyncRepCheck, skipRecentCheck bool
-	// replyHeard, if set (tests), runs on the stream's goroutine when a
-	// message arrives after a reply was asked for (ReceiveTimeout).
-	replyHeard func()
+	// knobs are the tests' seams (knobs.go).
+	knobs testingKnobs
 	// ResolvedInterval is how often every subscription's resolved-ts and
 	// the schema frontier move to the last commit. A table's own commits
 	// resolve it at once (each commit's push carries its commit-ts as the
@@ -233,7 +173,9 @@ const DefaultReceiveTimeout = time.Minute
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
-func (o Options) withDefaults() Options {
+// EnsureDefaults returns o with its zero fields set to their documented
+// defaults.
+func (o Options) EnsureDefaults() Options {
 	if o.Slot == "" {
 		o.Slot = "cdcflow"
 	}
@@ -283,7 +225,9 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-func (o Options) validate() error {
+// Validate reports every bad field of the defaulted options at once,
+// wrapped in ErrInvalidOptions.
+func (o Options) Validate() error {
 	p := optcheck.New(ErrInvalidOptions)
 	p.Require(o.DSN != "", "DSN is required")
 	p.Required("Schema", o.Schema)

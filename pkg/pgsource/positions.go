@@ -12,10 +12,6 @@ import (
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
-// ErrCorruptPosition: a saved position holds what TablePositions never
-// writes (a negative commit-ts), so the slot cannot be resumed from it.
-var ErrCorruptPosition = errors.New("pgsource: a saved source position is corrupt")
-
 // TablePositions is a PositionStore in a table of a PostgreSQL database,
 // cdcflow.source_positions: typically the sink's, so that the slot's
 // positions live and die with the checkpoints they match. It keeps the

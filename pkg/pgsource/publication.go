@@ -2,7 +2,6 @@ package pgsource
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"path"
 	"sort"
@@ -34,9 +33,6 @@ import (
 type TableRule struct {
 	Include, Exclude []string
 }
-
-// ErrBadPattern: a table pattern that is no glob.
-var ErrBadPattern = errors.New("pgsource: bad table pattern")
 
 // Validate checks the patterns.
 func (r TableRule) Validate() error {

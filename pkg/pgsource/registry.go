@@ -30,14 +30,6 @@ import (
 // source (the registry) and on the target (checkpoints, positions).
 const ToolSchema = "cdcflow"
 
-// ErrNotOwner: the slot belongs to another changefeed (registered for
-// another target), or exists without having been registered.
-var ErrNotOwner = errors.New("pgsource: the slot is not this changefeed's")
-
-// ErrCorruptRegistry: the registry holds a row that does not read (a
-// target identity that is not one).
-var ErrCorruptRegistry = errors.New("pgsource: corrupt changefeed registry")
-
 // registrySQL creates the registry, serialised like the sink's schema (a
 // transaction-level advisory lock: two CREATEs at once can fail).
 const registrySQL = `BEGIN;

@@ -14,17 +14,6 @@ import (
 	"go.uber.org/zap"
 )
 
-// ErrSlotLost: the server invalidated the slot (wal_status lost): it
-// retained more WAL than max_slot_wal_keep_size allows, and the WAL the
-// changefeed needs is gone. It cannot resume; starting over means a new
-// slot and a new snapshot.
-var ErrSlotLost = errors.New("pgsource: the slot was invalidated by the server (wal_status lost)")
-
-// ErrSlotDropped: the slot was dropped while the changefeed ran (an
-// operator, cdcserver remove): the changes since its last confirmed
-// position are gone, and streaming cannot go on.
-var ErrSlotDropped = errors.New("pgsource: the slot was dropped")
-
 // isSlotMissing reports whether err is the server saying the slot does
 // not exist (START_REPLICATION of a dropped slot).
 func isSlotMissing(err error) bool {

@@ -167,8 +167,8 @@ type sub struct {
 
 // New validates opts. It connects to nothing and starts nothing.
 func New(opts Options) (*Source, error) {
-	opts = opts.withDefaults()
-	if err := opts.validate(); err != nil {
+	opts = opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	s := &Source{opts: opts, log: opts.Logger.Named("pgsource"), kick: make(chan struct{}, 1),
