@@ -33,10 +33,6 @@ import (
 // by every lane transaction would write a multixact and WAL per commit; an
 // advisory lock lives in the lock table only.
 
-// ErrSuperseded: a later sink of the same Owner started on the target;
-// this one writes nothing more.
-var ErrSuperseded = errors.New("pgsink: superseded by a later sink of the same owner")
-
 // fenceSQLState is the SQLSTATE cdcflow.fence raises.
 const fenceSQLState = "CF001"
 

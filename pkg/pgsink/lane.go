@@ -449,10 +449,6 @@ func (l *lane) lost(err error) bool {
 	return true
 }
 
-// errBadData marks a dispatcher's work the sink itself refused (a value
-// that does not decode, a delete without its key).
-var errBadData = errors.New("pgsink: bad change")
-
 // loseTarget is the one way a lane handles a lost connection (a commit's,
 // a table's alone, a warm-up's): down, counted, the sink's outage
 // reported once for all its lanes (Sink.link), connected again.

@@ -1,7 +1,6 @@
 package pgsink
 
 import (
-	"errors"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -13,38 +12,6 @@ import (
 	"github.com/cdcflow/eventservice/pkg/clock"
 )
 
-// Sentinel errors.
-var (
-	// ErrInvalidOptions: Options failed validation.
-	ErrInvalidOptions = errors.New("pgsink: invalid options")
-	// ErrConnect: the target cannot be reached.
-	ErrConnect = errors.New("pgsink: cannot connect to the target")
-	// ErrUnknownDispatcher: a call for a dispatcher that was never bound.
-	ErrUnknownDispatcher = errors.New("pgsink: unknown dispatcher")
-	// ErrSchemaChange: a schema change the sink cannot apply (a column
-	// dropped or renamed, a type or the key changed); the table stops.
-	ErrSchemaChange = errors.New("pgsink: unsupported schema change")
-	// ErrApply: the target refused a dispatcher's changes.
-	ErrApply = errors.New("pgsink: apply failed")
-	// ErrClosed: the sink is closed.
-	ErrClosed = errors.New("pgsink: closed")
-	// ErrNotStarted: a fenced call (SetState, Reset, ClearProgress,
-	// CheckFence) before Start.
-	ErrNotStarted = errors.New("pgsink: not started")
-	// ErrAnotherOwner: with SoleOwner, the target already holds another
-	// owner's sink (Start).
-	ErrAnotherOwner = errors.New("pgsink: the target holds another owner")
-	// ErrNotStopped: Release of a table that is not stopped.
-	ErrNotStopped = errors.New("pgsink: the table is not stopped")
-	// ErrOtherSource: the owner's row binds it to another source
-	// database than Options.Source (Start).
-	ErrOtherSource = errors.New("pgsink: the target's changefeed replicates another source")
-	// ErrTargetTaken: a table's target table holds another source
-	// table's rows (one dropped and created again under the same name, or
-	// renamed away); the table stops rather than mix them.
-	ErrTargetTaken = errors.New("pgsink: the target table holds another source table's rows")
-)
-
 // Defaults of Options' intervals.
 const (
 	DefaultFlushInterval      = 100 * time.Millisecond
@@ -52,7 +19,9 @@ const (
 	DefaultCheckpointInterval = time.Second
 )
 
-// Options configure a Sink.
+// Options configure a Sink. A zero field takes the default its comment
+// gives (EnsureDefaults); New fills them in and validates (Validate),
+// reporting every bad field at once.
 type Options struct {
 	// DSN of the target database. Required.
 	DSN string
@@ -114,7 +83,8 @@ type Options struct {
 	Registerer prometheus.Registerer
 }
 
-func (o Options) withDefaults() Options {
+// EnsureDefaults fills zero fields with their defaults (New calls it).
+func (o Options) EnsureDefaults() Options {
 	def := func(v *int, d int) {
 		if *v == 0 {
 			*v = d
@@ -146,7 +116,10 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-func (o Options) validate() error {
+// Validate reports every invalid field at once, each wrapping
+// ErrInvalidOptions. It expects defaults filled in (EnsureDefaults): a zero
+// field is not taken for its default here.
+func (o Options) Validate() error {
 	p := optcheck.New(ErrInvalidOptions)
 	p.Require(o.DSN != "", "DSN is required")
 	p.IntRange("Workers", o.Workers, 1, 256)

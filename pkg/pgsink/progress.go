@@ -48,10 +48,6 @@ func (s *Sink) Checkpoints(ctx context.Context) (map[common.DispatcherID]common.
 	return out, rows.Err()
 }
 
-// ErrCorruptProgress: a record of the target's progress (cdcflow.checkpoints)
-// holds what the sink never writes, so it cannot be resumed from.
-var ErrCorruptProgress = errors.New("pgsink: the target's progress records are corrupt")
-
 // hexID is id as cdcflow.checkpoints keys it.
 func hexID(id common.DispatcherID) string { return fmt.Sprintf("%016x%016x", id.Hi, id.Lo) }
 

@@ -79,8 +79,8 @@ type binding struct {
 
 // New validates opts. It connects to nothing and starts nothing.
 func New(opts Options) (*Sink, error) {
-	opts = opts.withDefaults()
-	if err := opts.validate(); err != nil {
+	opts = opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	s := &Sink{opts: opts, log: opts.Logger.Named("pgsink"), supersededCh: make(chan struct{})}
