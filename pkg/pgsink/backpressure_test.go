@@ -2,8 +2,7 @@ package pgsink
 
 import (
 	"context"
-	"runtime"
-	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -52,26 +51,6 @@ func waitCommitBlockedOn(t *testing.T, e *sinkEnv, table string) {
 		"SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND relation = '"+table+"'::regclass AND NOT granted")
 }
 
-// enqueueWaiting reports whether a goroutine waits in lane.enqueue for
-// room in its lane's queue (the sync.Cond wait of the back-pressure).
-func enqueueWaiting() bool {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "sync.(*Cond).Wait") && strings.Contains(g, "pgsink.(*lane).enqueue") {
-			return true
-		}
-	}
-	return false
-}
-
 // A lane holds at most QueueRows queued rows: with its commit blocked (the
 // target table locked by another session), rows up to the bound are
 // queued and ApplyRows returns, the next ApplyRows waits for room and
@@ -80,7 +59,7 @@ func enqueueWaiting() bool {
 // every row is applied in call order. The interleaving: the lane takes
 // two rows (BatchRows) and its commit waits for the table (seen in
 // pg_locks); two more rows fill the queue (QueueRows 2); a third waits in
-// the lane's enqueue (seen in its goroutine's stack) and has not returned;
+// the lane's enqueue (seen by the enqueueWaits knob) and has not returned;
 // the lock is released. Without the bound, the third call would return at
 // once and a lane whose target is slow would queue without limit.
 func TestApplyRowsWaitsWhileTheLaneHoldsQueueRows(t *testing.T) {
@@ -107,21 +86,22 @@ func TestApplyRowsWaitsWhileTheLaneHoldsQueueRows(t *testing.T) {
 	require.NoError(t, e.sink.Checkpoint(id, 16))
 
 	// One more row is beyond the bound: the call waits.
+	waiting := make(chan struct{})
+	var once sync.Once
+	e.sink.knobs.enqueueWaits = func() { once.Do(func() { close(waiting) }) } // before the call that reads it
 	done := make(chan error, 1)
 	go func() {
 		done <- e.sink.ApplyRows(id, rows(18, tx(pgcodec.Update, col("id", "1"), col("v", "a4"), null("big"))))
 	}()
-	deadline := time.After(time.Minute)
-	for !enqueueWaiting() {
-		select {
-		case err := <-done:
-			t.Fatalf("ApplyRows beyond QueueRows returned (err %v) while the lane could not commit", err)
-		case <-deadline:
-			t.Fatal("ApplyRows beyond QueueRows never waited for room")
-		default:
-			runtime.Gosched()
-		}
+	select {
+	case <-waiting:
+	case err := <-done:
+		t.Fatalf("ApplyRows beyond QueueRows returned (err %v) while the lane could not commit", err)
+	case <-time.After(time.Minute):
+		t.Fatal("ApplyRows beyond QueueRows never waited for room")
 	}
+	// The knob ran under the lane's mu, which only the wait releases: once
+	// the test holds it, the call is waiting.
 	l := e.sink.laneFor(relT.OID)
 	l.mu.Lock()
 	queued := l.qrows

@@ -152,6 +152,9 @@ func (l *lane) enqueue(o op) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for !l.closed && len(o.rows) > 0 && l.qrows > 0 && l.qrows+len(o.rows) > l.s.opts.QueueRows {
+		if k := l.s.knobs.enqueueWaits; k != nil {
+			k()
+		}
 		l.cond.Wait()
 	}
 	if l.closed {

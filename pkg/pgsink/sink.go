@@ -52,6 +52,9 @@ type Sink struct {
 	// once, not every CheckpointInterval.
 	draining atomic.Bool
 
+	// knobs are set by tests (knobs.go); zero in production.
+	knobs testingKnobs
+
 	// admin is the connection binds create and read tables on (one at a
 	// time: a thousand tables must not cost a thousand connections).
 	adminMu sync.Mutex
