@@ -312,3 +312,46 @@ func TestWhatALaneTakesForALostConnection(t *testing.T) {
 	require.True(t, l.lost(io.ErrUnexpectedEOF), "no server error: the connection broke")
 	require.False(t, l.lost(fmt.Errorf("%w: x", ErrSchemaChange)))
 }
+
+// Close does not wait for a Start that waits on the owner's fence (an
+// earlier sink's transaction still open, for up to FenceWait): it returns
+// at once, and Start returns ErrClosed, its wait in the target cancelled.
+// Start used to hold the sink's lock across that wait, and Close takes it.
+func TestCloseDuringStartsFenceWaitReturnsPromptly(t *testing.T) {
+	e := newSinkEnv(t, nil) // the cdcflow schema is there
+	ctx := context.Background()
+	// The test stands in for an earlier sink's open transaction: it holds
+	// the owner's lock.
+	hold, err := e.conn.Begin(ctx)
+	require.NoError(t, err)
+	defer hold.Rollback(context.Background()) //nolint:errcheck // after Rollback a no-op
+	_, err = hold.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext('feed'))", fenceLockClass)
+	require.NoError(t, err)
+
+	s, err := New(Options{DSN: e.pg.DSN, Workers: 1, Owner: "feed", FenceWait: time.Hour})
+	require.NoError(t, err)
+	started := make(chan error, 1)
+	go func() { started <- s.Start(ctx) }()
+	watch, err := pgx.Connect(ctx, e.pg.DSN)
+	require.NoError(t, err)
+	defer watch.Close(context.Background())
+	waitServer(t, watch, "Start waiting for the owner's fence",
+		"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+
+	closed := make(chan struct{})
+	go func() { s.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second): // FenceWait is an hour
+		t.Fatal("Close waited for Start's wait on the fence")
+	}
+	select {
+	case err := <-started:
+		require.ErrorIs(t, err, ErrClosed)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Start went on waiting on the fence after Close")
+	}
+	require.ErrorIs(t, s.Start(ctx), ErrClosed, "and a closed sink does not start")
+	waitServer(t, watch, "Start's wait ended in the target",
+		"SELECT 1 - count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+}

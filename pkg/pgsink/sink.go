@@ -22,14 +22,27 @@ var _ eventcollector.AsyncSink = (*Sink)(nil)
 // Sink applies changes to a PostgreSQL target. New validates; Start
 // connects and prepares the checkpoint table; Bind each dispatcher to its
 // table (before the collector registers it); Close stops.
+//
+// Lock order: startMu, then mu; adminMu, then mu or a lane's mu; mu and a
+// lane's mu are never held together (each is a leaf: nothing is called
+// under it that takes another lock, and no network wait happens under
+// it). startMu and adminMu are held across network waits: Close never
+// takes startMu (it cancels ctx, which ends Start's waits), and takes
+// adminMu last, to close the admin connection, after an admin call in
+// flight (under its caller's context) returned.
 type Sink struct {
-	opts  Options
-	log   *zap.Logger
-	met   *metrics
+	opts Options
+	log  *zap.Logger
+	met  *metrics
+	// lanes are set by Start, under mu, before mu.started; read-only
+	// after. Read without mu only by a caller that saw mu.started (or
+	// mu.closed: Close, which then sees every lane Start set up).
 	lanes []*lane
 	// link logs the target's outages once for every lane (pglink).
 	link *pglink.Watch
 
+	// ctx is the sink's lifetime: Close cancels it, which ends the lanes'
+	// waits on the target and a Start's.
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -39,10 +52,10 @@ type Sink struct {
 	// (SetLeft); nil: none is known to have.
 	leftFn func(oid uint32) bool
 	// generation is the owner's generation this sink writes at (Start
-	// sets it before any lane runs; read-only after).
+	// sets it before mu.started; read-only after).
 	generation int64
 	// wrote: a sink of the owner had written the target's tables (since
-	// the last Reset) when this one started (read-only after Start);
+	// the last Reset) when this one started (set like generation);
 	// marked: the target's wrote marker is known to be set (fence.go).
 	wrote  bool
 	marked atomic.Bool
@@ -55,8 +68,13 @@ type Sink struct {
 	// knobs are set by tests (knobs.go); zero in production.
 	knobs testingKnobs
 
+	// startMu makes concurrent Starts run one at a time; held across
+	// Start's waits on the target, which mu is not.
+	startMu sync.Mutex
+
 	// admin is the connection binds create and read tables on (one at a
-	// time: a thousand tables must not cost a thousand connections).
+	// time: a thousand tables must not cost a thousand connections);
+	// under adminMu, held across its statements (adminConn).
 	adminMu sync.Mutex
 	admin   *pgx.Conn
 
@@ -102,30 +120,66 @@ func New(opts Options) (*Sink, error) {
 }
 
 // Start connects the lanes and creates the checkpoint table if missing.
+// It holds no lock Close takes across its waits on the target (the
+// connections; the fence's wait for an earlier sink's transactions, up to
+// FenceWait): Close during Start cancels them and returns at once, and
+// Start then returns ErrClosed. Concurrent Starts run one at a time.
 func (s *Sink) Start(ctx context.Context) error {
+	s.startMu.Lock()
+	defer s.startMu.Unlock()
+	s.mu.Lock()
+	closed, started := s.mu.closed, s.mu.started
+	s.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	if started {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.ctx, cancel)() // Close ends the waits
+	conns, err := s.connectLanes(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.mu.closed {
-		return ErrClosed
+		for _, c := range conns {
+			c.Close(context.Background())
+		}
+		return ErrClosed // whatever the waits ended with: Close cancelled them
 	}
-	if s.mu.started {
-		return nil
+	if err != nil {
+		return err
 	}
+	for i, c := range conns {
+		s.lanes = append(s.lanes, newLane(s, i, c))
+	}
+	s.mu.started = true // after lanes, generation and wrote: read-only from here
+	for _, l := range s.lanes {
+		s.wg.Go(l.run)
+	}
+	return nil
+}
+
+// connectLanes is Start's work on the target: the cdcflow schema, the
+// owner's fence (which sets generation, wrote and marked) and a
+// connection per lane. REQUIRES: startMu held; not mu.
+func (s *Sink) connectLanes(ctx context.Context) ([]*pgx.Conn, error) {
 	conn, err := s.connect(ctx)
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrConnect, err)
+		return nil, fmt.Errorf("%w: %w", ErrConnect, err)
 	}
 	defer conn.Close(context.Background())
 	if _, err := conn.Exec(ctx, schemaSQL); err != nil {
-		return fmt.Errorf("%w: the cdcflow schema: %w", ErrConnect, err)
+		return nil, fmt.Errorf("%w: the cdcflow schema: %w", ErrConnect, err)
 	}
 	// Before anything is read or written: an earlier sink of the owner
 	// may still have a transaction on its way to commit (fence.go).
 	if s.generation, s.wrote, err = acquireFence(ctx, conn, s.opts.Owner, s.opts.Source, s.opts.FenceWait, s.opts.SoleOwner); err != nil {
 		if errors.Is(err, ErrAnotherOwner) || errors.Is(err, ErrOtherSource) {
-			return err
+			return nil, err
 		}
-		return fmt.Errorf("%w: fence owner %q: %w", ErrConnect, s.opts.Owner, err)
+		return nil, fmt.Errorf("%w: fence owner %q: %w", ErrConnect, s.opts.Owner, err)
 	}
 	s.marked.Store(s.wrote)
 	// The lanes connect at once: one after another they took a round trip
@@ -144,16 +198,9 @@ func (s *Sink) Start(ctx context.Context) error {
 				c.Close(context.Background())
 			}
 		}
-		return fmt.Errorf("%w: lanes: %w", ErrConnect, err)
+		return nil, fmt.Errorf("%w: lanes: %w", ErrConnect, err)
 	}
-	for i, c := range conns {
-		s.lanes = append(s.lanes, newLane(s, i, c))
-	}
-	s.mu.started = true
-	for _, l := range s.lanes {
-		s.wg.Go(l.run)
-	}
-	return nil
+	return conns, nil
 }
 
 // connect opens a connection to the target (a lane's prepares its own
@@ -214,12 +261,24 @@ func (s *Sink) adminConn(ctx context.Context) (*pgx.Conn, func(), error) {
 // Connected reports whether every lane's connection to the target is
 // open (for a readiness check).
 func (s *Sink) Connected() bool {
-	for _, l := range s.lanes {
+	lanes := s.startedLanes()
+	for _, l := range lanes {
 		if !l.connected() {
 			return false
 		}
 	}
-	return len(s.lanes) > 0
+	return len(lanes) > 0
+}
+
+// startedLanes returns the lanes once Start set them up, nil before (a
+// metrics scrape may ask while Start runs).
+func (s *Sink) startedLanes() []*lane {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.mu.started {
+		return nil
+	}
+	return s.lanes
 }
 
 // Drain prepares a clean stop: from now on a dispatcher's checkpoint is
@@ -229,7 +288,7 @@ func (s *Sink) Connected() bool {
 // (pgsource.Source.Quiesce waits for that).
 func (s *Sink) Drain() {
 	s.draining.Store(true)
-	for _, l := range s.lanes {
+	for _, l := range s.startedLanes() {
 		l.mu.Lock()
 		l.ring()
 		l.mu.Unlock()
