@@ -104,7 +104,7 @@ func TestApplyRowsWaitsWhileTheLaneHoldsQueueRows(t *testing.T) {
 	// the test holds it, the call is waiting.
 	l := e.sink.laneFor(relT.OID)
 	l.mu.Lock()
-	queued := l.qrows
+	queued := l.mu.qrows
 	l.mu.Unlock()
 	require.Equal(t, 2, queued, "the lane holds QueueRows queued rows, no more")
 	select {

@@ -12,7 +12,16 @@ import (
 )
 
 // A lane's transaction: the statements one commit sends (the fence, each
-// dispatcher's collapsed rows and DDL, the checkpoints), as one pipeline.
+// dispatcher's collapsed rows and DDL, the checkpoints), as one pipeline
+// (the applier's, applier.go).
+
+// durableMark is a checkpoint a commit made durable, reported to the
+// collector under its epoch.
+type durableMark struct {
+	id    common.DispatcherID
+	epoch uint64
+	ts    common.Ts
+}
 
 // checkpointSQL upserts the checkpoints of a commit, given as arrays.
 const checkpointSQL = `
@@ -23,29 +32,29 @@ ON CONFLICT (dispatcher) DO UPDATE SET ts = GREATEST(cdcflow.checkpoints.ts, EXC
 
 // commit applies ds's work and checkpoints in one transaction: every
 // statement goes in one pipeline, run in one implicit transaction (one
-// round trip, all or nothing), however many tables the lane holds.
-func (l *lane) commit(ds []*dstate) error {
-	ctx := l.s.ctx
-	p := &l.pipe
+// round trip, all or nothing), however many tables the lane holds. Once
+// it committed it returns the checkpoints it made durable and the rows it
+// wrote; the caller records and reports them.
+func (a *applier) commit(ds []*dstate) (marks []durableMark, applied int, err error) {
+	ctx := a.s.ctx
+	p := &a.pipe
 	p.stmts, p.buf = p.stmts[:0], p.buf[:0]
 	defer p.release()
-	p.add(&l.fence, l.owner, p.int64Param(l.s.generation)) // first: see fence.go
+	p.add(&a.fence, a.owner, p.int64Param(a.s.generation)) // first: see fence.go
 	mark := false
-	if !l.s.marked.Load() {
+	if !a.s.marked.Load() {
 		for _, d := range ds {
 			if mark = d.rows; mark {
-				p.add(&l.markWrote, l.owner) // once per owner, not per commit
+				p.add(&a.markWrote, a.owner) // once per owner, not per commit
 				break
 			}
 		}
 	}
-	var marks []durableMark
 	var ckd []*dstate // marks' dispatchers
-	applied := 0
 	for _, d := range ds {
-		n, ckpt, err := l.queueWork(p, d)
+		n, ckpt, err := a.queueWork(p, d)
 		if err != nil {
-			return err
+			return nil, 0, err
 		}
 		applied += n
 		if ckpt != 0 {
@@ -54,31 +63,20 @@ func (l *lane) commit(ds []*dstate) error {
 		}
 	}
 	if len(marks) > 0 {
-		p.addArrays(&l.checkpoints,
+		p.addArrays(&a.checkpoints,
 			p.textArray(len(marks), func(i int) []byte { return stringBytes(ckd[i].hexID) }),
 			p.int8Array(len(marks), func(i int) int64 { return int64(ckd[i].table.rel.OID) }),
 			p.textArray(len(marks), func(i int) []byte { return stringBytes(ckd[i].table.qname) }),
 			p.int8Array(len(marks), func(i int) int64 { return int64(marks[i].ts) }))
 	}
-	if err := l.send(ctx, p); err != nil {
-		l.reloadTables(ds) // columns an ALTER of the batch added are gone again
-		return fmt.Errorf("%w: %w", ErrApply, err)
+	if err := a.send(ctx, p); err != nil {
+		a.reloadTables(ds) // columns an ALTER of the batch added are gone again
+		return nil, 0, fmt.Errorf("%w: %w", ErrApply, err)
 	}
 	if mark {
-		l.s.marked.Store(true)
+		a.s.marked.Store(true)
 	}
-	now := l.s.opts.Clock.Now()
-	for _, d := range ds {
-		for _, w := range d.work {
-			l.pending -= len(w.rows)
-		}
-		d.work, d.rows, d.failures = d.dropWork(), false, 0
-		d.written = now
-	}
-	l.s.met.rows.Add(float64(applied))
-	l.s.met.commits.Inc()
-	l.s.committed(marks)
-	return nil
+	return marks, applied, nil
 }
 
 // send runs p in one transaction. A pipeline without DDL goes as one
@@ -86,26 +84,26 @@ func (l *lane) commit(ds []*dstate) error {
 // one by one in an explicit transaction, because a pipeline prepares
 // every statement before running any, and the rows' upsert names a column
 // the ALTER before it has not added yet.
-func (l *lane) send(ctx context.Context, p *pipeline) error {
+func (a *applier) send(ctx context.Context, p *pipeline) error {
 	if p.hasDDL() {
-		return l.runInTransaction(ctx, p)
+		return a.runInTransaction(ctx, p)
 	}
-	return l.exec(ctx, p)
+	return a.exec(ctx, p)
 }
 
 // reloadTables reads ds's tables from the target again after a failed
 // transaction, whose ADD COLUMNs rolled back with it.
-func (l *lane) reloadTables(ds []*dstate) {
+func (a *applier) reloadTables(ds []*dstate) {
 	rels := make([]pgcodec.Relation, 0, len(ds))
 	for _, d := range ds {
 		rels = append(rels, d.table.rel)
 	}
-	conn, release, err := l.s.adminConn(l.s.ctx)
+	conn, release, err := a.s.adminConn(a.s.ctx)
 	if err != nil {
 		return
 	}
 	defer release()
-	fresh, err := loadTables(l.s.ctx, conn, rels)
+	fresh, err := loadTables(a.s.ctx, conn, rels)
 	if err != nil {
 		return
 	}
@@ -125,9 +123,9 @@ func (l *lane) reloadTables(ds []*dstate) {
 // queueWork queues one dispatcher's work in order: rows collapse into a
 // batch, queued before a DDL and replaced by a truncate; it returns the
 // rows written and the last checkpoint of the work.
-func (l *lane) queueWork(q *pipeline, d *dstate) (int, common.Ts, error) {
+func (a *applier) queueWork(q *pipeline, d *dstate) (int, common.Ts, error) {
 	t := d.table
-	b := &l.batch
+	b := &a.batch
 	b.reset()
 	n := 0
 	var ckpt common.Ts
@@ -158,7 +156,7 @@ func (l *lane) queueWork(q *pipeline, d *dstate) (int, common.Ts, error) {
 					return 0, 0, fmt.Errorf("%w: %w: %s: a %d-byte row key", ErrApply, errBadData, t.qname, len(r.Key))
 				}
 				if c.Change == pgcodec.Move {
-					moved, err := l.queueMove(q, t, b, r.Key[4:], c, flush)
+					moved, err := a.queueMove(q, t, b, r.Key[4:], c, flush)
 					if err != nil {
 						return 0, 0, err
 					}
@@ -178,7 +176,7 @@ func (l *lane) queueWork(q *pipeline, d *dstate) (int, common.Ts, error) {
 			if err != nil {
 				return 0, 0, fmt.Errorf("%w: %s: %w", ErrSchemaChange, t.qname, err)
 			}
-			has, err := createdTypes(l.s.ctx, l.conn, rel)
+			has, err := createdTypes(a.s.ctx, a.conn, rel)
 			if err != nil {
 				return 0, 0, fmt.Errorf("%w: %s: read types: %w", ErrApply, t.qname, err)
 			}
@@ -190,7 +188,7 @@ func (l *lane) queueWork(q *pipeline, d *dstate) (int, common.Ts, error) {
 				q.addPlain(stmt)
 			}
 			t.added(rel, has) // undone by reloadTables if the transaction fails
-			l.s.met.ddls.Inc()
+			a.s.met.ddls.Inc()
 		case opCheckpoint:
 			ckpt = w.ts
 		}
@@ -210,7 +208,7 @@ func (l *lane) queueWork(q *pipeline, d *dstate) (int, common.Ts, error) {
 // (then nothing holds the value). moved reports the second: the move is
 // a statement of its own (flush started a new batch). Either way the
 // caller then deletes the old key in the batch, after the move.
-func (l *lane) queueMove(q *pipeline, t *table, b *batch, key []byte, c pgcodec.RowChange, flush func() error) (moved bool, err error) {
+func (a *applier) queueMove(q *pipeline, t *table, b *batch, key []byte, c pgcodec.RowChange, flush func() error) (moved bool, err error) {
 	if len(c.From) != len(t.key) {
 		return false, fmt.Errorf("%w: %w: %s: a move from %d key columns, the table has %d", ErrApply, errBadData, t.qname, len(c.From), len(t.key))
 	}

@@ -305,12 +305,12 @@ func TestASoleOwnerRefusesATargetOfAnotherOwner(t *testing.T) {
 // reports of a Bind that does not match its statement: sent again it
 // would fail again, so it is the table's to fail.
 func TestWhatALaneTakesForALostConnection(t *testing.T) {
-	l := &lane{}
-	for code, lost := range map[string]bool{"08006": true, "57P01": true, "08P01": false, "23505": false, "42703": false} {
-		require.Equal(t, lost, l.lost(&pgconn.PgError{Code: code}), code)
+	lost := func(err error) bool { return classify(false, err) == failLost }
+	for code, want := range map[string]bool{"08006": true, "57P01": true, "08P01": false, "23505": false, "42703": false} {
+		require.Equal(t, want, lost(&pgconn.PgError{Code: code}), code)
 	}
-	require.True(t, l.lost(io.ErrUnexpectedEOF), "no server error: the connection broke")
-	require.False(t, l.lost(fmt.Errorf("%w: x", ErrSchemaChange)))
+	require.True(t, lost(io.ErrUnexpectedEOF), "no server error: the connection broke")
+	require.False(t, lost(fmt.Errorf("%w: x", ErrSchemaChange)))
 }
 
 // Close does not wait for a Start that waits on the owner's fence (an

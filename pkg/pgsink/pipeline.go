@@ -78,7 +78,7 @@ func (p *pipeline) addArrays(s *stmt, params ...[]byte) {
 // addPlain queues a statement without parameters, sent as is.
 func (p *pipeline) addPlain(sql string) { p.stmts = append(p.stmts, pstmt{sql: sql}) }
 
-// hasDDL reports whether p holds an ALTER TABLE (see lane.send).
+// hasDDL reports whether p holds an ALTER TABLE (see applier.send).
 func (p *pipeline) hasDDL() bool {
 	for _, s := range p.stmts {
 		if s.prep == nil && len(s.sql) >= 11 && s.sql[:11] == "ALTER TABLE" {
@@ -168,18 +168,18 @@ var allBinary = []int16{1}
 // not at the head: parsing a statement locks the tables it names, and
 // nothing of the commit may touch the target's tables before its fence
 // (fence.go) has run.
-func (l *lane) exec(ctx context.Context, p *pipeline) error {
-	pl := l.conn.PgConn().StartPipeline(ctx)
+func (a *applier) exec(ctx context.Context, p *pipeline) error {
+	pl := a.conn.PgConn().StartPipeline(ctx)
 	var fresh []*stmt
 	for _, s := range p.stmts {
 		if s.prep == nil {
 			pl.SendQueryParams(s.sql, nil, nil, nil, nil)
 			continue
 		}
-		if s.prep.conn != l.connections {
-			l.name(s.prep)
+		if s.prep.conn != a.connections {
+			a.name(s.prep)
 			pl.SendPrepare(s.prep.name, s.prep.sql, nil)
-			s.prep.conn = l.connections
+			s.prep.conn = a.connections
 			fresh = append(fresh, s.prep)
 		}
 		pl.SendQueryPrepared(s.prep.name, s.params, s.formats, nil)
@@ -203,10 +203,10 @@ func (l *lane) exec(ctx context.Context, p *pipeline) error {
 
 // name gives st a name of the lane's if it has none (a statement that
 // failed to prepare was unnamed: its name is spent).
-func (l *lane) name(st *stmt) {
+func (a *applier) name(st *stmt) {
 	if st.name == "" {
-		l.named++
-		st.name = "cdcflow_" + strconv.Itoa(l.n) + "_" + strconv.FormatUint(l.named, 10)
+		a.named++
+		st.name = "cdcflow_" + strconv.Itoa(a.n) + "_" + strconv.FormatUint(a.named, 10)
 	}
 }
 
@@ -214,8 +214,8 @@ func (l *lane) name(st *stmt) {
 // explicit transaction: a pipeline prepares (parses) every statement
 // before it runs any, and an upsert that names a column an ALTER TABLE
 // before it adds would not parse.
-func (l *lane) runInTransaction(ctx context.Context, p *pipeline) (err error) {
-	pc := l.conn.PgConn()
+func (a *applier) runInTransaction(ctx context.Context, p *pipeline) (err error) {
+	pc := a.conn.PgConn()
 	if _, err := pc.Exec(ctx, "BEGIN").ReadAll(); err != nil {
 		return err
 	}

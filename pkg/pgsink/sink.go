@@ -263,7 +263,7 @@ func (s *Sink) adminConn(ctx context.Context) (*pgx.Conn, func(), error) {
 func (s *Sink) Connected() bool {
 	lanes := s.startedLanes()
 	for _, l := range lanes {
-		if !l.connected() {
+		if !l.app.connected() {
 			return false
 		}
 	}
@@ -290,7 +290,7 @@ func (s *Sink) Drain() {
 	s.draining.Store(true)
 	for _, l := range s.startedLanes() {
 		l.mu.Lock()
-		l.ring()
+		l.ringLocked()
 		l.mu.Unlock()
 	}
 }
@@ -311,7 +311,7 @@ func (s *Sink) Close() {
 	}
 	s.wg.Wait()
 	for _, l := range s.lanes {
-		l.conn.Close(context.Background())
+		l.app.conn.Close(context.Background()) // the lane goroutines are done with them
 	}
 	s.adminMu.Lock()
 	if s.admin != nil {

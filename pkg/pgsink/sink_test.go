@@ -605,18 +605,18 @@ func TestAReloadKeepsTheStatementsOfAnUnchangedTable(t *testing.T) {
 	e.dur.wait(t, id, 12)
 	e.sink.Close() // the lane goroutine is done with its state
 	l := e.sink.laneFor(relT.OID)
-	d := l.states[id]
+	d := l.mu.states[id]
 	st := d.table.last[0][formOne].st
 	require.NotNil(t, st, "the insert's statement")
 	// reloadTables reads through the sink's context, cancelled by Close,
 	// and connects the admin connection again.
 	e.sink.ctx = context.Background()
 	defer func() { e.sink.admin.Close(ctx) }()
-	l.reloadTables([]*dstate{d})
+	l.app.reloadTables([]*dstate{d})
 	require.Same(t, st, d.table.last[0][formOne].st, "unchanged: kept")
 	_, err := e.conn.Exec(ctx, "ALTER TABLE app.t ADD COLUMN extra text")
 	require.NoError(t, err)
-	l.reloadTables([]*dstate{d})
+	l.app.reloadTables([]*dstate{d})
 	require.Nil(t, d.table.last[0][formOne].st, "changed: forgotten")
 	require.Contains(t, d.table.order, "extra")
 }

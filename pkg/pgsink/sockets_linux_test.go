@@ -19,7 +19,7 @@ func TestTheLanesNoticeADeadTarget(t *testing.T) {
 	e := newSinkEnv(t, nil)
 	require.NotEmpty(t, e.sink.lanes)
 	for _, l := range e.sink.lanes {
-		raw, err := l.conn.PgConn().Conn().(*net.TCPConn).SyscallConn()
+		raw, err := l.app.conn.PgConn().Conn().(*net.TCPConn).SyscallConn()
 		require.NoError(t, err)
 		var s int
 		var gerr error

@@ -52,16 +52,16 @@ const warmMax = 1024
 func (l *lane) queueWarm(ts []*table) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	room := warmMax - l.warmed
+	room := warmMax - l.mu.warmed
 	if room <= 0 {
 		return
 	}
 	if len(ts) > room {
 		ts = ts[:room]
 	}
-	l.warmed += len(ts)
-	l.warm = append(l.warm, ts...)
-	l.ring()
+	l.mu.warmed += len(ts)
+	l.mu.warm = append(l.mu.warm, ts...)
+	l.ringLocked()
 }
 
 // warmSome warms the next chunk of the tables queued to warm, at now,
@@ -70,7 +70,7 @@ func (l *lane) queueWarm(ts []*table) {
 // before it commits (flushInterval): time it spends warming instead.
 func (l *lane) warmSome(now, deadline time.Time) {
 	l.mu.Lock()
-	idle := len(l.warm) == 0 || l.closed || !deadline.IsZero() && deadline.Sub(now) < warmMargin
+	idle := len(l.mu.warm) == 0 || l.mu.closed || !warmAllowed(deadline, now)
 	l.mu.Unlock()
 	if idle {
 		return
@@ -78,13 +78,33 @@ func (l *lane) warmSome(now, deadline time.Time) {
 	superseded := l.s.Err() != nil // not under mu: Err takes the sink's
 	l.mu.Lock()
 	if superseded {
-		l.warm = nil // nothing more is sent
+		l.mu.warm = nil // nothing more is sent
 	}
-	n := min(len(l.warm), warmChunk)
-	ts := append([]*table(nil), l.warm[:n]...)
-	clear(l.warm[:n])
-	l.warm = l.warm[n:]
+	n := min(len(l.mu.warm), warmChunk)
+	ts := append([]*table(nil), l.mu.warm[:n]...)
+	clear(l.mu.warm[:n])
+	l.mu.warm = l.mu.warm[n:]
 	l.mu.Unlock()
+	warmed, err := l.app.warm(ts)
+	switch f := classify(l.s.ctx.Err() != nil, err); f {
+	case failNone:
+		l.s.met.warmed.Add(float64(warmed))
+	case failTable:
+		// Nothing is lost: the rows' commits prepare what they need.
+		l.s.met.warmFailures.Inc()
+		l.s.log.Info("a lane stops warming its tables' statements: the target refused", zap.Int("lane", l.n), zap.Error(err))
+		l.mu.Lock()
+		l.mu.warm = nil
+		l.mu.Unlock()
+	default:
+		l.settle(f, err)
+	}
+}
+
+// warm prepares and plans the upsert of a whole row of each of ts that
+// the lane's connection has not prepared yet (warmPipeline), and returns
+// how many it sent.
+func (a *applier) warm(ts []*table) (int, error) {
 	var stmts []*stmt
 	var explains []string
 	for _, t := range ts {
@@ -102,34 +122,17 @@ func (l *lane) warmSome(now, deadline time.Time) {
 		st := t.memo(formMany, false, cols, func() *stmt {
 			return t.statement(strings.Join(cols, "\x00"), func() string { return t.upsertSQL(cols) })
 		})
-		if st.conn == l.connections {
+		if st.conn == a.connections {
 			continue // a commit of its rows prepared it first
 		}
-		l.name(st)
+		a.name(st)
 		stmts = append(stmts, st)
 		explains = append(explains, "EXPLAIN EXECUTE "+st.name+"("+strings.TrimSuffix(strings.Repeat("'{}', ", len(cols)), ", ")+")")
 	}
 	if len(stmts) == 0 {
-		return
+		return 0, nil
 	}
-	err := l.warmPipeline(stmts, explains)
-	switch {
-	case err == nil:
-		l.s.met.warmed.Add(float64(len(stmts)))
-	case l.s.ctx.Err() != nil:
-	case isSuperseded(err):
-		l.s.supersede()
-		l.dropHeld()
-	case l.lost(err):
-		l.loseTarget(err)
-	default:
-		// Nothing is lost: the rows' commits prepare what they need.
-		l.s.met.warmFailures.Inc()
-		l.s.log.Info("a lane stops warming its tables' statements: the target refused", zap.Int("lane", l.n), zap.Error(err))
-		l.mu.Lock()
-		l.warm = nil
-		l.mu.Unlock()
-	}
+	return len(stmts), a.warmPipeline(stmts, explains)
 }
 
 // warmPipeline sends, in one pipeline behind the fence and under
@@ -139,9 +142,9 @@ func (l *lane) warmSome(now, deadline time.Time) {
 // no row is written and no trigger fires. The statements count as
 // prepared on the lane's connection once it succeeded; on failure they are
 // named anew (see exec).
-func (l *lane) warmPipeline(stmts []*stmt, explains []string) error {
-	pl := l.conn.PgConn().StartPipeline(l.s.ctx)
-	pl.SendQueryParams(fenceSQL, [][]byte{l.owner, []byte(strconv.FormatInt(l.s.generation, 10))}, nil, nil, nil)
+func (a *applier) warmPipeline(stmts []*stmt, explains []string) error {
+	pl := a.conn.PgConn().StartPipeline(a.s.ctx)
+	pl.SendQueryParams(fenceSQL, [][]byte{a.owner, []byte(strconv.FormatInt(a.s.generation, 10))}, nil, nil, nil)
 	// For the rest of the pipeline's transaction (the fence waits as long
 	// as it must).
 	pl.SendQueryParams("SELECT set_config('lock_timeout', $1, true)", [][]byte{[]byte(warmLockTimeout)}, nil, nil, nil)
@@ -155,7 +158,7 @@ func (l *lane) warmPipeline(stmts []*stmt, explains []string) error {
 	}
 	for _, st := range stmts {
 		if err == nil {
-			st.conn = l.connections
+			st.conn = a.connections
 		} else {
 			st.name, st.conn = "", 0 // prepared or not, this name is spent
 		}
