@@ -34,10 +34,33 @@
 // owner's wrote marker is set by a sink's first transaction that writes
 // the target's tables and cleared by Reset (Wrote: the start-over rule).
 //
+// A lane is a thin goroutine (lane.go) around two parts. Its flush policy
+// (policy.go) is pure: the calls it took and the time in, what is due out
+// (when the held rows are committed: BatchRows, FlushInterval, stretched
+// to MaxFlushInterval while far behind; when a checkpoint-only table is:
+// every CheckpointInterval, at once while draining; whether a warm-up may
+// start; when a refused table stops), traced from testdata/policy. Its
+// applier (applier.go, commit.go, pipeline.go, warm.go) does the I/O: the
+// commit's pipeline, the warm-up, the reconnect; a failed send's error is
+// classified once (classify: the sink closing, superseded, the target
+// lost, or the table's own fault) and carried out on one path, whether
+// the commit held many tables, one table retried alone, or a warm-up.
+//
 // Invariants: no transaction of a sink commits after a later sink of its
 // owner returned from Start; a dispatcher's work is applied in call order; a checkpoint
 // is reported durable only after the transaction holding it and every row
 // before it committed; a BeginEpoch discards what was queued and not
-// committed for its dispatcher; memory is bounded by QueueRows per lane.
+// committed for its dispatcher; memory is bounded by QueueRows per lane;
+// a lost target costs no table anything (the work is kept and retried);
+// only the table's own fault counts towards MaxFailures.
+//
+// Locking (the order at the top of Sink): Sink.startMu, then Sink.mu;
+// Sink.adminMu, then Sink.mu or a lane's mu; Sink.mu and a lane's mu are
+// leaves, never held across a wait on the target nor together. Start
+// waits on the target (connect, the fence's wait of up to FenceWait)
+// holding only startMu, which Close never takes: Close cancels those waits
+// and returns at once.
+//
 // Goroutines: Start starts one per lane; Close stops them and waits.
+// Test seams: testingKnobs (knobs.go), set by tests only.
 package pgsink
