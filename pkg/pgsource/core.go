@@ -641,3 +641,33 @@ func nextConfirm(saved Position, journal []Position, walEnd Position, safe commo
 	}
 	return next
 }
+
+// reseedFrom is where a session's commit-ts chain continues: from, unless
+// the slot's confirmed flush LSN (final once the session streams: a slot
+// serves one walsender) is past it. Then another process of the changefeed
+// confirmed more (one that re-attached between a take-over's Open and this
+// start), and the server streams from there whatever was asked: the chain
+// must continue from the position that process saved there before it
+// confirmed (saved, if found), or a commit after it could get a commit-ts
+// at or below one that process delivered, and be skipped. Without it the
+// chain cannot continue (ErrProtocol, ErrUnknownSlot). A subscription below
+// it would miss the commits up to it, gone from the slot: the other
+// process confirmed only what its tables had durably applied, so a new
+// process subscribing from their checkpoints is never below it, and an
+// earlier one that is has been superseded (ErrSlotTakenOver).
+func reseedFrom(from Position, confirmed uint64, saved Position, found bool, subs []*sub) (Position, error) {
+	if confirmed <= from.LSN {
+		return from, nil
+	}
+	if !found {
+		return from, fmt.Errorf("%w: %w: the slot's confirmed flush LSN %d moved past this source's %d, and no position was saved for it",
+			ErrProtocol, ErrUnknownSlot, confirmed, from.LSN)
+	}
+	for _, b := range subs {
+		if b.have < saved.Ts {
+			return from, fmt.Errorf("%w: table %d has %v, but it confirmed the slot to %d at %v",
+				ErrSlotTakenOver, b.oid, b.have, confirmed, saved.Ts)
+		}
+	}
+	return saved, nil
+}

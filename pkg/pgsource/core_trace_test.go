@@ -47,6 +47,8 @@ import (
 //	low id=ID | high id=ID                  a copy watermark in the stream
 //	given-up id=ID                          the copier gives a chunk up
 //	live timeout=D | live-step elapsed=D [heard]   the liveness decider (liveness.go)
+//	reseed confirmed=LSN [saved=LSN/MS.L]   a session's start when the slot was confirmed to LSN
+//	                                        (saved: the position another process saved there)
 func TestCoreTraces(t *testing.T) {
 	datadriven.Walk(t, "testdata/core", func(t *testing.T, path string) {
 		var w *traceCore
@@ -261,6 +263,25 @@ func (w *traceCore) run(t *testing.T, d *datadriven.TestData) (string, error) {
 	case "given-up":
 		w.live[args["id"]] = false
 		c.forgetCopies(func(ch *copyChunk) bool { return w.live[ch.id] }, func(*copyState) bool { return false })
+	case "reseed":
+		var saved Position
+		v, found := args["saved"]
+		if found {
+			saved = parsePos(t, v)
+		}
+		all := w.allSubs()
+		if w.pend != nil { // subscribed before the session starts
+			all = nil
+			for _, l := range w.pend {
+				all = append(all, l...)
+			}
+		}
+		p, err := reseedFrom(c.journal[0], uint64(atoi(t, args["confirmed"])), saved, found, all)
+		if err != nil {
+			return "", err
+		}
+		c.last, c.journal = p.Ts, []Position{p} // the session's core starts from p
+		return "reseed " + fmtPos(p) + "\n", nil
 	case "live":
 		w.lv = newLiveness(parseDur(t, args["timeout"]))
 	case "live-step":

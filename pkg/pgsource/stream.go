@@ -269,19 +269,10 @@ func (s *Source) receiveTimeout(ctx context.Context, catalog *pgx.Conn, silentSt
 	return t << min(silentStreak, 4), nil
 }
 
-// reseed returns the position the session's commit-ts chain continues
-// from: from, unless the slot's confirmed flush LSN is past it. The slot
-// is this session's once replication started (a walsender serves one
-// client), so that LSN is final now; and this process only confirms what
-// it saved first, so an LSN past from was confirmed by another process of
-// the changefeed: one that re-attached between a take-over's Open and this
-// start, streamed on and confirmed more before it found itself fenced.
-// The server streams from the slot's LSN whatever was asked, so the chain
-// must continue from that process's position, saved before it confirmed:
-// from an older seed, a commit after it could get a commit-ts at or below
-// one that process delivered, and every table that has it would skip it.
-// Without a saved position there the chain cannot continue: ErrProtocol
-// (the source stops).
+// reseed reads the slot's confirmed flush LSN and, past from, the
+// position saved there, and continues the chain where reseedFrom says:
+// the session's own position, or the one another process of the
+// changefeed confirmed to.
 func (s *Source) reseed(ctx context.Context, catalog *pgx.Conn, from Position) (Position, error) {
 	var text string
 	if err := catalog.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", s.opts.Slot).Scan(&text); err != nil {
@@ -294,26 +285,13 @@ func (s *Source) reseed(ctx context.Context, catalog *pgx.Conn, from Position) (
 	if uint64(confirmed) <= from.LSN {
 		return from, nil
 	}
-	p, ok, err := s.opts.Positions.Load(ctx, s.opts.Slot, uint64(confirmed))
+	loaded, ok, err := s.opts.Positions.Load(ctx, s.opts.Slot, uint64(confirmed))
 	if err != nil {
 		return from, fmt.Errorf("pgsource: load the position of %v: %w", confirmed, err)
 	}
-	if !ok {
-		return from, fmt.Errorf("%w: %w: the slot's confirmed flush LSN %v moved past this source's %v, and no position was saved for it",
-			ErrProtocol, ErrUnknownSlot, confirmed, pglogrepl.LSN(from.LSN))
-	}
-	// A subscription below p.Ts would miss the commits up to it: they are
-	// gone from the slot (Subscribe refuses such a start-ts as
-	// ErrStartTsTruncated). The other process confirmed only what its
-	// tables had durably applied, which a changefeed's checkpoints show: a
-	// new process subscribing from them is never below it, and an earlier
-	// process that is (a later one took the slot over and streamed on) has
-	// been superseded: it stops.
-	for _, b := range s.allSubs() {
-		if b.have < p.Ts {
-			return from, fmt.Errorf("%w: table %d has %v, but it confirmed the slot to %v at %v",
-				ErrSlotTakenOver, b.oid, b.have, confirmed, p.Ts)
-		}
+	p, err := reseedFrom(from, uint64(confirmed), loaded, ok, s.allSubs())
+	if err != nil {
+		return from, err
 	}
 	s.log.Warn("another process of the changefeed confirmed the slot past this source's position: continuing from its position",
 		zap.Stringer("from", pglogrepl.LSN(from.LSN)), zap.Stringer("confirmed", confirmed), zap.Stringer("ts", p.Ts))
