@@ -17,6 +17,16 @@ import (
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 )
 
+// What the source reads of the catalog and how it connects: regular
+// connections (the snapshot, the copies, a start's checks), replication
+// ones (the stream, the slot's creation), control ones (the side tasks,
+// the session's catalog queries); wal_level, the published tables with
+// their columns and keys, type names and base types. Invariants: every
+// name that becomes SQL is quoted or was checked as an identifier; nothing
+// here writes the user's database but the slot's creation and drop
+// (releaseSlot terminates only a walsender attached to the changefeed's
+// own slot, checked by checkSlotIsOurs first).
+
 // connect opens a regular connection to the source.
 func connect(ctx context.Context, dsn string) (*pgx.Conn, error) {
 	cfg, err := pgx.ParseConfig(dsn)

@@ -12,6 +12,13 @@ import (
 	"github.com/cdcflow/eventservice/internal/pglink"
 )
 
+// The source's side tasks (the heartbeat, the publication poll, the slot
+// statistics) share one control connection (connectControl: a walsender,
+// never a regular client a smart shutdown waits for), one task at a time.
+// Invariants: an error closes the connection and the next tick connects
+// again; while the stream reports the source down, their failures are
+// logged at debug (the stream logs the outage once).
+
 // runHeartbeat writes a heartbeat message when no commit was decoded for
 // HeartbeatInterval: an idle database's resolved-ts still advances, and
 // the slot can move past WAL of tables that are not published.

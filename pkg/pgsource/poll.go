@@ -12,6 +12,16 @@ import (
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 )
 
+// The publication's poll (runPublicationPoll, on the side connection):
+// tables that joined the publication without a change since are found and
+// announced, tables that left are marked, and tables that left and joined
+// again are told (OnRejoin), so that their changes while out are copied
+// anew. Invariants: a table is announced once, at the stream's first change
+// or the poll's round, whichever comes first, and the slot is held before
+// it until it is subscribed (announce); a publication the changefeed
+// manages has its list brought to its rule before the round reads it
+// (publication.go); the poll's view of the publication is Source.pub's.
+
 // runPublicationPoll lists the publication's tables every
 // PublicationPollInterval and announces those that joined it (ALTER
 // PUBLICATION ... ADD TABLE, CREATE TABLE under FOR ALL TABLES) and that

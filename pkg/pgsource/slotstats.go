@@ -14,6 +14,14 @@ import (
 	"go.uber.org/zap"
 )
 
+// The slot's statistics, read-only: what the server says of the WAL the
+// slot holds it to (retained, unconfirmed, wal_status, safe_wal_size),
+// exported as metrics and read by an embedder that bounds it (serve's
+// --max-retained-wal). Invariants: a slot the server invalidated (wal_status
+// lost) stops the source with ErrSlotLost, at start and while streaming; a
+// slot that vanished while streaming with ErrSlotDropped; neither is taken
+// for a protocol violation.
+
 // isSlotMissing reports whether err is the server saying the slot does
 // not exist (START_REPLICATION of a dropped slot).
 func isSlotMissing(err error) bool {

@@ -17,6 +17,17 @@ import (
 	"github.com/cdcflow/eventservice/pkg/schemastore"
 )
 
+// The initial snapshot, for a slot Open created: every subscribed table is
+// read in the slot's exported snapshot by SnapshotWorkers connections, its
+// rows pushed at the snapshot's commit-ts in chunks of ChunkRows, then each
+// subscription resolved to that ts; the stream starts from the slot's
+// consistent point only after, on the slot's own connection. Invariants:
+// every row of the snapshot carries its ts and no subscription is resolved
+// to it before all its rows are pushed; the exported snapshot's connection
+// runs nothing until the copy is done (another command would end the
+// snapshot); a failure stops the source, since a snapshot cannot be
+// resumed (serve starts over).
+
 // snapshotProgress counts the initial snapshot's work.
 type snapshotProgress struct {
 	running            atomic.Bool
