@@ -44,9 +44,11 @@ func TestPackageDependenciesFollowTheArchitecture(t *testing.T) {
 		// its one back-off are all it takes from the project.
 		{"pkg/pendingset", []string{module + "/"}},
 		// The PostgreSQL source feeds the store; the sink is a collector's
-		// downstream and may live in a collector's process.
-		{"pkg/pgsource", []string{"pkg/eventservice", "pkg/eventcollector"}},
-		{"pkg/pgsink", []string{"pkg/eventservice", "pkg/eventstore", "pkg/pgsource", "github.com/cockroachdb/pebble"}},
+		// downstream and may live in a collector's process. Both are
+		// production: nothing of pkg/upstream (the synthetic and test
+		// sources; the source's SinkGuard is the store's).
+		{"pkg/pgsource", []string{"pkg/eventservice", "pkg/eventcollector", "pkg/upstream"}},
+		{"pkg/pgsink", []string{"pkg/eventservice", "pkg/eventstore", "pkg/pgsource", "pkg/upstream", "github.com/cockroachdb/pebble"}},
 		{"pkg/pgcodec", []string{"pkg/eventservice", "pkg/eventstore", "pkg/eventcollector", "pkg/messaging"}},
 		// The durable sink is a collector's downstream, like the memory sink.
 		{"pkg/pebblesink", []string{"pkg/eventservice", "pkg/eventstore", "pkg/pendingset", "pkg/upstream"}},

@@ -12,7 +12,6 @@ import (
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 	"github.com/cdcflow/eventservice/pkg/schemastore"
-	"github.com/cdcflow/eventservice/pkg/upstream"
 )
 
 // The session's side of decoding (the core decides, core.go): a message
@@ -178,7 +177,7 @@ func (ss *session) publishTally() {
 	*t = tally{}
 }
 
-// pushResolved moves subs' resolved-ts to ts in one upstream.PushResolved
+// pushResolved moves subs' resolved-ts to ts in one eventstore.PushResolvedGuarded
 // call (one store event per write worker, not a push per table), telling
 // the core of each that moved.
 func (ss *session) pushResolved(ctx context.Context, subs []*sub, ts common.Ts) error {
@@ -192,7 +191,7 @@ func (ss *session) pushResolved(ctx context.Context, subs []*sub, ts common.Ts) 
 	}()
 	errs := make([]error, len(subs))
 	ss.pushContext(ctx)
-	upstream.PushResolved(ss.pushCtx, ss.pushCancel, guards, ts, errs)
+	eventstore.PushResolvedGuarded(ss.pushCtx, ss.pushCancel, guards, ts, errs)
 	for i, b := range subs {
 		err := errs[i]
 		if err == nil {
@@ -321,7 +320,7 @@ func (ss *session) pushContext(ctx context.Context) {
 // session: nil to go on, or the error that ends it.
 func (ss *session) pushed(b *sub, batch eventstore.Batch, err error) error {
 	switch {
-	case err == nil, errors.Is(err, upstream.ErrSubscriptionClosed):
+	case err == nil, errors.Is(err, eventstore.ErrSubscriptionClosed):
 		return nil
 	case errors.Is(err, eventstore.ErrRowBeforeResolved), errors.Is(err, eventstore.ErrResolvedTsRegressed):
 		// A session that reads commits again skips what each subscription

@@ -18,7 +18,6 @@ import (
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
-	"github.com/cdcflow/eventservice/pkg/upstream"
 )
 
 // Source is a PostgreSQL logical replication source: an
@@ -149,7 +148,7 @@ func (e *earlyStream) close() {
 type sub struct {
 	oid     uint32
 	startTs common.Ts
-	guard   *upstream.SinkGuard
+	guard   *eventstore.SinkGuard
 	s       *Source
 
 	// unapplied are the commit-ts of the commits whose rows were pushed
@@ -361,7 +360,7 @@ func (s *Source) Subscribe(span common.Span, startTs common.Ts, sink eventstore.
 	case s.mu.snapshotDone && startTs < s.mu.saved.Ts:
 		return nil, fmt.Errorf("%w: table %d from %v, the slot resumes after %v", ErrStartTsTruncated, oid, startTs, s.mu.saved.Ts)
 	}
-	b := &sub{oid: oid, startTs: startTs, guard: upstream.NewSinkGuard(sink), s: s, have: startTs, resolved: startTs}
+	b := &sub{oid: oid, startTs: startTs, guard: eventstore.NewSinkGuard(sink), s: s, have: startTs, resolved: startTs}
 	s.mu.subs[oid] = append(s.mu.subs[oid], b)
 	s.subsVersion.Add(1)
 	if hold, ok := s.mu.holds[oid]; ok && startTs < hold {

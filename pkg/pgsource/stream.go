@@ -15,8 +15,8 @@ import (
 	"github.com/cdcflow/eventservice/internal/backoff"
 	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
-	"github.com/cdcflow/eventservice/pkg/upstream"
 )
 
 // The commit-ts scheme. Commit i of the stream gets
@@ -184,7 +184,7 @@ type session struct {
 	pushCtx    context.Context
 	pushCancel context.CancelFunc
 	// resolvingGuards is pushResolved's scratch.
-	resolvingGuards []*upstream.SinkGuard
+	resolvingGuards []*eventstore.SinkGuard
 }
 
 func (s *Source) session(from Position, st *streamState) error {

@@ -20,7 +20,6 @@ import (
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
-	"github.com/cdcflow/eventservice/pkg/upstream"
 )
 
 // openAndSubscribe opens src, subscribes every table given from the
@@ -322,13 +321,13 @@ func TestAPushCancelledByACloseLeavesTheNextPushesLive(t *testing.T) {
 	defer ss.endPushes()
 	closed := make(chan struct{})
 	var closing *sub
-	closing = &sub{oid: 1, guard: upstream.NewSinkGuard(sinkFunc(func(ctx context.Context, _ eventstore.Batch) error {
+	closing = &sub{oid: 1, guard: eventstore.NewSinkGuard(sinkFunc(func(ctx context.Context, _ eventstore.Batch) error {
 		go func() { closing.guard.Close(); close(closed) }()
 		<-ctx.Done() // Close cancelled this push; it completes anyway
 		return nil
 	}))}
 	var live []error
-	other := &sub{oid: 2, guard: upstream.NewSinkGuard(sinkFunc(func(ctx context.Context, _ eventstore.Batch) error {
+	other := &sub{oid: 2, guard: eventstore.NewSinkGuard(sinkFunc(func(ctx context.Context, _ eventstore.Batch) error {
 		live = append(live, ctx.Err())
 		return nil
 	}))}
@@ -410,7 +409,7 @@ func TestAPushTheStoreRefusesIsCountedAndLoggedAsAnError(t *testing.T) {
 	require.NoError(t, err)
 	ss := &session{s: src}
 	defer ss.endPushes()
-	b := &sub{oid: 7, guard: upstream.NewSinkGuard(sink)}
+	b := &sub{oid: 7, guard: eventstore.NewSinkGuard(sink)}
 	ctx := context.Background()
 	row := func(ts common.Ts) common.Row {
 		return common.Row{Op: common.OpPut, Key: []byte("k"), Value: []byte("v"), StartTs: ts - 1, CommitTs: ts}

@@ -62,10 +62,10 @@
 //     driver's next pass (a tick boundary, or a new subscription's kick),
 //     also once F has stopped at EndTs. When a subscription's due work is
 //     only the advance to F (no rows in range), the advances of a round go
-//     together in one PushResolved call (which holds each subscription's
-//     SinkGuard for the call, as Push does); one subscription's Close
-//     cancels the call for all, and only the closed one stops: the others
-//     are retried at the next pass
+//     together in one eventstore.PushResolvedGuarded call (which holds
+//     each subscription's eventstore.SinkGuard for the call, as Push
+//     does); one subscription's Close cancels the call for all, and only
+//     the closed one stops: the others are retried at the next pass
 //     (TestGeneratorRetriesTheFinalAdvanceAfterAnotherSubscriptionsClose).
 //
 // Nothing here has package-level mutable state; clock and logger come in

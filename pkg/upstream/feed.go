@@ -31,7 +31,7 @@ type genSub struct {
 	// lo is max(startTs, workload StartTs): rows at or below it are never
 	// pushed.
 	lo    common.Ts
-	guard SinkGuard
+	guard eventstore.SinkGuard
 
 	// Driver-owned: only the driver goroutine reads or writes these.
 	//
@@ -243,8 +243,8 @@ const (
 	feedAdvance
 )
 
-// maxAdvanceBatch bounds the advances of one PushResolved call, so the
-// guards held at once and the store's events stay small, and so that a
+// maxAdvanceBatch bounds the advances of one PushResolvedGuarded call, so
+// the guards held at once and the store's events stay small, and so that a
 // call's per-subscription lines (the generator's subscription and guard,
 // the store's subscription: about six lines each) stay in the core's
 // second-level cache from the call's first pass over them to its last.
@@ -255,15 +255,17 @@ const (
 const maxAdvanceBatch = 512
 
 // pendingAdvance is a subscription whose resolved-ts advance waits for the
-// round's PushResolved, and the cursor it reaches once that is accepted.
+// round's PushResolvedGuarded, and the cursor it reaches once that is
+// accepted.
 type pendingAdvance struct {
 	s   *genSub
 	cur cursor
 }
 
 // flushAdvances pushes the round's pending advances to frontier f in one
-// PushResolved call and schedules each subscription by its outcome, as
-// feed does after a push of its own.
+// PushResolvedGuarded call (through the scheduler's ResolvedPusher) and
+// schedules each subscription by its outcome, as feed does after a push of
+// its own.
 func (g *Generator) flushAdvances(f common.Ts, last int64) {
 	sc := &g.sched
 	if len(sc.adv) == 0 {
@@ -294,7 +296,7 @@ func (g *Generator) flushAdvances(f common.Ts, last int64) {
 			s.batches.Add(1)
 			accepted++
 			r = feedWait
-		case errors.Is(err, ErrSubscriptionClosed):
+		case errors.Is(err, eventstore.ErrSubscriptionClosed):
 			r = feedStop
 		case errors.Is(err, eventstore.ErrClosed):
 			s.sinkClosed.Store(true)
@@ -516,7 +518,7 @@ func (g *Generator) feed(s *genSub, f common.Ts, tg *tickGen) feedResult {
 			return feedWait
 		}
 		return feedMore
-	case errors.Is(err, ErrSubscriptionClosed):
+	case errors.Is(err, eventstore.ErrSubscriptionClosed):
 		return feedStop
 	case errors.Is(err, eventstore.ErrClosed):
 		// The store is closing for good: stop feeding this sink.

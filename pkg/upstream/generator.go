@@ -40,8 +40,8 @@ import (
 // back-pressure is global anyway.
 //
 // Lock order: Generator.mu is never held while a sink is called. A
-// subscription's SinkGuard.mu is held across its sink call and may be taken
-// before Generator.mu (in Close), never after it.
+// subscription's eventstore.SinkGuard is held across its sink call and
+// may be taken before Generator.mu (in Close), never after it.
 type Generator struct {
 	opts  GeneratorOptions // defaulted; StartTs resolved
 	w     *workload
@@ -117,9 +117,9 @@ type schedule struct {
 	// advance, with the cursor each reaches: they are pushed together
 	// (flushAdvances). advGuards, advErrs and pusher are its scratch.
 	adv       []pendingAdvance
-	advGuards []*SinkGuard
+	advGuards []*eventstore.SinkGuard
 	advErrs   []error
-	pusher    ResolvedPusher
+	pusher    eventstore.ResolvedPusher
 	// free holds emptied bucket slices for reuse: at a million
 	// subscriptions every one is refiled once a resolved interval, and
 	// buckets grown from nil each time were a tenth of the driver's CPU
@@ -241,7 +241,7 @@ func (g *Generator) Subscribe(span common.Span, startTs common.Ts, sink eventsto
 		startTs: startTs,
 		lo:      max(startTs, g.w.startTs),
 	}
-	s.guard.sink = sink
+	s.guard.Init(sink)
 	if !span.IsWholeTable() {
 		f := s.span.Span()
 		s.filter = &f

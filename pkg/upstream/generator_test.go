@@ -496,7 +496,7 @@ func TestAGeneratorSubscriptionFitsItsSizeClass(t *testing.T) {
 
 // TestGeneratorRetriesTheFinalAdvanceAfterAnotherSubscriptionsClose holds
 // the workload's last resolved-ts advance, pushed for two subscriptions in
-// one PushResolved call, in the first one's sink, and closes the second
+// one PushResolvedGuarded call, in the first one's sink, and closes the second
 // subscription meanwhile: its Close cancels the whole call, so the first
 // gets context.Canceled without being closed and must be retried. The
 // retry used to be filed for the tick after the last elapsed one, a tick
@@ -571,4 +571,37 @@ func TestARowCacheIsDroppedOnceItsTickIsPushed(t *testing.T) {
 	require.Equal(t, int64(noCacheTick), s.cacheTick)
 	require.Equal(t, g.Rows(1, tsAt(0, 0), f), sink.rows(), "every row, once, in order")
 	require.Greater(t, g.ticksGeneratedForTesting.Load(), generated, "later ticks were generated")
+}
+
+// TestGeneratorBatchedAdvanceSurvivesAnotherSubscriptionsClose: with only
+// resolved-ts advances due (no rows in range), the generator pushes its
+// subscriptions' advances in one eventstore.PushResolvedGuarded call.
+// Closing one of them while another's sink blocks cancels the whole call;
+// the closed one is dropped, the cancelled one is not: it gets the next
+// advance.
+func TestGeneratorBatchedAdvanceSurvivesAnotherSubscriptionsClose(t *testing.T) {
+	clk := clock.NewFake(t0.Add(200 * time.Millisecond))
+	o := feedOptions(clk)
+	o.Tables, o.RowsPerSec = 100_000, 1 // no rows in these few ticks
+	g := newTestGenerator(t, o)
+	w := watchPasses(g)
+	slow, entered, _ := holdOnceSinkForTest(func(eventstore.Batch) bool { return true })
+	other := newRecordingSinkForTest()
+	_, err := g.Subscribe(common.TableSpan(1), 0, slow)
+	require.NoError(t, err)
+	otherSub, err := g.Subscribe(common.TableSpan(2), 0, other)
+	require.NoError(t, err)
+	require.NoError(t, g.Start())
+	<-entered
+	otherSub.Close() // cancels the call the slow sink blocks in
+
+	clk.Advance(50 * time.Millisecond)
+	f := frontierAt(clk.Now(), testTick)
+	slow.waitResolved(t, f)
+	w.waitIdle(t, 0, f)
+	require.Empty(t, slow.rows(), "advances only: the batched path")
+	st := g.Stats()
+	require.Len(t, st.Subscriptions, 1)
+	require.Equal(t, common.TableSpan(1), st.Subscriptions[0].Span)
+	require.Zero(t, st.PushErrors, "a cancellation is not a push error")
 }

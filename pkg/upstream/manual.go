@@ -18,8 +18,8 @@ import (
 // tests can inspect the history; it is meant for tests, not long runs.
 //
 // Lock order: Manual.mu is never held while a sink is called; a
-// subscription's SinkGuard.mu is held across its sink call and may be taken
-// before Manual.mu (in Close), never after it.
+// subscription's eventstore.SinkGuard is held across its sink call and
+// may be taken before Manual.mu (in Close), never after it.
 type Manual struct {
 	mu struct {
 		sync.Mutex
@@ -52,7 +52,7 @@ type manualSub struct {
 	id      uint64
 	span    common.Span
 	startTs common.Ts
-	guard   *SinkGuard
+	guard   *eventstore.SinkGuard
 	// live is guarded by m.mu.
 	live bool
 }
@@ -86,7 +86,7 @@ func (m *Manual) Subscribe(span common.Span, startTs common.Ts, sink eventstore.
 		id:      m.mu.nextID,
 		span:    cloneSpan(span),
 		startTs: startTs,
-		guard:   NewSinkGuard(sink),
+		guard:   eventstore.NewSinkGuard(sink),
 		live:    true,
 	}
 	m.mu.subs = append(m.mu.subs, s)
@@ -144,7 +144,7 @@ func (m *Manual) Push(ctx context.Context, span common.Span, b eventstore.Batch)
 		pctx, cancel := context.WithCancel(ctx)
 		err := s.guard.Push(pctx, cancel, copied)
 		cancel()
-		if errors.Is(err, ErrSubscriptionClosed) {
+		if errors.Is(err, eventstore.ErrSubscriptionClosed) {
 			continue
 		}
 		delivered++

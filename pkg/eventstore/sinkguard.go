@@ -1,4 +1,4 @@
-package upstream
+package eventstore
 
 import (
 	"context"
@@ -7,15 +7,17 @@ import (
 	"sync/atomic"
 
 	"github.com/cdcflow/eventservice/pkg/common"
-	"github.com/cdcflow/eventservice/pkg/eventstore"
 )
 
-// ErrSubscriptionClosed is returned by SinkGuard.Push after Close.
-var ErrSubscriptionClosed = errors.New("upstream: subscription closed")
+// ErrSubscriptionClosed is returned by SinkGuard.Push (and for its guard
+// by PushResolvedGuarded) once the guard's Close has begun.
+var ErrSubscriptionClosed = errors.New("eventstore: subscription closed")
 
 // SinkGuard is the sink of one subscription plus what makes its Close
-// final: after Close returns, Push never calls the sink again. Every
-// upstream of the module uses it (the generator, Manual, pkg/pgsource).
+// final: after Close returns, Push never calls the sink again. It is how an
+// Upstream keeps the Subscription contract (after Close returns the sink
+// is called no more), and every upstream of the module uses it (the
+// PostgreSQL source pkg/pgsource, and pkg/upstream's generator and Manual).
 //
 // A push holds mu for the duration of the sink call, and close takes mu to
 // set closed, so a concurrent push either completes before close returns or
@@ -26,7 +28,7 @@ var ErrSubscriptionClosed = errors.New("upstream: subscription closed")
 // must not cost a million contexts, and the generator's one driver pushes
 // with one reusable context.
 type SinkGuard struct {
-	sink eventstore.Sink
+	sink Sink
 	// closing is set when close begins; push checks it after registering
 	// its cancel function (under cmu), so either push sees it or close sees
 	// the cancel function.
@@ -40,7 +42,13 @@ type SinkGuard struct {
 	}
 }
 
-func NewSinkGuard(sink eventstore.Sink) *SinkGuard { return &SinkGuard{sink: sink} }
+// NewSinkGuard returns a guard of sink.
+func NewSinkGuard(sink Sink) *SinkGuard { return &SinkGuard{sink: sink} }
+
+// Init makes a zero SinkGuard, held by value, a guard of sink, without the
+// allocation of NewSinkGuard (a feed of a million subscriptions embeds its
+// guard). It must be called before any other method, and once.
+func (g *SinkGuard) Init(sink Sink) { g.sink = sink }
 
 // IsClosed reports whether close has begun, without waiting for an
 // in-flight push.
@@ -49,7 +57,7 @@ func (g *SinkGuard) IsClosed() bool { return g.closing.Load() }
 // Push calls the sink with ctx, which cancel cancels (close calls it if the
 // push is in flight). It returns ErrSubscriptionClosed, without calling the
 // sink, once close has started.
-func (g *SinkGuard) Push(ctx context.Context, cancel context.CancelFunc, b eventstore.Batch) error {
+func (g *SinkGuard) Push(ctx context.Context, cancel context.CancelFunc, b Batch) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.cmu.Lock()
@@ -67,8 +75,8 @@ func (g *SinkGuard) Push(ctx context.Context, cancel context.CancelFunc, b event
 	return g.sink.Push(ctx, b)
 }
 
-// PushResolved advances the sinks of guards to ts in one
-// eventstore.PushResolved call, each guard held for the call as Push holds
+// PushResolvedGuarded advances the sinks of guards to ts in one
+// PushResolved call, each guard held for the call as Push holds
 // it (so a Close waits for the call, and cancels it through cancel):
 // errs[i] (len(errs) == len(guards)) is ErrSubscriptionClosed for a guard
 // whose close had begun, else what the advance of its sink returned. A
@@ -76,25 +84,25 @@ func (g *SinkGuard) Push(ctx context.Context, cancel context.CancelFunc, b event
 // others' context.Canceled apart with IsClosed. The guards must be
 // distinct and held by no other push of the caller's. A caller that pushes
 // again and again keeps a ResolvedPusher instead, which reuses its buffers.
-func PushResolved(ctx context.Context, cancel context.CancelFunc, guards []*SinkGuard, ts common.Ts, errs []error) {
+func PushResolvedGuarded(ctx context.Context, cancel context.CancelFunc, guards []*SinkGuard, ts common.Ts, errs []error) {
 	var p ResolvedPusher
 	p.Push(ctx, cancel, guards, ts, errs)
 }
 
-// ResolvedPusher is PushResolved with buffers kept from one call to the
+// ResolvedPusher is PushResolvedGuarded with buffers kept from one call to the
 // next (the sinks passed on and their errors: three slices of the guards'
 // length a call, a tenth of what a 1k-table run allocated). The zero value
 // is ready; it is not safe for concurrent use.
 type ResolvedPusher struct {
-	sinks []eventstore.Sink
+	sinks []Sink
 	idx   []int
 	errs  []error
 }
 
-// Push is PushResolved.
+// Push is PushResolvedGuarded.
 func (p *ResolvedPusher) Push(ctx context.Context, cancel context.CancelFunc, guards []*SinkGuard, ts common.Ts, errs []error) {
 	if len(errs) != len(guards) {
-		panic("upstream: PushResolved with errs and guards of different lengths")
+		panic("eventstore: PushResolvedGuarded with errs and guards of different lengths")
 	}
 	sinks, idx := p.sinks[:0], p.idx[:0]
 	for i, g := range guards {
@@ -129,7 +137,7 @@ func (p *ResolvedPusher) Push(ctx context.Context, cancel context.CancelFunc, gu
 		p.errs = make([]error, len(sinks))
 	}
 	p.errs = p.errs[:len(sinks)]
-	eventstore.PushResolved(ctx, sinks, ts, p.errs)
+	PushResolved(ctx, sinks, ts, p.errs)
 	for j, i := range idx {
 		errs[i] = p.errs[j]
 	}
