@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/exitcode"
 	"github.com/cdcflow/eventservice/cmd/cdcserver/app/server"
 )
 
@@ -31,7 +32,7 @@ func commands() []command {
 		{"status", "show a changefeed, whether or not serve runs: its binding, the WAL its slot holds, each table's progress", runStatus},
 		{"compare", "check that the target's tables hold the source's rows", runCompare},
 		{"remove", "remove a changefeed: its slot, its publication if it made it, the target's cdcflow state (the target's tables stay)", runRemove},
-		{"version", "name the build", func(_ []string, stdout, _ io.Writer) int { fmt.Fprintln(stdout, version()); return 0 }},
+		{"version", "name the build", func(_ []string, stdout, _ io.Writer) int { fmt.Fprintln(stdout, version()); return exitcode.OK }},
 	}
 }
 
@@ -51,12 +52,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		switch args[0] {
 		case "-h", "-help", "--help":
 			usage(stdout)
-			return 0
+			return exitcode.OK
 		case "help":
 			return runHelp(args[1:], stdout, stderr)
 		case "--version", "-version":
 			fmt.Fprintln(stdout, version())
-			return 0
+			return exitcode.OK
 		}
 		for _, c := range commands() {
 			if c.name == args[0] {
@@ -72,7 +73,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 func runHelp(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		usage(stdout)
-		return 0
+		return exitcode.OK
 	}
 	if args[0] == "synthetic" {
 		return runSynthetic([]string{"-h"}, stdout, stdout)
@@ -84,7 +85,7 @@ func runHelp(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "cdcserver: no command %q\n\n", args[0])
 	usage(stderr)
-	return server.ExitBadFlags
+	return exitcode.Setup
 }
 
 // runSynthetic runs the synthetic workload (cdcserver without a command).
@@ -99,14 +100,14 @@ func runSynthetic(args []string, stdout, stderr io.Writer) int {
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return server.ExitVerified
+			return exitcode.OK
 		}
-		return server.ExitBadFlags
+		return exitcode.Setup
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "cdcserver: unexpected arguments %q\n", fs.Args())
 		fs.Usage()
-		return server.ExitBadFlags
+		return exitcode.Setup
 	}
 	cfg.Flags = strings.Join(args, " ")
 	// The first SIGINT/SIGTERM stops the upstream and drains; the server
@@ -121,9 +122,9 @@ func runSynthetic(args []string, stdout, stderr io.Writer) int {
 			if errors.Is(err, server.ErrInvalidConfig) {
 				fs.Usage()
 			}
-			return server.ExitBadFlags
+			return exitcode.Setup
 		}
-		return server.ExitVerified
+		return exitcode.OK
 	}
 	sum, err := server.Run(ctx, cfg, stdout, stderr)
 	if err != nil {
@@ -131,7 +132,7 @@ func runSynthetic(args []string, stdout, stderr io.Writer) int {
 		if errors.Is(err, server.ErrInvalidConfig) {
 			fs.Usage()
 		}
-		return server.ExitBadFlags
+		return exitcode.Setup
 	}
 	return server.ExitStatus(sum)
 }

@@ -14,17 +14,16 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/exitcode"
 	"github.com/cdcflow/eventservice/cmd/cdcserver/app/replicate"
-	"github.com/cdcflow/eventservice/cmd/cdcserver/app/server"
 )
 
-// Exit statuses of serve, compare, status and remove: 0 a clean stop
-// (compare: equal; status: nothing to act on; remove: removed), 1 the
-// changefeed stopped (compare: a table differs; status: problems), 2 bad
-// flags, a setup error or a refused start (a bad DSN, a source without
-// wal_level=logical, a missing privilege, a slot that is not this
-// changefeed's: checked before anything is changed).
-const exitStopped = 1
+// serve, compare, status and remove exit with app/exitcode's statuses:
+// OK a clean stop (compare: equal; status: nothing to act on; remove:
+// removed), Failed the changefeed stopped (compare: a table differs;
+// status: problems), Setup bad flags, a setup error or a refused start (a
+// bad DSN, a source without wal_level=logical, a missing privilege, a slot
+// that is not this changefeed's: checked before anything is changed).
 
 func runServe(args []string, stderr io.Writer) int {
 	cfg := replicate.DefaultConfig()
@@ -46,11 +45,11 @@ func runServe(args []string, stderr io.Writer) int {
 	if err := replicate.Run(ctx, cfg, stderr); err != nil {
 		fmt.Fprintf(stderr, "cdcserver serve: %v\n", err)
 		if errors.Is(err, replicate.ErrInvalidConfig) || errors.Is(err, replicate.ErrSetup) {
-			return server.ExitBadFlags
+			return exitcode.Setup
 		}
-		return exitStopped
+		return exitcode.Failed
 	}
-	return 0
+	return exitcode.OK
 }
 
 func runCompare(args []string, stdout, stderr io.Writer) int {
@@ -72,13 +71,13 @@ func runCompare(args []string, stdout, stderr io.Writer) int {
 	switch {
 	case err == nil:
 		fmt.Fprintln(stdout, "EQUAL")
-		return 0
+		return exitcode.OK
 	case errors.Is(err, replicate.ErrDiffer):
 		fmt.Fprintf(stdout, "DIFFERENT: %v\n", err)
-		return exitStopped
+		return exitcode.Failed
 	default:
 		fmt.Fprintf(stderr, "cdcserver compare: %v\n", err)
-		return server.ExitBadFlags
+		return exitcode.Setup
 	}
 }
 
@@ -102,9 +101,9 @@ func version() string {
 	return fmt.Sprintf("cdcserver %s, revision %s%s, %s", bi.Main.Version, rev, dirty, bi.GoVersion)
 }
 
-// runStatus is `cdcserver status`: exit 0 when nothing needs acting on, 1
-// when the changefeed has problems (a table stopped or released, the slot
-// lost or registered elsewhere), 2 when it cannot be read.
+// runStatus is `cdcserver status`: exit OK when nothing needs acting on,
+// Failed when the changefeed has problems (a table stopped or released,
+// the slot lost or registered elsewhere), Setup when it cannot be read.
 func runStatus(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("cdcserver status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -128,7 +127,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	st, err := replicate.ReadStatus(ctx, *source, *sink, *slot, *pub)
 	if err != nil {
 		fmt.Fprintf(stderr, "cdcserver status: %v\n", err)
-		return server.ExitBadFlags
+		return exitcode.Setup
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
@@ -138,13 +137,13 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		st.WriteText(stdout)
 	}
 	if st.StatusExit() != nil {
-		return exitStopped
+		return exitcode.Failed
 	}
-	return 0
+	return exitcode.OK
 }
 
-// runRemove is `cdcserver remove`: exit 0 when removed (or nothing was
-// left), 2 when refused or failed.
+// runRemove is `cdcserver remove`: exit OK when removed (or nothing was
+// left), Setup when refused or failed.
 func runRemove(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("cdcserver remove", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -168,21 +167,21 @@ func runRemove(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	if err := replicate.Remove(ctx, o, stdout); err != nil {
 		fmt.Fprintf(stderr, "cdcserver remove: %v\n", err)
-		return server.ExitBadFlags
+		return exitcode.Setup
 	}
 	fmt.Fprintln(stdout, "removed")
-	return 0
+	return exitcode.OK
 }
 
 // parseFlags parses a command's flags, and says when the command ends
-// there and with what: help (0), a bad flag, or a required one missing
-// (2, with the usage).
+// there and with what: help (OK), a bad flag, or a required one missing
+// (Setup, with the usage).
 func parseFlags(fs *flag.FlagSet, args []string, required map[string]*string) (code int, done bool) {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return 0, true
+			return exitcode.OK, true
 		}
-		return server.ExitBadFlags, true
+		return exitcode.Setup, true
 	}
 	var missing []string
 	for name, v := range required { // read after the parse that sets them
@@ -194,7 +193,7 @@ func parseFlags(fs *flag.FlagSet, args []string, required map[string]*string) (c
 		sort.Strings(missing)
 		fmt.Fprintf(fs.Output(), "%s: %s required\n", fs.Name(), strings.Join(missing, " and "))
 		fs.Usage()
-		return server.ExitBadFlags, true
+		return exitcode.Setup, true
 	}
-	return 0, false
+	return exitcode.OK, false
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/exitcode"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventcollector"
 	"github.com/cdcflow/eventservice/pkg/messaging"
@@ -27,26 +28,26 @@ func TestDecideVerdictAndExitStatus(t *testing.T) {
 		verdict    string
 		exit       int
 	}{
-		{true, 0, VerdictVerified, ExitVerified},
-		{false, 0, VerdictNotDrained, ExitNotDrained},
-		{true, 1, VerdictFailed, ExitFailed},
-		{false, 3, VerdictFailed, ExitFailed}, // a proven loss outweighs lateness
+		{true, 0, VerdictVerified, exitcode.OK},
+		{false, 0, VerdictNotDrained, exitcode.NotDrained},
+		{true, 1, VerdictFailed, exitcode.Failed},
+		{false, 3, VerdictFailed, exitcode.Failed}, // a proven loss outweighs lateness
 	} {
 		require.Equal(t, tc.verdict, decideVerdict(tc.drained, tc.violations), "%+v", tc)
 		sum := Summary{Drained: tc.drained, MissingRows: tc.violations}
 		require.Equal(t, tc.exit, ExitStatus(sum), "%+v", tc)
 	}
-	require.NotEqual(t, ExitNotDrained, ExitBadFlags)
+	require.NotEqual(t, exitcode.NotDrained, exitcode.Setup)
 	for _, v := range []func(*Summary){
 		func(s *Summary) { s.LostWakeups = 1 }, func(s *Summary) { s.OrderViolations = 1 }, func(s *Summary) { s.Duplicates = 1 },
 		func(s *Summary) { s.UnexpectedRows = 1 }, func(s *Summary) { s.DDLMismatches = 1 }, func(s *Summary) { s.SinkErrors = 1 },
 	} {
 		s := Summary{Drained: false}
 		v(&s)
-		require.Equal(t, ExitFailed, ExitStatus(s), "%+v", s)
+		require.Equal(t, exitcode.Failed, ExitStatus(s), "%+v", s)
 	}
 	// Undelivered rows and behind dispatchers are not violations.
-	require.Equal(t, ExitNotDrained, ExitStatus(Summary{BehindDispatchers: 5, UndeliveredRows: 100, UndeliveredDDLs: 2}))
+	require.Equal(t, exitcode.NotDrained, ExitStatus(Summary{BehindDispatchers: 5, UndeliveredRows: 100, UndeliveredDDLs: 2}))
 }
 
 // verdictFixture is one dispatcher: upstream rows at commit-ts 10..50 and
@@ -99,7 +100,7 @@ func TestVerdictOfBehindAndDrainedDispatchers(t *testing.T) {
 		require.Equal(t, 1, s.UndeliveredDDLs)
 		require.Zero(t, s.DDLMismatches)
 		require.Equal(t, VerdictNotDrained, s.Verdict)
-		require.Equal(t, ExitNotDrained, ExitStatus(s))
+		require.Equal(t, exitcode.NotDrained, ExitStatus(s))
 	})
 	t.Run("behind, with rows received above its checkpoint", func(t *testing.T) {
 		s := verdictFixture(t, []common.Ts{10, 20, 30, 40}, []common.Ts{20, 40}, 20, true)
@@ -113,7 +114,7 @@ func TestVerdictOfBehindAndDrainedDispatchers(t *testing.T) {
 		require.Equal(t, 1, s.MissingRows, "20 is certified by checkpoint 30: lost even though the run did not drain")
 		require.EqualValues(t, 2, s.UndeliveredRows)
 		require.Equal(t, VerdictFailed, s.Verdict)
-		require.Equal(t, ExitFailed, ExitStatus(s))
+		require.Equal(t, exitcode.Failed, ExitStatus(s))
 	})
 	t.Run("behind, a DDL at or below its checkpoint missing", func(t *testing.T) {
 		s := verdictFixture(t, []common.Ts{10, 20, 30}, nil, 30, true)
@@ -141,7 +142,7 @@ func TestVerdictOfBehindAndDrainedDispatchers(t *testing.T) {
 		s := verdictFixture(t, []common.Ts{10, 20, 30, 40, 50}, []common.Ts{20, 40}, 50, false)
 		require.Zero(t, s.violations())
 		require.Equal(t, VerdictVerified, s.Verdict)
-		require.Equal(t, ExitVerified, ExitStatus(s))
+		require.Equal(t, exitcode.OK, ExitStatus(s))
 	})
 }
 
@@ -285,7 +286,7 @@ func TestRunThatCannotDrainSaysNotDrained(t *testing.T) {
 			require.False(t, sum.Verified)
 			require.False(t, sum.Drained)
 			require.False(t, sum.Complete)
-			require.Equal(t, ExitNotDrained, ExitStatus(sum))
+			require.Equal(t, exitcode.NotDrained, ExitStatus(sum))
 			require.Empty(t, sum.Problems, "nothing delivered is wrong")
 			require.Zero(t, sum.LostWakeups, "late is not lost")
 			require.Zero(t, sum.MissingRows, "late is not missing")

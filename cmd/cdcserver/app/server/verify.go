@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/exitcode"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 	"github.com/cdcflow/eventservice/pkg/pebblesink"
@@ -127,14 +128,6 @@ const (
 	VerdictFailed = "failed"
 )
 
-// cdcserver's exit statuses: one per verdict, and bad flags.
-const (
-	ExitVerified   = 0
-	ExitFailed     = 1
-	ExitBadFlags   = 2
-	ExitNotDrained = 3
-)
-
 // violations counts what proves delivery wrong, drained or not.
 func (s *Summary) violations() int {
 	return s.LostWakeups + s.OrderViolations + s.Duplicates + s.MissingRows + s.UnexpectedRows + s.DDLMismatches + s.SinkErrors
@@ -155,15 +148,16 @@ func decideVerdict(drained bool, violations int) string {
 	}
 }
 
-// ExitStatus is cdcserver's exit status for a run that produced s.
+// ExitStatus is cdcserver's exit status for a run that produced s: one
+// per verdict (exitcode.OK, NotDrained, Failed).
 func ExitStatus(s Summary) int {
 	switch decideVerdict(s.Drained, s.violations()) {
 	case VerdictVerified:
-		return ExitVerified
+		return exitcode.OK
 	case VerdictNotDrained:
-		return ExitNotDrained
+		return exitcode.NotDrained
 	default:
-		return ExitFailed
+		return exitcode.Failed
 	}
 }
 
