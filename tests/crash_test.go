@@ -16,7 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/cdcflow/eventservice/cmd/cdcserver/app/server"
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/synthetic"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/pebblesink"
 	"github.com/cdcflow/eventservice/pkg/upstream"
@@ -29,7 +29,7 @@ const (
 )
 
 // crashConfig is the server both the child and the parent's checks use.
-func crashConfig(t *testing.T, dir string) server.Config {
+func crashConfig(t *testing.T, dir string) synthetic.Config {
 	cfg := serverConfig(t, 200, 4000, scaled(t, 4*time.Second))
 	cfg.DDLInterval = 200 * time.Millisecond
 	cfg.Seed = 21
@@ -127,7 +127,7 @@ func TestCrashRestart(t *testing.T) {
 // runCrashChild is the child: the whole server on the durable data dir.
 func runCrashChild(t *testing.T) {
 	cfg := crashConfig(t, os.Getenv(envCrashDir))
-	sum, err := server.Run(context.Background(), cfg, os.Stdout, os.Stderr)
+	sum, err := synthetic.Run(context.Background(), cfg, os.Stdout, os.Stderr)
 	switch {
 	case err != nil:
 		fmt.Fprintln(os.Stderr, "crash child:", err)
@@ -180,10 +180,10 @@ func runChild(t *testing.T, dir string, killAfter time.Duration) (bool, string) 
 	}
 }
 
-func parseSummary(t *testing.T, out string) server.Summary {
+func parseSummary(t *testing.T, out string) synthetic.Summary {
 	t.Helper()
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	var sum server.Summary
+	var sum synthetic.Summary
 	require.NoError(t, json.Unmarshal([]byte(lines[len(lines)-1]), &sum), "stdout: %s", out)
 	return sum
 }

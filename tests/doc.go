@@ -19,7 +19,7 @@
 // wakeup). A sampler records, throughout, the preparation queues, the scan
 // channel, the inbox and the resolved-ts pending sets, which must stay
 // bounded by the number of dispatchers and the configured capacities.
-// Server scenarios run cmd/cdcserver/app/server (the cdcserver) and assert on its own
+// Server scenarios run cmd/cdcserver/app/synthetic (the cdcserver) and assert on its own
 // verification summary.
 //
 // # Suites

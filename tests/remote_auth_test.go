@@ -12,16 +12,16 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/cdcflow/eventservice/cmd/cdcserver/app/server"
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/synthetic"
 	"github.com/cdcflow/eventservice/internal/linewatch"
 	"github.com/cdcflow/eventservice/internal/tlstest"
 )
 
 // startCollectorProcess starts a collector process with certs, serving
 // feeds of the service at addr from dir.
-func startCollectorProcess(t *testing.T, addr string, startTs uint64, cfg server.Config, feeds, dir string, certs tlstest.Files) *childProcess {
+func startCollectorProcess(t *testing.T, addr string, startTs uint64, cfg synthetic.Config, feeds, dir string, certs tlstest.Files) *childProcess {
 	t.Helper()
-	args := []string{"--role", server.RoleCollector, "--connect", addr, "--start-ts", strconv.FormatUint(startTs, 10),
+	args := []string{"--role", synthetic.RoleCollector, "--connect", addr, "--start-ts", strconv.FormatUint(startTs, 10),
 		"--changefeeds", strconv.Itoa(cfg.Changefeeds), "--tables", strconv.Itoa(cfg.Tables), "--feeds", feeds, "--data-dir", dir,
 		"--tls-cert", certs.Cert, "--tls-key", certs.Key, "--tls-ca", certs.CA, "--metrics-addr", "127.0.0.1:0", "--log-level", "warn"}
 	return startChild(t, exec.Command(buildCDCServer(t), args...), linewatch.New(`^collector: serving .*; metrics at (\S+)`))
@@ -40,7 +40,7 @@ func TestRemoteCollectorWithAnotherIdentityCannotTakeOver(t *testing.T) {
 	svcCerts := ca.Issue(t, "service", "service")
 	ownerCerts, intruderCerts := ca.Issue(t, "collector-1", "collector-1"), ca.Issue(t, "collector-2", "collector-2")
 	cfg := serverConfig(t, 100, 2000, scaled(t, 6*time.Second))
-	cfg.Role, cfg.Listen, cfg.JSON, cfg.MetricsAddr = server.RoleService, "127.0.0.1:0", true, "127.0.0.1:0"
+	cfg.Role, cfg.Listen, cfg.JSON, cfg.MetricsAddr = synthetic.RoleService, "127.0.0.1:0", true, "127.0.0.1:0"
 	cfg.TLSCert, cfg.TLSKey, cfg.TLSCA = svcCerts.Cert, svcCerts.Key, svcCerts.CA
 	cfg.Authorize = "collector-1=changefeed-1,collector-2=changefeed-2"
 	ownerDir := t.TempDir()

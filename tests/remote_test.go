@@ -20,7 +20,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/cdcflow/eventservice/cmd/cdcserver/app/server"
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/synthetic"
 	"github.com/cdcflow/eventservice/internal/faultproxy"
 	"github.com/cdcflow/eventservice/internal/linewatch"
 )
@@ -58,7 +58,7 @@ func buildCDCServer(t *testing.T) string {
 }
 
 // remoteConfig is a service with n collector processes.
-func remoteConfig(t *testing.T, changefeeds, collectors, tables, rate int, d time.Duration) server.Config {
+func remoteConfig(t *testing.T, changefeeds, collectors, tables, rate int, d time.Duration) synthetic.Config {
 	cfg := serverConfig(t, tables, rate, d)
 	cfg.Changefeeds, cfg.RemoteCollectors = changefeeds, collectors
 	cfg.Executable = buildCDCServer(t)
@@ -67,10 +67,10 @@ func remoteConfig(t *testing.T, changefeeds, collectors, tables, rate int, d tim
 }
 
 // runRemote runs the service until it returns, with stderr watched.
-func runRemote(t *testing.T, ctx context.Context, cfg server.Config, stderr *linewatch.Watcher) server.Summary {
+func runRemote(t *testing.T, ctx context.Context, cfg synthetic.Config, stderr *linewatch.Watcher) synthetic.Summary {
 	t.Helper()
 	var out bytes.Buffer
-	sum, err := server.Run(ctx, cfg, &out, stderr)
+	sum, err := synthetic.Run(ctx, cfg, &out, stderr)
 	require.NoError(t, err, "stderr: %s", tail(stderr.String(), 4000))
 	t.Logf("summary: %s", out.String())
 	if !sum.Verified {
@@ -89,7 +89,7 @@ func TestRemoteCollectorsDeliverEverything(t *testing.T) {
 	stderr := linewatch.New(`^collector (\d+) started: pid (\d+)`)
 	sum := runRemote(t, context.Background(), cfg, stderr)
 	requireDelivered(t, sum, 2*cfg.Tables)
-	require.Equal(t, server.RoleService, sum.Role)
+	require.Equal(t, synthetic.RoleService, sum.Role)
 	require.Positive(t, sum.DDLsDelivered, "DDLs recorded by the durable sinks and verified")
 	require.GreaterOrEqual(t, sum.RowsApplied, uint64(sum.RowsDelivered), "the collectors' own count of rows applied")
 	require.Zero(t, sum.CollectorRestarts)

@@ -8,13 +8,13 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/cdcflow/eventservice/cmd/cdcserver/app/server"
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/synthetic"
 )
 
 // serverConfig returns a quiet server configuration for tests: no metrics
 // listener, no progress line, errors-only logs.
-func serverConfig(t *testing.T, tables int, rate int, d time.Duration) server.Config {
-	cfg := server.DefaultConfig()
+func serverConfig(t *testing.T, tables int, rate int, d time.Duration) synthetic.Config {
+	cfg := synthetic.DefaultConfig()
 	cfg.Tables, cfg.Rate, cfg.Duration = tables, rate, d
 	cfg.DrainTimeout = scaled(t, 3*time.Minute)
 	cfg.MetricsAddr, cfg.ProgressInterval, cfg.LogLevel = "", 0, "error"
@@ -23,10 +23,10 @@ func serverConfig(t *testing.T, tables int, rate int, d time.Duration) server.Co
 
 // runServer runs the whole server (generator -> pebble store on disk ->
 // service -> transport -> collector) and returns its verified summary.
-func runServer(t *testing.T, cfg server.Config) server.Summary {
+func runServer(t *testing.T, cfg synthetic.Config) synthetic.Summary {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	sum, err := server.Run(context.Background(), cfg, &out, &errOut)
+	sum, err := synthetic.Run(context.Background(), cfg, &out, &errOut)
 	require.NoError(t, err, "stderr: %s", errOut.String())
 	t.Logf("server summary:\n%s", out.String())
 	if !sum.Verified {
@@ -39,7 +39,7 @@ func runServer(t *testing.T, cfg server.Config) server.Summary {
 // verification: every epoch in order without duplicates, the deduplicated
 // union equal to the upstream's rows, the DDLs as scheduled, and every
 // final checkpoint at the upstream's final resolved-ts (no lost wakeup).
-func requireDelivered(t *testing.T, sum server.Summary, dispatchers int) {
+func requireDelivered(t *testing.T, sum synthetic.Summary, dispatchers int) {
 	t.Helper()
 	require.Empty(t, sum.Problems)
 	require.True(t, sum.Verified, "verification failed")

@@ -20,7 +20,7 @@
 // reached the upstream's final resolved-ts at the drain deadline and
 // nothing delivered is wrong (delivery was behind, not lossy).
 //
-// Invariants: main only parses flags, runs app/server or app/replicate
+// Invariants: main only parses flags, runs app/synthetic or app/replicate
 // and maps the outcome to an exit status of app/exitcode (0 to 3; serve,
 // status, compare and remove use 0 to 2), the one place they are defined. run takes its stdout and stderr as arguments (the tests run it
 // in-process); usage and setup errors go to stderr only, and a flag error

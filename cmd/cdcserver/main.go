@@ -12,7 +12,7 @@ import (
 	"syscall"
 
 	"github.com/cdcflow/eventservice/cmd/cdcserver/app/exitcode"
-	"github.com/cdcflow/eventservice/cmd/cdcserver/app/server"
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/synthetic"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -90,7 +90,7 @@ func runHelp(args []string, stdout, stderr io.Writer) int {
 
 // runSynthetic runs the synthetic workload (cdcserver without a command).
 func runSynthetic(args []string, stdout, stderr io.Writer) int {
-	cfg := server.DefaultConfig()
+	cfg := synthetic.DefaultConfig()
 	fs := flag.NewFlagSet("cdcserver", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfg.BindFlags(fs)
@@ -114,25 +114,25 @@ func runSynthetic(args []string, stdout, stderr io.Writer) int {
 	// still verifies and prints its summary.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if cfg.Role == server.RoleCollector {
+	if cfg.Role == synthetic.RoleCollector {
 		// A collector runs until SIGTERM/SIGINT and prints what it applied;
 		// the service verifies its sinks.
-		if _, err := server.RunCollector(ctx, cfg, stdout, stderr); err != nil {
+		if _, err := synthetic.RunCollector(ctx, cfg, stdout, stderr); err != nil {
 			fmt.Fprintf(stderr, "cdcserver: %v\n", err)
-			if errors.Is(err, server.ErrInvalidConfig) {
+			if errors.Is(err, synthetic.ErrInvalidConfig) {
 				fs.Usage()
 			}
 			return exitcode.Setup
 		}
 		return exitcode.OK
 	}
-	sum, err := server.Run(ctx, cfg, stdout, stderr)
+	sum, err := synthetic.Run(ctx, cfg, stdout, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "cdcserver: %v\n", err)
-		if errors.Is(err, server.ErrInvalidConfig) {
+		if errors.Is(err, synthetic.ErrInvalidConfig) {
 			fs.Usage()
 		}
 		return exitcode.Setup
 	}
-	return server.ExitStatus(sum)
+	return synthetic.ExitStatus(sum)
 }

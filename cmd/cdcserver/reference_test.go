@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/cmd/cdcserver/app/replicate"
-	"github.com/cdcflow/eventservice/cmd/cdcserver/app/server"
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/synthetic"
 	"github.com/cdcflow/eventservice/internal/refdoc"
 )
 
@@ -21,7 +21,7 @@ var update = flag.Bool("update", false, "rewrite the generated blocks of docs/re
 // their FlagSets (DefaultConfig, BindFlags), and the help that cdcserver
 // --help and cdcserver help COMMAND print for the other commands. The
 // metrics' references are cmd/cdcserver/app/replicate's (serve) and
-// cmd/cdcserver/app/server's (the synthetic server). The README's short
+// cmd/cdcserver/app/synthetic's (the synthetic server). The README's short
 // table of serve's flags is written by hand, but must name every flag once
 // with its default.
 func TestReferenceDocs(t *testing.T) {
@@ -31,10 +31,10 @@ func TestReferenceDocs(t *testing.T) {
 	require.NoError(t, refdoc.Sync("../../docs/reference/serve-flags.md", "serve-flags", refdoc.FlagTable(serve), *update))
 	readmeNamesEveryFlag(t, "../../README.md", "### `serve`'s flags", serve)
 
-	synthetic := flag.NewFlagSet("cdcserver", flag.ContinueOnError)
-	scfg := server.DefaultConfig()
-	scfg.BindFlags(synthetic)
-	require.NoError(t, refdoc.Sync("../../docs/reference/synthetic-flags.md", "synthetic-flags", refdoc.FlagTable(synthetic), *update))
+	synFlags := flag.NewFlagSet("cdcserver", flag.ContinueOnError)
+	scfg := synthetic.DefaultConfig()
+	scfg.BindFlags(synFlags)
+	require.NoError(t, refdoc.Sync("../../docs/reference/synthetic-flags.md", "synthetic-flags", refdoc.FlagTable(synFlags), *update))
 
 	help := func(args ...string) string {
 		var out, errOut bytes.Buffer

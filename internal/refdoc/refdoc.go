@@ -22,7 +22,7 @@ import (
 
 // UpdateCommand rewrites every generated reference from the code: the
 // packages whose TestReferenceDocs render one.
-const UpdateCommand = "go test ./cmd/cdcserver ./cmd/cdcserver/app/replicate ./cmd/cdcserver/app/server -run TestReferenceDocs -update"
+const UpdateCommand = "go test ./cmd/cdcserver ./cmd/cdcserver/app/replicate ./cmd/cdcserver/app/synthetic -run TestReferenceDocs -update"
 
 // FlagTable renders fs's flags as a Markdown table: the flag with the name
 // of its value (as -help shows it), its default and its meaning, in name

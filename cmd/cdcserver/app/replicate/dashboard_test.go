@@ -78,7 +78,7 @@ func TestTheDashboardAndTheAlertsNameServedMetrics(t *testing.T) {
 var metricName = regexp.MustCompile(`\b(?:cdcflow|process|go)_[a-z0-9_]+`)
 
 // dashboardMetrics lists the metric families the dashboard's queries name:
-// its panels' and its variables' (cmd/cdcserver/app/server's, which checks
+// its panels' and its variables' (cmd/cdcserver/app/synthetic's, which checks
 // the event service's dashboard, with the variables).
 func dashboardMetrics(t *testing.T, path string) []string {
 	t.Helper()

@@ -1,5 +1,6 @@
-// Package server wires the real parts into the embedded changefeed server
-// that cmd/cdcserver runs and the end-to-end tests drive: the pebble event
+// Package synthetic is the synthetic server (cdcserver without a
+// command): it wires the real parts into the embedded changefeed server that the
+// end-to-end tests drive and the benchmarks measure: the pebble event
 // store fed by the synthetic upstream, the in-memory schema store with
 // scheduled DDLs, the event service, the in-process transport (optionally
 // with injected faults) and one collector per changefeed, then verifies
@@ -8,4 +9,4 @@
 // Invariants: Run owns every goroutine it starts and stops them all before
 // it returns; it writes the summary (text or one JSON object) to stdout and
 // everything else (logs, progress) to stderr; nothing is global.
-package server
+package synthetic
