@@ -1,3 +1,9 @@
+// The monitor: while the run goes on it samples progress (the lag, the
+// pending tasks, the progress line), tells when the warm-up ended and when
+// every dispatcher caught up with the upstream's end, and gives up at the
+// drain deadline (monitor); before the parts stop it describes the
+// dispatchers still behind (diagnose).
+
 package synthetic
 
 import (
@@ -8,27 +14,9 @@ import (
 	"slices"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/cdcflow/eventservice/internal/latency"
 	"github.com/cdcflow/eventservice/pkg/common"
-	"github.com/cdcflow/eventservice/pkg/eventcollector"
 )
-
-// runHooks are the server's test seams; all nil in production.
-type runHooks struct {
-	// wrapSink wraps the sink of changefeed feed (1-based) when its
-	// collector runs in this process.
-	wrapSink func(feed int, sink eventcollector.Sink) eventcollector.Sink
-	// beforeStop runs once the run is over (delivered, drain deadline, or
-	// a failed start), before any part stops: a collector's Close waits
-	// for the sink call in flight, so a test that holds one releases it
-	// here.
-	beforeStop func()
-	// finished runs at the same point with the run's metrics registry,
-	// for a test that reads what the parts counted over the whole run.
-	finished func(reg prometheus.Gatherer)
-}
 
 // runResult is what the monitor observed.
 type runResult struct {

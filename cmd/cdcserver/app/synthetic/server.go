@@ -1,3 +1,7 @@
+// The server: it builds every part, starts them, runs the monitor, stops
+// the parts in dependency order, then verifies and prints the summary
+// (Run).
+
 package synthetic
 
 import (
@@ -85,6 +89,21 @@ type server struct {
 	diag map[common.DispatcherID]string
 	// hooks are the test seams (runHooks); zero in production.
 	hooks runHooks
+}
+
+// runHooks are the server's test seams; all nil in production.
+type runHooks struct {
+	// wrapSink wraps the sink of changefeed feed (1-based) when its
+	// collector runs in this process.
+	wrapSink func(feed int, sink eventcollector.Sink) eventcollector.Sink
+	// beforeStop runs once the run is over (delivered, drain deadline, or
+	// a failed start), before any part stops: a collector's Close waits
+	// for the sink call in flight, so a test that holds one releases it
+	// here.
+	beforeStop func()
+	// finished runs at the same point with the run's metrics registry,
+	// for a test that reads what the parts counted over the whole run.
+	finished func(reg prometheus.Gatherer)
 }
 
 // Run runs the server until the workload is delivered (or ctx is cancelled,

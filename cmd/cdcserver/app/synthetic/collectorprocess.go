@@ -1,3 +1,8 @@
+// The --role collector process (RunCollector): the collectors of some
+// changefeeds in a process of their own, connected to the service over
+// gRPC, applying to durable sinks in their data dir and registering their
+// dispatchers again after a reconnect.
+
 package synthetic
 
 import (
