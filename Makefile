@@ -38,21 +38,23 @@ rules:
 test: fmt-check tidy-check vet rules
 	$(GO) test -race -timeout 20m $(PKGS)
 
-# bench runs every benchmark with -benchmem, COUNT times, then cdcserver in
-# its saturation configuration (10k tables, one scan worker, a scan channel of
-# one), prints one table of medians, the headline ratios and the server's
-# notify p99 and lag (scripts/benchtable), and rewrites the generated blocks
-# of README.md (headline) and docs/benchmarks.md (table) with them.
+# bench runs every benchmark with -benchmem, COUNT times, then cdcserver
+# synthetic in its saturation configuration (10k tables, one scan worker, a
+# scan channel of one), prints one table of medians, the headline ratios
+# and the server's notify p99 and lag (scripts/benchtable), and rewrites the
+# generated blocks of README.md (headline) and docs/benchmarks.md (table)
+# with them.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count $(COUNT) -benchtime $(BENCHTIME) $(PKGS) | tee bench.out
-	$(GO) run ./cmd/cdcserver --tables 10000 --scan-workers 1 --scan-queue 1 --duration 15s \
+	$(GO) run ./cmd/cdcserver synthetic --tables 10000 --scan-workers 1 --scan-queue 1 --duration 15s \
 		--progress-interval 0 --metrics-addr "" --json > bench_server.json
 	$(GO) run ./scripts/benchtable bench.out bench_server.json
 	$(GO) run ./scripts/benchtable -update bench.out bench_server.json
 
-# scale runs cdcserver at the sizes of the scale work (10k tables with the
-# defaults; 100k and 1M tables with a 1 s resolved interval; 100k tables of
-# two changefeeds with their collectors in two other processes) and writes
+# scale runs cdcserver synthetic at the sizes of the scale work (10k tables
+# with the defaults; 100k and 1M tables with a 1 s resolved interval; 100k
+# tables of two changefeeds with their collectors in two other processes,
+# which the server starts as cdcserver synthetic --role collector) and writes
 # one table of them into docs/benchmarks.md (scripts/benchtable -scale). A
 # run that fails verification still lands in the table, marked; the 1M run
 # goes four times: as it is, with --huge-pages, with the tables'
@@ -68,8 +70,8 @@ REMOTE_FLAGS ?= --changefeeds 2 --tables 2000 --duration 10s --json --progress-i
 remote:
 	$(GO) build -o bin/cdcserver ./cmd/cdcserver
 	for i in 1 2 3; do \
-		bin/cdcserver --remote-collectors 2 $(REMOTE_FLAGS) > remote-$$i.json || exit 1; \
-		bin/cdcserver $(REMOTE_FLAGS) > remote-all-$$i.json || exit 1; \
+		bin/cdcserver synthetic --remote-collectors 2 $(REMOTE_FLAGS) > remote-$$i.json || exit 1; \
+		bin/cdcserver synthetic $(REMOTE_FLAGS) > remote-all-$$i.json || exit 1; \
 	done
 	$(GO) run ./scripts/benchtable -remote remote-*.json
 	$(GO) run ./scripts/benchtable -remote -update remote-*.json
@@ -81,8 +83,8 @@ REMOTE_ROWS_FLAGS ?= --changefeeds 2 --tables 2000 --rate 400000 --duration 10s 
 remote-rows:
 	$(GO) build -o bin/cdcserver ./cmd/cdcserver
 	for i in 1 2 3; do \
-		bin/cdcserver --remote-collectors 2 $(REMOTE_ROWS_FLAGS) > rows400k-remote-$$i.json; \
-		bin/cdcserver $(REMOTE_ROWS_FLAGS) > rows400k-one-$$i.json; \
+		bin/cdcserver synthetic --remote-collectors 2 $(REMOTE_ROWS_FLAGS) > rows400k-remote-$$i.json; \
+		bin/cdcserver synthetic $(REMOTE_ROWS_FLAGS) > rows400k-one-$$i.json; \
 	done; true
 	$(GO) run ./scripts/benchtable -remote rows400k-*.json
 	$(GO) run ./scripts/benchtable -remote -block remote-rows -target remote-rows -update rows400k-*.json
@@ -93,14 +95,14 @@ SCALE_RUNS = scale-1k.json scale-10k.json scale-100k.json scale-100k-remote.json
 THP_MODE = /sys/kernel/mm/transparent_hugepage/enabled
 scale-runs:
 	$(GO) build -o bin/cdcserver ./cmd/cdcserver
-	-bin/cdcserver --tables 1000 --duration 18s $(SCALE_FLAGS) > scale-1k.json
-	-bin/cdcserver --tables 10000 --duration 20s $(SCALE_FLAGS) > scale-10k.json
-	-bin/cdcserver --tables 100000 --rate 10000 --ddl-interval 0 --resolved-interval 1s --duration 10s $(SCALE_FLAGS) > scale-100k.json
-	-bin/cdcserver $(SCALE_REMOTE) $(SCALE_FLAGS) > scale-100k-remote.json
-	-bin/cdcserver $(SCALE_1M) $(SCALE_FLAGS) > scale-1m.json
-	-bin/cdcserver $(SCALE_1M) --huge-pages $(SCALE_FLAGS) > scale-1m-hp.json
-	-bin/cdcserver $(SCALE_1M) --resolved-group-tables 1024 $(SCALE_FLAGS) > scale-1m-region.json
-	-bin/cdcserver $(SCALE_1M) --memory-limit 1900MiB $(SCALE_FLAGS) > scale-1m-limit.json
+	-bin/cdcserver synthetic --tables 1000 --duration 18s $(SCALE_FLAGS) > scale-1k.json
+	-bin/cdcserver synthetic --tables 10000 --duration 20s $(SCALE_FLAGS) > scale-10k.json
+	-bin/cdcserver synthetic --tables 100000 --rate 10000 --ddl-interval 0 --resolved-interval 1s --duration 10s $(SCALE_FLAGS) > scale-100k.json
+	-bin/cdcserver synthetic $(SCALE_REMOTE) $(SCALE_FLAGS) > scale-100k-remote.json
+	-bin/cdcserver synthetic $(SCALE_1M) $(SCALE_FLAGS) > scale-1m.json
+	-bin/cdcserver synthetic $(SCALE_1M) --huge-pages $(SCALE_FLAGS) > scale-1m-hp.json
+	-bin/cdcserver synthetic $(SCALE_1M) --resolved-group-tables 1024 $(SCALE_FLAGS) > scale-1m-region.json
+	-bin/cdcserver synthetic $(SCALE_1M) --memory-limit 1900MiB $(SCALE_FLAGS) > scale-1m-limit.json
 
 scale: scale-runs
 	$(GO) run ./scripts/benchtable -scale -update $(SCALE_RUNS)
@@ -113,7 +115,7 @@ scale: scale-runs
 scale-thp: scale-runs
 	prev=$$(sed 's/.*\[\(.*\)\].*/\1/' $(THP_MODE)); \
 	echo always > $(THP_MODE) || exit 1; \
-	bin/cdcserver $(SCALE_1M) $(SCALE_FLAGS) > scale-1m-thp.json; \
+	bin/cdcserver synthetic $(SCALE_1M) $(SCALE_FLAGS) > scale-1m-thp.json; \
 	echo $$prev > $(THP_MODE)
 	$(GO) run ./scripts/benchtable -scale -update -target scale-thp $(SCALE_RUNS) scale-1m-thp.json
 	$(GO) run ./scripts/benchtable -scale $(SCALE_RUNS) scale-1m-thp.json
@@ -131,10 +133,11 @@ clean:
 	$(GO) clean -testcache
 	rm -f bench.out bench_server.json scale-*.json remote-*.json rows400k-*.json bin/cdcserver
 
-# run starts the embedded changefeed server with its defaults (1000 tables,
-# about 20 seconds on 2 cores) and verifies delivery at the end.
+# run starts the synthetic server (cdcserver synthetic) with its defaults
+# (1000 tables, about 20 seconds on 2 cores) and verifies delivery at the
+# end; ARGS adds its flags.
 run:
-	$(GO) run ./cmd/cdcserver $(ARGS)
+	$(GO) run ./cmd/cdcserver synthetic $(ARGS)
 
 # soak runs the end-to-end suites at soak sizes (CDCFLOW_SOAK=1 scales every
 # scenario up, see tests/doc.go) and the model test with SOAK_SEEDS seeds.

@@ -19,8 +19,8 @@
 // wakeup). A sampler records, throughout, the preparation queues, the scan
 // channel, the inbox and the resolved-ts pending sets, which must stay
 // bounded by the number of dispatchers and the configured capacities.
-// Server scenarios run cmd/cdcserver/app/synthetic (the cdcserver) and assert on its own
-// verification summary.
+// Server scenarios run cmd/cdcserver/app/synthetic (cdcserver synthetic)
+// and assert on its own verification summary.
 //
 // # Suites
 //

@@ -21,7 +21,7 @@ import (
 // feeds of the service at addr from dir.
 func startCollectorProcess(t *testing.T, addr string, startTs uint64, cfg synthetic.Config, feeds, dir string, certs tlstest.Files) *childProcess {
 	t.Helper()
-	args := []string{"--role", synthetic.RoleCollector, "--connect", addr, "--start-ts", strconv.FormatUint(startTs, 10),
+	args := []string{synthetic.Command, "--role", synthetic.RoleCollector, "--connect", addr, "--start-ts", strconv.FormatUint(startTs, 10),
 		"--changefeeds", strconv.Itoa(cfg.Changefeeds), "--tables", strconv.Itoa(cfg.Tables), "--feeds", feeds, "--data-dir", dir,
 		"--tls-cert", certs.Cert, "--tls-key", certs.Key, "--tls-ca", certs.CA, "--metrics-addr", "127.0.0.1:0", "--log-level", "warn"}
 	return startChild(t, exec.Command(buildCDCServer(t), args...), linewatch.New(`^collector: serving .*; metrics at (\S+)`))

@@ -1,15 +1,10 @@
 package main
 
 import (
-	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 
 	"github.com/cdcflow/eventservice/cmd/cdcserver/app/exitcode"
 	"github.com/cdcflow/eventservice/cmd/cdcserver/app/synthetic"
@@ -32,6 +27,7 @@ func commands() []command {
 		{"status", "show a changefeed, whether or not serve runs: its binding, the WAL its slot holds, each table's progress", runStatus},
 		{"compare", "check that the target's tables hold the source's rows", runCompare},
 		{"remove", "remove a changefeed: its slot, its publication if it made it, the target's cdcflow state (the target's tables stay)", runRemove},
+		{synthetic.Command, "run the library on a seeded synthetic workload and verify what it delivered (benchmarks, tests)", runSynthetic},
 		{"version", "name the build", func(_ []string, stdout, _ io.Writer) int { fmt.Fprintln(stdout, version()); return exitcode.OK }},
 	}
 }
@@ -43,29 +39,40 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintf(w, "  %-9s %s\n", "help", "help on a command: cdcserver help serve")
-	fmt.Fprintf(w, "\nWithout a command, cdcserver runs the library's synthetic workload and verifies delivery (a benchmark;\n"+
-		"its flags: cdcserver help synthetic).\n")
 }
 
+// run is cdcserver: the command args name, or, without one, the overview
+// on stdout (exit OK). A first argument that is no command is a usage
+// error; a flag there says that flags follow a command (the synthetic
+// workload, which once ran without one, is cdcserver synthetic).
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 {
-		switch args[0] {
-		case "-h", "-help", "--help":
-			usage(stdout)
-			return exitcode.OK
-		case "help":
-			return runHelp(args[1:], stdout, stderr)
-		case "--version", "-version":
-			fmt.Fprintln(stdout, version())
-			return exitcode.OK
-		}
-		for _, c := range commands() {
-			if c.name == args[0] {
-				return c.run(args[1:], stdout, stderr)
-			}
+	if len(args) == 0 {
+		usage(stdout)
+		return exitcode.OK
+	}
+	switch args[0] {
+	case "-h", "-help", "--help":
+		usage(stdout)
+		return exitcode.OK
+	case "help":
+		return runHelp(args[1:], stdout, stderr)
+	case "--version", "-version":
+		fmt.Fprintln(stdout, version())
+		return exitcode.OK
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			return c.run(args[1:], stdout, stderr)
 		}
 	}
-	return runSynthetic(args, stdout, stderr)
+	if strings.HasPrefix(args[0], "-") {
+		fmt.Fprintf(stderr, "cdcserver: %s before a command: flags follow the command (the synthetic workload: cdcserver %s %s)\n\n",
+			args[0], synthetic.Command, strings.Join(args, " "))
+	} else {
+		fmt.Fprintf(stderr, "cdcserver: no command %q\n\n", args[0])
+	}
+	usage(stderr)
+	return exitcode.Setup
 }
 
 // runHelp is `cdcserver help [COMMAND]`: the overview, or a command's
@@ -75,9 +82,6 @@ func runHelp(args []string, stdout, stderr io.Writer) int {
 		usage(stdout)
 		return exitcode.OK
 	}
-	if args[0] == "synthetic" {
-		return runSynthetic([]string{"-h"}, stdout, stdout)
-	}
 	for _, c := range commands() {
 		if c.name == args[0] {
 			return c.run([]string{"-h"}, stdout, stdout)
@@ -86,53 +90,4 @@ func runHelp(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stderr, "cdcserver: no command %q\n\n", args[0])
 	usage(stderr)
 	return exitcode.Setup
-}
-
-// runSynthetic runs the synthetic workload (cdcserver without a command).
-func runSynthetic(args []string, stdout, stderr io.Writer) int {
-	cfg := synthetic.DefaultConfig()
-	fs := flag.NewFlagSet("cdcserver", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	cfg.BindFlags(fs)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: cdcserver [flags]\n\nRuns an embedded changefeed server on a synthetic workload and verifies delivery (cdcserver --help lists the commands).\n\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitcode.OK
-		}
-		return exitcode.Setup
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "cdcserver: unexpected arguments %q\n", fs.Args())
-		fs.Usage()
-		return exitcode.Setup
-	}
-	cfg.Flags = strings.Join(args, " ")
-	// The first SIGINT/SIGTERM stops the upstream and drains; the server
-	// still verifies and prints its summary.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if cfg.Role == synthetic.RoleCollector {
-		// A collector runs until SIGTERM/SIGINT and prints what it applied;
-		// the service verifies its sinks.
-		if _, err := synthetic.RunCollector(ctx, cfg, stdout, stderr); err != nil {
-			fmt.Fprintf(stderr, "cdcserver: %v\n", err)
-			if errors.Is(err, synthetic.ErrInvalidConfig) {
-				fs.Usage()
-			}
-			return exitcode.Setup
-		}
-		return exitcode.OK
-	}
-	sum, err := synthetic.Run(ctx, cfg, stdout, stderr)
-	if err != nil {
-		fmt.Fprintf(stderr, "cdcserver: %v\n", err)
-		if errors.Is(err, synthetic.ErrInvalidConfig) {
-			fs.Usage()
-		}
-		return exitcode.Setup
-	}
-	return synthetic.ExitStatus(sum)
 }

@@ -13,22 +13,50 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestBadFlagsExitTwoWithUsage(t *testing.T) {
 	for _, args := range [][]string{
-		{"--tables", "0"},
-		{"--refuse-rate", "1.5"},
-		{"--metrics-addr", "0.0.0.0:1"},
-		{"--no-such-flag"},
-		{"stray-argument"},
+		{"synthetic", "--tables", "0"},
+		{"synthetic", "--refuse-rate", "1.5"},
+		{"synthetic", "--metrics-addr", "0.0.0.0:1"},
+		{"synthetic", "--no-such-flag"},
+		{"synthetic", "stray-argument"},
 	} {
 		var out, errOut bytes.Buffer
 		require.Equal(t, 2, run(args, &out, &errOut), "%v", args)
-		require.Contains(t, errOut.String(), "usage: cdcserver", "%v", args)
+		require.Contains(t, errOut.String(), "usage: cdcserver synthetic", "%v", args)
 		require.Empty(t, out.String(), "nothing on stdout for %v", args)
 	}
 }
 
+// cdcserver without a command lists its commands on stdout and exits 0
+// (it once ran the synthetic workload); a flag or a word that is no
+// command is a usage error, and a flag is pointed at the command it
+// belongs to.
+func TestWithoutACommandItListsTheCommands(t *testing.T) {
+	var out, errOut bytes.Buffer
+	require.Equal(t, 0, run(nil, &out, &errOut))
+	require.Empty(t, errOut.String())
+	var help bytes.Buffer
+	require.Equal(t, 0, run([]string{"--help"}, &help, &errOut))
+	require.Equal(t, help.String(), out.String(), "the same as --help")
+	for _, c := range commands() {
+		require.Contains(t, out.String(), "\n  "+c.name+" ", c.name)
+	}
+
+	for _, args := range [][]string{{"--tables", "10"}, {"stray"}} {
+		out.Reset()
+		errOut.Reset()
+		require.Equal(t, 2, run(args, &out, &errOut), "%v", args)
+		require.Empty(t, out.String(), "%v", args)
+		require.Contains(t, errOut.String(), "usage: cdcserver COMMAND", "%v", args)
+	}
+	require.Contains(t, errOut.String(), `no command "stray"`)
+	errOut.Reset()
+	run([]string{"--tables", "10"}, &out, &errOut)
+	require.Contains(t, errOut.String(), "cdcserver synthetic --tables 10")
+}
+
 func TestJSONRunVerifiesAndExitsZero(t *testing.T) {
 	var out, errOut bytes.Buffer
-	code := run([]string{"--tables", "10", "--rate", "1000", "--duration", "500ms", "--json", "--metrics-addr", "",
+	code := run([]string{"synthetic", "--tables", "10", "--rate", "1000", "--duration", "500ms", "--json", "--metrics-addr", "",
 		"--progress-interval", "0", "--log-level", "error"}, &out, &errOut)
 	require.Equal(t, 0, code, errOut.String())
 	var sum map[string]any
@@ -75,6 +103,7 @@ func TestHelpListsTheCommands(t *testing.T) {
 	}
 	out.Reset()
 	require.Equal(t, 0, run([]string{"help", "synthetic"}, &out, &errOut))
+	require.Contains(t, out.String(), "usage: cdcserver synthetic")
 	require.Contains(t, out.String(), "-tables")
 	errOut.Reset()
 	require.Equal(t, 2, run([]string{"help", "nosuch"}, &out, &errOut))

@@ -31,7 +31,7 @@ func TestReferenceDocs(t *testing.T) {
 	require.NoError(t, refdoc.Sync("../../docs/reference/serve-flags.md", "serve-flags", refdoc.FlagTable(serve), *update))
 	readmeNamesEveryFlag(t, "../../README.md", "### `serve`'s flags", serve)
 
-	synFlags := flag.NewFlagSet("cdcserver", flag.ContinueOnError)
+	synFlags := flag.NewFlagSet("cdcserver "+synthetic.Command, flag.ContinueOnError)
 	scfg := synthetic.DefaultConfig()
 	scfg.BindFlags(synFlags)
 	require.NoError(t, refdoc.Sync("../../docs/reference/synthetic-flags.md", "synthetic-flags", refdoc.FlagTable(synFlags), *update))

@@ -58,7 +58,7 @@ func BenchmarkGeneratorRowCount(b *testing.B) {
 }
 
 // BenchmarkGeneratorRowsMillionTables is the end-of-run oracle of a
-// million-table run (cdcserver --tables 1000000 --rate 20000): the rows of
+// million-table run (cdcserver synthetic --tables 1000000 --rate 20000): the rows of
 // one table over 30 s. With sparse tables drawn block by block it costs
 // about what the table's few rows cost, not 3,000 ticks.
 func BenchmarkGeneratorRowsMillionTables(b *testing.B) {

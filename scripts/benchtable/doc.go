@@ -5,7 +5,7 @@
 //
 // Usage: go run ./scripts/benchtable [-update] bench.out [cdcserver.json]
 //
-// The optional second file is the one JSON object `cdcserver --json` prints;
+// The optional second file is the one JSON object `cdcserver synthetic --json` prints;
 // its notify and lag figures follow the ratios.
 //
 // With -update it prints nothing and rewrites, instead, the generated

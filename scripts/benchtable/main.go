@@ -35,8 +35,8 @@ func run(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("benchtable", flag.ContinueOnError)
 	fs.SetOutput(out)
 	update := fs.Bool("update", false, "rewrite the generated blocks of README.md and docs/benchmarks.md instead of printing")
-	remote := fs.Bool("remote", false, "the arguments are cdcserver --json outputs of runs with and without --remote-collectors: print (or with -update write into docs/benchmarks.md) their table and the rows/s ratio")
-	scale := fs.Bool("scale", false, "the arguments are cdcserver --json outputs of scale runs: print (or with -update write into docs/benchmarks.md) one table of them")
+	remote := fs.Bool("remote", false, "the arguments are cdcserver synthetic --json outputs of runs with and without --remote-collectors: print (or with -update write into docs/benchmarks.md) their table and the rows/s ratio")
+	scale := fs.Bool("scale", false, "the arguments are cdcserver synthetic --json outputs of scale runs: print (or with -update write into docs/benchmarks.md) one table of them")
 	readme := fs.String("readme", "README.md", "the document whose headline block -update rewrites")
 	doc := fs.String("doc", "docs/benchmarks.md", "the document whose table block -update rewrites")
 	target := fs.String("target", "", "the make target the stamp of a -scale or -remote block names (default: scale or remote)")
@@ -74,7 +74,7 @@ func run(args []string, out io.Writer) error {
 		return docblock.Replace(*doc, "benchtable:"+into, stamp+"\n```"+t.String()+"```\n")
 	}
 	if len(args) != 1 && len(args) != 2 {
-		return fmt.Errorf("usage: benchtable [-update] <go test -bench output file> [cdcserver --json output]")
+		return fmt.Errorf("usage: benchtable [-update] <go test -bench output file> [cdcserver synthetic --json output]")
 	}
 	f, err := os.Open(args[0])
 	if err != nil {
@@ -149,7 +149,7 @@ type scaleRun struct {
 // delivery, lag after the warm-up, wall time and peak RSS.
 func printScale(out io.Writer, paths []string) error {
 	if len(paths) == 0 {
-		return fmt.Errorf("-scale needs at least one cdcserver --json output")
+		return fmt.Errorf("-scale needs at least one cdcserver synthetic --json output")
 	}
 	runs, err := readRuns(paths)
 	if err != nil {
@@ -184,7 +184,7 @@ func printScale(out io.Writer, paths []string) error {
 	return nil
 }
 
-// readRuns reads cdcserver --json outputs.
+// readRuns reads cdcserver synthetic --json outputs.
 func readRuns(paths []string) ([]scaleRun, error) {
 	runs := make([]scaleRun, 0, len(paths))
 	for _, p := range paths {

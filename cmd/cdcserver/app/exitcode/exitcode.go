@@ -16,13 +16,14 @@
 //   - remove: OK removed (or nothing was left); Setup bad flags, refused
 //     (a serve streams the slot and no --force; a slot registered for
 //     another target) or failed.
-//   - the synthetic workload: OK verified (a --role collector process: stopped
+//   - synthetic: OK verified (a --role collector process: stopped
 //     cleanly); Failed verification failed (a violation proven from what
 //     the sinks hold, drained or not); Setup bad flags or a setup error;
 //     NotDrained some dispatcher had not reached the upstream's final
 //     resolved-ts at the drain deadline (--drain-timeout) and nothing
 //     delivered is wrong (delivery was behind, not lossy).
-//   - help and version: OK; help on a command that does not exist: Setup.
+//   - cdcserver without a command (its commands listed), help and version:
+//     OK; a command, or help on a command, that does not exist: Setup.
 package exitcode
 
 // The exit statuses.

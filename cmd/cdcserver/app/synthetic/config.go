@@ -115,8 +115,8 @@ type Config struct {
 	// MaxTargets and MaxDispatchersPerTarget bound what peers can make
 	// the service hold (eventservice.Options).
 	MaxTargets, MaxDispatchersPerTarget, MaxDispatchers int
-	// Executable is what RemoteCollectors starts; default this process's
-	// executable.
+	// Executable is what RemoteCollectors starts (with Command and --role
+	// collector): a cdcserver binary; default this process's executable.
 	Executable string
 	// Flags is the command line as given, echoed in the summary so that a
 	// figure names the run that produced it (cmd/cdcserver sets it).
@@ -165,6 +165,11 @@ func DefaultConfig() Config {
 // took a third of its CPU (docs/benchmarks.md, "Collectors in other
 // processes").
 const DefaultFreshBytes = 512 << 20
+
+// Command is the cdcserver command that runs this package: cdcserver
+// synthetic [flags]. The collector processes --remote-collectors starts
+// run Executable with it and --role collector.
+const Command = "synthetic"
 
 // Roles.
 const (

@@ -1,5 +1,5 @@
-// Package synthetic is the synthetic server (cdcserver without a
-// command): it wires the real parts into the embedded changefeed server that the
+// Package synthetic is the synthetic server, `cdcserver synthetic`: it
+// wires the real parts into the embedded changefeed server that the
 // end-to-end tests drive and the benchmarks measure: the pebble event
 // store fed by the synthetic upstream, the in-memory schema store with
 // scheduled DDLs, the event service, the in-process transport (optionally

@@ -73,8 +73,8 @@ func (s *server) startRemote(stderr io.Writer) error {
 	}
 	addr := ln.Addr().String()
 	start := uint64(s.meta.StartTs)
-	fmt.Fprintf(stderr, "service: listening on %s; start a collector with: cdcserver --role collector --connect %s --start-ts %d --changefeeds %d --tables %d --data-dir DIR [--feeds N,...]\n",
-		addr, addr, start, s.cfg.Changefeeds, s.cfg.Tables)
+	fmt.Fprintf(stderr, "service: listening on %s; start a collector with: cdcserver %s --role collector --connect %s --start-ts %d --changefeeds %d --tables %d --data-dir DIR [--feeds N,...]\n",
+		addr, Command, addr, start, s.cfg.Changefeeds, s.cfg.Tables)
 	if s.cfg.RemoteCollectors == 0 {
 		return nil // collectors started by hand: their dirs are looked at after they stop
 	}

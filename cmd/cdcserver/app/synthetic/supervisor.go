@@ -1,7 +1,7 @@
 // The supervisor of the collector processes --remote-collectors starts:
-// their command lines (this executable with --role collector), their
-// restarts on their data dirs when they exit on their own, their stop and
-// their summaries (child).
+// their command lines (this executable's synthetic command with --role
+// collector), their restarts on their data dirs when they exit on their
+// own, their stop and their summaries (child).
 
 package synthetic
 
@@ -54,8 +54,9 @@ func splitFeeds(feeds, n int) [][]int {
 	return out
 }
 
-// collectorArgs are the flags of a collector process serving feeds from
-// dataDir (flags it does not set keep their defaults).
+// collectorArgs are the arguments of a collector process serving feeds
+// from dataDir: the command, then its flags (flags it does not set keep
+// their defaults).
 func collectorArgs(cfg Config, addr string, startTs uint64, feeds []int, dataDir string) []string {
 	fs := make([]string, len(feeds))
 	for i, f := range feeds {
@@ -65,7 +66,7 @@ func collectorArgs(cfg Config, addr string, startTs uint64, feeds []int, dataDir
 	if cfg.MetricsAddr != "" {
 		metrics = "127.0.0.1:0"
 	}
-	args := []string{"--role", RoleCollector, "--connect", addr, "--start-ts", strconv.FormatUint(startTs, 10),
+	args := []string{Command, "--role", RoleCollector, "--connect", addr, "--start-ts", strconv.FormatUint(startTs, 10),
 		"--changefeeds", strconv.Itoa(cfg.Changefeeds), "--tables", strconv.Itoa(cfg.Tables), "--feeds", strings.Join(fs, ","),
 		"--data-dir", dataDir, "--inbox-capacity", strconv.Itoa(cfg.InboxCapacity), "--log-level", cfg.LogLevel,
 		"--metrics-addr", metrics}
