@@ -7,7 +7,9 @@
 // pool, hashed by subscription). A worker commits a pebble batch and only
 // then advances the subscription's resolved-ts and calls the notifiers of its
 // dispatchers. Iterators read a dispatcher's rows in (commit-ts, start-ts,
-// row key) order.
+// row key) order. An Upstream keeps its side of the Subscription contract
+// (no sink call once Close returned) with a SinkGuard per subscription, and
+// advances many at once with PushResolvedGuarded (sinkguard.go).
 //
 // Invariants:
 //   - Notify after commit: when a notifier is called with resolved-ts R,

@@ -1,5 +1,8 @@
-// Package upstream provides the sources that feed the event store through
-// eventstore.Upstream:
+// Package upstream provides the synthetic and test sources that feed the
+// event store through eventstore.Upstream (the synthetic server, tests and
+// benchmarks use them; nothing of production does, and what every
+// upstream needs to make a subscription's Close final, SinkGuard, is
+// eventstore's):
 //
 //   - Manual, for tests: it records subscriptions and pushes exactly the
 //     batches a test hands it (valid or not), and lets tests make Subscribe
