@@ -72,6 +72,7 @@ type core struct {
 	// copies what it keeps).
 	keys   [2][][]byte
 	datums []pgcodec.Datum
+	oids   []uint32 // commit's scratch
 }
 
 // streamState is what the stream keeps across its sessions (the stream
@@ -210,7 +211,8 @@ func (c *core) commit(m msgCommit) error {
 	if len(t.pending) > 0 || len(t.spilled) > 0 {
 		c.emit(action{kind: actFrontier, ts: t.ts})
 	}
-	for _, oid := range sortedOIDs(t.pending) {
+	c.oids = sortedOIDs(c.oids[:0], t.pending)
+	for _, oid := range c.oids {
 		c.flush(oid, true)
 	}
 	// Subscriptions with rows in this commit whose last chunk was pushed
@@ -249,10 +251,10 @@ func (c *core) commit(m msgCommit) error {
 	return nil
 }
 
-// sortedOIDs orders a transaction's tables, so that its pushes (and a
-// trace of them) come in one order.
-func sortedOIDs(m map[uint32][]common.Row) []uint32 {
-	out := make([]uint32, 0, len(m))
+// sortedOIDs appends a transaction's tables to out in order, so that its
+// pushes (and a trace of them) come in one order; out is the core's
+// scratch, so a commit allocates nothing for it.
+func sortedOIDs(out []uint32, m map[uint32][]common.Row) []uint32 {
 	for oid := range m {
 		out = append(out, oid)
 	}
