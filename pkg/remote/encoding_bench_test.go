@@ -247,3 +247,40 @@ func benchCodec(b *testing.B, rows int, roundTrip func(buf []byte) ([]byte, erro
 	b.ReportMetric(float64(len(buf)), "frame-bytes")
 	b.ReportMetric(float64(rows)*float64(b.N)/b.Elapsed().Seconds(), "rows/s")
 }
+
+// BenchmarkDecode decodes what crosses the wire, apart from encoding: a
+// data frame of one 64-row DMLBatch, one of 256 resolved-ts messages, and
+// the control plane's largest requests (a Register, a heartbeat of 256
+// checkpoints).
+func BenchmarkDecode(b *testing.B) {
+	resolved := make([]messaging.Message, 256)
+	checkpoints := make([]messaging.DispatcherCheckpoint, 256)
+	for i := range resolved {
+		id := common.DispatcherID{Hi: 3, Lo: uint64(i)}
+		resolved[i] = &messaging.Resolved{Header: messaging.Header{Dispatcher: id, Registration: 9, Epoch: 2, Seq: 1234}, Ts: 1_700_000_000_000, Slot: uint32(i)}
+		checkpoints[i] = messaging.DispatcherCheckpoint{Dispatcher: id, Registration: 9, Epoch: 2, Ts: 1_700_000_000_000, Slot: uint32(i)}
+	}
+	register := messaging.RegisterRequest{Dispatcher: common.DispatcherID{Hi: 3, Lo: 77}, Registration: 9,
+		Span: common.Span{TableID: 42, StartKey: []byte("t42_"), EndKey: []byte("t42`")}, StartTs: 1_700_000_000_000, Target: "collector-1", Slot: 7}
+	for _, c := range []struct {
+		name   string
+		frame  []byte
+		decode func([]byte) error
+	}{
+		{"frame=dml", appendMessages(nil, []messaging.Message{benchBatch()}), func(f []byte) error { _, err := decodeMessages(f); return err }},
+		{"frame=resolved", appendMessages(nil, resolved), func(f []byte) error { _, err := decodeMessages(f); return err }},
+		{"control=register", appendRegister(nil, register), func(f []byte) error { _, err := decodeControl(f); return err }},
+		{"control=heartbeat", appendHeartbeat(nil, messaging.HeartbeatRequest{Checkpoints: checkpoints}),
+			func(f []byte) error { _, err := decodeControl(f); return err }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(c.frame)))
+			for b.Loop() {
+				if err := c.decode(c.frame); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
