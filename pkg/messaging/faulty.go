@@ -31,7 +31,9 @@ type FaultOptions struct {
 	Delay func(target Target, msgs []Message)
 }
 
-func (o *FaultOptions) validate() error {
+// Validate reports every invalid field, each wrapping ErrInvalidOptions.
+// FaultOptions has no defaults: a zero rate injects no fault of its kind.
+func (o FaultOptions) Validate() error {
 	var errs []error
 	for _, r := range []struct {
 		name string
@@ -94,7 +96,7 @@ func NewFaulty(inner Transport, opts FaultOptions) (*Faulty, error) {
 		// first Send, in the sender's goroutine.
 		errs = append(errs, fmt.Errorf("%w: nil inner transport (%T)", ErrInvalidOptions, inner))
 	}
-	if err := opts.validate(); err != nil {
+	if err := opts.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -26,17 +26,21 @@ type InProcessOptions struct {
 	Logger *zap.Logger
 }
 
-func (o *InProcessOptions) ensureDefaults() {
+// EnsureDefaults returns a copy of o with every zero field set to its
+// default.
+func (o InProcessOptions) EnsureDefaults() InProcessOptions {
 	if o.Capacity == 0 {
 		o.Capacity = DefaultCapacity
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
+	return o
 }
 
-// validate reports every problem. REQUIRES: ensureDefaults was called.
-func (o *InProcessOptions) validate() error {
+// Validate reports every invalid field, each wrapping ErrInvalidOptions. It
+// expects defaults filled in (EnsureDefaults).
+func (o InProcessOptions) Validate() error {
 	var errs []error
 	if o.Capacity < 0 {
 		errs = append(errs, fmt.Errorf("%w: Capacity %d is negative", ErrInvalidOptions, o.Capacity))
@@ -78,8 +82,8 @@ var (
 // NewInProcess returns an open transport with no targets. Invalid options
 // return an error wrapping ErrInvalidOptions.
 func NewInProcess(opts InProcessOptions) (*InProcess, error) {
-	opts.ensureDefaults()
-	if err := opts.validate(); err != nil {
+	opts = opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	p := &InProcess{opts: opts, logger: opts.Logger.Named("messaging")}

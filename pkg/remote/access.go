@@ -50,10 +50,13 @@ func ParsePolicy(s string) (Policy, error) {
 			p[id] = append(p[id], messaging.Target(t))
 		}
 	}
-	return p, p.validate()
+	return p, p.Validate()
 }
 
-func (p Policy) validate() error {
+// Validate reports every problem of p (no identity, an empty identity, an
+// identity with no target, a target that fails messaging.Target.Validate),
+// joined and wrapping messaging.ErrInvalidOptions.
+func (p Policy) Validate() error {
 	var errs []error
 	if len(p) == 0 {
 		errs = append(errs, errors.New("policy names no identity"))

@@ -88,54 +88,69 @@ type Client struct {
 	reconnected chan struct{}
 }
 
+// EnsureDefaults returns a copy of o with every zero field set to its
+// documented default.
+func (o ClientOptions) EnsureDefaults() ClientOptions {
+	if o.Capacity == 0 {
+		o.Capacity = 4096
+	}
+	if o.RetryBase == 0 {
+		o.RetryBase = 50 * time.Millisecond
+	}
+	if o.RetryMax == 0 {
+		o.RetryMax = 2 * time.Second
+	}
+	if o.LivenessTimeout == 0 {
+		o.LivenessTimeout = DefaultLivenessTimeout
+	}
+	if o.CallTimeout == 0 {
+		o.CallTimeout = 10 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	o.Clock = clock.OrReal(o.Clock)
+	return o
+}
+
+// Validate reports every invalid field, joined and wrapping
+// messaging.ErrInvalidOptions. It expects defaults filled in
+// (EnsureDefaults).
+func (o ClientOptions) Validate() error {
+	var errs []error
+	if o.Addr == "" {
+		errs = append(errs, errors.New("Addr is required"))
+	}
+	if o.Target == "" {
+		errs = append(errs, errors.New("Target is required"))
+	}
+	if o.Capacity < 0 {
+		errs = append(errs, fmt.Errorf("Capacity %d is negative", o.Capacity))
+	}
+	if o.RetryBase < 0 || o.RetryMax < 0 {
+		errs = append(errs, errors.New("negative retry bound"))
+	}
+	if err := o.Target.Validate(); o.Target != "" && err != nil {
+		errs = append(errs, err)
+	}
+	if o.LivenessTimeout < 300*time.Millisecond {
+		errs = append(errs, fmt.Errorf("LivenessTimeout %v below 300ms", o.LivenessTimeout))
+	}
+	if o.CallTimeout < 0 {
+		errs = append(errs, fmt.Errorf("CallTimeout %v is negative", o.CallTimeout))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: %w", messaging.ErrInvalidOptions, err)
+	}
+	return nil
+}
+
 // NewClient validates opts and builds the local inbox. It starts nothing
 // and makes no connection.
 func NewClient(opts ClientOptions) (*Client, error) {
-	var errs []error
-	if opts.Addr == "" {
-		errs = append(errs, errors.New("Addr is required"))
-	}
-	if opts.Target == "" {
-		errs = append(errs, errors.New("Target is required"))
-	}
-	if opts.Capacity < 0 {
-		errs = append(errs, fmt.Errorf("Capacity %d is negative", opts.Capacity))
-	}
-	if opts.RetryBase < 0 || opts.RetryMax < 0 {
-		errs = append(errs, errors.New("negative retry bound"))
-	}
-	if err := opts.Target.Validate(); opts.Target != "" && err != nil {
-		errs = append(errs, err)
-	}
-	if opts.LivenessTimeout != 0 && opts.LivenessTimeout < 300*time.Millisecond {
-		errs = append(errs, fmt.Errorf("LivenessTimeout %v below 300ms", opts.LivenessTimeout))
-	}
-	if opts.CallTimeout < 0 {
-		errs = append(errs, fmt.Errorf("CallTimeout %v is negative", opts.CallTimeout))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("%w: %w", messaging.ErrInvalidOptions, err)
-	}
-	if opts.Capacity == 0 {
-		opts.Capacity = 4096
-	}
-	if opts.RetryBase == 0 {
-		opts.RetryBase = 50 * time.Millisecond
-	}
-	if opts.RetryMax == 0 {
-		opts.RetryMax = 2 * time.Second
-	}
-	if opts.LivenessTimeout == 0 {
-		opts.LivenessTimeout = DefaultLivenessTimeout
-	}
-	if opts.CallTimeout == 0 {
-		opts.CallTimeout = 10 * time.Second
-	}
-	if opts.Logger == nil {
-		opts.Logger = zap.NewNop()
-	}
-	if opts.Clock == nil {
-		opts.Clock = clock.Real{}
+	opts = opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
 	}
 	met, err := newClientMetrics(opts.Registerer, opts.Target)
 	if err != nil {

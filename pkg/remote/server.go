@@ -96,7 +96,9 @@ type ServerOptions struct {
 	StreamInterceptor grpc.StreamServerInterceptor
 }
 
-func (o ServerOptions) withDefaults() ServerOptions {
+// EnsureDefaults returns a copy of o with every zero field set to its
+// documented default.
+func (o ServerOptions) EnsureDefaults() ServerOptions {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
@@ -116,7 +118,10 @@ func (o ServerOptions) withDefaults() ServerOptions {
 	return o
 }
 
-func (o ServerOptions) validate() error {
+// Validate reports every invalid field, each wrapping
+// messaging.ErrInvalidOptions. It expects defaults filled in
+// (EnsureDefaults).
+func (o ServerOptions) Validate() error {
 	p := optcheck.New(messaging.ErrInvalidOptions)
 	p.NotTypedNil("Registerer", o.Registerer)
 	p.NotTypedNil("Clock", o.Clock)
@@ -128,7 +133,7 @@ func (o ServerOptions) validate() error {
 	p.Require(o.TLS == nil || o.Policy != nil, "TLS without a Policy: say which certificate identity may serve which targets")
 	p.Require(o.TLS != nil || o.Policy == nil, "a Policy needs TLS: a plaintext peer has no identity")
 	if o.Policy != nil {
-		if err := o.Policy.validate(); err != nil {
+		if err := o.Policy.Validate(); err != nil {
 			p.Addf("%v", err)
 		}
 	}
@@ -159,8 +164,8 @@ type Server struct {
 // NewServer validates opts and builds a server. It starts nothing.
 // Errors wrap messaging.ErrInvalidOptions, or are the Registerer's.
 func NewServer(opts ServerOptions) (*Server, error) {
-	opts = opts.withDefaults()
-	if err := opts.validate(); err != nil {
+	opts = opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	s := &Server{opts: opts, log: opts.Logger.Named("remote")}

@@ -25,15 +25,18 @@ type MemoryOptions struct {
 	Logger *zap.Logger
 }
 
-// ensureDefaults fills zero values with their documented defaults.
-func (o *MemoryOptions) ensureDefaults() {
+// EnsureDefaults returns a copy of o with every zero field set to its
+// documented default.
+func (o MemoryOptions) EnsureDefaults() MemoryOptions {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
+	return o
 }
 
-// validate reports every problem with o. REQUIRES: ensureDefaults was called.
-func (o *MemoryOptions) validate() error {
+// Validate reports every invalid field, each wrapping ErrInvalidOptions. It
+// expects defaults filled in (EnsureDefaults).
+func (o MemoryOptions) Validate() error {
 	var errs []error
 	seen := make(map[tableTs]struct{}, len(o.InitialDDLs))
 	for i, d := range o.InitialDDLs {
@@ -114,8 +117,8 @@ var _ Store = (*Memory)(nil)
 // opts.InitialDDLs. Invalid options return an error wrapping
 // ErrInvalidOptions.
 func NewMemory(opts MemoryOptions) (*Memory, error) {
-	opts.ensureDefaults()
-	if err := opts.validate(); err != nil {
+	opts = opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	m := &Memory{logger: opts.Logger.Named("schemastore")}

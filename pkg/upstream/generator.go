@@ -159,7 +159,7 @@ func NewGenerator(opts GeneratorOptions) (*Generator, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	o := opts.WithDefaults()
+	o := opts.EnsureDefaults()
 	if o.StartTs == 0 {
 		tickMs := o.Tick.Milliseconds()
 		if k := o.Clock.Now().UnixMilli() / tickMs; k > 0 {

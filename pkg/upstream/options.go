@@ -113,10 +113,10 @@ type GeneratorOptions struct {
 	Logger *zap.Logger
 }
 
-// WithDefaults returns a copy of o with every zero field set to its default.
+// EnsureDefaults returns a copy of o with every zero field set to its default.
 // StartTs stays zero here: its default depends on the clock and is resolved
 // by NewGenerator.
-func (o GeneratorOptions) WithDefaults() GeneratorOptions {
+func (o GeneratorOptions) EnsureDefaults() GeneratorOptions {
 	if o.Tables == 0 {
 		o.Tables = DefaultTables
 	}
@@ -160,7 +160,7 @@ func (o GeneratorOptions) WithDefaults() GeneratorOptions {
 // per problem, each wrapping ErrInvalidOptions. Zero fields are valid (they
 // take defaults); Validate checks the defaulted values.
 func (o GeneratorOptions) Validate() error {
-	d := o.WithDefaults()
+	d := o.EnsureDefaults()
 	var errs []error
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...))

@@ -15,7 +15,7 @@ import (
 
 func TestOptionsDefaults(t *testing.T) {
 	require.NoError(t, GeneratorOptions{}.Validate())
-	d := GeneratorOptions{}.WithDefaults()
+	d := GeneratorOptions{}.EnsureDefaults()
 	require.Equal(t, DefaultTables, d.Tables)
 	require.Equal(t, DefaultRowsPerSec, d.RowsPerSec)
 	require.Equal(t, DefaultTxnRows, d.TxnRows)
@@ -29,7 +29,7 @@ func TestOptionsDefaults(t *testing.T) {
 	require.Zero(t, d.HotFraction)
 	require.NotNil(t, d.Clock)
 	require.NotNil(t, d.Logger)
-	require.Equal(t, 1, GeneratorOptions{Tables: 50}.WithDefaults().HotTables, "HotTables is at least 1")
+	require.Equal(t, 1, GeneratorOptions{Tables: 50}.EnsureDefaults().HotTables, "HotTables is at least 1")
 }
 
 func TestOptionsValidateReportsEveryField(t *testing.T) {
