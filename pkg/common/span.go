@@ -7,9 +7,6 @@ import (
 	"strconv"
 )
 
-// ErrInvalidSpan is returned (wrapped) for a span that fails validation.
-var ErrInvalidSpan = errors.New("invalid span")
-
 // Span is a key range [StartKey, EndKey) of one table. An empty EndKey means
 // "to the end of the table", so Span{TableID: t} covers the whole table.
 type Span struct {

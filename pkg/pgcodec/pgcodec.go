@@ -11,9 +11,6 @@ import (
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
-// ErrMalformed wraps every decoding error.
-var ErrMalformed = errors.New("pgcodec: malformed")
-
 // Change is the kind of a row change.
 type Change byte
 

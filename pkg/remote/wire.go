@@ -2,7 +2,6 @@ package remote
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math/bits"
 
@@ -34,10 +33,6 @@ import (
 // fewest bytes an element can take (minMessageBytes, minRowBytes, ...), so
 // what a frame makes the receiver allocate is bounded by a small multiple
 // of its size (maxDecodeAmplification), whatever its bytes say.
-
-// ErrMalformed: a frame that does not decode. Whoever receives one drops
-// the stream (the peer speaks another protocol or is broken).
-var ErrMalformed = errors.New("remote: malformed frame")
 
 // The fewest bytes an encoded element takes. A count is refused when the
 // bytes left could not hold that many elements.

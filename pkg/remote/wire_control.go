@@ -24,11 +24,6 @@ const WireVersion = 2
 // mismatch.
 const wireMagic = "CDCF"
 
-// ErrVersionMismatch: the peer speaks another version of the wire. A
-// client's call that fails with it wraps messaging.ErrInvalidRequest too
-// (retrying cannot help).
-var ErrVersionMismatch = errors.New("remote: wire version mismatch")
-
 // maxUpFrameBytes bounds every frame the service receives: control
 // requests and stream frames. The largest valid one is a full heartbeat
 // (MaxHeartbeatCheckpoints entries of at most 51 bytes: about 410 KiB);

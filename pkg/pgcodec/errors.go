@@ -1,0 +1,6 @@
+package pgcodec
+
+import "errors"
+
+// ErrMalformed wraps every decoding error.
+var ErrMalformed = errors.New("pgcodec: malformed")
