@@ -10,36 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcflow/eventservice/internal/backoff"
-	"github.com/cdcflow/eventservice/pkg/clock"
 )
-
-// ListenOptions configure Listen.
-type ListenOptions struct {
-	// DSN is the connection string (pgx syntax). Required.
-	DSN string
-	// Channels are LISTENed to after every (re)connect. At least one.
-	Channels []string
-	// OnConnect runs after every successful (re)connect and LISTEN, before
-	// any notification is handed out: NOTIFY is not durable, so a listener
-	// that was away re-reads the state it follows here. An error drops the
-	// connection and retries after the back-off. It runs on Listen's
-	// goroutine, holding no lock, with notifications held back until it
-	// returns.
-	OnConnect func(ctx context.Context) error
-	// OnNotify receives each notification, in order, on Listen's goroutine
-	// and holding no lock. Required. While it runs the next notification
-	// waits (in the connection's buffer, then in the server's notification
-	// queue, which is bounded: once a lagging listener has filled it, the
-	// senders' NOTIFYs fail), so it should record and return.
-	OnNotify func(channel, payload string)
-	// RetryBase and RetryMax bound the reconnect back-off (doubling).
-	// Defaults 50ms and 5s.
-	RetryBase, RetryMax time.Duration
-	// Logger defaults to zap.NewNop(); Clock (the back-off's) to the real
-	// clock.
-	Logger *zap.Logger
-	Clock  clock.Clock
-}
 
 // Listen listens until ctx ends, reconnecting with back-off whenever the
 // connection is lost; it returns ctx.Err(), or at once an ErrInvalidOptions
@@ -48,27 +19,9 @@ type ListenOptions struct {
 // for its data (SQLSTATE class 22: a character its encoding lacks, say),
 // since no reconnect would change that. It runs on the caller's goroutine.
 func Listen(ctx context.Context, o ListenOptions) error {
-	if o.DSN == "" || len(o.Channels) == 0 || o.OnNotify == nil {
-		return fmt.Errorf("%w: Listen needs DSN, Channels and OnNotify", ErrInvalidOptions)
-	}
-	for _, c := range o.Channels {
-		// pgx.Identifier.Sanitize drops NUL bytes: unchecked, "a\x00b"
-		// would LISTEN to "ab".
-		if err := checkChannel(c); err != nil {
-			return err
-		}
-	}
-	if o.RetryBase <= 0 {
-		o.RetryBase = 50 * time.Millisecond
-	}
-	if o.RetryMax <= 0 {
-		o.RetryMax = 5 * time.Second
-	}
-	if o.Logger == nil {
-		o.Logger = zap.NewNop()
-	}
-	if o.Clock == nil {
-		o.Clock = clock.Real{}
+	o = o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
+		return err
 	}
 	log := o.Logger.Named("pgnotify.listen")
 	// No jitter: one listener per process, no herd to spread.

@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/pendingset"
 )
 
@@ -29,45 +28,6 @@ const maxChannelBytes = 63
 
 // notifySQL sends a whole batch in one statement.
 const notifySQL = "SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) AS t(c, p)"
-
-// Sentinel errors; every error the package returns wraps one of them.
-var (
-	// ErrInvalidOptions: Options or ListenOptions failed validation.
-	ErrInvalidOptions = errors.New("pgnotify: invalid options")
-	// ErrPayloadTooLarge: a payload of MaxPayloadBytes+1 bytes or more.
-	ErrPayloadTooLarge = errors.New("pgnotify: payload too large")
-	// ErrInvalidPayload: a payload with a NUL byte or invalid UTF-8, which
-	// PostgreSQL refuses (SQLSTATE 22021) for the whole batch carrying it.
-	ErrInvalidPayload = errors.New("pgnotify: invalid payload")
-	// ErrInvalidChannel: a channel that is empty, over 63 bytes, or holds
-	// a NUL byte or invalid UTF-8.
-	ErrInvalidChannel = errors.New("pgnotify: invalid channel")
-	// ErrClosed: Start or Publish after Close.
-	ErrClosed = errors.New("pgnotify: publisher closed")
-)
-
-// Options configure a Publisher.
-type Options struct {
-	// DSN is the connection string (pgx syntax). Required.
-	DSN string
-	// MaxBatch is the most notifications in one statement. Default 512.
-	MaxBatch int
-	// Connections is how many statements may be in flight at once, each on
-	// a connection of its own (the pending set's MaxInFlight: the batches
-	// in flight hold disjoint keys, so a key's notifications stay in
-	// order). One statement at a time caps a publisher at MaxBatch per
-	// round trip. Default 1, at most MaxConnections.
-	Connections int
-	// Logger defaults to zap.NewNop(); Registerer (nil: no metrics) gets
-	// the pending set's metrics under the prefix "pgnotify"; Clock defaults
-	// to the real clock.
-	Logger     *zap.Logger
-	Registerer prometheus.Registerer
-	Clock      clock.Clock
-	// ConstLabels are attached to every metric, so that several publishers
-	// can share a Registerer.
-	ConstLabels prometheus.Labels
-}
 
 type pubKey struct{ channel, key string }
 
@@ -89,9 +49,8 @@ type Publisher struct {
 	// their data even alone (see deliver).
 	rejected prometheus.Counter
 
-	// onReject, if set (by tests only, before Start), runs on the
-	// delivering goroutine for every notification dropped that way.
-	onReject func(channel, key string, err error)
+	// knobs are set by tests before Start; zero in production.
+	knobs testingKnobs
 
 	// free hands out the indexes of conns, one per delivery in flight (the
 	// pump runs at most Connections at once, so taking one never waits).
@@ -102,25 +61,20 @@ type Publisher struct {
 	conns []*pgx.Conn
 }
 
+// testingKnobs are the publisher's test hooks, all in one place: tests
+// set them before Start; in production they are zero and each costs one
+// comparison.
+type testingKnobs struct {
+	// rejected runs on the delivering goroutine for every notification
+	// dropped because the server refused its data (see reject).
+	rejected func(channel, key string, err error)
+}
+
 // New validates opts and builds a publisher. It starts nothing.
 func New(opts Options) (*Publisher, error) {
-	if opts.DSN == "" {
-		return nil, fmt.Errorf("%w: DSN is required", ErrInvalidOptions)
-	}
-	if _, err := pgx.ParseConfig(opts.DSN); err != nil {
-		return nil, fmt.Errorf("%w: DSN: %v", ErrInvalidOptions, err)
-	}
-	if opts.MaxBatch < 0 {
-		return nil, fmt.Errorf("%w: MaxBatch %d is negative", ErrInvalidOptions, opts.MaxBatch)
-	}
-	if opts.Connections < 0 || opts.Connections > MaxConnections {
-		return nil, fmt.Errorf("%w: Connections %d not in 0..%d", ErrInvalidOptions, opts.Connections, MaxConnections)
-	}
-	if opts.Connections == 0 {
-		opts.Connections = 1
-	}
-	if opts.Logger == nil {
-		opts.Logger = zap.NewNop()
+	opts = opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
 	}
 	p := &Publisher{opts: opts, log: opts.Logger.Named("pgnotify"),
 		connects: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgnotify_connects_total",
@@ -305,8 +259,8 @@ func (p *Publisher) reject(e pendingset.Entry[pubKey, string], pgErr *pgconn.PgE
 	p.log.Warn("the server refused a notification's data; dropped",
 		zap.String("channel", e.Key.channel), zap.String("key", e.Key.key), zap.Int("payload_bytes", len(e.Value)),
 		zap.String("sqlstate", pgErr.Code), zap.String("message", pgErr.Message))
-	if p.onReject != nil {
-		p.onReject(e.Key.channel, e.Key.key, pgErr)
+	if k := p.knobs.rejected; k != nil {
+		k(e.Key.channel, e.Key.key, pgErr)
 	}
 }
 

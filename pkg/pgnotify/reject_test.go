@@ -95,7 +95,7 @@ func testRefusedEntry(t *testing.T, dsn, sqlstate string, conns int, addBad func
 	p, err := New(Options{DSN: dsn, Connections: conns, Clock: clock.NewFake(time.Unix(1000, 0)), Registerer: prometheus.NewRegistry()})
 	require.NoError(t, err)
 	rejected := make(chan rejection, 4)
-	p.onReject = func(channel, key string, err error) { rejected <- rejection{channel, key, err} }
+	p.knobs.rejected = func(channel, key string, err error) { rejected <- rejection{channel, key, err} }
 	// Queued before Start: the pump's first drain takes all 100 as one
 	// batch, the bad entry in its middle.
 	for k := range good {
