@@ -52,16 +52,23 @@ type Pump[K comparable, V any] struct {
 
 	stopOnce, drainOnce sync.Once
 
-	// drainWaits, if set (by tests only, before Drain), runs when Drain has
-	// requested drain mode and is about to wait for the set to settle, the
-	// goroutine to exit or ctx to end.
-	drainWaits func()
+	// knobs are set by tests before Start; zero in production.
+	knobs testingKnobs
 
 	mu struct {
 		sync.Mutex
 		started, stopped bool
 		cancel           context.CancelFunc // cancels deliver's context
 	}
+}
+
+// testingKnobs are the pump's test hooks, all in one place: tests set
+// them before Start; in production they are zero and each costs one
+// comparison.
+type testingKnobs struct {
+	// drainWaits runs when Drain has requested drain mode and is about to
+	// wait for the set to settle, the goroutine to exit or ctx to end.
+	drainWaits func()
 }
 
 // NewPump returns a pump for s that delivers with deliver. It starts
@@ -136,8 +143,8 @@ func (p *Pump[K, V]) Drain(ctx context.Context) error {
 		return ErrNotStarted
 	}
 	p.drainOnce.Do(func() { close(p.drainCh) })
-	if p.drainWaits != nil {
-		p.drainWaits()
+	if k := p.knobs.drainWaits; k != nil {
+		k()
 	}
 	select {
 	case <-p.quietCh:

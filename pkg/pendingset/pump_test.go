@@ -189,7 +189,7 @@ func TestPumpDrainDeadline(t *testing.T) {
 			})
 			require.NoError(t, err)
 			waiting := make(chan struct{})
-			p.drainWaits = func() { close(waiting) }
+			p.knobs.drainWaits = func() { close(waiting) }
 			t.Cleanup(p.Stop) // a failed run leaves no goroutine behind
 			for k := range 3 {
 				s.Add(k, 1)

@@ -93,10 +93,8 @@ func (t *tableHistory) searchAbove(ts common.Ts) int {
 type Memory struct {
 	logger *zap.Logger
 
-	// stopWaits, if set (by tests only, before any cancel), runs when a
-	// cancel finds its subscriber's callback in flight and is about to wait
-	// for it.
-	stopWaits func()
+	// knobs are set by tests before any Subscribe; zero in production.
+	knobs testingKnobs
 
 	mu struct {
 		// RWMutex so that the scheduler's many readers do not block each other.
@@ -109,6 +107,15 @@ type Memory struct {
 		// under the lock after unlocking, without copying.
 		subs []*subscriber
 	}
+}
+
+// testingKnobs are the store's test hooks, all in one place: tests set
+// them before any Subscribe; in production they are zero and each costs
+// one comparison.
+type testingKnobs struct {
+	// stopWaits runs when a cancel finds its subscriber's callback in
+	// flight and is about to wait for it.
+	stopWaits func()
 }
 
 var _ Store = (*Memory)(nil)
@@ -298,7 +305,7 @@ func (m *Memory) Subscribe(fn func(resolvedTs common.Ts)) (cancel func()) {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			s.stop(m.stopWaits)
+			s.stop(m.knobs.stopWaits)
 			m.removeSubscriber(s)
 		})
 	}

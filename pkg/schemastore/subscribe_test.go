@@ -67,7 +67,7 @@ func TestSubscriberSkipsStaleFrontier(t *testing.T) {
 func TestCancelWaitsForRunningCallback(t *testing.T) {
 	m := newMemory(t, 0)
 	waiting := make(chan struct{})
-	m.stopWaits = func() { close(waiting) }
+	m.knobs.stopWaits = func() { close(waiting) }
 	entered := make(chan struct{})
 	release := make(chan struct{})
 	var releaseOnce sync.Once

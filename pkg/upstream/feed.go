@@ -89,8 +89,8 @@ func (g *Generator) run() {
 		passNow := g.feedDue(tg)
 		next := g.tickBoundaryAfter(passNow)
 		wait := next.Sub(g.clock.Now())
-		if g.armHookForTesting != nil {
-			g.armHookForTesting()
+		if k := g.knobs.arming; k != nil {
+			k()
 		}
 		t.Reset(wait)
 		// The wait is relative, so a clock that moved between reading it
@@ -188,8 +188,8 @@ func (g *Generator) feedDue(tg *tickGen) (passNow time.Time) {
 		g.flushAdvances(f, last)
 		clear(round)
 		sc.spare = round
-		if g.passHookForTesting != nil {
-			g.passHookForTesting(passInfo{frontier: f, more: len(sc.ready) > 0})
+		if k := g.knobs.pass; k != nil {
+			k(passInfo{frontier: f, more: len(sc.ready) > 0})
 		}
 		if len(sc.ready) == 0 {
 			return passNow
@@ -397,7 +397,9 @@ func (s *genSub) tickRows(tg *tickGen, k int64) []common.Row {
 	// the Row structs, and every tick gets fresh key and value bytes.
 	s.cache = s.cache[:0]
 	if k, n, ok := s.g.w.nextTickMemo(&s.memo, s.span.Table(), k, k); ok {
-		s.g.ticksGeneratedForTesting.Add(1)
+		if k := s.g.knobs.tickGenerated; k != nil {
+			k()
+		}
 		s.cache = tg.appendTick(s.cache, s.span.Table(), k, n, s.lo, s.g.w.endTs, s.filter)
 	}
 	s.cacheTick = k

@@ -118,7 +118,7 @@ func TestBoundaryCrossedDuringAPassIsNotLost(t *testing.T) {
 	clk := clock.NewFake(t0.Add(time.Second + 5*time.Millisecond))
 	g := newTestGenerator(t, feedOptions(clk))
 	passes := make(chan struct{}, 16)
-	g.passHookForTesting = func(p passInfo) {
+	g.knobs.pass = func(p passInfo) {
 		if !p.more {
 			passes <- struct{}{}
 		}
@@ -164,7 +164,7 @@ func TestBoundaryPassedWhileArmingIsNotLost(t *testing.T) {
 	g := newTestGenerator(t, feedOptions(clk))
 	w := watchPasses(g)
 	var arm atomic.Bool
-	g.armHookForTesting = func() {
+	g.knobs.arming = func() {
 		if arm.CompareAndSwap(true, false) {
 			clk.Advance(testTick) // in the gap: no timer is armed, nothing fires
 		}

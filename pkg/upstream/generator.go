@@ -58,16 +58,8 @@ type Generator struct {
 	// starts without waiting for the next tick. Capacity 1: kicks coalesce.
 	kick chan struct{}
 
-	// passHookForTesting, if set before Start, is called by the driver at
-	// the end of every pass.
-	passHookForTesting func(passInfo)
-	// armHookForTesting, if set before Start, is called by the driver
-	// after it has computed its next wait and before it arms the timer
-	// with it: a test moves the clock there to hold that gap open.
-	armHookForTesting func()
-	// ticksGeneratedForTesting counts the ticks whose rows the driver
-	// generated.
-	ticksGeneratedForTesting atomic.Int64
+	// knobs are set by tests before Start; zero in production.
+	knobs testingKnobs
 
 	// Single-word counters, read by Stats without a lock.
 	rowsGenerated atomic.Uint64
@@ -145,8 +137,23 @@ func (sc *schedule) touch(ss []*genSub) {
 
 var _ eventstore.Upstream = (*Generator)(nil)
 
+// testingKnobs are the generator's test hooks, all in one place: tests
+// set them before Start; in production they are zero and each costs one
+// comparison. Each runs on the driver goroutine.
+type testingKnobs struct {
+	// pass runs at the end of every pass of the driver.
+	pass func(passInfo)
+	// arming runs after the driver has computed its next wait and before
+	// it arms the timer with it: a test moves the clock there to hold
+	// that gap open.
+	arming func()
+	// tickGenerated runs each time the driver generated one tick's rows
+	// of one subscription.
+	tickGenerated func()
+}
+
 // passInfo describes one round of the driver over its ready list, for
-// tests.
+// tests (testingKnobs.pass).
 type passInfo struct {
 	frontier common.Ts
 	// more is true when some subscription has work left below frontier.

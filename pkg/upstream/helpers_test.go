@@ -138,7 +138,7 @@ type passWatcherForTest struct {
 func watchPasses(g *Generator) *passWatcherForTest {
 	w := &passWatcherForTest{}
 	w.mu.changed = make(chan struct{})
-	g.passHookForTesting = w.hook
+	g.knobs.pass = w.hook
 	return w
 }
 
