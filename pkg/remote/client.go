@@ -86,6 +86,9 @@ type Client struct {
 	// reconnected holds a token after a data stream other than the first
 	// opened (capacity 1: reconnects while nobody looked coalesce).
 	reconnected chan struct{}
+
+	// knobs are set by tests before Start; zero in production.
+	knobs testingKnobs
 }
 
 // EnsureDefaults returns a copy of o with every zero field set to its
@@ -369,7 +372,7 @@ func (c *Client) stream(ctx context.Context) (opened bool, err error) {
 // watch ends the stream (cause errDeadLink) once nothing arrived for the
 // liveness timeout or a grant has been blocked that long.
 func (c *Client) watch(ctx context.Context, cancel context.CancelCauseFunc, live *linkWatch) {
-	t := c.opts.Clock.NewTicker(c.opts.LivenessTimeout / 3)
+	t := c.knobs.watchdogTicker(c.opts.Clock, c.opts.LivenessTimeout/3)
 	defer t.Stop()
 	for {
 		select {

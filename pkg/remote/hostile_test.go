@@ -28,11 +28,18 @@ import (
 // serve starts a server with opts on a loopback port.
 func serve(t *testing.T, opts ServerOptions) (*Server, string, *controlForTest) {
 	t.Helper()
+	return serveWithKnobs(t, opts, testingKnobs{})
+}
+
+// serveWithKnobs is serve with the server's testingKnobs set.
+func serveWithKnobs(t *testing.T, opts ServerOptions, knobs testingKnobs) (*Server, string, *controlForTest) {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	cp := &controlForTest{calls: make(chan any, 16)}
 	srv, err := NewServer(opts)
 	require.NoError(t, err)
+	srv.knobs = knobs
 	require.NoError(t, srv.Start(lis, cp))
 	t.Cleanup(srv.Close)
 	return srv, lis.Addr().String(), cp

@@ -1,8 +1,6 @@
 package remote
 
 import (
-	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,20 +15,22 @@ import (
 )
 
 // The liveness watchdogs: the server's stream handler's and the client's
-// watch. Their tickers are told apart by the function that creates them.
+// watch, told apart by the knob that wrapped their tickers.
 const (
-	serverWatchdog = "(*Server).data"
-	clientWatchdog = "(*Client).watch"
+	serverWatchdog = "server"
+	clientWatchdog = "client"
 )
 
 // watchdogClock is a clock.Fake that also tells when a liveness watchdog
 // has judged the ticks it was given, so that a test advances the clock
 // only once each watchdog is parked again: time then cannot move on while
 // a watchdog is still to read it, and the test sees exactly what the
-// watchdog concluded at each tick. A watchdog is parked when its select
-// takes its ticker's channel (Ticker.C, called once per pass of its loop)
-// and finds no tick pending after the clock's last advance: the tick was
-// received and judged on the previous pass. Time moves only in advance.
+// watchdog concluded at each tick. The watchdogs' tickers reach it
+// through the server's and the client's testingKnobs (knobs). A watchdog
+// is parked when its select takes its ticker's channel (Ticker.C, called
+// once per pass of its loop) and finds no tick pending after the clock's
+// last advance: the tick was received and judged on the previous pass.
+// Time moves only in advance.
 type watchdogClock struct {
 	*clock.Fake
 	steps atomic.Int64 // advances done
@@ -42,12 +42,12 @@ type watchdogClock struct {
 	}
 }
 
-// watchedTicker is a ticker of the fake clock, noting its creator and when
-// its receiver came back to it.
+// watchedTicker is a watchdog's ticker of the fake clock, noting its
+// owner and when its receiver came back to it.
 type watchedTicker struct {
 	clk    *watchdogClock
 	inner  clock.Ticker
-	owner  string // the function that created it
+	owner  string // serverWatchdog or clientWatchdog
 	period time.Duration
 	born   time.Time
 	// Under clk.mu: the step of the last C that found no tick pending
@@ -67,27 +67,16 @@ func (c *watchdogClock) changedLocked() {
 	c.mu.changed = make(chan struct{})
 }
 
-// NewTicker is the fake's, noting which function created it.
-func (c *watchdogClock) NewTicker(d time.Duration) clock.Ticker {
-	pcs := make([]uintptr, 8)
-	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs)])
-	owner := ""
-	for {
-		f, more := frames.Next()
-		if !strings.Contains(f.Function, "watchdogClock") {
-			owner = f.Function
-			break
-		}
-		if !more {
-			break
-		}
-	}
-	w := &watchedTicker{clk: c, inner: c.Fake.NewTicker(d), owner: owner, period: d, born: c.Now(), parkedAt: -1}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.mu.tickers = append(c.mu.tickers, w)
-	c.changedLocked()
-	return w
+// knobs watch the watchdogs of the side named owner.
+func (c *watchdogClock) knobs(owner string) testingKnobs {
+	return testingKnobs{watchdog: func(inner clock.Ticker, period time.Duration) clock.Ticker {
+		w := &watchedTicker{clk: c, inner: inner, owner: owner, period: period, born: c.Now(), parkedAt: -1}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.mu.tickers = append(c.mu.tickers, w)
+		c.changedLocked()
+		return w
+	}}
 }
 
 func (w *watchedTicker) C() <-chan time.Time {
@@ -108,10 +97,6 @@ func (w *watchedTicker) Stop() {
 	defer w.clk.mu.Unlock()
 	w.stopped = true
 	w.clk.changedLocked()
-}
-
-func (w *watchedTicker) isWatchdog() bool {
-	return strings.HasSuffix(w.owner, serverWatchdog) || strings.HasSuffix(w.owner, clientWatchdog)
 }
 
 // await waits, without sleeping, until cond (called with c.mu held) holds.
@@ -138,7 +123,7 @@ func (c *watchdogClock) await(t *testing.T, what string, cond func() bool) {
 func (c *watchdogClock) watchdogsLocked(owner string) []*watchedTicker {
 	var out []*watchedTicker
 	for _, w := range c.mu.tickers {
-		if strings.HasSuffix(w.owner, owner) && !w.stopped {
+		if w.owner == owner && !w.stopped {
 			out = append(out, w)
 		}
 	}
@@ -165,7 +150,7 @@ func (c *watchdogClock) advance(t *testing.T, d time.Duration) {
 	c.await(t, "the watchdogs judged their ticks", func() bool {
 		for _, w := range c.mu.tickers {
 			ticked := now.Sub(w.born)/w.period > prev.Sub(w.born)/w.period
-			if w.isWatchdog() && ticked && !w.stopped && w.parkedAt < step {
+			if ticked && !w.stopped && w.parkedAt < step {
 				return false
 			}
 		}
@@ -185,10 +170,11 @@ func (c *watchdogClock) advance(t *testing.T, d time.Duration) {
 func TestADeadLinkIsDeclaredDeadWithinFourThirdsOfTheLivenessTimeout(t *testing.T) {
 	const L = livenessForTest
 	clk := newWatchdogClock()
-	srv, addr, _ := serve(t, ServerOptions{Clock: clk, LivenessTimeout: L})
+	srv, addr, _ := serveWithKnobs(t, ServerOptions{Clock: clk, LivenessTimeout: L}, clk.knobs(serverWatchdog))
 	proxy := faultproxy.Start(t, addr)
 	cli, err := NewClient(ClientOptions{Addr: proxy.Addr, Target: "c1", Capacity: 8, Clock: clk, LivenessTimeout: L})
 	require.NoError(t, err)
+	cli.knobs = clk.knobs(clientWatchdog)
 	require.NoError(t, cli.Start())
 	defer cli.Close()
 	waitConnected(t, srv, "c1")

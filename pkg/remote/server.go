@@ -159,6 +159,9 @@ type Server struct {
 		peers  map[messaging.Target]*peer
 		closed bool
 	}
+
+	// knobs are set by tests before Start; zero in production.
+	knobs testingKnobs
 }
 
 // NewServer validates opts and builds a server. It starts nothing.

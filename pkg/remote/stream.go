@@ -224,7 +224,7 @@ func (s *Server) data(stream grpc.ServerStream) error {
 	s.wg.Go(func() { s.read(stream, p) })
 	written := make(chan error, 1)
 	s.wg.Go(func() { written <- s.write(stream, p) })
-	watch := s.opts.Clock.NewTicker(s.opts.LivenessTimeout / 3)
+	watch := s.knobs.watchdogTicker(s.opts.Clock, s.opts.LivenessTimeout/3)
 	defer watch.Stop()
 	for {
 		select {
