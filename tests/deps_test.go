@@ -106,7 +106,7 @@ func TestFloorsRunOneWay(t *testing.T) {
 		require.NoError(t, err, "%s", out)
 		return strings.Fields(string(out))
 	}
-	leaves := []string{"internal/backoff", "internal/dueheap", "internal/latency", "internal/optcheck", "internal/pgdial", "internal/pglink", "internal/promutil", "internal/slots", "internal/touchahead"}
+	leaves := []string{"internal/backoff", "internal/dueheap", "internal/latency", "internal/optcheck", "internal/pgdial", "internal/pglink", "internal/promutil", "internal/slots", "internal/touchahead", "internal/wirereader"}
 	library := deps("pkg/...")
 	require.Contains(t, library, module+"/pkg/eventservice", "the walk listed the library")
 	for _, dep := range library {
