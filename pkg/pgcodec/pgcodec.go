@@ -8,6 +8,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/cdcflow/eventservice/internal/wirereader"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -190,115 +191,67 @@ func DecodeValue(b []byte) (RowChange, error) { return DecodeValueNames(b, nil) 
 // that string, not a new one, so a sink decoding every row of a table
 // allocates no names. Any name is still validated.
 func DecodeValueNames(b []byte, names []string) (RowChange, error) {
-	d := decoder{b: b, names: names}
-	if v := d.byte(); d.err == nil && v != rowVersion {
+	d := decoder{Reader: wirereader.New(b, ErrMalformed), names: names}
+	if v := d.U8("value"); d.Err() == nil && v != rowVersion {
 		return RowChange{}, fmt.Errorf("%w: row version %d", ErrMalformed, v)
 	}
-	c := RowChange{Change: Change(d.byte())}
-	if d.err == nil && !c.Change.valid() {
+	c := RowChange{Change: Change(d.U8("value"))}
+	if d.Err() == nil && !c.Change.valid() {
 		return RowChange{}, fmt.Errorf("%w: change %d", ErrMalformed, byte(c.Change))
 	}
 	if c.Change == Truncate {
-		opts := d.byte()
+		opts := d.U8("value")
 		c.Cascade, c.RestartIdentity = opts&1 != 0, opts&2 != 0
-		return c, d.end()
+		return c, d.End("the end")
 	}
-	if c.Columns = d.datums(); c.Change == Move && d.err == nil {
+	if c.Columns = d.datums(); c.Change == Move && d.Err() == nil {
 		c.From = d.datums()
 	}
-	if d.err != nil {
-		return RowChange{}, d.err
+	if err := d.Err(); err != nil {
+		return RowChange{}, err
 	}
-	return c, d.end()
+	return c, d.End("the end")
 }
 
 // datums reads a count of columns and the columns.
 func (d *decoder) datums() []Datum {
 	// A column takes at least a name length and a kind.
-	n := d.count(2)
-	if d.err != nil {
+	n := d.Count(d.Uvarint(), 2, "columns")
+	if d.Err() != nil {
 		return nil
 	}
 	ds := make([]Datum, n)
 	for i := range ds {
 		col := &ds[i]
 		col.Name = d.name(i)
-		col.Kind = Kind(d.byte())
+		col.Kind = Kind(d.U8("value"))
 		switch col.Kind {
 		case Null, Unchanged:
 		case Text:
-			col.Text = d.take(d.u())
-			if col.Text == nil && d.err == nil {
+			col.Text = d.Bytes(d.Uvarint(), "column")
+			if col.Text == nil && d.Err() == nil {
 				col.Text = []byte{}
 			}
 		default:
-			d.fail(fmt.Sprintf("column kind %d", byte(col.Kind)))
+			d.Failf("column kind %d", byte(col.Kind))
 		}
-		if d.err != nil {
+		if d.Err() != nil {
 			return nil
 		}
 	}
 	return ds
 }
 
+// decoder reads a row value: wirereader's reads, and the names it
+// expects.
 type decoder struct {
-	b     []byte
-	err   error
+	wirereader.Reader
 	names []string // expected column names (DecodeValueNames)
-}
-
-func (d *decoder) fail(what string) {
-	if d.err == nil {
-		d.err = fmt.Errorf("%w: %s", ErrMalformed, what)
-	}
-	d.b = nil
-}
-
-func (d *decoder) byte() byte {
-	if len(d.b) < 1 {
-		d.fail("short value")
-		return 0
-	}
-	v := d.b[0]
-	d.b = d.b[1:]
-	return v
-}
-
-func (d *decoder) u() uint64 {
-	v, n := binary.Uvarint(d.b)
-	if n <= 0 {
-		d.fail("bad uvarint")
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *decoder) count(minBytes int) int {
-	n := d.u()
-	if d.err == nil && n > uint64(len(d.b)/minBytes) {
-		d.fail(fmt.Sprintf("%d columns in %d bytes", n, len(d.b)))
-		return 0
-	}
-	return int(n)
-}
-
-func (d *decoder) take(n uint64) []byte {
-	if d.err != nil {
-		return nil
-	}
-	if n > uint64(len(d.b)) {
-		d.fail("length past the end")
-		return nil
-	}
-	v := d.b[:n:n]
-	d.b = d.b[n:]
-	return v
 }
 
 // name reads the name of column i (of a relation: i < 0).
 func (d *decoder) name(i int) string {
-	b := d.take(d.u())
+	b := d.Bytes(d.Uvarint(), "name")
 	s := ""
 	if i >= 0 && i < len(d.names) && string(b) == d.names[i] {
 		s = d.names[i] // the common case: the table's columns in order
@@ -313,19 +266,12 @@ func (d *decoder) name(i int) string {
 			s = string(b)
 		}
 	}
-	if d.err == nil {
+	if d.Err() == nil {
 		if err := checkName(s); err != nil {
-			d.fail(err.Error())
+			d.Fail(err.Error())
 		}
 	}
 	return s
-}
-
-func (d *decoder) end() error {
-	if d.err == nil && len(d.b) != 0 {
-		d.fail(fmt.Sprintf("%d bytes after the end", len(d.b)))
-	}
-	return d.err
 }
 
 // maxNameBytes is PostgreSQL's identifier limit (NAMEDATALEN-1).

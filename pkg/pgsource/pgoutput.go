@@ -1,11 +1,11 @@
 package pgsource
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
 
+	"github.com/cdcflow/eventservice/internal/wirereader"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -78,64 +78,8 @@ type (
 	msgIgnored struct{ kind byte } // origin, type
 )
 
-type reader struct {
-	b   []byte
-	err error
-}
-
-func (r *reader) fail(what string) {
-	if r.err == nil {
-		r.err = fmt.Errorf("%w: %s", ErrMalformedMessage, what)
-	}
-	r.b = nil
-}
-
-func (r *reader) need(n int, what string) bool {
-	if r.err != nil {
-		return false
-	}
-	if len(r.b) < n {
-		r.fail("short " + what)
-		return false
-	}
-	return true
-}
-
-func (r *reader) u8(what string) byte {
-	if !r.need(1, what) {
-		return 0
-	}
-	v := r.b[0]
-	r.b = r.b[1:]
-	return v
-}
-
-func (r *reader) u16(what string) uint16 {
-	if !r.need(2, what) {
-		return 0
-	}
-	v := binary.BigEndian.Uint16(r.b)
-	r.b = r.b[2:]
-	return v
-}
-
-func (r *reader) u32(what string) uint32 {
-	if !r.need(4, what) {
-		return 0
-	}
-	v := binary.BigEndian.Uint32(r.b)
-	r.b = r.b[4:]
-	return v
-}
-
-func (r *reader) u64(what string) uint64 {
-	if !r.need(8, what) {
-		return 0
-	}
-	v := binary.BigEndian.Uint64(r.b)
-	r.b = r.b[8:]
-	return v
-}
+// reader reads a message: wirereader's reads, and pgoutput's own.
+type reader struct{ wirereader.Reader }
 
 // A commit time is microseconds since 2000-01-01. One before the Unix
 // epoch or past what a Ts can hold (2^46 ms after it, the year 4199)
@@ -146,9 +90,9 @@ const (
 )
 
 func (r *reader) time(what string) time.Time {
-	us := int64(r.u64(what))
-	if r.err == nil && (us < minCommitMicros || us > maxCommitMicros) {
-		r.fail(what + " out of range")
+	us := int64(r.U64(what))
+	if r.Err() == nil && (us < minCommitMicros || us > maxCommitMicros) {
+		r.Fail(what + " out of range")
 		return time.Time{}
 	}
 	// Microseconds since the Unix epoch: past about 292 years from
@@ -156,151 +100,113 @@ func (r *reader) time(what string) time.Time {
 	return time.UnixMicro(us - minCommitMicros).UTC()
 }
 
-// cstring reads a NUL-terminated string.
-func (r *reader) cstring(what string) string {
-	if r.err != nil {
-		return ""
-	}
-	for i, c := range r.b {
-		if c == 0 {
-			s := string(r.b[:i])
-			r.b = r.b[i+1:]
-			return s
-		}
-	}
-	r.fail("unterminated " + what)
-	return ""
-}
-
 // tuple reads a TupleData: a column count, then per column a kind and,
 // for text and binary, a length and the bytes.
 func (r *reader) tuple() []tupleCol {
-	n := int(r.u16("tuple column count"))
-	if r.err != nil {
-		return nil
-	}
-	if n > len(r.b) { // each column takes at least its kind byte
-		r.fail(fmt.Sprintf("%d columns in %d bytes", n, len(r.b)))
+	// Each column takes at least its kind byte.
+	n := r.Count(uint64(r.U16("tuple column count")), 1, "columns")
+	if r.Err() != nil {
 		return nil
 	}
 	cols := make([]tupleCol, n)
 	for i := range cols {
 		c := &cols[i]
-		c.kind = r.u8("column kind")
+		c.kind = r.U8("column kind")
 		switch c.kind {
 		case 'n', 'u':
 		case 't', 'b':
-			l := r.u32("column length")
-			if r.err == nil && uint64(l) > uint64(len(r.b)) {
-				r.fail(fmt.Sprintf("column of %d bytes in %d", l, len(r.b)))
-			}
-			if r.err != nil {
-				return nil
-			}
-			c.data = r.b[:l:l]
-			r.b = r.b[l:]
+			c.data = r.Bytes(uint64(r.U32("column length")), "column")
 		default:
-			r.fail(fmt.Sprintf("column kind %q", c.kind))
+			r.Failf("column kind %q", c.kind)
 		}
-		if r.err != nil {
+		if r.Err() != nil {
 			return nil
 		}
 	}
 	return cols
 }
 
-func (r *reader) end(what string) error {
-	if r.err == nil && len(r.b) != 0 {
-		r.fail(fmt.Sprintf("%d bytes after a %s", len(r.b), what))
-	}
-	return r.err
-}
-
 // parseMessage decodes one pgoutput message (the data of an XLogData).
 func parseMessage(b []byte) (any, error) {
-	r := &reader{b: b}
-	kind := r.u8("message type")
-	if r.err != nil {
-		return nil, r.err
+	r := &reader{wirereader.New(b, ErrMalformedMessage)}
+	kind := r.U8("message type")
+	if err := r.Err(); err != nil {
+		return nil, err
 	}
 	switch kind {
 	case 'B':
-		m := msgBegin{finalLSN: r.u64("begin LSN"), commitTime: r.time("begin time"), xid: r.u32("xid")}
-		return m, r.end("begin")
+		m := msgBegin{finalLSN: r.U64("begin LSN"), commitTime: r.time("begin time"), xid: r.U32("xid")}
+		return m, r.End("a begin")
 	case 'C':
-		r.u8("commit flags")
-		m := msgCommit{commitLSN: r.u64("commit LSN"), endLSN: r.u64("end LSN"), commitTime: r.time("commit time")}
-		return m, r.end("commit")
+		r.U8("commit flags")
+		m := msgCommit{commitLSN: r.U64("commit LSN"), endLSN: r.U64("end LSN"), commitTime: r.time("commit time")}
+		return m, r.End("a commit")
 	case 'R':
-		m := msgRelation{oid: r.u32("relation id"), namespace: r.cstring("namespace"), name: r.cstring("relation name"),
-			replicaIdentity: r.u8("replica identity")}
-		n := int(r.u16("column count"))
-		if r.err == nil && n > len(r.b)/10 { // flags, a NUL, type and modifier: 10 bytes at least
-			r.fail(fmt.Sprintf("%d columns in %d bytes", n, len(r.b)))
-		}
-		if r.err != nil {
-			return nil, r.err
+		m := msgRelation{oid: r.U32("relation id"), namespace: r.CString("namespace"), name: r.CString("relation name"),
+			replicaIdentity: r.U8("replica identity")}
+		// flags, a NUL, type and modifier: 10 bytes at least
+		n := r.Count(uint64(r.U16("column count")), 10, "columns")
+		if err := r.Err(); err != nil {
+			return nil, err
 		}
 		m.columns = make([]relColumn, n)
 		for i := range m.columns {
 			c := &m.columns[i]
-			c.key = r.u8("column flags")&1 != 0
-			c.name = r.cstring("column name")
-			c.typeOID = r.u32("column type")
-			c.typeMod = int32(r.u32("column type modifier"))
+			c.key = r.U8("column flags")&1 != 0
+			c.name = r.CString("column name")
+			c.typeOID = r.U32("column type")
+			c.typeMod = int32(r.U32("column type modifier"))
 		}
-		return m, r.end("relation")
+		return m, r.End("a relation")
 	case 'I':
-		m := msgInsert{rel: r.u32("relation id")}
-		if t := r.u8("tuple type"); r.err == nil && t != 'N' {
-			r.fail(fmt.Sprintf("insert tuple type %q", t))
+		m := msgInsert{rel: r.U32("relation id")}
+		if t := r.U8("tuple type"); r.Err() == nil && t != 'N' {
+			r.Failf("insert tuple type %q", t)
 		}
 		m.new = r.tuple()
-		return m, r.end("insert")
+		return m, r.End("an insert")
 	case 'U':
-		m := msgUpdate{rel: r.u32("relation id")}
-		t := r.u8("tuple type")
+		m := msgUpdate{rel: r.U32("relation id")}
+		t := r.U8("tuple type")
 		if t == 'K' || t == 'O' {
 			m.oldKind = t
 			m.old = r.tuple()
-			t = r.u8("tuple type")
+			t = r.U8("tuple type")
 		}
-		if r.err == nil && t != 'N' {
-			r.fail(fmt.Sprintf("update tuple type %q", t))
+		if r.Err() == nil && t != 'N' {
+			r.Failf("update tuple type %q", t)
 		}
 		m.new = r.tuple()
-		return m, r.end("update")
+		return m, r.End("an update")
 	case 'D':
-		m := msgDelete{rel: r.u32("relation id"), oldKind: r.u8("tuple type")}
-		if r.err == nil && m.oldKind != 'K' && m.oldKind != 'O' {
-			r.fail(fmt.Sprintf("delete tuple type %q", m.oldKind))
+		m := msgDelete{rel: r.U32("relation id"), oldKind: r.U8("tuple type")}
+		if r.Err() == nil && m.oldKind != 'K' && m.oldKind != 'O' {
+			r.Failf("delete tuple type %q", m.oldKind)
 		}
 		m.old = r.tuple()
-		return m, r.end("delete")
+		return m, r.End("a delete")
 	case 'T':
-		n := r.u32("relation count")
-		opts := r.u8("truncate options")
-		if r.err == nil && uint64(n) > uint64(len(r.b)/4) {
-			r.fail(fmt.Sprintf("%d relations in %d bytes", n, len(r.b)))
+		n := r.U32("relation count")
+		opts := r.U8("truncate options")
+		rels := r.Count(uint64(n), 4, "relations")
+		if err := r.Err(); err != nil {
+			return nil, err
 		}
-		if r.err != nil {
-			return nil, r.err
-		}
-		m := msgTruncate{cascade: opts&1 != 0, restartIdentity: opts&2 != 0, rels: make([]uint32, n)}
+		m := msgTruncate{cascade: opts&1 != 0, restartIdentity: opts&2 != 0, rels: make([]uint32, rels)}
 		for i := range m.rels {
-			m.rels[i] = r.u32("relation id")
+			m.rels[i] = r.U32("relation id")
 		}
-		return m, r.end("truncate")
+		return m, r.End("a truncate")
 	case 'M':
-		m := msgMessage{transactional: r.u8("message flags")&1 != 0, lsn: r.u64("message LSN"), prefix: r.cstring("message prefix")}
-		l := r.u32("message length")
-		if r.err == nil && uint64(l) != uint64(len(r.b)) {
-			r.fail(fmt.Sprintf("message of %d bytes in %d", l, len(r.b)))
+		m := msgMessage{transactional: r.U8("message flags")&1 != 0, lsn: r.U64("message LSN"), prefix: r.CString("message prefix")}
+		l := r.U32("message length")
+		if r.Err() == nil && uint64(l) != uint64(r.Len()) {
+			r.Failf("message of %d bytes in %d", l, r.Len())
 		}
-		if r.err != nil {
-			return nil, r.err
+		if err := r.Err(); err != nil {
+			return nil, err
 		}
-		m.content = r.b
+		m.content = r.Rest()
 		return m, nil
 	case 'O', 'Y':
 		return msgIgnored{kind: kind}, nil

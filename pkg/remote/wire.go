@@ -2,9 +2,9 @@ package remote
 
 import (
 	"encoding/binary"
-	"fmt"
 	"math/bits"
 
+	"github.com/cdcflow/eventservice/internal/wirereader"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
@@ -73,75 +73,44 @@ func (e *encoder) id(d common.DispatcherID) {
 	e.b = binary.BigEndian.AppendUint64(e.b, d.Lo)
 }
 
-// decoder reads what encoder wrote; the first error sticks and every read
-// after it returns zero values, so callers check err once at the end.
+// decoder reads what encoder wrote, through wirereader: the first error
+// sticks and every read after it returns zero values, so callers check
+// Err once at the end.
 type decoder struct {
-	b   []byte
-	err error
-	// owned: b is the caller's to give (a data frame: the client's own
-	// copy of what gRPC received, never written again), so take returns
-	// sub-slices of it, each capped so that an append to it cannot reach
-	// the next, instead of copying: a row kept keeps its frame, which its
-	// neighbours, applied and checkpointed with it, release at the same
-	// time. Copying the fields into a slab of their own was a second copy
-	// of every frame, and a zeroed allocation of its size, in a collector
-	// process. Control frames copy per field, since a registration's span
-	// keys live as long as the dispatcher.
+	wirereader.Reader
+	// owned: the frame is the caller's to give (a data frame: the
+	// client's own copy of what gRPC received, never written again), so
+	// take returns sub-slices of it, each capped so that an append to it
+	// cannot reach the next, instead of copying: a row kept keeps its
+	// frame, which its neighbours, applied and checkpointed with it,
+	// release at the same time. Copying the fields into a slab of their
+	// own was a second copy of every frame, and a zeroed allocation of its
+	// size, in a collector process. Control frames copy per field, since a
+	// registration's span keys live as long as the dispatcher.
 	owned bool
 }
 
-func (d *decoder) fail(what string) {
-	if d.err == nil {
-		d.err = fmt.Errorf("%w: %s", ErrMalformed, what)
-	}
-	d.b = nil
+// newDecoder returns a decoder of b; owned says whether b is the
+// decoder's to keep (see decoder.owned).
+func newDecoder(b []byte, owned bool) decoder {
+	return decoder{Reader: wirereader.New(b, ErrMalformed), owned: owned}
 }
 
-func (d *decoder) u() uint64 {
-	v, n := binary.Uvarint(d.b)
-	if n <= 0 {
-		d.fail("bad uvarint")
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *decoder) i() int64 {
-	v, n := binary.Varint(d.b)
-	if n <= 0 {
-		d.fail("bad varint")
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *decoder) byte() byte {
-	if len(d.b) < 1 {
-		d.fail("short frame")
-		return 0
-	}
-	v := d.b[0]
-	d.b = d.b[1:]
-	return v
-}
+// The encoder's vocabulary, read back.
+func (d *decoder) u() uint64   { return d.Uvarint() }
+func (d *decoder) i() int64    { return d.Varint() }
+func (d *decoder) byte() byte  { return d.U8("frame") }
+func (d *decoder) end() error  { return d.End("the end") }
+func (d *decoder) str() string { return d.String(d.u(), "string") }
 
 // take returns the next n bytes: a capped sub-slice of an owned frame, a
 // copy of any other.
 func (d *decoder) take(n uint64) []byte {
-	if n > uint64(len(d.b)) {
-		d.fail("length past the frame's end")
-		return nil
-	}
-	var v []byte
+	v := d.Bytes(n, "byte string")
 	if d.owned {
-		v = d.b[:n:n] // capped: an append to it cannot reach the next
-	} else {
-		v = append([]byte(nil), d.b[:n]...)
+		return v
 	}
-	d.b = d.b[n:]
-	return v
+	return append([]byte(nil), v...)
 }
 
 func (d *decoder) bytes() []byte {
@@ -150,38 +119,19 @@ func (d *decoder) bytes() []byte {
 		return nil
 	}
 	v := d.take(n - 1)
-	if v == nil && d.err == nil {
+	if v == nil && d.Err() == nil {
 		v = []byte{}
 	}
 	return v
 }
 
-func (d *decoder) str() string {
-	n := d.u()
-	if n > uint64(len(d.b)) {
-		d.fail("length past the frame's end")
-		return ""
-	}
-	v := string(d.b[:n]) // the conversion is the copy
-	d.b = d.b[n:]
-	return v
-}
-
+// id reads a dispatcher ID: two big-endian words, taken in one read.
 func (d *decoder) id() common.DispatcherID {
-	if len(d.b) < 16 {
-		d.fail("short dispatcher id")
+	b := d.Bytes(16, "dispatcher id")
+	if len(b) < 16 {
 		return common.DispatcherID{}
 	}
-	v := common.DispatcherID{Hi: binary.BigEndian.Uint64(d.b), Lo: binary.BigEndian.Uint64(d.b[8:])}
-	d.b = d.b[16:]
-	return v
-}
-
-func (d *decoder) end() error {
-	if d.err == nil && len(d.b) != 0 {
-		d.fail(fmt.Sprintf("%d bytes after the end", len(d.b)))
-	}
-	return d.err
+	return common.DispatcherID{Hi: binary.BigEndian.Uint64(b), Lo: binary.BigEndian.Uint64(b[8:])}
 }
 
 // appendMessages encodes msgs as one data frame. REQUIRES: no nil element
@@ -338,15 +288,7 @@ func (e *encoder) message(m messaging.Message) {
 // fails if the bytes left cannot hold them: nothing is allocated for a
 // count the frame does not back.
 func (d *decoder) count(minBytes int, what string) int {
-	n := d.u()
-	if d.err != nil {
-		return 0
-	}
-	if n > uint64(len(d.b)/minBytes) {
-		d.fail(fmt.Sprintf("%d %s in %d bytes", n, what, len(d.b)))
-		return 0
-	}
-	return int(n)
+	return d.Count(d.u(), minBytes, what)
 }
 
 // decodeMessages decodes a data frame. It keeps b: the messages' keys and
@@ -354,10 +296,10 @@ func (d *decoder) count(minBytes int, what string) int {
 // again). The client's b is its own copy of a received frame (rawCodec's
 // Unmarshal), one per frame.
 func decodeMessages(b []byte) ([]messaging.Message, error) {
-	d := decoder{b: b, owned: true}
+	d := newDecoder(b, true)
 	n := d.count(minMessageBytes, "messages")
-	if d.err != nil {
-		return nil, d.err
+	if d.Err() != nil {
+		return nil, d.Err()
 	}
 	msgs := make([]messaging.Message, 0, n)
 	// Resolved-ts messages, most of a frame at scale, share one slab (one
@@ -369,11 +311,11 @@ func decodeMessages(b []byte) ([]messaging.Message, error) {
 	for i := range n {
 		kind := messaging.Kind(d.byte())
 		if kind == messaging.KindResolvedBatch {
-			if b := d.resolvedBatch(); d.err == nil {
+			if b := d.resolvedBatch(); d.Err() == nil {
 				msgs = append(msgs, b)
 				continue
 			}
-			return nil, d.err
+			return nil, d.Err()
 		}
 		h := messaging.Header{Dispatcher: d.id(), Registration: messaging.RegistrationID(d.u()), Epoch: d.u(), Seq: d.u()}
 		switch kind {
@@ -382,8 +324,8 @@ func decodeMessages(b []byte) ([]messaging.Message, error) {
 		case messaging.KindDMLBatch:
 			m := &messaging.DMLBatch{Header: h, Partial: d.byte() == 1}
 			rows := d.count(minRowBytes, "rows")
-			if d.err != nil {
-				return nil, d.err
+			if d.Err() != nil {
+				return nil, d.Err()
 			}
 			m.Rows = make([]common.Row, rows)
 			for i := range m.Rows {
@@ -402,10 +344,10 @@ func decodeMessages(b []byte) ([]messaging.Message, error) {
 			resolved = append(resolved, messaging.Resolved{Header: h, Ts: common.Ts(d.u()), Slot: d.slot()})
 			msgs = append(msgs, &resolved[len(resolved)-1])
 		default:
-			d.fail(fmt.Sprintf("unknown message kind %d", kind))
+			d.Failf("unknown message kind %d", kind)
 		}
-		if d.err != nil {
-			return nil, d.err
+		if d.Err() != nil {
+			return nil, d.Err()
 		}
 	}
 	if err := d.end(); err != nil {
@@ -419,10 +361,10 @@ func decodeMessages(b []byte) ([]messaging.Message, error) {
 // left.
 func (d *decoder) resolvedBatch() *messaging.ResolvedBatch {
 	n := d.count(minBatchEntryBytes, "resolved-ts entries")
-	if d.err == nil && (n == 0 || n > messaging.MaxResolvedBatchEntries) {
-		d.fail(fmt.Sprintf("resolved-ts batch of %d entries (1 to %d)", n, messaging.MaxResolvedBatchEntries))
+	if d.Err() == nil && (n == 0 || n > messaging.MaxResolvedBatchEntries) {
+		d.Failf("resolved-ts batch of %d entries (1 to %d)", n, messaging.MaxResolvedBatchEntries)
 	}
-	if d.err != nil {
+	if d.Err() != nil {
 		return nil
 	}
 	b := &messaging.ResolvedBatch{Entries: make([]messaging.Resolved, n)}
@@ -438,7 +380,7 @@ func (d *decoder) resolvedBatch() *messaging.ResolvedBatch {
 func (d *decoder) slot() uint32 {
 	v := d.u()
 	if v > 1<<32-1 {
-		d.fail(fmt.Sprintf("slot %d does not fit 32 bits", v))
+		d.Failf("slot %d does not fit 32 bits", v)
 		return 0
 	}
 	return uint32(v)

@@ -43,14 +43,13 @@ func (e *encoder) header() {
 
 // header reads the magic and the version.
 func (d *decoder) header() {
-	if len(d.b) < len(wireMagic) || string(d.b[:len(wireMagic)]) != wireMagic {
-		d.fail("no wire magic (not a cdcflow peer)")
+	if m := d.Rest(); len(m) < len(wireMagic) || string(m[:len(wireMagic)]) != wireMagic {
+		d.Fail("no wire magic (not a cdcflow peer)")
 		return
 	}
-	d.b = d.b[len(wireMagic):]
-	if v := d.u(); d.err == nil && v != WireVersion {
-		d.err = versionError(v)
-		d.b = nil
+	d.Bytes(uint64(len(wireMagic)), "wire magic")
+	if v := d.u(); d.Err() == nil && v != WireVersion {
+		d.FailWith(versionError(v))
 	}
 }
 
@@ -61,7 +60,7 @@ func versionError(peer uint64) error {
 func (d *decoder) u32() uint32 {
 	v := d.u()
 	if v > math.MaxUint32 {
-		d.fail("value over 2^32")
+		d.Fail("value over 2^32")
 	}
 	return uint32(v)
 }
@@ -99,10 +98,10 @@ type hello struct {
 // decodeHello decodes a hello. The target is checked (Target.Validate)
 // before anyone uses it as a map key, a log field or a metric label.
 func decodeHello(b []byte) (hello, error) {
-	d := decoder{b: b}
+	d := newDecoder(b, false)
 	d.header()
-	if k := d.byte(); d.err == nil && k != frameHello {
-		d.fail(fmt.Sprintf("stream frame %d before the hello", k))
+	if k := d.byte(); d.Err() == nil && k != frameHello {
+		d.Failf("stream frame %d before the hello", k)
 	}
 	h := hello{target: messaging.Target(d.str()), capacity: d.u32(), credit: d.u32()}
 	if err := d.end(); err != nil {
@@ -119,9 +118,9 @@ func decodeHello(b []byte) (hello, error) {
 
 // decodeCredit decodes a stream frame after the hello.
 func decodeCredit(b []byte) (uint32, error) {
-	d := decoder{b: b}
-	if k := d.byte(); d.err == nil && k != frameCredit {
-		d.fail(fmt.Sprintf("stream frame %d where credit was expected", k))
+	d := newDecoder(b, false)
+	if k := d.byte(); d.Err() == nil && k != frameCredit {
+		d.Failf("stream frame %d where credit was expected", k)
 	}
 	n := d.u32()
 	return n, d.end()
@@ -228,22 +227,22 @@ type controlRequest struct {
 // ErrVersionMismatch; a decoded request still goes through its Validate
 // at the control plane.
 func decodeControl(b []byte) (controlRequest, error) {
-	d := decoder{b: b}
+	d := newDecoder(b, false)
 	d.header()
 	r := controlRequest{op: d.byte()}
-	if d.err != nil {
-		return controlRequest{}, d.err
+	if d.Err() != nil {
+		return controlRequest{}, d.Err()
 	}
 	switch r.op {
 	case opRegister:
 		r.register = d.register()
 	case opRegisterBatch:
 		n := d.count(minRegisterBytes, "registrations")
-		if d.err == nil && (n == 0 || n > messaging.MaxRegisterBatch) {
-			d.fail(fmt.Sprintf("%d registrations, 1 to %d", n, messaging.MaxRegisterBatch))
+		if d.Err() == nil && (n == 0 || n > messaging.MaxRegisterBatch) {
+			d.Failf("%d registrations, 1 to %d", n, messaging.MaxRegisterBatch)
 		}
-		if d.err != nil {
-			return controlRequest{}, d.err
+		if d.Err() != nil {
+			return controlRequest{}, d.Err()
 		}
 		r.batch.Requests = make([]messaging.RegisterRequest, n)
 		for i := range r.batch.Requests {
@@ -256,10 +255,10 @@ func decodeControl(b []byte) (controlRequest, error) {
 	case opHeartbeat:
 		n := d.count(minCheckpointBytes, "checkpoints")
 		if n > messaging.MaxHeartbeatCheckpoints {
-			d.fail(fmt.Sprintf("%d checkpoints, at most %d", n, messaging.MaxHeartbeatCheckpoints))
+			d.Failf("%d checkpoints, at most %d", n, messaging.MaxHeartbeatCheckpoints)
 		}
-		if d.err != nil {
-			return controlRequest{}, d.err
+		if d.Err() != nil {
+			return controlRequest{}, d.Err()
 		}
 		r.heartbeat.Checkpoints = make([]messaging.DispatcherCheckpoint, n)
 		for i := range r.heartbeat.Checkpoints {
@@ -267,7 +266,7 @@ func decodeControl(b []byte) (controlRequest, error) {
 				Epoch: d.u(), Ts: common.Ts(d.u()), Slot: d.slot()}
 		}
 	default:
-		d.fail(fmt.Sprintf("unknown control op %d", r.op))
+		d.Failf("unknown control op %d", r.op)
 	}
 	if err := d.end(); err != nil {
 		return controlRequest{}, err
@@ -287,7 +286,7 @@ func (d *decoder) register() messaging.RegisterRequest {
 	case 1:
 		q.Replace = true
 	default:
-		d.fail("replace flag not 0 or 1")
+		d.Fail("replace flag not 0 or 1")
 	}
 	q.Slot = d.slot()
 	return q
@@ -317,14 +316,14 @@ func appendReply(b []byte, code messaging.Code, codes []messaging.Code, msg stri
 // and the call's outcome: the sentinel of its code, with the service's
 // explanation (an undecodable reply is ErrInternal).
 func decodeReply(b []byte) ([]messaging.Code, error) {
-	d := decoder{b: b}
+	d := newDecoder(b, false)
 	code := messaging.Code(d.byte())
 	n := d.count(1, "codes")
 	if n > messaging.MaxHeartbeatCheckpoints {
-		d.fail("too many codes")
+		d.Fail("too many codes")
 	}
-	if d.err != nil {
-		return nil, fmt.Errorf("%w: %w", messaging.ErrInternal, d.err)
+	if d.Err() != nil {
+		return nil, fmt.Errorf("%w: %w", messaging.ErrInternal, d.Err())
 	}
 	var codes []messaging.Code
 	if n > 0 {
@@ -335,7 +334,7 @@ func decodeReply(b []byte) ([]messaging.Code, error) {
 	}
 	msgLen := d.u()
 	if msgLen > maxReplyMessage {
-		d.fail(fmt.Sprintf("a %d-byte message", msgLen))
+		d.Failf("a %d-byte message", msgLen)
 	}
 	msg := string(d.take(msgLen))
 	if err := d.end(); err != nil {
