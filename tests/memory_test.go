@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/eventservice"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
@@ -51,19 +52,19 @@ func TestBoundedMemoryUnderCongestion(t *testing.T) {
 	// Rows are applied before the checkpoint that covers them, which wakes the wait.
 	h.chk.waitFor(t, time.Minute, "data flowing to the collector", func() bool { return h.chk.stats().RowsApplied > 1000 })
 	tr.setOutage(messaging.ErrBusy)
-	waitCond(t, time.Minute, "dispatchers backing off", func() bool {
+	testwait.Within(t, time.Minute, "dispatchers backing off", func() bool {
 		refused, _ := tr.counts()
 		return refused > dispatchers && h.svc.Stats().BackingOff > 0
 	})
 	// What was accepted before the congestion is drained first, so the
 	// baseline holds no message in flight.
-	waitCond(t, time.Minute, "the inbox drained", func() bool { return h.inbox.Len() == 0 })
+	testwait.Within(t, time.Minute, "the inbox drained", func() bool { return h.inbox.Len() == 0 })
 
 	const window = 12 << 20 // bytes the store absorbs while measured
 	t0 := time.Now()
 	written0 := storeBytes(h.reg)
 	heap0 := steadyHeapOutsideStorage()
-	waitCond(t, 2*time.Minute, "the store absorbing rows during the congestion", func() bool {
+	testwait.Within(t, 2*time.Minute, "the store absorbing rows during the congestion", func() bool {
 		return storeBytes(h.reg) >= written0+window
 	})
 	written1 := storeBytes(h.reg)

@@ -22,6 +22,7 @@ import (
 	"github.com/cdcflow/eventservice/cmd/cdcserver/app/replicate"
 	"github.com/cdcflow/eventservice/internal/linewatch"
 	"github.com/cdcflow/eventservice/internal/pgtest"
+	"github.com/cdcflow/eventservice/internal/testwait"
 )
 
 func startServe(t *testing.T, src, dst *pgtest.Server, dataDir string) *childProcess {
@@ -179,17 +180,12 @@ func confirmedFlush(t *testing.T, src *pgtest.Server) pglogrepl.LSN {
 	return lsn
 }
 
-// waitFor polls cond (a database's state) until it holds, with a deadline.
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+// waitTimed waits for cond (a database's state) as testwait.Within does
+// and logs how long it took.
+func waitTimed(t *testing.T, what string, d time.Duration, cond func() bool) {
 	t.Helper()
 	start := time.Now()
-	deadline := start.Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond) // polling another process's state with a deadline
-	}
+	testwait.Within(t, d, what, cond)
 	t.Logf("%s: after %.1f s", what, time.Since(start).Seconds())
 }
 
@@ -231,11 +227,11 @@ INSERT INTO t%d SELECT g, 0, repeat(md5(g::text), 100) FROM generate_series(1, 2
 		proc := startServe(t, src, dst, dataDir)
 		base := waitReplicating(t, proc, dst)
 		if kill > 0 {
-			waitFor(t, fmt.Sprintf("the snapshot recorded before kill %d", kill+1), scaled(t, 2*time.Minute), func() bool {
+			waitTimed(t, fmt.Sprintf("the snapshot recorded before kill %d", kill+1), scaled(t, 2*time.Minute), func() bool {
 				return snapshotRecorded(t, dst)
 			})
 		}
-		waitFor(t, fmt.Sprintf("progress before kill %d", kill+1), scaled(t, 2*time.Minute), func() bool {
+		waitTimed(t, fmt.Sprintf("progress before kill %d", kill+1), scaled(t, 2*time.Minute), func() bool {
 			return checkpointProgress(t, dst) > base
 		})
 		if kill > 1 {
@@ -248,14 +244,14 @@ INSERT INTO t%d SELECT g, 0, repeat(md5(g::text), 100) FROM generate_series(1, 2
 
 	proc := startServe(t, src, dst, dataDir)
 	base := waitReplicating(t, proc, dst)
-	waitFor(t, "progress after the kills", scaled(t, 2*time.Minute), func() bool { return checkpointProgress(t, dst) > base })
+	waitTimed(t, "progress after the kills", scaled(t, 2*time.Minute), func() bool { return checkpointProgress(t, dst) > base })
 	require.NotContains(t, proc.stderr.String(), startedOver, "the run after the kills resumed")
 
 	// The replication connection terminated by the source.
 	_, err = conn.Exec(context.Background(), "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE active_pid IS NOT NULL")
 	require.NoError(t, err)
 	base = checkpointProgress(t, dst)
-	waitFor(t, "progress after the terminated connection", scaled(t, 2*time.Minute), func() bool { return checkpointProgress(t, dst) > base })
+	waitTimed(t, "progress after the terminated connection", scaled(t, 2*time.Minute), func() bool { return checkpointProgress(t, dst) > base })
 
 	// The target down for 5 s: the slot holds its position meanwhile.
 	require.NoError(t, dst.Stop())
@@ -263,7 +259,7 @@ INSERT INTO t%d SELECT g, 0, repeat(md5(g::text), 100) FROM generate_series(1, 2
 	time.Sleep(5 * time.Second) // the outage's length, not synchronisation
 	require.Equal(t, held, confirmedFlush(t, src), "the slot keeps the WAL while the target is down")
 	require.NoError(t, dst.Restart())
-	waitFor(t, "the slot moving on after the target caught up", scaled(t, 2*time.Minute), func() bool { return confirmedFlush(t, src) > held })
+	waitTimed(t, "the slot moving on after the target caught up", scaled(t, 2*time.Minute), func() bool { return confirmedFlush(t, src) > held })
 
 	w := work
 	work = nil
@@ -272,19 +268,16 @@ INSERT INTO t%d SELECT g, 0, repeat(md5(g::text), 100) FROM generate_series(1, 2
 	require.Positive(t, txns)
 	var out bytes.Buffer
 	var cmpErr error
-	deadline := time.Now().Add(scaled(t, 3*time.Minute))
-	for {
+	start := time.Now()
+	if !testwait.Until(scaled(t, 3*time.Minute), func() bool {
 		out.Reset()
-		if cmpErr = replicate.Compare(context.Background(), src.DSN, dst.DSN, "cdcflow", &out); cmpErr == nil {
-			t.Logf("the target equals the source: after %.1f s", time.Since(deadline.Add(-scaled(t, 3*time.Minute))).Seconds())
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the target never equalled the source: %v\n%s\nserve's log:\n%s\nthe killed runs' logs:\n%s",
-				cmpErr, differing(out.String()), tail(proc.stderr.String(), 8000), tail(killedLogs.String(), 8000))
-		}
-		time.Sleep(50 * time.Millisecond) // polling another process's state with a deadline
+		cmpErr = replicate.Compare(context.Background(), src.DSN, dst.DSN, "cdcflow", &out)
+		return cmpErr == nil
+	}) {
+		t.Fatalf("the target never equalled the source: %v\n%s\nserve's log:\n%s\nthe killed runs' logs:\n%s",
+			cmpErr, differing(out.String()), tail(proc.stderr.String(), 8000), tail(killedLogs.String(), 8000))
 	}
+	t.Logf("the target equals the source: after %.1f s", time.Since(start).Seconds())
 	require.NoError(t, proc.cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, proc.wait(), "a clean stop exits 0: %s", tail(proc.stderr.String(), 2000))
 }

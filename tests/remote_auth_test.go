@@ -14,6 +14,7 @@ import (
 
 	"github.com/cdcflow/eventservice/cmd/cdcserver/app/synthetic"
 	"github.com/cdcflow/eventservice/internal/linewatch"
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/internal/tlstest"
 )
 
@@ -89,13 +90,10 @@ func TestRemoteCollectorWithAnotherIdentityCannotTakeOver(t *testing.T) {
 		// with no intruder involved), so wait for it (polling a condition
 		// with a deadline, not ordering).
 		var err error
-		for deadline := time.Now().Add(scaled(t, time.Minute)); ; {
+		testwait.Until(scaled(t, time.Minute), func() bool {
 			out.ownerStreams, err = scrapeMetric(ownerMetrics, "cdcflow_remote_client_streams_total", `target="changefeed-1"`)
-			if err == nil && out.ownerStreams >= 1 || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return err == nil && out.ownerStreams >= 1
+		})
 		if err == nil && out.ownerStreams < 1 {
 			err = fmt.Errorf("the owner opened no stream")
 		}
@@ -116,11 +114,10 @@ func TestRemoteCollectorWithAnotherIdentityCannotTakeOver(t *testing.T) {
 		out.rowsBefore, _ = scrapeMetric(ownerMetrics, "cdcflow_eventcollector_rows_applied_total", `target="changefeed-1"`)
 		// The owner keeps applying rows after the attempt (polling a
 		// condition with a deadline, not ordering).
-		deadline := time.Now().Add(scaled(t, time.Minute))
-		for out.rowsAfter <= out.rowsBefore && time.Now().Before(deadline) {
+		testwait.Until(scaled(t, time.Minute), func() bool {
 			out.rowsAfter, _ = scrapeMetric(ownerMetrics, "cdcflow_eventcollector_rows_applied_total", `target="changefeed-1"`)
-			time.Sleep(20 * time.Millisecond)
-		}
+			return out.rowsAfter > out.rowsBefore
+		})
 		out.ownerStreamsLast, _ = scrapeMetric(ownerMetrics, "cdcflow_remote_client_streams_total", `target="changefeed-1"`)
 		var svcMetrics string
 		select {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -58,7 +59,7 @@ func TestSchemaStalls(t *testing.T) {
 	// Stall 1, while data flows: dispatchers park, then resume.
 	follow(h.start + span/3)
 	stall1 := h.schema.ResolvedTs()
-	waitCond(t, time.Minute, "dispatchers parked at the first stall", func() bool {
+	testwait.Within(t, time.Minute, "dispatchers parked at the first stall", func() bool {
 		return h.gen.ResolvedTs() > stall1 && h.svc.Stats().SchemaBlocked > 0
 	})
 	blocked1 := h.svc.Stats().SchemaBlocked
@@ -77,7 +78,7 @@ func TestSchemaStalls(t *testing.T) {
 	}
 	require.NoError(t, advanceSchema(h.schema, h.plan, h.ddls, stall2))
 	require.Less(t, stall2, h.end)
-	waitCond(t, scaled(t, 2*time.Minute), "every dispatcher parked at the final stall with all notifications received", func() bool {
+	testwait.Within(t, scaled(t, 2*time.Minute), "every dispatcher parked at the final stall with all notifications received", func() bool {
 		if h.gen.ResolvedTs() < h.end || h.svc.Stats().SchemaBlocked < dispatchers {
 			return false
 		}
@@ -112,22 +113,4 @@ func TestSchemaStalls(t *testing.T) {
 	t.Logf("stall 1 at %v parked %d dispatchers; stall 2 at %v parked all %d; %d store notifications before the final advance, none after",
 		stall1, blocked1, stall2, dispatchers, notifies)
 	h.requireBounded()
-}
-
-// waitCond polls cond every few milliseconds until it holds, failing the
-// test after timeout. Only the condition is asserted, never the time. It is
-// for conditions on state that signals no change (service stats, metrics,
-// the generator, the inbox length); prefer the checker's waitFor or the
-// transport's waitRefused when the condition is theirs alone.
-func waitCond(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for: %s", timeout, what)
-		}
-		<-tick.C
-	}
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/eventservice"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
@@ -45,13 +46,13 @@ func TestShutdownUnderLoad(t *testing.T) {
 
 	// Congestion: every send refused.
 	tr.setOutage(messaging.ErrBusy)
-	waitCond(t, time.Minute, "dispatchers backing off", func() bool {
+	testwait.Within(t, time.Minute, "dispatchers backing off", func() bool {
 		refused, _ := tr.counts()
 		return refused > dispatchers && h.svc.Stats().BackingOff > 0
 	})
 	// Close with writes in flight: the upstream is still pushing.
 	pushed := h.gen.Stats().Batches
-	waitCond(t, time.Minute, "the upstream pushing into the store", func() bool { return h.gen.Stats().Batches > pushed })
+	testwait.Within(t, time.Minute, "the upstream pushing into the store", func() bool { return h.gen.Stats().Batches > pushed })
 	type closed struct {
 		took time.Duration
 		errs []error

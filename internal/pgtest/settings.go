@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/cdcflow/eventservice/internal/testwait"
 )
 
 // Set sets the server setting name to value through conn (ALTER SYSTEM;
@@ -26,18 +28,13 @@ func Set(t testing.TB, conn *pgx.Conn, name, value string) {
 			t.Fatalf("pgtest: %s: %v", q, err)
 		}
 	}
-	deadline := time.Now().Add(time.Minute)
-	for {
-		var v string
+	var v string
+	if !testwait.Until(time.Minute, func() bool {
 		if err := conn.QueryRow(ctx, "SHOW "+name).Scan(&v); err != nil {
 			t.Fatalf("pgtest: SHOW %s: %v", name, err)
 		}
-		if v == value {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pgtest: the server never read %s = %q (it shows %q)", name, value, v)
-		}
-		time.Sleep(10 * time.Millisecond) // polling the server with a deadline, not ordering
+		return v == value
+	}) {
+		t.Fatalf("pgtest: the server never read %s = %q (it shows %q)", name, value, v)
 	}
 }

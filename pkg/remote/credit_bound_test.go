@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
@@ -82,7 +83,7 @@ func TestASenderWaitingForRoomIsWokenOnlyAtHalfTheCapacity(t *testing.T) {
 	room := srv.Room("c1")
 	require.False(t, srv.HasRoom("c1"))
 	require.NoError(t, st.SendMsg(&frame{b: appendCredit(nil, 3)}))
-	require.Eventually(t, func() bool { return creditOf(p) == 3 }, 30*time.Second, time.Millisecond, "the grant of 3 was applied")
+	testwait.For(t, "the grant of 3 was applied", func() bool { return creditOf(p) == 3 })
 	select {
 	case <-room:
 		t.Fatal("woken by a credit of 3 of a capacity of 8: less than half")

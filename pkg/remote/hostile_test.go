@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
@@ -198,7 +199,7 @@ func TestMaxTargetsBoundsTheServersTargetsAndSeries(t *testing.T) {
 	require.Equal(t, codes.ResourceExhausted, refusal(t, st).Code())
 
 	leave1() // c1's stream breaks: its place may be taken
-	require.Eventually(t, func() bool { return srv.Connected() == 1 }, 30*time.Second, 5*time.Millisecond)
+	testwait.For(t, "one collector connected", func() bool { return srv.Connected() == 1 })
 	rawStream(t, conn, appendHello(nil, "c3", 4, 4))
 	waitConnected(t, srv, "c3")
 	require.ErrorIs(t, srv.Send("c1", nil), messaging.ErrUnknownTarget, "c1 was dropped")

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/internal/faultproxy"
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
@@ -178,7 +179,7 @@ func TestADeadLinkIsDeclaredDeadWithinFourThirdsOfTheLivenessTimeout(t *testing.
 	require.NoError(t, cli.Start())
 	defer cli.Close()
 	waitConnected(t, srv, "c1")
-	require.Eventually(t, func() bool { return cli.Streams() == 1 }, 30*time.Second, time.Millisecond)
+	testwait.For(t, "the client's stream", func() bool { return cli.Streams() == 1 })
 	clk.await(t, "both watchdogs run", func() bool {
 		return len(clk.watchdogsLocked(serverWatchdog)) == 1 && len(clk.watchdogsLocked(clientWatchdog)) == 1
 	})
@@ -207,6 +208,5 @@ func TestADeadLinkIsDeclaredDeadWithinFourThirdsOfTheLivenessTimeout(t *testing.
 	}
 	// The client's watchdog ended the stream as a dead link (not because
 	// the stream failed otherwise): it counts it as it redials.
-	require.Eventually(t, func() bool { return testutil.ToFloat64(cli.met.deadLinks) == 1 }, 30*time.Second, time.Millisecond,
-		"the client counted the dead link")
+	testwait.For(t, "the client counted the dead link", func() bool { return testutil.ToFloat64(cli.met.deadLinks) == 1 })
 }

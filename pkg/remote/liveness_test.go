@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/internal/faultproxy"
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
@@ -43,7 +44,7 @@ func TestHalfOpenLinkIsDeclaredDeadOnBothSides(t *testing.T) {
 	require.NoError(t, cli.Start())
 	defer cli.Close()
 	waitConnected(t, srv, "c1")
-	require.Eventually(t, func() bool { return cli.Streams() == 1 }, 30*time.Second, time.Millisecond)
+	testwait.For(t, "the client's stream", func() bool { return cli.Streams() == 1 })
 
 	down := proxy.Hold(faultproxy.Downstream)
 	proxy.Hold(faultproxy.Upstream)
@@ -57,30 +58,29 @@ func TestHalfOpenLinkIsDeclaredDeadOnBothSides(t *testing.T) {
 	srv.mu.Lock()
 	p := srv.mu.peers["c1"]
 	srv.mu.Unlock()
-	require.Eventually(t, func() bool { return p.live.writeStart.Load() != 0 }, 30*time.Second, time.Millisecond, "the writer is in SendMsg")
+	testwait.For(t, "the writer is in SendMsg", func() bool { return p.live.writeStart.Load() != 0 })
 	require.NoError(t, srv.Send("c1", []messaging.Message{bigBatch(5, 1)}), "still credit: the link looks alive")
 
 	clk.Advance(livenessForTest + time.Second)
-	require.Eventually(t, func() bool {
+	testwait.For(t, "declared dead: Send is ErrUnavailable", func() bool {
 		return errorsIsAny(srv.Send("c1", []messaging.Message{bigBatch(6, 1)}), messaging.ErrUnavailable)
-	}, 30*time.Second, time.Millisecond, "declared dead: Send is ErrUnavailable")
+	})
 	p.mu.Lock()
 	queued := len(p.mu.queue)
 	p.mu.Unlock()
 	require.Zero(t, queued, "the queued frames are released")
-	require.Eventually(t, func() bool { return srv.conns.count() == 0 }, 30*time.Second, time.Millisecond, "its connection is closed")
+	testwait.For(t, "its connection is closed", func() bool { return srv.conns.count() == 0 })
 	require.Equal(t, 1.0, testutil.ToFloat64(srv.met.deadLinks))
 	require.Zero(t, srv.Connected())
-	require.Eventually(t, func() bool { return testutil.ToFloat64(cli.met.deadLinks) == 1 }, 30*time.Second, time.Millisecond,
-		"the collector declared it dead too")
+	testwait.For(t, "the collector declared it dead too", func() bool { return testutil.ToFloat64(cli.met.deadLinks) == 1 })
 
 	proxy.Release()
 	// The client's retry timer runs on the fake clock: move it on until
 	// the new stream is up.
-	require.Eventually(t, func() bool {
+	testwait.For(t, "the collector connected again", func() bool {
 		clk.Advance(time.Millisecond)
 		return srv.Send("c1", nil) == nil
-	}, 30*time.Second, time.Millisecond, "the collector connected again")
+	})
 	select {
 	case <-cli.Reconnected():
 	case <-time.After(30 * time.Second):

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/cdcflow/eventservice/internal/promutil"
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 )
@@ -231,15 +232,7 @@ func start(t *testing.T, capacity int) *pair {
 // nothing only checks the target.
 func waitConnected(t *testing.T, srv *Server, target messaging.Target) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for srv.Send(target, nil) != nil {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s never connected", target)
-		case <-time.After(5 * time.Millisecond): // polling a condition with a deadline, not ordering
-		}
-	}
+	testwait.For(t, string(target)+" connected", func() bool { return srv.Send(target, nil) == nil })
 }
 
 func receive(t *testing.T, in *messaging.Inbox, n int) []messaging.Message {
@@ -329,19 +322,11 @@ func TestBatchLargerThanTheCollectorIsTooLarge(t *testing.T) {
 func TestBrokenStreamIsUnavailableUntilReconnect(t *testing.T) {
 	p := start(t, 16)
 	p.cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	var err error
-	for {
-		if err = p.srv.Send("c1", sampleMessages()[:1]); err != nil {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("the server never noticed the collector left")
-		case <-time.After(5 * time.Millisecond): // polling with a deadline
-		}
-	}
+	testwait.For(t, "the server noticing the collector left", func() bool {
+		err = p.srv.Send("c1", sampleMessages()[:1])
+		return err != nil
+	})
 	require.ErrorIs(t, err, messaging.ErrUnavailable)
 	require.ErrorIs(t, err, messaging.ErrSendFailed)
 	select {

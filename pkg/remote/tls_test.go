@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/internal/tlstest"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
@@ -76,8 +77,9 @@ func TestPolicyLetsAnIdentityServeOnlyItsTargets(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, thief.Start())
 	defer thief.Close()
-	require.Eventually(t, func() bool { return testutil.ToFloat64(srv.met.refusedCalls.WithLabelValues("permission_denied")) >= 1 },
-		30*time.Second, 5*time.Millisecond, "the thief's stream is refused")
+	testwait.For(t, "the thief's stream is refused", func() bool {
+		return testutil.ToFloat64(srv.met.refusedCalls.WithLabelValues("permission_denied")) >= 1
+	})
 	require.Zero(t, thief.Streams(), "a refused hello opens no stream")
 	require.NoError(t, srv.Send("c1", sampleMessages()[:1]))
 	require.Equal(t, sampleMessages()[:1], receive(t, owner.Inbox(), 1), "the owner's stream still delivers")
@@ -149,7 +151,7 @@ func TestACertificateThePolicyDoesNotKnowIsRefusedAtTheHandshake(t *testing.T) {
 		cli.Close()
 		require.ErrorIs(t, err, messaging.ErrUnavailable, "%s: refused at the handshake", f.Cert)
 	}
-	require.Eventually(t, func() bool { return srv.conns.count() == 0 }, 30*time.Second, 5*time.Millisecond, "no connection is left open")
+	testwait.For(t, "no connection is left open", func() bool { return srv.conns.count() == 0 })
 	require.GreaterOrEqual(t, testutil.ToFloat64(srv.met.refusedCalls.WithLabelValues("permission_denied")), 2.0)
 	require.Zero(t, srv.Connected())
 }
