@@ -214,14 +214,7 @@ func TestLibraryNeverAssignsPackageVariables(t *testing.T) {
 // SinkGuard, on its way to pkg/eventstore. An entry that no longer
 // excuses anything fails its check: remove it, so that the list only
 // shrinks.
-var notConverted = map[string][]string{
-	"options":    {"pkg/pgsource", "pkg/pgsink"},
-	"errors":     {"pkg/pgsource", "pkg/pgsink", "pkg/upstream/guard.go"},
-	"knobs":      {"pkg/pgsource"},
-	"stack":      {"pkg/pgsink"},
-	"eventually": {"pkg/pgsource", "pkg/pgsink"},
-	"sleep":      {"pkg/pgsource", "pkg/pgsink"},
-}
+var notConverted = map[string][]string{}
 
 // habitCheck collects a check's findings, setting aside those that
 // notConverted excuses, and fails on the rest and on stale excuses.

@@ -35,4 +35,7 @@ var (
 	ErrInvalidRange = errors.New("eventstore: invalid scan range")
 	// ErrCorrupt: a stored key or value failed to decode.
 	ErrCorrupt = errors.New("eventstore: corrupt entry")
+	// ErrSubscriptionClosed is returned by SinkGuard.Push (and for its guard
+	// by PushResolvedGuarded) once the guard's Close has begun.
+	ErrSubscriptionClosed = errors.New("eventstore: subscription closed")
 )

@@ -2,16 +2,11 @@ package eventstore
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"sync/atomic"
 
 	"github.com/cdcflow/eventservice/pkg/common"
 )
-
-// ErrSubscriptionClosed is returned by SinkGuard.Push (and for its guard
-// by PushResolvedGuarded) once the guard's Close has begun.
-var ErrSubscriptionClosed = errors.New("eventstore: subscription closed")
 
 // SinkGuard is the sink of one subscription plus what makes its Close
 // final: after Close returns, Push never calls the sink again. It is how an

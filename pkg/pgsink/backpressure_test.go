@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 )
@@ -20,9 +21,9 @@ import (
 // warm-up.
 func waitWarmedUp(t *testing.T, e *sinkEnv, n int) {
 	t.Helper()
-	require.Eventually(t, func() bool {
+	testwait.Within(t, time.Minute, "the lanes' warm-up is over", func() bool {
 		return testutil.ToFloat64(e.sink.met.warmed)+testutil.ToFloat64(e.sink.met.warmFailures) >= float64(n)
-	}, time.Minute, 5*time.Millisecond, "the lanes' warm-up is over")
+	})
 }
 
 // holdTable locks table in ACCESS EXCLUSIVE mode (as an ALTER TABLE

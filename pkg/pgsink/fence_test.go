@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 )
@@ -20,18 +21,11 @@ import (
 // counts at least one row, with a deadline.
 func waitServer(t *testing.T, conn *pgx.Conn, what, query string) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
+	testwait.For(t, what, func() bool {
 		var n int
 		require.NoError(t, conn.QueryRow(context.Background(), query).Scan(&n))
-		if n > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling the server's state, bounded by the deadline
-	}
+		return n > 0
+	})
 }
 
 // A sink that starts while an earlier sink of the same owner has a
@@ -51,9 +45,9 @@ func TestALaterSinkWaitsForAndFencesOutAnEarlierOne(t *testing.T) {
 	// The lane warms the table once idle (warm.go), in a pipeline behind
 	// the fence too: the lock wait the test looks for below must be A's
 	// commit, not that warm-up, which B would wait for instead.
-	require.Eventually(t, func() bool {
+	testwait.Within(t, time.Minute, "A's warm-up of the table is over", func() bool {
 		return testutil.ToFloat64(a.sink.met.warmed)+testutil.ToFloat64(a.sink.met.warmFailures) == 1
-	}, time.Minute, 5*time.Millisecond, "A's warm-up of the table is over")
+	})
 
 	// The test holds the table: A's next transaction passes its fence,
 	// then waits for the table.

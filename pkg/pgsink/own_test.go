@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
@@ -70,7 +71,7 @@ func TestATargetTableKeepsColumnsOfItsOwn(t *testing.T) {
 	require.NoError(t, s2.ApplyDDL(id, &messaging.DDL{TableID: 100, CommitTs: 16, Query: pgcodec.RelationDDL(dropped)}))
 	require.NoError(t, s2.ApplyRows(id, rows(17, tx(pgcodec.Insert, col("id", "3"), col("v", "d")))))
 	require.NoError(t, s2.Checkpoint(id, 17))
-	require.Eventually(t, func() bool { return len(s2.Stopped()) == 1 }, 60*time.Second, 5*time.Millisecond)
+	testwait.Within(t, 60*time.Second, "the table stopped", func() bool { return len(s2.Stopped()) == 1 })
 	require.Contains(t, s2.Stopped()[0], `column "big" is gone`)
 }
 
@@ -103,7 +104,7 @@ func TestASourceColumnNamedLikeAnOwnOneStopsTheTable(t *testing.T) {
 	require.NoError(t, e.sink.ApplyDDL(id, &messaging.DDL{TableID: 100, CommitTs: 11, Query: pgcodec.RelationDDL(added)}))
 	require.NoError(t, e.sink.ApplyRows(id, rows(12, tx(pgcodec.Insert, col("id", "1"), col("v", "a"), null("big"), col("note", "from source")))))
 	require.NoError(t, e.sink.Checkpoint(id, 12))
-	require.Eventually(t, func() bool { return len(e.sink.Stopped()) == 1 }, 60*time.Second, 5*time.Millisecond)
+	testwait.Within(t, 60*time.Second, "the table stopped", func() bool { return len(e.sink.Stopped()) == 1 })
 	require.Contains(t, e.sink.Stopped()[0], `has a column "note" now, and the target table has one of its own by that name`)
 	require.Empty(t, e.contents("app.t"))
 }

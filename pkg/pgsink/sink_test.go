@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/cdcflow/eventservice/internal/pgtest"
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
@@ -403,7 +404,7 @@ func TestSchemaChanges(t *testing.T) {
 	require.NoError(t, e.sink.ApplyRows(other, rows(14, tx(pgcodec.Insert, col("id", "9"), col("v", "z")))))
 	require.NoError(t, e.sink.Checkpoint(other, 14))
 	e.dur.wait(t, other, 14)
-	require.Eventually(t, func() bool { return len(e.sink.Stopped()) == 1 }, 60*time.Second, 5*time.Millisecond)
+	testwait.Within(t, 60*time.Second, "the table stopped", func() bool { return len(e.sink.Stopped()) == 1 })
 	require.Contains(t, e.sink.Stopped()[0], `column "v" is gone`)
 	require.NoError(t, e.sink.ApplyRows(id, rows(16, tx(pgcodec.Insert, col("id", "3")))), "a stopped table's calls are accepted")
 	require.Equal(t, common.Ts(12), e.sink.Durable(id), "and its checkpoint stays")
@@ -555,10 +556,10 @@ func TestARefusedChangeFailsOnlyItsTable(t *testing.T) {
 	require.NoError(t, e.sink.Checkpoint(good, 12))
 	e.dur.wait(t, good, 12)
 	var err error
-	require.Eventually(t, func() bool {
+	testwait.Within(t, 60*time.Second, "the refused change reported on the next call", func() bool {
 		err = e.sink.Checkpoint(bad, 13)
 		return err != nil
-	}, 60*time.Second, 5*time.Millisecond)
+	})
 	require.ErrorIs(t, err, ErrApply)
 	require.True(t, strings.Contains(err.Error(), "integer"), err.Error())
 	require.Equal(t, common.Ts(10), e.sink.Durable(bad))
@@ -581,7 +582,7 @@ func TestTargetDownIsRetriedNotStopped(t *testing.T) {
 	require.NoError(t, e.pg.Stop())
 	require.NoError(t, e.sink.ApplyRows(id, rows(12, tx(pgcodec.Insert, col("id", "1"), col("v", "a"), null("big")))))
 	require.NoError(t, e.sink.Checkpoint(id, 12))
-	require.Eventually(t, func() bool { return !e.sink.Connected() }, 60*time.Second, 5*time.Millisecond, "the lane sees the target gone")
+	testwait.Within(t, 60*time.Second, "the lane sees the target gone", func() bool { return !e.sink.Connected() })
 	require.Equal(t, common.Ts(10), e.sink.Durable(id))
 	require.NoError(t, e.pg.Restart())
 	e.dur.wait(t, id, 12)

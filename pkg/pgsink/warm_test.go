@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 )
@@ -38,8 +39,7 @@ func TestALaneWarmsItsTablesBeforeTheirFirstRows(t *testing.T) {
 		binds[i] = Binding{ID: common.DispatcherIDFromUint64(uint64(1000 + i)), Rel: rel, StartTs: 10}
 	}
 	require.NoError(t, e.sink.BindAll(context.Background(), binds))
-	require.Eventually(t, func() bool { return testutil.ToFloat64(e.sink.met.warmed) == n }, time.Minute, 10*time.Millisecond,
-		"every bound table warmed")
+	testwait.Within(t, time.Minute, "every bound table warmed", func() bool { return testutil.ToFloat64(e.sink.met.warmed) == n })
 	var written int
 	require.NoError(t, e.conn.QueryRow(context.Background(), "SELECT count(*) FROM cdcflow.owners WHERE wrote").Scan(&written))
 	require.Zero(t, written, "warming writes nothing")
@@ -85,8 +85,7 @@ func TestALockedTableDoesNotHoldALanesWarmUp(t *testing.T) {
 	other.OID, other.Name = 2001, "other"
 	lockedID, otherID := common.DispatcherIDFromUint64(2000), common.DispatcherIDFromUint64(2001)
 	require.NoError(t, e.sink.BindAll(ctx, []Binding{{ID: lockedID, Rel: locked, StartTs: 10}, {ID: otherID, Rel: other, StartTs: 10}}))
-	require.Eventually(t, func() bool { return testutil.ToFloat64(e.sink.met.warmFailures) == 1 }, time.Minute, 10*time.Millisecond,
-		"the warm-up gives up on the locked table")
+	testwait.Within(t, time.Minute, "the warm-up gives up on the locked table", func() bool { return testutil.ToFloat64(e.sink.met.warmFailures) == 1 })
 
 	require.NoError(t, e.sink.BeginEpoch(otherID, 1, 10))
 	require.NoError(t, e.sink.ApplyRows(otherID, rows(12, tx(pgcodec.Insert, col("id", "1"), col("v", "a"), null("big")))))

@@ -275,7 +275,7 @@ func (s *Source) copyChunk(ctx context.Context, conn *pgx.Conn, st *copyState, r
 			s.dropCopy(chunk)
 		}
 	}()
-	if h := s.opts.knobs.copyStartHook; h != nil {
+	if h := s.knobs.copyStartHook; h != nil {
 		h()
 	}
 	if err := emitCopyMark(ctx, conn, "low", c.id); err != nil {
@@ -290,7 +290,7 @@ func (s *Source) copyChunk(ctx context.Context, conn *pgx.Conn, st *copyState, r
 	c.final = req.keys != nil || last == nil
 	c.last = c.final && (req.keys == nil || req.last)
 	s.copies.Unlock()
-	if h := s.opts.knobs.copyHook; h != nil {
+	if h := s.knobs.copyHook; h != nil {
 		h(st.oid, len(rows))
 	}
 	if err := emitCopyMark(ctx, conn, "high", c.id); err != nil {
@@ -354,7 +354,7 @@ func (s *Source) readChunk(ctx context.Context, conn *pgx.Conn, oid uint32, req 
 		return rel, nil, nil, nil, err
 	}
 	xip = snapshotInProgress(snap)
-	if len(xip) > 0 && !s.opts.knobs.skipSyncRepCheck {
+	if len(xip) > 0 && !s.knobs.skipSyncRepCheck {
 		// A backend that began its commit before this transaction did (so
 		// possibly before the low watermark's commit) and still waits for
 		// a standby: its commit may be in the stream before the window.

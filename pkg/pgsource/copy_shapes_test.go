@@ -29,7 +29,7 @@ func TestAKeyACastWouldPrintDifferentlyIsFoundTouched(t *testing.T) {
 			e := newSrcEnv(t)
 			e.exec(tc.ddl)
 			e.exec(tc.ins)
-			j := streamThenJoin(t, e, "t2", func(o *Options) { e.writeAtChunks(o, map[int][]string{1: {tc.upd, tc.del}}) })
+			j := streamThenJoin(t, e, "t2", func(o *testOptions) { e.writeAtChunks(o, map[int][]string{1: {tc.upd, tc.del}}) })
 			res, err := j.src.CopyTable(context.Background(), j.oid, false)
 			require.NoError(t, err)
 			require.Equal(t, int64(98), res.Rows, "the two rows the window touched are the stream's")
@@ -60,7 +60,7 @@ func TestARewriteDuringACopyDoesNotEndIt(t *testing.T) {
 	defer alter.Close(context.Background())
 	chunks := 0
 	committed := make(chan error, 1)
-	j := streamThenJoin(t, e, "t2", func(o *Options) {
+	j := streamThenJoin(t, e, "t2", func(o *testOptions) {
 		o.CopyChunkRows = 300
 		o.knobs.copyHook = func(uint32, int) {
 			if chunks++; chunks != 1 {
@@ -110,7 +110,7 @@ func TestADroppedTableEndsItsCopy(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text)")
 	e.exec("INSERT INTO t2 SELECT g, 'v' || g FROM generate_series(1, 1000) g")
-	j := streamThenJoin(t, e, "t2", func(o *Options) {
+	j := streamThenJoin(t, e, "t2", func(o *testOptions) {
 		o.CopyChunkRows = 300
 		e.writeAtChunks(o, map[int][]string{1: {"DROP TABLE t2"}})
 	})
@@ -127,7 +127,7 @@ func TestAnIncludedColumnIsNotPartOfTheKey(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE t2 (id int, v text NOT NULL, PRIMARY KEY (id) INCLUDE (v))")
 	e.exec("INSERT INTO t2 SELECT g, 'v' || g FROM generate_series(1, 100) g")
-	j := streamThenJoin(t, e, "t2", func(o *Options) {
+	j := streamThenJoin(t, e, "t2", func(o *testOptions) {
 		e.writeAtChunks(o, map[int][]string{1: {"UPDATE t2 SET v = 'changed' WHERE id = 1", "DELETE FROM t2 WHERE id = 2"}})
 	})
 	res, err := j.src.CopyTable(context.Background(), j.oid, false)
@@ -221,7 +221,7 @@ func TestAKeyThatWidensBetweenChunksDoesNotPanic(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE t2 (id int, b int NOT NULL, v text, CONSTRAINT t2_pkey PRIMARY KEY (id))")
 	e.exec("INSERT INTO t2 SELECT g, g, 'v' FROM generate_series(1, 100) g")
-	j := streamThenJoin(t, e, "t2", func(o *Options) {
+	j := streamThenJoin(t, e, "t2", func(o *testOptions) {
 		o.CopyChunkRows = 30
 		e.writeAtChunks(o, map[int][]string{1: {"ALTER TABLE t2 DROP CONSTRAINT t2_pkey, ADD PRIMARY KEY (id, b)"}})
 	})

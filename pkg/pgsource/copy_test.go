@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 )
@@ -83,12 +84,12 @@ type joinedTable struct {
 // streamThenJoin starts a source on a publication of t1 only, then adds
 // table to it and waits for the poll to announce it (it has no change in
 // the stream) and subscribes it.
-func streamThenJoin(t *testing.T, e *srcEnv, table string, tweak func(*Options)) joinedTable {
+func streamThenJoin(t *testing.T, e *srcEnv, table string, tweak func(*testOptions)) joinedTable {
 	t.Helper()
 	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
 	e.exec("CREATE PUBLICATION only_t1 FOR TABLE t1")
 	announced := make(chan common.Ts, 4)
-	src := e.source(func(o *Options) {
+	src := e.source(func(o *testOptions) {
 		o.Publication = "only_t1"
 		o.PublicationPollInterval = 20 * time.Millisecond
 		o.OnNewTable = func(rel pgcodec.Relation, ts common.Ts) {
@@ -132,7 +133,7 @@ func TestATableThatJoinsWithRowsIsCopiedWhileWrittenTo(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text, n int)")
 	e.exec("INSERT INTO t2 SELECT g, 'v' || g, g FROM generate_series(1, 1000) g")
-	j := streamThenJoin(t, e, "t2", func(o *Options) {
+	j := streamThenJoin(t, e, "t2", func(o *testOptions) {
 		o.CopyChunkRows = 300
 		// After the first chunk's snapshot, before its high watermark: the
 		// chunk holds the rows as they were.
@@ -165,7 +166,7 @@ func TestRowsLeftWithoutAnUnchangedValueAreReadAgain(t *testing.T) {
 	e.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text, body text)")
 	e.exec("ALTER TABLE t2 ALTER COLUMN body SET STORAGE EXTERNAL")
 	e.exec("INSERT INTO t2 SELECT g, 'v' || g, repeat(md5(g::text), 100) FROM generate_series(1, 100) g")
-	j := streamThenJoin(t, e, "t2", func(o *Options) {
+	j := streamThenJoin(t, e, "t2", func(o *testOptions) {
 		o.CopyChunkRows = 30
 		e.writeAtChunks(o, map[int][]string{
 			1: {"UPDATE t2 SET v = 'changed' WHERE id = 5"}, // in the first chunk's window
@@ -190,7 +191,7 @@ func TestATruncateInAChunksWindowReadsItAgain(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text)")
 	e.exec("INSERT INTO t2 SELECT g, 'old' FROM generate_series(1, 50) g")
-	j := streamThenJoin(t, e, "t2", func(o *Options) {
+	j := streamThenJoin(t, e, "t2", func(o *testOptions) {
 		e.writeAtChunks(o, map[int][]string{1: {"TRUNCATE t2; INSERT INTO t2 VALUES (7, 'new')"}})
 	})
 	res, err := j.src.CopyTable(context.Background(), j.oid, false)
@@ -240,7 +241,7 @@ func TestATableThatLeavesAndJoinsAgainIsCopiedAnew(t *testing.T) {
 			e.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text)")
 			e.exec("INSERT INTO t2 SELECT g, 'v' || g FROM generate_series(1, 100) g")
 			rejoined := make(chan pgcodec.Relation, 1)
-			j := streamThenJoin(t, e, "t2", func(o *Options) {
+			j := streamThenJoin(t, e, "t2", func(o *testOptions) {
 				o.OnRejoin = func(rel pgcodec.Relation) { rejoined <- rel }
 				if quick {
 					o.PublicationPollInterval = -1 // the test polls
@@ -260,11 +261,11 @@ func TestATableThatLeavesAndJoinsAgainIsCopiedAnew(t *testing.T) {
 			}
 			e.exec("ALTER PUBLICATION only_t1 DROP TABLE t2")
 			if !quick {
-				require.Eventually(t, func() bool {
+				testwait.Within(t, time.Minute, "the poll finds t2 gone", func() bool {
 					j.src.pub.Lock()
 					defer j.src.pub.Unlock()
 					return j.src.pub.left[j.oid]
-				}, time.Minute, 10*time.Millisecond, "the poll finds t2 gone")
+				})
 			}
 			e.exec("DELETE FROM t2 WHERE id <= 10")
 			e.exec("UPDATE t2 SET v = 'while out' WHERE id = 20")
@@ -303,7 +304,7 @@ func FuzzSnapshotInProgress(f *testing.F) {
 // their own, once a copy's n-th chunk is read and before its high
 // watermark (in its window, after its snapshot): at[n] (each chunk read
 // counts, read again or not).
-func (e *srcEnv) writeAtChunks(o *Options, at map[int][]string) {
+func (e *srcEnv) writeAtChunks(o *testOptions, at map[int][]string) {
 	e.t.Helper()
 	writer, err := pgx.Connect(context.Background(), e.pg.DSN)
 	require.NoError(e.t, err)

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/internal/pgtest"
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 )
 
@@ -25,16 +26,16 @@ import (
 func TestACopyWaitsForACommitItsSnapshotCannotSeeYet(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		only func(*Options)
+		only func(*testOptions)
 	}{
-		{"SyncRepCheck", func(o *Options) { o.knobs.skipRecentCheck = true }},
-		{"RecentCommitsCheck", func(o *Options) { o.knobs.skipSyncRepCheck = true }},
+		{"SyncRepCheck", func(o *testOptions) { o.knobs.skipRecentCheck = true }},
+		{"RecentCommitsCheck", func(o *testOptions) { o.knobs.skipSyncRepCheck = true }},
 	} {
 		t.Run(tc.name, func(t *testing.T) { testACopyWaitsForACommitItsSnapshotCannotSeeYet(t, tc.only) })
 	}
 }
 
-func testACopyWaitsForACommitItsSnapshotCannotSeeYet(t *testing.T, only func(*Options)) {
+func testACopyWaitsForACommitItsSnapshotCannotSeeYet(t *testing.T, only func(*testOptions)) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE t2 (id int PRIMARY KEY, v text)")
 	e.exec("INSERT INTO t2 SELECT g, 'v' || g FROM generate_series(1, 10) g")
@@ -85,7 +86,7 @@ func TestTheRecentCommitsCheckSeesPastABusyWindow(t *testing.T) {
 	release := e.releasable()
 	waiting := make(chan error, 1)
 	attempts, first := 0, true
-	j := streamThenJoin(t, e, "t2", func(o *Options) {
+	j := streamThenJoin(t, e, "t2", func(o *testOptions) {
 		o.knobs.skipSyncRepCheck = true
 		o.knobs.copyStartHook = func() {
 			if attempts++; attempts == 2 { // the chunk read again: once the commit is visible
@@ -128,16 +129,11 @@ func (e *srcEnv) commitThatWaits(j joinedTable, waiting chan<- error) {
 		_, err = conn.Exec(context.Background(), "UPDATE t2 SET v = 'waited' WHERE id = 3")
 		waiting <- err
 	}()
-	deadline := time.Now().Add(time.Minute)
-	for {
+	testwait.For(e.t, "a commit waiting for the standby", func() bool {
 		var n int
 		require.NoError(e.t, e.conn.QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'").Scan(&n))
-		if n > 0 {
-			break
-		}
-		require.True(e.t, time.Now().Before(deadline), "no commit waits for the standby")
-		time.Sleep(10 * time.Millisecond) // polling the server with a deadline, not ordering
-	}
+		return n > 0
+	})
 	j.sink.waitFor("the stream delivers the waiting commit", func() bool {
 		for _, r := range j.sink.rows {
 			if c, err := pgcodec.DecodeValue(r.Value); err == nil && text(c, "v") == "waited" {

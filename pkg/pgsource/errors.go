@@ -4,6 +4,8 @@ import "errors"
 
 // Sentinel errors (errors.Is).
 var (
+	// ErrMalformedMessage wraps every decoding error of a pgoutput message.
+	ErrMalformedMessage = errors.New("pgsource: malformed pgoutput message")
 	// ErrInvalidOptions: Options failed validation.
 	ErrInvalidOptions = errors.New("pgsource: invalid options")
 	// ErrConnect: the source database cannot be reached (a bad DSN, the

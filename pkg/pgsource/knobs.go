@@ -1,8 +1,8 @@
 package pgsource
 
 // testingKnobs are the tests' seams into a Source, the package's one
-// spelling of a test hook: set through Options.knobs by the package's own
-// tests, zero (no hook) otherwise.
+// spelling of a test hook: set on Source.knobs by the package's own tests
+// before Open, zero (no hook) otherwise.
 type testingKnobs struct {
 	// copyHook, if set (tests), runs after a copy's chunk is read and
 	// before its high watermark is written.

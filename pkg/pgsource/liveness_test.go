@@ -10,6 +10,7 @@ import (
 
 	"github.com/cdcflow/eventservice/internal/faultproxy"
 	"github.com/cdcflow/eventservice/internal/pgtest"
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/schemastore"
 )
 
@@ -26,7 +27,7 @@ func TestASilentLinkIsNoticedAndTheStreamResumes(t *testing.T) {
 	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
 	setWalSenderTimeout(t, e, "1s") // the receive timeout is at least twice it
 	proxy := pgtest.StartProxy(t, e.pg.Addr, 0)
-	src := e.source(func(o *Options) {
+	src := e.source(func(o *testOptions) {
 		o.DSN = strings.Replace(e.pg.DSN, e.pg.Addr, proxy.Addr, 1)
 		o.ReceiveTimeout = 2 * time.Second
 	})
@@ -50,8 +51,7 @@ func TestASilentLinkIsNoticedAndTheStreamResumes(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("nothing from the server reached the proxy")
 	}
-	require.Eventually(t, func() bool { return testutilValue(src.met.silences) >= 1 }, time.Minute, 10*time.Millisecond,
-		"the silent session ended by its receive timeout")
+	testwait.Within(t, time.Minute, "the silent session ended by its receive timeout", func() bool { return testutilValue(src.met.silences) >= 1 })
 	proxy.Reset() // the link works again (the silent connections are gone)
 	sink.waitFor("ten rows", func() bool { return len(sink.rows) >= 10 })
 	seen := map[string]bool{}
@@ -73,7 +73,7 @@ func TestAnIdleServerAskedForAReplyKeepsTheSession(t *testing.T) {
 	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
 	setWalSenderTimeout(t, e, "1s")
 	replies := make(chan struct{}, 16)
-	src := e.source(func(o *Options) {
+	src := e.source(func(o *testOptions) {
 		o.HeartbeatInterval = time.Hour           // an idle database, and nothing to wake it
 		o.ReceiveTimeout = 400 * time.Millisecond // 2s: twice wal_sender_timeout
 		o.knobs.replyHeard = func() {
@@ -108,7 +108,7 @@ func setWalSenderTimeout(t *testing.T, e *srcEnv, v string) {
 func TestTheReceiveTimeoutFollowsTheServerAndBacksOff(t *testing.T) {
 	e := newSrcEnv(t)
 	setWalSenderTimeout(t, e, "3s")
-	src := e.source(func(o *Options) { o.ReceiveTimeout = 2 * time.Second })
+	src := e.source(func(o *testOptions) { o.ReceiveTimeout = 2 * time.Second })
 	ctx := context.Background()
 	conn, err := connect(ctx, e.pg.DSN)
 	require.NoError(t, err)
@@ -152,7 +152,7 @@ func TestAMessageThatArrivesSlowlyIsNotSilence(t *testing.T) {
 	e.exec("ALTER TABLE big ALTER COLUMN body SET STORAGE EXTERNAL") // not compressed: the message is the value's size
 	setWalSenderTimeout(t, e, "1s")
 	proxy := pgtest.StartProxy(t, e.pg.Addr, 0)
-	src := e.source(func(o *Options) {
+	src := e.source(func(o *testOptions) {
 		o.DSN = strings.Replace(e.pg.DSN, e.pg.Addr, proxy.Addr, 1)
 		o.ReceiveTimeout = 2 * time.Second
 	})

@@ -61,7 +61,7 @@ func TestARejoinBeforeTheFirstPollIsTold(t *testing.T) {
 	e.exec("CREATE TABLE t2 (id int PRIMARY KEY)")
 	e.exec("CREATE PUBLICATION cdcflow FOR TABLE t1, t2")
 	rejoined := make(chan pgcodec.Relation, 1)
-	src := e.source(func(o *Options) {
+	src := e.source(func(o *testOptions) {
 		o.PublicationPollInterval = -1 // the test polls
 		o.OnRejoin = func(rel pgcodec.Relation) { rejoined <- rel }
 	})

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -85,7 +86,7 @@ func TestTheSlotIsHeldBelowANewTableUntilItIsSubscribed(t *testing.T) {
 	e.exec("CREATE PUBLICATION cdcflow FOR ALL TABLES") // the user's: a new table is in it at once
 	announced := make(chan announcement, 4)
 	reports := newReportsForTest()
-	src := e.source(func(o *Options) {
+	src := e.source(func(o *testOptions) {
 		o.OnNewTable = announceInto(announced)
 		o.SafePoint = reports.safePoint
 		o.HeartbeatInterval = time.Hour // the stream's commits are the test's
@@ -126,8 +127,7 @@ func TestTheSlotIsHeldBelowANewTableUntilItIsSubscribed(t *testing.T) {
 	require.Less(t, saved.Ts, a.ts, "the saved position is before t2's first change's commit-ts")
 	require.LessOrEqual(t, pglogrepl.LSN(saved.LSN), before, "no position at or after t2's first change is saved")
 	require.LessOrEqual(t, pglogrepl.LSN(src.Position().LSN), before)
-	require.Eventually(t, func() bool { return e.confirmed() >= pglogrepl.LSN(src.Position().LSN) }, 60*time.Second, 10*time.Millisecond,
-		"the server's confirmed flush LSN reaches what the source confirms")
+	testwait.Within(t, 60*time.Second, "the server's confirmed flush LSN reaches what the source confirms", func() bool { return e.confirmed() >= pglogrepl.LSN(src.Position().LSN) })
 	require.LessOrEqual(t, e.confirmed(), before, "the slot is not confirmed past t2's first change")
 
 	// Subscribed from below its first change: the hold is gone.
@@ -141,6 +141,5 @@ func TestTheSlotIsHeldBelowANewTableUntilItIsSubscribed(t *testing.T) {
 		return pglogrepl.LSN(src.Position().LSN) > after
 	})
 	require.Greater(t, pglogrepl.LSN(e.pos.maxSaved().LSN), after, "saved past t2's first change")
-	require.Eventually(t, func() bool { return e.confirmed() > after }, 60*time.Second, 10*time.Millisecond,
-		"the server's confirmed flush LSN follows past t2's first change")
+	testwait.Within(t, 60*time.Second, "the server's confirmed flush LSN follows past t2's first change", func() bool { return e.confirmed() > after })
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -61,5 +62,5 @@ func TestOpenStreamStartsTheStreamBeforeStart(t *testing.T) {
 	require.NoError(t, unread.OpenStream(context.Background()))
 	require.True(t, e.slotActive())
 	unread.Close()
-	require.Eventually(t, func() bool { return !e.slotActive() }, time.Minute, 10*time.Millisecond, "Close closed the stream Start never read")
+	testwait.Within(t, time.Minute, "Close closed the stream Start never read", func() bool { return !e.slotActive() })
 }

@@ -101,8 +101,6 @@ type Options struct {
 	// holds of a copy at a time, and the rows read between two
 	// watermarks. Default 4096.
 	CopyChunkRows int
-	// knobs are the tests' seams (knobs.go).
-	knobs testingKnobs
 	// ResolvedInterval is how often every subscription's resolved-ts and
 	// the schema frontier move to the last commit. A table's own commits
 	// resolve it at once (each commit's push carries its commit-ts as the

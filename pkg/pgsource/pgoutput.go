@@ -1,7 +1,6 @@
 package pgsource
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -16,9 +15,6 @@ import (
 // malformed message is an error, never a panic (FuzzParseMessage).
 // pglogrepl's decoders index past the end of a short message and allocate
 // whatever a column length claims.
-
-// ErrMalformedMessage wraps every decoding error.
-var ErrMalformedMessage = errors.New("pgsource: malformed pgoutput message")
 
 // pgEpoch is PostgreSQL's time zero (2000-01-01 UTC).
 var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -69,7 +70,7 @@ func TestTheManagedPublicationListsTablesWithAKey(t *testing.T) {
 	e.exec("CREATE TABLE t1 (id int PRIMARY KEY, v text)")
 	e.exec("CREATE TABLE loose (a int, b text)")
 	e.exec("INSERT INTO loose VALUES (1, 'x')")
-	src := e.source(func(o *Options) {
+	src := e.source(func(o *testOptions) {
 		o.ManagePublication = true
 		o.PublicationPollInterval = 50 * time.Millisecond
 	})
@@ -88,11 +89,11 @@ func TestTheManagedPublicationListsTablesWithAKey(t *testing.T) {
 	require.NoError(t, src.Start()) // the poll runs once the snapshot is copied
 
 	e.exec("CREATE TABLE t2 (id int PRIMARY KEY)")
-	require.Eventually(t, func() bool { return len(e.pubTables()) == 2 }, time.Minute, 20*time.Millisecond, "t2 added")
+	testwait.Within(t, time.Minute, "t2 added", func() bool { return len(e.pubTables()) == 2 })
 	e.exec("ALTER TABLE t1 DROP CONSTRAINT t1_pkey")
-	require.Eventually(t, func() bool { return len(e.pubTables()) == 1 }, time.Minute, 20*time.Millisecond, "t1 taken out")
+	testwait.Within(t, time.Minute, "t1 taken out", func() bool { return len(e.pubTables()) == 1 })
 	e.exec("UPDATE t1 SET v = 'ok'") // would fail while published with updates and no identity
 	e.exec("ALTER TABLE loose ADD PRIMARY KEY (a)")
-	require.Eventually(t, func() bool { return len(e.pubTables()) == 2 }, time.Minute, 20*time.Millisecond, "loose added")
+	testwait.Within(t, time.Minute, "loose added", func() bool { return len(e.pubTables()) == 2 })
 	require.Equal(t, []string{"loose", "t2"}, e.pubTables())
 }

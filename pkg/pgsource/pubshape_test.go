@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -24,7 +25,7 @@ func TestTheRowFilterAndColumnListHoldForCopies(t *testing.T) {
 		e.exec("INSERT INTO " + name + " SELECT g, 'v' || g, 's' || g FROM generate_series(1, 100) g")
 	}
 	e.exec("CREATE PUBLICATION evens FOR TABLE t1 (id, v) WHERE (id % 2 = 0)")
-	src := e.source(func(o *Options) { o.Publication = "evens" })
+	src := e.source(func(o *testOptions) { o.Publication = "evens" })
 	info, err := src.Open(context.Background())
 	require.NoError(t, err)
 	require.Len(t, info.Tables, 1)
@@ -43,13 +44,13 @@ func TestTheRowFilterAndColumnListHoldForCopies(t *testing.T) {
 	e.exec("ALTER PUBLICATION evens ADD TABLE t2 (id, v) WHERE (id % 2 = 0)")
 	e.exec("INSERT INTO t2 VALUES (102, 'v102', 's'), (103, 'v103', 's')") // announces it; 103 is filtered out
 	var oid uint32
-	require.Eventually(t, func() bool {
+	testwait.Within(t, 60*time.Second, "t2 announced", func() bool {
 		src.mu.Lock()
 		defer src.mu.Unlock()
 		oid = e.oid("t2")
 		_, held := src.mu.holds[oid]
 		return held
-	}, 60*time.Second, 10*time.Millisecond, "t2 announced")
+	})
 	src.mu.Lock()
 	from := src.mu.holds[oid]
 	src.mu.Unlock()

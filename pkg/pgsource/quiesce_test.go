@@ -43,7 +43,7 @@ func TestQuiesceConfirmsTheLastCommit(t *testing.T) {
 	e.exec("CREATE TABLE busy (id int PRIMARY KEY)")
 	e.exec("CREATE TABLE idle (id int PRIMARY KEY)")
 	var safe atomic.Uint64 // the test's stand-in for every table's durable checkpoint
-	src := e.source(func(o *Options) {
+	src := e.source(func(o *testOptions) {
 		o.StatusInterval, o.ResolvedInterval = time.Hour, time.Hour // only Quiesce confirms, only commits resolve
 		// No heartbeat: its commit would become the last one, above the
 		// stand-in SafePoint (a loaded machine took the second it waits
@@ -79,7 +79,7 @@ func TestQuiesceConfirmsTheLastCommit(t *testing.T) {
 	next.Close()
 
 	// A SafePoint that never reaches the last commit.
-	stuck := e.source(func(o *Options) {
+	stuck := e.source(func(o *testOptions) {
 		o.SafePoint = func() (common.Ts, bool) { return 0, false }
 	})
 	info, err = stuck.Open(context.Background())

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/common"
 )
 
@@ -41,7 +42,7 @@ func TestAPositionThatCannotBeSavedDoesNotEndTheSession(t *testing.T) {
 	pos := &failingPositions{memPositions: e.pos}
 	var mu sync.Mutex
 	var safe common.Ts
-	src := e.source(func(o *Options) {
+	src := e.source(func(o *testOptions) {
 		o.Positions = pos
 		o.SafePoint = func() (common.Ts, bool) {
 			mu.Lock()
@@ -60,13 +61,13 @@ func TestAPositionThatCannotBeSavedDoesNotEndTheSession(t *testing.T) {
 	safe = sink.rows[0].CommitTs // durable downstream: the slot may move, but the save fails
 	mu.Unlock()
 	from := pos.attempts.Load()
-	require.Eventually(t, func() bool { return pos.attempts.Load() >= from+3 }, time.Minute, 10*time.Millisecond, "saves tried")
+	testwait.Within(t, time.Minute, "saves tried", func() bool { return pos.attempts.Load() >= from+3 })
 	require.Equal(t, before, src.Position(), "nothing confirmed that was not saved")
 	require.Zero(t, testutilValue(src.met.reconnects), "the session went on")
 	e.exec("INSERT INTO t1 VALUES (2)")
 	sink.waitFor("rows still stream", func() bool { return len(sink.rows) == 2 })
 
 	pos.failing.Store(false)
-	require.Eventually(t, func() bool { return src.Position().LSN > before.LSN }, time.Minute, 10*time.Millisecond, "saved and confirmed once it works")
+	testwait.Within(t, time.Minute, "saved and confirmed once it works", func() bool { return src.Position().LSN > before.LSN })
 	require.Zero(t, testutilValue(src.met.reconnects))
 }

@@ -41,6 +41,9 @@ type Source struct {
 	opts Options
 	log  *zap.Logger
 	met  *metrics
+	// knobs are the tests' seams (knobs.go): set before Open, read-only
+	// after.
+	knobs testingKnobs
 	// link logs the source's outages once (the stream reports them; the
 	// heartbeat and the poll only look).
 	link *pglink.Watch

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/cdcflow/eventservice/internal/pgtest"
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
@@ -149,15 +150,23 @@ func (e *srcEnv) oid(table string) uint32 {
 	return oid
 }
 
-func (e *srcEnv) source(tweak func(*Options)) *Source {
+// testOptions is what a test sets of a source: its options and its
+// knobs (set on the Source before it opens).
+type testOptions struct {
+	Options
+	knobs testingKnobs
+}
+
+func (e *srcEnv) source(tweak func(*testOptions)) *Source {
 	e.t.Helper()
-	opts := Options{DSN: e.pg.DSN, Schema: e.schema, Positions: e.pos, HeartbeatInterval: 100 * time.Millisecond, Logger: zaptest.NewLogger(e.t),
-		StatusInterval: 100 * time.Millisecond, ResolvedInterval: 10 * time.Millisecond}
+	opts := testOptions{Options: Options{DSN: e.pg.DSN, Schema: e.schema, Positions: e.pos, HeartbeatInterval: 100 * time.Millisecond,
+		Logger: zaptest.NewLogger(e.t), StatusInterval: 100 * time.Millisecond, ResolvedInterval: 10 * time.Millisecond}}
 	if tweak != nil {
 		tweak(&opts)
 	}
-	s, err := New(opts)
+	s, err := New(opts.Options)
 	require.NoError(e.t, err)
+	s.knobs = opts.knobs
 	e.t.Cleanup(s.Close)
 	return s
 }
@@ -234,7 +243,7 @@ func TestIdleDatabaseAdvances(t *testing.T) {
 	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
 	var safe common.Ts
 	var mu sync.Mutex
-	src := e.source(func(o *Options) {
+	src := e.source(func(o *testOptions) {
 		o.SafePoint = func() (common.Ts, bool) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -253,13 +262,12 @@ func TestIdleDatabaseAdvances(t *testing.T) {
 	mu.Lock()
 	safe = sink.resolved
 	mu.Unlock()
-	require.Eventually(t, func() bool { return src.Position().LSN > first.LSN }, 60*time.Second, 10*time.Millisecond,
-		"the slot moves to the safe point")
-	require.Eventually(t, func() bool {
+	testwait.Within(t, 60*time.Second, "the slot moves to the safe point", func() bool { return src.Position().LSN > first.LSN })
+	testwait.Within(t, 60*time.Second, "the server's confirmed flush LSN follows", func() bool {
 		lsn, ok, err := slotLSN(context.Background(), e.conn, "cdcflow")
 		require.NoError(t, err)
 		return ok && lsn > first.LSN
-	}, 60*time.Second, 10*time.Millisecond, "the server's confirmed flush LSN follows")
+	})
 }
 
 // Errors at Open name what is wrong; a table without a key is left out,

@@ -210,7 +210,7 @@ func (s *Source) session(from Position, st *streamState) error {
 		return err
 	}
 	c := newCore(st, from, s.opts.ChunkRows)
-	c.skipRecentCheck = s.opts.knobs.skipRecentCheck
+	c.skipRecentCheck = s.knobs.skipRecentCheck
 	ss := &session{s: s, conn: conn, catalog: catalog, core: c, st: st, receiveTimeout: timeout, copyDropsSeen: s.copyDrops.Load()}
 	s.streaming.Store(true)
 	defer s.streaming.Store(false)
@@ -466,7 +466,7 @@ func (ss *session) receive(ctx context.Context, lp *loopState) error {
 		}
 		return err
 	}
-	if h := s.opts.knobs.replyHeard; h != nil && lp.live.asked >= 0 {
+	if h := s.knobs.replyHeard; h != nil && lp.live.asked >= 0 {
 		h()
 	}
 	lp.gotMessage = true

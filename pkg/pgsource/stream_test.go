@@ -2,6 +2,7 @@ package pgsource
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/clock"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
@@ -87,7 +89,7 @@ func TestAKeyChangeWithAnUnchangedToastIsAMove(t *testing.T) {
 func TestLargeTransactionIsSpilledInChunks(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE big (id int PRIMARY KEY, v text)")
-	_, sinks := openAndSubscribe(t, e, e.source(func(o *Options) { o.ChunkRows = 100 }), "big")
+	_, sinks := openAndSubscribe(t, e, e.source(func(o *testOptions) { o.ChunkRows = 100 }), "big")
 	sink := sinks["big"]
 	e.exec("INSERT INTO big SELECT g, 'v' FROM generate_series(1, 5000) g")
 	sink.waitFor("every row", func() bool { return len(sink.rows) == 5000 })
@@ -112,7 +114,7 @@ func TestReplayAndRestartReadTheSameCommitTs(t *testing.T) {
 	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
 	var mu sync.Mutex
 	var safe common.Ts
-	safePoint := func(o *Options) {
+	safePoint := func(o *testOptions) {
 		o.SafePoint = func() (common.Ts, bool) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -155,7 +157,7 @@ func TestReplayAndRestartReadTheSameCommitTs(t *testing.T) {
 	mu.Lock()
 	safe = checkpoint
 	mu.Unlock()
-	require.Eventually(t, func() bool { p := src.Position(); return p.LSN > start.LSN && p.Ts == checkpoint }, 60*time.Second, 10*time.Millisecond)
+	testwait.Within(t, 60*time.Second, "the slot confirmed to the checkpoint's position", func() bool { p := src.Position(); return p.LSN > start.LSN && p.Ts == checkpoint })
 	src.Close()
 
 	again := e.source(nil)
@@ -195,7 +197,7 @@ func TestTableAddedWhileStreaming(t *testing.T) {
 	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
 	e.exec("CREATE PUBLICATION cdcflow FOR ALL TABLES") // the user's: a new table is in it at once
 	announced := make(chan announcement, 4)
-	src := e.source(func(o *Options) {
+	src := e.source(func(o *testOptions) {
 		o.OnNewTable = announceInto(announced)
 		o.SafePoint = func() (common.Ts, bool) { return common.TsFromTime(time.Now().Add(time.Hour)), true }
 	})
@@ -224,7 +226,7 @@ func TestATableThatGetsAKeyIsAnnouncedFromThen(t *testing.T) {
 	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
 	e.exec("CREATE PUBLICATION cdcflow FOR ALL TABLES") // the user's: a new table is in it at once
 	announced := make(chan common.Ts, 4)
-	src := e.source(func(o *Options) {
+	src := e.source(func(o *testOptions) {
 		o.OnNewTable = func(rel pgcodec.Relation, ts common.Ts) { announced <- ts }
 		o.SafePoint = func() (common.Ts, bool) { return common.TsFromTime(time.Now().Add(time.Hour)), true }
 	})
@@ -264,7 +266,7 @@ func TestAddColumnIsADDLBeforeItsFirstRow(t *testing.T) {
 	e.exec("INSERT INTO t1 VALUES (2, 'x')")
 	sink.waitFor("the second row", func() bool { return len(sink.rows) == 2 })
 	row := sink.rows[1]
-	require.Eventually(t, func() bool { return e.schema.ResolvedTs() >= row.CommitTs }, 60*time.Second, 10*time.Millisecond)
+	testwait.Within(t, 60*time.Second, "the schema frontier past the row", func() bool { return e.schema.ResolvedTs() >= row.CommitTs })
 	ddls, err := e.schema.FetchDDLs(int64(e.oid("t1")), 0, row.CommitTs, nil)
 	require.NoError(t, err)
 	require.Len(t, ddls, 1)
@@ -295,7 +297,7 @@ func TestTerminatedConnectionResumes(t *testing.T) {
 		}
 	}
 	sink.waitFor("ten rows", func() bool { return len(sink.rows) >= 10 })
-	require.Eventually(t, func() bool { return testutilValue(src.met.reconnects) >= 1 }, 60*time.Second, 10*time.Millisecond)
+	testwait.Within(t, 60*time.Second, "a reconnect", func() bool { return testutilValue(src.met.reconnects) >= 1 })
 	seen := map[string]bool{}
 	for _, c := range sink.changes() {
 		id := text(c, "id")
@@ -356,7 +358,7 @@ func TestOpenWaitsForOrTakesOverAnAttachedSlot(t *testing.T) {
 		"SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'cdcflow' AND active_pid IS NOT NULL").Scan(&pid))
 
 	fake := clock.NewFake(time.Unix(1_800_000_000, 0))
-	waiting := e.source(func(o *Options) { o.Clock = fake })
+	waiting := e.source(func(o *testOptions) { o.Clock = fake })
 	errc := make(chan error, 1)
 	go func() {
 		_, err := waiting.Open(context.Background())
@@ -368,7 +370,7 @@ func TestOpenWaitsForOrTakesOverAnAttachedSlot(t *testing.T) {
 	fake.Advance(slotWait)
 	require.ErrorIs(t, <-errc, ErrSlotInUse)
 
-	taker := e.source(func(o *Options) { o.TakeOver = true })
+	taker := e.source(func(o *testOptions) { o.TakeOver = true })
 	_, err := taker.Open(context.Background())
 	require.NoError(t, err)
 	var alive bool
@@ -447,7 +449,7 @@ func TestASessionContinuesFromWhereAnotherProcessConfirmed(t *testing.T) {
 	ahead := common.TsFromTime(time.Now().Add(time.Hour))
 	require.NoError(t, e.pos.Save(context.Background(), "cdcflow", Position{LSN: uint64(e.confirmed()), Ts: ahead}))
 	var safe atomic.Uint64
-	a := e.source(func(o *Options) {
+	a := e.source(func(o *testOptions) {
 		o.SafePoint = func() (common.Ts, bool) { return common.Ts(safe.Load()), true }
 		o.HeartbeatInterval = time.Hour // the stream's commits are the test's three rows
 	})
@@ -461,11 +463,7 @@ func TestASessionContinuesFromWhereAnotherProcessConfirmed(t *testing.T) {
 	require.NoError(t, a.Start())
 	waitConfirmedPast := func(lsn pglogrepl.LSN) {
 		t.Helper()
-		deadline := time.Now().Add(time.Minute)
-		for e.confirmed() <= lsn {
-			require.True(t, time.Now().Before(deadline), "the slot was never confirmed past %v", lsn)
-			time.Sleep(20 * time.Millisecond) // polling the server's state, bounded by the deadline
-		}
+		testwait.For(t, fmt.Sprintf("the slot confirmed past %v", lsn), func() bool { return e.confirmed() > lsn })
 	}
 	before := e.lsnNow()
 	e.exec("INSERT INTO t VALUES (1)")
@@ -474,7 +472,7 @@ func TestASessionContinuesFromWhereAnotherProcessConfirmed(t *testing.T) {
 	waitConfirmedPast(before)
 
 	core, logs := observer.New(zapcore.WarnLevel)
-	b := e.source(func(o *Options) { o.TakeOver = true; o.Logger = zap.New(core); o.HeartbeatInterval = time.Hour })
+	b := e.source(func(o *testOptions) { o.TakeOver = true; o.Logger = zap.New(core); o.HeartbeatInterval = time.Hour })
 	ctx := context.Background()
 	info, err := b.Open(ctx) // terminates A's walsender and reads the slot's position
 	require.NoError(t, err)
