@@ -408,7 +408,7 @@ func TestTestSeamsAreTestingKnobs(t *testing.T) {
 }
 
 // TestTestsNeitherParseStacksNorSleepNorUseEventually reads the tests of
-// pkg/ and internal/ (and tests/ for Eventually): no test tells
+// pkg/, internal/ and cmd/ (and tests/ for Eventually): no test tells
 // goroutines or tickers apart by parsing a stack (runtime.Stack,
 // runtime.Callers: a testingKnobs hook says it), none sleeps except in a
 // testing/synctest bubble (where a sleep is how time moves), and a poll
@@ -479,7 +479,7 @@ func TestTestsNeitherParseStacksNorSleepNorUseEventually(t *testing.T) {
 			return true
 		})
 	}
-	for _, root := range []string{"pkg", "internal", "tests"} {
+	for _, root := range []string{"pkg", "internal", "cmd", "tests"} {
 		goFiles(t, root, true, visit)
 	}
 	stack.done("stack parsing in tests: tell goroutines apart by a testingKnobs hook")

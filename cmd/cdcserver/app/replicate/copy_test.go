@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/cdcflow/eventservice/internal/pgtest"
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/pgcodec"
 	"github.com/cdcflow/eventservice/pkg/pgsource"
 	"github.com/cdcflow/eventservice/pkg/schemastore"
@@ -75,10 +76,9 @@ func TestServeCopiesTablesThatJoinThePublication(t *testing.T) {
 		}
 	})
 	p.exec("ALTER PUBLICATION cdcflow ADD TABLE t2")
-	deadline := time.Now().Add(2 * time.Minute)
-	for p.targetRows(t, "t2") < rows*3/4 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond) // polling the target with a deadline, not ordering
-	}
+	// The writers run until most of the copy is in; not an assertion, the
+	// comparison below is.
+	testwait.Until(2*time.Minute, func() bool { return p.targetRows(t, "t2") >= rows*3/4 })
 	cancel()
 	wg.Wait()
 	require.Positive(t, writes)
@@ -120,12 +120,11 @@ func TestServeCopiesTablesThatJoinThePublication(t *testing.T) {
 	require.NoError(t, err)
 	stop, _ = p.serve(cfg)
 	p.waitEqual("t2, copied again")
-	listed := "?"
-	for deadline := time.Now().Add(time.Minute); listed != "" && time.Now().Before(deadline); {
+	testwait.Within(t, time.Minute, "no copy left listed once the copies are durable", func() bool {
+		var listed string
 		require.NoError(t, dst.QueryRow(context.Background(), "SELECT value FROM cdcflow.state WHERE key = $1", copiesKey(cfg.Slot)).Scan(&listed))
-		time.Sleep(50 * time.Millisecond) // polling the target with a deadline, not ordering
-	}
-	require.Empty(t, listed, "no copy is left listed once the copies are durable")
+		return listed == ""
+	})
 	require.NoError(t, stop())
 	lap("t2, copied again")
 
@@ -350,13 +349,12 @@ func TestServeListsEveryTableThatJoinedBeforeBindingIt(t *testing.T) {
 	}()
 	// The update waits for the standby before the tables join: begun
 	// after a chunk's transaction, it would not hold the copies back.
-	waitingForStandby := false
-	for deadline := time.Now().Add(time.Minute); !waitingForStandby && time.Now().Before(deadline); {
+	testwait.Within(t, time.Minute, "the update waiting for the standby", func() bool {
+		var waitingForStandby bool
 		require.NoError(t, p.conn.QueryRow(context.Background(), "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event = 'SyncRep')").
 			Scan(&waitingForStandby))
-		time.Sleep(10 * time.Millisecond) // polling the source with a deadline, not ordering
-	}
-	require.True(t, waitingForStandby, "the update waits for the standby")
+		return waitingForStandby
+	})
 	p.exec("SET synchronous_commit = local")
 	p.exec("ALTER PUBLICATION cdcflow ADD TABLE t2, t3")
 	dst, err := pgx.Connect(context.Background(), p.dst.DSN)
@@ -364,13 +362,12 @@ func TestServeListsEveryTableThatJoinedBeforeBindingIt(t *testing.T) {
 	defer dst.Close(context.Background())
 	var oid3 uint32
 	require.NoError(t, p.conn.QueryRow(context.Background(), "SELECT 't3'::regclass::oid").Scan(&oid3))
-	checkpointed := false
-	for deadline := time.Now().Add(time.Minute); !checkpointed && time.Now().Before(deadline); {
+	testwait.Within(t, time.Minute, "t3 bound and checkpointed while it waits for its copy", func() bool {
+		var checkpointed bool
 		require.NoError(t, dst.QueryRow(context.Background(), "SELECT EXISTS (SELECT FROM cdcflow.checkpoints WHERE table_oid = $1)",
 			int64(oid3)).Scan(&checkpointed))
-		time.Sleep(50 * time.Millisecond) // polling the target with a deadline, not ordering
-	}
-	require.True(t, checkpointed, "t3 is bound and checkpointed while it waits for its copy")
+		return checkpointed
+	})
 	require.Zero(t, p.targetRows(t, "t2")+p.targetRows(t, "t3"), "no copy could end")
 	require.NoError(t, stop())
 	release()

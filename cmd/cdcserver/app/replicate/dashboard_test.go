@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/internal/pgtest"
+	"github.com/cdcflow/eventservice/internal/testwait"
 )
 
 // The Grafana dashboard of serve (deploy/grafana/cdcflow-postgres.json)
@@ -54,8 +55,7 @@ func TestTheDashboardAndTheAlertsNameServedMetrics(t *testing.T) {
 	addr := metricsAddr(t, stderr)
 
 	var missing []string
-	deadline := time.Now().Add(time.Minute)
-	for {
+	testwait.Until(time.Minute, func() bool { // the assertion below names what is missing
 		scraped := map[string]bool{}
 		require.NoError(t, scrapeNames(addr, scraped))
 		missing = missing[:0]
@@ -64,11 +64,8 @@ func TestTheDashboardAndTheAlertsNameServedMetrics(t *testing.T) {
 				missing = append(missing, name)
 			}
 		}
-		if len(missing) == 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(500 * time.Millisecond) // polling serve's endpoint with a deadline, not ordering
-	}
+		return len(missing) == 0
+	})
 	require.NoError(t, stop(), stderr.String())
 	require.Empty(t, missing, "named by deploy/grafana/cdcflow-postgres.json or deploy/prometheus/cdcflow-alerts.yml, and not exported by serve")
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/internal/pgtest"
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/pgsink"
 	"github.com/cdcflow/eventservice/pkg/pgsource"
 )
@@ -37,19 +38,6 @@ func (p *pair) oid(table string) uint32 {
 	var oid uint32
 	require.NoError(p.t, p.conn.QueryRow(context.Background(), "SELECT $1::regclass::oid", table).Scan(&oid))
 	return oid
-}
-
-// waitFor polls cond with a deadline (a database's or a process's state,
-// not ordering).
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond) // polling with a deadline, not ordering
-	}
 }
 
 // status reads the pair's changefeed status.
@@ -79,7 +67,7 @@ func metricsAddr(t *testing.T, stderr *syncBuffer) string {
 	t.Helper()
 	re := regexp.MustCompile(`serve: replicating \d+ tables; metrics at (\S+)`)
 	var addr string
-	waitFor(t, "serve's metrics address", 2*time.Minute, func() bool {
+	testwait.Within(t, 2*time.Minute, "serve's metrics address", func() bool {
 		if m := re.FindStringSubmatch(stderr.String()); m != nil {
 			addr = m[1]
 		}
@@ -105,7 +93,7 @@ func TestStatusAndRemoveOfAStoppedChangefeed(t *testing.T) {
 	p.waitEqual("the snapshot")
 	p.exec("ALTER TABLE t2 DROP COLUMN w") // a change the sink cannot apply yet: t2 stops
 	p.exec("INSERT INTO t2 VALUES (51, 'after')")
-	waitFor(t, "t2 stopped and recorded", time.Minute, func() bool { return p.status().Counts["stopped"] == 1 })
+	testwait.Within(t, time.Minute, "t2 stopped and recorded", func() bool { return p.status().Counts["stopped"] == 1 })
 
 	err := Remove(context.Background(), RemoveOptions{Source: p.src.DSN, Sink: p.dst.DSN, Slot: "cdcflow", Publication: "cdcflow"}, io.Discard)
 	require.ErrorIs(t, err, ErrSlotActive, "refused while serve streams the slot")
@@ -176,7 +164,7 @@ func TestAStoppedTablePastMaxRetainedWALIsReleased(t *testing.T) {
 	p.waitEqual("the snapshot")
 	p.exec("ALTER TABLE t2 DROP COLUMN w")
 	p.exec("INSERT INTO t2 VALUES (51, 'after')")
-	waitFor(t, "t2 released", time.Minute, func() bool { return p.status().Counts["released"] == 1 })
+	testwait.Within(t, time.Minute, "t2 released", func() bool { return p.status().Counts["released"] == 1 })
 	require.Contains(t, stderr.String(), "released")
 	st := p.status()
 	require.Equal(t, "released", st.Tables[1].State)
@@ -187,7 +175,7 @@ func TestAStoppedTablePastMaxRetainedWALIsReleased(t *testing.T) {
 	// WAL written after the stop: the slot passes it.
 	p.exec("INSERT INTO t1 SELECT g, 'v' FROM generate_series(1, 10) g")
 	after := p.lsn("SELECT pg_current_wal_lsn()::text")
-	waitFor(t, "the slot past the WAL written after the stop", 2*time.Minute, func() bool {
+	testwait.Within(t, 2*time.Minute, "the slot past the WAL written after the stop", func() bool {
 		p.exec("CHECKPOINT") // a running-xacts record: where the restart point can move to
 		p.exec("INSERT INTO t1 VALUES (1000 + (random() * 1e6)::int, 'tick') ON CONFLICT DO NOTHING")
 		return p.lsn("SELECT restart_lsn::text FROM pg_replication_slots WHERE slot_name = 'cdcflow'") > after
@@ -229,7 +217,7 @@ func TestReadyzIsNeverReadyBeforeTheSnapshotIsApplied(t *testing.T) {
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	var early atomic.Int64
-	waitFor(t, "ready", 2*time.Minute, func() bool {
+	testwait.Within(t, 2*time.Minute, "ready", func() bool {
 		resp, err := client.Get("http://" + addr + "/readyz")
 		if err != nil {
 			return false
@@ -287,23 +275,23 @@ func TestATargetOutageIsTheSinksAndAnIdleLagIsZero(t *testing.T) {
 	defer func() { _ = stop() }()
 	addr := metricsAddr(t, stderr)
 	p.waitEqual("the snapshot")
-	waitFor(t, "an idle lag of 0", time.Minute, func() bool {
+	testwait.Within(t, time.Minute, "an idle lag of 0", func() bool {
 		v, ok := metricValue(t, addr, "cdcflow_serve_lag_seconds")
 		return ok && v == 0
 	})
 
 	require.NoError(t, p.dst.Stop())
 	p.exec("UPDATE t SET v = 'during' WHERE id <= 10")
-	waitFor(t, "the outage logged", time.Minute, func() bool {
+	testwait.Within(t, time.Minute, "the outage logged", func() bool {
 		return regexp.MustCompile(`the target is (unreachable|shutting down|failing|terminated)`).MatchString(stderr.String()) ||
 			regexp.MustCompile(`the target ended the session`).MatchString(stderr.String())
 	})
-	waitFor(t, "the sink disconnected", time.Minute, func() bool {
+	testwait.Within(t, time.Minute, "the sink disconnected", func() bool {
 		v, ok := metricValue(t, addr, "cdcflow_pgsink_connected")
 		return ok && v == 0
 	})
 	require.NoError(t, p.dst.Restart())
-	waitFor(t, "the target back", 2*time.Minute, func() bool { return regexp.MustCompile(`the target is back`).MatchString(stderr.String()) })
+	testwait.Within(t, 2*time.Minute, "the target back", func() bool { return regexp.MustCompile(`the target is back`).MatchString(stderr.String()) })
 	p.waitEqual("after the target's outage")
 	log := stderr.String()
 	require.Equal(t, 1, len(regexp.MustCompile(`retrying until it is back`).FindAllString(log, -1)), "one line when it began:\n%s", log)
@@ -330,7 +318,7 @@ func TestALostSlotIsReportedAsLost(t *testing.T) {
 	require.NoError(t, stop(), stderr.String())
 
 	pgtestSet(t, p, "max_slot_wal_keep_size", "1MB")
-	waitFor(t, "the slot lost", time.Minute, func() bool {
+	testwait.Within(t, time.Minute, "the slot lost", func() bool {
 		p.exec("INSERT INTO t VALUES (1000 + (random() * 1e6)::int, 'wal') ON CONFLICT DO NOTHING")
 		p.exec("SELECT pg_switch_wal()")
 		p.exec("CHECKPOINT")

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/internal/testwait"
 )
 
 // leftOut names the tables status lists as left out.
@@ -58,7 +60,7 @@ func TestPgbenchsSchemaReplicatesAndTheSourceKeepsItsWrites(t *testing.T) {
 	p.exec("INSERT INTO later SELECT g, 'v' FROM generate_series(1, 100) g")
 	p.exec("CREATE TABLE later_keyless (a int, b text)")
 	p.exec("INSERT INTO later_keyless VALUES (1, 'x')")
-	waitFor(t, "the keyed table added and copied", 2*time.Minute, func() bool { return p.targetCountOrNone("public.later") == 100 })
+	testwait.Within(t, 2*time.Minute, "the keyed table added and copied", func() bool { return p.targetCountOrNone("public.later") == 100 })
 	p.exec("UPDATE later_keyless SET b = 'y'")
 	p.exec("DELETE FROM later_keyless")
 	p.waitEqual("with the table that joined")

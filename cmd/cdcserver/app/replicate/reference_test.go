@@ -11,6 +11,7 @@ import (
 
 	"github.com/cdcflow/eventservice/internal/pgtest"
 	"github.com/cdcflow/eventservice/internal/refdoc"
+	"github.com/cdcflow/eventservice/internal/testwait"
 )
 
 var update = flag.Bool("update", false, "rewrite the generated blocks of docs/reference/ from the code")
@@ -38,20 +39,13 @@ func TestReferenceDocs(t *testing.T) {
 
 	late := []string{"cdcflow_pgsource_slot_retained_bytes", "cdcflow_pgsource_slot_safe_wal_size_bytes", "cdcflow_pgsource_slot_wal_status"}
 	var mfs []*dto.MetricFamily
-	deadline := time.Now().Add(time.Minute)
-	for {
+	testwait.Until(time.Minute, func() bool {
 		var err error
 		mfs, err = refdoc.Scrape(addr)
 		require.NoError(t, err)
-		missing := missingFamilies(mfs, late)
-		if len(missing) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("serve never exported %v", missing)
-		}
-		time.Sleep(500 * time.Millisecond) // polling serve's endpoint with a deadline, not ordering
-	}
+		return len(missingFamilies(mfs, late)) == 0
+	})
+	require.Empty(t, missingFamilies(mfs, late), "families serve never exported")
 	require.NoError(t, stop(), stderr.String())
 
 	ms := refdoc.Metrics(mfs, func(name string) bool { return strings.HasPrefix(name, "cdcflow_") })

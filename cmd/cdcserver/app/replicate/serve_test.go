@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/cdcflow/eventservice/internal/pgtest"
+	"github.com/cdcflow/eventservice/internal/testwait"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -91,21 +92,18 @@ func (p *pair) serve(cfg Config) (stop func() error, stderr *syncBuffer) {
 	}, stderr
 }
 
-// waitEqual waits until compare finds the tables equal (polling with a
-// deadline).
+// waitEqual waits until compare finds the tables equal.
 func (p *pair) waitEqual(what string) {
 	p.t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
 	var out bytes.Buffer
 	var err error
-	for time.Now().Before(deadline) {
+	if !testwait.Until(2*time.Minute, func() bool {
 		out.Reset()
-		if err = Compare(context.Background(), p.src.DSN, p.dst.DSN, "cdcflow", &out); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond) // polling a database with a deadline, not ordering
+		err = Compare(context.Background(), p.src.DSN, p.dst.DSN, "cdcflow", &out)
+		return err == nil
+	}) {
+		p.t.Fatalf("%s: never equal: %v\n%s", what, err, out.String())
 	}
-	p.t.Fatalf("%s: never equal: %v\n%s", what, err, out.String())
 }
 
 // A source with rows is copied (the snapshot), then inserts, updates
@@ -152,11 +150,11 @@ func TestServeReplicatesAndResumes(t *testing.T) {
 	p.waitEqual("after the restart")
 	p.exec("INSERT INTO t3 VALUES (5000, 'after restart', NULL)")
 	p.waitEqual("new writes after the restart")
-	require.Eventually(t, func() bool {
+	testwait.Within(t, time.Minute, "the slot's confirmed flush LSN moving on", func() bool {
 		var now string
 		require.NoError(t, p.conn.QueryRow(context.Background(), "SELECT confirmed_flush_lsn::text FROM pg_replication_slots").Scan(&now))
 		return now != before
-	}, time.Minute, 50*time.Millisecond, "the slot's confirmed flush LSN moved on")
+	})
 	require.NoError(t, stop(), stderr.String())
 	require.NotContains(t, stderr.String(), "ERROR")
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/internal/testwait"
 )
 
 // shutdownBound is how long a shutdown of the source may take with serve
@@ -35,17 +37,15 @@ func (p *pair) reconnect(open bool) {
 // closes at once).
 func (p *pair) connectSource() *pgx.Conn {
 	p.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		conn, err := pgx.Connect(context.Background(), p.src.DSN)
-		if err == nil {
-			return conn
-		}
-		if time.Now().After(deadline) {
-			p.t.Fatalf("connect to the source: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond) // polling a server with a deadline, not ordering
+	var conn *pgx.Conn
+	var err error
+	if !testwait.Until(30*time.Second, func() bool {
+		conn, err = pgx.Connect(context.Background(), p.src.DSN)
+		return err == nil
+	}) {
+		p.t.Fatalf("connect to the source: %v", err)
 	}
+	return conn
 }
 
 // A shutdown of the source is never held up by serve, and serve resumes
@@ -113,11 +113,7 @@ func TestASourceShutdownIsNotHeldUp(t *testing.T) {
 			}
 		})
 	}
-	deadline := time.Now().Add(time.Minute)
-	for commits.Load() < 200 {
-		require.True(t, time.Now().Before(deadline), "the writers never committed 200 transactions")
-		time.Sleep(10 * time.Millisecond) // polling a counter with a deadline, not ordering
-	}
+	testwait.For(t, "the writers committing 200 transactions", func() bool { return commits.Load() >= 200 })
 	p.reconnect(false)
 	began = time.Now()
 	require.NoError(t, p.src.StopWith("fast", shutdownBound), "a fast shutdown under load\n%s", stderr)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/pgsink"
 	"github.com/cdcflow/eventservice/pkg/pgsource"
 )
@@ -27,28 +28,21 @@ func (p *pair) targetExec(sql string) {
 }
 
 // waitSnapshotRecorded waits until serve recorded its snapshot as done
-// in the target (polling a database with a deadline).
+// in the target.
 func (p *pair) waitSnapshotRecorded() {
 	p.t.Helper()
 	conn, err := pgx.Connect(context.Background(), p.dst.DSN)
 	require.NoError(p.t, err)
 	defer conn.Close(context.Background())
-	deadline := time.Now().Add(time.Minute)
-	for {
+	testwait.For(p.t, "the snapshot recorded as done", func() bool {
 		var n int
 		var exists bool
 		require.NoError(p.t, conn.QueryRow(context.Background(), "SELECT to_regclass('cdcflow.state') IS NOT NULL").Scan(&exists))
 		if exists { // serve creates it once its checks passed
 			require.NoError(p.t, conn.QueryRow(context.Background(), "SELECT count(*) FROM cdcflow.state WHERE key LIKE 'snapshot-done:%'").Scan(&n))
 		}
-		if n > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			p.t.Fatal("the snapshot was never recorded as done")
-		}
-		time.Sleep(50 * time.Millisecond) // polling a database with a deadline, not ordering
-	}
+		return n > 0
+	})
 }
 
 // What serve cannot resume it starts over, emptying what an earlier run
@@ -278,8 +272,7 @@ func TestACleanStopKeepsWithinItsTimeout(t *testing.T) {
 		closed:  func() { close(closed) },
 	}
 	stop, stderr := p.serve(cfg)
-	require.Eventually(t, func() bool { return strings.Contains(stderr.String(), "serve: replicating") },
-		time.Minute, 10*time.Millisecond, "serving (built, the stop is a clean one)")
+	testwait.For(t, "serving (built, the stop is a clean one)", func() bool { return strings.Contains(stderr.String(), "serve: replicating") })
 	began := time.Now()
 	require.NoError(t, stop(), stderr.String())
 	took := time.Since(began)

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/pgsource"
 )
 
@@ -113,9 +114,9 @@ WHERE attrelid = 'public.typed'::regclass AND attname IN ('s', 'c2') ORDER BY at
 	// change to stream: serve says so, naming the table and the column.
 	p.exec("ALTER TABLE gen ADD COLUMN d posnum DEFAULT 3.5")
 	p.exec("INSERT INTO gen (id, a) VALUES (12, 12)")
-	require.Eventually(t, func() bool {
+	testwait.For(t, "the warning naming a rewrite whose values cannot be streamed", func() bool {
 		return strings.Contains(stderr.String(), "rewrote the table") && strings.Contains(stderr.String(), "[column=d]")
-	}, time.Minute, 20*time.Millisecond, "a rewrite's values cannot be streamed: the warning names it")
+	})
 	require.NoError(t, stop(), stderr.String())
 	require.NotContains(t, stderr.String(), "ERROR")
 }
@@ -177,19 +178,16 @@ func TestATableCreatedAgainUnderItsNameStops(t *testing.T) {
 	cfg.ShutdownTimeout = 2 * time.Second // a stopped table never quiesces
 	stop, stderr := p.serve(cfg)
 	p.waitEqual("the snapshot")
-	require.Eventually(t, func() bool {
+	testwait.For(t, "the first table's checkpoint and the snapshot's completion recorded", func() bool {
 		return len(p.targetQuery("SELECT dispatcher FROM cdcflow.checkpoints WHERE target = '\"public\".\"again\"'")) == 1 &&
 			len(p.targetQuery("SELECT value FROM cdcflow.state WHERE key = 'snapshot-done:cdcflow' AND value <> ''")) == 1
-	}, time.Minute, 20*time.Millisecond, "the first table's checkpoint and the snapshot's completion are recorded")
+	})
 	p.exec("DROP TABLE again")
 	p.exec("CREATE TABLE again (id int PRIMARY KEY, v text)")
 	p.exec("INSERT INTO again VALUES (3, 'new')")
-	require.Eventually(t, func() bool {
-		return strings.Contains(stderr.String(), "holds the rows of source table")
-	}, time.Minute, 20*time.Millisecond, "the new table stops")
+	testwait.For(t, "the new table stopping", func() bool { return strings.Contains(stderr.String(), "holds the rows of source table") })
 	p.exec("INSERT INTO kept VALUES (1)")
-	require.Eventually(t, func() bool { return len(p.targetQuery("SELECT id::text FROM kept")) == 1 },
-		time.Minute, 20*time.Millisecond, "the other tables go on")
+	testwait.For(t, "the other tables going on", func() bool { return len(p.targetQuery("SELECT id::text FROM kept")) == 1 })
 	require.Equal(t, []string{"1|old", "2|old"}, p.targetQuery("SELECT id::text, v FROM again ORDER BY id"), "nothing mixed in")
 	require.NoError(t, stop(), stderr.String())
 

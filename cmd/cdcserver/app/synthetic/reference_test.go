@@ -7,12 +7,12 @@ import (
 	"net"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/internal/refdoc"
+	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/messaging"
 	"github.com/cdcflow/eventservice/pkg/remote"
 )
@@ -61,11 +61,7 @@ func TestReferenceDocs(t *testing.T) {
 	require.NoError(t, err)
 	defer cl.Close()
 	require.NoError(t, cl.Start())
-	deadline := time.Now().Add(30 * time.Second)
-	for srv.Connected() == 0 {
-		require.True(t, time.Now().Before(deadline), "the client never connected")
-		time.Sleep(10 * time.Millisecond) // polling the server with a deadline, not ordering
-	}
+	testwait.For(t, "the client connected", func() bool { return srv.Connected() > 0 })
 	transport := gather(reg)
 	require.NoError(t, refdoc.Sync(metricsDoc, "remote-metrics", refdoc.MetricTable(transport), *update))
 
