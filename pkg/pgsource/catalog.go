@@ -165,8 +165,8 @@ ORDER BY n.nspname, c.relname`, pub)
 	for i, t := range tables {
 		oids[i], idents[i] = t.oid, t.replIdent
 	}
-	// One query for every table's columns: one per table was 1000 round
-	// trips, a third of a second of every restart at 1000 tables.
+	// One query for every table's columns: one per table is a round trip
+	// per table at every restart.
 	cols, err := tablesColumns(ctx, conn, oids, idents)
 	if err != nil {
 		return nil, err

@@ -305,8 +305,8 @@ func (ss *session) push(ctx context.Context, b *sub, batch eventstore.Batch) err
 
 // pushContext makes sure the session's push context is live. One push
 // context for the session, made again only after a subscription's Close
-// cancelled it: a context per push (with its registration in the
-// parent's) was a tenth of the stream's CPU.
+// cancelled it: a context per push would add an allocation and a
+// registration in the parent's to every push.
 func (ss *session) pushContext(ctx context.Context) {
 	if ss.pushCtx == nil || ss.pushCtx.Err() != nil {
 		if ss.pushCancel != nil {

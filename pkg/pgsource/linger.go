@@ -18,10 +18,9 @@ import (
 // Why: a walsender sends each pgoutput message as it decodes it, so a
 // stream that keeps up with a live load reads about one message per
 // read(2), and each read that finds the queue empty parks the stream's
-// goroutine in the netpoller until the next message. In a profile of
-// `serve` at 100 tables under make pgbench's load, the socket reads were a
-// sixth of the process and the netpoller and the Go scheduler another
-// eighth: per message, not per row. A read that follows a short one
+// goroutine in the netpoller until the next message: reads, netpoller and
+// scheduler work per message, not per row (docs/benchmarks.md, "Figures
+// behind the code"). A read that follows a short one
 // (fewer bytes than asked for: the queue was drained) first waits until
 // linger has passed since that short read, so the stream reads every
 // linger at most while it keeps up, and a stream that is behind (each
@@ -36,20 +35,18 @@ import (
 // comes, waits a few milliseconds, not the whole linger: the socket's
 // buffers (the receiver's 128 KiB and the sender's 16 KiB to start with on
 // Linux, both growing) do not fill, and the walsender does not wait for
-// this process to read. Unbounded, a 20 ms linger once let a drain at 100
-// tables that runs at 120k rows/s go at 42k (make pgbench, one run in five:
-// about a buffer per linger).
+// this process to read, as it would for about a buffer per linger if the
+// linger were unbounded.
 //
 // While a linger lasts the socket is hushed (hush, Linux: SO_RCVLOWAT
 // raised to hushMark): the kernel wakes no reader until
 // the linger ends. Without it, every message that arrives during a linger
 // woke the netpoller for nothing (the stream's goroutine sleeps, it does
 // not wait on the socket), which went back to sleep until the next one:
-// at 100 tables under make pgbench's load, about 1,800 epoll events a
-// second on this socket where the stream read it 150 times, and the
-// netpoller a quarter of serve's CPU profile. The hush is set by the short read that starts a
-// linger and lifted (SO_RCVLOWAT back to 1) before the read that ends it,
-// so no read ever waits on a raised mark.
+// a wake-up per message where the stream reads once per linger. The hush is
+// set by the short read that starts a linger and lifted (SO_RCVLOWAT back
+// to 1) before the read that ends it, so no read ever waits on a raised
+// mark.
 //
 // The wait is real time whatever the source's Clock (clock.RealSleep): it
 // is for the kernel, as a socket deadline is. It cannot delay a read past

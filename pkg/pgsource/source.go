@@ -407,7 +407,7 @@ func (b *sub) Close() {
 // subscribes its tables: it decodes again the WAL from the slot's restart
 // point to its confirmed position (the restart point moves only at a
 // running-xacts record decoded and confirmed, up to two of the server's
-// 15 s intervals behind), tens of megabytes after a busy stream, and
+// 15 s intervals behind), much of it after a busy stream, and
 // connects and starts its decoding context. Start's first session reads
 // this stream; Close closes it if Start never ran. Nothing answers the
 // server until Start: a Start later than the server's wal_sender_timeout

@@ -313,9 +313,8 @@ func (s *Source) reseed(ctx context.Context, catalog *pgx.Conn, from Position) (
 func (ss *session) loop(ctx context.Context) error {
 	s := ss.s
 	// The read wakes at the next tick by the connection's read deadline,
-	// set when the tick moves, and at ctx's end by a deadline in the past:
-	// a context deadline per message (pgconn watches each one) was 15% of
-	// the stream's CPU.
+	// set when the tick moves, and at ctx's end by a deadline in the past,
+	// not by a context deadline per message, which pgconn watches one by one.
 	netConn := ss.conn.Conn()
 	lingerOf(ss.conn).stream()
 	stopWatch := context.AfterFunc(ctx, func() { _ = netConn.SetReadDeadline(time.Unix(1, 0)) })
@@ -514,9 +513,8 @@ func minTime(a, b time.Time) time.Time {
 
 // resolvedInterval is ResolvedInterval, stretched so that the resolved-ts
 // pushes stay within ResolvedPushesPerSec: each is a store write, a
-// notification and a preparation for the service, and a thousand tables
-// every 20 ms was most of serve's CPU (pprof at 1000 tables), before
-// commits resolved their own tables.
+// notification and a preparation for the service, so their rate, not the
+// number of tables, bounds that work.
 func (ss *session) resolvedInterval() time.Duration {
 	s := ss.s
 	s.mu.Lock()
