@@ -8,11 +8,10 @@ import "github.com/cockroachdb/pebble/v2"
 //
 // An indexed pebble batch answers it too, but keeps a skiplist of every
 // entry for that: a second skiplist insert per row (beside the memtable's
-// at commit), a tenth of a collector process's CPU at 400k rows/s, paid
-// for lookups that a batch of rows above the newest never makes. The
-// index here is built only when a lookup first needs it, from the batch's
-// entries so far, and from then on follows every version the batch gets;
-// a batch without such a lookup pays nothing.
+// at commit), paid for lookups that a batch of rows above the newest never
+// makes. The index here is built only when a lookup first needs it, from
+// the batch's entries so far, and from then on follows every version the
+// batch gets; a batch without such a lookup pays nothing.
 type batchKeys struct {
 	on   bool
 	keys map[string]struct{}

@@ -16,9 +16,8 @@ import (
 //
 // A batch's checkpoints are one log entry, in the batch that writes their
 // rows, so rows and checkpoint still commit together. A key per dispatcher,
-// rewritten at every checkpoint, was a memtable insert into a skiplist of
-// every checkpoint written since the last flush: with 100k dispatchers
-// advancing once a second, 46% of a collector process's CPU. Once the log
+// rewritten at every checkpoint, was a memtable insert per checkpoint into
+// a skiplist of every checkpoint written since the last flush. Once the log
 // holds twice as many checkpoints as there are dispatchers (and at least
 // logCutMin), one batch writes the snapshot and deletes the log it
 // replaces, so a crash leaves the one or the other. Open reads the

@@ -93,9 +93,8 @@ const (
 	sinkLBaseBytes        = 256 << 20
 	// sinkBlockBytes is the tables' block size: pebble writes a table a
 	// block per write(2), and with its 4 KiB default flushes and
-	// compactions were a system call per 4 KiB (a fifth of a collector
-	// process's CPU at 400k rows/s). Lookups read a block only for the
-	// rare key their bloom filter does not rule out.
+	// compactions were a system call per 4 KiB. Lookups read a block only
+	// for the rare key their bloom filter does not rule out.
 	sinkBlockBytes = 64 << 10
 )
 
@@ -104,15 +103,13 @@ func Open(dir string) (*Sink, error) {
 	// Each row is looked up before it is written (a re-delivery must keep
 	// its first application's sequence number), and nearly all lookups
 	// miss: bloom filters answer those without reading the tables' index
-	// blocks, which without them was 80% of a collector process's CPU
-	// at 4,000 dispatchers.
+	// blocks.
 	//
-	// The memtable is the event store's 64 MiB, not pebble's 4 MiB: a
-	// collector process taking 100k rows/s flushed several memtables a
-	// second, and compacting them was over half its CPU. The two-collector
-	// run at 400k rows/s went from 132-144k to 171-181k rows/s (two runs
-	// each, interleaved). Pebble starts with small memtables and doubles
-	// them up to this size, so a sink that takes little holds little.
+	// The memtable is the event store's 64 MiB, not pebble's 4 MiB: with
+	// 4 MiB a collector process taking 100k rows/s flushed several
+	// memtables a second and spent its CPU compacting them. Pebble starts
+	// with small memtables and doubles them up to this size, so a sink
+	// that takes little holds little.
 	//
 	// The sink is written far more than it is read: its reads are those
 	// lookups and the verifier's scans at the end. So L0 takes more files

@@ -9,17 +9,15 @@ import (
 )
 
 // dispatcherState is what the sink holds for one dispatcher, found by one
-// map probe per call: a probe per field (its table, rows, DDLs,
-// checkpoint), on 16-byte keys, was a third of a collector process's CPU
-// at 100k dispatchers.
+// map probe per call, not a probe per field (its table, rows, DDLs,
+// checkpoint) on 16-byte keys.
 type dispatcherState struct {
 	table *tableState // nil until Bind
 	// pending are the rows staged since the last checkpoint, as the
 	// slices ApplyRows was given (the Sink contract lets the sink keep
 	// them), in the order given; pendingBytes is what they will take in
 	// the checkpoint's batch (batchBytes). Appending each call's rows to
-	// one slice copied a hot dispatcher's rows again at every doubling: a
-	// twentieth of a collector process's CPU at 400k rows/s.
+	// one slice copied a hot dispatcher's rows again at every doubling.
 	pending      [][]common.Row
 	pendingBytes int
 	ddls         []messaging.DDL

@@ -17,9 +17,9 @@ import (
 // built from stay in their dispatcher's work until that commit returned.
 // So keys and values are strings over the rows' own bytes (unsafe.String),
 // not copies: nothing writes into a row's bytes once it was handed to the
-// sink (eventcollector.Sink's ApplyRows contract), and at 1000 tables a
-// copy per key and per value, a pointer per value and a signature string
-// per row were most of the lanes' allocations in a drain.
+// sink (eventcollector.Sink's ApplyRows contract), and a copy per key and
+// per value, a pointer per value and a signature string per row would be
+// allocations per row on a drain's path.
 type batch struct {
 	m       map[string]int32 // key -> index in effects
 	effects []effect         // in the order keys first appeared
@@ -35,10 +35,9 @@ type effect struct {
 func newBatch() *batch { return &batch{m: map[string]int32{}} }
 
 // reset empties b for the next table's changes, letting go of the rows'
-// bytes. A lane keeps one batch for all its tables (a map and a slice per
-// table and commit were a tenth of the lane's allocations at 1000 tables);
-// one grown large (a drain's) is dropped rather than cleared, which would
-// cost its whole size at every table.
+// bytes. A lane keeps one batch for all its tables, not a map and a slice
+// per table and commit; one grown large (a drain's) is dropped rather than
+// cleared, which would cost its whole size at every table.
 func (b *batch) reset() {
 	if b.m == nil || len(b.m) > 64 {
 		*b = batch{m: map[string]int32{}}
@@ -218,13 +217,9 @@ func (b *batch) queue(p *pipeline, t *table) (rows int, err error) {
 // valuesMaxRows: a statement of at most this many rows lists them as
 // VALUES of text parameters instead of unnesting one text array per
 // column. PostgreSQL spends more on the set-returning function than on the
-// rows while there are few of them: measured on this project's 2-core box
-// against a PostgreSQL 15 target of 1000 tables, pipelines of 150 prepared
-// one-row upserts cost the backend about 25 µs a row as VALUES against 35
-// unnested, two rows 14 against 21 µs, four rows 12 against 11 (unnest ahead
-// from there). At 1000 tables most of a lane's statements carry one or two
-// rows (make pgbench: the target's CPU per main-load row went from 36 to 29
-// µs, docs/design/postgres.md). Each row count is a prepared statement of
+// rows while there are few of them, and at 1000 tables most of a lane's
+// statements carry one or two rows (docs/benchmarks.md, "Figures behind
+// the code", has the crossover). Each row count is a prepared statement of
 // its own, so a table of a lane has up to three upserts per set of columns
 // and three deletes.
 const valuesMaxRows = 2

@@ -11,10 +11,9 @@ import (
 // parameters, already encoded, sent over the lane's pgconn as one
 // pipeline.
 //
-// The lanes used to queue pgx batches of pgtype values; at 1000 tables,
-// where most statements carry one row, pgx's per-argument work (boxing
-// each value, finding its encode plan, building each Bind) was about a
-// fifth of serve's CPU (a profile of make pgbench's live load). Every
+// The lanes used to queue pgx batches of pgtype values, whose per-argument
+// work (boxing each value, finding its encode plan, building each Bind) is
+// paid per row at 1000 tables, where most statements carry one row. Every
 // parameter of a lane statement is text (the SQL casts it) or an array of
 // text, and the rows' values are text as the source sent them, so a
 // parameter is the row's own bytes, or an array encoded once into the

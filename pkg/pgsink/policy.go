@@ -197,13 +197,11 @@ func (p *policy) rowsDeadline() time.Time {
 // flushInterval is FlushInterval, or MaxFlushInterval while the rows held
 // are far behind: the newest of them more than four MaxFlushIntervals
 // behind the source at the last commit (a backlog, a restart). A backlog
-// then goes in larger statements: at 1000 tables a 100 ms cadence gave each
-// table's statement three or four rows, and the target spent about half its
-// CPU per statement, not per row. The threshold is far above the lag of a
-// changefeed that keeps up, which a stretched cadence would add to (a
-// graded stretch from 400 ms of lag raised the lag p99 at 1000 tables from
-// 0.4 s to 0.9 s). The lag is the one at the last commit, a fixed point: a
-// lag taken at every wake-up grows while the lane waits.
+// then goes in larger statements, spreading the target's cost per
+// statement over more rows. The threshold is far above the lag of a
+// changefeed that keeps up, which a stretched cadence would add to. The
+// lag is the one at the last commit, a fixed point: a lag taken at every
+// wake-up grows while the lane waits.
 func (p *policy) flushInterval() time.Duration {
 	if maxi := p.cfg.maxFlush; p.newest != 0 && p.newest.Lag(p.last) > 4*maxi {
 		return maxi

@@ -11,25 +11,24 @@ import (
 // Warming a lane's statements before its first rows.
 //
 // A backend's first statement on a table builds the table's and its
-// indexes' cache entries and plans: in a restart's drain at 1000 tables
-// each lane's first commit (about 250 tables, one upsert each) spent 0.47
-// s in the target where the next ones spent 0.03 to 0.07 s. At a restart
-// that time is idle: the stream has sent nothing while the walsender
-// decodes again what the slot retains before its confirmed position, and
-// the first rows' lane waits up to a second for more before it commits
-// (flushInterval). So once the tables are bound, a lane with no commit
-// due within warmMargin prepares each of its tables' upsert of a whole row
-// (the statement of inserts and of updates that leave no column unchanged)
-// and has the server plan it (EXPLAIN EXECUTE on empty arrays), a few
-// tables at a time, behind the fence like any commit. Nothing runs: no row
-// is written and no trigger fires (an empty INSERT would fire a table's
-// statement triggers). The statement stays prepared for the rows, and the
-// table's cache entries serve its other statements.
+// indexes' cache entries and plans, so a lane's first commit after a
+// restart (about 250 tables at 1000, one upsert each) pays that for all of
+// its tables at once. At a restart that time is idle: the stream has sent
+// nothing while the walsender decodes again what the slot retains before
+// its confirmed position, and the first rows' lane waits up to a second for
+// more before it commits (flushInterval). So once the tables are bound, a
+// lane with no commit due within warmMargin prepares each of its tables'
+// upsert of a whole row (the statement of inserts and of updates that leave
+// no column unchanged) and has the server plan it (EXPLAIN EXECUTE on empty
+// arrays), a few tables at a time, behind the fence like any commit.
+// Nothing runs: no row is written and no trigger fires (an empty INSERT
+// would fire a table's statement triggers). The statement stays prepared
+// for the rows, and the table's cache entries serve its other statements.
 
-// warmChunk is how many tables one warm-up pipeline takes (15 to 50 ms
-// in the target for 32 at 1000 tables), and warmMargin how long before a
-// commit is due a lane still starts one: a commit falls due during one
-// chunk at most, and waits for its end.
+// warmChunk is how many tables one warm-up pipeline takes, and warmMargin
+// how long before a commit is due a lane still starts one (about one
+// chunk's time in the target): a commit falls due during one chunk at
+// most, and waits for its end.
 const (
 	warmChunk  = 32
 	warmMargin = 50 * time.Millisecond
