@@ -29,11 +29,10 @@ type Keyed[K any] interface {
 // key of the item in a slot the map holds, and ask it only when a
 // bucket's fingerprint already matches.
 //
-// Why not a Go map of keys to slots (what this was): at a million 16-byte
-// keys a map[K]uint32 took about 50 MB, and the keys, which every item
-// already holds, were stored a second time; a key holding a string made
-// the collector scan the whole map at every cycle. The buckets here hold
-// no pointers, so the collector does not scan them.
+// Why not a Go map of keys to slots (what this was): it stores the keys,
+// which every item already holds, a second time, in larger buckets; a key
+// holding a string made the collector scan the whole map at every cycle.
+// The buckets here hold no pointers, so the collector does not scan them.
 //
 // The table is open-addressed with linear probing, at most three quarters
 // full, and a removal shifts the buckets after it back (no tombstones, so
@@ -174,14 +173,13 @@ func (m *Map[K]) deleteBucket(i uint32) {
 // Len returns the number of keys mapped.
 func (m *Map[K]) Len() int { return m.n }
 
-// Index maps keys to items through their slots: a Map of the keys to
-// slots of a Table of the items, each item knowing its key. A map of a
-// million pointers is a million pointers the garbage collector visits at
-// every cycle in hash order, each a cache miss on the object it names
-// (four such maps of a million made a full collection of the objects
-// behind them nine times slower: 330 ms against 37); here the items are
-// found once, in slot order, through the Table. Like Table, Index does no
-// locking. The zero value is empty and ready.
+// Index maps keys to items through their slots: a Map of the keys to slots
+// of a Table of the items, each item knowing its key. A map of a million
+// pointers is a million pointers the garbage collector visits at every
+// cycle in hash order, each a cache miss on the object it names; here the
+// items are found once, in slot order, through the Table
+// (docs/benchmarks.md, "Garbage"). Like Table, Index does no locking. The
+// zero value is empty and ready.
 type Index[K Key, T Keyed[K]] struct {
 	byKey  Map[K]
 	bySlot Table[T]

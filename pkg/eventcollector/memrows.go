@@ -8,13 +8,11 @@ import (
 // does not trace them: their bytes in chunks of arenaChunkBytes, each row
 // as a rowRef of offsets in chunks of refChunkRows, and each applied batch
 // as a refRange, none holding a pointer, so that a million retained rows
-// are a few hundred objects to mark, not a million (nor a batch each:
-// with one []rowRef per batch the run kept 55 ms). Kept as the
-// collector handed them over, the rows were the synthetic runs' largest
-// live object graph (a 10k-table run's retained rows were seven tenths of
-// its heap, three pointers each), and every GC cycle's mark phase walked
-// them all while taking a core from the pipeline: the same run with the
-// rows dropped read lag p99 38-42 ms against 55.
+// are a few hundred objects to mark, not a million (nor a batch each).
+// Kept as the collector handed them over (three pointers each), the rows
+// were the synthetic runs' largest live object graph, and every GC cycle's
+// mark phase walked them all while taking a core from the pipeline
+// (docs/benchmarks.md, "Scale runs").
 //
 // INVARIANT: bytes once written are never written again (a chunk only
 // grows into its spare capacity), so a row materialised from the arena

@@ -79,9 +79,7 @@ type memDispatcher struct {
 	// the current epoch's checkpoint counts, kept here rather than in the
 	// epoch's record and folded into it when the next epoch opens (fold):
 	// a checkpoint, the sink's most frequent call, then touches one
-	// struct. At 10k dispatchers advancing every 10 ms, the write through
-	// a pointer to the epoch was a cold cache line per call and a tenth of
-	// the CPU of an idle run.
+	// struct, not also a cold line through a pointer to the epoch.
 	id                             common.DispatcherID
 	checkpoint                     common.Ts
 	curLast                        common.Ts
@@ -95,9 +93,7 @@ type memDispatcher struct {
 	// the sink's arena, folded into the epoch's rows likewise. Appending
 	// each batch's rows to one slice per epoch copied a hot table's whole
 	// history at every doubling, in the collector's goroutine and under
-	// the sink's lock: a 1k-table run's ApplyRows took 16-65 ms a few
-	// times after ten seconds, and each such call held up every dispatcher
-	// of the changefeed.
+	// the sink's lock, holding up every dispatcher of the changefeed.
 	curRows []refRange
 	first   memEpoch
 }
@@ -208,13 +204,12 @@ func (s *MemorySink) dispatcherLocked(id common.DispatcherID) *memDispatcher {
 const memSlabDispatchers = 1024
 
 // newLocked returns a new dispatcher carved from the current slab chunk,
-// starting a chunk when it is full. The sink never forgets a dispatcher,
-// so a chunk lives as long as the sink and carving frees nothing early.
-// One object per dispatcher made every GC cycle visit a million objects
-// scattered over the heap for the sink alone (in a million-table run each
-// cycle marked for 3.4 s); a chunk is one object, and the pointers into it
-// (the map's, the slot cache's, a dispatcher's to its own first epoch)
-// find its span in the cache.
+// starting a chunk when it is full. The sink never forgets a dispatcher, so
+// a chunk lives as long as the sink and carving frees nothing early. One
+// object per dispatcher made every GC cycle visit a million objects
+// scattered over the heap for the sink alone; a chunk is one object, and
+// the pointers into it (the map's, the slot cache's, a dispatcher's to its
+// own first epoch) find its span in the cache.
 // REQUIRES: s.mu held.
 func (s *MemorySink) newLocked(id common.DispatcherID) *memDispatcher {
 	if len(s.mu.slab) == cap(s.mu.slab) {

@@ -61,9 +61,9 @@ func (svc *Service) Heartbeat(ctx context.Context, req messaging.HeartbeatReques
 }
 
 // heartbeatBuf returns a slice of n dispatchers for one Heartbeat call,
-// from the pool when one there is long enough. A million dispatchers'
-// heartbeats allocated one per call, a seventh of what the process
-// allocated at that size (GC cycles of seconds each).
+// from the pool when one there is long enough: allocated per call, a
+// million dispatchers' heartbeats brought the GC's long cycles forward
+// (docs/benchmarks.md, "Garbage").
 func (svc *Service) heartbeatBuf(n int) *[]*dispatcher {
 	if p, ok := svc.heartbeatBufs.Get().(*[]*dispatcher); ok && cap(*p) >= n {
 		*p = (*p)[:n]
@@ -184,7 +184,7 @@ func (svc *Service) checkpoint(d *dispatcher, cp *messaging.DispatcherCheckpoint
 // between the checkpoint the store holds and this one either. A quiet
 // dispatcher, whose checkpoint advances with its resolved-ts alone, then
 // costs the store nothing per heartbeat entry, where each update touched its
-// subscription (a lock and two cold cache lines at a million dispatchers:
-// 8.6% of a 1M run's CPU). The first checkpoint past a row goes to the store,
-// whatever came before, so collection follows rows as before.
+// subscription (a lock and two cold cache lines at a million dispatchers).
+// The first checkpoint past a row goes to the store, whatever came before, so
+// collection follows rows as before.
 func storeNeedsCheckpoint(prev, maxCommit common.Ts) bool { return maxCommit > prev }

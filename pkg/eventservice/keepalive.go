@@ -151,15 +151,14 @@ func (svc *Service) examine(s *session, now time.Time) (carry bool) {
 		return false // never published (not in a list by itself)
 	}
 	if time.Duration(svc.sinceBase(now)-at) < svc.opts.SignalInterval || inPipeline(st) || s.inSet.Load() {
-		// Young progress, a preparation or scan under way that will
-		// publish anew or return the session to rest, or progress still
-		// waiting in the resolved set, which delivers it (under overload
+		// Young progress, a preparation or scan under way that will publish
+		// anew or return the session to rest, or progress still waiting in
+		// the resolved set, which delivers it (under overload
 		// acknowledgements lag, and a keepalive then would only add to the
-		// load: at a million dispatchers, keepalives merging into values
-		// not yet delivered were as many as the advances themselves, and
-		// the round a tenth of the CPU): look again next interval. A session parked (schema
-		// blocked, backing off) is not skipped: it may stay parked for
-		// good, and its last message may be the lost one.
+		// load, merging into values not yet delivered): look again next
+		// interval. A session parked (schema blocked, backing off) is not
+		// skipped: it may stay parked for good, and its last message may be
+		// the lost one.
 		return true
 	}
 	ts, seq, _ := s.published()

@@ -50,11 +50,11 @@ func (svc *Service) prepareNext(w *ownerWork, q *prepareQueue) (popped, ok bool)
 }
 
 // prepareBatchMax is how many sessions a preparation worker takes from its
-// queue at once. At 64 the notifier, whose push shares the queue's lock,
-// waited for the longer pops: BenchmarkNotifyScale idle at 1000
-// dispatchers went from 47 to 150 ns, its p999 from 3 to 100 µs; at 8 it
-// stays at 42-44 ns and 2.5 µs, and the resolved-ts throughput keeps most
-// of the gain.
+// queue at once: the notifier's push shares the queue's lock and waits for
+// a longer pop, so the batch is small enough to keep that wait short and
+// large enough to keep most of batching's gain in resolved-ts throughput
+// (BenchmarkNotifyScale at 8 and at 64: docs/benchmarks.md, "Figures behind
+// the code").
 const prepareBatchMax = 8
 
 // prepBatch is a preparation worker's batch: the sessions popped, and those
@@ -74,13 +74,14 @@ type prepBatch struct {
 // nothing: heldBack) is held back after its step; the held sessions'
 // resolved-set additions then go in as one AddMany per run of one target,
 // and after them each held session's publish and end are carried out, in
-// order, with one clock read for the batch. A lock and a ring per addition
-// and a clock read per session were a third of a preparation's cost. A
-// held session stays owned (preparing) until its end, so nothing else
-// prepares it in between, and its effects keep their order. Any other
-// preparation (a handshake, a scan, a schema block) is carried out at
-// once, after what was held so far: it may wait for the scan channel. popped is how many were popped; ok is false
-// only if the service closed while the worker waited for the scan channel.
+// order, with one clock read for the batch, not a lock and a ring per
+// addition and a clock read per session. A held session stays owned
+// (preparing) until its end, so nothing else prepares it in between, and
+// its effects keep their order. Any other preparation (a handshake, a scan,
+// a schema block) is carried out at once, after what was held so far: it
+// may wait for the scan channel. popped is how many were popped; ok is
+// false only if the service closed while the worker waited for the scan
+// channel.
 func (svc *Service) prepareBatch(w *ownerWork, q *prepareQueue) (popped int, ok bool) {
 	return svc.prepareBatchHolding(w, q, 0)
 }

@@ -46,9 +46,8 @@ func (svc *Service) scanOne(w *ownerWork, s *session) {
 	svc.knobs.reach(pointBeforeScan, s, nil)
 	if room := s.d.target.room; room != nil && !room.hasRoom(s.d.target.name) {
 		// A read now would most likely be refused at the send and thrown
-		// away (a fifth of the scans of a 400k-row/s run with collectors
-		// in other processes were); the session waits for room as a
-		// refused one does, and reads then.
+		// away; the session waits for room as a refused one does, and
+		// reads then.
 		svc.run(w, s, input{kind: inScanRead, read: scanRead{noRoom: true}})
 		return
 	}

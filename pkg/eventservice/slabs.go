@@ -9,10 +9,10 @@ import (
 
 // resolvedSlab is the memory of one delivery's ResolvedBatch entries,
 // shared by the delivery's messages and reused once all of them are
-// released. At a million advances a second the entries, allocated afresh
-// per delivery, were half of the service's allocations (a 10k-table
-// cdcserver run: 624 of 1235 MB), and each GC cycle they brought forward
-// took a core from the pipeline for its mark phase.
+// released. Allocated afresh per delivery, the entries were the largest
+// share of the service's allocations at a million advances a second, and
+// each GC cycle they brought forward took a core from the pipeline for its
+// mark phase (docs/benchmarks.md, "Figures behind the code").
 //
 // INVARIANT: refs counts the slab's holders: the delivering pump until its
 // sends are done, and each message a transport accepted until its

@@ -188,11 +188,11 @@ func (t *target) deliver(_ context.Context, batch []pendingset.Entry[common.Disp
 	if len(owners) == 0 {
 		return nil // every advance was a retired session's: nothing to send
 	}
-	// The batch's entries in one slab, which the messages share: at a
-	// million advances a second one allocation each was a third of the
-	// service's garbage. The receiver holds them until it released the
-	// last message, so a slab lives as long as its longest-lived message,
-	// bounded by the target's inbox; then it is reused (slabs.go).
+	// The batch's entries in one slab, which the messages share, not an
+	// allocation each (slabs.go says why). The receiver holds them until it
+	// released the last message, so a slab lives as long as its
+	// longest-lived message, bounded by the target's inbox; then it is
+	// reused (slabs.go).
 	sl := t.slabs.get(len(owners))
 	defer sl.Release() // the pump's hold: its sends are over
 	slab := sl.entries

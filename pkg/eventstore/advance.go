@@ -96,8 +96,7 @@ func groupOf(groups *[]advanceGroup, key advanceGroupKey) *advanceGroup {
 
 // advanceChunk is how many advances of one write worker go in one event:
 // the worker starts on a chunk while the caller reserves the next, where
-// one event for the whole call kept it idle until the call's end (10k
-// subscriptions: slower than a push each).
+// one event for the whole call kept it idle until the call's end.
 const advanceChunk = 256
 
 // flush queues g's advances as one event and starts g afresh (the worker
@@ -134,9 +133,9 @@ type advanceGroup struct {
 // worker: subs[j] was sinks[idx[j]], its resolved-ts prev[j] before. Its
 // event takes it to the worker, which gives it back to the store's pool
 // once it published the advances; a chunk that was never queued goes back
-// at once. A million dispatchers advancing once a second made these
-// slices, allocated per call, over a third of the bytes the process
-// allocated (each GC cycle at that size marks about 2 GB for seconds).
+// at once. Pooled, because allocated per call at a million dispatchers
+// they brought the GC's long cycles forward (docs/benchmarks.md,
+// "Garbage").
 type advanceBuf struct {
 	subs []*subscription
 	prev []common.Ts
@@ -196,9 +195,8 @@ func (sub *subscription) unreserveAdvance(ts, prev common.Ts) {
 // ts; the event owns b from then on.
 // It first takes room for len(subs) advances: the queue bounds events,
 // and an event of 256 advances let an upstream run 256 times further ahead
-// of the writer than pushes one at a time did (at a million tables the
-// generator then filled the pipeline faster than its last stage drained
-// it, and the lag doubled).
+// of the writer than pushes one at a time did, filling the pipeline faster
+// than its last stage drains it.
 func (s *Store) enqueueAdvance(ctx context.Context, worker int, b *advanceBuf, ts common.Ts) error {
 	room := &s.advanceRoom[worker]
 	n := len(b.subs)

@@ -24,8 +24,7 @@ import (
 // GCInterval: pebble re-fragments the range tombstones of a memtable once
 // per batch that adds some, and every new iterator reads the fragments, so
 // a tombstone per subscription written on its own made every NewIterator
-// pay for all the tombstones in the memtable (a quarter of the CPU of a
-// 10k-table cdcserver run in a profile).
+// pay for all the tombstones in the memtable.
 //
 // Only ranges that hold rows are deleted: a subscription that wrote nothing
 // since its last deletion just moves its mark (noteGCLocked), so GC follows
@@ -66,8 +65,8 @@ type dueEntry struct {
 // entry when it becomes pending, and the ripe list once it spans
 // GCMinSpan. Called after anything that may raise the GC target. A zero
 // now is read from the clock when needed: most calls (a checkpoint of a
-// table with nothing to collect, or already pending) need none, and a
-// clock read is a fifth of a checkpoint update's cost.
+// table with nothing to collect, or already pending) need none, and so
+// skip a clock read.
 // REQUIRES: sub.mu held.
 func (s *Store) noteGCLocked(sub *subscription, now time.Time) {
 	if sub.mu.removed || sub.mu.gcTarget <= sub.mu.gcDone {

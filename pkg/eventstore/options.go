@@ -81,10 +81,9 @@ type Options struct {
 	FreshSubscriptionBytes int64
 	// ExpectedDispatchers is a size hint: the store's indexes by dispatcher
 	// and by span are allocated at Open for this many, so that registering
-	// them does not rehash the indexes as they grow (at a million
-	// registrations, map growth was a fifth of the time). It is not a
-	// limit. Default 0: the indexes start small and grow. Each expected
-	// dispatcher costs about 50 bytes at Open, used or not.
+	// them does not rehash the indexes as they grow. It is not a limit.
+	// Default 0: the indexes start small and grow. Each expected dispatcher
+	// costs about 50 bytes at Open, used or not.
 	ExpectedDispatchers int
 	// Logger receives the store's logs. Default zap.NewNop().
 	Logger *zap.Logger

@@ -86,8 +86,8 @@ func PushResolvedGuarded(ctx context.Context, cancel context.CancelFunc, guards 
 
 // ResolvedPusher is PushResolvedGuarded with buffers kept from one call to the
 // next (the sinks passed on and their errors: three slices of the guards'
-// length a call, a tenth of what a 1k-table run allocated). The zero value
-// is ready; it is not safe for concurrent use.
+// length, which a caller pushing every tick would otherwise allocate per
+// call). The zero value is ready; it is not safe for concurrent use.
 type ResolvedPusher struct {
 	sinks []Sink
 	idx   []int

@@ -95,8 +95,8 @@ type Store struct {
 		subsBySpan slots.Map[spanKey]
 		subs       slots.Table[*subscription]
 		// nsubs counts the live subscriptions, all of which subs holds and
-		// subsBySpan chains: no index of them by ID (a map insert was an
-		// eighth of a registration's CPU).
+		// subsBySpan chains: no index of them by ID, whose insert a
+		// registration would pay.
 		nsubs int
 		// subscribing marks the spans a registration is subscribing at the
 		// upstream (outside the lock); the channel, made by the first

@@ -83,18 +83,16 @@ type subscriber struct {
 
 // notifySampleEvery: one callback in this many of each dispatcher is timed
 // (every notifySampleEvery-th, from an offset of its own). Timing costs two
-// clock reads and two histogram updates, about 250 ns on a VM whose clock
-// read is 77 ns, several times the callback itself (about 40 ns): at a
-// million notifications a second, timing each was a fifth of a core. The
+// clock reads and two histogram updates, several times the callback itself,
+// which at a million notifications a second would be a share of a core. The
 // count of callbacks is exact (notifications_total).
 //
 // The offset keeps the quantiles unbiased: a dispatcher's first callback
 // is slower than its others (its first preparation, cold memory), and
 // timing every dispatcher's first made them one sample in eight at 10k
 // dispatchers of about 15 timed callbacks each, enough to be the whole
-// p99 (TestSaturation's notify p99 rose from about a tenth of a scan to
-// above a quarter). With the offset a first callback is timed as often
-// as any other, one in notifySampleEvery.
+// p99. With the offset a first callback is timed as often as any other,
+// one in notifySampleEvery.
 const notifySampleEvery = 8
 
 // sampleOffset is where a dispatcher's count of callbacks starts: spread

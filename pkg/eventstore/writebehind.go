@@ -18,8 +18,7 @@ import (
 // at their commit: apply keeps them in memory only (planRows), and a
 // dispatcher that keeps up checkpoints them before they would have to
 // leave memory, so they are never written at all (the store is a cache of
-// the upstream, and that write was about a tenth of cdcserver serve's CPU
-// at 1000 PostgreSQL tables).
+// the upstream, and the write is work on the pipeline's cores).
 //
 // Before from moves above the GC target (an eviction, a drop), every row
 // held only in memory is written, so that a scan that then goes to pebble

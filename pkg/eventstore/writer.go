@@ -144,8 +144,8 @@ func (s *Store) apply(evs []writeEvent) error {
 		}
 	}
 	if pub.advances > 0 {
-		// Once per batch, not per advance: at a million advances a second
-		// the histogram and the shared counter were a tenth of the writer.
+		// Once per batch, not per advance: at a million advances a second a
+		// histogram update and a shared counter's add each would tax the writer.
 		s.metrics.resolvedLag.Observe(pub.maxLag.Seconds())
 		s.metrics.notifications.Add(float64(pub.notified))
 		if h := s.knobs.accounted; h != nil {
@@ -196,8 +196,7 @@ func (s *Store) publish(ev writeEvent, now time.Time, pub *published) {
 // dispatchers' memory is touched ahead (internal/touchahead: the
 // subscribers and, through TouchAheader, what their notifiers read
 // first), then they are notified in order. At a million dispatchers each
-// of those is a cache miss, and one at a time they were most of the
-// writer's time.
+// of those is a cache miss, and taken one at a time they do not overlap.
 func (s *Store) publishAdvances(subs []*subscription, resolved common.Ts, now time.Time, pub *published) {
 	var pending [touchahead.Chunk]struct {
 		subscribers      []*subscriber

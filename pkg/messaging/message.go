@@ -213,9 +213,9 @@ type ResolvedBatch struct {
 type Releaser interface{ Release() }
 
 // NewOwnedResolvedBatch returns a batch of entries whose memory owner is
-// released when the receiver calls Release. At a million advances a second
-// the entries were half of the event service's garbage; with a receiver
-// that releases them, the sender reuses them instead.
+// released when the receiver calls Release: with a receiver that releases
+// them, the sender reuses the entries instead of leaving them to the GC
+// at a million advances a second.
 func NewOwnedResolvedBatch(entries []Resolved, owner Releaser) *ResolvedBatch {
 	return &ResolvedBatch{Entries: entries, owner: owner}
 }

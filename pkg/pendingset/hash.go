@@ -9,13 +9,13 @@ import (
 )
 
 // hasher hashes the set's keys for its index. maphash.Comparable works for
-// every comparable type but costs ~15 ns a key on the reference machine,
-// a fifth of an Add to a held key visited at random. Most keys are small
+// every comparable type but is a large part of an Add's cost (figures in
+// docs/benchmarks.md, "Figures behind the code"). Most keys are small
 // plain integers or structs of them (DispatcherID is two uint64s): for
 // those, whose equality is exactly equality of their bytes, the hasher
 // reads the 4, 8 or 16 bytes directly and mixes them with seeded 64-bit
 // multiplications (wyhash's "mum": the high and low words of the 128-bit
-// product, XORed), ~2 ns. Every other type goes through maphash.
+// product, XORed). Every other type goes through maphash.
 type hasher[K comparable] struct {
 	seed maphash.Seed
 	// size is how the key's bytes are read: 0 means maphash, else the

@@ -60,10 +60,10 @@ type Entry[K comparable, V any] struct {
 }
 
 // latencySampleEvery: one insertion in this many is timestamped for the
-// first-add-to-drain histogram. Reading the clock costs ~100ns on the
-// reference machine, as much as the rest of Add; sampling (as CockroachDB's
-// rangefeed scheduler does, also every 13th) keeps the distribution and
-// drops the cost. Without a Registerer nothing is timestamped.
+// first-add-to-drain histogram. Reading the clock costs as much as the rest
+// of Add; sampling (as CockroachDB's rangefeed scheduler does, also every
+// 13th) keeps the distribution and drops the cost. Without a Registerer
+// nothing is timestamped.
 const latencySampleEvery = 13
 
 // noStamp marks a value whose first add was not timestamped.
@@ -210,8 +210,8 @@ func (s *Set[K, V]) Add(k K, v V) {
 
 // AddMany is Add of keys[i] with vals[i] for every i, in order, under one
 // lock and with at most one doorbell ring: the same outcome as the calls
-// one by one, for a producer that has many keys at once (a lock and a
-// ring per key were most of an Add's cost). keys and vals have the same
+// one by one, for a producer that has many keys at once (one lock and one
+// ring for all of them, not one per key). keys and vals have the same
 // length; the set keeps neither slice.
 func (s *Set[K, V]) AddMany(keys []K, vals []V) {
 	if len(keys) != len(vals) {

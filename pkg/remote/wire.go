@@ -157,9 +157,8 @@ const frameTargetBytes = 256 << 10
 // fewer (one message larger than that is a frame of its own), appended to
 // dst in order. Each frame is its own allocation, of the frame's exact
 // size (encodedSize): growing it by appends copied every frame about
-// twice, a tenth of a server's CPU sending 400k rows/s to collectors in
-// other processes. The count is written in front of the messages, in room
-// reserved for it.
+// twice. The count is written in front of the messages, in room reserved
+// for it.
 func appendFrames(dst [][]byte, msgs []messaging.Message) [][]byte {
 	const reserve = binary.MaxVarintLen64
 	for len(msgs) > 0 {

@@ -247,11 +247,9 @@ const (
 // the guards held at once and the store's events stay small, and so that a
 // call's per-subscription lines (the generator's subscription and guard,
 // the store's subscription: about six lines each) stay in the core's
-// second-level cache from the call's first pass over them to its last.
-// At 4096 they did not (1.5 MB against 1 MB here): at a million tables
-// flushAdvances missed each subscription again after the push, and the
-// run's notifications in three interleaved pairs were 16M, 16M and 17M
-// against 13M, 16M and 14M, its lag p50 1.9 s against 2.1 to 2.4 s.
+// second-level cache from the call's first pass over them to its last; at
+// 4096 they did not, and flushAdvances missed each subscription again
+// after the push (docs/benchmarks.md, the steps table).
 const maxAdvanceBatch = 512
 
 // pendingAdvance is a subscription whose resolved-ts advance waits for the
@@ -434,12 +432,11 @@ func (g *Generator) stagger(table, iv int64) int64 {
 const noCacheTick = -1
 
 // dropPassedCache lets go of the row cache once the cursor has left its
-// tick: the rows are in the store, and a table's next tick with rows may
-// be seconds away. Kept, every table that ever had rows held its last
-// tick's rows and their bytes for the rest of the run (at a million
-// tables, 45 MB 28 s into the run and growing with the tables touched). A
-// tick split across pushes keeps its cache, and a hot table allocates one
-// slice a tick, next to the bytes of each of its rows.
+// tick: the rows are in the store, and a table's next tick with rows may be
+// seconds away. Kept, every table that ever had rows held its last tick's
+// rows and their bytes for the rest of the run, growing with the tables
+// touched. A tick split across pushes keeps its cache, and a hot table
+// allocates one slice a tick, next to the bytes of each of its rows.
 func (s *genSub) dropPassedCache() {
 	if s.cacheTick != noCacheTick && s.cur.tick != s.cacheTick {
 		s.cache, s.cacheTick = nil, noCacheTick

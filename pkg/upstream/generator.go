@@ -114,8 +114,7 @@ type schedule struct {
 	pusher    eventstore.ResolvedPusher
 	// free holds emptied bucket slices for reuse: at a million
 	// subscriptions every one is refiled once a resolved interval, and
-	// buckets grown from nil each time were a tenth of the driver's CPU
-	// (growslice and the garbage it leaves).
+	// buckets grown from nil each time would cost growslice and garbage.
 	free [][]*genSub
 	// touched is the last touch-ahead's sum (touch): written so the
 	// loads stay, never read.

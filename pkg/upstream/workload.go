@@ -179,9 +179,9 @@ func (w *workload) nextTick(table, from, limit int64) (tick int64, n int, ok boo
 // tickMemo is one subscription's last answer about its sparse table, so
 // that the driver's next questions (is there a row in this tick, in the
 // ticks up to the frontier, before the next resolved boundary) are
-// answered without walking the table's block again. At a million tables
-// each subscription asked three such questions a second about the same
-// block, each a few hashes and a logarithm: 5% of a cdcserver run's CPU.
+// answered without walking the table's block again: at a million tables
+// each subscription asks three such questions a second about the same
+// block, each a few hashes and a logarithm.
 //
 // next >= 0: the first tick with rows at or after from is next.
 // next < 0: no tick in [from, ^next] has rows.

@@ -5,10 +5,10 @@
 // runtime advises none.
 //
 // Why: at a million dispatchers an advance walks about ten per-dispatcher
-// structures, each a cold cache line and, with 4 KiB pages, a TLB miss;
-// cdcserver's million-table run under THP "always" had half the lag it had
-// under "madvise" (docs/benchmarks.md). This package gets the same without
-// root or a host-wide setting.
+// structures, each a cold cache line and, with 4 KiB pages, a TLB miss,
+// which huge pages spare (the THP rows of docs/benchmarks.md, "Scale
+// runs"). This package gets what THP "always" gives without root or a
+// host-wide setting.
 //
 // Invariants: Advise only adds MADV_HUGEPAGE to private, writable,
 // anonymous mappings of at least MinBytes; it never maps, unmaps or

@@ -161,8 +161,8 @@ func DefaultConfig() Config {
 // (eventstore.DefaultFreshBytes). A server owns its machine's memory, and
 // when collectors fall seconds behind (collectors in other processes at
 // 400k rows/s) the rows they have not acknowledged fit in memory instead
-// of being flushed to pebble and compacted by the service process, which
-// took a third of its CPU (docs/benchmarks.md, "Collectors in other
+// of being flushed to pebble and compacted by the service process, on the
+// cores the collectors need (docs/benchmarks.md, "Collectors in other
 // processes").
 const DefaultFreshBytes = 512 << 20
 

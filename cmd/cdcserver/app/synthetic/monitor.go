@@ -80,9 +80,9 @@ const (
 
 // nextSweep is the budget of the call after one that dropped dropped
 // dispatchers: twice that, within [minSweep, maxSweep]. A lookup of a cold
-// dispatcher among a million costs about 1.5 µs, so sweeping at the full
-// rate while almost nobody is caught up (a million-table warm-up) took
-// three quarters of a core from the system it measured; the sweep now
+// dispatcher among a million is a cache miss or more, so sweeping at the
+// full rate while almost nobody is caught up (a million-table warm-up)
+// takes a core's share from the system it measures; the sweep instead
 // costs in proportion to the dispatchers that catch up, and returns to
 // full speed within a few samples once they do.
 func nextSweep(dropped int) int {
@@ -236,7 +236,7 @@ func (s *server) recordLag(r *runResult, now time.Time) {
 // dispatchers, each dispatcher's lag taken at its own sample. Not the
 // sweep's minimum checkpoint: at a million dispatchers a sweep takes ten
 // seconds, and its first checkpoint, aged by the rest of the sweep and the
-// next, read as 20 s behind in runs whose worst lag was 4 s.
+// next, reads as far more behind than any dispatcher is.
 type sweepWorst struct {
 	cur, done time.Duration
 	swept     bool // a sweep completed: done is its worst

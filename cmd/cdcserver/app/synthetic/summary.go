@@ -80,9 +80,9 @@ type Summary struct {
 	// THP is the host's transparent-huge-page mode (Linux's
 	// /sys/kernel/mm/transparent_hugepage/enabled: always, madvise or
 	// never; empty where unknown). The Go runtime asks for no huge pages,
-	// so only "always" backs the heap with them, and at a million
-	// dispatchers that cuts the CPU of an advance by a third to a half
-	// (docs/design/cdcserver.md).
+	// so only "always" backs the heap with them, which at a million
+	// dispatchers lowers the CPU of an advance (docs/benchmarks.md, "Scale
+	// runs").
 	THP              string  `json:"thp,omitempty"`
 	PeakPendingTasks int     `json:"peak_pending_tasks"`
 	PeakPendingPrep  int     `json:"peak_pending_prepare"`

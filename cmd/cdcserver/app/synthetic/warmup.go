@@ -16,9 +16,8 @@ import (
 //
 // The monitor used to find the end by sweeping the dispatchers' checkpoints
 // from its own goroutine, at most 50k lookups a sample so that the sweep
-// did not take the cores from the run it measured (three quarters of one
-// at full rate, a million dispatchers). A pass over a million then took two
-// seconds or more, and a dispatcher seen behind early in a pass was looked
+// did not take the cores from the run it measured. A pass over a million
+// then took seconds, and a dispatcher seen behind early in a pass was looked
 // at again only in the next: the warm-up it reported was late by up to a
 // pass, and its passes took CPU from the catching up they waited for.
 // With collectors in other processes the monitor still sweeps (their sinks
