@@ -20,7 +20,8 @@
 // two watermarks the stream carries, the rows a change touched in between
 // left to the stream (copy.go, copy_stream.go).
 //
-// The stream's decisions are a WAL core (core.go, with copy_stream.go's
+// The stream's decisions are a WAL core (core.go; its rows in
+// core_change.go, its positions in core_confirm.go; with copy_stream.go's
 // windows and liveness.go): single-threaded and pure, stepped by parsed
 // pgoutput messages, keepalives and ticks, returning actions (push rows or
 // a resolved-ts, move the schema frontier, record a DDL, announce a table,
