@@ -42,7 +42,9 @@ import (
 // subscription's resolved-ts never passes a commit whose rows it has not
 // been pushed; a relation version is recorded as a DDL at commit-ts - 1,
 // before the rows that use it; a subscription that already has a commit
-// (have) is not pushed its rows again (a session reading the slot again);
+// (have) is not pushed its rows again (a session reading the slot again),
+// and one that arrives after the session decoded a commit it needed is
+// pushed nothing and not resolved until the replay that reads it again;
 // nextConfirm never passes the safe point, a hold, or the last commit
 // position at or below them.
 type core struct {
@@ -52,6 +54,7 @@ type core struct {
 	// copy's chunk.
 	skipRecentCheck bool
 
+	from    common.Ts  // the ts of the position the session started from
 	last    common.Ts  // the chain: the last commit's ts
 	journal []Position // commits since the saved position, thinned
 	// walEnd is the WAL end of the last keepalive heard between
@@ -99,7 +102,7 @@ func newStreamState(known map[uint32]pgcodec.Relation) *streamState {
 
 // newCore is a session's core, its chain continuing from from.
 func newCore(st *streamState, from Position, chunkRows int) *core {
-	return &core{st: st, chunkRows: chunkRows, last: from.Ts, journal: []Position{from},
+	return &core{st: st, chunkRows: chunkRows, from: from.Ts, last: from.Ts, journal: []Position{from},
 		rels: map[uint32]*msgRelation{}, announced: map[uint32]bool{}}
 }
 
@@ -172,6 +175,21 @@ func (c *core) take() []action {
 
 func (c *core) emit(a action) { c.acts = append(c.acts, a) }
 
+// see notes the first time this session's core sees b (at a BEGIN or a
+// tick) and reports whether it may push to b: a subscription that arrives
+// after the session decoded a commit above both its start and what it
+// has missed that commit's rows, so it is pushed nothing and never
+// resolved here (its Subscribe asked for a replay, which reads them
+// again). Resolving it would let the replay's rows land at or below its
+// resolved-ts.
+func (c *core) see(b *sub) bool {
+	if b.seenBy != c {
+		b.seenBy = c
+		b.missed = max(b.startTs, b.have, b.resolved, c.from) < c.last
+	}
+	return !b.missed
+}
+
 // tsOf is the commit-ts the chain gives the transaction m begins.
 func (c *core) tsOf(m msgBegin) common.Ts { return max(c.last+2, common.TsFromTime(m.commitTime)) }
 
@@ -185,6 +203,11 @@ func (c *core) begin(m msgBegin, subs map[uint32][]*sub) error {
 	c.cur = &txn{ts: ts, xid: m.xid, pending: map[uint32][]common.Row{}}
 	if subs != nil {
 		c.subs = subs
+		for _, l := range subs {
+			for _, b := range l {
+				c.see(b)
+			}
+		}
 	}
 	c.emit(action{kind: actBegin, ts: ts})
 	return nil

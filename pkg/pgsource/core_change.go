@@ -215,6 +215,9 @@ func (c *core) flush(oid uint32, last bool) {
 	rows := t.pending[oid]
 	delete(t.pending, oid)
 	for _, b := range c.subs[oid] {
+		if b.missed {
+			continue // it waits for the replay (see)
+		}
 		if t.ts <= b.have && b.partial != t.ts {
 			continue // pushed before this session started again
 		}

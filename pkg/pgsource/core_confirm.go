@@ -30,7 +30,7 @@ func (c *core) resolve(ts common.Ts, all []*sub) {
 	c.emit(action{kind: actFrontier, ts: ts})
 	var behind []*sub
 	for _, b := range all {
-		if ts <= b.resolved || ts <= b.startTs || (b.partial != 0 && b.partial <= ts) {
+		if !c.see(b) || ts <= b.resolved || ts <= b.startTs || (b.partial != 0 && b.partial <= ts) {
 			continue
 		}
 		behind = append(behind, b)

@@ -42,8 +42,10 @@
 // below SafePoint (what every dispatcher durably applied) and below every
 // table announced but not yet subscribed, or to the server's WAL end once
 // nothing decoded waits to be durable, and only after its position was
-// saved (nextConfirm); no row is pushed twice to a subscription and none is skipped that
-// it did not have; a chunk of a copy pushes no row older than what the
+// saved (nextConfirm); no row is pushed twice to a subscription and none is
+// skipped that it did not have; a subscription is never resolved past a
+// commit it was not pushed (one that arrives after its session decoded such
+// a commit waits for the replay its Subscribe asked for); a chunk of a copy pushes no row older than what the
 // stream delivered for its key before its high watermark; a subscription
 // from below what the slot retains is
 // ErrStartTsTruncated, never rows invented; a message that does not decode

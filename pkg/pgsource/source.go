@@ -165,6 +165,10 @@ type sub struct {
 	have     common.Ts // the last commit whose rows were pushed (startTs at first)
 	partial  common.Ts // a commit whose rows are being pushed in chunks
 	resolved common.Ts // the last resolved-ts pushed
+	// seenBy is the session's core that last saw it; missed: it arrived
+	// after that session decoded a commit it needed (core.see).
+	seenBy *core
+	missed bool
 }
 
 // New validates opts. It connects to nothing and starts nothing.
