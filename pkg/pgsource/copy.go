@@ -415,16 +415,14 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&rel.
 		return rel, nil, nil, nil, err
 	}
 	defer res.Close()
-	vals := make([]*string, len(rel.Columns))
-	dst := make([]any, len(vals))
-	for i := range vals {
-		dst[i] = &vals[i]
-	}
 	var out []copiedRow
 	bytes := 0
 	for res.Next() {
-		if err := res.Scan(dst...); err != nil {
-			return rel, nil, nil, nil, err
+		// The raw text, never Scan: pgx scans a json value of JSON null
+		// into a nil pointer, which would be SQL NULL.
+		vals := res.RawValues()
+		if len(vals) != len(rel.Columns) {
+			return rel, nil, nil, nil, fmt.Errorf("%w: a chunk row of %d columns, not %d", ErrProtocol, len(vals), len(rel.Columns))
 		}
 		r := copiedRow{datums: make([]pgcodec.Datum, len(rel.Columns))}
 		for i, col := range rel.Columns {
@@ -433,7 +431,7 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&rel.
 			if vals[i] == nil {
 				d.Kind = pgcodec.Null
 			} else {
-				d.Kind, d.Text = pgcodec.Text, []byte(*vals[i])
+				d.Kind, d.Text = pgcodec.Text, slices.Clone(vals[i])
 				bytes += len(d.Text)
 			}
 			if col.Key {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -179,14 +180,12 @@ func (s *Source) copyTable(ctx context.Context, tx pgx.Tx, ts common.Ts, t catal
 		chunk = nil
 		return nil
 	}
-	vals := make([]*string, len(cols))
-	dst := make([]any, len(cols))
-	for i := range vals {
-		dst[i] = &vals[i]
-	}
 	for rows.Next() {
-		if err := rows.Scan(dst...); err != nil {
-			return err
+		// The raw text, never Scan: pgx scans a json value of JSON null
+		// into a nil pointer, which would be SQL NULL.
+		vals := rows.RawValues()
+		if len(vals) != len(cols) {
+			return fmt.Errorf("%w: a snapshot row of %d columns, not %d", ErrProtocol, len(vals), len(cols))
 		}
 		index++
 		datums := make([]pgcodec.Datum, len(cols))
@@ -196,7 +195,7 @@ func (s *Source) copyTable(ctx context.Context, tx pgx.Tx, ts common.Ts, t catal
 			if vals[i] == nil {
 				datums[i].Kind = pgcodec.Null
 			} else {
-				datums[i].Kind, datums[i].Text = pgcodec.Text, []byte(*vals[i])
+				datums[i].Kind, datums[i].Text = pgcodec.Text, slices.Clone(vals[i])
 			}
 			if c.Key {
 				key = append(key, datums[i].Text)
