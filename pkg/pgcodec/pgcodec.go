@@ -72,7 +72,9 @@ type Datum struct {
 type RowChange struct {
 	Change  Change
 	Columns []Datum
-	// From is a move's old key: its key columns' values.
+	// From is a move's old key (its key columns' values), or the whole
+	// old row of an update of a keyless table (Relation.Identity full,
+	// which finds the row by it).
 	From []Datum
 	// Cascade and RestartIdentity are a truncate's options.
 	Cascade, RestartIdentity bool
@@ -82,7 +84,11 @@ const rowVersion = 1
 
 // AppendValue appends the encoding of c to b.
 func AppendValue(b []byte, c RowChange) []byte {
-	b = append(b, rowVersion, byte(c.Change))
+	code := byte(c.Change)
+	if c.Change == Update && c.From != nil {
+		code = updateWithOld
+	}
+	b = append(b, rowVersion, code)
 	if c.Change == Truncate {
 		var opts byte
 		if c.Cascade {
@@ -94,11 +100,20 @@ func AppendValue(b []byte, c RowChange) []byte {
 		return append(b, opts)
 	}
 	b = appendDatums(b, c.Columns)
-	if c.Change == Move {
+	if c.hasFrom() {
 		b = appendDatums(b, c.From)
 	}
 	return b
 }
+
+// updateWithOld is the encoding's code of an update with From (a keyless
+// table's old row), so that an update without one keeps the encoding it
+// always had and no strict prefix of either decodes.
+const updateWithOld = 'W'
+
+// hasFrom reports whether c's encoding carries From: a move's, and an
+// update's that has one.
+func (c RowChange) hasFrom() bool { return c.Change == Move || c.Change == Update && c.From != nil }
 
 func appendDatums(b []byte, ds []Datum) []byte {
 	b = binary.AppendUvarint(b, uint64(len(ds)))
@@ -151,7 +166,7 @@ func EncodeRow(index uint32, key [][]byte, c RowChange) (k, v []byte) {
 	vs := 3
 	if c.Change != Truncate {
 		vs = 2 + datumsLen(c.Columns)
-		if c.Change == Move {
+		if c.hasFrom() {
 			vs += datumsLen(c.From)
 		}
 	}
@@ -195,7 +210,11 @@ func DecodeValueNames(b []byte, names []string) (RowChange, error) {
 	if v := d.U8("value"); d.Err() == nil && v != rowVersion {
 		return RowChange{}, fmt.Errorf("%w: row version %d", ErrMalformed, v)
 	}
-	c := RowChange{Change: Change(d.U8("value"))}
+	code := d.U8("value")
+	c := RowChange{Change: Change(code)}
+	if code == updateWithOld {
+		c.Change = Update
+	}
 	if d.Err() == nil && !c.Change.valid() {
 		return RowChange{}, fmt.Errorf("%w: change %d", ErrMalformed, byte(c.Change))
 	}
@@ -204,7 +223,7 @@ func DecodeValueNames(b []byte, names []string) (RowChange, error) {
 		c.Cascade, c.RestartIdentity = opts&1 != 0, opts&2 != 0
 		return c, d.End("the end")
 	}
-	if c.Columns = d.datums(); c.Change == Move && d.Err() == nil {
+	if c.Columns = d.datums(); (c.Change == Move || code == updateWithOld) && d.Err() == nil {
 		c.From = d.datums()
 	}
 	if err := d.Err(); err != nil {
@@ -453,10 +472,28 @@ type Relation struct {
 	Schema  string   `json:"schema"`
 	Name    string   `json:"name"`
 	Columns []Column `json:"columns"`
+	// Identity is how a table without a key column finds its rows (empty
+	// for a table with one): IdentityFull, by the whole old row (REPLICA
+	// IDENTITY FULL: its updates carry RowChange.From, its deletes every
+	// column), or IdentityNone, not at all (the default identity or
+	// NOTHING without a key: PostgreSQL refuses such a table's updates
+	// and deletes once a publication publishes them, so only its inserts
+	// and truncates are streamed).
+	Identity string `json:"identity,omitempty"`
 }
 
+// Identities of a table without a key column (Relation.Identity).
+const (
+	IdentityFull = "full"
+	IdentityNone = "none"
+)
+
+// Keyless reports whether r has no key column: its rows are not
+// collapsed or upserted by key but applied one by one, in order.
+func (r Relation) Keyless() bool { return r.Identity != "" }
+
 // Validate checks what a sink will turn into SQL: names, types, at least
-// one key column.
+// one key column or an identity without one.
 func (r Relation) Validate() error {
 	var errs []error
 	for _, n := range []string{r.Schema, r.Name} {
@@ -487,7 +524,12 @@ func (r Relation) Validate() error {
 			keys++
 		}
 	}
-	if keys == 0 {
+	switch {
+	case r.Identity != "" && r.Identity != IdentityFull && r.Identity != IdentityNone:
+		errs = append(errs, fmt.Errorf("identity %q", r.Identity))
+	case r.Identity != "" && keys > 0:
+		errs = append(errs, fmt.Errorf("%s has key columns and identity %q", r.QualifiedName(), r.Identity))
+	case r.Identity == "" && keys == 0:
 		errs = append(errs, fmt.Errorf("%s has no key column", r.QualifiedName()))
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -20,6 +20,9 @@ func sampleChanges() []RowChange {
 		{Change: Delete, Columns: []Datum{{Name: "id", Kind: Text, Text: []byte("1")}}},
 		{Change: Move, Columns: []Datum{{Name: "id", Kind: Text, Text: []byte("2")}, {Name: "big", Kind: Unchanged}},
 			From: []Datum{{Name: "id", Kind: Text, Text: []byte("1")}}},
+		{Change: Update, Columns: []Datum{{Name: "v", Kind: Text, Text: []byte("2")}, {Name: "big", Kind: Null}},
+			From: []Datum{{Name: "v", Kind: Text, Text: []byte("1")}, {Name: "big", Kind: Null}}}, // a keyless table's
+		{Change: Update, Columns: []Datum{}, From: []Datum{}}, // of a table without columns
 		{Change: Truncate, Cascade: true},
 		{Change: Truncate, RestartIdentity: true},
 	}
@@ -108,6 +111,23 @@ func TestRelationDDLRoundTripAndValidate(t *testing.T) {
 		"bad table name": {OID: 1, Schema: "s", Name: "t\x00", Columns: []Column{{Name: "a", Type: "int", Key: true}}},
 		"injected base":  {OID: 1, Schema: "s", Name: "t", Columns: []Column{{Name: "a", Type: "mood", Base: "text; DROP TABLE x", Key: true}}},
 		"missing NUL":    {OID: 1, Schema: "s", Name: "t", Columns: []Column{{Name: "a", Type: "int", Key: true}, {Name: "b", Type: "text", Missing: "a\x00", HasMissing: true}}},
+	} {
+		_, err := ParseRelationDDL(RelationDDL(bad))
+		require.ErrorIs(t, err, ErrMalformed, name)
+	}
+	for _, ok := range []Relation{
+		{OID: 1, Schema: "s", Name: "t", Columns: []Column{{Name: "a", Type: "int"}}, Identity: IdentityFull},
+		{OID: 1, Schema: "s", Name: "t", Columns: []Column{{Name: "a", Type: "int"}}, Identity: IdentityNone},
+		{OID: 1, Schema: "s", Name: "t", Columns: []Column{}, Identity: IdentityNone}, // CREATE TABLE t ()
+	} {
+		got, err := ParseRelationDDL(RelationDDL(ok))
+		require.NoError(t, err)
+		require.Equal(t, ok, got)
+		require.True(t, got.Keyless())
+	}
+	for name, bad := range map[string]Relation{
+		"key and identity": {OID: 1, Schema: "s", Name: "t", Columns: []Column{{Name: "a", Type: "int", Key: true}}, Identity: IdentityFull},
+		"unknown identity": {OID: 1, Schema: "s", Name: "t", Columns: []Column{{Name: "a", Type: "int"}}, Identity: "index"},
 	} {
 		_, err := ParseRelationDDL(RelationDDL(bad))
 		require.ErrorIs(t, err, ErrMalformed, name)

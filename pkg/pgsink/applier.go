@@ -31,7 +31,8 @@ type applier struct {
 	// prepared on the one its conn names) and how many statements it has
 	// named.
 	pipe                          pipeline
-	batch                         batch // queueWork's, for one table at a time
+	batch                         batch     // queueWork's, for one table at a time
+	ckd                           []ckptRow // commit's scratch
 	fence, markWrote, checkpoints stmt
 	owner                         []byte
 	connections, named            uint64

@@ -108,7 +108,7 @@ func (s *Sink) BindAll(ctx context.Context, bs []Binding) error {
 				s.failed(b.ID, err, true) // an existing target table that does not match
 				stopped = true
 			}
-			if t = l.attach(b.ID, t); !stopped {
+			if t = l.attach(b.ID, t); !stopped && !b.Rel.Keyless() { // a keyless table has no upsert to warm
 				warm[l] = append(warm[l], t)
 			}
 		} else if !l.has(b.Rel.OID) {
@@ -122,6 +122,9 @@ func (s *Sink) BindAll(ctx context.Context, bs []Binding) error {
 			s.mu.durable[b.ID] = b.StartTs
 		}
 		s.mu.Unlock()
+	}
+	if err := s.loadKeyless(ctx, conn, bs); err != nil {
+		return err
 	}
 	for l, ts := range warm {
 		l.queueWarm(ts) // while the stream has sent nothing yet (warm.go)

@@ -17,18 +17,27 @@ import (
 
 // durableMark is a checkpoint a commit made durable, reported to the
 // collector under its epoch.
+// ckptRow is a checkpoint row a commit writes: its dispatcher and ts.
+type ckptRow struct {
+	d  *dstate
+	ts common.Ts
+}
+
 type durableMark struct {
 	id    common.DispatcherID
 	epoch uint64
 	ts    common.Ts
 }
 
-// checkpointSQL upserts the checkpoints of a commit, given as arrays.
+// checkpointSQL upserts the checkpoints of a commit, given as arrays,
+// with the position of a keyless table's last row applied (keyless.go;
+// 0 for a table with a key).
 const checkpointSQL = `
-INSERT INTO cdcflow.checkpoints (dispatcher, table_oid, target, ts)
-SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[])
+INSERT INTO cdcflow.checkpoints (dispatcher, table_oid, target, ts, keyless_ts, keyless_index)
+SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[])
 ON CONFLICT (dispatcher) DO UPDATE SET ts = GREATEST(cdcflow.checkpoints.ts, EXCLUDED.ts), table_oid = EXCLUDED.table_oid,
-  target = EXCLUDED.target, updated_at = now()`
+  target = EXCLUDED.target, updated_at = now(),
+  keyless_ts = EXCLUDED.keyless_ts, keyless_index = EXCLUDED.keyless_index`
 
 // commit applies ds's work and checkpoints in one transaction: every
 // statement goes in one pipeline, run in one implicit transaction (one
@@ -50,8 +59,10 @@ func (a *applier) commit(ds []*dstate) (marks []durableMark, applied int, err er
 			}
 		}
 	}
-	var ckd []*dstate // marks' dispatchers
+	ckd := a.ckd[:0] // the checkpoint rows' dispatchers and ts
+	defer func() { clear(ckd); a.ckd = ckd[:0] }()
 	for _, d := range ds {
+		d.keylessNext = d.keyless // what a failed commit queued is not applied
 		n, ckpt, err := a.queueWork(p, d)
 		if err != nil {
 			return nil, 0, err
@@ -59,19 +70,32 @@ func (a *applier) commit(ds []*dstate) (marks []durableMark, applied int, err er
 		applied += n
 		if ckpt != 0 {
 			marks = append(marks, durableMark{id: d.id, epoch: d.epoch, ts: ckpt})
-			ckd = append(ckd, d)
+		}
+		row := ckpt
+		if d.keylessNext != d.keyless {
+			// Every row before the last one's commit was applied: the
+			// checkpoint is at least there (keyless.go).
+			row = max(row, d.keylessNext.ts-1)
+		}
+		if row != 0 {
+			ckd = append(ckd, ckptRow{d: d, ts: row})
 		}
 	}
-	if len(marks) > 0 {
+	if len(ckd) > 0 {
 		p.addArrays(&a.checkpoints,
-			p.textArray(len(marks), func(i int) []byte { return stringBytes(ckd[i].hexID) }),
-			p.int8Array(len(marks), func(i int) int64 { return int64(ckd[i].table.rel.OID) }),
-			p.textArray(len(marks), func(i int) []byte { return stringBytes(ckd[i].table.qname) }),
-			p.int8Array(len(marks), func(i int) int64 { return int64(marks[i].ts) }))
+			p.textArray(len(ckd), func(i int) []byte { return stringBytes(ckd[i].d.hexID) }),
+			p.int8Array(len(ckd), func(i int) int64 { return int64(ckd[i].d.table.rel.OID) }),
+			p.textArray(len(ckd), func(i int) []byte { return stringBytes(ckd[i].d.table.qname) }),
+			p.int8Array(len(ckd), func(i int) int64 { return int64(ckd[i].ts) }),
+			p.int8Array(len(ckd), func(i int) int64 { return int64(ckd[i].d.keylessNext.ts) }),
+			p.int8Array(len(ckd), func(i int) int64 { return int64(ckd[i].d.keylessNext.index) }))
 	}
 	if err := a.send(ctx, p); err != nil {
 		a.reloadTables(ds) // columns an ALTER of the batch added are gone again
 		return nil, 0, fmt.Errorf("%w: %w", ErrApply, err)
+	}
+	for _, d := range ds {
+		d.keyless = d.keylessNext
 	}
 	if mark {
 		a.s.marked.Store(true)
@@ -141,6 +165,15 @@ func (a *applier) queueWork(q *pipeline, d *dstate) (int, common.Ts, error) {
 	for _, w := range d.work {
 		switch w.kind {
 		case opRows:
+			if t.rel.Keyless() {
+				k, pos, err := a.keylessRows(q, t, w.rows, d.keylessNext)
+				if err != nil {
+					return 0, 0, err
+				}
+				n += k
+				d.keylessNext = pos
+				continue
+			}
 			for i := range w.rows {
 				r := &w.rows[i]
 				c, err := pgcodec.DecodeValueNames(r.Value, t.order)

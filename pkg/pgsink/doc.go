@@ -20,6 +20,14 @@
 // what the target holds, and a replay re-applies harmlessly (upserts and
 // deletes by key).
 //
+// A table without a key (pgcodec.Relation.Identity, keyless.go) gets its
+// changes one by one in order, as PostgreSQL's subscriber does: plain
+// inserts, and under REPLICA IDENTITY FULL updates and deletes of one row
+// equal to the old row in every column (by the values' text). Its replay
+// is made harmless by position: each commit writes, with its checkpoint
+// row, the commit-ts and index of the last row applied, and a row at or
+// before it is skipped.
+//
 // Schema changes: a relation DDL with new columns adds them (ALTER TABLE
 // ... ADD COLUMN) before the rows that use them; any other difference (a
 // column gone, a type or the key changed) stops that table: its calls are
@@ -47,7 +55,8 @@
 // the commit held many tables, one table retried alone, or a warm-up.
 //
 // Invariants: no transaction of a sink commits after a later sink of its
-// owner returned from Start; a dispatcher's work is applied in call order; a checkpoint
+// owner returned from Start; a dispatcher's work is applied in call order;
+// a keyless table's row is applied once, whatever is replayed; a checkpoint
 // is reported durable only after the transaction holding it and every row
 // before it committed; a BeginEpoch discards what was queued and not
 // committed for its dispatcher; memory is bounded by QueueRows per lane;

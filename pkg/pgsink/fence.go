@@ -48,7 +48,8 @@ SELECT pg_advisory_xact_lock(%[1]d, 0);
 CREATE SCHEMA IF NOT EXISTS cdcflow;
 CREATE TABLE IF NOT EXISTS cdcflow.checkpoints (
   dispatcher text PRIMARY KEY, table_oid bigint NOT NULL, target text NOT NULL, ts bigint NOT NULL,
-  updated_at timestamptz NOT NULL DEFAULT now());
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  keyless_ts bigint NOT NULL DEFAULT 0, keyless_index bigint NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS cdcflow.state (key text PRIMARY KEY, value text NOT NULL);
 CREATE TABLE IF NOT EXISTS cdcflow.owners (
   owner text PRIMARY KEY, generation bigint NOT NULL, started_at timestamptz NOT NULL DEFAULT now(),
@@ -69,6 +70,13 @@ DO $m$ BEGIN
   IF NOT EXISTS (SELECT 1 FROM pg_attribute
                  WHERE attrelid = 'cdcflow.owners'::regclass AND attname = 'source' AND NOT attisdropped) THEN
     ALTER TABLE cdcflow.owners ADD COLUMN source text;
+  END IF;
+  -- A keyless table's last row applied (keyless.go), of a version without
+  -- keyless tables: added only then, as above.
+  IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                 WHERE attrelid = 'cdcflow.checkpoints'::regclass AND attname = 'keyless_ts' AND NOT attisdropped) THEN
+    ALTER TABLE cdcflow.checkpoints ADD COLUMN keyless_ts bigint NOT NULL DEFAULT 0,
+      ADD COLUMN keyless_index bigint NOT NULL DEFAULT 0;
   END IF;
 END $m$;
 CREATE OR REPLACE FUNCTION cdcflow.fence(p_owner text, p_generation bigint) RETURNS void LANGUAGE plpgsql AS $f$

@@ -61,6 +61,10 @@ type dstate struct {
 	// broken: its work failed; what follows is dropped until the reset's
 	// BeginEpoch (the stream sends it all again from the checkpoint).
 	broken bool
+	// keyless is the position of a keyless table's last row committed
+	// (keyless.go), keylessNext of the last one queued in the commit
+	// being built.
+	keyless, keylessNext keylessPos
 }
 
 // dropWork empties d's work for reuse: the ops' rows are let go, the

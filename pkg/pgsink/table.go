@@ -214,8 +214,11 @@ func createTableSQL(rel pgcodec.Relation, has targetTypes) string {
 	for _, k := range rel.KeyColumns() {
 		keys = append(keys, pgcodec.QuoteIdent(k))
 	}
-	return fmt.Sprintf("CREATE SCHEMA IF NOT EXISTS %s; CREATE TABLE IF NOT EXISTS %s (%s, PRIMARY KEY (%s))",
-		pgcodec.QuoteIdent(rel.Schema), rel.QualifiedName(), strings.Join(cols, ", "), strings.Join(keys, ", "))
+	if len(keys) > 0 {
+		cols = append(cols, "PRIMARY KEY ("+strings.Join(keys, ", ")+")")
+	} // a keyless table (keyless.go) has none, and maybe no columns either
+	return fmt.Sprintf("CREATE SCHEMA IF NOT EXISTS %s; CREATE TABLE IF NOT EXISTS %s (%s)",
+		pgcodec.QuoteIdent(rel.Schema), rel.QualifiedName(), strings.Join(cols, ", "))
 }
 
 // evolve compares a new relation version with the target table: the
