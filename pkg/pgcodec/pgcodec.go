@@ -480,6 +480,10 @@ type Relation struct {
 	// and deletes once a publication publishes them, so only its inserts
 	// and truncates are streamed).
 	Identity string `json:"identity,omitempty"`
+	// Generated are its stored generated columns (generated.go), which
+	// the stream never carries: a description read from the source's
+	// catalog has them, one of a stream's relation message not.
+	Generated []GeneratedColumn `json:"generated,omitempty"`
 }
 
 // Identities of a table without a key column (Relation.Identity).
@@ -524,6 +528,7 @@ func (r Relation) Validate() error {
 			keys++
 		}
 	}
+	errs = append(errs, r.validateGenerated(seen)...)
 	switch {
 	case r.Identity != "" && r.Identity != IdentityFull && r.Identity != IdentityNone:
 		errs = append(errs, fmt.Errorf("identity %q", r.Identity))

@@ -237,3 +237,33 @@ func FuzzValidType(f *testing.F) {
 		}
 	})
 }
+
+// A generated column's expression is spliced into a target's CREATE
+// TABLE: one that could end its clause (a semicolon, a comment, an
+// unbalanced parenthesis outside a string or a quoted identifier) does not
+// validate; pg_get_expr's own output does.
+func TestAGeneratedExpressionCannotLeaveItsClause(t *testing.T) {
+	for _, ok := range []string{
+		"(a * 2)", "((a + b) * 2)", "upper(b)", `(b || ';'::text)`, `("we""ird" + 1)`, `(b || ')'::text)`,
+		`(b || E'\\'::text)`, `(b || E'it\'s);'::text)`, "(b || '--'::text)", "(j -> 'k'::text)", "a", "(b || 'it''s'::text)",
+	} {
+		require.NoError(t, checkExpr(ok), ok)
+	}
+	for _, bad := range []string{
+		"", "a); DROP TABLE x; --", "(a", "a)", "a -- comment", "a /* c */", "(b || 'open", `("open`, "$$x$$", "$tag$x$tag$", "a;b",
+		"a\x00", strings.Repeat("(", 40000) + strings.Repeat(")", 40000), `(b || 'a\');'::text)`,
+	} {
+		require.Error(t, checkExpr(bad), bad)
+	}
+	r := Relation{OID: 1, Schema: "s", Name: "t", Columns: []Column{{Name: "a", Type: "integer", Key: true}},
+		Generated: []GeneratedColumn{{Name: "b", Type: "integer", Expr: "(a * 2)"}}}
+	got, err := ParseRelationDDL(RelationDDL(r))
+	require.NoError(t, err)
+	require.Equal(t, r, got)
+	r.Generated[0].Expr = "a) STORED); DROP TABLE x; --"
+	_, err = ParseRelationDDL(RelationDDL(r))
+	require.ErrorIs(t, err, ErrMalformed)
+	r.Generated[0] = GeneratedColumn{Name: "a", Type: "integer", Expr: "1"}
+	_, err = ParseRelationDDL(RelationDDL(r))
+	require.ErrorIs(t, err, ErrMalformed, "a name taken by a column")
+}

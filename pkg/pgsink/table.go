@@ -206,9 +206,15 @@ func nameSet(ctx context.Context, q querier, sql string, names []string) (map[st
 // createTableSQL creates rel's schema and table if missing, with its
 // columns and key.
 func createTableSQL(rel pgcodec.Relation, has targetTypes) string {
-	cols := make([]string, len(rel.Columns))
+	cols := make([]string, len(rel.Columns), len(rel.Columns)+len(rel.Generated)+1)
 	for i, c := range rel.Columns {
 		cols[i] = pgcodec.QuoteIdent(c.Name) + " " + has.of(c)
+	}
+	for _, g := range rel.Generated {
+		// The source's expression (validated: it cannot leave its
+		// parentheses); the target computes the values, which PostgreSQL
+		// 15 does not publish.
+		cols = append(cols, fmt.Sprintf("%s %s GENERATED ALWAYS AS (%s) STORED", pgcodec.QuoteIdent(g.Name), g.Type, g.Expr))
 	}
 	keys := make([]string, 0, 2)
 	for _, k := range rel.KeyColumns() {
@@ -229,6 +235,9 @@ func createTableSQL(rel pgcodec.Relation, has targetTypes) string {
 func (t *table) evolve(rel pgcodec.Relation, has targetTypes) ([]string, error) {
 	var adds []string
 	inRel := map[string]bool{}
+	for _, g := range rel.Generated {
+		inRel[g.Name] = true // the target computes it
+	}
 	for _, c := range rel.Columns {
 		inRel[c.Name] = true
 		typ, ok := t.types[c.Name]
