@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -125,6 +126,7 @@ type catalogTable struct {
 	name        string
 	replIdent   byte
 	columns     []pgcodec.Column
+	generated   []pgcodec.GeneratedColumn
 	reltuples   float64
 	kind        string // pg_class.relkind: "p" for a partitioned table (published through its root)
 	pub         pubShape
@@ -133,14 +135,14 @@ type catalogTable struct {
 
 // publishedTables lists the publication's tables with their columns and
 // keys. A table without a usable key is listed with relationErr set.
-func publishedTables(ctx context.Context, conn *pgx.Conn, pub string) ([]catalogTable, error) {
+func publishedTables(ctx context.Context, conn *pgx.Conn, pubs []string) ([]catalogTable, error) {
 	rows, err := conn.Query(ctx, `
 SELECT c.oid, n.nspname, c.relname, c.relreplident, greatest(c.reltuples, 0), c.relkind::text, `+pubShapeColumns+`
 FROM pg_publication_tables pt
 JOIN pg_namespace n ON n.nspname = pt.schemaname
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
-WHERE pt.pubname = $1 AND pt.schemaname <> '`+ToolSchema+`'
-ORDER BY n.nspname, c.relname`, pub)
+WHERE pt.pubname = ANY($1) AND pt.schemaname <> '`+ToolSchema+`'
+ORDER BY n.nspname, c.relname`, pubs)
 	if err != nil {
 		return nil, err
 	}
@@ -171,12 +173,18 @@ ORDER BY n.nspname, c.relname`, pub)
 	if err != nil {
 		return nil, err
 	}
+	gens, err := generatedOf(ctx, conn, oids)
+	if err != nil {
+		return nil, err
+	}
 	for i := range tables {
 		t := &tables[i]
 		t.columns = t.pub.columns(cols[t.oid])
+		if len(t.columns) == len(cols[t.oid]) {
+			t.generated = gens[t.oid] // see generatedOf
+		}
 		if err := t.relation().Validate(); err != nil {
-			t.relationErr = fmt.Errorf("%w: %s.%s (replica identity %q): add a primary key, or set REPLICA IDENTITY USING INDEX: %w",
-				ErrNoKey, t.schema, t.name, t.replIdent, err)
+			t.relationErr = fmt.Errorf("%w: %s.%s: %w", ErrUnreplicable, t.schema, t.name, err)
 		}
 	}
 	return tables, nil
@@ -193,7 +201,25 @@ func (t catalogTable) only() string {
 }
 
 func (t catalogTable) relation() pgcodec.Relation {
-	return pgcodec.Relation{OID: t.oid, Schema: t.schema, Name: t.name, Columns: t.columns}
+	return pgcodec.Relation{OID: t.oid, Schema: t.schema, Name: t.name, Columns: t.columns, Identity: identityOf(t.columns, t.replIdent),
+		Generated: t.generated}
+}
+
+// identityOf is the pgcodec.Relation.Identity of a table with columns cols
+// (as published) and replica identity replIdent: none for a table with a
+// key column; full for REPLICA IDENTITY FULL without one (its updates and
+// deletes carry the whole old row); none otherwise (PostgreSQL streams
+// only its inserts and truncates).
+func identityOf(cols []pgcodec.Column, replIdent byte) string {
+	for _, c := range cols {
+		if c.Key {
+			return ""
+		}
+	}
+	if replIdent == 'f' {
+		return pgcodec.IdentityFull
+	}
+	return pgcodec.IdentityNone
 }
 
 // tableColumns returns a table's replicated columns (generated columns are
@@ -269,6 +295,34 @@ ORDER BY t.oid, a.attnum`, oids, identArg)
 		cols[u.table][u.i].Base = b
 	}
 	return cols, nil
+}
+
+// generatedOf reads the stored generated columns of tables oids, by OID,
+// with the source's expressions (pg_get_expr: a target computes them,
+// since PostgreSQL 15 publishes no value of theirs). A caller keeps them
+// only for a table whose every column is published: an expression may
+// read a column a publication's column list leaves out.
+func generatedOf(ctx context.Context, conn *pgx.Conn, oids []uint32) (map[uint32][]pgcodec.GeneratedColumn, error) {
+	rows, err := conn.Query(ctx, `
+SELECT a.attrelid, a.attname, format_type(a.atttypid, a.atttypmod), pg_get_expr(d.adbin, d.adrelid)
+FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE a.attrelid = ANY($1::oid[]) AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = 's'
+ORDER BY a.attrelid, a.attnum`, oids)
+	if err != nil {
+		return nil, err
+	}
+	out := map[uint32][]pgcodec.GeneratedColumn{}
+	for rows.Next() {
+		var oid uint32
+		var g pgcodec.GeneratedColumn
+		if err := rows.Scan(&oid, &g.Name, &g.Type, &g.Expr); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out[oid] = append(out[oid], g)
+	}
+	rows.Close()
+	return out, rows.Err()
 }
 
 // firstUserOID is PostgreSQL's FirstNormalObjectId: every built-in type
@@ -485,12 +539,12 @@ func (p pubShape) columns(cols []pgcodec.Column) []pgcodec.Column {
 
 // publishedShape reads what publication pub publishes of rel; a table not
 // (or no longer) in it is ErrTableGone.
-func publishedShape(ctx context.Context, q pgx.Tx, pub string, rel pgcodec.Relation) (pubShape, error) {
+func publishedShape(ctx context.Context, q pgx.Tx, pubs []string, rel pgcodec.Relation) (pubShape, error) {
 	var p pubShape
 	err := q.QueryRow(ctx, "SELECT "+pubShapeColumns+` FROM pg_publication_tables pt
-WHERE pt.pubname = $1 AND pt.schemaname = $2 AND pt.tablename = $3`, pub, rel.Schema, rel.Name).Scan(&p.attnames, &p.rowFilter)
+WHERE pt.pubname = ANY($1) AND pt.schemaname = $2 AND pt.tablename = $3 LIMIT 1`, pubs, rel.Schema, rel.Name).Scan(&p.attnames, &p.rowFilter)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return p, fmt.Errorf("%w: %s is no longer in publication %s", ErrTableGone, rel.QualifiedName(), pub)
+		return p, fmt.Errorf("%w: %s is no longer in publication %s", ErrTableGone, rel.QualifiedName(), strings.Join(pubs, ", "))
 	}
 	return p, err
 }

@@ -111,18 +111,52 @@ type TableInfo struct {
 	OID  uint32
 	Name string
 	Err  error
+	// Identity is the table's pgcodec.Relation.Identity: IdentityNone,
+	// only its inserts and truncates are streamed.
+	Identity string
+	// Columns are what the changefeed writes of each row, in order: the
+	// published columns (a column list's), then the stored generated
+	// ones the target computes (none under a column list).
+	Columns []string
+	// RowFilter is the publication's row filter of the table ("": none):
+	// the source rows the target holds.
+	RowFilter string
 }
 
-// ListTables lists the tables of publication pub the changefeed would
-// read (the tool's schema left out), without changing anything.
+// ListTables lists the tables of publication pub (and of its companion
+// of inserts, if it has one) the changefeed would read (the tool's schema
+// left out), without changing anything.
 func ListTables(ctx context.Context, conn *pgx.Conn, pub string) ([]TableInfo, error) {
-	tables, err := publishedTables(ctx, conn, pub)
+	pubs, err := publicationsOf(ctx, conn, pub)
+	if err != nil {
+		return nil, err
+	}
+	tables, err := publishedTables(ctx, conn, pubs)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]TableInfo, len(tables))
 	for i, t := range tables {
-		out[i] = TableInfo{OID: t.oid, Name: t.relation().QualifiedName(), Err: t.relationErr}
+		rel := t.relation()
+		out[i] = TableInfo{OID: t.oid, Name: rel.QualifiedName(), Err: t.relationErr, Identity: rel.Identity, RowFilter: t.pub.rowFilter}
+		for _, c := range rel.Columns {
+			out[i].Columns = append(out[i].Columns, c.Name)
+		}
+		for _, g := range rel.Generated {
+			out[i].Columns = append(out[i].Columns, g.Name)
+		}
 	}
 	return out, nil
+}
+
+// publicationsOf is pub and, if it exists, its companion of inserts.
+func publicationsOf(ctx context.Context, conn *pgx.Conn, pub string) ([]string, error) {
+	var has bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", InsertsPublication(pub)).Scan(&has); err != nil {
+		return nil, err
+	}
+	if has {
+		return []string{pub, InsertsPublication(pub)}, nil
+	}
+	return []string{pub}, nil
 }

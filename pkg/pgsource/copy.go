@@ -102,7 +102,9 @@ type copyChunk struct {
 	ready bool
 	rel   pgcodec.Relation
 	rows  []copiedRow
-	xip   []uint32 // the chunk snapshot's in-progress transactions (their xids' low 32 bits)
+	// sees is the chunk's snapshot: its in-progress transactions (the
+	// gap check) and, for a keyless chunk, what it saw.
+	sees snapshotSees
 	// first: the ranges' first chunk (a fresh copy truncates at its low
 	// watermark).
 	first bool
@@ -111,12 +113,17 @@ type copyChunk struct {
 	// copier has no keys left to read besides.
 	final, last bool
 
+	// keyless: the table has no key (copy_keyless.go); set before the low
+	// watermark is written.
+	keyless bool
+
 	// Owned by the stream goroutine from the low watermark on.
 	window    map[string]*touch
-	before    []uint32 // the xids of the commits decoded before the low watermark (the last recentCommits)
-	truncated bool     // a truncate in the window
-	relNew    bool     // a new relation version in the window
-	relFirst  bool     // the stream's first description of the table in the window
+	held      []heldChange // a keyless chunk's changes in the window
+	before    []uint32     // the xids of the commits decoded before the low watermark (the last recentCommits)
+	truncated bool         // a truncate in the window
+	relNew    bool         // a new relation version in the window
+	relFirst  bool         // the stream's first description of the table in the window
 
 	// Set by the stream before done is closed.
 	ts      common.Ts
@@ -154,7 +161,7 @@ type CopyResult struct {
 // target holds rows deleted meanwhile. The table must have a subscription from below the
 // current stream position (a chunk whose table has none is read again
 // until it has). One copy per table at a time. A table that is gone is
-// ErrTableGone; a table without a key ErrNoKey.
+// ErrTableGone; a table without a key ErrUnreplicable.
 func (s *Source) CopyTable(ctx context.Context, oid uint32, fresh bool) (CopyResult, error) {
 	var res CopyResult
 	conn, err := connectCopy(ctx, s.opts.DSN)
@@ -258,8 +265,12 @@ func (b *copyBackoff) wait(ctx context.Context) error {
 // copyChunk reads and pushes one chunk. last is the key the ranges
 // continue after, nil once they are done (or for a keyed chunk).
 func (s *Source) copyChunk(ctx context.Context, conn *pgx.Conn, st *copyState, req chunkReq) (c *copyChunk, last [][]byte, err error) {
+	keyless, err := s.tableKeyless(ctx, conn, st.oid)
+	if err != nil {
+		return nil, nil, err
+	}
 	c = &copyChunk{id: fmt.Sprintf("%s.%d", s.copyNonce, s.copySeq.Add(1)), st: st, done: make(chan struct{}),
-		first: req.after == nil && req.keys == nil}
+		first: req.after == nil && req.keys == nil, keyless: keyless}
 	s.mu.Lock()
 	closed := s.mu.closed
 	s.mu.Unlock()
@@ -281,12 +292,12 @@ func (s *Source) copyChunk(ctx context.Context, conn *pgx.Conn, st *copyState, r
 	if err := emitCopyMark(ctx, conn, "low", c.id); err != nil {
 		return nil, nil, err
 	}
-	rel, rows, last, xip, err := s.readChunk(ctx, conn, st.oid, req)
+	rel, rows, last, sees, err := s.readChunk(ctx, conn, st.oid, req, c.keyless)
 	if err != nil {
 		return nil, nil, err
 	}
 	s.copies.Lock()
-	c.rel, c.rows, c.xip, c.ready = rel, rows, xip, true
+	c.rel, c.rows, c.sees, c.ready = rel, rows, sees, true
 	c.final = req.keys != nil || last == nil
 	c.last = c.final && (req.keys == nil || req.last)
 	s.copies.Unlock()
@@ -318,7 +329,7 @@ func emitCopyMark(ctx context.Context, conn *pgx.Conn, kind, id string) error {
 // readChunk reads up to CopyChunkRows rows of oid after the key
 // req.after, in key order, or the rows of req.keys, in a snapshot taken
 // after the low watermark, with the relation as that snapshot sees it.
-func (s *Source) readChunk(ctx context.Context, conn *pgx.Conn, oid uint32, req chunkReq) (rel pgcodec.Relation, rows []copiedRow, last [][]byte, xip []uint32, err error) {
+func (s *Source) readChunk(ctx context.Context, conn *pgx.Conn, oid uint32, req chunkReq, keyless bool) (rel pgcodec.Relation, rows []copiedRow, last [][]byte, sees snapshotSees, err error) {
 	// The table is locked (ACCESS SHARE, as any read) before the
 	// snapshot is taken: a rewrite (ALTER TABLE ... TYPE) holding it
 	// would otherwise leave a snapshot from before the rewrite that sees
@@ -326,9 +337,9 @@ func (s *Source) readChunk(ctx context.Context, conn *pgx.Conn, oid uint32, req 
 	var name, kind string
 	err = conn.QueryRow(ctx, "SELECT c.oid::regclass::text, c.relkind::text FROM pg_class c WHERE c.oid = $1", oid).Scan(&name, &kind)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return rel, nil, nil, nil, fmt.Errorf("%w: table %d", ErrTableGone, oid)
+		return rel, nil, nil, sees, fmt.Errorf("%w: table %d", ErrTableGone, oid)
 	} else if err != nil {
-		return rel, nil, nil, nil, err
+		return rel, nil, nil, sees, err
 	}
 	// A plain table's own rows only: an inheritance child's rows are
 	// published as the child's. A partitioned table (published through
@@ -339,21 +350,24 @@ func (s *Source) readChunk(ctx context.Context, conn *pgx.Conn, oid uint32, req 
 	}
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return rel, nil, nil, nil, err
+		return rel, nil, nil, sees, err
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // read only
 	if _, err := tx.Exec(ctx, "LOCK TABLE "+only+name+" IN ACCESS SHARE MODE"); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table: renamed or dropped meanwhile
-			return rel, nil, nil, nil, fmt.Errorf("%w: %w", errSnapshotAhead, err)
+			return rel, nil, nil, sees, fmt.Errorf("%w: %w", errSnapshotAhead, err)
 		}
-		return rel, nil, nil, nil, err
+		return rel, nil, nil, sees, err
 	}
 	var snap string
 	if err := tx.QueryRow(ctx, "SELECT pg_current_snapshot()::text").Scan(&snap); err != nil {
-		return rel, nil, nil, nil, err
+		return rel, nil, nil, sees, err
 	}
-	xip = snapshotInProgress(snap)
+	if sees, err = parseSnapshot(snap); err != nil {
+		return rel, nil, nil, sees, err
+	}
+	xip := sees.xip
 	if len(xip) > 0 && !s.knobs.skipSyncRepCheck {
 		// A backend that began its commit before this transaction did (so
 		// possibly before the low watermark's commit) and still waits for
@@ -362,48 +376,60 @@ func (s *Source) readChunk(ctx context.Context, conn *pgx.Conn, oid uint32, req 
 		var waiting int
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 WHERE wait_event = 'SyncRep' AND backend_xid::text = ANY($1) AND query_start < now()`, xidTexts(xip)).Scan(&waiting); err != nil {
-			return rel, nil, nil, nil, err
+			return rel, nil, nil, sees, err
 		}
 		if waiting > 0 {
-			return rel, nil, nil, nil, errSnapshotAhead
+			return rel, nil, nil, sees, errSnapshotAhead
 		}
 	}
 	var ident, locked string
 	err = tx.QueryRow(ctx, `SELECT n.nspname, c.relname, c.relreplident, c.oid::regclass::text FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&rel.Schema, &rel.Name, &ident, &locked)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return rel, nil, nil, nil, fmt.Errorf("%w: table %d", ErrTableGone, oid)
+		return rel, nil, nil, sees, fmt.Errorf("%w: table %d", ErrTableGone, oid)
 	} else if err != nil {
-		return rel, nil, nil, nil, err
+		return rel, nil, nil, sees, err
 	}
 	if locked != name {
-		return rel, nil, nil, nil, fmt.Errorf("%w: table %d renamed from %s to %s", errSnapshotAhead, oid, name, locked)
+		return rel, nil, nil, sees, fmt.Errorf("%w: table %d renamed from %s to %s", errSnapshotAhead, oid, name, locked)
 	}
 	if len(ident) != 1 {
 		// relreplident is a "char": one byte, or the catalog is not what
 		// PostgreSQL writes.
-		return rel, nil, nil, nil, fmt.Errorf("%w: table %d has replica identity %q", ErrProtocol, oid, ident)
+		return rel, nil, nil, sees, fmt.Errorf("%w: table %d has replica identity %q", ErrProtocol, oid, ident)
 	}
 	rel.OID = oid
 	if rel.Columns, err = tableColumns(ctx, tx.Conn(), oid, ident[0]); err != nil {
-		return rel, nil, nil, nil, err
+		return rel, nil, nil, sees, err
 	}
-	pub, err := publishedShape(ctx, tx, s.opts.Publication, rel)
+	pub, err := publishedShape(ctx, tx, s.pubs, rel)
 	if err != nil {
-		return rel, nil, nil, nil, err
+		return rel, nil, nil, sees, err
 	}
 	rel.Columns = pub.columns(rel.Columns)
-	if err := rel.Validate(); err != nil { // after the column list, which may leave the key out
-		return rel, nil, nil, nil, fmt.Errorf("%w: %s: %w", ErrNoKey, rel.QualifiedName(), err)
+	rel.Identity = identityOf(rel.Columns, ident[0]) // after the column list, which may leave the key out
+	if err := rel.Validate(); err != nil {
+		return rel, nil, nil, sees, fmt.Errorf("%w: %s: %w", ErrUnreplicable, rel.QualifiedName(), err)
 	}
-	order, err := keyOrder(ctx, tx, oid, ident[0], rel)
-	if err != nil {
-		return rel, nil, nil, nil, err
+	if rel.Keyless() != keyless {
+		// The key came or went since the low watermark: a DDL in the
+		// window, which sends the chunk back anyway.
+		return rel, nil, nil, sees, fmt.Errorf("%w: table %d's key changed", errSnapshotAhead, oid)
 	}
 	scope := readScope{from: only + rel.QualifiedName() + " t", filter: pub.rowFilter}
-	query, args := chunkQuery(rel, scope, order, req.after, s.opts.CopyChunkRows)
-	if req.keys != nil {
+	var query string
+	var args []any
+	switch {
+	case keyless:
+		query = keylessQuery(rel, scope)
+	case req.keys != nil:
 		query, args = keyedQuery(rel, scope, req.keys)
+	default:
+		order, err := keyOrder(ctx, tx, oid, ident[0], rel)
+		if err != nil {
+			return rel, nil, nil, sees, err
+		}
+		query, args = chunkQuery(rel, scope, order, req.after, s.opts.CopyChunkRows)
 	}
 	// Text results of the columns themselves (their output functions,
 	// which pgoutput uses too): a cast to text is another function for
@@ -412,7 +438,7 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&rel.
 	// differently would never be found touched.
 	res, err := tx.Query(ctx, query, append([]any{pgx.QueryResultFormats{pgx.TextFormatCode}}, args...)...)
 	if err != nil {
-		return rel, nil, nil, nil, err
+		return rel, nil, nil, sees, err
 	}
 	defer res.Close()
 	var out []copiedRow
@@ -422,7 +448,7 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&rel.
 		// into a nil pointer, which would be SQL NULL.
 		vals := res.RawValues()
 		if len(vals) != len(rel.Columns) {
-			return rel, nil, nil, nil, fmt.Errorf("%w: a chunk row of %d columns, not %d", ErrProtocol, len(vals), len(rel.Columns))
+			return rel, nil, nil, sees, fmt.Errorf("%w: a chunk row of %d columns, not %d", ErrProtocol, len(vals), len(rel.Columns))
 		}
 		r := copiedRow{datums: make([]pgcodec.Datum, len(rel.Columns))}
 		for i, col := range rel.Columns {
@@ -439,18 +465,22 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&rel.
 			}
 		}
 		out = append(out, r)
-		if bytes >= copyChunkBytes && req.keys == nil {
+		if keyless && bytes > s.opts.KeylessCopyBytes {
+			return rel, nil, nil, sees, fmt.Errorf("%w: %s holds more than %d bytes of values (KeylessCopyBytes)", ErrKeylessTooLarge,
+				rel.QualifiedName(), s.opts.KeylessCopyBytes)
+		}
+		if bytes >= copyChunkBytes && req.keys == nil && !keyless {
 			break
 		}
 	}
 	res.Close()
 	if err := res.Err(); err != nil {
-		return rel, nil, nil, nil, err
+		return rel, nil, nil, sees, err
 	}
-	if req.keys != nil || len(out) < s.opts.CopyChunkRows && bytes < copyChunkBytes {
-		return rel, out, nil, xip, nil // the table's end
+	if keyless || req.keys != nil || len(out) < s.opts.CopyChunkRows && bytes < copyChunkBytes {
+		return rel, out, nil, sees, nil // the table's end
 	}
-	return rel, out, out[len(out)-1].key, xip, nil
+	return rel, out, out[len(out)-1].key, sees, nil
 }
 
 // chunkQuery selects a chunk of rel's rows after the key after (its
@@ -568,23 +598,6 @@ func keyedQuery(rel pgcodec.Relation, scope readScope, keys [][][]byte) (string,
 	}
 	return "SELECT " + selectList(rel) + " FROM " + scope.from + " WHERE " + filter + "(" + strings.Join(names, ", ") +
 		") IN (" + strings.Join(tuples, ", ") + ")", args
-}
-
-// snapshotInProgress returns the in-progress transactions of a snapshot
-// in pg_current_snapshot's text form (xmin:xmax:xip,...), as the 32-bit
-// xids the stream and pg_stat_activity show.
-func snapshotInProgress(snap string) []uint32 {
-	parts := strings.SplitN(snap, ":", 3)
-	if len(parts) < 3 || parts[2] == "" {
-		return nil
-	}
-	var out []uint32
-	for _, x := range strings.Split(parts[2], ",") {
-		if v, err := strconv.ParseUint(x, 10, 64); err == nil {
-			out = append(out, uint32(v))
-		}
-	}
-	return out
 }
 
 // xidTexts are xids as text.

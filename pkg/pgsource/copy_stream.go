@@ -116,7 +116,11 @@ func (c *core) copyMark(kind string, ch *copyChunk, ready bool) {
 	oid := ch.st.oid
 	switch kind {
 	case "low":
-		if ch.first && ch.st.fresh {
+		if ch.keyless {
+			// Emptied at each attempt: the chunk is the whole table
+			// (copy_keyless.go).
+			c.add(oid, pgcodec.Truncate, nil, pgcodec.RowChange{Change: pgcodec.Truncate})
+		} else if ch.first && ch.st.fresh {
 			// Emptied here, before the window opens (its own truncate
 			// would send the chunk back): what the stream delivers after
 			// applies on top, and the chunks fill the rest.
@@ -124,7 +128,7 @@ func (c *core) copyMark(kind string, ch *copyChunk, ready bool) {
 		}
 		// A stream read again from the slot may decode it twice: the
 		// window starts again, and so do its notes.
-		ch.window, ch.truncated, ch.relNew, ch.relFirst = map[string]*touch{}, false, false, false
+		ch.window, ch.truncated, ch.relNew, ch.relFirst, ch.held = map[string]*touch{}, false, false, false, nil
 		if ch.before == nil {
 			// Kept from the first decoding: read again from the slot, the
 			// window's commits come before it in the ring a second time.
@@ -137,7 +141,7 @@ func (c *core) copyMark(kind string, ch *copyChunk, ready bool) {
 		}
 	case "high":
 		c.closeWindow(ch)
-		if !ready || ch.window == nil || ch.truncated || ch.relNew || len(c.subs[oid]) == 0 || c.committedBefore(ch.xip, ch.before) {
+		if !ready || ch.window == nil || ch.truncated || ch.relNew || len(c.subs[oid]) == 0 || c.committedBefore(ch.sees.xip, ch.before) {
 			c.emit(action{kind: actFinishCopy, chunk: ch, ts: c.cur.ts, retry: true})
 			return
 		}
@@ -165,13 +169,17 @@ func (c *core) pushChunk(ch *copyChunk) {
 			st.refetch[wk] = t.key
 		}
 	}
-	for _, r := range ch.rows {
-		if _, touched := ch.window[windowKey(r.key)]; touched {
-			continue
+	if ch.keyless {
+		c.pushKeylessChunk(ch)
+	} else {
+		for _, r := range ch.rows {
+			if _, touched := ch.window[windowKey(r.key)]; touched {
+				continue
+			}
+			c.add(st.oid, pgcodec.Insert, r.key, pgcodec.RowChange{Change: pgcodec.Insert, Columns: r.datums})
+			c.tally.copyRows++
+			ch.pushed++
 		}
-		c.add(st.oid, pgcodec.Insert, r.key, pgcodec.RowChange{Change: pgcodec.Insert, Columns: r.datums})
-		c.tally.copyRows++
-		ch.pushed++
 	}
 	if ch.final {
 		for _, k := range st.refetch {

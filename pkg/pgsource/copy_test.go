@@ -3,6 +3,7 @@ package pgsource
 import (
 	"context"
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 	"testing"
@@ -220,8 +221,20 @@ func TestChunkQueryContinuesAfterTheKeyInKeyOrder(t *testing.T) {
 	require.Equal(t, `SELECT t."a", t."v", t."b" FROM "s"."t" t WHERE (v <> 'x') AND (t."a", t."b") IN (($1::text::integer, $2::text::character varying(5)))`, q,
 		"a key noted under another key's shape is left out")
 	require.Equal(t, []any{"1", "p"}, args)
-	require.Equal(t, []uint32{7, 9, 5}, snapshotInProgress("5:4294967310:7,9,4294967301"), "xid8s as 32-bit xids")
-	require.Empty(t, snapshotInProgress("5:5:"))
+	sees, err := parseSnapshot("4294967300:4294967310:7,9,4294967301")
+	require.NoError(t, err)
+	require.Equal(t, snapshotSees{xmin: 4, xmax: 14, xip: []uint32{7, 9, 5}}, sees, "xid8s as 32-bit xids")
+	for xid, want := range map[uint32]bool{3: true, 4: true, 6: true, 7: false, 5: false, 13: true, 14: false, 15: false} {
+		require.Equal(t, want, sees.visible(xid), "xid %d", xid)
+	}
+	sees, err = parseSnapshot("5:5:")
+	require.NoError(t, err)
+	require.Empty(t, sees.xip)
+	wrapped := snapshotSees{xmin: math.MaxUint32 - 1, xmax: 3} // the 32-bit xids wrapped in between
+	require.True(t, wrapped.visible(math.MaxUint32-5))
+	require.True(t, wrapped.visible(math.MaxUint32))
+	require.True(t, wrapped.visible(1))
+	require.False(t, wrapped.visible(3))
 	keys := []string{windowKey([][]byte{[]byte("ab"), []byte("c")}), windowKey([][]byte{[]byte("a"), []byte("bc")})}
 	sort.Strings(keys)
 	require.NotEqual(t, keys[0], keys[1], "parts are length-prefixed")
@@ -290,13 +303,17 @@ func TestATableThatLeavesAndJoinsAgainIsCopiedAnew(t *testing.T) {
 
 // pg_current_snapshot's text comes from the source database: whatever it
 // holds, reading it never panics.
-func FuzzSnapshotInProgress(f *testing.F) {
+func FuzzParseSnapshot(f *testing.F) {
 	for _, s := range []string{"5:12:7,9", "5:5:", "", "::", "1:2:x,3", "1:2:4294967301,"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, snap string) {
-		xip := snapshotInProgress(snap)
-		require.LessOrEqual(t, len(xip), len(snap))
+		sees, err := parseSnapshot(snap)
+		if err != nil {
+			require.ErrorIs(t, err, ErrProtocol)
+			return
+		}
+		require.LessOrEqual(t, len(sees.xip), len(snap))
 	})
 }
 

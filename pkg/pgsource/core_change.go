@@ -3,6 +3,7 @@ package pgsource
 import (
 	"bytes"
 	"fmt"
+	"slices"
 
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/eventstore"
@@ -84,6 +85,9 @@ func (c *core) change(oid uint32, kind pgcodec.Change, old []tupleCol, oldKind b
 		c.datums = out
 		return out
 	}
+	if rel.Keyless() && kind != pgcodec.Insert {
+		return c.keylessChange(oid, rel, kind, old, oldKind, new, datums)
+	}
 	switch kind {
 	case pgcodec.Insert:
 		key, ok := keyOf(new, c.keys[0])
@@ -138,6 +142,31 @@ func (c *core) change(oid uint32, kind pgcodec.Change, old []tupleCol, oldKind b
 	}
 }
 
+// keylessChange adds an update or a delete of a table without a key: under
+// REPLICA IDENTITY FULL, pgoutput's old tuple holds every column (TOASTed
+// values flattened), by which the sink finds the row; an update's
+// unchanged values are the old row's. A table of another identity has no
+// old tuple: PostgreSQL refuses its updates and deletes once they are
+// published, so one arriving is the server's protocol broken.
+func (c *core) keylessChange(oid uint32, rel pgcodec.Relation, kind pgcodec.Change, old []tupleCol, oldKind byte,
+	new []tupleCol, datums func([]tupleCol, bool, []tupleCol) []pgcodec.Datum) error {
+	if rel.Identity != pgcodec.IdentityFull || old == nil || oldKind != 'O' {
+		return fmt.Errorf("%w: %s of %s (no key, identity %s) without its old row", ErrProtocol, kind, rel.QualifiedName(), rel.Identity)
+	}
+	for _, v := range old {
+		if v.kind == 'u' {
+			return fmt.Errorf("%w: %s of %s with an old row missing a value", ErrProtocol, kind, rel.QualifiedName())
+		}
+	}
+	if kind == pgcodec.Delete {
+		c.add(oid, kind, nil, pgcodec.RowChange{Change: kind, Columns: datums(old, false, nil)})
+		return nil
+	}
+	from := slices.Clone(datums(old, false, nil)) // datums reuses its slice
+	c.add(oid, kind, nil, pgcodec.RowChange{Change: kind, Columns: datums(new, false, old), From: from})
+	return nil
+}
+
 // hasUnchanged reports whether a column of cols is an unchanged TOASTed
 // value.
 func hasUnchanged(cols []pgcodec.Datum) bool {
@@ -175,6 +204,13 @@ func (c *core) add(oid uint32, kind pgcodec.Change, key [][]byte, change pgcodec
 	t := c.cur
 	t.index++
 	if len(c.st.copyTables) > 0 || len(c.st.copyWindows) > 0 {
+		if w := c.keylessWindow(oid); w != nil {
+			// Held until the chunk's high watermark (copy_keyless.go).
+			w.truncated = w.truncated || kind == pgcodec.Truncate
+			_, v := pgcodec.EncodeRow(t.index, key, change)
+			c.hold(w, pgcodec.Op(kind), v)
+			return
+		}
 		c.noteCopies(oid, kind, key, &change)
 	}
 	if len(c.subs[oid]) == 0 {
@@ -182,7 +218,25 @@ func (c *core) add(oid uint32, kind pgcodec.Change, key [][]byte, change pgcodec
 		return
 	}
 	k, v := pgcodec.EncodeRow(t.index, key, change)
-	row := common.Row{Op: pgcodec.Op(kind), Key: k, Value: v, StartTs: t.ts - 1, CommitTs: t.ts}
+	c.pushRow(oid, pgcodec.Op(kind), k, v)
+}
+
+// addRow appends an encoded change (a keyless chunk's held one) to the
+// transaction, under a key of its own index there.
+func (c *core) addRow(oid uint32, op common.OpType, key [][]byte, value []byte) {
+	t := c.cur
+	t.index++
+	if len(c.subs[oid]) == 0 {
+		return
+	}
+	c.pushRow(oid, op, pgcodec.AppendKey(nil, t.index, key), value)
+}
+
+// pushRow appends a row to the transaction's pending rows of oid,
+// spilling them once there are chunkRows.
+func (c *core) pushRow(oid uint32, op common.OpType, k, v []byte) {
+	t := c.cur
+	row := common.Row{Op: op, Key: k, Value: v, StartTs: t.ts - 1, CommitTs: t.ts}
 	t.pending[oid] = append(t.pending[oid], row)
 	c.tally.rows++
 	if len(t.pending[oid]) >= c.chunkRows {
@@ -202,7 +256,7 @@ func (c *core) unsubscribed(oid uint32, ts common.Ts) {
 	}
 	relErr := rel.Validate()
 	if !ok {
-		rel.OID, relErr = oid, fmt.Errorf("%w: no description of relation %d", ErrNoKey, oid)
+		rel.OID, relErr = oid, fmt.Errorf("%w: no description of relation %d", ErrUnreplicable, oid)
 	}
 	c.emit(action{kind: actAnnounce, rel: rel, err: relErr, ts: ts})
 }

@@ -29,14 +29,14 @@ import (
 // Commands:
 //
 //	new [from=LSN/MS.L] [chunk-rows=N]      a core for a session from a saved position
-//	known oid=N name=T cols=c[:key],...     a relation version known before the stream (Open's)
+//	known oid=N name=T cols=c[:key],... [identity=full|none]   a relation version known before the stream (Open's)
 //	sub oid=N [start=MS.L] [have=MS.L]      a subscription, handed over at the next begin
 //	                                        (a tick sees it at once, as the shell's does)
 //	begin time=MS xid=N                     BEGIN
-//	relation oid=N name=T cols=c[:key],...  a Relation message and the description the shell read
+//	relation oid=N name=T cols=c[:key],... [identity=...]  a Relation message and the description the shell read
 //	insert oid=N c=v ...                    an insert (values in column order)
 //	update oid=N c=v ... [old=c=v;...] [full] [unchanged=c]
-//	delete oid=N c=v ...                    a delete (key values)
+//	delete oid=N c=v ... [full]             a delete (key values; full: the whole old row)
 //	truncate oids=N,...
 //	commit lsn=N
 //	heartbeat
@@ -45,6 +45,7 @@ import (
 //	confirm [saved=LSN/MS.L] safe=MS.L|unknown [holds=MS.L,...]   nextConfirm (prints, changes nothing)
 //	confirmed lsn=N                         the slot was confirmed there (the journal trims)
 //	chunk id=ID oid=N [first] [fresh] [final] [last] [rows=k:v,...] [xip=N,...] [not-ready]   the copier registers a chunk
+//	      [keyless xmin=N xmax=N]           a keyless table's (copy_keyless.go), with its snapshot
 //	low id=ID | high id=ID                  a copy watermark in the stream
 //	given-up id=ID                          the copier gives a chunk up
 //	live timeout=D | live-step elapsed=D [heard]   the liveness decider (liveness.go)
@@ -122,7 +123,7 @@ func (w *traceCore) run(t *testing.T, d *datadriven.TestData) (string, error) {
 	}
 	switch d.Cmd {
 	case "known":
-		rel := parseRel(t, oid, args["name"], args["cols"])
+		rel := parseRel(t, oid, args["name"], args["cols"], args["identity"])
 		c.st.known[oid] = rel
 		w.names[oid] = args["name"]
 	case "sub":
@@ -148,7 +149,7 @@ func (w *traceCore) run(t *testing.T, d *datadriven.TestData) (string, error) {
 		}
 		return "", c.begin(msgBegin{commitTime: time.UnixMilli(int64(atoi(t, args["time"]))), xid: uint32(atoi(t, args["xid"]))}, handed)
 	case "relation":
-		rel := parseRel(t, oid, args["name"], args["cols"])
+		rel := parseRel(t, oid, args["name"], args["cols"], args["identity"])
 		w.names[oid] = args["name"]
 		m := &msgRelation{oid: oid, namespace: "public", name: args["name"]}
 		for _, col := range rel.Columns {
@@ -182,7 +183,11 @@ func (w *traceCore) run(t *testing.T, d *datadriven.TestData) (string, error) {
 		case "insert":
 			return "", c.change(oid, pgcodec.Insert, nil, 0, tuple(vals, ""))
 		case "delete":
-			return "", c.change(oid, pgcodec.Delete, tuple(vals, ""), 'K', nil)
+			kind := byte('K')
+			if _, full := args["full"]; full {
+				kind = 'O' // REPLICA IDENTITY FULL: the whole old row
+			}
+			return "", c.change(oid, pgcodec.Delete, tuple(vals, ""), kind, nil)
 		default:
 			var old []tupleCol
 			kind := byte(0)
@@ -238,6 +243,13 @@ func (w *traceCore) run(t *testing.T, d *datadriven.TestData) (string, error) {
 			ch.st = prev.st // a later chunk of the same copy
 		}
 		_, ch.first = args["first"]
+		_, ch.keyless = args["keyless"]
+		if v, ok := args["xmin"]; ok {
+			ch.sees.xmin = uint32(atoi(t, v))
+		}
+		if v, ok := args["xmax"]; ok {
+			ch.sees.xmax = uint32(atoi(t, v))
+		}
 		_, ch.st.fresh = args["fresh"]
 		_, ch.final = args["final"]
 		_, ch.last = args["last"]
@@ -245,13 +257,17 @@ func (w *traceCore) run(t *testing.T, d *datadriven.TestData) (string, error) {
 		if v, ok := args["rows"]; ok && v != "" {
 			for _, kv := range strings.Split(v, ",") {
 				k, val, _ := strings.Cut(kv, ":")
-				ch.rows = append(ch.rows, copiedRow{key: [][]byte{[]byte(k)}, datums: []pgcodec.Datum{
-					{Name: ch.rel.Columns[0].Name, Kind: pgcodec.Text, Text: []byte(k)}, {Name: ch.rel.Columns[1].Name, Kind: pgcodec.Text, Text: []byte(val)}}})
+				r := copiedRow{key: [][]byte{[]byte(k)}, datums: []pgcodec.Datum{
+					{Name: ch.rel.Columns[0].Name, Kind: pgcodec.Text, Text: []byte(k)}, {Name: ch.rel.Columns[1].Name, Kind: pgcodec.Text, Text: []byte(val)}}}
+				if ch.keyless {
+					r.key = nil
+				}
+				ch.rows = append(ch.rows, r)
 			}
 		}
 		if v, ok := args["xip"]; ok {
 			for _, x := range strings.Split(v, ",") {
-				ch.xip = append(ch.xip, uint32(atoi(t, x)))
+				ch.sees.xip = append(ch.sees.xip, uint32(atoi(t, x)))
 			}
 		}
 		_, notReady := args["not-ready"]
@@ -356,20 +372,12 @@ func (w *traceCore) fmtAction(a action) string {
 				rows = append(rows, "undecodable:"+err.Error())
 				continue
 			}
-			var cols []string
-			for _, d := range rc.Columns {
-				switch d.Kind {
-				case pgcodec.Null:
-					cols = append(cols, d.Name+"=null")
-				case pgcodec.Unchanged:
-					cols = append(cols, d.Name+"=<unchanged>")
-				default:
-					cols = append(cols, d.Name+"="+string(d.Text))
-				}
-			}
 			s := rc.Change.String()
-			if len(cols) > 0 {
-				s += "(" + strings.Join(cols, " ") + ")"
+			if cols := fmtDatums(rc.Columns); cols != "" {
+				s += "(" + cols + ")"
+			}
+			if rc.From != nil && rc.Change == pgcodec.Update {
+				s += "<-(" + fmtDatums(rc.From) + ")" // a keyless table's old row
 			}
 			rows = append(rows, s+"@"+fmtTs(r.CommitTs))
 		}
@@ -519,13 +527,29 @@ func parsePos(t *testing.T, v string) Position {
 	return Position{LSN: uint64(atoi(t, lsn)), Ts: parseTs(t, ts)}
 }
 
-func parseRel(t *testing.T, oid uint32, name, cols string) pgcodec.Relation {
-	rel := pgcodec.Relation{OID: oid, Schema: "public", Name: name}
+func parseRel(t *testing.T, oid uint32, name, cols, identity string) pgcodec.Relation {
+	rel := pgcodec.Relation{OID: oid, Schema: "public", Name: name, Identity: identity}
 	for _, c := range strings.Split(cols, ",") {
 		n, key := strings.CutSuffix(c, ":key")
 		rel.Columns = append(rel.Columns, pgcodec.Column{Name: n, Type: "text", Key: key})
 	}
+	require.NoError(t, rel.Validate())
 	return rel
+}
+
+func fmtDatums(ds []pgcodec.Datum) string {
+	var cols []string
+	for _, d := range ds {
+		switch d.Kind {
+		case pgcodec.Null:
+			cols = append(cols, d.Name+"=null")
+		case pgcodec.Unchanged:
+			cols = append(cols, d.Name+"=<unchanged>")
+		default:
+			cols = append(cols, d.Name+"="+string(d.Text))
+		}
+	}
+	return strings.Join(cols, " ")
 }
 
 func parseDur(t *testing.T, v string) time.Duration {

@@ -247,7 +247,30 @@ func (ss *session) describe(ctx context.Context, m *msgRelation) (pgcodec.Relati
 		}
 		rel.Columns = append(rel.Columns, col)
 	}
+	rel.Identity = identityOf(rel.Columns, m.replicaIdentity)
+	if known, ok := ss.core.known(m.oid); ok {
+		rel.Generated = known.Generated // the stream never carries them
+	} else if err := ss.describeGenerated(ctx, &rel); err != nil {
+		return rel, err
+	}
 	return rel, nil
+}
+
+// describeGenerated reads a new table's stored generated columns from the
+// catalog (generatedOf), when the stream publishes all its other columns.
+func (ss *session) describeGenerated(ctx context.Context, rel *pgcodec.Relation) error {
+	gens, err := generatedOf(ctx, ss.catalog, []uint32{rel.OID})
+	if err != nil || len(gens[rel.OID]) == 0 {
+		return err
+	}
+	cols, err := tableColumns(ctx, ss.catalog, rel.OID, 'd')
+	if err != nil {
+		return err
+	}
+	if len(cols) == len(rel.Columns) {
+		rel.Generated = gens[rel.OID]
+	}
+	return nil
 }
 
 // newColumn describes a column this session has not seen (added, when

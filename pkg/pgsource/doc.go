@@ -18,7 +18,15 @@
 // that joins while streaming (announced at its first change, or found by
 // the publication's poll) is copied by CopyTable in chunks read between
 // two watermarks the stream carries, the rows a change touched in between
-// left to the stream (copy.go, copy_stream.go).
+// left to the stream (copy.go, copy_stream.go); a table without a key,
+// in one chunk by what its snapshot saw (copy_keyless.go).
+//
+// A table without a key is replicated (pgcodec.Relation.Identity): under
+// REPLICA IDENTITY FULL an update carries its whole old row and a delete
+// every column; otherwise only its inserts and truncates are streamed, and
+// a publication Open creates lists it in a companion that publishes only
+// those (InsertsPublication), so that the source keeps allowing its
+// updates and deletes (publication.go).
 //
 // The stream's decisions are a WAL core (core.go; its rows in
 // core_change.go, its positions in core_confirm.go; with copy_stream.go's

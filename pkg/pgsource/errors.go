@@ -13,9 +13,16 @@ var (
 	ErrConnect = errors.New("pgsource: cannot connect to the source")
 	// ErrNotLogical: the source's wal_level is not logical.
 	ErrNotLogical = errors.New("pgsource: the source's wal_level is not logical")
-	// ErrNoKey: a published table has neither a primary key nor a replica
-	// identity index, so its updates and deletes cannot be applied.
-	ErrNoKey = errors.New("pgsource: table without a primary key or replica identity")
+	// ErrUnreplicable: a published table's description is one a sink
+	// cannot turn into SQL (a name with a NUL, a type name that is not
+	// one); it is left out. A table without a key is replicated
+	// (pgcodec.Relation.Identity).
+	ErrUnreplicable = errors.New("pgsource: a table that cannot be replicated")
+	// ErrKeylessTooLarge: a table without a key that joined while
+	// streaming holds more than Options.KeylessCopyBytes of values, which
+	// CopyTable would hold at once (copy_keyless.go). Add a primary key,
+	// or raise the bound.
+	ErrKeylessTooLarge = errors.New("pgsource: a table without a key is too large to copy while streaming")
 	// ErrUnknownSlot: the slot exists but no position was saved for its
 	// confirmed flush LSN: its commit-ts cannot be recovered. Drop the
 	// slot (or point at the positions store it was made with).

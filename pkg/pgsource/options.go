@@ -101,6 +101,10 @@ type Options struct {
 	// holds of a copy at a time, and the rows read between two
 	// watermarks. Default 4096.
 	CopyChunkRows int
+	// KeylessCopyBytes bounds the values CopyTable holds of a table without
+	// a key, which it reads in one chunk (copy_keyless.go); a larger one
+	// is ErrKeylessTooLarge. Default 512 MiB.
+	KeylessCopyBytes int
 	// ResolvedInterval is how often every subscription's resolved-ts and
 	// the schema frontier move to the last commit. A table's own commits
 	// resolve it at once (each commit's push carries its commit-ts as the
@@ -204,6 +208,9 @@ func (o Options) EnsureDefaults() Options {
 	if o.CopyChunkRows == 0 {
 		o.CopyChunkRows = 4096
 	}
+	if o.KeylessCopyBytes == 0 {
+		o.KeylessCopyBytes = 512 << 20
+	}
 	if o.SnapshotWorkers == 0 {
 		o.SnapshotWorkers = 2
 	}
@@ -241,6 +248,7 @@ func (o Options) Validate() error {
 	p.IntRange("ResolvedPushesPerSec", o.ResolvedPushesPerSec, 1, 1<<30)
 	p.IntRange("SnapshotWorkers", o.SnapshotWorkers, 1, 64)
 	p.IntRange("CopyChunkRows", o.CopyChunkRows, 1, 1<<20)
+	p.IntRange("KeylessCopyBytes", o.KeylessCopyBytes, 1, 1<<40)
 	p.Require(o.ReadLinger <= time.Second, "ReadLinger %v must be at most 1s", o.ReadLinger)
 	p.Require(o.ReceiveTimeout < 0 || o.ReceiveTimeout >= 100*time.Millisecond,
 		"ReceiveTimeout %v must be at least 100ms (or negative: off)", o.ReceiveTimeout)

@@ -57,8 +57,8 @@ func (s *Source) pollPublication(ctx context.Context, conn *pgx.Conn) error {
 SELECT c.oid, coalesce(pr.oid, 0) FROM pg_publication_tables pt
 JOIN pg_namespace n ON n.nspname = pt.schemaname
 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
-LEFT JOIN pg_publication_rel pr ON pr.prrelid = c.oid AND pr.prpubid = (SELECT oid FROM pg_publication WHERE pubname = $1)
-WHERE pt.pubname = $1 AND pt.schemaname <> '`+ToolSchema+`'`, s.opts.Publication)
+LEFT JOIN pg_publication_rel pr ON pr.prrelid = c.oid AND pr.prpubid IN (SELECT oid FROM pg_publication WHERE pubname = ANY($1))
+WHERE pt.pubname = ANY($1) AND pt.schemaname <> '`+ToolSchema+`'`, s.pubs)
 	if err != nil {
 		return err
 	}
@@ -108,7 +108,7 @@ WHERE pt.pubname = $1 AND pt.schemaname <> '`+ToolSchema+`'`, s.opts.Publication
 	if !joined && len(rejoined) == 0 {
 		return nil
 	}
-	tables, err := publishedTables(ctx, conn, s.opts.Publication)
+	tables, err := publishedTables(ctx, conn, s.pubs)
 	if err != nil {
 		return err
 	}
@@ -127,7 +127,7 @@ WHERE pt.pubname = $1 AND pt.schemaname <> '`+ToolSchema+`'`, s.opts.Publication
 // (found by review: the first round took every row for the first seen).
 func (s *Source) seedMembership(ctx context.Context, conn *pgx.Conn) error {
 	rows, err := conn.Query(ctx, `
-SELECT prrelid, oid FROM pg_publication_rel WHERE prpubid = (SELECT oid FROM pg_publication WHERE pubname = $1)`, s.opts.Publication)
+SELECT prrelid, oid FROM pg_publication_rel WHERE prpubid IN (SELECT oid FROM pg_publication WHERE pubname = ANY($1))`, s.pubs)
 	if err != nil {
 		return fmt.Errorf("%w: membership: %w", ErrConnect, err)
 	}

@@ -11,20 +11,30 @@ import (
 	"go.uber.org/zap"
 )
 
-// The publication a changefeed creates. FOR ALL TABLES publishing updates
-// and deletes makes PostgreSQL refuse every UPDATE and DELETE of a table
-// without a replica identity ("cannot update table ... because it does
-// not have a replica identity and publishes updates"): a source write that
-// succeeded before the changefeed started would fail after it. So the
-// publication a changefeed creates lists its tables (FOR TABLE), chosen by
-// a rule: those matching TableRule's patterns that have a key the target
-// can apply updates and deletes by and that the role may publish. The
-// others are left out, each with why (LeftOut), and their writes are the
-// source's as before. The poll keeps the list current (ManagePublication):
-// a table created or given a key later is added (and copied, as any table
-// that joins), one that loses its key is taken out before its updates
+// The publications a changefeed creates. FOR ALL TABLES publishing
+// updates and deletes makes PostgreSQL refuse every UPDATE and DELETE of
+// a table without a replica identity ("cannot update table ... because it
+// does not have a replica identity and publishes updates"): a source
+// write that succeeded before the changefeed started would fail after it.
+// So a changefeed lists its tables (FOR TABLE), chosen by a rule (those
+// matching TableRule's patterns that the role may publish), in two
+// publications: the publication itself, which publishes every change,
+// holds the tables whose updates and deletes the target can apply (a key,
+// or REPLICA IDENTITY FULL: by the whole old row); its companion
+// (InsertsPublication), which publishes only inserts and truncates, holds
+// the others (the default identity or NOTHING without a key, pgbench's
+// pgbench_history), whose updates and deletes the source keeps allowing
+// and the changefeed cannot see (status names them). The tables the rule
+// or the role leaves out are listed with why (LeftOut). The poll keeps
+// both lists current (ManagePublication): a table created later is added
+// (and copied, as any table that joins), one that gets or loses a key or
+// FULL moves from one to the other in one transaction, before its updates
 // would fail for long (within a poll interval: PostgreSQL checks at the
 // UPDATE, not at the ALTER TABLE).
+
+// InsertsPublication is the name of publication pub's companion that
+// publishes only inserts and truncates (see above).
+func InsertsPublication(pub string) string { return pub + "_inserts" }
 
 // TableRule chooses the tables of a publication the changefeed manages:
 // those whose "schema.table" matches an Include pattern and no Exclude
@@ -72,40 +82,36 @@ type candidate struct {
 	owned        bool // the role may publish it (owner, or superuser)
 }
 
+// whole reports whether the target can apply the candidate's updates and
+// deletes: it goes into the publication that publishes them.
+func (c candidate) whole() bool { return c.keyed || c.replIdent == 'f' }
+
 // LeftOut is a table the changefeed does not replicate, with why.
 type LeftOut struct {
 	Table  string
 	Reason string
 }
 
-// selectTables splits the candidates into the tables to publish and
-// those left out, by name.
-func selectTables(cands []candidate, r TableRule) (publish []candidate, left []LeftOut) {
+// selectTables splits the candidates into the tables of the publication
+// (whole), those of its companion (inserts only) and those left out, by
+// name.
+func selectTables(cands []candidate, r TableRule) (whole, inserts []candidate, left []LeftOut) {
 	for _, c := range cands {
 		name := c.schema + "." + c.name
 		switch {
 		case !r.Matches(c.schema, c.name):
 			continue // not the changefeed's: nothing to say
-		case !c.keyed:
-			ident := "default"
-			switch c.replIdent {
-			case 'n':
-				ident = "nothing"
-			case 'f':
-				ident = "full"
-			}
-			left = append(left, LeftOut{Table: name, Reason: fmt.Sprintf("no primary key or replica identity index (replica identity %s): "+
-				"a publication that publishes its updates would make PostgreSQL refuse them; add a primary key, or "+
-				"ALTER TABLE ... REPLICA IDENTITY USING INDEX, and it joins at the next poll", ident)})
 		case !c.owned:
 			left = append(left, LeftOut{Table: name, Reason: "the source role does not own it, so it may not add it to the publication " +
 				"(a superuser, or its owner, can: ALTER PUBLICATION ... ADD TABLE)"})
+		case c.whole():
+			whole = append(whole, c)
 		default:
-			publish = append(publish, c)
+			inserts = append(inserts, c)
 		}
 	}
 	sort.Slice(left, func(i, j int) bool { return left[i].Table < left[j].Table })
-	return publish, left
+	return whole, inserts, left
 }
 
 // candidates lists the tables a managed publication could hold.
@@ -136,74 +142,110 @@ ORDER BY n.nspname, c.relname`)
 // quoted is a candidate's name for SQL.
 func (c candidate) quoted() string { return pgx.Identifier{c.schema, c.name}.Sanitize() }
 
-// createPublication creates the publication listing the tables rule
-// chooses, and returns those it left out.
+// createPublication creates the publication and its companion listing
+// the tables rule chooses, and returns those it left out.
 func createPublication(ctx context.Context, conn *pgx.Conn, name string, rule TableRule) ([]LeftOut, error) {
 	cands, err := candidates(ctx, conn)
 	if err != nil {
 		return nil, err
 	}
-	publish, left := selectTables(cands, rule)
-	stmt := "CREATE PUBLICATION " + pgx.Identifier{name}.Sanitize()
-	if len(publish) > 0 {
-		names := make([]string, len(publish))
-		for i, c := range publish {
+	whole, inserts, left := selectTables(cands, rule)
+	list := func(cs []candidate) string {
+		if len(cs) == 0 {
+			return ""
+		}
+		names := make([]string, len(cs))
+		for i, c := range cs {
 			names[i] = c.quoted()
 		}
-		stmt += " FOR TABLE " + strings.Join(names, ", ")
+		return " FOR TABLE " + strings.Join(names, ", ")
 	}
+	stmt := "BEGIN; CREATE PUBLICATION " + pgx.Identifier{name}.Sanitize() + list(whole) + "; CREATE PUBLICATION " +
+		pgx.Identifier{InsertsPublication(name)}.Sanitize() + list(inserts) + " WITH (publish = 'insert, truncate'); COMMIT"
 	if _, err := conn.Exec(ctx, stmt); err != nil {
 		return nil, fmt.Errorf("create publication %s: %w", name, err)
 	}
 	return left, nil
 }
 
-// syncPublication brings a managed publication's list to what the rule
-// chooses now: tables to add (created, given a key, now matching) and
-// tables to take out (a key lost: their updates would fail on the
-// source; no longer matching). It returns what it left out.
+// syncPublication brings a managed publication's lists to what the rule
+// chooses now: tables to add (created, now matching), to move between
+// the publication and its companion (a key or FULL got or lost: in one
+// transaction, so the table is never out of both) and to take out (no
+// longer matching). It creates the companion of a publication made by an
+// earlier version. It returns what it left out.
 func (s *Source) syncPublication(ctx context.Context, conn *pgx.Conn) ([]LeftOut, error) {
 	cands, err := candidates(ctx, conn)
 	if err != nil {
 		return nil, err
 	}
-	publish, left := selectTables(cands, s.opts.Tables)
-	rows, err := conn.Query(ctx, `SELECT pr.prrelid FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
-WHERE p.pubname = $1`, s.opts.Publication)
+	whole, inserts, left := selectTables(cands, s.opts.Tables)
+	main, companion := s.opts.Publication, InsertsPublication(s.opts.Publication)
+	var hasCompanion bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", companion).Scan(&hasCompanion); err != nil {
+		return nil, err
+	}
+	if !hasCompanion {
+		if _, err := conn.Exec(ctx, "CREATE PUBLICATION "+pgx.Identifier{companion}.Sanitize()+" WITH (publish = 'insert, truncate')"); err != nil {
+			return nil, fmt.Errorf("create publication %s: %w", companion, err)
+		}
+	}
+	rows, err := conn.Query(ctx, `SELECT pr.prrelid, p.pubname FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
+WHERE p.pubname = ANY($1)`, []string{main, companion})
 	if err != nil {
 		return nil, err
 	}
-	members, err := pgx.CollectRows(rows, pgx.RowTo[uint32])
-	if err != nil {
+	in := map[uint32]string{} // table -> the publication that lists it
+	for rows.Next() {
+		var oid uint32
+		var pub string
+		if err := rows.Scan(&oid, &pub); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		in[oid] = pub
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	in := make(map[uint32]bool, len(members))
-	for _, oid := range members {
-		in[oid] = true
+	want := map[uint32]string{}
+	for _, c := range whole {
+		want[c.oid] = main
 	}
-	want := make(map[uint32]bool, len(publish))
-	pub := pgx.Identifier{s.opts.Publication}.Sanitize()
-	for _, c := range publish {
-		want[c.oid] = true
-		if in[c.oid] {
-			continue
-		}
-		if _, err := conn.Exec(ctx, "ALTER PUBLICATION "+pub+" ADD TABLE "+c.quoted()); err != nil {
-			s.log.Warn("a table the changefeed takes could not be added to its publication", zap.String("table", c.schema+"."+c.name), zap.Error(err))
-			continue
-		}
-		s.log.Info("added a table to the publication", zap.String("table", c.schema+"."+c.name))
+	for _, c := range inserts {
+		want[c.oid] = companion
 	}
 	for _, c := range cands {
-		if !in[c.oid] || want[c.oid] {
+		have, to := in[c.oid], want[c.oid]
+		if have == to {
 			continue
 		}
-		if _, err := conn.Exec(ctx, "ALTER PUBLICATION "+pub+" DROP TABLE "+c.quoted()); err != nil {
-			s.log.Warn("a table the changefeed no longer takes could not be taken out of its publication", zap.String("table", c.schema+"."+c.name), zap.Error(err))
+		var stmts []string
+		if have != "" {
+			stmts = append(stmts, "ALTER PUBLICATION "+pgx.Identifier{have}.Sanitize()+" DROP TABLE "+c.quoted())
+		}
+		if to != "" {
+			stmts = append(stmts, "ALTER PUBLICATION "+pgx.Identifier{to}.Sanitize()+" ADD TABLE "+c.quoted())
+		}
+		table := c.schema + "." + c.name
+		if _, err := conn.Exec(ctx, "BEGIN; "+strings.Join(stmts, "; ")+"; COMMIT"); err != nil {
+			s.log.Warn("a table's place in the changefeed's publications could not be changed", zap.String("table", table),
+				zap.String("from", have), zap.String("to", to), zap.Error(err))
 			continue
 		}
-		s.log.Warn("took a table out of the publication: it no longer has a key (its UPDATE and DELETE would fail on the source) "+
-			"or no longer matches --include/--exclude", zap.String("table", c.schema+"."+c.name))
+		switch {
+		case have == "":
+			s.log.Info("added a table to the publication", zap.String("table", table), zap.String("publication", to))
+		case to == "":
+			s.log.Warn("took a table out of the publication: it no longer matches --include/--exclude, or the role may no longer publish it",
+				zap.String("table", table))
+		case to == companion:
+			s.log.Warn("a table lost its key: only its inserts are replicated from now (its UPDATE and DELETE would fail on the source "+
+				"under a publication of them); add a key or REPLICA IDENTITY FULL", zap.String("table", table))
+		default:
+			s.log.Info("a table got a key or REPLICA IDENTITY FULL: its updates and deletes are replicated from now", zap.String("table", table))
+		}
 	}
 	return left, nil
 }

@@ -149,7 +149,7 @@ func SetTableRule(ctx context.Context, conn *pgx.Conn, slot string, rule TableRu
 
 // LeftOutTables lists the tables a changefeed does not replicate, with
 // why: of a publication it manages, those its rule leaves out; of any, the
-// published tables without a key.
+// published tables a sink cannot describe.
 func LeftOutTables(ctx context.Context, conn *pgx.Conn, pub string, managed bool, rule TableRule) ([]LeftOut, error) {
 	var out []LeftOut
 	if managed {
@@ -157,9 +157,13 @@ func LeftOutTables(ctx context.Context, conn *pgx.Conn, pub string, managed bool
 		if err != nil {
 			return nil, err
 		}
-		_, out = selectTables(cands, rule)
+		_, _, out = selectTables(cands, rule)
 	}
-	tables, err := publishedTables(ctx, conn, pub)
+	pubs, err := publicationsOf(ctx, conn, pub)
+	if err != nil {
+		return nil, err
+	}
+	tables, err := publishedTables(ctx, conn, pubs)
 	if err != nil {
 		return nil, err
 	}

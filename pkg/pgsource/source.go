@@ -91,6 +91,10 @@ type Source struct {
 	begun, committed, subsVersion atomic.Uint64
 
 	// Set by Open, read-only after.
+	// pubs are the publications the stream reads: Publication, and its
+	// companion of inserts (InsertsPublication) when the changefeed
+	// manages them.
+	pubs     []string
 	tables   []catalogTable
 	snapshot *pendingSnapshot // nil unless Open created the slot
 	resume   Position         // where the stream starts
@@ -205,13 +209,17 @@ type Info struct {
 	// ResumeTs is the commit-ts the stream resumes after (SnapshotTs for a
 	// new slot); no subscription may start below it.
 	ResumeTs common.Ts
-	// LeftOut are the tables not replicated, with why (no key, not the
-	// role's, in a publication the user made without a key).
+	// LeftOut are the tables not replicated, with why (not the role's, a
+	// description a sink cannot turn into SQL).
 	LeftOut []LeftOut
+	// InsertsOnly are the replicated tables without a key or REPLICA
+	// IDENTITY FULL: only their inserts and truncates are streamed (a
+	// publication of their updates makes PostgreSQL refuse them).
+	InsertsOnly []string
 }
 
 // Open connects, checks that the source can be replicated (wal_level,
-// every published table has a key: ErrNoKey names the first that has
+// every published table has a key: ErrUnreplicable names the first that has
 // not), creates the publication and the slot when missing and finds
 // where the stream resumes. With ErrUnknownSlot it still reports the
 // tables (an embedder that starts over empties their targets).
@@ -237,22 +245,25 @@ func (s *Source) Open(ctx context.Context) (Info, error) {
 	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", s.opts.Publication).Scan(&exists); err != nil {
 		return Info{}, fmt.Errorf("%w: %w", ErrConnect, err)
 	}
+	s.pubs = []string{s.opts.Publication}
 	if !exists {
 		left, err := createPublication(ctx, conn, s.opts.Publication, s.opts.Tables)
 		if err != nil {
 			return Info{}, err
 		}
-		s.log.Info("publication created, listing the tables with a key", zap.String("publication", s.opts.Publication),
-			zap.Int("left_out", len(left)))
+		s.log.Info("publication created, listing the tables of the changefeed", zap.String("publication", s.opts.Publication),
+			zap.String("inserts_only", InsertsPublication(s.opts.Publication)), zap.Int("left_out", len(left)))
 		info.LeftOut = append(info.LeftOut, left...)
+		s.pubs = append(s.pubs, InsertsPublication(s.opts.Publication))
 	} else if s.opts.ManagePublication {
 		left, err := s.syncPublication(ctx, conn)
 		if err != nil {
 			return Info{}, err
 		}
 		info.LeftOut = append(info.LeftOut, left...)
+		s.pubs = append(s.pubs, InsertsPublication(s.opts.Publication))
 	}
-	if s.tables, err = publishedTables(ctx, conn, s.opts.Publication); err != nil {
+	if s.tables, err = publishedTables(ctx, conn, s.pubs); err != nil {
 		return Info{}, err
 	}
 	if err := s.seedMembership(ctx, conn); err != nil {
@@ -266,6 +277,9 @@ func (s *Source) Open(ctx context.Context) (Info, error) {
 			continue
 		}
 		info.Tables = append(info.Tables, t.relation())
+		if t.relation().Identity == pgcodec.IdentityNone {
+			info.InsertsOnly = append(info.InsertsOnly, t.schema+"."+t.name)
+		}
 	}
 	for _, l := range info.LeftOut {
 		s.log.Warn("a table is left out of the changefeed", zap.String("table", l.Table), zap.String("why", l.Reason))

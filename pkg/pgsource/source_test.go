@@ -270,19 +270,19 @@ func TestIdleDatabaseAdvances(t *testing.T) {
 	})
 }
 
-// Errors at Open name what is wrong; a table without a key is left out,
-// said so, not refused.
+// Errors at Open name what is wrong; a table without a key is taken, its
+// identity saying how its rows are found (inserts only, here).
 func TestOpenRefusesWhatCannotBeReplicated(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE keyless (a int, b text)")
 	e.exec("CREATE TABLE keyed (a int PRIMARY KEY)")
 	info, err := e.source(nil).Open(context.Background())
 	require.NoError(t, err)
-	require.Len(t, info.Tables, 1)
+	require.Len(t, info.Tables, 2)
 	require.Equal(t, "keyed", info.Tables[0].Name)
-	require.Len(t, info.LeftOut, 1)
-	require.Equal(t, "public.keyless", info.LeftOut[0].Table)
-	require.Contains(t, info.LeftOut[0].Reason, "primary key")
+	require.Equal(t, pgcodec.IdentityNone, info.Tables[1].Identity)
+	require.Empty(t, info.LeftOut)
+	require.Equal(t, []string{"public.keyless"}, info.InsertsOnly)
 
 	plain := pgtest.Start(t) // wal_level replica
 	src, err := New(Options{DSN: plain.DSN, Schema: e.schema, Positions: e.pos})

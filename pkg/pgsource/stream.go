@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -236,7 +237,7 @@ func (s *Source) startStream(ctx context.Context, from Position) (*pgconn.PgConn
 		_ = conn.Close(context.Background())
 		return nil, nil, err
 	}
-	args := []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", s.opts.Publication), "messages 'true'"}
+	args := []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", strings.Join(s.pubs, ",")), "messages 'true'"}
 	if err := pglogrepl.StartReplication(ctx, conn, s.opts.Slot, pglogrepl.LSN(from.LSN), pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
 		_ = conn.Close(context.Background())
 		_ = catalog.Close(context.Background())

@@ -218,39 +218,46 @@ func TestTableAddedWhileStreaming(t *testing.T) {
 	require.Equal(t, a.ts, sink.rows[0].CommitTs)
 }
 
-// A table created without a key while streaming has its changes skipped
-// (logged, counted) until it gets one; from then its changes are
-// announced like a new table's, not skipped for the rest of the session.
-func TestATableThatGetsAKeyIsAnnouncedFromThen(t *testing.T) {
+// A table created without a key while streaming is announced at its
+// first change like any new table (it was skipped, logged and counted,
+// until it got a key), with the identity that says how its rows are
+// found; subscribed from there it gets its rows, before and after it gets
+// a key.
+func TestAKeylessTableCreatedWhileStreamingIsAnnounced(t *testing.T) {
 	e := newSrcEnv(t)
 	e.exec("CREATE TABLE t1 (id int PRIMARY KEY)")
 	e.exec("CREATE PUBLICATION cdcflow FOR ALL TABLES") // the user's: a new table is in it at once
-	announced := make(chan common.Ts, 4)
+	type joined struct {
+		rel pgcodec.Relation
+		ts  common.Ts
+	}
+	announced := make(chan joined, 4)
 	src := e.source(func(o *testOptions) {
-		o.OnNewTable = func(rel pgcodec.Relation, ts common.Ts) { announced <- ts }
+		o.OnNewTable = func(rel pgcodec.Relation, ts common.Ts) { announced <- joined{rel, ts} }
 		o.SafePoint = func() (common.Ts, bool) { return common.TsFromTime(time.Now().Add(time.Hour)), true }
 	})
-	_, sinks := openAndSubscribe(t, e, src, "t1")
+	openAndSubscribe(t, e, src, "t1")
 	e.exec("CREATE TABLE late (a int, b text)")
 	e.exec("INSERT INTO late VALUES (1, 'before its key')")
-	e.exec("INSERT INTO t1 VALUES (1)") // after late's change: once t1 has it, late's was decoded
-	sinks["t1"].waitFor("a row", func() bool { return len(sinks["t1"].rows) == 1 })
-	require.Equal(t, 1.0, testutil.ToFloat64(src.met.skippedTables), "skipped for want of a key")
-	require.Empty(t, announced)
-	e.exec("ALTER TABLE late ADD PRIMARY KEY (a)")
-	e.exec("INSERT INTO late VALUES (2, 'after')")
-	var ts common.Ts
+	var j joined
 	select {
-	case ts = <-announced:
+	case j = <-announced:
 	case <-time.After(60 * time.Second):
-		t.Fatal("a table with a key now was never announced")
+		t.Fatal("a table without a key was never announced")
 	}
-	sink := newRecordingSink(t, ts-1)
-	sub, err := src.Subscribe(common.TableSpan(int64(e.oid("late"))), ts-1, sink)
+	require.Equal(t, "late", j.rel.Name)
+	require.Equal(t, pgcodec.IdentityNone, j.rel.Identity)
+	require.Zero(t, testutil.ToFloat64(src.met.skippedTables))
+	sink := newRecordingSink(t, j.ts-1)
+	sub, err := src.Subscribe(common.TableSpan(int64(e.oid("late"))), j.ts-1, sink)
 	require.NoError(t, err)
 	defer sub.Close()
-	sink.waitFor("its rows since it has a key", func() bool { return len(sink.rows) == 1 })
-	require.Equal(t, "2", text(sink.changes()[0], "a"))
+	e.exec("ALTER TABLE late ADD PRIMARY KEY (a)")
+	e.exec("INSERT INTO late VALUES (2, 'after')")
+	sink.waitFor("its rows", func() bool { return len(sink.rows) == 2 })
+	require.Equal(t, "1", text(sink.changes()[0], "a"))
+	require.Equal(t, "2", text(sink.changes()[1], "a"))
+	require.Empty(t, announced, "announced once")
 }
 
 // A new column of a replicated table is a DDL at the commit-ts just below

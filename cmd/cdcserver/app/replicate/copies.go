@@ -244,9 +244,15 @@ func (c *copier) copyTable(ctx context.Context, job copyJob) error {
 	c.current = ""
 	c.mu.Unlock()
 	switch {
-	case errors.Is(err, pgsource.ErrTableGone) || errors.Is(err, pgsource.ErrNoKey):
+	case errors.Is(err, pgsource.ErrTableGone) || errors.Is(err, pgsource.ErrUnreplicable):
 		c.log.Warn("a table that joined is not copied", zap.String("table", rel.QualifiedName()), zap.Error(err))
 		return c.unlist(ctx, rel.OID)
+	case errors.Is(err, pgsource.ErrKeylessTooLarge):
+		// Read again and again it would load the source for nothing: it
+		// stays listed (status: copy owed), and a start tries again.
+		c.log.Error("a table without a key that joined is too large to copy while streaming: add a primary key "+
+			"(it is then copied by key); it stays owed a copy", zap.String("table", rel.QualifiedName()), zap.Error(err))
+		return nil
 	case err != nil:
 		return err
 	}

@@ -160,10 +160,13 @@ DROP FUNCTION IF EXISTS cdcflow.fence(text, bigint)`
 	return err
 }
 
-// dropPublication drops publication pub if it exists.
+// dropPublication drops publication pub and its companion of inserts
+// (pgsource.InsertsPublication), if they exist.
 func dropPublication(ctx context.Context, src *pgx.Conn, pub string) error {
-	if _, err := src.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{pub}.Sanitize()); err != nil {
-		return fmt.Errorf("drop publication %s: %w", pub, err)
+	for _, p := range []string{pub, pgsource.InsertsPublication(pub)} {
+		if _, err := src.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgx.Identifier{p}.Sanitize()); err != nil {
+			return fmt.Errorf("drop publication %s: %w", p, err)
+		}
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cdcflow/eventservice/internal/pglink"
 	"github.com/cdcflow/eventservice/pkg/common"
+	"github.com/cdcflow/eventservice/pkg/pgcodec"
 	"github.com/cdcflow/eventservice/pkg/pgsink"
 	"github.com/cdcflow/eventservice/pkg/pgsource"
 )
@@ -70,6 +71,10 @@ type TableStatus struct {
 	// slot let go), copy owed, fresh copy owed, no checkpoint yet.
 	State  string `json:"state"`
 	Reason string `json:"reason,omitempty"`
+	// InsertsOnly: the table has no key and not REPLICA IDENTITY FULL, so
+	// only its inserts and truncates are replicated (its updates and
+	// deletes, which the source still allows, are not).
+	InsertsOnly bool `json:"inserts_only,omitempty"`
 }
 
 // LeftOutTable is a table of the publication the changefeed cannot
@@ -246,7 +251,7 @@ func (st *Status) readTables(ctx context.Context, src, dst *pgx.Conn, state map[
 		if t.Err != nil {
 			continue // left out (above)
 		}
-		ts := TableStatus{Table: t.Name, OID: t.OID, State: "replicating"}
+		ts := TableStatus{Table: t.Name, OID: t.OID, State: "replicating", InsertsOnly: t.Identity == pgcodec.IdentityNone}
 		if c, ok := ckpts[t.OID]; ok {
 			ts.Checkpoint = c.Physical().UTC()
 			d := durationSeconds(max(0, now.Sub(c.Physical())))
@@ -340,6 +345,9 @@ func (st *Status) WriteText(w io.Writer) {
 		state := t.State
 		if t.Reason != "" {
 			state += ": " + t.Reason
+		}
+		if t.InsertsOnly {
+			state += " (inserts only: no key or REPLICA IDENTITY FULL, so its updates and deletes are not replicated)"
 		}
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", t.Table, ck, lg, state)
 	}

@@ -48,7 +48,10 @@ func (p *pair) targetQuery(sql string) []string {
 // them) are created as themselves where the target has the type (the enum
 // the user made there) and as their base types where it has not, with the
 // same text; a table the user created first on the target keeps its own;
-// a generated column is not published and compare leaves it out; a
+// a stored generated column, whose values PostgreSQL 15 does not publish,
+// is a generated column of the target with the source's expression (the
+// target computes it, and compare checks its values), at the snapshot and
+// for a table created while running; a
 // partitioned table arrives as its partitions, a row that moves between
 // them and a partition truncated included; and a column added with a
 // constant default gives the rows that were there its value, which no
@@ -88,15 +91,24 @@ WHERE attrelid = 'public.keeps'::regclass AND attname = 'm'`)...),
 		"a created type the target has as itself (the user made mood there), the others as their base types; the user's table keeps its own")
 	require.Equal(t, []string{"gen", "keeps", "parted_eu", "parted_us", "typed"},
 		p.targetQuery("SELECT relname FROM pg_class WHERE relnamespace = 'public'::regnamespace AND relkind = 'r' ORDER BY 1"),
-		"the partitions are tables in the target, and gen has no generated column to fill")
+		"the partitions are tables in the target")
+	require.Equal(t, []string{"twice|s|(a * 2)"}, p.targetQuery(`SELECT attname, attgenerated::text, pg_get_expr(adbin, adrelid)
+FROM pg_attribute JOIN pg_attrdef ON adrelid = attrelid AND adnum = attnum WHERE attrelid = 'public.gen'::regclass`),
+		"the generated column, with the source's expression")
 
 	p.exec(`UPDATE typed SET m = 'ok', moods = '{happy}', c = ROW(2, 'q"uote'), p = 9.99, ps = '{1,2}' WHERE id = 2`)
 	p.exec("UPDATE keeps SET m = 'happy'")
 	p.exec("INSERT INTO gen (id, a) VALUES (11, 11)")
+	p.exec("CREATE TABLE gen_later (id int PRIMARY KEY, a text, up text GENERATED ALWAYS AS (upper(a) || ';') STORED)")
+	p.exec("INSERT INTO gen_later (id, a) VALUES (1, 'x')")
 	p.exec("UPDATE parted SET region = 'us' WHERE id = 1") // moves between partitions
 	p.exec("INSERT INTO parted VALUES (3, 'eu', 'c'), (4, 'eu', 'd')")
 	p.exec("TRUNCATE parted_eu") // old partitions are truncated: the target's must be too
 	p.waitEqual("changes of created types, a generated column and a partitioned table")
+	testwait.Within(t, 2*time.Minute, "the table created with a generated column joins", func() bool {
+		return p.targetCountOrNone("public.gen_later") == 1
+	})
+	require.Equal(t, []string{"X;"}, p.targetQuery("SELECT up FROM gen_later"), "computed by the target")
 
 	p.exec(`ALTER TABLE typed ADD COLUMN s mood DEFAULT 'ok', ADD COLUMN note text DEFAULT E'it''s a \\ back', ADD COLUMN n int DEFAULT 42, ADD COLUMN plain int, ADD COLUMN c2 "Sales".pt DEFAULT ROW(7, 'x')`)
 	p.exec("INSERT INTO typed (id) VALUES (3)")
