@@ -25,10 +25,11 @@ type TableSum struct {
 
 // Compare checks that every table of the source's publication holds the
 // same rows in the target: per table the row count and an
-// order-independent checksum (the sum of a hash of each row's text, the
-// row's replicated columns in order: generated ones are not published). It
-// writes one line per table and returns ErrDiffer naming the first that
-// differs.
+// order-independent checksum (the sum of a hash of each row's text: what
+// the changefeed writes of it, the published columns and the generated
+// ones the target computes, pgsource.TableInfo.Columns), of the source's
+// rows the publication's row filter keeps. It writes one line per table
+// and returns ErrDiffer naming the first that differs.
 func Compare(ctx context.Context, source, sink, publication string, out io.Writer) error {
 	src, err := pgx.Connect(ctx, source)
 	if err != nil {
@@ -40,52 +41,48 @@ func Compare(ctx context.Context, source, sink, publication string, out io.Write
 		return fmt.Errorf("%w: sink: %w", ErrSetup, err)
 	}
 	defer dst.Close(context.Background())
-	tables, err := publishedTables(ctx, src, publication)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrSetup, err)
-	}
-	// A table the changefeed leaves out (no key) is not compared: the
-	// target lacking it proves nothing wrong.
+	// The publication's tables and its companion's of inserts (the tool's
+	// own state is never published). A table the changefeed leaves out
+	// is not compared: the target lacking it proves nothing wrong.
 	infos, err := pgsource.ListTables(ctx, src, publication)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrSetup, err)
 	}
-	left := map[string]bool{}
+	var tables []pgsource.TableInfo
 	for _, i := range infos {
 		if i.Err != nil {
-			left[i.Name] = true
-		}
-	}
-	kept := tables[:0]
-	for _, t := range tables {
-		if left[t] {
-			fmt.Fprintf(out, "%-40s left out of the changefeed (no key): not compared\n", t)
+			fmt.Fprintf(out, "%-40s left out of the changefeed (%v): not compared\n", i.Name, i.Err)
 			continue
 		}
-		kept = append(kept, t)
+		tables = append(tables, i)
 	}
-	tables = kept
 	if len(tables) == 0 {
 		// Nothing compared is not "equal".
 		return fmt.Errorf("%w: publication %q has no tables the changefeed replicates (or does not exist)", ErrSetup, publication)
 	}
 	var first error
-	for _, t := range tables {
-		cols, err := replicatedColumns(ctx, src, t)
+	for _, i := range tables {
+		t := i.Name
+		cols := make([]string, len(i.Columns))
+		for k, c := range i.Columns {
+			cols[k] = "t." + pgcodec.QuoteIdent(c)
+		}
+		// The source's rows the publication's row filter keeps, the
+		// target's all.
+		a, err := tableSum(ctx, src, t, cols, i.RowFilter)
 		if err != nil {
 			return fmt.Errorf("source %s: %w", t, err)
 		}
-		a, err := tableSum(ctx, src, t, cols)
-		if err != nil {
-			return fmt.Errorf("source %s: %w", t, err)
-		}
-		b, err := tableSum(ctx, dst, t, cols)
+		b, err := tableSum(ctx, dst, t, cols, "")
 		if err != nil {
 			b = TableSum{Table: t, Rows: -1, Sum: err.Error()}
 		}
 		verdict := "equal"
 		if a != b {
 			verdict = "DIFFERENT"
+			if i.Identity == pgcodec.IdentityNone {
+				verdict += " (no key or REPLICA IDENTITY FULL: only its inserts are replicated)"
+			}
 			if first == nil {
 				first = fmt.Errorf("%w: %s: source %d rows (sum %s), target %d rows (sum %s)", ErrDiffer, t, a.Rows, a.Sum, b.Rows, b.Sum)
 			}
@@ -95,58 +92,22 @@ func Compare(ctx context.Context, source, sink, publication string, out io.Write
 	return first
 }
 
-// publishedTables lists the publication's tables, quoted, in name order.
-func publishedTables(ctx context.Context, conn *pgx.Conn, pub string) ([]string, error) {
-	rows, err := conn.Query(ctx, "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = $1 AND schemaname <> $2 ORDER BY 1, 2",
-		pub, pgsource.ToolSchema) // the tool's own state is never replicated
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var s, n string
-		if err := rows.Scan(&s, &n); err != nil {
-			return nil, err
-		}
-		out = append(out, pgcodec.QuoteIdent(s)+"."+pgcodec.QuoteIdent(n))
-	}
-	return out, rows.Err()
-}
-
-// replicatedColumns lists the source table's columns that are
-// replicated, quoted, in order: not the generated ones, which PostgreSQL
-// does not publish (the target computes or lacks them).
-func replicatedColumns(ctx context.Context, conn *pgx.Conn, table string) ([]string, error) {
-	rows, err := conn.Query(ctx, `SELECT attname FROM pg_attribute
-WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum`, table)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var cols []string
-	for rows.Next() {
-		var c string
-		if err := rows.Scan(&c); err != nil {
-			return nil, err
-		}
-		cols = append(cols, "t."+pgcodec.QuoteIdent(c))
-	}
-	return cols, rows.Err()
-}
-
 // tableSum counts the table's rows and sums a 64-bit hash of the text of
 // each one's cols (the session's text formats fixed, pgcodec's, so both
 // sides print alike whatever their servers' settings; a value of a created
 // type the target stores as its base type prints the same text).
-func tableSum(ctx context.Context, conn *pgx.Conn, table string, cols []string) (TableSum, error) {
+func tableSum(ctx context.Context, conn *pgx.Conn, table string, cols []string, filter string) (TableSum, error) {
 	for k, v := range pgcodec.TextFormatParams() {
 		if _, err := conn.Exec(ctx, "SELECT set_config($1, $2, false)", k, v); err != nil {
 			return TableSum{}, err
 		}
 	}
 	s := TableSum{Table: table}
+	where := ""
+	if filter != "" {
+		where = " WHERE " + filter
+	}
 	err := conn.QueryRow(ctx, "SELECT count(*), coalesce(sum(('x' || substr(md5(ROW("+strings.Join(cols, ", ")+
-		")::text), 1, 16))::bit(64)::bigint::numeric), 0)::text FROM "+table+" t").Scan(&s.Rows, &s.Sum)
+		")::text), 1, 16))::bit(64)::bigint::numeric), 0)::text FROM "+table+" t"+where).Scan(&s.Rows, &s.Sum)
 	return s, err
 }
