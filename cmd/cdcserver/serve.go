@@ -58,8 +58,9 @@ func runCompare(args []string, stdout, stderr io.Writer) int {
 	source := fs.String("source", "", "the source database")
 	sink := fs.String("sink", "", "the target database")
 	pub := fs.String("publication", "cdcflow", "the publication whose tables are compared")
+	rows := fs.Int("rows", 0, "under each table that differs, name up to this many of its differing rows (by key; 0: none)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: cdcserver compare --source postgres://... --sink postgres://... [--publication P]\n\n"+
+		fmt.Fprintf(fs.Output(), "usage: cdcserver compare --source postgres://... --sink postgres://... [--publication P] [--rows N]\n\n"+
 			"Checks every table of the publication: its row count and an order-independent checksum on both sides.\n"+
 			"Exit 0: EQUAL; 1: DIFFERENT (the first table that differs is named); 2: it cannot be read.\n\n")
 		fs.PrintDefaults()
@@ -67,7 +68,11 @@ func runCompare(args []string, stdout, stderr io.Writer) int {
 	if code, done := parseFlags(fs, args, map[string]*string{"--source": source, "--sink": sink}); done {
 		return code
 	}
-	err := replicate.Compare(context.Background(), *source, *sink, *pub, stdout)
+	if *rows < 0 {
+		fmt.Fprintf(stderr, "cdcserver compare: --rows %d: a count of rows, 0 or more\n", *rows)
+		return exitcode.Setup
+	}
+	err := replicate.CompareRows(context.Background(), *source, *sink, *pub, *rows, stdout)
 	switch {
 	case err == nil:
 		fmt.Fprintln(stdout, "EQUAL")

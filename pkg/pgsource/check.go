@@ -121,6 +121,8 @@ type TableInfo struct {
 	// RowFilter is the publication's row filter of the table ("": none):
 	// the source rows the target holds.
 	RowFilter string
+	// Key are its key columns (none for a keyless table).
+	Key []string
 }
 
 // ListTables lists the tables of publication pub (and of its companion
@@ -138,7 +140,8 @@ func ListTables(ctx context.Context, conn *pgx.Conn, pub string) ([]TableInfo, e
 	out := make([]TableInfo, len(tables))
 	for i, t := range tables {
 		rel := t.relation()
-		out[i] = TableInfo{OID: t.oid, Name: rel.QualifiedName(), Err: t.relationErr, Identity: rel.Identity, RowFilter: t.pub.rowFilter}
+		out[i] = TableInfo{OID: t.oid, Name: rel.QualifiedName(), Err: t.relationErr, Identity: rel.Identity, RowFilter: t.pub.rowFilter,
+			Key: rel.KeyColumns()}
 		for _, c := range rel.Columns {
 			out[i].Columns = append(out[i].Columns, c.Name)
 		}

@@ -31,6 +31,14 @@ type TableSum struct {
 // rows the publication's row filter keeps. It writes one line per table
 // and returns ErrDiffer naming the first that differs.
 func Compare(ctx context.Context, source, sink, publication string, out io.Writer) error {
+	return CompareRows(ctx, source, sink, publication, 0, out)
+}
+
+// CompareRows is Compare that also names, under each table that differs,
+// up to rows of its rows that do (diffRows): the first keys, in the
+// key's text order, or for a table without a key the rows one side holds
+// more copies of.
+func CompareRows(ctx context.Context, source, sink, publication string, rows int, out io.Writer) error {
 	src, err := pgx.Connect(ctx, source)
 	if err != nil {
 		return fmt.Errorf("%w: source: %w", ErrSetup, err)
@@ -69,13 +77,21 @@ func Compare(ctx context.Context, source, sink, publication string, out io.Write
 		}
 		// The source's rows the publication's row filter keeps, the
 		// target's all.
+		// Both sides at once: each is a scan of the whole table.
+		var b TableSum
+		var errB error
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			b, errB = tableSum(ctx, dst, t, cols, "")
+		}()
 		a, err := tableSum(ctx, src, t, cols, i.RowFilter)
+		<-done
 		if err != nil {
 			return fmt.Errorf("source %s: %w", t, err)
 		}
-		b, err := tableSum(ctx, dst, t, cols, "")
-		if err != nil {
-			b = TableSum{Table: t, Rows: -1, Sum: err.Error()}
+		if errB != nil {
+			b = TableSum{Table: t, Rows: -1, Sum: errB.Error()}
 		}
 		verdict := "equal"
 		if a != b {
@@ -88,6 +104,11 @@ func Compare(ctx context.Context, source, sink, publication string, out io.Write
 			}
 		}
 		fmt.Fprintf(out, "%-40s rows %10d / %10d  %s\n", t, a.Rows, b.Rows, verdict)
+		if a != b && rows > 0 && b.Rows >= 0 {
+			if err := diffRows(ctx, src, dst, i, rows, out); err != nil {
+				return err
+			}
+		}
 	}
 	return first
 }

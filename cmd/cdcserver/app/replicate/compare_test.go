@@ -45,7 +45,9 @@ func TestCompareIsRightBothWays(t *testing.T) {
 		(2, '1883-11-18 12:03:57-04:56:02', '0044-03-15 12:00:00 BC', '4713-01-01 BC', 'Infinity', '-0', 'Infinity', '{"a": 1.10, "b": [null]}', '{"a" : 1.10}', '-178000000 years', -0.01, '', NULL, DEFAULT),
 		(3, '2038-01-19 03:14:08+00', '294276-12-31 23:59:59', '2026-12-07', 1e-1000, 1e308, 3.4e38, '[]', ' [ ] ', '0', 0, NULL, 'x', DEFAULT),
 		(4, NULL, NULL, NULL, -1.5e100, 2.2250738585072014e-308, 1e-45, NULL, NULL, NULL, NULL, NULL, NULL, DEFAULT)`)
-	p.exec("CREATE PUBLICATION cdcflow FOR TABLE filt WHERE (v > 5), listed (id, a), edge")
+	p.exec("CREATE TABLE bag (a int, b text)")
+	p.exec("INSERT INTO bag VALUES (1, 'x'), (1, 'x'), (2, 'y')")
+	p.exec("CREATE PUBLICATION cdcflow FOR TABLE filt WHERE (v > 5), listed (id, a), edge, bag")
 	stop, stderr := p.serve(p.config())
 	defer func() { _ = stop() }()
 	p.waitEqual("a row filter, a column list, edge values across time zones and date styles")
@@ -70,4 +72,17 @@ func TestCompareIsRightBothWays(t *testing.T) {
 		out, err = p.compareOnce()
 		require.NoError(t, err, "%s undone:\n%s", c.what, out)
 	}
+
+	// --rows names the rows that differ: by key, in the key's text order,
+	// up to the count asked for; without a key, by copies.
+	p.targetExec("DELETE FROM filt WHERE id = 7; UPDATE filt SET v = 99 WHERE id = 9; INSERT INTO filt VALUES (70, 70), (71, 71)")
+	p.targetExec("DELETE FROM bag WHERE ctid = (SELECT ctid FROM bag WHERE a = 1 LIMIT 1); INSERT INTO bag VALUES (3, 'z')")
+	var rows bytes.Buffer
+	err = CompareRows(context.Background(), p.src.DSN, p.dst.DSN, "cdcflow", 3, &rows)
+	require.ErrorIs(t, err, ErrDiffer)
+	require.Contains(t, rows.String(), "  key (7): missing in the target\n  key (70): only in the target\n  key (71): only in the target\n",
+		"the first three, in the key's text order")
+	require.NotContains(t, rows.String(), "key (9)", "past the count asked for")
+	require.Contains(t, rows.String(), "row (1,x): 2 in the source, 1 in the target")
+	require.Contains(t, rows.String(), "row (3,z): 1 more in the target")
 }
