@@ -14,10 +14,24 @@ import (
 // commits every checkpoint at once from now on, and the source waits
 // (within timeout) until every table has durably applied the last commit,
 // then confirms it to the slot, so that the next start reads nothing
-// again, and says whether it did. If it cannot (the target is down, a table is stopped), the slot
-// keeps the position it had, as after a crash.
+// again, and says whether it did. If it cannot (the target is down), the
+// slot keeps the position it had, as after a crash. A stopped table that
+// still holds the slot (not released) holds its confirmed position below
+// the last commit for good, so the stop does not wait for it (it did for
+// the whole timeout, then warned): it says so and keeps the position.
 func (p *parts) quiesce(timeout time.Duration) bool {
 	p.sink.Drain()
+	var holding []string
+	for _, t := range p.sink.StoppedTables() {
+		if !t.Released {
+			holding = append(holding, t.Table)
+		}
+	}
+	if len(holding) > 0 {
+		p.log.Warn("stopping at the slot's position: stopped tables hold it below the last commit until they are resumed "+
+			"or released (--max-retained-wal); the next start reads the stream again from there", zap.Strings("stopped", holding))
+		return false
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	quiesce := p.source.Quiesce

@@ -187,7 +187,6 @@ func TestATableCreatedAgainUnderItsNameStops(t *testing.T) {
 	p.exec("CREATE TABLE again (id int PRIMARY KEY, v text)")
 	p.exec("INSERT INTO again VALUES (1, 'old'), (2, 'old')")
 	cfg := p.config()
-	cfg.ShutdownTimeout = 2 * time.Second // a stopped table never quiesces
 	stop, stderr := p.serve(cfg)
 	p.waitEqual("the snapshot")
 	testwait.For(t, "the first table's checkpoint and the snapshot's completion recorded", func() bool {
