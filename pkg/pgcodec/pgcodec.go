@@ -332,6 +332,10 @@ type Column struct {
 	// the rows it holds.
 	Missing    string `json:"missing,omitempty"`
 	HasMissing bool   `json:"has_missing,omitempty"`
+	// Num is the column's number in its table (attnum; 0: not known),
+	// which a rename keeps: a sink tells a renamed column from a dropped
+	// one and an added one by it.
+	Num int16 `json:"num,omitempty"`
 }
 
 // TargetType is the type a sink creates c with: Base when set, else Type.
@@ -526,6 +530,9 @@ func (r Relation) Validate() error {
 		}
 		if c.Key {
 			keys++
+		}
+		if c.Num < 0 {
+			errs = append(errs, fmt.Errorf("column %q: number %d", c.Name, c.Num))
 		}
 	}
 	errs = append(errs, r.validateGenerated(seen)...)

@@ -31,8 +31,9 @@ type applier struct {
 	// prepared on the one its conn names) and how many statements it has
 	// named.
 	pipe                          pipeline
-	batch                         batch     // queueWork's, for one table at a time
-	ckd                           []ckptRow // commit's scratch
+	batch                         batch        // queueWork's, for one table at a time
+	ckd                           []ckptRow    // commit's scratch
+	states                        []tableState // commit's scratch
 	fence, markWrote, checkpoints stmt
 	owner                         []byte
 	connections, named            uint64

@@ -61,10 +61,23 @@ func (a *applier) commit(ds []*dstate) (marks []durableMark, applied int, err er
 	}
 	ckd := a.ckd[:0] // the checkpoint rows' dispatchers and ts
 	defer func() { clear(ckd); a.ckd = ckd[:0] }()
+	// The tables as they were: a DDL of the work changes them
+	// (evolved), and a transaction that fails did not.
+	states := a.states[:0]
+	for _, d := range ds {
+		states = append(states, d.table.state())
+	}
+	defer func() { clear(states); a.states = states[:0] }()
+	undo := func() {
+		for i, d := range ds {
+			d.table.restore(states[i])
+		}
+	}
 	for _, d := range ds {
 		d.keylessNext = d.keyless // what a failed commit queued is not applied
 		n, ckpt, err := a.queueWork(p, d)
 		if err != nil {
+			undo()
 			return nil, 0, err
 		}
 		applied += n
@@ -91,7 +104,8 @@ func (a *applier) commit(ds []*dstate) (marks []durableMark, applied int, err er
 			p.int8Array(len(ckd), func(i int) int64 { return int64(ckd[i].d.keylessNext.index) }))
 	}
 	if err := a.send(ctx, p); err != nil {
-		a.reloadTables(ds) // columns an ALTER of the batch added are gone again
+		undo()
+		a.reloadTables(ds) // what the target holds now, in case it changed meanwhile
 		return nil, 0, fmt.Errorf("%w: %w", ErrApply, err)
 	}
 	for _, d := range ds {
@@ -213,14 +227,14 @@ func (a *applier) queueWork(q *pipeline, d *dstate) (int, common.Ts, error) {
 			if err != nil {
 				return 0, 0, fmt.Errorf("%w: %s: read types: %w", ErrApply, t.qname, err)
 			}
-			adds, err := t.evolve(rel, has)
+			stmts, err := t.evolve(rel, has)
 			if err != nil {
 				return 0, 0, err
 			}
-			for _, stmt := range adds {
+			for _, stmt := range stmts {
 				q.addPlain(stmt)
 			}
-			t.added(rel, has) // undone by reloadTables if the transaction fails
+			t.evolved(rel, has) // undone by commit if the transaction fails
 			a.s.met.ddls.Inc()
 		case opCheckpoint:
 			ckpt = w.ts

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"math"
 	"strconv"
+	"strings"
 )
 
 // A lane's commit as it goes on the wire: its statements and their
@@ -77,10 +78,11 @@ func (p *pipeline) addArrays(s *stmt, params ...[]byte) {
 // addPlain queues a statement without parameters, sent as is.
 func (p *pipeline) addPlain(sql string) { p.stmts = append(p.stmts, pstmt{sql: sql}) }
 
-// hasDDL reports whether p holds an ALTER TABLE (see applier.send).
+// hasDDL reports whether p holds a schema change (see applier.send): an
+// ALTER TABLE, a CREATE SCHEMA, or a DO block (evolve.go's).
 func (p *pipeline) hasDDL() bool {
 	for _, s := range p.stmts {
-		if s.prep == nil && len(s.sql) >= 11 && s.sql[:11] == "ALTER TABLE" {
+		if s.prep == nil && (strings.HasPrefix(s.sql, "ALTER TABLE") || strings.HasPrefix(s.sql, "CREATE SCHEMA") || strings.HasPrefix(s.sql, "DO ")) {
 			return true
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/cdcflow/eventservice/internal/pgtest"
 	"github.com/cdcflow/eventservice/internal/testwait"
@@ -375,11 +377,15 @@ func TestLaneStretchesItsCadenceWhileBehind(t *testing.T) {
 	require.Len(t, e.contents("app.t"), n)
 }
 
-// A new column is added before the rows that use it; a column that
-// disappears stops the table: its calls are accepted and dropped, its
-// checkpoint stays, Stopped names it, another table goes on.
-func TestSchemaChanges(t *testing.T) {
-	e := newSinkEnv(t, nil)
+// Schema changes are carried to the target before the rows that use them
+// (evolve.go): a column added, renamed (told from a drop and an add by its
+// place, or by its number), retyped and dropped, the table renamed and
+// moved to another schema, and its key changed; another table goes on
+// throughout. A change the versions cannot tell apart (the last column
+// gone and another new, without numbers) stops the table, saying so: its
+// calls are accepted and dropped, its checkpoint stays.
+func TestSchemaChangesAreCarried(t *testing.T) {
+	e := newSinkEnv(t, func(o *Options) { o.Logger = zaptest.NewLogger(t) })
 	ctx := context.Background()
 	id, other := common.DispatcherIDFromUint64(1), common.DispatcherIDFromUint64(2)
 	relU := pgcodec.Relation{OID: 200, Schema: "app", Name: "u", Columns: relT.Columns[:2]}
@@ -388,27 +394,74 @@ func TestSchemaChanges(t *testing.T) {
 	for _, d := range []common.DispatcherID{id, other} {
 		require.NoError(t, e.sink.BeginEpoch(d, 1, 10))
 	}
-	added := relT
-	added.Columns = append(append([]pgcodec.Column(nil), relT.Columns...), pgcodec.Column{Name: "extra", Type: "character varying(12)", TypeOID: 1043})
-	require.NoError(t, e.sink.ApplyDDL(id, &messaging.DDL{TableID: 100, CommitTs: 11, Query: pgcodec.RelationDDL(added)}))
-	require.NoError(t, e.sink.ApplyRows(id, rows(12, tx(pgcodec.Insert, col("id", "1"), col("v", "a"), null("big"), col("extra", "x")))))
-	require.NoError(t, e.sink.Checkpoint(id, 12))
-	e.dur.wait(t, id, 12)
-	require.Equal(t, []string{`{"id":1,"v":"a","big":null,"extra":"x"}`}, e.contents("app.t"))
+	ts := common.Ts(10)
+	step := func(rel pgcodec.Relation, row ...pgcodec.Datum) {
+		t.Helper()
+		require.NoError(t, e.sink.ApplyDDL(id, &messaging.DDL{TableID: 100, CommitTs: ts + 1, Query: pgcodec.RelationDDL(rel)}))
+		require.NoError(t, e.sink.ApplyRows(id, rows(ts+2, tx(pgcodec.Insert, row...))))
+		require.NoError(t, e.sink.Checkpoint(id, ts+2))
+		require.NoError(t, e.sink.ApplyRows(other, rows(ts+2, tx(pgcodec.Insert, col("id", fmt.Sprint(uint64(ts))), col("v", "z")))))
+		require.NoError(t, e.sink.Checkpoint(other, ts+2))
+		ts += 2
+		e.dur.wait(t, id, ts)
+		e.dur.wait(t, other, ts)
+		require.Empty(t, e.sink.Stopped())
+	}
+	cols := func(cs ...pgcodec.Column) []pgcodec.Column { return cs }
+	id_ := pgcodec.Column{Name: "id", Type: "integer", TypeOID: 23, Key: true}
+	extra := pgcodec.Column{Name: "extra", Type: "character varying(12)", TypeOID: 1043}
+	rel := relT
+	rel.Columns = cols(id_, relT.Columns[1], relT.Columns[2], extra)
+	step(rel, col("id", "1"), col("v", "a"), null("big"), col("extra", "x"))
 
-	dropped := relT
-	dropped.Columns = relT.Columns[:1]
-	require.NoError(t, e.sink.ApplyDDL(id, &messaging.DDL{TableID: 100, CommitTs: 13, Query: pgcodec.RelationDDL(dropped)}))
-	require.NoError(t, e.sink.ApplyRows(id, rows(14, tx(pgcodec.Insert, col("id", "2")))))
-	require.NoError(t, e.sink.Checkpoint(id, 14))
-	require.NoError(t, e.sink.ApplyRows(other, rows(14, tx(pgcodec.Insert, col("id", "9"), col("v", "z")))))
-	require.NoError(t, e.sink.Checkpoint(other, 14))
-	e.dur.wait(t, other, 14)
+	rel.Columns = cols(id_, pgcodec.Column{Name: "w", Type: "text", TypeOID: 25}, relT.Columns[2], extra) // v renamed w: its place and type
+	step(rel, col("id", "2"), col("w", "b"), null("big"), col("extra", "y"))
+	rel.Columns[3] = pgcodec.Column{Name: "extra", Type: "text", TypeOID: 25} // retyped
+	step(rel, col("id", "3"), col("w", "c"), null("big"), col("extra", "a longer text than twelve"))
+	rel.Columns = cols(id_, rel.Columns[1], rel.Columns[3]) // big dropped
+	step(rel, col("id", "4"), col("w", "d"), col("extra", "z"))
+	rel.Schema, rel.Name = "archive", "t_old" // renamed and moved
+	step(rel, col("id", "5"), col("w", "e"), col("extra", "q"))
+	rel.Columns[1].Key = true // the key is (id, w) now
+	step(rel, col("id", "5"), col("w", "e2"), col("extra", "same id, another key"))
+	require.Equal(t, []string{`{"id":1,"w":"a","extra":"x"}`, `{"id":2,"w":"b","extra":"y"}`, `{"id":3,"w":"c","extra":"a longer text than twelve"}`,
+		`{"id":4,"w":"d","extra":"z"}`, `{"id":5,"w":"e","extra":"q"}`, `{"id":5,"w":"e2","extra":"same id, another key"}`}, e.contents("archive.t_old"))
+	var n int
+	require.NoError(t, e.conn.QueryRow(ctx, "SELECT count(*) FROM pg_class WHERE relname = 't' AND relnamespace = 'app'::regnamespace").Scan(&n))
+	require.Zero(t, n, "the old name is gone")
+
+	// The last column gone and another new: renamed, or dropped and
+	// added? Without numbers nothing tells.
+	amb := rel
+	amb.Columns = cols(rel.Columns[0], rel.Columns[1], pgcodec.Column{Name: "extra2", Type: "text", TypeOID: 25})
+	require.NoError(t, e.sink.ApplyDDL(id, &messaging.DDL{TableID: 100, CommitTs: ts + 1, Query: pgcodec.RelationDDL(amb)}))
+	require.NoError(t, e.sink.ApplyRows(id, rows(ts+2, tx(pgcodec.Insert, col("id", "6"), col("w", "f"), col("extra2", "?")))))
+	require.NoError(t, e.sink.Checkpoint(id, ts+2))
 	testwait.Within(t, 60*time.Second, "the table stopped", func() bool { return len(e.sink.Stopped()) == 1 })
-	require.Contains(t, e.sink.Stopped()[0], `column "v" is gone`)
-	require.NoError(t, e.sink.ApplyRows(id, rows(16, tx(pgcodec.Insert, col("id", "3")))), "a stopped table's calls are accepted")
-	require.Equal(t, common.Ts(12), e.sink.Durable(id), "and its checkpoint stays")
-	require.Equal(t, []string{`{"id":1,"v":"a","big":null,"extra":"x"}`}, e.contents("app.t"))
+	require.Contains(t, e.sink.Stopped()[0], `renamed, or dropped and added?`)
+	require.NoError(t, e.sink.ApplyRows(id, rows(ts+4, tx(pgcodec.Insert, col("id", "7")))), "a stopped table's calls are accepted")
+	require.Equal(t, ts, e.sink.Durable(id), "and its checkpoint stays")
+
+	// With the columns' numbers the same change is a rename.
+	e2 := newSinkEnv(t, nil)
+	num := func(r pgcodec.Relation) pgcodec.Relation {
+		r.Columns = slices.Clone(r.Columns)
+		for i := range r.Columns {
+			r.Columns[i].Num = int16(i + 1)
+		}
+		return r
+	}
+	base := num(pgcodec.Relation{OID: 300, Schema: "app", Name: "n", Columns: cols(id_, pgcodec.Column{Name: "last", Type: "text", TypeOID: 25})})
+	require.NoError(t, e2.sink.Bind(ctx, id, base, 10))
+	require.NoError(t, e2.sink.BeginEpoch(id, 1, 10))
+	require.NoError(t, e2.sink.ApplyRows(id, rows(12, tx(pgcodec.Insert, col("id", "1"), col("last", "kept")))))
+	renamed := num(base)
+	renamed.Columns[1].Name = "final"
+	require.NoError(t, e2.sink.ApplyDDL(id, &messaging.DDL{TableID: 300, CommitTs: 13, Query: pgcodec.RelationDDL(renamed)}))
+	require.NoError(t, e2.sink.ApplyRows(id, rows(14, tx(pgcodec.Insert, col("id", "2"), col("final", "new")))))
+	require.NoError(t, e2.sink.Checkpoint(id, 14))
+	e2.dur.wait(t, id, 14)
+	require.Equal(t, []string{`{"id":1,"final":"kept"}`, `{"id":2,"final":"new"}`}, e2.contents("app.n"), "the last column renamed, its values kept")
 }
 
 // A column added with a constant default reaches the rows the target

@@ -227,47 +227,6 @@ func createTableSQL(rel pgcodec.Relation, has targetTypes) string {
 		pgcodec.QuoteIdent(rel.Schema), rel.QualifiedName(), strings.Join(cols, ", "))
 }
 
-// evolve compares a new relation version with the target table: the
-// statements that add its new columns, or ErrSchemaChange for anything
-// else (a column gone, a type or the key changed). A column of a created
-// type matches a target column of that type (a table the user created
-// first) or of its base type (one this sink created).
-func (t *table) evolve(rel pgcodec.Relation, has targetTypes) ([]string, error) {
-	var adds []string
-	inRel := map[string]bool{}
-	for _, g := range rel.Generated {
-		inRel[g.Name] = true // the target computes it
-	}
-	for _, c := range rel.Columns {
-		inRel[c.Name] = true
-		typ, ok := t.types[c.Name]
-		switch {
-		case t.own[c.Name]:
-			// The user's column: writing the source's values into it
-			// would overwrite theirs.
-			return nil, fmt.Errorf("%w: %s: the source has a column %q now, and the target table has one of its own by that name",
-				ErrSchemaChange, t.qname, c.Name)
-		case !ok:
-			if c.Key {
-				return nil, fmt.Errorf("%w: %s: new key column %q", ErrSchemaChange, t.qname, c.Name)
-			}
-			adds = append(adds, addColumnSQL(t.qname, c, has.of(c))...)
-		case typ != c.Type && (c.Base == "" || typ != c.Base):
-			return nil, fmt.Errorf("%w: %s.%s: type %s in the target, %s in the source", ErrSchemaChange, t.qname, c.Name, typ, c.Type)
-		}
-	}
-	for _, name := range t.order {
-		if !inRel[name] && !t.own[name] {
-			return nil, fmt.Errorf("%w: %s: column %q is gone from the source (dropped or renamed there), or was added to the target table after the changefeed first wrote to it (a column of its own is one it had then)",
-				ErrSchemaChange, t.qname, name)
-		}
-	}
-	if !slices.Equal(rel.KeyColumns(), t.key) {
-		return nil, fmt.Errorf("%w: %s: key %v in the source, %v in the target", ErrSchemaChange, t.qname, rel.KeyColumns(), t.key)
-	}
-	return adds, nil
-}
-
 // addColumnSQL adds c to table qname. A column the source added with a
 // constant default holds it in the rows that were there (PostgreSQL keeps
 // it aside, and no row change carries it), so the target's rows get it
@@ -283,18 +242,6 @@ func addColumnSQL(qname string, c pgcodec.Column, typ string) []string {
 			pgcodec.QuoteLiteral(c.Missing), typ),
 		fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s DROP DEFAULT", qname, col),
 	}
-}
-
-// added records columns an evolve added.
-func (t *table) added(rel pgcodec.Relation, has targetTypes) {
-	for _, c := range rel.Columns {
-		if _, ok := t.types[c.Name]; !ok {
-			t.types[c.Name] = has.of(c)
-			t.order = append(t.order, c.Name)
-			t.forget()
-		}
-	}
-	t.rel = rel
 }
 
 // deleteSQL deletes the keys given as one text array per key column.
