@@ -66,11 +66,39 @@ func (t *table) evolve(rel pgcodec.Relation, has targetTypes) ([]string, error) 
 		return nil, err
 	}
 	renamed := map[string]string{} // new name -> old
+	if len(renames) > 1 {
+		// Through names of their own first: one may take another's
+		// (a and b swapped).
+		for k, r := range renames {
+			stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s RENAME COLUMN %s TO %s", qname, pgcodec.QuoteIdent(r[0]),
+				pgcodec.QuoteIdent(fmt.Sprintf("cdcflow_renaming_%d", k))))
+			renames[k][0] = fmt.Sprintf("cdcflow_renaming_%d", k)
+		}
+	}
 	for _, r := range renames {
-		renamed[r[1]] = r[0]
 		stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s RENAME COLUMN %s TO %s", qname, pgcodec.QuoteIdent(r[0]), pgcodec.QuoteIdent(r[1])))
 	}
+	renames, _ = t.renames(old, rel, qname) // the names the target had, for the state below
+	for _, r := range renames {
+		renamed[r[1]] = r[0]
+	}
+	// A column dropped and added again under its name: its number
+	// changed (known only by the capture's numbers).
+	replaced := map[string]bool{}
+	if numbered(old) && numbered(rel) {
+		for _, c := range rel.Columns {
+			if k := slices.IndexFunc(old.Columns, func(o pgcodec.Column) bool { return o.Name == c.Name }); k >= 0 && old.Columns[k].Num != c.Num {
+				if _, ok := renamed[c.Name]; !ok && !slices.ContainsFunc(renames, func(r [2]string) bool { return r[0] == c.Name }) {
+					replaced[c.Name] = true
+				}
+			}
+		}
+	}
 	for _, name := range t.order {
+		if replaced[name] {
+			stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s DROP COLUMN IF EXISTS %s", qname, pgcodec.QuoteIdent(name)))
+			continue
+		}
 		if inRel[name] || t.own[name] || slices.ContainsFunc(renames, func(r [2]string) bool { return r[0] == name }) {
 			continue
 		}
@@ -87,6 +115,8 @@ func (t *table) evolve(rel pgcodec.Relation, has targetTypes) ([]string, error) 
 		}
 		typ, ok := t.types[name]
 		switch {
+		case replaced[c.Name]:
+			stmts = append(stmts, addColumnSQL(qname, c, has.of(c))...)
 		case t.own[c.Name]:
 			// The user's column: writing the source's values into it
 			// would overwrite theirs.
@@ -147,21 +177,23 @@ func (t *table) renames(old, rel pgcodec.Relation, qname string) ([][2]string, e
 			fresh = append(fresh, i)
 		}
 	}
-	if len(gone) == 0 || len(fresh) == 0 {
-		return nil, nil // only drops, or only adds
-	}
 	var out [][2]string
 	if numbered(old) && numbered(rel) {
+		// By number: a column whose number has another name now was
+		// renamed (two may have swapped names).
 		byNum := map[int16]string{}
-		for _, i := range gone {
-			byNum[old.Columns[i].Num] = old.Columns[i].Name
+		for _, c := range old.Columns {
+			byNum[c.Num] = c.Name
 		}
-		for _, i := range fresh {
-			if was, ok := byNum[rel.Columns[i].Num]; ok {
-				out = append(out, [2]string{was, rel.Columns[i].Name})
+		for _, c := range rel.Columns {
+			if was, ok := byNum[c.Num]; ok && was != c.Name {
+				out = append(out, [2]string{was, c.Name})
 			}
 		}
 		return out, nil
+	}
+	if len(gone) == 0 || len(fresh) == 0 {
+		return nil, nil // only drops, or only adds
 	}
 	if len(gone) == 1 && len(fresh) == 1 && gone[0] == fresh[0] && gone[0] < len(old.Columns)-1 &&
 		old.Columns[gone[0]].Type == rel.Columns[fresh[0]].Type {

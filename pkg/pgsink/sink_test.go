@@ -462,6 +462,29 @@ func TestSchemaChangesAreCarried(t *testing.T) {
 	require.NoError(t, e2.sink.Checkpoint(id, 14))
 	e2.dur.wait(t, id, 14)
 	require.Equal(t, []string{`{"id":1,"final":"kept"}`, `{"id":2,"final":"new"}`}, e2.contents("app.n"), "the last column renamed, its values kept")
+
+	// Two columns swap names; then one is dropped and added again under
+	// its name (a new number: its old values gone).
+	two := renamed
+	two.Columns = append(slices.Clone(renamed.Columns), pgcodec.Column{Name: "other", Type: "text", TypeOID: 25, Num: 3})
+	require.NoError(t, e2.sink.ApplyDDL(id, &messaging.DDL{TableID: 300, CommitTs: 15, Query: pgcodec.RelationDDL(two)}))
+	require.NoError(t, e2.sink.ApplyRows(id, rows(16, tx(pgcodec.Insert, col("id", "3"), col("final", "f3"), col("other", "o3")))))
+	swapped := two
+	swapped.Columns = slices.Clone(two.Columns)
+	swapped.Columns[1].Name, swapped.Columns[2].Name = "other", "final"
+	require.NoError(t, e2.sink.ApplyDDL(id, &messaging.DDL{TableID: 300, CommitTs: 17, Query: pgcodec.RelationDDL(swapped)}))
+	require.NoError(t, e2.sink.ApplyRows(id, rows(18, tx(pgcodec.Insert, col("id", "4"), col("other", "o4"), col("final", "f4")))))
+	again := swapped
+	again.Columns = slices.Clone(swapped.Columns)
+	again.Columns[2].Num = 4 // "final" dropped and added again
+	require.NoError(t, e2.sink.ApplyDDL(id, &messaging.DDL{TableID: 300, CommitTs: 19, Query: pgcodec.RelationDDL(again)}))
+	require.NoError(t, e2.sink.ApplyRows(id, rows(20, tx(pgcodec.Insert, col("id", "5"), col("other", "o5"), col("final", "f5")))))
+	require.NoError(t, e2.sink.Checkpoint(id, 20))
+	e2.dur.wait(t, id, 20)
+	require.Empty(t, e2.sink.Stopped())
+	require.Equal(t, []string{`{"id":1,"other":"kept","final":null}`, `{"id":2,"other":"new","final":null}`, `{"id":3,"other":"f3","final":null}`,
+		`{"id":4,"other":"o4","final":null}`, `{"id":5,"other":"o5","final":"f5"}`}, e2.contents("app.n"),
+		"the swap kept each column's values under its new name; the column added again holds only what came after")
 }
 
 // A column added with a constant default reaches the rows the target

@@ -240,7 +240,7 @@ func tablesColumns(ctx context.Context, conn *pgx.Conn, oids []uint32, idents []
 	}
 	rows, err := conn.Query(ctx, `
 SELECT t.oid, a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid, a.atttypmod,
-       coalesce(a.attnum = ANY(k.indkey), false), a.atthasmissing, (a.attmissingval::text::text[])[1]
+       coalesce(a.attnum = ANY(k.indkey), false), a.atthasmissing, (a.attmissingval::text::text[])[1], a.attnum
 FROM unnest($1::oid[], $2::text[]) AS t(oid, ident)
 JOIN pg_attribute a ON a.attrelid = t.oid
 LEFT JOIN LATERAL (
@@ -265,7 +265,7 @@ ORDER BY t.oid, a.attnum`, oids, identArg)
 		var c pgcodec.Column
 		var mod int32
 		var missing *string
-		if err := rows.Scan(&oid, &c.Name, &c.Type, &c.TypeOID, &mod, &c.Key, &c.HasMissing, &missing); err != nil {
+		if err := rows.Scan(&oid, &c.Name, &c.Type, &c.TypeOID, &mod, &c.Key, &c.HasMissing, &missing, &c.Num); err != nil {
 			rows.Close()
 			return nil, err
 		}

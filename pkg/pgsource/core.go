@@ -94,6 +94,9 @@ type streamState struct {
 	// silentStreak counts the sessions in a row that ended silent
 	// (ErrSourceSilent): each doubles the next one's receive timeout.
 	silentStreak int
+	// captured are the column numbers of each table's last DDL capture,
+	// by name (ddlcapture.go).
+	captured map[uint32]map[string]int16
 }
 
 func newStreamState(known map[uint32]pgcodec.Relation) *streamState {
@@ -108,7 +111,7 @@ func newCore(st *streamState, from Position, chunkRows int) *core {
 
 // tally counts what the core decoded, for the shell's metrics.
 type tally struct {
-	rows, ddls, commits, heartbeats, copyRows int64
+	rows, ddls, commits, heartbeats, copyRows, badCaptures int64
 }
 
 // txn is the transaction being decoded.
@@ -350,6 +353,10 @@ func (c *core) message(m msgMessage, chunk *copyChunk, ready bool) {
 	switch m.prefix {
 	case heartbeatPrefix:
 		c.tally.heartbeats++
+	case ddlPrefix:
+		if m.transactional && c.cur != nil {
+			c.capture(m.content)
+		}
 	case copyPrefix:
 		kind, _, ok := strings.Cut(string(m.content), ":")
 		if ok && m.transactional && c.cur != nil && chunk != nil {

@@ -247,6 +247,13 @@ func (ss *session) describe(ctx context.Context, m *msgRelation) (pgcodec.Relati
 		}
 		rel.Columns = append(rel.Columns, col)
 	}
+	if nums := ss.core.capturedNums(m.oid); nums != nil {
+		// The last DDL capture before this description: its numbers
+		// tell a rename from a drop and an add (ddlcapture.go).
+		for i := range rel.Columns {
+			rel.Columns[i].Num = nums[rel.Columns[i].Name]
+		}
+	}
 	rel.Identity = identityOf(rel.Columns, m.replicaIdentity)
 	if known, ok := ss.core.known(m.oid); ok {
 		rel.Generated = known.Generated // the stream never carries them

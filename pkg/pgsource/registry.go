@@ -185,6 +185,15 @@ func Unregister(ctx context.Context, conn *pgx.Conn, slot string) error {
 	if _, err := conn.Exec(ctx, "DELETE FROM cdcflow.changefeeds WHERE slot = $1", slot); err != nil {
 		return fmt.Errorf("pgsource: unregister: %w", err)
 	}
+	var last bool
+	if err := conn.QueryRow(ctx, "SELECT NOT EXISTS (SELECT 1 FROM cdcflow.changefeeds)").Scan(&last); err != nil {
+		return fmt.Errorf("pgsource: unregister: %w", err)
+	}
+	if last {
+		if _, err := conn.Exec(ctx, DropCaptureSQL); err != nil {
+			return fmt.Errorf("pgsource: unregister: drop the DDL capture: %w", err)
+		}
+	}
 	_, err := conn.Exec(ctx, `DO $u$ BEGIN
   IF NOT EXISTS (SELECT 1 FROM cdcflow.changefeeds) THEN
     DROP TABLE cdcflow.changefeeds;

@@ -216,6 +216,8 @@ type Info struct {
 	// IDENTITY FULL: only their inserts and truncates are streamed (a
 	// publication of their updates makes PostgreSQL refuse them).
 	InsertsOnly []string
+	// DDLCapture: the source's DDL capture is installed (ddlcapture.go).
+	DDLCapture bool
 }
 
 // Open connects, checks that the source can be replicated (wal_level,
@@ -241,6 +243,11 @@ func (s *Source) Open(ctx context.Context) (Info, error) {
 		return Info{}, err
 	}
 	info := Info{}
+	if there, err := s.installCapture(ctx, conn); err != nil {
+		s.log.Warn("the DDL capture could not be installed: renames are told apart by place only", zap.Error(err))
+	} else {
+		info.DDLCapture = there
+	}
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", s.opts.Publication).Scan(&exists); err != nil {
 		return Info{}, fmt.Errorf("%w: %w", ErrConnect, err)

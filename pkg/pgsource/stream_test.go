@@ -280,8 +280,8 @@ func TestAddColumnIsADDLBeforeItsFirstRow(t *testing.T) {
 	require.Equal(t, row.CommitTs-1, ddls[0].CommitTs)
 	rel, err := pgcodec.ParseRelationDDL(ddls[0].Query)
 	require.NoError(t, err)
-	require.Equal(t, []pgcodec.Column{{Name: "id", Type: "integer", TypeOID: 23, Key: true},
-		{Name: "extra", Type: "character varying(12)", TypeOID: 1043}}, rel.Columns)
+	require.Equal(t, []pgcodec.Column{{Name: "id", Type: "integer", TypeOID: 23, Key: true, Num: 1},
+		{Name: "extra", Type: "character varying(12)", TypeOID: 1043, Num: 2}}, rel.Columns, "numbered by the DDL capture")
 	require.Equal(t, "x", text(sink.changes()[1], "extra"))
 }
 

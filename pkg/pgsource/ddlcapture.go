@@ -1,0 +1,145 @@
+package pgsource
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DDL capture. pgoutput's relation messages describe a table's columns by
+// name, in order, and nothing more: they cannot tell a column renamed from
+// one dropped and another added (nor a column dropped and added again
+// under its name), which a sink must carry differently (a rename keeps
+// the values). So where the role may (a superuser: event triggers need
+// one), Open installs an event trigger on the source that, at the end of
+// every CREATE or ALTER TABLE, writes a transactional logical message in
+// the DDL's own transaction with the table's columns and their numbers
+// (attnum, which a rename keeps and a drop and an add change). The stream
+// meets it in order, before any row of the new shape; the core keeps the
+// last one per table (streamState.captured), and a relation version the
+// session describes afterwards carries the numbers (pgcodec.Column.Num),
+// by which the sink tells the cases apart (pkg/pgsink/evolve.go).
+//
+// The trigger must never hold up or fail a source's DDL: it is SECURITY
+// DEFINER (the installer's right to write the message, whoever runs the
+// DDL), with a fixed search_path, and any error of its own is a warning,
+// not the DDL's failure. One trigger serves every changefeed of the
+// database; the last one's remove drops it. Without it (a role that is
+// not a superuser), relation versions carry the numbers the catalog gave
+// at Open and keep them by name, and the sink's rules by place apply.
+
+// ddlPrefix marks the capture's messages.
+const ddlPrefix = "cdcflow-ddl"
+
+// captureSQL installs the capture (idempotent).
+const captureSQL = `CREATE SCHEMA IF NOT EXISTS cdcflow;
+CREATE OR REPLACE FUNCTION cdcflow.capture_ddl() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $f$
+DECLARE r record;
+BEGIN
+  FOR r IN SELECT DISTINCT c.oid FROM pg_event_trigger_ddl_commands() d JOIN pg_class c ON c.oid = d.objid
+           WHERE d.classid = 'pg_class'::regclass AND c.relkind IN ('r', 'p') LOOP
+    BEGIN
+      PERFORM pg_logical_emit_message(true, '` + ddlPrefix + `', json_build_object('oid', r.oid::bigint, 'columns',
+        (SELECT coalesce(json_agg(json_build_object('num', a.attnum, 'name', a.attname) ORDER BY a.attnum), '[]'::json)
+         FROM pg_attribute a WHERE a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''))::text);
+    EXCEPTION WHEN OTHERS THEN
+      RAISE WARNING 'cdcflow: capturing a DDL of table % failed: %', r.oid, SQLERRM;
+    END;
+  END LOOP;
+END $f$;
+DO $d$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'cdcflow_capture_ddl') THEN
+    CREATE EVENT TRIGGER cdcflow_capture_ddl ON ddl_command_end WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE')
+      EXECUTE FUNCTION cdcflow.capture_ddl();
+  END IF;
+END $d$`
+
+// installCapture installs the DDL capture if the role is a superuser, and
+// reports whether the capture is there.
+func (s *Source) installCapture(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	var super, there bool
+	if err := conn.QueryRow(ctx, `SELECT rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&super); err != nil {
+		return false, err
+	}
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'cdcflow_capture_ddl' AND evtenabled <> 'D')`).Scan(&there); err != nil {
+		return false, err
+	}
+	if !super {
+		if !there {
+			s.log.Info("no DDL capture on the source (its event trigger needs a superuser): a renamed last column, or a column dropped and " +
+				"added again under its name, cannot be told apart from other changes; such a change stops its table")
+		}
+		return there, nil
+	}
+	if _, err := conn.Exec(ctx, captureSQL); err != nil {
+		return false, fmt.Errorf("pgsource: install the DDL capture: %w", err)
+	}
+	return true, nil
+}
+
+// DropCaptureSQL drops the DDL capture if the role may (its owner's or a
+// superuser's); remove runs it with the registry's last row.
+const DropCaptureSQL = `DO $c$ BEGIN
+  IF EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'cdcflow_capture_ddl' AND pg_has_role(evtowner, 'USAGE')) THEN
+    DROP EVENT TRIGGER cdcflow_capture_ddl;
+  END IF;
+  IF EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE n.nspname = 'cdcflow' AND p.proname = 'capture_ddl' AND pg_has_role(p.proowner, 'USAGE')) THEN
+    DROP FUNCTION cdcflow.capture_ddl();
+  END IF;
+END $c$`
+
+// capturedTable is a capture message: a table's columns and numbers.
+type capturedTable struct {
+	OID     uint32 `json:"oid"`
+	Columns []struct {
+		Num  int16  `json:"num"`
+		Name string `json:"name"`
+	} `json:"columns"`
+}
+
+// maxCaptureBytes bounds a capture message (1600 columns of 63-byte names
+// fit well within it).
+const maxCaptureBytes = 1 << 20
+
+// parseCapture reads a capture message: hostile until validated.
+func parseCapture(content []byte) (uint32, map[string]int16, error) {
+	if len(content) > maxCaptureBytes {
+		return 0, nil, fmt.Errorf("%w: a DDL capture of %d bytes", ErrProtocol, len(content))
+	}
+	var t capturedTable
+	if err := json.Unmarshal(content, &t); err != nil {
+		return 0, nil, fmt.Errorf("%w: a DDL capture: %w", ErrProtocol, err)
+	}
+	nums := make(map[string]int16, len(t.Columns))
+	for _, c := range t.Columns {
+		if c.Num <= 0 || c.Name == "" || !utf8.ValidString(c.Name) {
+			return 0, nil, fmt.Errorf("%w: a DDL capture's column %q numbered %d", ErrProtocol, c.Name, c.Num)
+		}
+		nums[c.Name] = c.Num
+	}
+	return t.OID, nums, nil
+}
+
+// capture records a capture message of the transaction being decoded. A
+// message it cannot read is counted and dropped: the numbers are a help,
+// never needed for a row.
+func (c *core) capture(content []byte) {
+	oid, nums, err := parseCapture(content)
+	if err != nil {
+		c.tally.badCaptures++
+		return
+	}
+	if c.st.captured == nil {
+		c.st.captured = map[uint32]map[string]int16{}
+	}
+	c.st.captured[oid] = nums
+}
+
+// capturedNums returns the column numbers the last capture of table oid
+// gave, by name (nil: none).
+func (c *core) capturedNums(oid uint32) map[string]int16 { return c.st.captured[oid] }
