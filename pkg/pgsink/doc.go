@@ -28,11 +28,14 @@
 // row, the commit-ts and index of the last row applied, and a row at or
 // before it is skipped.
 //
-// Schema changes: a relation DDL with new columns adds them (ALTER TABLE
-// ... ADD COLUMN) before the rows that use them; any other difference (a
-// column gone, a type or the key changed) stops that table: its calls are
-// accepted and dropped, its checkpoint never advances (the slot keeps the
-// WAL), cdcflow_pgsink_stopped_tables counts it and Stopped names it.
+// Schema changes (evolve.go): a relation DDL is compared with the version
+// the table was last written by and the target changed to match before
+// the rows that use it: columns added, dropped, renamed (by their numbers,
+// or by place), retyped, the table renamed or moved, its key changed. One
+// the target refuses, or that the versions cannot tell apart, stops that
+// table: its calls are accepted and dropped, its checkpoint never advances
+// (the slot keeps the WAL), cdcflow_pgsink_stopped_tables counts it and
+// Stopped names it.
 //
 // Owners: a sink writes as an owner's generation (cdcflow.owners); Start
 // raises the generation, waiting for every transaction of an earlier sink

@@ -124,7 +124,9 @@ func (t *table) evolve(rel pgcodec.Relation, has targetTypes) ([]string, error) 
 				ErrSchemaChange, qname, c.Name)
 		case !ok:
 			stmts = append(stmts, addColumnSQL(qname, c, has.of(c))...)
-		case typ != c.Type && (c.Base == "" || typ != c.Base):
+		case typ != c.Type && (c.Base == "" || typ != c.Base) && retyped(old, name, c):
+			// The source's type changed (a target column of another type
+			// the user created first, which holds the values, is theirs).
 			to := has.of(c)
 			stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE %s USING %s::%s", qname,
 				pgcodec.QuoteIdent(c.Name), to, pgcodec.QuoteIdent(c.Name), to))
@@ -204,6 +206,13 @@ func (t *table) renames(old, rel pgcodec.Relation, qname string) ([][2]string, e
 		ErrSchemaChange, qname, names(old, gone), names(rel, fresh))
 }
 
+// retyped reports whether column name of old (the one c was, renamed or
+// not) had another type than c: the source changed it.
+func retyped(old pgcodec.Relation, name string, c pgcodec.Column) bool {
+	k := slices.IndexFunc(old.Columns, func(o pgcodec.Column) bool { return o.Name == name })
+	return k >= 0 && (old.Columns[k].Type != c.Type || old.Columns[k].Base != c.Base)
+}
+
 // numbered reports whether every column of r carries its column number.
 func numbered(r pgcodec.Relation) bool {
 	return len(r.Columns) > 0 && !slices.ContainsFunc(r.Columns, func(c pgcodec.Column) bool { return c.Num == 0 })
@@ -246,7 +255,7 @@ func (t *table) evolved(rel pgcodec.Relation, has targetTypes) {
 				typ, ok = t.types[r[0]]
 			}
 		}
-		if !ok || typ != c.Type && (c.Base == "" || typ != c.Base) {
+		if !ok || typ != c.Type && (c.Base == "" || typ != c.Base) && retyped(t.rel, c.Name, c) {
 			typ = has.of(c)
 		}
 		types[c.Name] = typ
