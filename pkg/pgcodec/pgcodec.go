@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -605,6 +606,25 @@ const relationPrefix = "cdcflow/relation/v1 "
 func RelationDDL(r Relation) string {
 	b, _ := json.Marshal(r) // plain types: cannot fail
 	return relationPrefix + string(b)
+}
+
+const dropPrefix = "cdcflow/drop-table/v1 "
+
+// DropTableDDL is the DDL text of source table oid dropped.
+func DropTableDDL(oid uint32) string { return dropPrefix + strconv.FormatUint(uint64(oid), 10) }
+
+// ParseDropTableDDL parses what DropTableDDL wrote: ok false for any
+// other DDL text.
+func ParseDropTableDDL(q string) (oid uint32, ok bool) {
+	body, ok := strings.CutPrefix(q, dropPrefix)
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(body, 10, 32)
+	if err != nil || n == 0 {
+		return 0, false
+	}
+	return uint32(n), true
 }
 
 // ParseRelationDDL parses what RelationDDL wrote, validated.

@@ -74,7 +74,7 @@ func (a *applier) commit(ds []*dstate) (marks []durableMark, applied int, err er
 		}
 	}
 	for _, d := range ds {
-		d.keylessNext = d.keyless // what a failed commit queued is not applied
+		d.keylessNext, d.droppedNext = d.keyless, d.dropped // what a failed commit queued is not applied
 		n, ckpt, err := a.queueWork(p, d)
 		if err != nil {
 			undo()
@@ -90,7 +90,7 @@ func (a *applier) commit(ds []*dstate) (marks []durableMark, applied int, err er
 			// checkpoint is at least there (keyless.go).
 			row = max(row, d.keylessNext.ts-1)
 		}
-		if row != 0 {
+		if row != 0 && !d.dropped && !d.droppedNext { // a dropped table's row went with it
 			ckd = append(ckd, ckptRow{d: d, ts: row})
 		}
 	}
@@ -109,7 +109,7 @@ func (a *applier) commit(ds []*dstate) (marks []durableMark, applied int, err er
 		return nil, 0, fmt.Errorf("%w: %w", ErrApply, err)
 	}
 	for _, d := range ds {
-		d.keyless = d.keylessNext
+		d.keyless, d.dropped = d.keylessNext, d.droppedNext
 	}
 	if mark {
 		a.s.marked.Store(true)
@@ -218,6 +218,22 @@ func (a *applier) queueWork(q *pipeline, d *dstate) (int, common.Ts, error) {
 		case opDDL:
 			if err := flush(); err != nil {
 				return 0, 0, err
+			}
+			if oid, ok := pgcodec.ParseDropTableDDL(w.ddl); ok {
+				if oid == t.rel.OID && !d.dropped {
+					// The source table was dropped: so is its target table,
+					// with what the sink kept of it, so that a table created
+					// again under its name starts afresh.
+					q.addPlain("DROP TABLE IF EXISTS " + t.qname)
+					q.addPlain("DELETE FROM cdcflow.checkpoints WHERE dispatcher = " + pgcodec.QuoteLiteral(d.hexID))
+					q.addPlain("DELETE FROM cdcflow.state WHERE key = " + pgcodec.QuoteLiteral(ownColumnsKey(t.qname)))
+					d.droppedNext = true
+					a.s.met.ddls.Inc()
+				}
+				continue
+			}
+			if d.dropped || d.droppedNext {
+				continue // a table of its OID again cannot be: nothing to change
 			}
 			rel, err := pgcodec.ParseRelationDDL(w.ddl)
 			if err != nil {

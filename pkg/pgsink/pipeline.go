@@ -79,10 +79,11 @@ func (p *pipeline) addArrays(s *stmt, params ...[]byte) {
 func (p *pipeline) addPlain(sql string) { p.stmts = append(p.stmts, pstmt{sql: sql}) }
 
 // hasDDL reports whether p holds a schema change (see applier.send): an
-// ALTER TABLE, a CREATE SCHEMA, or a DO block (evolve.go's).
+// ALTER TABLE, a CREATE SCHEMA, a DO block (evolve.go's) or a DROP TABLE.
 func (p *pipeline) hasDDL() bool {
 	for _, s := range p.stmts {
-		if s.prep == nil && (strings.HasPrefix(s.sql, "ALTER TABLE") || strings.HasPrefix(s.sql, "CREATE SCHEMA") || strings.HasPrefix(s.sql, "DO ")) {
+		if s.prep == nil && (strings.HasPrefix(s.sql, "ALTER TABLE") || strings.HasPrefix(s.sql, "CREATE SCHEMA") || strings.HasPrefix(s.sql, "DO ") ||
+			strings.HasPrefix(s.sql, "DROP TABLE")) {
 			return true
 		}
 	}

@@ -65,6 +65,9 @@ type dstate struct {
 	// (keyless.go), keylessNext of the last one queued in the commit
 	// being built.
 	keyless, keylessNext keylessPos
+	// dropped: the source table was dropped and its target table with it
+	// (droppedNext: in the commit being built).
+	dropped, droppedNext bool
 }
 
 // dropWork empties d's work for reuse: the ops' rows are let go, the
@@ -79,7 +82,7 @@ func (d *dstate) dropWork() []op {
 // it.
 type policy struct {
 	cfg policyConfig
-	// pending is the number of rows in the held dstates' work.
+	// pending is the number of rows (and DDLs) in the held dstates' work.
 	pending int
 	// held lists the dstates that have (or had, since the last review)
 	// work, each once: a commit and its review walk them, not every
@@ -133,6 +136,8 @@ func (p *policy) add(d *dstate, o op, now time.Time) {
 	if n := len(o.rows); n > 0 {
 		p.newest = max(p.newest, o.rows[n-1].CommitTs)
 		p.arrived = now
+	} else if o.kind == opDDL {
+		p.arrived = now
 	}
 	if !d.rows {
 		p.noteCheckpoint(d, now)
@@ -141,13 +146,22 @@ func (p *policy) add(d *dstate, o op, now time.Time) {
 		d.held = true
 		p.held = append(p.held, d)
 	}
-	p.pending += len(o.rows)
+	p.pending += weight(o)
+}
+
+// weight is what o counts in pending: its rows, and one for a DDL, which
+// is work to commit even with no row after it (a table dropped).
+func weight(o op) int {
+	if o.kind == opDDL {
+		return len(o.rows) + 1
+	}
+	return len(o.rows)
 }
 
 // drop empties d's work.
 func (p *policy) drop(d *dstate) {
 	for _, w := range d.work {
-		p.pending -= len(w.rows)
+		p.pending -= weight(w)
 	}
 	d.work, d.rows = d.dropWork(), false
 }

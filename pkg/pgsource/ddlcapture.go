@@ -7,6 +7,10 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/pkg/pgcodec"
+	"github.com/cdcflow/eventservice/pkg/schemastore"
 )
 
 // DDL capture. pgoutput's relation messages describe a table's columns by
@@ -51,10 +55,27 @@ BEGIN
     END;
   END LOOP;
 END $f$;
+CREATE OR REPLACE FUNCTION cdcflow.capture_drop() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $f$
+DECLARE r record;
+BEGIN
+  FOR r IN SELECT objid FROM pg_event_trigger_dropped_objects()
+           WHERE classid = 'pg_class'::regclass AND objsubid = 0 AND object_type = 'table' AND NOT is_temporary LOOP
+    BEGIN
+      PERFORM pg_logical_emit_message(true, '` + ddlPrefix + `', json_build_object('oid', r.objid::bigint, 'dropped', true)::text);
+    EXCEPTION WHEN OTHERS THEN
+      RAISE WARNING 'cdcflow: capturing the drop of table % failed: %', r.objid, SQLERRM;
+    END;
+  END LOOP;
+END $f$;
 DO $d$ BEGIN
   IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'cdcflow_capture_ddl') THEN
     CREATE EVENT TRIGGER cdcflow_capture_ddl ON ddl_command_end WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE')
       EXECUTE FUNCTION cdcflow.capture_ddl();
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'cdcflow_capture_drop') THEN
+    CREATE EVENT TRIGGER cdcflow_capture_drop ON sql_drop WHEN TAG IN ('DROP TABLE')
+      EXECUTE FUNCTION cdcflow.capture_drop();
   END IF;
 END $d$`
 
@@ -68,10 +89,15 @@ func (s *Source) installCapture(ctx context.Context, conn *pgx.Conn) (bool, erro
 	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'cdcflow_capture_ddl' AND evtenabled <> 'D')`).Scan(&there); err != nil {
 		return false, err
 	}
-	if !super {
+	if !super || s.opts.NoDDLCapture {
 		if !there {
-			s.log.Info("no DDL capture on the source (its event trigger needs a superuser): a renamed last column, or a column dropped and " +
-				"added again under its name, cannot be told apart from other changes; such a change stops its table")
+			why := "its event trigger needs a superuser"
+			if s.opts.NoDDLCapture {
+				why = "NoDDLCapture"
+			}
+			s.log.Info("no DDL capture on the source: a renamed last column, or a column dropped and added again under its name, "+
+				"cannot be told apart from other changes, and a dropped table's target table stays; such a change stops its table",
+				zap.String("why", why))
 		}
 		return there, nil
 	}
@@ -87,15 +113,24 @@ const DropCaptureSQL = `DO $c$ BEGIN
   IF EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'cdcflow_capture_ddl' AND pg_has_role(evtowner, 'USAGE')) THEN
     DROP EVENT TRIGGER cdcflow_capture_ddl;
   END IF;
+  IF EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'cdcflow_capture_drop' AND pg_has_role(evtowner, 'USAGE')) THEN
+    DROP EVENT TRIGGER cdcflow_capture_drop;
+  END IF;
   IF EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
              WHERE n.nspname = 'cdcflow' AND p.proname = 'capture_ddl' AND pg_has_role(p.proowner, 'USAGE')) THEN
     DROP FUNCTION cdcflow.capture_ddl();
   END IF;
+  IF EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE n.nspname = 'cdcflow' AND p.proname = 'capture_drop' AND pg_has_role(p.proowner, 'USAGE')) THEN
+    DROP FUNCTION cdcflow.capture_drop();
+  END IF;
 END $c$`
 
-// capturedTable is a capture message: a table's columns and numbers.
+// capturedTable is a capture message: a table's columns and numbers, or
+// that it was dropped.
 type capturedTable struct {
 	OID     uint32 `json:"oid"`
+	Dropped bool   `json:"dropped"`
 	Columns []struct {
 		Num  int16  `json:"num"`
 		Name string `json:"name"`
@@ -106,7 +141,8 @@ type capturedTable struct {
 // fit well within it).
 const maxCaptureBytes = 1 << 20
 
-// parseCapture reads a capture message: hostile until validated.
+// parseCapture reads a capture message: hostile until validated. A drop
+// has no numbers (nil).
 func parseCapture(content []byte) (uint32, map[string]int16, error) {
 	if len(content) > maxCaptureBytes {
 		return 0, nil, fmt.Errorf("%w: a DDL capture of %d bytes", ErrProtocol, len(content))
@@ -114,6 +150,12 @@ func parseCapture(content []byte) (uint32, map[string]int16, error) {
 	var t capturedTable
 	if err := json.Unmarshal(content, &t); err != nil {
 		return 0, nil, fmt.Errorf("%w: a DDL capture: %w", ErrProtocol, err)
+	}
+	if t.OID == 0 {
+		return 0, nil, fmt.Errorf("%w: a DDL capture without a table", ErrProtocol)
+	}
+	if t.Dropped {
+		return t.OID, nil, nil
 	}
 	nums := make(map[string]int16, len(t.Columns))
 	for _, c := range t.Columns {
@@ -132,6 +174,16 @@ func (c *core) capture(content []byte) {
 	oid, nums, err := parseCapture(content)
 	if err != nil {
 		c.tally.badCaptures++
+		return
+	}
+	if nums == nil {
+		// Dropped: a subscribed table's target table goes too, after its
+		// last rows (a DDL of its own at the drop's commit-ts minus one).
+		delete(c.st.captured, oid)
+		if len(c.subs[oid]) > 0 {
+			c.emit(action{kind: actDDL, ddl: schemastore.DDL{TableID: int64(oid), CommitTs: c.cur.ts - 1, Query: pgcodec.DropTableDDL(oid)}})
+			c.tally.ddls++
+		}
 		return
 	}
 	if c.st.captured == nil {

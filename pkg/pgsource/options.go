@@ -57,6 +57,10 @@ type Options struct {
 	// Tables chooses the tables of a publication Open creates or the poll
 	// manages (TableRule; empty: every table with a key).
 	Tables TableRule
+	// NoDDLCapture: Open never installs the DDL capture (ddlcapture.go),
+	// which it does when the role is a superuser; one installed already
+	// (by another changefeed) is still read.
+	NoDDLCapture bool
 	// Schema receives each new relation version as a DDL and the schema
 	// frontier. Required.
 	Schema SchemaSink

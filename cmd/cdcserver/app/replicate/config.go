@@ -55,6 +55,9 @@ type Config struct {
 	// Include and Exclude choose the tables of a publication serve
 	// creates (pgsource.TableRule: schema.table globs).
 	Include, Exclude patternList
+	// NoDDLCapture: never install the source's DDL capture
+	// (pgsource.Options.NoDDLCapture).
+	NoDDLCapture bool
 
 	// loopInterval is how often serve checks its fence and its source
 	// and records the snapshot's completion (0: a second); no flag, tests
@@ -156,6 +159,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a clean stop may take")
 	fs.Var(&c.Include, "include", "for a publication serve creates: the tables to replicate, `patterns` (comma-separated schema.table globs: public.*,sales.orders); default every table with a key")
 	fs.Var(&c.Exclude, "exclude", "for a publication serve creates: the tables left out, `patterns` (comma-separated schema.table globs: public.audit_*)")
+	fs.BoolVar(&c.NoDDLCapture, "no-ddl-capture", c.NoDDLCapture, "never install the DDL capture on the source (an event trigger, installed when the source role is a superuser, "+
+		"that tells a renamed column from a dropped and added one and carries DROP TABLE); without it such changes stop their table")
 	fs.Var((*byteSize)(&c.MaxRetainedWAL), "max-retained-wal", "a `size` (10GiB; B, KiB, MiB, GiB, TiB): once the slot retains more WAL than this, "+
 		"tables stopped by a change the target cannot apply let go of it (their checkpoint dropped, logged at ERROR, a fresh copy owed at the next start) "+
 		"so that the source's WAL stops growing for them; 0 = no bound (PostgreSQL's max_slot_wal_keep_size still applies)")

@@ -2,8 +2,11 @@ package replicate
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/internal/testwait"
 )
 
 // Schema changes made while serve streams reach the target in stream
@@ -76,6 +79,35 @@ func TestATargetCreatedFirstWithWiderTypesIsTaken(t *testing.T) {
 	p.waitEqual("a row after a column was added")
 	require.Equal(t, []string{"id|bigint", "v|text", "n|bigint", "w|text"}, p.targetQuery(`SELECT attname, format_type(atttypid, atttypmod)
 FROM pg_attribute WHERE attrelid = 'public.pre'::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum`), "the user's types kept")
+	require.Zero(t, p.status().Counts["stopped"])
+	require.NoError(t, stop(), stderr.String())
+}
+
+// With the DDL capture, a table dropped while serve runs is dropped in
+// the target after its last rows (its checkpoint and state with it), and
+// a table created again under its name arrives whole, with its own
+// columns, while the other tables go on.
+func TestADroppedTableIsDroppedAndOneCreatedAgainArrives(t *testing.T) {
+	p := newPair(t)
+	p.exec("CREATE TABLE keep (id int PRIMARY KEY)")
+	p.exec("CREATE TABLE gone (id int PRIMARY KEY, v text)")
+	p.exec("INSERT INTO gone VALUES (1, 'old')")
+	cfg := p.config()
+	cfg.PublicationPollInterval = 200 * time.Millisecond
+	stop, stderr := p.serve(cfg)
+	defer func() { _ = stop() }()
+	p.waitEqual("the snapshot")
+	p.exec("INSERT INTO gone VALUES (2, 'last')")
+	p.exec("DROP TABLE gone")
+	testwait.Within(t, 2*time.Minute, "the target table dropped", func() bool {
+		return p.targetQuery("SELECT count(*)::text FROM pg_class WHERE relname = 'gone'")[0] == "0"
+	})
+	p.exec("CREATE TABLE gone (id int PRIMARY KEY, v text, w int)")
+	p.exec("INSERT INTO gone VALUES (3, 'new', 3)")
+	p.exec("INSERT INTO keep VALUES (1)")
+	testwait.Within(t, 2*time.Minute, "the table created again", func() bool { return p.targetCountOrNone("public.gone") == 1 })
+	p.waitEqual("the table created again, the other going on")
+	require.Equal(t, []string{"3|new|3"}, p.targetQuery("SELECT id::text || '|' || v || '|' || w::text FROM gone"))
 	require.Zero(t, p.status().Counts["stopped"])
 	require.NoError(t, stop(), stderr.String())
 }

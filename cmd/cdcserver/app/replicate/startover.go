@@ -119,7 +119,7 @@ func (p *parts) openSource(ctx context.Context, cfg Config) error {
 		receive = -1
 	}
 	p.source, err = pgsource.New(pgsource.Options{DSN: cfg.Source, Slot: cfg.Slot, Publication: cfg.Publication, TakeOver: true,
-		ManagePublication: p.pre.reg.CreatedPublication, Tables: cfg.tableRule(),
+		ManagePublication: p.pre.reg.CreatedPublication, Tables: cfg.tableRule(), NoDDLCapture: cfg.NoDDLCapture,
 		ReadLinger: linger, ReceiveTimeout: receive, PublicationPollInterval: poll, CopyChunkRows: cfg.copyChunkRows, SlotStatsInterval: cfg.slotStatsInterval, Schema: p.schema, Positions: p.positions, SafePoint: p.sink.MinDurable, Logger: p.log, Registerer: p.reg,
 		OnNewTable: func(rel pgcodec.Relation, firstTs common.Ts) {
 			select {
