@@ -91,6 +91,11 @@ func (s *Sink) BindAll(ctx context.Context, bs []Binding) error {
 	if err != nil {
 		return err
 	}
+	kept, err := s.loadWritten(ctx, conn, bs)
+	if err != nil {
+		return err
+	}
+	first := map[common.DispatcherID]pgcodec.Relation{}
 	warm := map[*lane][]*table{}
 	for _, b := range bs {
 		_, stopped := taken[b.ID]
@@ -101,12 +106,23 @@ func (s *Sink) BindAll(ctx context.Context, bs []Binding) error {
 		}
 		l := s.laneFor(b.Rel.OID)
 		if t := tables[b.Rel.OID]; t != nil {
-			if err := owning[b.Rel.OID]; err != nil {
+			rel, written := kept[b.ID]
+			if !written {
+				first[b.ID] = b.Rel
+			}
+			switch err := owning[b.Rel.OID]; {
+			case err != nil:
 				s.failed(b.ID, err, true)
 				stopped = true
-			} else if _, err := t.evolve(b.Rel, has); err != nil {
-				s.failed(b.ID, err, true) // an existing target table that does not match
-				stopped = true
+			case written:
+				// The kept version is the table's; the stream carries what
+				// the catalog's is past it (written.go).
+				t.rel = rel
+			default:
+				if _, err := t.evolve(b.Rel, has); err != nil {
+					s.failed(b.ID, err, true) // an existing target table that does not match
+					stopped = true
+				}
 			}
 			if t = l.attach(b.ID, t); !stopped && !b.Rel.Keyless() { // a keyless table has no upsert to warm
 				warm[l] = append(warm[l], t)
@@ -124,6 +140,9 @@ func (s *Sink) BindAll(ctx context.Context, bs []Binding) error {
 		s.mu.Unlock()
 	}
 	if err := s.loadKeyless(ctx, conn, bs); err != nil {
+		return err
+	}
+	if err := s.saveWritten(ctx, conn, first); err != nil {
 		return err
 	}
 	for l, ts := range warm {

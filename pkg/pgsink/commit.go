@@ -226,7 +226,8 @@ func (a *applier) queueWork(q *pipeline, d *dstate) (int, common.Ts, error) {
 					// again under its name starts afresh.
 					q.addPlain("DROP TABLE IF EXISTS " + t.qname)
 					q.addPlain("DELETE FROM cdcflow.checkpoints WHERE dispatcher = " + pgcodec.QuoteLiteral(d.hexID))
-					q.addPlain("DELETE FROM cdcflow.state WHERE key = " + pgcodec.QuoteLiteral(ownColumnsKey(t.qname)))
+					q.addPlain("DELETE FROM cdcflow.state WHERE key IN (" + pgcodec.QuoteLiteral(ownColumnsKey(t.qname)) + ", " +
+						pgcodec.QuoteLiteral(writtenKey(d.id)) + ")")
 					d.droppedNext = true
 					a.s.met.ddls.Inc()
 				}
@@ -250,6 +251,7 @@ func (a *applier) queueWork(q *pipeline, d *dstate) (int, common.Ts, error) {
 			for _, stmt := range stmts {
 				q.addPlain(stmt)
 			}
+			q.addPlain(writtenSQL(d.id, rel))
 			t.evolved(rel, has) // undone by commit if the transaction fails
 			a.s.met.ddls.Inc()
 		case opCheckpoint:

@@ -35,7 +35,9 @@
 // the target refuses, or that the versions cannot tell apart, stops that
 // table: its calls are accepted and dropped, its checkpoint never advances
 // (the slot keeps the WAL), cdcflow_pgsink_stopped_tables counts it and
-// Stopped names it.
+// Stopped names it. The version each table was last written by is kept in
+// the target with the DDL that made it (written.go), and a restart binds
+// the table with it. A source table dropped drops its target table.
 //
 // Owners: a sink writes as an owner's generation (cdcflow.owners); Start
 // raises the generation, waiting for every transaction of an earlier sink

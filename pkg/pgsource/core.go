@@ -297,9 +297,19 @@ func (c *core) known(oid uint32) (pgcodec.Relation, bool) {
 // shell's reading of m) and, if it differs from the one known, makes it the
 // version in use: a DDL at the current commit-ts minus one.
 func (c *core) relation(m *msgRelation, rel pgcodec.Relation) {
+	_, again := c.rels[m.oid]
 	c.rels[m.oid] = m
 	old, seen := c.st.known[m.oid]
 	if seen && sameRelation(old, rel) {
+		if !again && len(c.subs[m.oid]) > 0 {
+			// The session's first description of the table is a DDL
+			// even if the version known is the same: that one may be
+			// the catalog's at Open, past a DDL this session reads
+			// again and the target never had (a stop between a DDL and
+			// its first row). The sink finds nothing to change if it
+			// has it.
+			c.adopt(rel)
+		}
 		return
 	}
 	if c.announced[m.oid] && seen && old.Validate() != nil && rel.Validate() == nil {

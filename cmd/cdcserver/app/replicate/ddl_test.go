@@ -1,9 +1,12 @@
 package replicate
 
 import (
+	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/internal/testwait"
@@ -28,26 +31,63 @@ func TestSchemaChangesWhileStreamingAreCarried(t *testing.T) {
 	stop, stderr := p.serve(p.config())
 	defer func() { _ = stop() }()
 	p.waitEqual("the snapshot")
-	n := 20
+	n, loaded := 20, 1000
+	table := "t"
 	step := func(what string, ddl ...string) {
 		t.Helper()
 		p.exec("UPDATE bystander SET v = v || '.' WHERE id = 1") // another table goes on
+		// Under load: a writer inserts rows of the table (by its key,
+		// which no step renames) while the DDL runs, before and after it.
+		writer, err := pgx.Connect(context.Background(), p.src.DSN)
+		require.NoError(t, err)
+		done, wrote := make(chan struct{}), make(chan error, 1)
+		var inserted atomic.Int64
+		go func() {
+			defer writer.Close(context.Background())
+			for id := loaded + 1; ; id++ {
+				select {
+				case <-done:
+					wrote <- nil
+					return
+				default:
+				}
+				if _, err := writer.Exec(context.Background(), "INSERT INTO "+table+" (id, a2) VALUES ($1, 'load')", id); err != nil {
+					wrote <- err
+					return
+				}
+				inserted.Add(1)
+			}
+		}()
+		testwait.For(t, "the load before the DDL", func() bool { return inserted.Load() > 0 })
 		for _, q := range ddl {
 			p.exec(q)
 		}
+		after := inserted.Load()
+		testwait.For(t, "the load after the DDL", func() bool { return inserted.Load() > after })
+		close(done)
+		require.NoError(t, <-wrote, what)
+		loaded += int(inserted.Load())
 		n++
 		p.exec("INSERT INTO bystander VALUES ($1, 'x')", n)
 		p.waitEqual(what)
 	}
 	p.exec("INSERT INTO bystander VALUES (1, 'v')")
-	step("a column renamed", "ALTER TABLE t RENAME COLUMN a TO a2", "INSERT INTO t (id, a2, b, c, d) VALUES (21, 'new', 21, 'c', 'd')")
+	p.exec("ALTER TABLE t RENAME COLUMN a TO a2") // the load's column (its own step below, without load)
+	p.exec("INSERT INTO t (id, a2, b, c, d) VALUES (21, 'new', 21, 'c', 'd')")
+	p.waitEqual("a column renamed")
 	step("a column retyped", "ALTER TABLE t ALTER COLUMN b TYPE bigint", "UPDATE t SET b = b * 10000000000 WHERE id <= 2")
 	step("a column dropped", "ALTER TABLE t DROP COLUMN c", "INSERT INTO t (id, a2, b, d) VALUES (22, 'x', 22, 'd')")
 	step("the last column renamed", "ALTER TABLE t RENAME COLUMN d TO dd", "UPDATE t SET dd = 'renamed' WHERE id = 3")
 	step("a column dropped and added again", "ALTER TABLE t DROP COLUMN b", "ALTER TABLE t ADD COLUMN b text",
 		"INSERT INTO t (id, a2, dd, b) VALUES (23, 'y', 'z', 'b is text now')")
-	step("the table renamed", "ALTER TABLE t RENAME TO t2", "INSERT INTO t2 (id, a2) VALUES (24, 'in t2')")
-	step("the table moved", "ALTER TABLE t2 SET SCHEMA other", "DELETE FROM other.t2 WHERE id = 4")
+	p.exec("ALTER TABLE t RENAME TO t2") // the load's table (no load across its rename)
+	p.exec("INSERT INTO t2 (id, a2) VALUES (24, 'in t2')")
+	p.waitEqual("the table renamed")
+	table = "t2"
+	p.exec("ALTER TABLE t2 SET SCHEMA other")
+	p.exec("DELETE FROM other.t2 WHERE id = 4")
+	p.waitEqual("the table moved")
+	table = "other.t2"
 	step("the key changed", "ALTER TABLE other.t2 DROP CONSTRAINT t_pkey", "ALTER TABLE other.t2 ADD PRIMARY KEY (id, a2)",
 		"UPDATE other.t2 SET dd = 'keyed anew' WHERE id = 5")
 	step("REPLICA IDENTITY FULL", "ALTER TABLE other.t2 REPLICA IDENTITY FULL", "UPDATE other.t2 SET dd = 'full' WHERE id = 6")
@@ -108,6 +148,31 @@ func TestADroppedTableIsDroppedAndOneCreatedAgainArrives(t *testing.T) {
 	testwait.Within(t, 2*time.Minute, "the table created again", func() bool { return p.targetCountOrNone("public.gone") == 1 })
 	p.waitEqual("the table created again, the other going on")
 	require.Equal(t, []string{"3|new|3"}, p.targetQuery("SELECT id::text || '|' || v || '|' || w::text FROM gone"))
+	require.Zero(t, p.status().Counts["stopped"])
+	require.NoError(t, stop(), stderr.String())
+}
+
+// A stop between a DDL and the first row of the new shape: the restart
+// binds the table with the version it was last written by (kept in the
+// target), and the stream's first description of it in the new session
+// carries the DDL before that row. The start's catalog, already past the
+// DDL, had made the stream describe nothing new, and the row's column was
+// not in the target.
+func TestADDLBeforeARestartIsCarriedAfterIt(t *testing.T) {
+	p := newPair(t)
+	p.exec("CREATE TABLE t (id int PRIMARY KEY, a text, b text)")
+	p.exec("INSERT INTO t SELECT g, 'a', 'b' FROM generate_series(1, 10) g")
+	cfg := p.config()
+	stop, stderr := p.serve(cfg)
+	p.waitEqual("the snapshot")
+	p.exec("ALTER TABLE t RENAME COLUMN a TO a2")
+	p.exec("ALTER TABLE t DROP COLUMN b")
+	require.NoError(t, stop(), stderr.String())
+	p.exec("INSERT INTO t (id, a2) VALUES (100, 'after the restart')")
+	stop, stderr = p.serve(cfg)
+	defer func() { _ = stop() }()
+	p.waitEqual("the DDL carried after the restart")
+	require.Equal(t, []string{"after the restart"}, p.targetQuery("SELECT a2 FROM t WHERE id = 100"))
 	require.Zero(t, p.status().Counts["stopped"])
 	require.NoError(t, stop(), stderr.String())
 }
