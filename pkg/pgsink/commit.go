@@ -248,6 +248,9 @@ func (a *applier) queueWork(q *pipeline, d *dstate) (int, common.Ts, error) {
 			if err != nil {
 				return 0, 0, err
 			}
+			if len(stmts) == 0 && pgcodec.RelationDDL(rel) == pgcodec.RelationDDL(t.rel) {
+				continue // a session's first description of a table it has (pgsource's core.relation): nothing to write
+			}
 			for _, stmt := range stmts {
 				q.addPlain(stmt)
 			}
