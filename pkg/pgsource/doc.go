@@ -28,6 +28,13 @@
 // those (InsertsPublication), so that the source keeps allowing its
 // updates and deletes (publication.go).
 //
+// Where the role is a superuser, Open installs a DDL capture (an event
+// trigger writing a logical message in each CREATE, ALTER or DROP TABLE's
+// own transaction, ddlcapture.go): the relation versions that follow carry
+// the columns' numbers, which tell a rename from a drop and an add, and a
+// dropped table is a DDL of its own. The session's first description of
+// each subscribed table is a DDL even when it matches the version known.
+//
 // The stream's decisions are a WAL core (core.go; its rows in
 // core_change.go, its positions in core_confirm.go; with copy_stream.go's
 // windows and liveness.go): single-threaded and pure, stepped by parsed
