@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -128,6 +129,11 @@ func allTypes() []aType {
 		{"posnum", func(r *rand.Rand) string { return pick(r, "0.01", "99999999.99") }},
 		{"pair", func(r *rand.Rand) string { return pick(r, "ROW(1, 'a,b')", "ROW(NULL, NULL)", `ROW(-1, 'q"uote')`) }},
 		{"pair[]", func(r *rand.Rand) string { return "ARRAY[ROW(1, 'x')::pair, NULL]" }},
+		// Extensions' types, which the target has too.
+		{"hstore", func(r *rand.Rand) string { return q(pick(r, "", "a=>1, b=>NULL", `"k y"=>"v,x", "q\"uote"=>""`)) }},
+		{"citext", func(r *rand.Rand) string { return q(pick(r, "", "MiXeD", "mixed")) }},
+		{"ltree", func(r *rand.Rand) string { return q(pick(r, "", "top", "a.b_c.d1")) }},
+		{"cube", func(r *rand.Rand) string { return q(pick(r, "1", "(0.5)", "(1, 2),(3, 4)")) }},
 	}
 }
 
@@ -136,7 +142,8 @@ func allTypes() []aType {
 // carried it (an insert, then an update of every column): random rows of
 // each type, edge values among them (NaN, infinities, -0, BC dates, JSON
 // null, arrays of several dimensions and lower bounds, ranges and
-// multiranges, char padding, a created enum, domain and composite), are
+// multiranges, char padding, a created enum, domain and composite, the
+// types of four extensions the target has too), are
 // compared column by column by value (IS NOT DISTINCT FROM, or the text
 // of a type without equality, json's), never by a checksum of text.
 // The seed is fixed, so a failure replays.
@@ -146,6 +153,10 @@ func TestEveryValueOfEveryTypeArrivesExact(t *testing.T) {
 	for _, s := range []string{"CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')", "CREATE DOMAIN posnum AS numeric(10,2) CHECK (VALUE > 0)",
 		"CREATE TYPE pair AS (n int, s text)"} {
 		p.exec(s)
+	}
+	for _, ext := range []string{"hstore", "citext", "ltree", "cube"} {
+		p.exec("CREATE EXTENSION " + ext)
+		p.targetExec("CREATE EXTENSION " + ext) // the target has them: their columns are of the type itself
 	}
 	cols := []string{"id int PRIMARY KEY"}
 	for i, ty := range types {
@@ -174,6 +185,14 @@ func TestEveryValueOfEveryTypeArrivesExact(t *testing.T) {
 	defer func() { _ = stop() }()
 	p.waitEqual("the snapshot of every type")
 	p.requireSameValues(types, n, "the snapshot")
+	var extCols []string
+	for i, ty := range types {
+		if slices.Contains([]string{"hstore", "citext", "ltree", "cube"}, ty.name) {
+			extCols = append(extCols, fmt.Sprintf("c%d", i))
+		}
+	}
+	require.Equal(t, []string{"hstore", "citext", "ltree", "cube"}, p.targetQuery(`SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+WHERE attrelid = 'public.alltypes'::regclass AND attname IN ('`+strings.Join(extCols, "', '")+`') ORDER BY attnum`), "the extensions' types themselves")
 
 	var streamed []string
 	for id := n + 1; id <= 2*n; id++ {
@@ -257,7 +276,7 @@ func (p *pair) requireSameValues(types []aType, want int, what string) {
 		// areas).
 		cmp := fmt.Sprintf("s.c%d::text IS NOT DISTINCT FROM t.c%d::text", i, i)
 		_, err := p.conn.Exec(ctx, fmt.Sprintf("SELECT NULL::%s IS NOT DISTINCT FROM NULL::%s", ty.name, ty.name))
-		if err == nil && !strings.Contains("point line lseg box path polygon circle", ty.name) {
+		if err == nil && !slices.Contains([]string{"point", "line", "lseg", "box", "path", "polygon", "circle"}, ty.name) {
 			cmp += fmt.Sprintf(" AND s.c%d IS NOT DISTINCT FROM t.c%d", i, i)
 		}
 		var bad []string
