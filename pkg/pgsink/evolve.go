@@ -99,8 +99,9 @@ func (t *table) evolve(rel pgcodec.Relation, has targetTypes) ([]string, error) 
 			stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s DROP COLUMN IF EXISTS %s", qname, pgcodec.QuoteIdent(name)))
 			continue
 		}
-		if inRel[name] || t.own[name] || slices.ContainsFunc(renames, func(r [2]string) bool { return r[0] == name }) {
-			continue
+		if inRel[name] || t.own[name] || slices.ContainsFunc(renames, func(r [2]string) bool { return r[0] == name }) ||
+			slices.ContainsFunc(old.Generated, func(g pgcodec.GeneratedColumn) bool { return g.Name == name }) {
+			continue // (a generated column gone: below)
 		}
 		if !slices.ContainsFunc(old.Columns, func(c pgcodec.Column) bool { return c.Name == name }) {
 			return nil, fmt.Errorf("%w: %s: column %q is not the source's, and was added to the target table after the changefeed first "+
@@ -132,6 +133,19 @@ func (t *table) evolve(rel pgcodec.Relation, has targetTypes) ([]string, error) 
 				pgcodec.QuoteIdent(c.Name), to, pgcodec.QuoteIdent(c.Name), to))
 		}
 	}
+	// Stored generated columns the source added or dropped (a version of
+	// the DDL capture's: the stream has no other word of them). The
+	// target computes an added one for the rows it holds.
+	for _, g := range rel.Generated {
+		if _, ok := t.types[g.Name]; !ok && !t.own[g.Name] {
+			stmts = append(stmts, generatedColumnSQL(qname, g))
+		}
+	}
+	for _, g := range old.Generated {
+		if !slices.ContainsFunc(rel.Generated, func(n pgcodec.GeneratedColumn) bool { return n.Name == g.Name }) && len(rel.Generated) > 0 {
+			stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s DROP COLUMN IF EXISTS %s", qname, pgcodec.QuoteIdent(g.Name)))
+		}
+	}
 	if key := rel.KeyColumns(); !slices.Equal(key, t.keyAfter(renamed)) {
 		if len(t.key) > 0 {
 			stmts = append(stmts, dropPrimaryKeySQL(qname))
@@ -141,6 +155,12 @@ func (t *table) evolve(rel pgcodec.Relation, has targetTypes) ([]string, error) 
 		}
 	}
 	return stmts, nil
+}
+
+// generatedColumnSQL adds generated column g to table qname (its
+// expression validated by pgcodec.Relation.Validate).
+func generatedColumnSQL(qname string, g pgcodec.GeneratedColumn) string {
+	return fmt.Sprintf("ALTER TABLE %s ADD COLUMN IF NOT EXISTS %s %s GENERATED ALWAYS AS (%s) STORED", qname, pgcodec.QuoteIdent(g.Name), g.Type, g.Expr)
 }
 
 // keyAfter is the target's key with renamed columns (new -> old) under
@@ -262,10 +282,12 @@ func (t *table) evolved(rel pgcodec.Relation, has targetTypes) {
 		order = append(order, c.Name)
 	}
 	for _, g := range rel.Generated {
-		if typ, ok := t.types[g.Name]; ok {
-			types[g.Name] = typ
-			order = append(order, g.Name)
+		typ, ok := t.types[g.Name]
+		if !ok {
+			typ = g.Type // added by this version's evolve
 		}
+		types[g.Name] = typ
+		order = append(order, g.Name)
 	}
 	if !maps.Equal(types, t.types) || !slices.Equal(order, t.order) || !slices.Equal(rel.KeyColumns(), t.key) || rel.QualifiedName() != t.qname {
 		t.forget()

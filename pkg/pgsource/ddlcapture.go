@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -49,7 +50,12 @@ BEGIN
     BEGIN
       PERFORM pg_logical_emit_message(true, '` + ddlPrefix + `', json_build_object('oid', r.oid::bigint, 'columns',
         (SELECT coalesce(json_agg(json_build_object('num', a.attnum, 'name', a.attname) ORDER BY a.attnum), '[]'::json)
-         FROM pg_attribute a WHERE a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''))::text);
+         FROM pg_attribute a WHERE a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''),
+        'generated',
+        (SELECT coalesce(json_agg(json_build_object('name', a.attname, 'type', format_type(a.atttypid, a.atttypmod),
+                                                    'expr', pg_get_expr(d.adbin, d.adrelid)) ORDER BY a.attnum), '[]'::json)
+         FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+         WHERE a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = 's'))::text);
     EXCEPTION WHEN OTHERS THEN
       RAISE WARNING 'cdcflow: capturing a DDL of table % failed: %', r.oid, SQLERRM;
     END;
@@ -129,9 +135,10 @@ END $c$`
 // capturedTable is a capture message: a table's columns and numbers, or
 // that it was dropped.
 type capturedTable struct {
-	OID     uint32 `json:"oid"`
-	Dropped bool   `json:"dropped"`
-	Columns []struct {
+	OID       uint32                    `json:"oid"`
+	Dropped   bool                      `json:"dropped"`
+	Generated []pgcodec.GeneratedColumn `json:"generated"`
+	Columns   []struct {
 		Num  int16  `json:"num"`
 		Name string `json:"name"`
 	} `json:"columns"`
@@ -142,36 +149,37 @@ type capturedTable struct {
 const maxCaptureBytes = 1 << 20
 
 // parseCapture reads a capture message: hostile until validated. A drop
-// has no numbers (nil).
-func parseCapture(content []byte) (uint32, map[string]int16, error) {
+// has no numbers (nil). The generated columns are validated where they
+// become a relation version (pgcodec.Relation.Validate, at the sink).
+func parseCapture(content []byte) (uint32, map[string]int16, []pgcodec.GeneratedColumn, error) {
 	if len(content) > maxCaptureBytes {
-		return 0, nil, fmt.Errorf("%w: a DDL capture of %d bytes", ErrProtocol, len(content))
+		return 0, nil, nil, fmt.Errorf("%w: a DDL capture of %d bytes", ErrProtocol, len(content))
 	}
 	var t capturedTable
 	if err := json.Unmarshal(content, &t); err != nil {
-		return 0, nil, fmt.Errorf("%w: a DDL capture: %w", ErrProtocol, err)
+		return 0, nil, nil, fmt.Errorf("%w: a DDL capture: %w", ErrProtocol, err)
 	}
 	if t.OID == 0 {
-		return 0, nil, fmt.Errorf("%w: a DDL capture without a table", ErrProtocol)
+		return 0, nil, nil, fmt.Errorf("%w: a DDL capture without a table", ErrProtocol)
 	}
 	if t.Dropped {
-		return t.OID, nil, nil
+		return t.OID, nil, nil, nil
 	}
 	nums := make(map[string]int16, len(t.Columns))
 	for _, c := range t.Columns {
 		if c.Num <= 0 || c.Name == "" || !utf8.ValidString(c.Name) {
-			return 0, nil, fmt.Errorf("%w: a DDL capture's column %q numbered %d", ErrProtocol, c.Name, c.Num)
+			return 0, nil, nil, fmt.Errorf("%w: a DDL capture's column %q numbered %d", ErrProtocol, c.Name, c.Num)
 		}
 		nums[c.Name] = c.Num
 	}
-	return t.OID, nums, nil
+	return t.OID, nums, t.Generated, nil
 }
 
 // capture records a capture message of the transaction being decoded. A
 // message it cannot read is counted and dropped: the numbers are a help,
 // never needed for a row.
 func (c *core) capture(content []byte) {
-	oid, nums, err := parseCapture(content)
+	oid, nums, gens, err := parseCapture(content)
 	if err != nil {
 		c.tally.badCaptures++
 		return
@@ -190,6 +198,15 @@ func (c *core) capture(content []byte) {
 		c.st.captured = map[uint32]map[string]int16{}
 	}
 	c.st.captured[oid] = nums
+	if known, ok := c.st.known[oid]; ok && len(c.subs[oid]) > 0 && len(nums) == len(known.Columns) && !slices.Equal(known.Generated, gens) {
+		// A stored generated column added or dropped changes no relation
+		// message (PostgreSQL 15 publishes none): the capture is its DDL
+		// (but under a column list, which leaves generated columns out:
+		// their expressions may read a column it drops).
+		rel := known
+		rel.Generated = gens
+		c.adopt(rel)
+	}
 }
 
 // capturedNums returns the column numbers the last capture of table oid

@@ -176,3 +176,26 @@ func TestADDLBeforeARestartIsCarriedAfterIt(t *testing.T) {
 	require.Zero(t, p.status().Counts["stopped"])
 	require.NoError(t, stop(), stderr.String())
 }
+
+// A stored generated column added while streaming changes no relation
+// message (PostgreSQL 15 publishes no value of one): the DDL capture's
+// message is its DDL, and the target adds it with the source's expression
+// and computes it for the rows it holds; one dropped goes too.
+func TestAGeneratedColumnAddedWhileStreamingIsComputedByTheTarget(t *testing.T) {
+	p := newPair(t)
+	p.exec("CREATE TABLE g (id int PRIMARY KEY, a int)")
+	p.exec("INSERT INTO g SELECT x, x FROM generate_series(1, 10) x")
+	stop, stderr := p.serve(p.config())
+	defer func() { _ = stop() }()
+	p.waitEqual("the snapshot")
+	p.exec("ALTER TABLE g ADD COLUMN twice int GENERATED ALWAYS AS (a * 2) STORED, ADD COLUMN thrice int GENERATED ALWAYS AS (a * 3) STORED")
+	p.exec("INSERT INTO g (id, a) VALUES (11, 11)")
+	p.waitEqual("the generated columns added")
+	require.Equal(t, []string{"20|30", "22|33"}, p.targetQuery("SELECT twice::text || '|' || thrice::text FROM g WHERE id >= 10 ORDER BY id"))
+	p.exec("ALTER TABLE g DROP COLUMN thrice")
+	p.exec("INSERT INTO g (id, a) VALUES (12, 12)")
+	p.waitEqual("a generated column dropped")
+	require.Equal(t, []string{"0"}, p.targetQuery("SELECT count(*)::text FROM pg_attribute WHERE attrelid = 'public.g'::regclass AND attname = 'thrice' AND NOT attisdropped"))
+	require.Zero(t, p.status().Counts["stopped"])
+	require.NoError(t, stop(), stderr.String())
+}
