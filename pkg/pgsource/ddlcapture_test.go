@@ -15,7 +15,7 @@ func FuzzParseCapture(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		oid, nums, err := parseCapture(b)
+		oid, nums, _, err := parseCapture(b)
 		if err != nil {
 			require.ErrorIs(t, err, ErrProtocol)
 			return
