@@ -8,7 +8,9 @@
 //
 // StartWith takes Options: wal_level=logical for replication sources,
 // fsync on for benchmarks; Stop and Restart take a server down and back
-// on the same address; Launch starts one outside a test.
+// on the same address; Launch starts one outside a test. Options.Locales
+// compiles locales for a server of its own (localedef into its directory,
+// LOCPATH in its environment): the machine has only C and POSIX.
 //
 // StartProxy puts a loopback TCP proxy in front of a server that can delay
 // traffic (a slow link) and reset every connection (a network fault).

@@ -31,6 +31,8 @@ type Server struct {
 	bin  string
 	opts string
 	run  func(name string, args ...string) *exec.Cmd
+	// locpath is where compileLocales put the server's own locales ("" for none).
+	locpath string
 }
 
 // Options shape a server. The zero value is the tests' default: fsync off,
@@ -46,6 +48,11 @@ type Options struct {
 	// TLS turns ssl on with a self-signed certificate for 127.0.0.1 (the
 	// DSN keeps sslmode=disable; sslmode=require in it negotiates TLS).
 	TLS bool
+	// Locales are locales the server can use besides C and POSIX
+	// ("ja_JP.UTF-8"): compiled from glibc's sources (Debian's locales
+	// package) into the server's directory with localedef, which the
+	// server finds through LOCPATH. A machine has only the C locales.
+	Locales []string
 }
 
 // Start initialises a cluster in a fresh directory and starts it; the
@@ -108,6 +115,11 @@ func Launch(opts Options) (*Server, error) {
 			return fail(err)
 		}
 		settings = append(settings, "ssl=on", "ssl_cert_file="+cert, "ssl_key_file="+key)
+	}
+	if len(opts.Locales) > 0 {
+		if err := s.compileLocales(opts.Locales); err != nil {
+			return fail(err)
+		}
 	}
 	settings = append(settings, opts.Settings...)
 	// The port is free when chosen but nothing holds it until the server
@@ -176,7 +188,14 @@ func (s *Server) Client(prog string, args ...string) ([]byte, error) {
 
 // Restart starts a stopped server again.
 func (s *Server) Restart() error {
-	if out, err := s.run(filepath.Join(s.bin, "pg_ctl"), "-D", s.data, "-o", s.opts, "-w", "-l", filepath.Join(s.dir, "log"), "start").CombinedOutput(); err != nil {
+	start := s.run(filepath.Join(s.bin, "pg_ctl"), "-D", s.data, "-o", s.opts, "-w", "-l", filepath.Join(s.dir, "log"), "start")
+	if s.locpath != "" {
+		if start.Env == nil {
+			start.Env = os.Environ()
+		}
+		start.Env = append(start.Env, "LOCPATH="+s.locpath)
+	}
+	if out, err := start.CombinedOutput(); err != nil {
 		log, _ := os.ReadFile(filepath.Join(s.dir, "log"))
 		// The log is appended to by every start: only this start's part
 		// says why this one failed.
@@ -203,6 +222,28 @@ func (s *Server) Close() error {
 // DSNFor connects to database db as the superuser.
 func (s *Server) DSNFor(db string) string {
 	return fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable", s.Addr, db)
+}
+
+// compileLocales compiles each of names (language_TERRITORY.charset) with
+// localedef into the server's directory, for LOCPATH.
+func (s *Server) compileLocales(names []string) error {
+	s.locpath = filepath.Join(s.dir, "locale")
+	if out, err := s.run("mkdir", s.locpath).CombinedOutput(); err != nil { // as the server's user
+		return fmt.Errorf("mkdir %s: %v\n%s", s.locpath, err, out)
+	}
+	for _, name := range names {
+		lang, charset, ok := strings.Cut(name, ".")
+		if !ok {
+			return fmt.Errorf("locale %q: want language_TERRITORY.charset", name)
+		}
+		// localedef exits 1 for warnings with the locale written; a
+		// locale it did not write is the error.
+		out, err := s.run("localedef", "-i", lang, "-f", charset, filepath.Join(s.locpath, name)).CombinedOutput()
+		if _, statErr := os.Stat(filepath.Join(s.locpath, name, "LC_MONETARY")); statErr != nil {
+			return fmt.Errorf("localedef %s (install Debian's locales; .ci/run does): %v\n%s", name, err, out)
+		}
+	}
+	return nil
 }
 
 func findBin() (string, error) {

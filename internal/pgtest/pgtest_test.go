@@ -79,3 +79,22 @@ func TestAStartOnATakenPortSaysSo(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, conn.Close(context.Background()))
 }
+
+// A server given a locale of its own runs under it (money's format is
+// lc_monetary's: ja_JP has no fractional digits), also after a restart.
+func TestAServerRunsUnderALocaleOfItsOwn(t *testing.T) {
+	s := StartWith(t, Options{Locales: []string{"ja_JP.UTF-8"}, Settings: []string{"lc_monetary=ja_JP.UTF-8"}})
+	ctx := context.Background()
+	money := func() string {
+		conn, err := pgx.Connect(ctx, s.DSN)
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		var v string
+		require.NoError(t, conn.QueryRow(ctx, "SELECT 1234::money::text").Scan(&v))
+		return v
+	}
+	require.Equal(t, "￥1,234", money())
+	require.NoError(t, s.Stop())
+	require.NoError(t, s.Restart())
+	require.Equal(t, "￥1,234", money())
+}

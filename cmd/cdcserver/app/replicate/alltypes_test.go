@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cdcflow/eventservice/internal/pgtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
@@ -148,7 +149,22 @@ func allTypes() []aType {
 // of a type without equality, json's), never by a checksum of text.
 // The seed is fixed, so a failure replays.
 func TestEveryValueOfEveryTypeArrivesExact(t *testing.T) {
-	p := newPair(t)
+	// Two servers configured unlike each other and unlike the defaults, in
+	// every setting a value's text depends on: money's lc_monetary (ja_JP
+	// has no fractional digits, de_DE two and a decimal comma), the time
+	// zone, DateStyle, IntervalStyle, float digits and bytea's output.
+	p := newPairWith(t, pgtest.Options{Locales: []string{"ja_JP.UTF-8"}, Settings: []string{"lc_monetary=ja_JP.UTF-8",
+		"TimeZone=America/New_York", "DateStyle=SQL,DMY", "IntervalStyle=sql_standard", "extra_float_digits=0", "bytea_output=escape"}},
+		pgtest.Options{Locales: []string{"de_DE.UTF-8"}, Settings: []string{"lc_monetary=de_DE.UTF-8",
+			"TimeZone=Asia/Kolkata", "DateStyle=German", "IntervalStyle=iso_8601", "extra_float_digits=1", "bytea_output=hex"}})
+	for _, s := range []struct {
+		srv  *pgtest.Server
+		want string
+	}{{p.src, "￥1,234"}, {p.dst, "1.234,00 €"}} {
+		out, err := s.srv.Client("psql", "-Atc", "SELECT 1234::money")
+		require.NoError(t, err, string(out))
+		require.Equal(t, s.want, strings.TrimSpace(string(out)), "the server's own lc_monetary")
+	}
 	types := allTypes()
 	for _, s := range []string{"CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')", "CREATE DOMAIN posnum AS numeric(10,2) CHECK (VALUE > 0)",
 		"CREATE TYPE pair AS (n int, s text)"} {

@@ -44,7 +44,14 @@ type pair struct {
 }
 
 func newPair(t *testing.T) *pair {
-	p := &pair{t: t, src: pgtest.StartWith(t, pgtest.Options{Logical: true}), dst: pgtest.Start(t)}
+	return newPairWith(t, pgtest.Options{}, pgtest.Options{})
+}
+
+// newPairWith is newPair with the servers' options (the source's is
+// always logical).
+func newPairWith(t *testing.T, src, dst pgtest.Options) *pair {
+	src.Logical = true
+	p := &pair{t: t, src: pgtest.StartWith(t, src), dst: pgtest.StartWith(t, dst)}
 	conn, err := pgx.Connect(context.Background(), p.src.DSN)
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close(context.Background()) })
