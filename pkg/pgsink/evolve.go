@@ -94,6 +94,13 @@ func (t *table) evolve(rel pgcodec.Relation, has targetTypes) ([]string, error) 
 			}
 		}
 	}
+	// Generated columns the source dropped, before the columns they read
+	// (a DROP COLUMN ... CASCADE at the source dropped both).
+	for _, g := range old.Generated {
+		if !slices.ContainsFunc(rel.Generated, func(n pgcodec.GeneratedColumn) bool { return n.Name == g.Name }) {
+			stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s DROP COLUMN IF EXISTS %s", qname, pgcodec.QuoteIdent(g.Name)))
+		}
+	}
 	for _, name := range t.order {
 		if replaced[name] {
 			stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s DROP COLUMN IF EXISTS %s", qname, pgcodec.QuoteIdent(name)))
@@ -139,11 +146,6 @@ func (t *table) evolve(rel pgcodec.Relation, has targetTypes) ([]string, error) 
 	for _, g := range rel.Generated {
 		if _, ok := t.types[g.Name]; !ok && !t.own[g.Name] {
 			stmts = append(stmts, generatedColumnSQL(qname, g))
-		}
-	}
-	for _, g := range old.Generated {
-		if !slices.ContainsFunc(rel.Generated, func(n pgcodec.GeneratedColumn) bool { return n.Name == g.Name }) && len(rel.Generated) > 0 {
-			stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s DROP COLUMN IF EXISTS %s", qname, pgcodec.QuoteIdent(g.Name)))
 		}
 	}
 	if key := rel.KeyColumns(); !slices.Equal(key, t.keyAfter(renamed)) {

@@ -94,9 +94,8 @@ type streamState struct {
 	// silentStreak counts the sessions in a row that ended silent
 	// (ErrSourceSilent): each doubles the next one's receive timeout.
 	silentStreak int
-	// captured are the column numbers of each table's last DDL capture,
-	// by name (ddlcapture.go).
-	captured map[uint32]map[string]int16
+	// captured is each table's last DDL capture (ddlcapture.go).
+	captured map[uint32]capturedShape
 }
 
 func newStreamState(known map[uint32]pgcodec.Relation) *streamState {

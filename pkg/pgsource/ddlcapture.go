@@ -195,9 +195,9 @@ func (c *core) capture(content []byte) {
 		return
 	}
 	if c.st.captured == nil {
-		c.st.captured = map[uint32]map[string]int16{}
+		c.st.captured = map[uint32]capturedShape{}
 	}
-	c.st.captured[oid] = nums
+	c.st.captured[oid] = capturedShape{nums: nums, generated: gens}
 	if known, ok := c.st.known[oid]; ok && len(c.subs[oid]) > 0 && len(nums) == len(known.Columns) && !slices.Equal(known.Generated, gens) {
 		// A stored generated column added or dropped changes no relation
 		// message (PostgreSQL 15 publishes none): the capture is its DDL
@@ -209,6 +209,15 @@ func (c *core) capture(content []byte) {
 	}
 }
 
-// capturedNums returns the column numbers the last capture of table oid
-// gave, by name (nil: none).
-func (c *core) capturedNums(oid uint32) map[string]int16 { return c.st.captured[oid] }
+// capturedShape is a table's last DDL capture: its columns' numbers by
+// name, and its stored generated columns.
+type capturedShape struct {
+	nums      map[string]int16
+	generated []pgcodec.GeneratedColumn
+}
+
+// captured returns table oid's last DDL capture (ok false: none).
+func (c *core) captured(oid uint32) (capturedShape, bool) {
+	shape, ok := c.st.captured[oid]
+	return shape, ok
+}

@@ -247,18 +247,28 @@ func (ss *session) describe(ctx context.Context, m *msgRelation) (pgcodec.Relati
 		}
 		rel.Columns = append(rel.Columns, col)
 	}
-	if nums := ss.core.capturedNums(m.oid); nums != nil {
+	shape, captured := ss.core.captured(m.oid)
+	if captured {
 		// The last DDL capture before this description: its numbers
 		// tell a rename from a drop and an add (ddlcapture.go).
 		for i := range rel.Columns {
-			rel.Columns[i].Num = nums[rel.Columns[i].Name]
+			rel.Columns[i].Num = shape.nums[rel.Columns[i].Name]
 		}
 	}
 	rel.Identity = identityOf(rel.Columns, m.replicaIdentity)
-	if known, ok := ss.core.known(m.oid); ok {
-		rel.Generated = known.Generated // the stream never carries them
-	} else if err := ss.describeGenerated(ctx, &rel); err != nil {
-		return rel, err
+	known, isKnown := ss.core.known(m.oid)
+	switch {
+	case captured && len(shape.nums) == len(rel.Columns):
+		// The stream never carries generated columns; the capture of the
+		// ALTER that changed this version has them (the known version is
+		// older: a column added with one reading it, or dropped with it).
+		rel.Generated = shape.generated
+	case isKnown:
+		rel.Generated = known.Generated
+	default:
+		if err := ss.describeGenerated(ctx, &rel); err != nil {
+			return rel, err
+		}
 	}
 	return rel, nil
 }

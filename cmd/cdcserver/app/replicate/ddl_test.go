@@ -196,6 +196,18 @@ func TestAGeneratedColumnAddedWhileStreamingIsComputedByTheTarget(t *testing.T) 
 	p.exec("INSERT INTO g (id, a) VALUES (12, 12)")
 	p.waitEqual("a generated column dropped")
 	require.Equal(t, []string{"0"}, p.targetQuery("SELECT count(*)::text FROM pg_attribute WHERE attrelid = 'public.g'::regclass AND attname = 'thrice' AND NOT attisdropped"))
+	// A column dropped with the generated column that reads it (CASCADE),
+	// then the table's last generated column.
+	p.exec("ALTER TABLE g ADD COLUMN b int, ADD COLUMN bb int GENERATED ALWAYS AS (b + 1) STORED")
+	p.exec("INSERT INTO g (id, a, b) VALUES (13, 13, 13)")
+	p.waitEqual("a column and a generated one reading it")
+	p.exec("ALTER TABLE g DROP COLUMN b CASCADE")
+	p.exec("INSERT INTO g (id, a) VALUES (14, 14)")
+	p.waitEqual("a column dropped with its generated one")
+	p.exec("ALTER TABLE g DROP COLUMN twice")
+	p.exec("INSERT INTO g (id, a) VALUES (15, 15)")
+	p.waitEqual("the last generated column dropped")
+	require.Equal(t, []string{"id", "a"}, p.targetQuery("SELECT attname FROM pg_attribute WHERE attrelid = 'public.g'::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum"))
 	require.Zero(t, p.status().Counts["stopped"])
 	require.NoError(t, stop(), stderr.String())
 }
