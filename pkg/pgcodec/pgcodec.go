@@ -489,6 +489,14 @@ type Relation struct {
 	// the stream never carries: a description read from the source's
 	// catalog has them, one of a stream's relation message not.
 	Generated []GeneratedColumn `json:"generated,omitempty"`
+	// UnknownConversion is the statement (its first 1000 characters) of
+	// the DDL that made this version, as the source's DDL capture gave
+	// it, when a column type it changed may have been converted by an
+	// expression of its own (ALTER COLUMN ... TYPE ... USING), which
+	// the target cannot know: a sink stops the table at such a type
+	// change rather than convert the values it holds by a cast, which
+	// could give others than the source's. Empty for a plain ALTER.
+	UnknownConversion string `json:"unknown_conversion,omitempty"`
 }
 
 // Identities of a table without a key column (Relation.Identity).

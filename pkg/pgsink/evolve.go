@@ -135,6 +135,12 @@ func (t *table) evolve(rel pgcodec.Relation, has targetTypes) ([]string, error) 
 		case typ != c.Type && (c.Base == "" || typ != c.Base) && retyped(old, name, c):
 			// The source's type changed (a target column of another type
 			// the user created first, which holds the values, is theirs).
+			if rel.UnknownConversion != "" {
+				return nil, fmt.Errorf("%w: %s: column %q became %s by a statement that may convert its values by an expression of its own "+
+					"(USING), which cannot be known here; a cast could give values other than the source's. Apply it to the target "+
+					"table by hand, then restart serve (the table goes on from its checkpoint). The statement: %s",
+					ErrSchemaChange, qname, c.Name, c.Type, rel.UnknownConversion)
+			}
 			to := has.of(c)
 			stmts = append(stmts, fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE %s USING %s::%s", qname,
 				pgcodec.QuoteIdent(c.Name), to, pgcodec.QuoteIdent(c.Name), to))

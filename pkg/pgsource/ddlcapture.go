@@ -26,7 +26,11 @@ import (
 // meets it in order, before any row of the new shape; the core keeps the
 // last one per table (streamState.captured), and a relation version the
 // session describes afterwards carries the numbers (pgcodec.Column.Num),
-// by which the sink tells the cases apart (pkg/pgsink/evolve.go).
+// by which the sink tells the cases apart (pkg/pgsink/evolve.go). An
+// ALTER TABLE whose statement may convert a column by an expression of
+// its own (its text has USING, or is no visible ALTER: a function that
+// runs one) carries the statement (Relation.UnknownConversion), and the
+// sink stops a table retyped so rather than convert it by a cast.
 //
 // The trigger must never hold up or fail a source's DDL: it is SECURITY
 // DEFINER (the installer's right to write the message, whoever runs the
@@ -38,6 +42,10 @@ import (
 
 // ddlPrefix marks the capture's messages.
 const ddlPrefix = "cdcflow-ddl"
+
+// maxStatementChars bounds the statement a capture message carries (an
+// ALTER whose conversion is not known: a migration script can be large).
+const maxStatementChars = "1000"
 
 // captureSQL installs the capture (idempotent).
 const captureSQL = `CREATE SCHEMA IF NOT EXISTS cdcflow;
@@ -55,7 +63,9 @@ BEGIN
         (SELECT coalesce(json_agg(json_build_object('name', a.attname, 'type', format_type(a.atttypid, a.atttypmod),
                                                     'expr', pg_get_expr(d.adbin, d.adrelid)) ORDER BY a.attnum), '[]'::json)
          FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-         WHERE a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = 's'))::text);
+         WHERE a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = 's'),
+        'unknown_conversion',
+        CASE WHEN tg_tag = 'ALTER TABLE' AND (current_query() ~* '\musing\M' OR current_query() !~* '\malter\M') THEN left(current_query(), ` + maxStatementChars + `) END)::text);
     EXCEPTION WHEN OTHERS THEN
       RAISE WARNING 'cdcflow: capturing a DDL of table % failed: %', r.oid, SQLERRM;
     END;
@@ -138,7 +148,10 @@ type capturedTable struct {
 	OID       uint32                    `json:"oid"`
 	Dropped   bool                      `json:"dropped"`
 	Generated []pgcodec.GeneratedColumn `json:"generated"`
-	Columns   []struct {
+	// UnknownConversion is the statement when a type it changed may have
+	// been converted by an expression of its own (pgcodec.Relation's).
+	UnknownConversion string `json:"unknown_conversion"`
+	Columns           []struct {
 		Num  int16  `json:"num"`
 		Name string `json:"name"`
 	} `json:"columns"`
@@ -149,37 +162,42 @@ type capturedTable struct {
 const maxCaptureBytes = 1 << 20
 
 // parseCapture reads a capture message: hostile until validated. A drop
-// has no numbers (nil). The generated columns are validated where they
-// become a relation version (pgcodec.Relation.Validate, at the sink).
-func parseCapture(content []byte) (uint32, map[string]int16, []pgcodec.GeneratedColumn, error) {
+// has no numbers (shape.nums nil). The generated columns are validated
+// where they become a relation version (pgcodec.Relation.Validate, at the
+// sink).
+func parseCapture(content []byte) (uint32, capturedShape, error) {
 	if len(content) > maxCaptureBytes {
-		return 0, nil, nil, fmt.Errorf("%w: a DDL capture of %d bytes", ErrProtocol, len(content))
+		return 0, capturedShape{}, fmt.Errorf("%w: a DDL capture of %d bytes", ErrProtocol, len(content))
 	}
 	var t capturedTable
 	if err := json.Unmarshal(content, &t); err != nil {
-		return 0, nil, nil, fmt.Errorf("%w: a DDL capture: %w", ErrProtocol, err)
+		return 0, capturedShape{}, fmt.Errorf("%w: a DDL capture: %w", ErrProtocol, err)
 	}
 	if t.OID == 0 {
-		return 0, nil, nil, fmt.Errorf("%w: a DDL capture without a table", ErrProtocol)
+		return 0, capturedShape{}, fmt.Errorf("%w: a DDL capture without a table", ErrProtocol)
 	}
 	if t.Dropped {
-		return t.OID, nil, nil, nil
+		return t.OID, capturedShape{}, nil
+	}
+	if !utf8.ValidString(t.UnknownConversion) {
+		return 0, capturedShape{}, fmt.Errorf("%w: a DDL capture's statement is not UTF-8", ErrProtocol)
 	}
 	nums := make(map[string]int16, len(t.Columns))
 	for _, c := range t.Columns {
 		if c.Num <= 0 || c.Name == "" || !utf8.ValidString(c.Name) {
-			return 0, nil, nil, fmt.Errorf("%w: a DDL capture's column %q numbered %d", ErrProtocol, c.Name, c.Num)
+			return 0, capturedShape{}, fmt.Errorf("%w: a DDL capture's column %q numbered %d", ErrProtocol, c.Name, c.Num)
 		}
 		nums[c.Name] = c.Num
 	}
-	return t.OID, nums, t.Generated, nil
+	return t.OID, capturedShape{nums: nums, generated: t.Generated, unknownConversion: t.UnknownConversion}, nil
 }
 
 // capture records a capture message of the transaction being decoded. A
 // message it cannot read is counted and dropped: the numbers are a help,
 // never needed for a row.
 func (c *core) capture(content []byte) {
-	oid, nums, gens, err := parseCapture(content)
+	oid, shape, err := parseCapture(content)
+	nums, gens := shape.nums, shape.generated
 	if err != nil {
 		c.tally.badCaptures++
 		return
@@ -197,7 +215,7 @@ func (c *core) capture(content []byte) {
 	if c.st.captured == nil {
 		c.st.captured = map[uint32]capturedShape{}
 	}
-	c.st.captured[oid] = capturedShape{nums: nums, generated: gens}
+	c.st.captured[oid] = shape
 	if known, ok := c.st.known[oid]; ok && len(c.subs[oid]) > 0 && len(nums) == len(known.Columns) && !slices.Equal(known.Generated, gens) {
 		// A stored generated column added or dropped changes no relation
 		// message (PostgreSQL 15 publishes none): the capture is its DDL
@@ -210,10 +228,12 @@ func (c *core) capture(content []byte) {
 }
 
 // capturedShape is a table's last DDL capture: its columns' numbers by
-// name, and its stored generated columns.
+// name, its stored generated columns, and the statement if it may have
+// converted a column by an expression of its own.
 type capturedShape struct {
-	nums      map[string]int16
-	generated []pgcodec.GeneratedColumn
+	nums              map[string]int16
+	generated         []pgcodec.GeneratedColumn
+	unknownConversion string
 }
 
 // captured returns table oid's last DDL capture (ok false: none).

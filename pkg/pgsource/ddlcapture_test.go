@@ -15,7 +15,8 @@ func FuzzParseCapture(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		oid, nums, _, err := parseCapture(b)
+		oid, shape, err := parseCapture(b)
+		nums := shape.nums
 		if err != nil {
 			require.ErrorIs(t, err, ErrProtocol)
 			return

@@ -254,6 +254,7 @@ func (ss *session) describe(ctx context.Context, m *msgRelation) (pgcodec.Relati
 		for i := range rel.Columns {
 			rel.Columns[i].Num = shape.nums[rel.Columns[i].Name]
 		}
+		rel.UnknownConversion = shape.unknownConversion
 	}
 	rel.Identity = identityOf(rel.Columns, m.replicaIdentity)
 	known, isKnown := ss.core.known(m.oid)

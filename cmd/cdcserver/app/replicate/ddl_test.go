@@ -211,3 +211,41 @@ func TestAGeneratedColumnAddedWhileStreamingIsComputedByTheTarget(t *testing.T) 
 	require.Zero(t, p.status().Counts["stopped"])
 	require.NoError(t, stop(), stderr.String())
 }
+
+// A column retyped with a conversion of the statement's own (USING), which
+// the target cannot know, stops its table rather than convert the values
+// there by a cast: w holds digits, so w::int would succeed with other
+// values than length(w). A plain retype in the same table before it is
+// carried. The operator applies the statement by hand and restarts: the
+// table goes on from its checkpoint, no copy, and is equal.
+func TestARetypeWithAConversionOfItsOwnStopsUntilAppliedByHand(t *testing.T) {
+	p := newPair(t)
+	p.exec("CREATE TABLE t (id int PRIMARY KEY, v int, w text)")
+	p.exec("INSERT INTO t SELECT g, g, (g * 100)::text FROM generate_series(1, 20) g")
+	p.exec("CREATE TABLE bystander (id int PRIMARY KEY)")
+	stop, stderr := p.serve(p.config())
+	p.waitEqual("the snapshot")
+	p.exec("ALTER TABLE t ALTER COLUMN v TYPE bigint")
+	p.exec("INSERT INTO t VALUES (21, 21, '2100')")
+	p.waitEqual("a plain retype")
+	p.exec("ALTER TABLE t ALTER COLUMN w TYPE int USING length(w)")
+	p.exec("INSERT INTO t VALUES (22, 22, 4)")
+	testwait.Within(t, time.Minute, "t stopped", func() bool { return p.status().Counts["stopped"] == 1 })
+	st := p.status()
+	require.Equal(t, `"public"."t"`, st.Tables[1].Table, "%v", st.Tables)
+	require.Equal(t, "stopped", st.Tables[1].State, "%v", st.Tables)
+	require.Contains(t, st.Tables[1].Reason, "USING length(w)")
+	require.Equal(t, []string{"text"}, p.targetQuery("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = 't'::regclass AND attname = 'w'"),
+		"the target's values are left as they were")
+	p.exec("INSERT INTO bystander VALUES (1)") // the other tables go on
+	testwait.Within(t, time.Minute, "the bystander", func() bool { return p.targetCountOrNone("public.bystander") == 1 })
+	require.NoError(t, stop(), stderr.String())
+
+	p.targetExec("ALTER TABLE t ALTER COLUMN w TYPE int USING length(w)")
+	stop, stderr = p.serve(p.config())
+	defer func() { _ = stop() }()
+	p.waitEqual("resumed after the statement applied by hand")
+	require.Equal(t, []string{"3", "4"}, p.targetQuery("SELECT w::text FROM t WHERE id IN (1, 22) ORDER BY id"))
+	testwait.Within(t, time.Minute, "the target's list of stopped tables rewritten", func() bool { return p.status().Counts["stopped"] == 0 })
+	require.NoError(t, stop(), stderr.String())
+}
