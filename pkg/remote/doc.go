@@ -42,7 +42,12 @@
 //     connection and targets. Another wire version is refused naming both.
 //   - A peer acts only for its identity: with a Policy, a stream opens only
 //     for a target the peer's certificate is granted, and control calls
-//     carry its messaging.Authority for the control plane to check.
+//     carry its messaging.Authority for the control plane to check. A
+//     refusal tells such a peer nothing of another identity's objects
+//     (refusal.go): a Reset, Remove or heartbeat entry about another
+//     target's registration is answered exactly as one about a dispatcher
+//     that does not exist, and every explanation it gets is written from
+//     the code and its own request, never from the service's text.
 //     Without TLS the server listens on loopback only, unless allowed.
 //   - A dead link is detected: each side pings when idle; a stream silent,
 //     or with a send blocked, for LivenessTimeout is declared dead (the

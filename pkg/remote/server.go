@@ -285,10 +285,15 @@ func (s *Server) Connected() int {
 // context, so the control plane refuses what the caller's certificate does
 // not allow.
 func (s *Server) control(ctx context.Context, req []byte) ([]byte, error) {
-	if a := s.authorityOf(ctx); a != nil {
+	a := s.authorityOf(ctx)
+	if a != nil {
 		ctx = messaging.WithAuthority(ctx, a)
 	}
-	reply, err := serveControl(ctx, s.cp, req)
+	reply, err := serveControl(ctx, s.cp, a, req, func(err error) {
+		// The caller gets a redacted explanation; the whole one is the
+		// operator's.
+		s.log.Debug("control call refused", zap.String("identity", a.Identity()), zap.Error(err))
+	})
 	if err != nil {
 		s.met.refusedCalls.WithLabelValues("version").Inc()
 		return nil, status.Error(codes.FailedPrecondition, err.Error())

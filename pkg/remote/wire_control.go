@@ -349,32 +349,43 @@ func decodeReply(b []byte) ([]messaging.Code, error) {
 // serveControl decodes one control call, runs it on cp and encodes the
 // reply. A call that does not decode is answered CodeInvalidRequest; one
 // of another wire version fails the call itself (ErrVersionMismatch),
-// which the caller's client reports naming both versions.
-func serveControl(ctx context.Context, cp messaging.ControlPlane, b []byte) ([]byte, error) {
+// which the caller's client reports naming both versions. With a caller's
+// authority (the server has a Policy) the reply is redacted
+// (redactedReply) and refused is given the service's own explanation, for
+// the service's log.
+func serveControl(ctx context.Context, cp messaging.ControlPlane, auth messaging.Authority, b []byte, refused func(error)) ([]byte, error) {
 	r, err := decodeControl(b)
 	if errors.Is(err, ErrVersionMismatch) {
 		return nil, err
 	}
-	var codes []messaging.Code
 	if err != nil {
+		// What the decoder says is about the caller's own bytes.
 		err = fmt.Errorf("%w: %w", messaging.ErrInvalidRequest, err)
-	} else {
-		switch r.op {
-		case opRegister:
-			err = cp.Register(ctx, r.register)
-		case opRegisterBatch:
-			var reply messaging.RegisterBatchReply
-			reply, err = cp.RegisterBatch(ctx, r.batch)
-			codes = reply.Codes
-		case opReset:
-			err = cp.Reset(ctx, r.reset)
-		case opRemove:
-			err = cp.Remove(ctx, r.remove)
-		case opHeartbeat:
-			var reply messaging.HeartbeatReply
-			reply, err = cp.Heartbeat(ctx, r.heartbeat)
-			codes = reply.Codes
+		return appendReply(nil, messaging.CodeOf(err), nil, err.Error()), nil
+	}
+	var codes []messaging.Code
+	switch r.op {
+	case opRegister:
+		err = cp.Register(ctx, r.register)
+	case opRegisterBatch:
+		var reply messaging.RegisterBatchReply
+		reply, err = cp.RegisterBatch(ctx, r.batch)
+		codes = reply.Codes
+	case opReset:
+		err = cp.Reset(ctx, r.reset)
+	case opRemove:
+		err = cp.Remove(ctx, r.remove)
+	case opHeartbeat:
+		var reply messaging.HeartbeatReply
+		reply, err = cp.Heartbeat(ctx, r.heartbeat)
+		codes = reply.Codes
+	}
+	if auth != nil {
+		if err != nil && refused != nil {
+			refused(err)
 		}
+		code, msg := redactedReply(auth, r, err, codes)
+		return appendReply(nil, code, codes, msg), nil
 	}
 	msg := ""
 	if err != nil {
