@@ -406,8 +406,19 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1`, oid).Scan(&rel.
 	if err != nil {
 		return rel, nil, nil, sees, err
 	}
+	every := len(rel.Columns)
 	rel.Columns = pub.columns(rel.Columns)
 	rel.Identity = identityOf(rel.Columns, ident[0]) // after the column list, which may leave the key out
+	if len(rel.Columns) == every {
+		// Its stored generated columns, as every version the source
+		// gives has them (a version without them drops them at the
+		// sink), unless a column list leaves columns out (generatedOf).
+		gens, err := generatedOf(ctx, tx.Conn(), []uint32{oid})
+		if err != nil {
+			return rel, nil, nil, sees, err
+		}
+		rel.Generated = gens[oid]
+	}
 	if err := rel.Validate(); err != nil {
 		return rel, nil, nil, sees, fmt.Errorf("%w: %s: %w", ErrUnreplicable, rel.QualifiedName(), err)
 	}
