@@ -1,0 +1,224 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/pkg/clock"
+)
+
+// Membership. A node holds its key (Keys.Node) under a lease of its own
+// that it keeps alive, and runs changefeeds only while Valid: before the
+// local deadline, which is the time the last acknowledged keepalive was
+// *sent* plus the lease's TTL minus a margin, read from the monotonic
+// clock. The server's expiry is its receipt of that keepalive plus the
+// TTL, later than the send, so the local deadline passes first: a node
+// cut off from etcd (a partition, a pause) has stopped before its lease
+// can expire and its changefeeds be given to another node. A lease lost
+// is never revived: a node joins again under a new one.
+
+// Errors of membership.
+var (
+	// ErrNodeExists is a node ID another live node holds.
+	ErrNodeExists = errors.New("cluster: a live node holds this node ID")
+	// ErrLeaseLost is a membership whose lease expired, was revoked, or
+	// whose local deadline passed.
+	ErrLeaseLost = errors.New("cluster: the node's lease is lost")
+)
+
+// MemberOptions start a node's membership.
+type MemberOptions struct {
+	Client *clientv3.Client
+	Keys   Keys
+	NodeID string
+	// Info is the node's key's value (its address, version, start).
+	Info []byte
+	// TTL is the lease's TTL (default 10s; etcd may grant a longer one,
+	// which is then used).
+	TTL time.Duration
+	// Margin is taken off the local deadline, for a keepalive's send and
+	// the checks of Valid being late (default TTL/5).
+	Margin time.Duration
+	// Clock reads the monotonic time (default the real clock).
+	Clock  clock.Clock
+	Logger *zap.Logger
+	// knobs are tests' hooks (nil: none).
+	knobs *memberKnobs
+}
+
+// memberKnobs let a test drop the keepalives (a node cut off from etcd).
+type memberKnobs struct {
+	// drop, while true, drops every keepalive before it is sent.
+	drop atomic.Bool
+}
+
+// Member is a node's live membership.
+type Member struct {
+	opts  MemberOptions
+	lease clientv3.LeaseID
+	ttl   time.Duration
+	lost  chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
+
+	mu       sync.Mutex
+	deadline time.Time // local: see above
+	lostWhy  error
+}
+
+// StartMember grants the lease, puts the node's key under it (refused
+// with ErrNodeExists while another live node holds the ID), and starts
+// keeping it alive. Close revokes it.
+func StartMember(ctx context.Context, opts MemberOptions) (*Member, error) {
+	if opts.TTL == 0 {
+		opts.TTL = 10 * time.Second
+	}
+	if opts.Margin == 0 {
+		opts.Margin = opts.TTL / 5
+	}
+	if opts.Margin >= opts.TTL {
+		return nil, fmt.Errorf("cluster: a margin of %v leaves nothing of a TTL of %v", opts.Margin, opts.TTL)
+	}
+	opts.Clock = clock.OrReal(opts.Clock)
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	sent := opts.Clock.Now()
+	g, err := opts.Client.Grant(ctx, int64((opts.TTL+time.Second-1)/time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("cluster: grant a lease: %w", err)
+	}
+	m := &Member{opts: opts, lease: g.ID, ttl: time.Duration(g.TTL) * time.Second, lost: make(chan struct{}), stop: make(chan struct{}),
+		done: make(chan struct{})}
+	m.deadline = sent.Add(min(m.ttl, opts.TTL) - opts.Margin)
+	key := opts.Keys.Node(opts.NodeID)
+	resp, err := opts.Client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, string(opts.Info), clientv3.WithLease(g.ID))).Commit()
+	if err == nil && !resp.Succeeded {
+		err = fmt.Errorf("%w: %s", ErrNodeExists, opts.NodeID)
+	}
+	if err != nil {
+		revokeCtx, cancel := context.WithTimeout(context.Background(), m.ttl)
+		_, _ = opts.Client.Revoke(revokeCtx, g.ID)
+		cancel()
+		return nil, err
+	}
+	go m.keepAlive()
+	return m, nil
+}
+
+// Lease is the membership's lease.
+func (m *Member) Lease() clientv3.LeaseID { return m.lease }
+
+// Valid reports whether the node may act for its membership now: the
+// lease not lost and the local deadline not passed.
+func (m *Member) Valid() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.lostWhy == nil && m.opts.Clock.Now().Before(m.deadline)
+}
+
+// Deadline is the local deadline: a write begun after it is not the
+// node's to make.
+func (m *Member) Deadline() time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.deadline
+}
+
+// Lost is closed when the membership is lost (Err says why).
+func (m *Member) Lost() <-chan struct{} { return m.lost }
+
+// Err is why the membership was lost (nil while it is not).
+func (m *Member) Err() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.lostWhy
+}
+
+// keepAlive sends a keepalive every TTL/3 and moves the local deadline
+// from each acknowledged one's send; it loses the membership when the
+// lease is gone or the deadline passes first.
+func (m *Member) keepAlive() {
+	defer close(m.done)
+	every := m.ttl / 3
+	tick := m.opts.Clock.NewTicker(every)
+	defer tick.Stop()
+	// Wakes at the local deadline: the loss is noticed then, not at the
+	// next tick, which may be past the server's expiry.
+	expiry := m.opts.Clock.NewTimer(m.Deadline().Sub(m.opts.Clock.Now()))
+	defer expiry.Stop()
+	for {
+		if k := m.opts.knobs; k == nil || !k.drop.Load() {
+			sent := m.opts.Clock.Now()
+			ctx, cancel := context.WithTimeout(context.Background(), every)
+			resp, err := m.opts.Client.KeepAliveOnce(ctx, m.lease)
+			cancel()
+			switch {
+			case errors.Is(err, rpctypes.ErrLeaseNotFound) || err == nil && resp.TTL <= 0:
+				m.lose(fmt.Errorf("%w: etcd no longer has lease %x", ErrLeaseLost, int64(m.lease)))
+				return
+			case err == nil:
+				m.mu.Lock()
+				if d := sent.Add(time.Duration(resp.TTL)*time.Second - m.opts.Margin); d.After(m.deadline) {
+					m.deadline = d
+				}
+				m.mu.Unlock()
+				expiry.Reset(m.Deadline().Sub(m.opts.Clock.Now()))
+			default:
+				m.opts.Logger.Warn("a keepalive of the node's lease failed", zap.Error(err))
+			}
+		}
+		if !m.Valid() {
+			m.lose(fmt.Errorf("%w: no keepalive acknowledged before the local deadline %v", ErrLeaseLost, m.Deadline()))
+			return
+		}
+		select {
+		case <-tick.C():
+		case <-expiry.C():
+			if !m.Valid() {
+				m.lose(fmt.Errorf("%w: no keepalive acknowledged before the local deadline %v", ErrLeaseLost, m.Deadline()))
+				return
+			}
+		case <-m.stop:
+			return
+		}
+	}
+}
+
+func (m *Member) lose(why error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.lostWhy == nil {
+		m.lostWhy = why
+		close(m.lost)
+		m.opts.Logger.Error("the node's membership is lost: it stops every changefeed it runs", zap.Error(why))
+	}
+}
+
+// Close stops the keepalives and revokes the lease (its key goes at
+// once: the node's changefeeds are free for others without waiting for
+// the TTL).
+func (m *Member) Close() error {
+	select {
+	case <-m.stop:
+	default:
+		close(m.stop)
+	}
+	<-m.done
+	m.lose(fmt.Errorf("%w: the node left", ErrLeaseLost))
+	ctx, cancel := context.WithTimeout(context.Background(), m.ttl)
+	defer cancel()
+	if _, err := m.opts.Client.Revoke(ctx, m.lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return fmt.Errorf("cluster: revoke the node's lease: %w", err)
+	}
+	return nil
+}
