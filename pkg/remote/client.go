@@ -79,10 +79,8 @@ type Client struct {
 	// when the data stream on it is declared dead, since a half-open
 	// connection would carry the next stream nowhere either.
 	conn atomic.Pointer[grpc.ClientConn]
-	// streams counts data streams opened (the first and each reconnect);
-	// received counts messages forwarded into the inbox on the current one.
-	streams  atomic.Int64
-	received atomic.Int64
+	// streams counts data streams opened (the first and each reconnect).
+	streams atomic.Int64
 	// reconnected holds a token after a data stream other than the first
 	// opened (capacity 1: reconnects while nobody looked coalesce).
 	reconnected chan struct{}
@@ -303,7 +301,7 @@ func (c *Client) stream(ctx context.Context) (opened bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	c.received.Store(0)
+	read := &readMark{}
 	// What the inbox still holds from the last stream is not free: a
 	// collector that stalled opens with no credit and grants as it drains.
 	credit := max(c.opts.Capacity-c.inbox.Len(), 0)
@@ -316,7 +314,7 @@ func (c *Client) stream(ctx context.Context) (opened bool, err error) {
 	got <- struct{}{} // look at the inbox once at the start
 	var helpers sync.WaitGroup
 	defer helpers.Wait()
-	helpers.Go(func() { c.grant(sctx, st, int64(credit), got, live) })
+	helpers.Go(func() { c.grant(sctx, st, int64(credit), got, live, read) })
 	helpers.Go(func() { c.watch(sctx, cancel, live) })
 	defer cancel(nil) // runs before helpers.Wait: stops them
 	for {
@@ -340,12 +338,17 @@ func (c *Client) stream(ctx context.Context) (opened bool, err error) {
 				}
 			}
 		}
-		msgs, err := decodeMessages(f.b)
+		m, msgs, err := decodeDataFrame(f.b)
 		if err != nil {
 			return opened, err
 		}
 		if len(msgs) == 0 {
 			continue // a ping
+		}
+		// The mark counts the stream's weight through this frame: the
+		// service's count and ours agree, or it broke the protocol.
+		if want := read.load().weight + uint64(messaging.WeightOf(msgs)); m.weight != want {
+			return opened, fmt.Errorf("%w: a data frame marked at weight %d, expected %d", ErrMalformed, m.weight, want)
 		}
 		for _, m := range msgs {
 			if err := messaging.Validate(m); err != nil {
@@ -353,7 +356,7 @@ func (c *Client) stream(ctx context.Context) (opened bool, err error) {
 			}
 		}
 		// Counted before the collector can see them (a scrape after a
-		// receive includes them); c.received, which the granter reads,
+		// receive includes them); the read mark, which the granter reads,
 		// only once they are in the inbox, or it would grant their room
 		// twice.
 		c.met.received.Add(float64(len(msgs)))
@@ -361,7 +364,7 @@ func (c *Client) stream(ctx context.Context) (opened bool, err error) {
 			// The service sent beyond its credit, or the inbox closed.
 			return opened, fmt.Errorf("remote: local inbox refused %d messages: %w", len(msgs), err)
 		}
-		c.received.Add(int64(messaging.WeightOf(msgs))) // credit counts weight, as the inbox does
+		read.store(m) // credit counts weight, as the inbox does
 		select {
 		case got <- struct{}{}:
 		default:
@@ -394,12 +397,17 @@ func (c *Client) watch(ctx context.Context, cancel context.CancelCauseFunc, live
 // what is free and not already granted. When it sent nothing for a third
 // of the liveness timeout it sends a zero grant: a ping that tells the
 // service this collector is alive.
-func (c *Client) grant(ctx context.Context, st grpc.ClientStream, granted int64, got <-chan struct{}, live *linkWatch) {
+//
+// Every grant echoes the mark of the last frame forwarded into the inbox
+// (credit.go), and counts what was received by that same mark, so that
+// what it has granted never exceeds the capacity beyond what the mark
+// proves read: the service believes no more.
+func (c *Client) grant(ctx context.Context, st grpc.ClientStream, granted int64, got <-chan struct{}, live *linkWatch, read *readMark) {
 	ping := c.opts.Clock.NewTicker(c.opts.LivenessTimeout / 3)
 	defer ping.Stop()
-	send := func(n uint32) bool {
+	send := func(n uint32, m mark) bool {
 		live.writing()
-		err := st.SendMsg(&frame{b: appendCredit(nil, n)})
+		err := st.SendMsg(&frame{b: appendCredit(nil, n, m)})
 		live.written()
 		return err == nil // else the receiver sees the stream fail
 	}
@@ -410,7 +418,7 @@ func (c *Client) grant(ctx context.Context, st grpc.ClientStream, granted int64,
 			return
 		case <-ping.C():
 			if live.idleSinceLastTick() {
-				if !send(0) {
+				if !send(0, read.load()) {
 					return
 				}
 				live.pinged()
@@ -424,17 +432,37 @@ func (c *Client) grant(ctx context.Context, st grpc.ClientStream, granted int64,
 		case <-room:
 			room = nil
 		}
-		outstanding := granted - c.received.Load()
+		m := read.load()
+		outstanding := granted - int64(m.weight)
 		free := int64(c.opts.Capacity-c.inbox.Len()) - outstanding
 		if free <= 0 {
 			continue
 		}
-		if !send(uint32(free)) {
+		if !send(uint32(free), m) {
 			return
 		}
 		granted += free
 		c.met.granted.Add(float64(free))
 	}
+}
+
+// readMark is the mark of the last data frame of a stream forwarded into
+// the inbox: its weight is what the collector received on the stream.
+type readMark struct {
+	mu sync.Mutex
+	m  mark
+}
+
+func (r *readMark) load() mark {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.m
+}
+
+func (r *readMark) store(m mark) {
+	r.mu.Lock()
+	r.m = m
+	r.mu.Unlock()
 }
 
 // call makes one control call, bounded by CallTimeout. A call that fails

@@ -42,7 +42,7 @@ func (rawCodec) Unmarshal(data []byte, v any) error {
 // for a service this one does not serve, and gRPC refuses it
 // (Unimplemented) before any frame is decoded.
 const (
-	serviceName   = "cdcflow.remote.v2.EventService"
+	serviceName   = "cdcflow.remote.v3.EventService"
 	controlMethod = "/" + serviceName + "/Control"
 	dataMethod    = "/" + serviceName + "/Data"
 )

@@ -26,6 +26,12 @@
 //   - The service never has more messages in flight to a collector than
 //     its inbox can take, so the client's forward into the inbox cannot be
 //     refused (if it is, the peer broke the protocol and the stream ends).
+//     Credit is tied to what was read (credit.go): each data frame carries
+//     a mark (the stream's weight through it, tagged with a per-stream
+//     key), each grant echoes the mark of the last frame read, and a Send
+//     is accepted only within min(granted, acked+capacity), so accepted -
+//     acked <= capacity whatever a peer grants; a mark the server did not
+//     write ends the stream.
 //   - A broken or replaced stream fails every later Send to the target
 //     with ErrSendFailed and ErrUnavailable (the service backs off), until
 //     the collector connects again; frames queued on it are dropped, and

@@ -201,18 +201,19 @@ func FuzzDecodeHello(f *testing.F) {
 }
 
 func FuzzDecodeCredit(f *testing.F) {
-	f.Add(appendCredit(nil, 0))
-	f.Add(appendCredit(nil, 17))
-	f.Add(appendCredit(nil, ^uint32(0)))
+	f.Add(appendCredit(nil, 0, mark{}))
+	f.Add(appendCredit(nil, 17, mark{weight: 5, tag: 9}))
+	f.Add(appendCredit(nil, ^uint32(0), mark{weight: ^uint64(0), tag: ^uint64(0)}))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		n, err := decodeCredit(b)
+		n, m, err := decodeCredit(b)
 		if err != nil {
 			require.ErrorIs(t, err, ErrMalformed)
 			return
 		}
-		again, err := decodeCredit(appendCredit(nil, n))
+		again, m2, err := decodeCredit(appendCredit(nil, n, m))
 		require.NoError(t, err)
 		require.Equal(t, n, again)
+		require.Equal(t, m, m2)
 	})
 }
 
@@ -234,19 +235,26 @@ func TestSendIsCutIntoFramesBetweenMessages(t *testing.T) {
 			Value: make([]byte, 20<<10), StartTs: 1, CommitTs: 2}}})
 	}
 	msgs = append(msgs, &messaging.Resolved{Header: hdr(41), Ts: 3})
-	frames := appendFrames(nil, msgs)
+	key := newMarkKey()
+	frames, sent := appendFrames(nil, msgs, key, 7)
 	require.Greater(t, len(frames), 2)
+	require.Equal(t, uint64(7+len(msgs)), sent)
 	var got []messaging.Message
+	weight := uint64(7)
 	for _, f := range frames {
 		require.LessOrEqual(t, len(f), frameTargetBytes+(21<<10), "cut at the first message past the target")
-		part, err := decodeMessages(f)
+		m, part, err := decodeDataFrame(f)
 		require.NoError(t, err)
+		weight += uint64(messaging.WeightOf(part))
+		require.Equal(t, key.mark(weight), m, "each frame is marked with the weight through it")
 		got = append(got, part...)
 	}
 	require.Equal(t, msgs, got)
-	one := appendFrames(nil, msgs[:1])
+	one, _ := appendFrames(nil, msgs[:1], key, 0)
 	require.Len(t, one, 1)
-	require.Equal(t, appendMessages(nil, msgs[:1]), one[0], "a small batch is the one frame appendMessages makes")
+	var head encoder
+	head.mark(key.mark(1))
+	require.Equal(t, appendMessages(head.b, msgs[:1]), one[0], "a small batch is the one frame appendMessages makes, marked")
 }
 
 // resolvedBatchFrame is a data frame of one ResolvedBatch claiming n

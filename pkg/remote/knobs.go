@@ -15,6 +15,8 @@ type testingKnobs struct {
 	// timeout), and the watchdog uses the ticker it returns: a test wraps
 	// it to see when the watchdog has judged a tick.
 	watchdog func(t clock.Ticker, period time.Duration) clock.Ticker
+	// granted, if set, is called after the server applied a credit frame.
+	granted func()
 }
 
 // watchdogTicker makes the ticker of a liveness watchdog on clk.

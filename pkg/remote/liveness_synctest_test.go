@@ -95,7 +95,7 @@ type pingRecorder struct {
 }
 
 func (p *pingRecorder) SendMsg(m any) error {
-	n, err := decodeCredit(m.(*frame).b)
+	n, _, err := decodeCredit(m.(*frame).b)
 	if err != nil || n != 0 {
 		panic("not a ping")
 	}
@@ -122,7 +122,7 @@ func TestAnIdleClientPingsEveryThirdOfTheLivenessTimeout(t *testing.T) {
 		st := &pingRecorder{start: time.Now()}
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
-		wg.Go(func() { cl.grant(ctx, st, 0, make(chan struct{}), live) })
+		wg.Go(func() { cl.grant(ctx, st, 0, make(chan struct{}), live, &readMark{}) })
 
 		time.Sleep(L)
 		synctest.Wait()

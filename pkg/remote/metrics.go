@@ -83,7 +83,7 @@ func newServerMetrics(s *Server) *serverMetrics {
 		credit: prometheus.NewDesc(name("server_credit_messages"),
 			"Messages the service may still send to a collector before it grants more.", []string{"target"}, nil),
 		inFlight: prometheus.NewDesc(name("server_in_flight_messages"),
-			"Messages sent to a collector and not yet granted back: on the wire or in its inbox.", []string{"target"}, nil),
+			"Messages accepted for a collector and not yet read by it (as the marks it echoes prove): queued, on the wire or in its transport; at most its capacity.", []string{"target"}, nil),
 	}
 	m.notConnected = m.refused.WithLabelValues(notConnectedLabel, "unavailable")
 	for _, r := range []string{"malformed", "version", "permission_denied", "max_targets", "no_hello"} {
@@ -141,14 +141,14 @@ func (m *serverMetrics) Collect(ch chan<- prometheus.Metric) {
 	connected := 0
 	for _, p := range m.s.peers() {
 		p.mu.Lock()
-		credit, broken := p.mu.credit, p.mu.broken != nil
+		credit, inFlight, broken := p.mu.credit.available(), p.mu.credit.inFlight(), p.mu.broken != nil
 		p.mu.Unlock()
 		if broken {
 			continue
 		}
 		connected++
 		ch <- prometheus.MustNewConstMetric(m.credit, prometheus.GaugeValue, float64(credit), string(p.target))
-		ch <- prometheus.MustNewConstMetric(m.inFlight, prometheus.GaugeValue, float64(p.capacity-credit), string(p.target))
+		ch <- prometheus.MustNewConstMetric(m.inFlight, prometheus.GaugeValue, float64(inFlight), string(p.target))
 	}
 	ch <- prometheus.MustNewConstMetric(m.connected, prometheus.GaugeValue, float64(connected))
 }

@@ -23,8 +23,9 @@ import (
 // it; the reader ends with the stream.
 type peer struct {
 	target   messaging.Target
-	capacity int    // the credit the collector opened with, capped at MaxCapacity
-	remote   string // the connection's remote address, to close it
+	capacity int      // the capacity the collector announced, capped at MaxCapacity
+	remote   string   // the connection's remote address, to close it
+	key      *markKey // tags the stream's data frames (credit.go)
 	wake     chan struct{}
 	counters peerCounters // the target's series, looked up once per stream
 
@@ -34,7 +35,7 @@ type peer struct {
 
 	mu struct {
 		sync.Mutex
-		credit int
+		credit ledger
 		queue  [][]byte // encoded frames not yet written to the stream
 		broken error    // set once the stream ended
 		room   chan struct{}
@@ -69,15 +70,14 @@ func (p *peer) send(msgs []messaging.Message) error {
 	case w > p.capacity:
 		p.counters.tooLarge.Inc()
 		return fmt.Errorf("%w: %d messages (weight %d), %q takes %d", messaging.ErrBatchTooLarge, len(msgs), w, p.target, p.capacity)
-	case w > p.mu.credit:
+	case uint64(w) > p.mu.credit.available():
 		p.counters.busy.Inc()
 		return messaging.ErrBusy
 	case len(msgs) == 0:
 		return nil
 	}
 	p.counters.sent.Add(float64(len(msgs)))
-	p.mu.credit -= w
-	p.mu.queue = appendFrames(p.mu.queue, msgs)
+	p.mu.queue, p.mu.credit.accepted = appendFrames(p.mu.queue, msgs, p.key, p.mu.credit.accepted)
 	p.poke()
 	return nil
 }
@@ -102,16 +102,22 @@ func (p *peer) hasRoom() bool {
 
 // hasRoomLocked: the stream is gone (the next Send says so) or the
 // collector granted back at least half its capacity. REQUIRES: p.mu held.
-func (p *peer) hasRoomLocked() bool { return p.mu.broken != nil || 2*p.mu.credit >= p.capacity }
+func (p *peer) hasRoomLocked() bool {
+	return p.mu.broken != nil || 2*p.mu.credit.available() >= uint64(p.capacity)
+}
 
-func (p *peer) grant(n int) {
+// grant applies a credit frame (ledger.grant): an error ends the stream.
+func (p *peer) grant(n uint32, m mark) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.mu.credit = min(p.mu.credit+n, p.capacity) // a confused peer cannot inflate it
-	if p.mu.room != nil && 2*p.mu.credit >= p.capacity {
+	if err := p.mu.credit.grant(p.key, n, m); err != nil {
+		return err
+	}
+	if p.mu.room != nil && p.hasRoomLocked() {
 		close(p.mu.room)
 		p.mu.room = nil
 	}
+	return nil
 }
 
 // fail marks the stream broken: Sends fail with ErrUnavailable from now
@@ -165,10 +171,15 @@ func (p *peer) liveness(timeout time.Duration) error {
 	return nil
 }
 
-// pingFrame is a data frame of no messages: the writer sends it when it
-// had nothing to send for a third of the liveness timeout, so that an idle
-// collector can tell an idle service from a dead link.
-var pingFrame = appendMessages(nil, nil)
+// pingFrame is a data frame of no messages (and the zero mark): the writer
+// sends it when it had nothing to send for a third of the liveness
+// timeout, so that an idle collector can tell an idle service from a dead
+// link.
+var pingFrame = func() []byte {
+	var e encoder
+	e.mark(mark{})
+	return appendMessages(e.b, nil)
+}()
 
 // data serves one collector's stream: a hello naming its target and
 // granting credit, then credit grants (and pings) up; frames (and pings)
@@ -199,9 +210,9 @@ func (s *Server) data(stream grpc.ServerStream) error {
 			fmt.Errorf("%w: %q may not serve target %q", messaging.ErrPermissionDenied, a.Identity(), h.target))
 	}
 	capacity := min(int(h.capacity), s.opts.MaxCapacity)
-	p := &peer{target: h.target, capacity: capacity, remote: remote, wake: make(chan struct{}, 1)}
+	p := &peer{target: h.target, capacity: capacity, remote: remote, wake: make(chan struct{}, 1), key: newMarkKey()}
 	credit := min(int(h.credit), capacity)
-	p.mu.credit = credit
+	p.mu.credit = ledger{capacity: uint64(capacity), granted: uint64(credit)}
 	p.live = newLinkWatch(s.opts.Clock)
 	old, err := s.attach(p)
 	if errors.Is(err, messaging.ErrClosed) {
@@ -323,12 +334,19 @@ func (s *Server) read(stream grpc.ServerStream, p *peer) {
 			return
 		}
 		p.live.received()
-		n, err := decodeCredit(up.b)
+		n, m, err := decodeCredit(up.b)
 		if err != nil {
 			p.fail(fmt.Errorf("%w: expected a credit frame: %w", ErrMalformed, err))
 			return
 		}
-		p.grant(int(n))
+		if err := p.grant(n, m); err != nil {
+			s.log.Warn("collector stream ended: it broke the credit protocol", zap.String("target", string(p.target)), zap.Error(err))
+			p.fail(err)
+			return
+		}
+		if s.knobs.granted != nil {
+			s.knobs.granted()
+		}
 	}
 }
 

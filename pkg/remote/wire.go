@@ -16,7 +16,8 @@ import (
 // (length 0) and an empty one (length 1) survive the trip, as rows'
 // OldValue needs.
 //
-//	data frame    = count, message*                  (service -> collector; count 0: a ping)
+//	data frame    = mark, count, message*            (service -> collector; count 0: a ping, zero mark)
+//	mark          = weight, tag(8 bytes)             (markKey.mark: what a credit frame echoes)
 //	message       = kind, dispatcher, registration, epoch, seq, body
 //	              | kind(resolved batch), count, (dispatcher, registration, epoch, seq, ts, slot)*
 //	Handshake     = start-ts, slot
@@ -24,7 +25,7 @@ import (
 //	DDL           = table-id, commit-ts, query
 //	Resolved      = ts, slot
 //	stream frame  = magic, version, hello(target, capacity, credit)   (collector -> service, first)
-//	              | credit(n)                                         (then; n = 0: a ping)
+//	              | credit(n, mark)                                   (then; n = 0: a ping)
 //	control call  = magic, version, op, request      (collector -> service)
 //	control reply = code, [heartbeat codes]
 //
@@ -157,10 +158,12 @@ const frameTargetBytes = 256 << 10
 // fewer (one message larger than that is a frame of its own), appended to
 // dst in order. Each frame is its own allocation, of the frame's exact
 // size (encodedSize): growing it by appends copied every frame about
-// twice. The count is written in front of the messages, in room reserved
-// for it.
-func appendFrames(dst [][]byte, msgs []messaging.Message) [][]byte {
-	const reserve = binary.MaxVarintLen64
+// twice. The mark and the count are written in front of the messages, in
+// room reserved for them. Each frame's mark is key's for the stream's
+// weight through that frame, from sent (the weight of the frames before);
+// appendFrames returns the weight through the last.
+func appendFrames(dst [][]byte, msgs []messaging.Message, key *markKey, sent uint64) ([][]byte, uint64) {
+	const reserve = maxMarkBytes + binary.MaxVarintLen64
 	for len(msgs) > 0 {
 		// The frame's messages: up to and including the one that reaches
 		// frameTargetBytes, as the encoding below cuts them.
@@ -173,13 +176,29 @@ func appendFrames(dst [][]byte, msgs []messaging.Message) [][]byte {
 		for _, m := range msgs[:n] {
 			e.message(m)
 		}
-		var count [reserve]byte
-		k := binary.PutUvarint(count[:], uint64(n))
-		copy(e.b[reserve-k:], count[:k])
+		sent += uint64(messaging.WeightOf(msgs[:n]))
+		var head [reserve]byte
+		h := encoder{b: head[:0]}
+		h.mark(key.mark(sent))
+		h.u(uint64(n))
+		k := len(h.b)
+		copy(e.b[reserve-k:], h.b)
 		dst = append(dst, e.b[reserve-k:])
 		msgs = msgs[n:]
 	}
-	return dst
+	return dst, sent
+}
+
+// decodeDataFrame decodes a data frame: its mark and its messages
+// (decodeMessages, which keeps b).
+func decodeDataFrame(b []byte) (mark, []messaging.Message, error) {
+	d := newDecoder(b, true)
+	m := d.mark()
+	if err := d.Err(); err != nil {
+		return mark{}, nil, err
+	}
+	msgs, err := decodeMessages(d.Rest())
+	return m, msgs, err
 }
 
 // uvarintSize is the length of v as binary.AppendUvarint writes it.

@@ -17,7 +17,7 @@ import (
 // instead of decoding garbage. The gRPC service name carries it too
 // (serviceName), so a build whose name differs is refused by gRPC itself
 // (Unimplemented), which the client reports as the same error.
-const WireVersion = 2
+const WireVersion = 3
 
 // wireMagic opens a hello and a control request: bytes that are not ours
 // are malformed, bytes that are ours with another version are a version
@@ -68,7 +68,7 @@ func (d *decoder) u32() uint32 {
 // Stream frames, collector -> service.
 const (
 	frameHello  byte = 1 // target, capacity, credit: the first frame of a stream
-	frameCredit byte = 2 // more credit (0: a ping, to show the collector is alive)
+	frameCredit byte = 2 // more credit (0: a ping, to show the collector is alive), and the last mark read
 )
 
 func appendHello(b []byte, target messaging.Target, capacity, credit uint32) []byte {
@@ -81,10 +81,13 @@ func appendHello(b []byte, target messaging.Target, capacity, credit uint32) []b
 	return e.b
 }
 
-func appendCredit(b []byte, credit uint32) []byte {
+// appendCredit encodes a grant of credit and the mark of the last data
+// frame the collector read (the zero mark: none yet on this stream).
+func appendCredit(b []byte, credit uint32, m mark) []byte {
 	e := encoder{b: b}
 	e.byte(frameCredit)
 	e.u(uint64(credit))
+	e.mark(m)
 	return e.b
 }
 
@@ -116,14 +119,19 @@ func decodeHello(b []byte) (hello, error) {
 	return h, nil
 }
 
-// decodeCredit decodes a stream frame after the hello.
-func decodeCredit(b []byte) (uint32, error) {
+// decodeCredit decodes a stream frame after the hello: the credit granted
+// and the mark it acknowledges (checked by the server, not here).
+func decodeCredit(b []byte) (uint32, mark, error) {
 	d := newDecoder(b, false)
 	if k := d.byte(); d.Err() == nil && k != frameCredit {
 		d.Failf("stream frame %d where credit was expected", k)
 	}
 	n := d.u32()
-	return n, d.end()
+	m := d.mark()
+	if err := d.end(); err != nil {
+		return 0, mark{}, err
+	}
+	return n, m, nil
 }
 
 // Control-plane operations.
