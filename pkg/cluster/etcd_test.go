@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,8 +18,12 @@ import (
 // testEtcd is a real etcd cluster of embedded members on loopback.
 type testEtcd struct {
 	members []*embed.Etcd
+	stops   []func() // each stops its member, once
 	urls    []string // the members' client URLs
 }
+
+// stop stops member i (a member lost).
+func (te *testEtcd) stop(i int) { te.stops[i]() }
 
 // startEtcd starts n embedded members (a cluster of n) in the test's
 // directory; the test's cleanup stops them.
@@ -48,7 +53,9 @@ func startEtcd(t *testing.T, n int) *testEtcd {
 		r := <-started
 		require.NoError(t, r.err)
 		te.members = append(te.members, r.e)
-		t.Cleanup(r.e.Close)
+		stop := sync.OnceFunc(r.e.Close) // a second Close panics
+		te.stops = append(te.stops, stop)
+		t.Cleanup(stop)
 	}
 	return te
 }
