@@ -39,3 +39,17 @@ func (k Keys) Spec(name string) string { return k.Changefeeds() + name + "/spec"
 
 // Assignment is changefeed name's assignment key.
 func (k Keys) Assignment(name string) string { return k.Changefeeds() + name + "/assign" }
+
+// changefeedKey splits a key under Changefeeds into the changefeed's name
+// and what the key holds ("spec", "assign"; "" for another key).
+func (k Keys) changefeedKey(key string) (name, what string) {
+	rest, ok := strings.CutPrefix(key, k.Changefeeds())
+	if !ok {
+		return "", ""
+	}
+	i := strings.LastIndexByte(rest, '/')
+	if i <= 0 {
+		return "", ""
+	}
+	return rest[:i], rest[i+1:]
+}
