@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/cdcflow/eventservice/internal/testwait"
+	"github.com/cdcflow/eventservice/pkg/clock"
 )
 
 // The coordinator's loop over a real etcd: changefeeds created are placed
@@ -84,4 +85,63 @@ func TestTheCoordinatorPlacesAndMovesChangefeeds(t *testing.T) {
 	resp, err := c.Get(ctx, keys.Election(), clientv3.WithPrefix())
 	require.NoError(t, err)
 	require.Empty(t, resp.Kvs, "resigned")
+}
+
+// A node that joins takes changefeeds only at the balance rounds, at most
+// MaxBalanceMoves each: the rounds its joining wakes move nothing, the
+// first timed round moves one changefeed, the next another.
+func TestANodeThatJoinsTakesChangefeedsAFewAtATime(t *testing.T) {
+	te := startEtcd(t, 1)
+	c := te.client(t)
+	keys := NewKeys("t")
+	ctx := context.Background()
+	join := func(id string) *Member {
+		info, _ := json.Marshal(NodeInfo{Addr: id + ":8080"})
+		m, err := StartMember(ctx, MemberOptions{Client: c, Keys: keys, NodeID: id, Info: info, TTL: 5 * time.Second})
+		require.NoError(t, err)
+		return m
+	}
+	n1 := join("n1")
+	defer n1.Close()
+	fake := clock.NewFake(time.Unix(0, 0))
+	rounds := make(chan []Decision)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- RunCoordinator(runCtx, CoordinatorOptions{Member: n1, BalanceInterval: time.Minute, MaxBalanceMoves: 1, Clock: fake, rounds: rounds})
+	}()
+	<-rounds // the first, before any changefeed
+	for k := 1; k <= 4; k++ {
+		b, _ := json.Marshal(Spec{State: StateRunning, Config: json.RawMessage(`{}`)})
+		_, err := c.Put(ctx, keys.Spec(fmt.Sprintf("cf%d", k)), string(b))
+		require.NoError(t, err)
+	}
+	placed := 0
+	for placed < 4 {
+		for _, d := range <-rounds {
+			require.Equal(t, Decision{Changefeed: d.Changefeed, To: "n1", Why: ReasonNewNode}, d)
+			placed++
+		}
+	}
+	n2 := join("n2")
+	defer n2.Close()
+	require.NoError(t, fake.WaitWaiters(ctx, 1)) // the balance ticker
+	next := func() []Decision {
+		for {
+			if ds := <-rounds; len(ds) > 0 {
+				return ds
+			}
+		}
+	}
+	fake.Advance(time.Minute)
+	require.Equal(t, []Decision{{Changefeed: "cf1", From: "n1", To: "n2", Why: ReasonBalance}}, next())
+	fake.Advance(time.Minute)
+	require.Equal(t, []Decision{{Changefeed: "cf2", From: "n1", To: "n2", Why: ReasonBalance}}, next())
+	stop()
+	go func() { // rounds in flight at the stop
+		for range rounds {
+		}
+	}()
+	require.NoError(t, <-done)
+	close(rounds)
 }
