@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/internal/optcheck"
 	"github.com/cdcflow/eventservice/pkg/clock"
 )
 
@@ -64,34 +66,66 @@ type CoordinatorOptions struct {
 	MaxBalanceMoves int
 	Clock           clock.Clock
 	Logger          *zap.Logger
-	// rounds, if set, is told of every round's decisions (tests).
-	rounds chan<- []Decision
 }
 
-// RunCoordinator campaigns until the node is the coordinator, then runs
-// rounds until ctx ends (it resigns) or the membership is lost (its
-// writes would fail: another node's campaign wins).
-func RunCoordinator(ctx context.Context, opts CoordinatorOptions) error {
-	if opts.BalanceInterval == 0 {
-		opts.BalanceInterval = 15 * time.Second
+// EnsureDefaults returns a copy of o with every zero field set to its
+// documented default.
+func (o CoordinatorOptions) EnsureDefaults() CoordinatorOptions {
+	if o.BalanceInterval == 0 {
+		o.BalanceInterval = 15 * time.Second
 	}
-	if opts.MaxBalanceMoves == 0 {
-		opts.MaxBalanceMoves = 1
+	if o.MaxBalanceMoves == 0 {
+		o.MaxBalanceMoves = 1
 	}
-	opts.Clock = clock.OrReal(opts.Clock)
-	if opts.Logger == nil {
-		opts.Logger = zap.NewNop()
+	o.Clock = clock.OrReal(o.Clock)
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
 	}
+	return o
+}
+
+// Validate reports what is wrong with o (after EnsureDefaults).
+func (o CoordinatorOptions) Validate() error {
+	p := optcheck.New(ErrInvalidOptions)
+	p.Required("CoordinatorOptions.Member", o.Member)
+	p.Require(o.BalanceInterval > 0, "CoordinatorOptions.BalanceInterval %v is not positive", o.BalanceInterval)
+	p.IntRange("CoordinatorOptions.MaxBalanceMoves", o.MaxBalanceMoves, 0, 1<<20)
+	return p.Err()
+}
+
+// Coordinator is a node's candidacy for coordinator and, once elected, its
+// placement loop.
+type Coordinator struct {
+	opts  CoordinatorOptions
+	knobs testingKnobs
+	wg    sync.WaitGroup
+}
+
+// NewCoordinator validates opts; Run campaigns and coordinates.
+func NewCoordinator(opts CoordinatorOptions) (*Coordinator, error) {
+	opts = opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	return &Coordinator{opts: opts}, nil
+}
+
+// Run campaigns until the node is the coordinator, then runs rounds until
+// ctx ends (it resigns; nil) or the membership is lost (its writes would
+// fail, another node's campaign wins: the membership's error).
+func (co *Coordinator) Run(ctx context.Context) error {
+	opts := co.opts
 	m := opts.Member
 	ctx, cancel := context.WithCancel(ctx)
+	defer co.wg.Wait()
 	defer cancel()
-	go func() { // the membership lost: stop campaigning or leading
+	co.wg.Go(func() { // the membership lost: stop campaigning or leading
 		select {
 		case <-m.Lost():
 			cancel()
 		case <-ctx.Done():
 		}
-	}()
+	})
 	l, err := Campaign(ctx, m)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -111,7 +145,7 @@ func RunCoordinator(ctx context.Context, opts CoordinatorOptions) error {
 	defer tick.Stop()
 	balance := 0
 	for {
-		if err := round(ctx, l, m, balance, opts); err != nil && !errors.Is(err, ErrConflict) {
+		if err := co.round(ctx, l, balance); err != nil && !errors.Is(err, ErrConflict) {
 			if ctx.Err() != nil {
 				return m.Err() // stopped (nil), or the membership lost
 			}
@@ -135,7 +169,8 @@ func RunCoordinator(ctx context.Context, opts CoordinatorOptions) error {
 }
 
 // round reads the cluster, places, and writes the decisions.
-func round(ctx context.Context, l *Leadership, m *Member, balance int, opts CoordinatorOptions) error {
+func (co *Coordinator) round(ctx context.Context, l *Leadership, balance int) error {
+	opts, m := co.opts, co.opts.Member
 	keys := m.opts.Keys
 	c := m.opts.Client
 	nodes, err := c.Get(ctx, keys.Nodes(), clientv3.WithPrefix())
@@ -198,9 +233,9 @@ func round(ctx context.Context, l *Leadership, m *Member, balance int, opts Coor
 		opts.Logger.Info("changefeed assigned", zap.String("changefeed", d.Changefeed), zap.String("from", d.From), zap.String("to", d.To),
 			zap.String("why", string(d.Why)))
 	}
-	if opts.rounds != nil {
+	if co.knobs.rounds != nil {
 		select {
-		case opts.rounds <- decisions:
+		case co.knobs.rounds <- decisions:
 		case <-ctx.Done():
 		}
 	}

@@ -35,7 +35,9 @@ func TestTheCoordinatorPlacesAndMovesChangefeeds(t *testing.T) {
 	defer n2.Close()
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- RunCoordinator(runCtx, CoordinatorOptions{Member: n1, BalanceInterval: time.Hour}) }()
+	co, err := NewCoordinator(CoordinatorOptions{Member: n1, BalanceInterval: time.Hour})
+	require.NoError(t, err)
+	go func() { done <- co.Run(runCtx) }()
 	spec := func(name, state string) {
 		b, _ := json.Marshal(Spec{State: state, Config: json.RawMessage(`{}`)})
 		_, err := c.Put(ctx, keys.Spec(name), string(b))
@@ -65,7 +67,7 @@ func TestTheCoordinatorPlacesAndMovesChangefeeds(t *testing.T) {
 		}
 		return len(a) == 4 && per["n1"] == 2 && per["n2"] == 2
 	})
-	_, err := c.Revoke(ctx, n2.Lease())
+	_, err = c.Revoke(ctx, n2.Lease())
 	require.NoError(t, err)
 	testwait.Within(t, time.Minute, "n2's changefeeds on n1", func() bool {
 		a := assignments()
@@ -107,9 +109,10 @@ func TestANodeThatJoinsTakesChangefeedsAFewAtATime(t *testing.T) {
 	rounds := make(chan []Decision)
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() {
-		done <- RunCoordinator(runCtx, CoordinatorOptions{Member: n1, BalanceInterval: time.Minute, MaxBalanceMoves: 1, Clock: fake, rounds: rounds})
-	}()
+	co, err := NewCoordinator(CoordinatorOptions{Member: n1, BalanceInterval: time.Minute, MaxBalanceMoves: 1, Clock: fake})
+	require.NoError(t, err)
+	co.knobs.rounds = rounds
+	go func() { done <- co.Run(runCtx) }()
 	<-rounds // the first, before any changefeed
 	for k := 1; k <= 4; k++ {
 		b, _ := json.Marshal(Spec{State: StateRunning, Config: json.RawMessage(`{}`)})

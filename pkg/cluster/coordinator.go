@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -16,16 +15,6 @@ import (
 // write it makes is a transaction guarded by that key still existing at
 // that revision, so a deposed coordinator's late write fails
 // (ErrNotCoordinator) however late it arrives.
-
-// Errors of the coordinator's writes.
-var (
-	// ErrNotCoordinator is a write of a node that is not (or no longer)
-	// the coordinator.
-	ErrNotCoordinator = errors.New("cluster: not the coordinator")
-	// ErrConflict is a guarded write whose own conditions failed (a key
-	// changed since it was read).
-	ErrConflict = errors.New("cluster: the keys changed since they were read")
-)
 
 // Leadership is a won election: the coordinator's right to write.
 type Leadership struct {

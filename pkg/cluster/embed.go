@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -10,10 +9,10 @@ import (
 
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
-)
 
-// ErrEmbeddedEtcd is an embedded etcd member that did not start or serve.
-var ErrEmbeddedEtcd = errors.New("cluster: embedded etcd")
+	"github.com/cdcflow/eventservice/internal/optcheck"
+	"github.com/cdcflow/eventservice/pkg/clock"
+)
 
 // EmbeddedMember is one member of an etcd cluster run inside this process:
 // the one-machine default of a node started without --etcd (a single
@@ -31,20 +30,48 @@ type EmbeddedMember struct {
 type EmbeddedOptions struct {
 	Member EmbeddedMember
 	// Cluster is every member of the initial cluster, this one included
-	// (one member: a cluster of one).
+	// (default: this member alone, a cluster of one).
 	Cluster []EmbeddedMember
 	// Token names the cluster, so that members of another are refused.
 	Token string
-	// ReadyTimeout bounds the wait for the member to serve (default 60s:
+	// ReadyTimeout bounds the wait for the member to serve (default 1m:
 	// a member of several waits for a quorum).
 	ReadyTimeout time.Duration
 	// Logger for etcd's own logs (default: none).
 	Logger *zap.Logger
 }
 
+// EnsureDefaults returns a copy of o with every zero field set to its
+// documented default.
+func (o EmbeddedOptions) EnsureDefaults() EmbeddedOptions {
+	if o.ReadyTimeout == 0 {
+		o.ReadyTimeout = time.Minute
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if len(o.Cluster) == 0 {
+		o.Cluster = []EmbeddedMember{o.Member}
+	}
+	return o
+}
+
+// Validate reports what is wrong with o (after EnsureDefaults).
+func (o EmbeddedOptions) Validate() error {
+	p := optcheck.New(ErrInvalidOptions)
+	p.Require(o.Member.Name != "" && o.Member.Dir != "", "EmbeddedOptions.Member needs a name and a directory")
+	p.Require(o.Member.ClientURL != "" && o.Member.PeerURL != "", "EmbeddedOptions.Member needs a client and a peer URL")
+	p.Require(o.ReadyTimeout > 0, "EmbeddedOptions.ReadyTimeout %v is not positive", o.ReadyTimeout)
+	return p.Err()
+}
+
 // StartEmbedded starts an etcd member and waits until it serves clients
 // (a member of several: until the cluster has a quorum). Close stops it.
 func StartEmbedded(ctx context.Context, opts EmbeddedOptions) (*embed.Etcd, error) {
+	opts = opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
 	cfg := embed.NewConfig()
 	cfg.Name = opts.Member.Name
 	cfg.Dir = opts.Member.Dir
@@ -70,31 +97,21 @@ func StartEmbedded(ctx context.Context, opts EmbeddedOptions) (*embed.Etcd, erro
 	}
 	cfg.InitialCluster = strings.Join(initial, ",")
 	cfg.InitialClusterToken = opts.Token
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	if opts.Logger != nil {
-		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(opts.Logger)
-	}
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(opts.Logger)
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: start %s: %w", ErrEmbeddedEtcd, opts.Member.Name, err)
 	}
-	wait := opts.ReadyTimeout
-	if wait == 0 {
-		wait = time.Minute
-	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
+	ctx, cancel := context.WithDeadline(ctx, clock.RealDeadline(opts.ReadyTimeout))
+	defer cancel()
 	select {
 	case <-e.Server.ReadyNotify():
 		return e, nil
 	case err := <-e.Err():
 		e.Close()
 		return nil, fmt.Errorf("%w: %s: %w", ErrEmbeddedEtcd, opts.Member.Name, err)
-	case <-t.C:
-		e.Close()
-		return nil, fmt.Errorf("%w: %s not ready within %v", ErrEmbeddedEtcd, opts.Member.Name, wait)
 	case <-ctx.Done():
 		e.Close()
-		return nil, ctx.Err()
+		return nil, fmt.Errorf("%w: %s not ready within %v: %w", ErrEmbeddedEtcd, opts.Member.Name, opts.ReadyTimeout, ctx.Err())
 	}
 }

@@ -87,8 +87,7 @@ func TestTheLocalDeadlinePassesBeforeTheLeaseExpires(t *testing.T) {
 	c := te.client(t)
 	keys := NewKeys("t")
 	ctx := context.Background()
-	knobs := &memberKnobs{}
-	m, err := StartMember(ctx, MemberOptions{Client: c, Keys: keys, NodeID: "n1", Info: []byte(`{}`), TTL: 3 * time.Second, knobs: knobs})
+	m, err := StartMember(ctx, MemberOptions{Client: c, Keys: keys, NodeID: "n1", Info: []byte(`{}`), TTL: 3 * time.Second})
 	require.NoError(t, err)
 	defer m.Close()
 	require.True(t, m.Valid())
@@ -96,7 +95,7 @@ func TestTheLocalDeadlinePassesBeforeTheLeaseExpires(t *testing.T) {
 	require.ErrorIs(t, err, ErrNodeExists)
 
 	w := c.Watch(ctx, keys.Node("n1"))
-	knobs.drop.Store(true) // no keepalive from now on
+	m.knobs.dropKeepalives.Store(true) // no keepalive from now on
 	var deleted time.Time
 	for resp := range w {
 		require.NoError(t, resp.Err())

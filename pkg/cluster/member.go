@@ -4,14 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/internal/optcheck"
 	"github.com/cdcflow/eventservice/pkg/clock"
 )
 
@@ -24,15 +25,6 @@ import (
 // cut off from etcd (a partition, a pause) has stopped before its lease
 // can expire and its changefeeds be given to another node. A lease lost
 // is never revived: a node joins again under a new one.
-
-// Errors of membership.
-var (
-	// ErrNodeExists is a node ID another live node holds.
-	ErrNodeExists = errors.New("cluster: a live node holds this node ID")
-	// ErrLeaseLost is a membership whose lease expired, was revoked, or
-	// whose local deadline passed.
-	ErrLeaseLost = errors.New("cluster: the node's lease is lost")
-)
 
 // MemberOptions start a node's membership.
 type MemberOptions struct {
@@ -50,24 +42,43 @@ type MemberOptions struct {
 	// Clock reads the monotonic time (default the real clock).
 	Clock  clock.Clock
 	Logger *zap.Logger
-	// knobs are tests' hooks (nil: none).
-	knobs *memberKnobs
 }
 
-// memberKnobs let a test drop the keepalives (a node cut off from etcd).
-type memberKnobs struct {
-	// drop, while true, drops every keepalive before it is sent.
-	drop atomic.Bool
+// EnsureDefaults returns a copy of o with every zero field set to its
+// documented default.
+func (o MemberOptions) EnsureDefaults() MemberOptions {
+	if o.TTL == 0 {
+		o.TTL = 10 * time.Second
+	}
+	if o.Margin == 0 {
+		o.Margin = o.TTL / 5
+	}
+	o.Clock = clock.OrReal(o.Clock)
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	return o
+}
+
+// Validate reports what is wrong with o (after EnsureDefaults).
+func (o MemberOptions) Validate() error {
+	p := optcheck.New(ErrInvalidOptions)
+	p.Required("MemberOptions.Client", o.Client)
+	p.Require(o.NodeID != "" && !strings.Contains(o.NodeID, "/"), "MemberOptions.NodeID %q: want a name without /", o.NodeID)
+	p.Require(o.TTL >= 2*time.Second, "MemberOptions.TTL %v: at least 2s (etcd's shortest lease at its default election timeout)", o.TTL)
+	p.Require(o.Margin > 0 && o.Margin < o.TTL, "MemberOptions.Margin %v: more than 0 and less than the TTL %v", o.Margin, o.TTL)
+	return p.Err()
 }
 
 // Member is a node's live membership.
 type Member struct {
 	opts  MemberOptions
+	knobs testingKnobs
+	wg    sync.WaitGroup
 	lease clientv3.LeaseID
 	ttl   time.Duration
 	lost  chan struct{}
 	stop  chan struct{}
-	done  chan struct{}
 
 	mu       sync.Mutex
 	deadline time.Time // local: see above
@@ -78,26 +89,16 @@ type Member struct {
 // with ErrNodeExists while another live node holds the ID), and starts
 // keeping it alive. Close revokes it.
 func StartMember(ctx context.Context, opts MemberOptions) (*Member, error) {
-	if opts.TTL == 0 {
-		opts.TTL = 10 * time.Second
-	}
-	if opts.Margin == 0 {
-		opts.Margin = opts.TTL / 5
-	}
-	if opts.Margin >= opts.TTL {
-		return nil, fmt.Errorf("cluster: a margin of %v leaves nothing of a TTL of %v", opts.Margin, opts.TTL)
-	}
-	opts.Clock = clock.OrReal(opts.Clock)
-	if opts.Logger == nil {
-		opts.Logger = zap.NewNop()
+	opts = opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
 	}
 	sent := opts.Clock.Now()
 	g, err := opts.Client.Grant(ctx, int64((opts.TTL+time.Second-1)/time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("cluster: grant a lease: %w", err)
 	}
-	m := &Member{opts: opts, lease: g.ID, ttl: time.Duration(g.TTL) * time.Second, lost: make(chan struct{}), stop: make(chan struct{}),
-		done: make(chan struct{})}
+	m := &Member{opts: opts, lease: g.ID, ttl: time.Duration(g.TTL) * time.Second, lost: make(chan struct{}), stop: make(chan struct{})}
 	m.deadline = sent.Add(min(m.ttl, opts.TTL) - opts.Margin)
 	key := opts.Keys.Node(opts.NodeID)
 	resp, err := opts.Client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
@@ -111,7 +112,7 @@ func StartMember(ctx context.Context, opts MemberOptions) (*Member, error) {
 		cancel()
 		return nil, err
 	}
-	go m.keepAlive()
+	m.wg.Go(m.keepAlive)
 	return m, nil
 }
 
@@ -148,7 +149,6 @@ func (m *Member) Err() error {
 // from each acknowledged one's send; it loses the membership when the
 // lease is gone or the deadline passes first.
 func (m *Member) keepAlive() {
-	defer close(m.done)
 	every := m.ttl / 3
 	tick := m.opts.Clock.NewTicker(every)
 	defer tick.Stop()
@@ -157,7 +157,7 @@ func (m *Member) keepAlive() {
 	expiry := m.opts.Clock.NewTimer(m.Deadline().Sub(m.opts.Clock.Now()))
 	defer expiry.Stop()
 	for {
-		if k := m.opts.knobs; k == nil || !k.drop.Load() {
+		if !m.knobs.dropKeepalives.Load() {
 			sent := m.opts.Clock.Now()
 			ctx, cancel := context.WithTimeout(context.Background(), every)
 			resp, err := m.opts.Client.KeepAliveOnce(ctx, m.lease)
@@ -213,7 +213,7 @@ func (m *Member) Close() error {
 	default:
 		close(m.stop)
 	}
-	<-m.done
+	m.wg.Wait()
 	m.lose(fmt.Errorf("%w: the node left", ErrLeaseLost))
 	ctx, cancel := context.WithTimeout(context.Background(), m.ttl)
 	defer cancel()
