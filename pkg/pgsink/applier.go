@@ -80,7 +80,7 @@ func classify(closing bool, err error) failure {
 		return failNone
 	case closing:
 		return failClosing
-	case isSuperseded(err):
+	case isSuperseded(err) || errors.Is(err, ErrNotPermitted):
 		return failSuperseded
 	case errors.Is(err, ErrSchemaChange) || errors.Is(err, errBadData):
 		return failTable // the data's, found before the server saw it

@@ -103,6 +103,10 @@ func (a *applier) commit(ds []*dstate) (marks []durableMark, applied int, err er
 			p.int8Array(len(ckd), func(i int) int64 { return int64(ckd[i].d.keylessNext.ts) }),
 			p.int8Array(len(ckd), func(i int) int64 { return int64(ckd[i].d.keylessNext.index) }))
 	}
+	if err := a.s.permit(); err != nil {
+		undo()
+		return nil, 0, err
+	}
 	if err := a.send(ctx, p); err != nil {
 		undo()
 		a.reloadTables(ds) // what the target holds now, in case it changed meanwhile

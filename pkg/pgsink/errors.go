@@ -36,6 +36,9 @@ var (
 	// ErrSuperseded: a later sink of the same Owner started on the target;
 	// this one writes nothing more (fence.go).
 	ErrSuperseded = errors.New("pgsink: superseded by a later sink of the same owner")
+	// ErrNotPermitted: Options.Permit refused a write (the node's lease
+	// could have expired); the sink writes nothing more, as superseded.
+	ErrNotPermitted = errors.New("pgsink: a write was not permitted")
 	// ErrCorruptProgress: a record of the target's progress
 	// (cdcflow.checkpoints) holds what the sink never writes, so it cannot
 	// be resumed from.

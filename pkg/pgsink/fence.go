@@ -195,6 +195,9 @@ func (s *Sink) fenced(ctx context.Context, f func(tx pgx.Tx) error, after ...fun
 
 // fencedOn is fenced on conn (the admin connection, held by the caller).
 func (s *Sink) fencedOn(ctx context.Context, conn *pgx.Conn, f func(tx pgx.Tx) error, after ...func()) error {
+	if err := s.permit(); err != nil {
+		return err
+	}
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return err
@@ -224,6 +227,24 @@ func (s *Sink) fenceErr(err error) error {
 	return fmt.Errorf("%w: %w", ErrSuperseded, err)
 }
 
+// permit asks Options.Permit for the next transaction; a refusal is
+// recorded as a supersession (nothing is written any more) and returned
+// wrapping ErrNotPermitted.
+func (s *Sink) permit() error {
+	if s.opts.Permit == nil {
+		return nil
+	}
+	err := s.opts.Permit()
+	if err == nil {
+		return nil
+	}
+	s.mu.Lock()
+	s.mu.notPermitted = err
+	s.mu.Unlock()
+	s.supersede()
+	return fmt.Errorf("%w: %w", ErrNotPermitted, err)
+}
+
 // supersede records that a later sink of the owner started: nothing is
 // written any more, every call is accepted and dropped, Err reports it.
 func (s *Sink) supersede() {
@@ -232,16 +253,25 @@ func (s *Sink) supersede() {
 	if !s.mu.superseded {
 		s.mu.superseded = true
 		close(s.supersededCh)
+		if s.mu.notPermitted != nil {
+			s.log.Error("a write was not permitted: this sink writes nothing more", zap.String("owner", s.opts.Owner),
+				zap.Int64("generation", s.generation), zap.Error(s.mu.notPermitted))
+			return
+		}
 		s.log.Error("a later sink of the same owner started on the target: this one writes nothing more",
 			zap.String("owner", s.opts.Owner), zap.Int64("generation", s.generation))
 	}
 }
 
 // Err returns ErrSuperseded once a later sink of the same owner started
-// on the target (the embedder should stop), nil before.
+// on the target, or ErrNotPermitted once Options.Permit refused a write
+// (the embedder should stop), nil before.
 func (s *Sink) Err() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.mu.notPermitted != nil {
+		return fmt.Errorf("%w (owner %q, generation %d): %w", ErrNotPermitted, s.opts.Owner, s.generation, s.mu.notPermitted)
+	}
 	if s.mu.superseded {
 		return fmt.Errorf("%w (owner %q, generation %d)", ErrSuperseded, s.opts.Owner, s.generation)
 	}

@@ -75,6 +75,13 @@ type Options struct {
 	// connection that lost its client ends within 30 s
 	// (idle_in_transaction_session_timeout) once its pipeline is done.
 	FenceWait time.Duration
+	// Permit, if set, is asked right before every transaction the sink
+	// sends to the target (a lane's commit, a state write, a reset): an
+	// error refuses it, and the sink writes nothing more, as if
+	// superseded (Err wraps ErrNotPermitted). A node of a cluster gives
+	// its membership's validity, so that it sends no transaction once its
+	// lease could have expired. Default nil: every write is permitted.
+	Permit func() error
 	// Logger defaults to zap.NewNop(); Clock (the lanes' flush and
 	// checkpoint cadence, the reconnect back-off) to the real clock.
 	Logger *zap.Logger

@@ -81,7 +81,8 @@ type Sink struct {
 	mu struct {
 		sync.Mutex
 		started, closed bool
-		superseded      bool // a later sink of the owner started (fence.go)
+		superseded      bool  // a later sink of the owner started (fence.go)
+		notPermitted    error // why Options.Permit refused a write (fence.go)
 		bound           map[common.DispatcherID]*binding
 		durable         map[common.DispatcherID]common.Ts
 		errs            map[common.DispatcherID]error
