@@ -75,6 +75,8 @@ type Config struct {
 	slotStatsInterval time.Duration
 	// stopKnobs let a test hold a clean stop's steps (nil: none).
 	stopKnobs *stopKnobs
+	// embedding is what RunEmbedded was given (nil: serve's own run).
+	embedding *Embedding
 }
 
 // stopKnobs are a test's hooks into a clean stop, so that it can make each
@@ -119,6 +121,14 @@ func (l *patternList) Set(v string) error {
 		}
 	}
 	return nil
+}
+
+// permit is the embedding's write permit (nil: serve's own run).
+func (c Config) permit() func() error {
+	if c.embedding == nil {
+		return nil
+	}
+	return c.embedding.Permit
 }
 
 // tableRule is the rule the flags give.

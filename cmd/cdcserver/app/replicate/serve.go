@@ -85,6 +85,29 @@ type newTable struct {
 	rejoin  bool // it left the publication and joined it again (OnRejoin)
 }
 
+// Embedding is what a process that runs many changefeeds (a cluster
+// node) gives a changefeed's run, in place of what serve does for itself:
+// the Go runtime's settings and the Go and process collectors are the
+// process's, not applied or registered by the run, and its HTTP endpoints
+// are the process's (the Config's MetricsAddr and PprofAddr must be
+// empty).
+type Embedding struct {
+	// Registry receives the changefeed's metrics. Required.
+	Registry *prometheus.Registry
+	// Permit is pgsink.Options.Permit: asked before every transaction
+	// the changefeed sends to the target.
+	Permit func() error
+}
+
+// RunEmbedded is Run for a changefeed of a process that runs many.
+func RunEmbedded(ctx context.Context, cfg Config, stderr io.Writer, emb Embedding) error {
+	if emb.Registry == nil || cfg.MetricsAddr != "" || cfg.PprofAddr != "" {
+		return fmt.Errorf("%w: an embedded run takes a registry and serves no HTTP of its own", ErrInvalidConfig)
+	}
+	cfg.embedding = &emb
+	return Run(ctx, cfg, stderr)
+}
+
 // Run is `cdcserver serve`: it replicates cfg.Source into cfg.Sink until
 // ctx ends (SIGTERM), then stops cleanly within ShutdownTimeout. A restart
 // resumes from the sink's checkpoints.
@@ -96,7 +119,9 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%w: logger: %w", ErrInvalidConfig, err)
 	}
-	defer cfg.Settings.Apply(os.Getenv)()
+	if cfg.embedding == nil {
+		defer cfg.Settings.Apply(os.Getenv)()
+	}
 	// Everything a start can fail on, before anything is changed on
 	// either database: the ports, then both databases (preflight.go).
 	httpSrv, err := listenHTTP(cfg)
@@ -104,6 +129,9 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 		return fmt.Errorf("%w: %w", ErrSetup, err)
 	}
 	p := &parts{reg: prometheus.NewRegistry(), log: lg, newTables: make(chan newTable, 64), knobs: cfg.stopKnobs}
+	if cfg.embedding != nil {
+		p.reg = cfg.embedding.Registry
+	}
 	defer func() { httpSrv.close(p.stopBy) }()
 	defer func() { p.closeDataDir() }()
 	if err := p.openDataDir(cfg); err != nil {
@@ -112,7 +140,9 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 	if p.pre, err = checkStart(ctx, cfg); err != nil {
 		return fmt.Errorf("%w: %w", ErrSetup, err)
 	}
-	p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if cfg.embedding == nil {
+		p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
 	if p.met, err = newServeMetrics(p, cfg); err != nil {
 		return fmt.Errorf("%w: %w", ErrSetup, err)
 	}
