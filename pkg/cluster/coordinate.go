@@ -47,14 +47,29 @@ const (
 )
 
 // Assignment is an assignment key's value: the node that runs the
-// changefeed, and the coordinator's fencing token when it was decided.
+// changefeed ("" for none), and the coordinator's fencing token when it
+// was decided.
 type Assignment struct {
 	Node string `json:"node"`
 	// By is the deciding coordinator's Leadership.Rev.
 	By  int64     `json:"by"`
 	At  time.Time `json:"at"`
 	Why Reason    `json:"why"`
+	// History is the changefeed's last moves, oldest first (at most
+	// maxHistory).
+	History []Move `json:"history,omitempty"`
 }
+
+// Move is one decision in a changefeed's history.
+type Move struct {
+	From string    `json:"from,omitempty"`
+	To   string    `json:"to,omitempty"`
+	At   time.Time `json:"at"`
+	Why  Reason    `json:"why"`
+}
+
+// maxHistory bounds an assignment's history.
+const maxHistory = 20
 
 // CoordinatorOptions run the coordinator's loop.
 type CoordinatorOptions struct {
@@ -220,12 +235,14 @@ func (co *Coordinator) round(ctx context.Context, l *Leadership, balance int) er
 	for _, d := range decisions {
 		key := keys.Assignment(d.Changefeed)
 		cond := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", revs[d.Changefeed])}
-		var op clientv3.Op
-		if d.To == "" {
-			op = clientv3.OpDelete(key)
-		} else {
-			b, _ := json.Marshal(Assignment{Node: d.To, By: l.Rev(), At: opts.Clock.Now().UTC(), Why: d.Why}) // plain types
-			op = clientv3.OpPut(key, string(b))
+		now := opts.Clock.Now().UTC()
+		a := Assignment{Node: d.To, By: l.Rev(), At: now, Why: d.Why,
+			History: append(assigned[d.Changefeed].History, Move{From: d.From, To: d.To, At: now, Why: d.Why})}
+		a.History = a.History[max(0, len(a.History)-maxHistory):]
+		b, _ := json.Marshal(a) // plain types
+		op := clientv3.OpPut(key, string(b))
+		if _, ok := specs[d.Changefeed]; !ok {
+			op = clientv3.OpDelete(key) // removed: its assignment goes with it
 		}
 		if err := l.Txn(ctx, cond, op); err != nil {
 			return fmt.Errorf("cluster: assign %s to %q: %w", d.Changefeed, d.To, err)

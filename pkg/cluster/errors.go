@@ -19,6 +19,14 @@ var (
 	// ErrNotCoordinator is a write of a node that is not (or no longer)
 	// the coordinator.
 	ErrNotCoordinator = errors.New("cluster: not the coordinator")
+	// ErrBadName is a changefeed name that cannot be one.
+	ErrBadName = errors.New("cluster: not a changefeed name")
+	// ErrChangefeedExists is a create of a name taken.
+	ErrChangefeedExists = errors.New("cluster: a changefeed of this name exists")
+	// ErrNoChangefeed is a changefeed that does not exist.
+	ErrNoChangefeed = errors.New("cluster: no such changefeed")
+	// ErrNoNode is a node that is not live.
+	ErrNoNode = errors.New("cluster: no such live node")
 	// ErrConflict is a guarded write whose own conditions failed (a key
 	// changed since it was read).
 	ErrConflict = errors.New("cluster: the keys changed since they were read")

@@ -91,6 +91,17 @@ func (d durationSeconds) MarshalJSON() ([]byte, error) {
 	return json.Marshal(time.Duration(d).Seconds())
 }
 
+// UnmarshalJSON reads what MarshalJSON wrote (a cluster's API relays a
+// status as JSON).
+func (d *durationSeconds) UnmarshalJSON(b []byte) error {
+	var secs float64
+	if err := json.Unmarshal(b, &secs); err != nil {
+		return err
+	}
+	*d = durationSeconds(secs * float64(time.Second))
+	return nil
+}
+
 // ReadStatus reads the changefeed of slot between source and sink.
 func ReadStatus(ctx context.Context, source, sink, slot, publication string) (*Status, error) {
 	src, err := pgsource.Connect(ctx, source)

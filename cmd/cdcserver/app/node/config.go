@@ -1,0 +1,109 @@
+package node
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/cdcflow/eventservice/internal/optcheck"
+)
+
+// ErrInvalidConfig wraps every configuration error of a node.
+var ErrInvalidConfig = errors.New("invalid configuration")
+
+// Config is `cdcserver server`'s configuration; each exported field is
+// one flag.
+type Config struct {
+	// Cluster names the cluster: its keys' root in etcd.
+	Cluster string
+	// NodeID names this node (default: host name and API port).
+	NodeID string
+	// Addr serves the HTTP API, /metrics, /healthz and /readyz.
+	Addr string
+	// DataDir holds the embedded etcd member's data and each changefeed's
+	// event store.
+	DataDir string
+	// Etcd are the etcd cluster's client URLs ("": an embedded
+	// single-member etcd in DataDir, listening on EtcdClientAddr and
+	// EtcdPeerAddr).
+	Etcd                         string
+	EtcdClientAddr, EtcdPeerAddr string
+	// EtcdCA, EtcdCert and EtcdKey are PEM files for TLS to etcd (all
+	// empty: plain TCP).
+	EtcdCA, EtcdCert, EtcdKey string
+	// LeaseTTL is the node's lease TTL.
+	LeaseTTL time.Duration
+	// BalanceInterval is how often the coordinator may move changefeeds
+	// only to even the load (one a round).
+	BalanceInterval time.Duration
+	// DrainTimeout bounds a SIGTERM's hand-off of the node's changefeeds.
+	DrainTimeout time.Duration
+	LogLevel     string
+	LogFormat    string
+}
+
+// DefaultConfig returns the server's defaults.
+func DefaultConfig() Config {
+	return Config{Cluster: "default", Addr: "127.0.0.1:8300", EtcdClientAddr: "127.0.0.1:2379", EtcdPeerAddr: "127.0.0.1:2380",
+		LeaseTTL: 10 * time.Second, BalanceInterval: 15 * time.Second, DrainTimeout: time.Minute, LogLevel: "info", LogFormat: "text"}
+}
+
+// BindFlags binds c's fields to fs's flags.
+func (c *Config) BindFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Cluster, "cluster", c.Cluster, "the cluster's name (its keys' root in etcd)")
+	fs.StringVar(&c.NodeID, "node-id", c.NodeID, "this node's ID (default: host name:API port)")
+	fs.StringVar(&c.Addr, "addr", c.Addr, "address serving the HTTP API, /metrics, /healthz and /readyz")
+	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the embedded etcd's data and the changefeeds' event stores (required)")
+	fs.StringVar(&c.Etcd, "etcd", c.Etcd, "the etcd cluster's client URLs, comma-separated (empty: an embedded single-member etcd in --data-dir)")
+	fs.StringVar(&c.EtcdClientAddr, "etcd-client-addr", c.EtcdClientAddr, "the embedded etcd's client address (without --etcd)")
+	fs.StringVar(&c.EtcdPeerAddr, "etcd-peer-addr", c.EtcdPeerAddr, "the embedded etcd's peer address (without --etcd)")
+	fs.StringVar(&c.EtcdCA, "etcd-ca", c.EtcdCA, "PEM file of the CA that signed etcd's certificates (TLS to etcd)")
+	fs.StringVar(&c.EtcdCert, "etcd-cert", c.EtcdCert, "PEM file of this node's client certificate for etcd")
+	fs.StringVar(&c.EtcdKey, "etcd-key", c.EtcdKey, "PEM file of this node's client key for etcd")
+	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "the node's lease TTL: a node silent this long loses its changefeeds to others")
+	fs.DurationVar(&c.BalanceInterval, "balance-interval", c.BalanceInterval, "how often the coordinator may move one changefeed only to even the load")
+	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "bound on SIGTERM's hand-off of the node's changefeeds")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
+}
+
+// Validate reports every bad field at once.
+func (c Config) Validate() error {
+	p := optcheck.New(ErrInvalidConfig)
+	p.Require(c.DataDir != "", "--data-dir is required")
+	p.Require(c.Cluster != "" && !strings.Contains(c.Cluster, "/"), "--cluster=%q: a name without /", c.Cluster)
+	_, _, err := net.SplitHostPort(c.Addr)
+	p.Require(err == nil, "--addr=%q: %v", c.Addr, err)
+	if c.Etcd == "" {
+		for _, a := range []struct{ flag, v string }{{"--etcd-client-addr", c.EtcdClientAddr}, {"--etcd-peer-addr", c.EtcdPeerAddr}} {
+			_, _, err := net.SplitHostPort(a.v)
+			p.Require(err == nil, "%s=%q: %v", a.flag, a.v, err)
+		}
+	}
+	tls := 0
+	for _, f := range []string{c.EtcdCA, c.EtcdCert, c.EtcdKey} {
+		if f != "" {
+			tls++
+		}
+	}
+	p.Require(tls == 0 || tls == 3, "--etcd-ca, --etcd-cert and --etcd-key go together")
+	p.Require(c.LeaseTTL >= 2*time.Second, "--lease-ttl=%v: at least 2s", c.LeaseTTL)
+	p.Require(c.BalanceInterval > 0, "--balance-interval=%v: positive", c.BalanceInterval)
+	p.Require(c.DrainTimeout > 0, "--drain-timeout=%v: positive", c.DrainTimeout)
+	p.Require(c.LogFormat == "text" || c.LogFormat == "json", "--log-format=%q: text or json", c.LogFormat)
+	return p.Err()
+}
+
+// nodeID is the configured ID, or host name:API port.
+func (c Config) nodeID() string {
+	if c.NodeID != "" {
+		return c.NodeID
+	}
+	host, _ := os.Hostname()
+	_, port, _ := net.SplitHostPort(c.Addr)
+	return fmt.Sprintf("%s-%s", host, port)
+}

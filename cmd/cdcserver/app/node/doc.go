@@ -1,0 +1,26 @@
+// Package node is `cdcserver server`: a node of a cluster of changefeeds
+// coordinated through etcd (pkg/cluster). A node joins the cluster under
+// a lease (an embedded single-member etcd in its data directory without
+// --etcd), campaigns to be the coordinator, runs the changefeeds assigned
+// to it (replicate.RunEmbedded, one each, isolated: its own event store,
+// registry and goroutines; one that fails starts again after a back-off
+// and never stops another), and serves the HTTP API (api.go) that
+// `cdcserver cli` drives.
+//
+// Invariants:
+//   - a changefeed runs here only while the node's membership is valid
+//     and its assignment names this node; every transaction it sends to
+//     the target is permitted by the membership's local deadline
+//     (pgsink.Options.Permit), so none is sent once the lease could have
+//     expired;
+//   - a lost membership stops every changefeed and ends Run
+//     (cluster.ErrLeaseLost): the node never revives a lease, a
+//     supervisor starts it again as a new member;
+//   - SIGTERM drains: the node marks itself draining, the coordinator
+//     moves its changefeeds off (each a clean stop here, then a start
+//     there that fences this node out of the target), and the node leaves
+//     once none is assigned to it or DrainTimeout passed;
+//   - a specification never holds a password (ErrClearPassword): a DSN
+//     names a password file of the nodes (passfile=) or the configuration
+//     an environment variable of theirs.
+package node

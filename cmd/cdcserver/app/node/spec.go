@@ -1,0 +1,134 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/replicate"
+)
+
+// Errors of a changefeed's specification.
+var (
+	// ErrBadSpec is a changefeed configuration that cannot run.
+	ErrBadSpec = errors.New("node: invalid changefeed configuration")
+	// ErrClearPassword is a DSN with a password in it: a specification
+	// lives in etcd, where a password must never be stored in clear.
+	ErrClearPassword = errors.New("node: a password in a DSN would be stored in etcd in clear")
+)
+
+// ChangefeedConfig is a changefeed's specification as the API takes it
+// and etcd keeps it: serve's options that apply to one changefeed. A
+// password is never in it: a DSN names a password file on the nodes
+// (passfile=/path, libpq's), or SourcePasswordEnv/SinkPasswordEnv name an
+// environment variable of the nodes that holds it.
+type ChangefeedConfig struct {
+	Source string `json:"source"`
+	Sink   string `json:"sink"`
+	// Slot and Publication default to the changefeed's name (serve's
+	// default, cdcflow, would be shared by every changefeed of a source).
+	Slot        string `json:"slot,omitempty"`
+	Publication string `json:"publication,omitempty"`
+	// Include and Exclude are serve's --include and --exclude.
+	Include []string `json:"include,omitempty"`
+	Exclude []string `json:"exclude,omitempty"`
+	// SinkWorkers is serve's --sink-workers (0: its default).
+	SinkWorkers int `json:"sink_workers,omitempty"`
+	// MaxRetainedWAL is serve's --max-retained-wal in bytes (0: its
+	// default; -1: no bound).
+	MaxRetainedWAL int64 `json:"max_retained_wal,omitempty"`
+	// NoDDLCapture is serve's --no-ddl-capture.
+	NoDDLCapture bool `json:"no_ddl_capture,omitempty"`
+	// SourcePasswordEnv and SinkPasswordEnv name environment variables
+	// of the nodes holding the databases' passwords ("": none).
+	SourcePasswordEnv string `json:"source_password_env,omitempty"`
+	SinkPasswordEnv   string `json:"sink_password_env,omitempty"`
+}
+
+// Check validates c for changefeed name, as the API does before storing
+// it: both DSNs set and without a password.
+func (c ChangefeedConfig) Check() error {
+	if c.Source == "" || c.Sink == "" {
+		return fmt.Errorf("%w: source and sink are required", ErrBadSpec)
+	}
+	for _, d := range []struct{ what, dsn string }{{"source", c.Source}, {"sink", c.Sink}} {
+		if hasPassword(d.dsn) {
+			return fmt.Errorf("%w: the %s DSN: use passfile=/path (a file on the nodes) or %s_password_env", ErrClearPassword, d.what, d.what)
+		}
+	}
+	return nil
+}
+
+// hasPassword reports whether dsn (a URL or key=value pairs) holds a
+// password.
+func hasPassword(dsn string) bool {
+	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		_, set := u.User.Password()
+		return set || u.Query().Has("password")
+	}
+	for _, f := range strings.Fields(dsn) {
+		if k, _, ok := strings.Cut(f, "="); ok && strings.TrimSpace(k) == "password" {
+			return true
+		}
+	}
+	return false
+}
+
+// withPassword is dsn with the password of environment variable env
+// (dsn itself if env is "").
+func withPassword(dsn, env string, getenv func(string) string) (string, error) {
+	if env == "" {
+		return dsn, nil
+	}
+	pw := getenv(env)
+	if pw == "" {
+		return "", fmt.Errorf("%w: environment variable %s is not set on this node", ErrBadSpec, env)
+	}
+	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		u.User = url.UserPassword(u.User.Username(), pw)
+		return u.String(), nil
+	}
+	return dsn + " password='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(pw) + "'", nil
+}
+
+// serveConfig is the replicate.Config changefeed name runs with on this
+// node: serve's defaults, the specification's options, its own data
+// directory, and no HTTP of its own (the node's serves its metrics).
+func serveConfig(name string, c ChangefeedConfig, dataDir, logLevel string) (replicate.Config, error) {
+	cfg := replicate.DefaultConfig()
+	var err error
+	if cfg.Source, err = withPassword(c.Source, c.SourcePasswordEnv, os.Getenv); err != nil {
+		return cfg, err
+	}
+	if cfg.Sink, err = withPassword(c.Sink, c.SinkPasswordEnv, os.Getenv); err != nil {
+		return cfg, err
+	}
+	cfg.Slot, cfg.Publication = name, name
+	if c.Slot != "" {
+		cfg.Slot = c.Slot
+	}
+	if c.Publication != "" {
+		cfg.Publication = c.Publication
+	}
+	cfg.Include, cfg.Exclude = c.Include, c.Exclude
+	if c.SinkWorkers != 0 {
+		cfg.SinkWorkers = c.SinkWorkers
+	}
+	switch {
+	case c.MaxRetainedWAL < 0:
+		cfg.MaxRetainedWAL = 0
+	case c.MaxRetainedWAL > 0:
+		cfg.MaxRetainedWAL = c.MaxRetainedWAL
+	}
+	cfg.NoDDLCapture = c.NoDDLCapture
+	cfg.DataDir = filepath.Join(dataDir, "changefeeds", name)
+	cfg.MetricsAddr, cfg.PprofAddr, cfg.ProgressInterval = "", "", 0
+	cfg.LogLevel = logLevel
+	if err := cfg.Validate(); err != nil {
+		return cfg, fmt.Errorf("%w: %w", ErrBadSpec, err)
+	}
+	return cfg, nil
+}
