@@ -27,6 +27,8 @@ func commands() []command {
 		{"status", "show a changefeed, whether or not serve runs: its binding, the WAL its slot holds, each table's progress", runStatus},
 		{"compare", "check that the target's tables hold the source's rows", runCompare},
 		{"remove", "remove a changefeed: its slot, its publication if it made it, the target's cdcflow state (the target's tables stay)", runRemove},
+		{"server", "run a node of a cluster of changefeeds coordinated through etcd (an embedded one without --etcd)", runServer},
+		{"cli", "drive a cluster through a node's API: changefeed create|list|query|pause|resume|update|remove, node list|drain", runCLI},
 		{synthetic.Command, "run the library on a seeded synthetic workload and verify what it delivered (benchmarks, tests)", runSynthetic},
 		{"version", "name the build", func(_ []string, stdout, _ io.Writer) int { fmt.Fprintln(stdout, version()); return exitcode.OK }},
 	}

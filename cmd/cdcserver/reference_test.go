@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/node"
 	"github.com/cdcflow/eventservice/cmd/cdcserver/app/replicate"
 	"github.com/cdcflow/eventservice/cmd/cdcserver/app/synthetic"
 	"github.com/cdcflow/eventservice/internal/refdoc"
@@ -31,6 +32,11 @@ func TestReferenceDocs(t *testing.T) {
 	require.NoError(t, refdoc.Sync("../../docs/reference/serve-flags.md", "serve-flags", refdoc.FlagTable(serve), *update))
 	readmeNamesEveryFlag(t, "../../README.md", "### `serve`'s flags", serve)
 
+	server := flag.NewFlagSet("cdcserver server", flag.ContinueOnError)
+	ncfg := node.DefaultConfig()
+	ncfg.BindFlags(server)
+	require.NoError(t, refdoc.Sync("../../docs/reference/server-flags.md", "server-flags", refdoc.FlagTable(server), *update))
+
 	synFlags := flag.NewFlagSet("cdcserver "+synthetic.Command, flag.ContinueOnError)
 	scfg := synthetic.DefaultConfig()
 	scfg.BindFlags(synFlags)
@@ -43,7 +49,7 @@ func TestReferenceDocs(t *testing.T) {
 		return "```text\n$ cdcserver " + strings.Join(args, " ") + "\n" + out.String() + "```\n"
 	}
 	require.NoError(t, refdoc.Sync("../../docs/reference/commands.md", "overview", help("--help"), *update))
-	for _, cmd := range []string{"status", "compare", "remove"} {
+	for _, cmd := range []string{"status", "compare", "remove", "cli"} {
 		require.NoError(t, refdoc.Sync("../../docs/reference/commands.md", cmd, help("help", cmd), *update))
 	}
 }
