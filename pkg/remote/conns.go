@@ -18,25 +18,44 @@ import (
 // Closing the socket is what releases a writer blocked in SendMsg on a
 // link that no longer answers: gRPC then fails the transport and cancels
 // its streams, whatever the peer does.
+//
+// It also bounds connections whose handshake (TLS, then HTTP/2's preface
+// and settings) has not completed (handshake.go): per address, in all,
+// and in time.
 type connTracker struct {
-	max, maxPerIP int
-	log           *zap.Logger
-	clk           clock.Clock
-	refused       func()
+	limits connLimits
+	log    *zap.Logger
+	clk    clock.Clock
+	// refused counts a connection closed on accept or before its
+	// handshake completed.
+	refused func()
+	stop    chan struct{} // closed by close: handshake watches end
+	wg      sync.WaitGroup
 
 	mu struct {
 		sync.Mutex
 		conns    map[string]*trackedConn // by remote address
 		perIP    map[string]int
+		pending  map[string][]*trackedConn // handshakes under way, by IP, oldest first
+		nPending int
 		lastWarn time.Time
 		unwarned int // refusals since the last warning
+		closed   bool
 	}
 }
 
-func newConnTracker(maxConns, maxPerIP int, log *zap.Logger, clk clock.Clock, refused func()) *connTracker {
-	t := &connTracker{max: maxConns, maxPerIP: maxPerIP, log: log, clk: clk, refused: refused}
+// connLimits are a connTracker's bounds (ServerOptions).
+type connLimits struct {
+	max, maxPerIP                  int
+	maxHandshakes, maxHandshakesIP int
+	handshakeTimeout               time.Duration
+}
+
+func newConnTracker(limits connLimits, log *zap.Logger, clk clock.Clock, refused func()) *connTracker {
+	t := &connTracker{limits: limits, log: log, clk: clk, refused: refused, stop: make(chan struct{})}
 	t.mu.conns = map[string]*trackedConn{}
 	t.mu.perIP = map[string]int{}
+	t.mu.pending = map[string][]*trackedConn{}
 	return t
 }
 
@@ -73,6 +92,27 @@ func (t *connTracker) kill(remote string) bool {
 	return true
 }
 
+// close ends the handshake watches and closes the connections still in
+// their handshake (gRPC's Stop would wait for their handshakes to end).
+func (t *connTracker) close() {
+	t.mu.Lock()
+	if t.mu.closed {
+		t.mu.Unlock()
+		return
+	}
+	t.mu.closed = true
+	close(t.stop)
+	var pending []*trackedConn
+	for _, cs := range t.mu.pending {
+		pending = append(pending, cs...)
+	}
+	t.mu.Unlock()
+	for _, c := range pending {
+		_ = c.Close()
+	}
+	t.wg.Wait()
+}
+
 type trackedListener struct {
 	net.Listener
 	t *connTracker
@@ -84,16 +124,16 @@ func (l *trackedListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		tc := &trackedConn{Conn: c, t: l.t, key: c.RemoteAddr().String()}
-		ip := ipOf(tc.key)
+		tc := &trackedConn{Conn: c, t: l.t, key: c.RemoteAddr().String(), settled: make(chan struct{})}
+		tc.ip = ipOf(tc.key)
 		l.t.mu.Lock()
-		full := len(l.t.mu.conns) >= l.t.max || l.t.mu.perIP[ip] >= l.t.maxPerIP
-		if !full {
-			l.t.mu.conns[tc.key] = tc
-			l.t.mu.perIP[ip]++
+		admitted, evicted := l.t.admitLocked(tc)
+		if admitted {
+			// Under the lock, so that close's Wait follows the Add.
+			l.t.watchHandshake(tc)
 		}
 		warn := false
-		if full {
+		if !admitted {
 			// At most one warning a second: a flood must not flood the log.
 			l.t.mu.unwarned++
 			if now := l.t.clk.Now(); now.Sub(l.t.mu.lastWarn) >= time.Second {
@@ -105,13 +145,18 @@ func (l *trackedListener) Accept() (net.Conn, error) {
 			l.t.mu.unwarned = 0
 		}
 		l.t.mu.Unlock()
-		if !full {
+		if evicted != nil {
+			l.t.refused()
+			_ = evicted.Close()
+		}
+		if admitted {
 			return tc, nil
 		}
 		l.t.refused()
 		if warn {
-			l.t.log.Warn("connections refused: MaxConnections or MaxConnectionsPerIP open", zap.String("last_from", tc.key),
-				zap.Int("refused", n), zap.Int("max", l.t.max), zap.Int("max_per_ip", l.t.maxPerIP))
+			l.t.log.Warn("connections refused: MaxConnections or MaxConnectionsPerIP open, or MaxHandshakesPerIP under way",
+				zap.String("last_from", tc.key), zap.Int("refused", n), zap.Int("max", l.t.limits.max),
+				zap.Int("max_per_ip", l.t.limits.maxPerIP), zap.Int("max_handshakes_per_ip", l.t.limits.maxHandshakesIP))
 		}
 		_ = c.Close()
 	}
@@ -119,9 +164,14 @@ func (l *trackedListener) Accept() (net.Conn, error) {
 
 type trackedConn struct {
 	net.Conn
-	t    *connTracker
-	key  string
-	once sync.Once
+	t       *connTracker
+	key, ip string
+	once    sync.Once
+	// settled is closed when the handshake completed or the connection
+	// closed, whichever is first (under t.mu).
+	settled  chan struct{}
+	accepted time.Time   // on the server's clock
+	timer    clock.Timer // the handshake deadline, on the server's clock
 }
 
 func (c *trackedConn) Close() error {
@@ -129,10 +179,10 @@ func (c *trackedConn) Close() error {
 	c.once.Do(func() {
 		c.t.mu.Lock()
 		if c.t.mu.conns[c.key] == c {
+			c.t.settleLocked(c)
 			delete(c.t.mu.conns, c.key)
-			ip := ipOf(c.key)
-			if c.t.mu.perIP[ip]--; c.t.mu.perIP[ip] <= 0 {
-				delete(c.t.mu.perIP, ip)
+			if c.t.mu.perIP[c.ip]--; c.t.mu.perIP[c.ip] <= 0 {
+				delete(c.t.mu.perIP, c.ip)
 			}
 		}
 		c.t.mu.Unlock()

@@ -46,6 +46,11 @@
 //     server reads no frame larger than the largest valid request, caps a
 //     collector's announced capacity, and bounds connections, streams per
 //     connection and targets. Another wire version is refused naming both.
+//   - Connections in their handshake (handshake.go) are bounded per address
+//     (MaxHandshakesPerIP), in all (MaxHandshakes, taking the place of the
+//     oldest of the address holding the most) and in time
+//     (HandshakeTimeout from the accept, on the server's clock), so
+//     connections that never handshake cannot keep a collector out.
 //   - A peer acts only for its identity: with a Policy, a stream opens only
 //     for a target the peer's certificate is granted, and control calls
 //     carry its messaging.Authority for the control plane to check. A

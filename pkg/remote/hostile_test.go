@@ -262,6 +262,9 @@ func TestAStreamWithoutAHelloIsEnded(t *testing.T) {
 	defer cancel()
 	st, err := rawConn(t, addr).NewStream(ctx, &grpc.StreamDesc{StreamName: "Data", ServerStreams: true, ClientStreams: true}, dataMethod)
 	require.NoError(t, err)
+	// The connection's handshake deadline is a timer of clk too, until
+	// the handshake completed.
+	testwait.For(t, "the handshake completed", func() bool { return srv.conns.handshakes() == 0 })
 	require.NoError(t, clk.WaitWaiters(ctx, 1), "the handler waits for the hello")
 	clk.Advance(time.Minute)
 	require.Equal(t, codes.DeadlineExceeded, refusal(t, st).Code())

@@ -76,7 +76,8 @@ func newServerMetrics(s *Server) *serverMetrics {
 				"malformed (a hello that does not decode or names an invalid target), version (another wire version), " +
 				"permission_denied (the certificate's identity may not serve the target), max_targets, no_hello (none within the liveness timeout)."}, []string{"reason"}),
 		refusedConns: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
-			Name: "server_refused_connections_total", Help: "TCP connections closed on accept because MaxConnections were open."}),
+			Name: "server_refused_connections_total", Help: "TCP connections closed on accept (MaxConnections or MaxConnectionsPerIP open, MaxHandshakesPerIP in their handshake) " +
+				"or before their handshake completed (HandshakeTimeout, or the place taken by a newer one beyond MaxHandshakes)."}),
 		deadLinks: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
 			Name: "server_dead_links_total", Help: "Collector streams declared dead: nothing received, or a send blocked, for the liveness timeout."}),
 		connected: prometheus.NewDesc(name("server_connected_collectors"), "Collectors whose data stream is open.", nil, nil),

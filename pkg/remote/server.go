@@ -44,8 +44,16 @@ const (
 	// connection: a collector has one data stream and a few control
 	// calls in flight.
 	maxStreamsPerConnection = 64
-	// handshakeTimeout bounds a connection's TLS and HTTP/2 handshake.
-	handshakeTimeout = 10 * time.Second
+	// DefaultHandshakeTimeout bounds a connection's TLS and HTTP/2
+	// handshake, from its accept (handshake.go).
+	DefaultHandshakeTimeout = 10 * time.Second
+	// DefaultMaxHandshakes and DefaultMaxHandshakesPerIP bound the
+	// connections in their handshake, in all and per address: a collector
+	// completes its handshake in a round trip or two, so a few per address
+	// suffice, and connections that send nothing cannot take the slots
+	// that completed handshakes need (handshake.go).
+	DefaultMaxHandshakes      = 64
+	DefaultMaxHandshakesPerIP = 8
 )
 
 // ServerOptions configure a Server. Zero fields take the documented
@@ -83,6 +91,18 @@ type ServerOptions struct {
 	// those from one address; more are closed on accept. A collector
 	// process opens one per changefeed it serves. Defaults 256 and 64.
 	MaxConnections, MaxConnectionsPerIP int
+	// HandshakeTimeout: a connection whose TLS and HTTP/2 handshake has not
+	// completed this long after its accept is closed. Default
+	// DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+	// MaxHandshakes and MaxHandshakesPerIP bound the connections in their
+	// handshake, in all and from one address. One more from an address is
+	// closed on accept; one more in all takes the place of the oldest of
+	// the address holding the most, if that is more than its own address
+	// holds, and is closed on accept otherwise. MaxHandshakes is at most
+	// MaxConnections. Defaults 64 and 8 (MaxHandshakes at most
+	// MaxConnections/2 when MaxConnections is set lower).
+	MaxHandshakes, MaxHandshakesPerIP int
 	// LivenessTimeout: a stream on which nothing arrived for this long, or
 	// whose send has been blocked this long, is declared dead: Sends to
 	// its target fail with ErrUnavailable at once, its frames are
@@ -112,6 +132,11 @@ func (o ServerOptions) EnsureDefaults() ServerOptions {
 	def(&o.MaxCapacity, DefaultMaxCapacity)
 	def(&o.MaxConnections, DefaultMaxConnections)
 	def(&o.MaxConnectionsPerIP, DefaultMaxConnectionsPerIP)
+	def(&o.MaxHandshakes, max(min(DefaultMaxHandshakes, o.MaxConnections/2), 1))
+	def(&o.MaxHandshakesPerIP, min(DefaultMaxHandshakesPerIP, o.MaxHandshakes))
+	if o.HandshakeTimeout == 0 {
+		o.HandshakeTimeout = DefaultHandshakeTimeout
+	}
 	if o.LivenessTimeout == 0 {
 		o.LivenessTimeout = DefaultLivenessTimeout
 	}
@@ -129,6 +154,9 @@ func (o ServerOptions) Validate() error {
 	p.IntRange("MaxCapacity", o.MaxCapacity, 1, 1<<30)
 	p.IntRange("MaxConnections", o.MaxConnections, 1, 1<<20)
 	p.IntRange("MaxConnectionsPerIP", o.MaxConnectionsPerIP, 1, 1<<20)
+	p.IntRange("MaxHandshakes", o.MaxHandshakes, 1, max(o.MaxConnections, 1))
+	p.IntRange("MaxHandshakesPerIP", o.MaxHandshakesPerIP, 1, max(o.MaxHandshakes, 1))
+	p.Require(o.HandshakeTimeout >= 100*time.Millisecond, "HandshakeTimeout %v below 100ms", o.HandshakeTimeout)
 	p.Require(o.LivenessTimeout >= 300*time.Millisecond, "LivenessTimeout %v below 300ms", o.LivenessTimeout)
 	p.Require(o.TLS == nil || o.Policy != nil, "TLS without a Policy: say which certificate identity may serve which targets")
 	p.Require(o.TLS != nil || o.Policy == nil, "a Policy needs TLS: a plaintext peer has no identity")
@@ -177,7 +205,8 @@ func NewServer(opts ServerOptions) (*Server, error) {
 	}
 	s.mu.peers = map[messaging.Target]*peer{}
 	s.met = newServerMetrics(s)
-	s.conns = newConnTracker(opts.MaxConnections, opts.MaxConnectionsPerIP, s.log, opts.Clock, s.met.refusedConns.Inc)
+	s.conns = newConnTracker(connLimits{max: opts.MaxConnections, maxPerIP: opts.MaxConnectionsPerIP, maxHandshakes: opts.MaxHandshakes,
+		maxHandshakesIP: opts.MaxHandshakesPerIP, handshakeTimeout: opts.HandshakeTimeout}, s.log, opts.Clock, s.met.refusedConns.Inc)
 	if opts.Registerer != nil {
 		if err := opts.Registerer.Register(s.met); err != nil {
 			return nil, fmt.Errorf("remote: register metrics: %w", err)
@@ -186,7 +215,7 @@ func NewServer(opts ServerOptions) (*Server, error) {
 	half := max(opts.LivenessTimeout/2, time.Second) // gRPC's floor for server pings
 	sopts := []grpc.ServerOption{grpc.ForceServerCodec(rawCodec{}), grpc.MaxRecvMsgSize(maxUpFrameBytes),
 		grpc.MaxSendMsgSize(MaxFrameBytes), grpc.WaitForHandlers(true), grpc.MaxConcurrentStreams(maxStreamsPerConnection),
-		grpc.ConnectionTimeout(handshakeTimeout),
+		grpc.ConnectionTimeout(opts.HandshakeTimeout),
 		// The transport's own liveness, for connections that carry only
 		// control calls: ping after half the timeout idle, close if the
 		// ping is not answered in the other half.
@@ -266,6 +295,7 @@ func (s *Server) Close() {
 	}
 	s.mu.closed = true
 	s.mu.Unlock()
+	s.conns.close() // connections in their handshake: Stop would wait for them
 	s.grpc.Stop()
 	s.wg.Wait()
 }
