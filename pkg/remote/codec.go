@@ -49,6 +49,8 @@ const (
 
 // handler is what the gRPC service calls; Server implements it.
 type handler interface {
+	// receiveControl reads a control call's request with dec.
+	receiveControl(ctx context.Context, dec func(any) error) ([]byte, error)
 	control(ctx context.Context, req []byte) ([]byte, error)
 	data(stream grpc.ServerStream) error
 }
@@ -66,10 +68,11 @@ func serviceDesc() *grpc.ServiceDesc {
 			// unary interceptor (grpc.UnaryInterceptor) when there is one;
 			// stream interceptors are applied by gRPC itself.
 			Handler: func(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
-				var req frame
-				if err := dec(&req); err != nil {
+				b, err := srv.(handler).receiveControl(ctx, dec)
+				if err != nil {
 					return nil, err
 				}
+				req := frame{b: b}
 				call := func(ctx context.Context, r any) (any, error) {
 					b, err := srv.(handler).control(ctx, r.(*frame).b)
 					if err != nil {

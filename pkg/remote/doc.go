@@ -46,6 +46,13 @@
 //     server reads no frame larger than the largest valid request, caps a
 //     collector's announced capacity, and bounds connections, streams per
 //     connection and targets. Another wire version is refused naming both.
+//   - Control requests arriving in part hold a bounded budget
+//     (control_budget.go): each call is charged its stream window (static,
+//     64 KiB) and, while read, the largest request, against
+//     MaxControlBytesPerConnection and MaxControlBytesPerIP (a call that
+//     cannot get its window is refused at once), and a request must arrive
+//     whole within ControlReceiveTimeout of its call's start, or the call
+//     ends and its charge is given back.
 //   - Connections in their handshake (handshake.go) are bounded per address
 //     (MaxHandshakesPerIP), in all (MaxHandshakes, taking the place of the
 //     oldest of the address holding the most) and in time

@@ -57,6 +57,7 @@ type serverMetrics struct {
 	connected    *prometheus.Desc
 	credit       *prometheus.Desc
 	inFlight     *prometheus.Desc
+	controlHeld  *prometheus.Desc
 }
 
 func newServerMetrics(s *Server) *serverMetrics {
@@ -74,7 +75,8 @@ func newServerMetrics(s *Server) *serverMetrics {
 		refusedCalls: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
 			Name: "server_refused_streams_total", Help: "Data streams and control calls refused before reaching the service, by reason: " +
 				"malformed (a hello that does not decode or names an invalid target), version (another wire version), " +
-				"permission_denied (the certificate's identity may not serve the target), max_targets, no_hello (none within the liveness timeout)."}, []string{"reason"}),
+				"permission_denied (the certificate's identity may not serve the target), max_targets, no_hello (none within the liveness timeout), " +
+				"control_budget (a Control call beyond MaxControlBytesPerConnection or MaxControlBytesPerIP), control_deadline (a Control request not whole within ControlReceiveTimeout)."}, []string{"reason"}),
 		refusedConns: prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem,
 			Name: "server_refused_connections_total", Help: "TCP connections closed on accept (MaxConnections or MaxConnectionsPerIP open, MaxHandshakesPerIP in their handshake) " +
 				"or before their handshake completed (HandshakeTimeout, or the place taken by a newer one beyond MaxHandshakes)."}),
@@ -86,8 +88,10 @@ func newServerMetrics(s *Server) *serverMetrics {
 		inFlight: prometheus.NewDesc(name("server_in_flight_messages"),
 			"Messages accepted for a collector and not yet read by it (as the marks it echoes prove): queued, on the wire or in its transport; at most its capacity.", []string{"target"}, nil),
 	}
+	m.controlHeld = prometheus.NewDesc(name("server_control_held_bytes"),
+		"Bytes the Control calls whose requests are arriving may hold (charged against MaxControlBytesPerConnection and MaxControlBytesPerIP).", nil, nil)
 	m.notConnected = m.refused.WithLabelValues(notConnectedLabel, "unavailable")
-	for _, r := range []string{"malformed", "version", "permission_denied", "max_targets", "no_hello"} {
+	for _, r := range []string{"malformed", "version", "permission_denied", "max_targets", "no_hello", "control_budget", "control_deadline"} {
 		m.refusedCalls.WithLabelValues(r)
 	}
 	return m
@@ -129,6 +133,7 @@ func (m *serverMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.connected
 	ch <- m.credit
 	ch <- m.inFlight
+	ch <- m.controlHeld
 }
 
 // Collect implements prometheus.Collector.
@@ -152,4 +157,6 @@ func (m *serverMetrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.inFlight, prometheus.GaugeValue, float64(inFlight), string(p.target))
 	}
 	ch <- prometheus.MustNewConstMetric(m.connected, prometheus.GaugeValue, float64(connected))
+	held, _, _, _ := m.s.ctl.held()
+	ch <- prometheus.MustNewConstMetric(m.controlHeld, prometheus.GaugeValue, float64(held))
 }

@@ -54,6 +54,15 @@ const (
 	// that completed handshakes need (handshake.go).
 	DefaultMaxHandshakes      = 64
 	DefaultMaxHandshakesPerIP = 8
+	// DefaultControlReceiveTimeout bounds how long a Control request may
+	// take to arrive whole: the largest (about 417 KiB) at 1 Mbit/s.
+	DefaultControlReceiveTimeout = 5 * time.Second
+	// DefaultMaxControlBytesPerConnection and DefaultMaxControlBytesPerIP
+	// bound what a connection's and an address's Control calls may hold
+	// while their requests arrive (control_budget.go): nine calls of the
+	// largest request at once per connection, 78 per address.
+	DefaultMaxControlBytesPerConnection = 4 << 20
+	DefaultMaxControlBytesPerIP         = 32 << 20
 )
 
 // ServerOptions configure a Server. Zero fields take the documented
@@ -103,6 +112,20 @@ type ServerOptions struct {
 	// MaxConnections. Defaults 64 and 8 (MaxHandshakes at most
 	// MaxConnections/2 when MaxConnections is set lower).
 	MaxHandshakes, MaxHandshakesPerIP int
+	// ControlReceiveTimeout: a Control call whose request has not arrived
+	// whole this long after the call began ends (DeadlineExceeded), and
+	// what it held is released. Default DefaultControlReceiveTimeout.
+	ControlReceiveTimeout time.Duration
+	// MaxControlBytesPerConnection and MaxControlBytesPerIP bound the bytes
+	// the Control calls of one connection, and of one remote address, may
+	// hold while their requests arrive: each call is charged 64 KiB (what
+	// gRPC may buffer of it unread) and, while its request is read, the
+	// largest request (about 417 KiB). A call that cannot get the first is
+	// refused (ResourceExhausted); one that cannot get the second waits,
+	// until ControlReceiveTimeout. Defaults 4 MiB and 32 MiB;
+	// MaxControlBytesPerConnection must hold one largest request, and
+	// MaxControlBytesPerIP one connection's budget.
+	MaxControlBytesPerConnection, MaxControlBytesPerIP int64
 	// LivenessTimeout: a stream on which nothing arrived for this long, or
 	// whose send has been blocked this long, is declared dead: Sends to
 	// its target fail with ErrUnavailable at once, its frames are
@@ -137,6 +160,15 @@ func (o ServerOptions) EnsureDefaults() ServerOptions {
 	if o.HandshakeTimeout == 0 {
 		o.HandshakeTimeout = DefaultHandshakeTimeout
 	}
+	if o.ControlReceiveTimeout == 0 {
+		o.ControlReceiveTimeout = DefaultControlReceiveTimeout
+	}
+	if o.MaxControlBytesPerConnection == 0 {
+		o.MaxControlBytesPerConnection = DefaultMaxControlBytesPerConnection
+	}
+	if o.MaxControlBytesPerIP == 0 {
+		o.MaxControlBytesPerIP = max(DefaultMaxControlBytesPerIP, o.MaxControlBytesPerConnection)
+	}
 	if o.LivenessTimeout == 0 {
 		o.LivenessTimeout = DefaultLivenessTimeout
 	}
@@ -157,6 +189,11 @@ func (o ServerOptions) Validate() error {
 	p.IntRange("MaxHandshakes", o.MaxHandshakes, 1, max(o.MaxConnections, 1))
 	p.IntRange("MaxHandshakesPerIP", o.MaxHandshakesPerIP, 1, max(o.MaxHandshakes, 1))
 	p.Require(o.HandshakeTimeout >= 100*time.Millisecond, "HandshakeTimeout %v below 100ms", o.HandshakeTimeout)
+	p.Require(o.ControlReceiveTimeout >= 100*time.Millisecond, "ControlReceiveTimeout %v below 100ms", o.ControlReceiveTimeout)
+	p.Require(o.MaxControlBytesPerConnection >= maxUpFrameBytes, "MaxControlBytesPerConnection %d below the largest request (%d bytes)",
+		o.MaxControlBytesPerConnection, maxUpFrameBytes)
+	p.Require(o.MaxControlBytesPerIP >= o.MaxControlBytesPerConnection, "MaxControlBytesPerIP %d below MaxControlBytesPerConnection %d",
+		o.MaxControlBytesPerIP, o.MaxControlBytesPerConnection)
 	p.Require(o.LivenessTimeout >= 300*time.Millisecond, "LivenessTimeout %v below 300ms", o.LivenessTimeout)
 	p.Require(o.TLS == nil || o.Policy != nil, "TLS without a Policy: say which certificate identity may serve which targets")
 	p.Require(o.TLS != nil || o.Policy == nil, "a Policy needs TLS: a plaintext peer has no identity")
@@ -179,6 +216,7 @@ type Server struct {
 	cp     messaging.ControlPlane
 	grants map[string]grant // nil without a Policy
 	conns  *connTracker
+	ctl    *controlBudget
 	wg     sync.WaitGroup
 	met    *serverMetrics
 
@@ -204,6 +242,7 @@ func NewServer(opts ServerOptions) (*Server, error) {
 		s.grants = opts.Policy.grants()
 	}
 	s.mu.peers = map[messaging.Target]*peer{}
+	s.ctl = newControlBudget(opts.MaxControlBytesPerConnection, opts.MaxControlBytesPerIP)
 	s.met = newServerMetrics(s)
 	s.conns = newConnTracker(connLimits{max: opts.MaxConnections, maxPerIP: opts.MaxConnectionsPerIP, maxHandshakes: opts.MaxHandshakes,
 		maxHandshakesIP: opts.MaxHandshakesPerIP, handshakeTimeout: opts.HandshakeTimeout}, s.log, opts.Clock, s.met.refusedConns.Inc)
@@ -216,6 +255,9 @@ func NewServer(opts ServerOptions) (*Server, error) {
 	sopts := []grpc.ServerOption{grpc.ForceServerCodec(rawCodec{}), grpc.MaxRecvMsgSize(maxUpFrameBytes),
 		grpc.MaxSendMsgSize(MaxFrameBytes), grpc.WaitForHandlers(true), grpc.MaxConcurrentStreams(maxStreamsPerConnection),
 		grpc.ConnectionTimeout(opts.HandshakeTimeout),
+		// Static windows: what gRPC may buffer of a stream nobody reads
+		// is controlWindowBytes, which the Control budget charges.
+		grpc.InitialWindowSize(controlWindowBytes), grpc.InitialConnWindowSize(controlConnWindowBytes),
 		// The transport's own liveness, for connections that carry only
 		// control calls: ping after half the timeout idle, close if the
 		// ping is not answered in the other half.
