@@ -139,7 +139,7 @@ func (s *Sink) BindAll(ctx context.Context, bs []Binding) error {
 		}
 		s.mu.Unlock()
 	}
-	if err := s.loadKeyless(ctx, conn, bs); err != nil {
+	if err := s.loadApplied(ctx, conn, bs); err != nil {
 		return err
 	}
 	if err := s.saveWritten(ctx, conn, first); err != nil {

@@ -30,14 +30,13 @@ type durableMark struct {
 }
 
 // checkpointSQL upserts the checkpoints of a commit, given as arrays,
-// with the position of a keyless table's last row applied (keyless.go;
-// 0 for a table with a key).
+// with the position of each table's last row applied (applied.go).
 const checkpointSQL = `
-INSERT INTO cdcflow.checkpoints (dispatcher, table_oid, target, ts, keyless_ts, keyless_index)
+INSERT INTO cdcflow.checkpoints (dispatcher, table_oid, target, ts, applied_ts, applied_index)
 SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[])
 ON CONFLICT (dispatcher) DO UPDATE SET ts = GREATEST(cdcflow.checkpoints.ts, EXCLUDED.ts), table_oid = EXCLUDED.table_oid,
   target = EXCLUDED.target, updated_at = now(),
-  keyless_ts = EXCLUDED.keyless_ts, keyless_index = EXCLUDED.keyless_index`
+  applied_ts = EXCLUDED.applied_ts, applied_index = EXCLUDED.applied_index`
 
 // commit applies ds's work and checkpoints in one transaction: every
 // statement goes in one pipeline, run in one implicit transaction (one
@@ -74,7 +73,7 @@ func (a *applier) commit(ds []*dstate) (marks []durableMark, applied int, err er
 		}
 	}
 	for _, d := range ds {
-		d.keylessNext, d.droppedNext = d.keyless, d.dropped // what a failed commit queued is not applied
+		d.appliedNext, d.droppedNext = d.applied, d.dropped // what a failed commit queued is not applied
 		n, ckpt, err := a.queueWork(p, d)
 		if err != nil {
 			undo()
@@ -85,10 +84,10 @@ func (a *applier) commit(ds []*dstate) (marks []durableMark, applied int, err er
 			marks = append(marks, durableMark{id: d.id, epoch: d.epoch, ts: ckpt})
 		}
 		row := ckpt
-		if d.keylessNext != d.keyless {
+		if d.appliedNext != d.applied {
 			// Every row before the last one's commit was applied: the
-			// checkpoint is at least there (keyless.go).
-			row = max(row, d.keylessNext.ts-1)
+			// checkpoint is at least there (applied.go).
+			row = max(row, d.appliedNext.ts-1)
 		}
 		if row != 0 && !d.dropped && !d.droppedNext { // a dropped table's row went with it
 			ckd = append(ckd, ckptRow{d: d, ts: row})
@@ -100,8 +99,8 @@ func (a *applier) commit(ds []*dstate) (marks []durableMark, applied int, err er
 			p.int8Array(len(ckd), func(i int) int64 { return int64(ckd[i].d.table.rel.OID) }),
 			p.textArray(len(ckd), func(i int) []byte { return stringBytes(ckd[i].d.table.qname) }),
 			p.int8Array(len(ckd), func(i int) int64 { return int64(ckd[i].ts) }),
-			p.int8Array(len(ckd), func(i int) int64 { return int64(ckd[i].d.keylessNext.ts) }),
-			p.int8Array(len(ckd), func(i int) int64 { return int64(ckd[i].d.keylessNext.index) }))
+			p.int8Array(len(ckd), func(i int) int64 { return int64(ckd[i].d.appliedNext.ts) }),
+			p.int8Array(len(ckd), func(i int) int64 { return int64(ckd[i].d.appliedNext.index) }))
 	}
 	if err := a.s.permit(); err != nil {
 		undo()
@@ -113,7 +112,7 @@ func (a *applier) commit(ds []*dstate) (marks []durableMark, applied int, err er
 		return nil, 0, fmt.Errorf("%w: %w", ErrApply, err)
 	}
 	for _, d := range ds {
-		d.keyless, d.dropped = d.keylessNext, d.droppedNext
+		d.applied, d.dropped = d.appliedNext, d.droppedNext
 	}
 	if mark {
 		a.s.marked.Store(true)
@@ -184,16 +183,24 @@ func (a *applier) queueWork(q *pipeline, d *dstate) (int, common.Ts, error) {
 		switch w.kind {
 		case opRows:
 			if t.rel.Keyless() {
-				k, pos, err := a.keylessRows(q, t, w.rows, d.keylessNext)
+				k, pos, err := a.keylessRows(q, t, w.rows, d.appliedNext)
 				if err != nil {
 					return 0, 0, err
 				}
 				n += k
-				d.keylessNext = pos
+				d.appliedNext = pos
 				continue
 			}
 			for i := range w.rows {
 				r := &w.rows[i]
+				index, err := pgcodec.ChangeIndex(r.Key)
+				if err != nil {
+					return 0, 0, fmt.Errorf("%w: %w: %s: %w", ErrApply, errBadData, t.qname, err)
+				}
+				if !d.appliedNext.after(r.CommitTs, index) {
+					continue // applied before a restart or a take-over (applied.go)
+				}
+				d.appliedNext = appliedPos{ts: r.CommitTs, index: index}
 				c, err := pgcodec.DecodeValueNames(r.Value, t.order)
 				if err != nil {
 					return 0, 0, fmt.Errorf("%w: %w: %s: %w", ErrApply, errBadData, t.qname, err)

@@ -28,6 +28,9 @@ import (
 // transaction of an earlier sink that passed its fence (committed or
 // rolled back, it is final then), and every later one fails. A sink that
 // fails its fence is superseded: it writes nothing more (Err reports it).
+// The fence also sets cdcflow.writer, transaction-local, to
+// "owner/generation": a trigger on a target table can audit which sink
+// wrote each row (the cluster's single-writer checker does).
 //
 // The advisory lock, not a row lock on the owner's row: a row share-locked
 // by every lane transaction would write a multixact and WAL per commit; an
@@ -49,7 +52,7 @@ CREATE SCHEMA IF NOT EXISTS cdcflow;
 CREATE TABLE IF NOT EXISTS cdcflow.checkpoints (
   dispatcher text PRIMARY KEY, table_oid bigint NOT NULL, target text NOT NULL, ts bigint NOT NULL,
   updated_at timestamptz NOT NULL DEFAULT now(),
-  keyless_ts bigint NOT NULL DEFAULT 0, keyless_index bigint NOT NULL DEFAULT 0);
+  applied_ts bigint NOT NULL DEFAULT 0, applied_index bigint NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS cdcflow.state (key text PRIMARY KEY, value text NOT NULL);
 CREATE TABLE IF NOT EXISTS cdcflow.owners (
   owner text PRIMARY KEY, generation bigint NOT NULL, started_at timestamptz NOT NULL DEFAULT now(),
@@ -71,12 +74,17 @@ DO $m$ BEGIN
                  WHERE attrelid = 'cdcflow.owners'::regclass AND attname = 'source' AND NOT attisdropped) THEN
     ALTER TABLE cdcflow.owners ADD COLUMN source text;
   END IF;
-  -- A keyless table's last row applied (keyless.go), of a version without
-  -- keyless tables: added only then, as above.
-  IF NOT EXISTS (SELECT 1 FROM pg_attribute
-                 WHERE attrelid = 'cdcflow.checkpoints'::regclass AND attname = 'keyless_ts' AND NOT attisdropped) THEN
-    ALTER TABLE cdcflow.checkpoints ADD COLUMN keyless_ts bigint NOT NULL DEFAULT 0,
-      ADD COLUMN keyless_index bigint NOT NULL DEFAULT 0;
+  -- A table's last row applied (applied.go): of a version that kept it
+  -- for keyless tables only (keyless_ts, keyless_index), renamed; of a
+  -- version without it, added. Only then, as above.
+  IF EXISTS (SELECT 1 FROM pg_attribute
+             WHERE attrelid = 'cdcflow.checkpoints'::regclass AND attname = 'keyless_ts' AND NOT attisdropped) THEN
+    ALTER TABLE cdcflow.checkpoints RENAME COLUMN keyless_ts TO applied_ts;
+    ALTER TABLE cdcflow.checkpoints RENAME COLUMN keyless_index TO applied_index;
+  ELSIF NOT EXISTS (SELECT 1 FROM pg_attribute
+                    WHERE attrelid = 'cdcflow.checkpoints'::regclass AND attname = 'applied_ts' AND NOT attisdropped) THEN
+    ALTER TABLE cdcflow.checkpoints ADD COLUMN applied_ts bigint NOT NULL DEFAULT 0,
+      ADD COLUMN applied_index bigint NOT NULL DEFAULT 0;
   END IF;
 END $m$;
 CREATE OR REPLACE FUNCTION cdcflow.fence(p_owner text, p_generation bigint) RETURNS void LANGUAGE plpgsql AS $f$
@@ -87,6 +95,9 @@ BEGIN
     RAISE EXCEPTION 'cdcflow: the sink of owner %% at generation %% was superseded', p_owner, p_generation
       USING ERRCODE = '%[2]s';
   END IF;
+  -- The transaction's writer, for triggers that audit it (the cluster's
+  -- fault tests check that no older generation commits after a newer).
+  PERFORM set_config('cdcflow.writer', p_owner || '/' || p_generation, true);
 END $f$;
 COMMIT`, fenceLockClass, fenceSQLState)
 

@@ -1,9 +1,7 @@
 package pgsink
 
 import (
-	"context"
 	"fmt"
-	"math"
 	"strings"
 
 	"github.com/cdcflow/eventservice/pkg/common"
@@ -20,85 +18,10 @@ import (
 // equal rows one changes, which leaves the same table; a change whose old
 // row the target lacks changes nothing, as natively.
 //
-// A replay must not apply a row twice, and an insert is not idempotent:
-// a lane commit may hold part of a source transaction's rows (BatchRows,
-// FlushInterval), and a restart resumes from the last checkpoint before
-// it. So every commit that applies a keyless table's rows also writes,
-// with its checkpoint row, the position (commit-ts, index in its
-// transaction) of the last row applied (cdcflow.checkpoints.keyless_ts and
-// keyless_index), and its checkpoint at least to that commit-ts minus one
-// (every row before that commit was applied); a row at or before the
-// position is skipped. A transaction read again from the slot gives its
-// rows the same commit-ts and indexes (pkg/pgsource), so the position
-// names the same rows.
-
-// keylessPos is the position of a keyless table's last applied row.
-type keylessPos struct {
-	ts    common.Ts
-	index uint32
-}
-
-// after reports whether (ts, index) comes after p.
-func (p keylessPos) after(ts common.Ts, index uint32) bool {
-	return ts > p.ts || ts == p.ts && index > p.index
-}
-
-// loadKeyless reads the positions of bs's keyless tables' last rows
-// applied (before the stream sends them anything).
-func (s *Sink) loadKeyless(ctx context.Context, q querier, bs []Binding) error {
-	var ids []string
-	for _, b := range bs {
-		if b.Rel.Keyless() {
-			ids = append(ids, hexID(b.ID))
-		}
-	}
-	if len(ids) == 0 {
-		return nil
-	}
-	rows, err := q.Query(ctx, "SELECT dispatcher, keyless_ts, keyless_index FROM cdcflow.checkpoints WHERE dispatcher = ANY($1::text[])", ids)
-	if err != nil {
-		return fmt.Errorf("%w: read keyless positions: %w", ErrApply, err)
-	}
-	pos := map[string]keylessPos{}
-	for rows.Next() {
-		var id string
-		var ts, index int64
-		if err := rows.Scan(&id, &ts, &index); err != nil {
-			rows.Close()
-			return fmt.Errorf("%w: read keyless positions: %w", ErrApply, err)
-		}
-		if ts < 0 || index < 0 || index > math.MaxUint32 {
-			rows.Close()
-			return fmt.Errorf("%w: %w: dispatcher %s's keyless position (%d, %d)", ErrApply, errBadData, id, ts, index)
-		}
-		pos[id] = keylessPos{ts: common.Ts(ts), index: uint32(index)}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("%w: read keyless positions: %w", ErrApply, err)
-	}
-	for _, b := range bs {
-		if p, ok := pos[hexID(b.ID)]; ok && b.Rel.Keyless() {
-			s.laneFor(b.Rel.OID).setKeyless(b.ID, p)
-		}
-	}
-	return nil
-}
-
-// setKeyless sets dispatcher id's keyless position (Bind, before any of
-// its calls: the lane takes those under mu, after this).
-func (l *lane) setKeyless(id common.DispatcherID, p keylessPos) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if d := l.mu.states[id]; d != nil {
-		d.keyless, d.keylessNext = p, p
-	}
-}
-
 // keylessRows queues rows of keyless table t to q in order, skipping those
 // at or before the position applied; it returns the rows written and the
 // position of the last row queued (unchanged if none).
-func (a *applier) keylessRows(q *pipeline, t *table, rows []common.Row, pos keylessPos) (int, keylessPos, error) {
+func (a *applier) keylessRows(q *pipeline, t *table, rows []common.Row, pos appliedPos) (int, appliedPos, error) {
 	n := 0
 	var ins insertGroup
 	flush := func() {
@@ -116,7 +39,7 @@ func (a *applier) keylessRows(q *pipeline, t *table, rows []common.Row, pos keyl
 		if !pos.after(r.CommitTs, index) {
 			continue // applied before a restart (see above)
 		}
-		pos = keylessPos{ts: r.CommitTs, index: index}
+		pos = appliedPos{ts: r.CommitTs, index: index}
 		c, err := pgcodec.DecodeValueNames(r.Value, t.order)
 		if err != nil {
 			return 0, pos, fmt.Errorf("%w: %w: %s: %w", ErrApply, errBadData, t.qname, err)

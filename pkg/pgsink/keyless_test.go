@@ -103,7 +103,7 @@ func TestAKeylessReplayAppliesEachRowOnce(t *testing.T) {
 	}
 	testwait.For(t, "the rows committed without a checkpoint", func() bool { return count() == 3 })
 	var ts, kts, kindex int64
-	require.NoError(t, e.conn.QueryRow(ctx, "SELECT ts, keyless_ts, keyless_index FROM cdcflow.checkpoints").Scan(&ts, &kts, &kindex))
+	require.NoError(t, e.conn.QueryRow(ctx, "SELECT ts, applied_ts, applied_index FROM cdcflow.checkpoints").Scan(&ts, &kts, &kindex))
 	require.Equal(t, []int64{13, 14, 2}, []int64{ts, kts, kindex}, "the checkpoint is below the commit a row of which was applied")
 	e.sink.Close()
 

@@ -61,10 +61,10 @@ type dstate struct {
 	// broken: its work failed; what follows is dropped until the reset's
 	// BeginEpoch (the stream sends it all again from the checkpoint).
 	broken bool
-	// keyless is the position of a keyless table's last row committed
-	// (keyless.go), keylessNext of the last one queued in the commit
+	// applied is the position of the table's last row committed
+	// (applied.go), appliedNext of the last one queued in the commit
 	// being built.
-	keyless, keylessNext keylessPos
+	applied, appliedNext appliedPos
 	// dropped: the source table was dropped and its target table with it
 	// (droppedNext: in the commit being built).
 	dropped, droppedNext bool
