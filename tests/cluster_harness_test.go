@@ -1,0 +1,335 @@
+package tests
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/cdcflow/eventservice/internal/linewatch"
+	"github.com/cdcflow/eventservice/internal/pgtest"
+	"github.com/cdcflow/eventservice/internal/testwait"
+	"github.com/cdcflow/eventservice/pkg/cluster"
+)
+
+// clusterHarness is a cluster on one machine, as the fault tests run it:
+// three embedded etcd members on loopback (in the test's process), a
+// source and a target PostgreSQL, and cdcserver server nodes as real
+// processes joined to the etcd cluster, which a test kills (SIGKILL),
+// freezes (SIGSTOP) and starts again.
+type clusterHarness struct {
+	t        *testing.T
+	etcd     []*childProcess // the members
+	etcdURLs string
+	src, dst *pgtest.Server
+	srcConn  *pgx.Conn
+	dstConn  *pgx.Conn
+	ttl      time.Duration
+	mu       sync.Mutex
+	nodes    map[string]*nodeProc
+}
+
+// nodeProc is one node process.
+type nodeProc struct {
+	id, addr, dir string
+	child         *childProcess
+}
+
+// envEtcdMember, set, makes a test that builds a clusterHarness an etcd
+// member instead (the harness runs each member as a child process of the
+// test binary, running the same test: a member can be killed, and its
+// server's goroutines are not the test process's).
+const envEtcdMember = "CDCFLOW_TEST_ETCD_MEMBER"
+
+// etcdMemberSpec is what a member child starts.
+type etcdMemberSpec struct {
+	Member  cluster.EmbeddedMember   `json:"member"`
+	Cluster []cluster.EmbeddedMember `json:"cluster"`
+	Token   string                   `json:"token"`
+}
+
+// runEtcdMember is the member child: it starts the member, says so on
+// stdout, and serves until its stdin closes (its parent ended) or it is
+// killed.
+func runEtcdMember(spec string) {
+	var m etcdMemberSpec
+	if err := json.Unmarshal([]byte(spec), &m); err != nil {
+		fmt.Fprintln(os.Stderr, "etcd member:", err)
+		os.Exit(2)
+	}
+	e, err := cluster.StartEmbedded(context.Background(), cluster.EmbeddedOptions{Member: m.Member, Cluster: m.Cluster, Token: m.Token,
+		ReadyTimeout: 2 * time.Minute})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "etcd member:", err)
+		os.Exit(2)
+	}
+	fmt.Println("etcd member ready")
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	e.Close()
+	os.Exit(0)
+}
+
+// newClusterHarness starts three etcd members (child processes) and the
+// databases; the target keeps each transaction's commit time (the
+// single-writer checker orders commits by it).
+func newClusterHarness(t *testing.T, ttl time.Duration) *clusterHarness {
+	if spec := os.Getenv(envEtcdMember); spec != "" {
+		runEtcdMember(spec)
+	}
+	h := &clusterHarness{t: t, ttl: ttl, nodes: map[string]*nodeProc{}}
+	var ms []cluster.EmbeddedMember
+	for i := range 3 {
+		ms = append(ms, cluster.EmbeddedMember{Name: fmt.Sprintf("e%d", i), Dir: t.TempDir(), ClientURL: "http://" + freeTCPAddr(t),
+			PeerURL: "http://" + freeTCPAddr(t)})
+	}
+	var urls []string
+	for _, m := range ms {
+		spec, err := json.Marshal(etcdMemberSpec{Member: m, Cluster: ms, Token: t.Name()})
+		require.NoError(t, err)
+		cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v=false")
+		cmd.Env = append(os.Environ(), envEtcdMember+"="+string(spec))
+		stdin, err := cmd.StdinPipe() // closed when the test process ends: the member ends too
+		require.NoError(t, err)
+		h.etcd = append(h.etcd, startChild(t, cmd, linewatch.New(`^etcd member`)))
+		t.Cleanup(func() { _ = stdin.Close() })
+		urls = append(urls, m.ClientURL)
+	}
+	h.etcdURLs = strings.Join(urls, ",")
+	c, err := clientv3.New(clientv3.Config{Endpoints: urls, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
+	require.NoError(t, err)
+	defer c.Close()
+	testwait.Within(t, 2*time.Minute, "the etcd cluster serving", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := c.Get(ctx, "health")
+		return err == nil
+	})
+	h.src = pgtest.StartWith(t, pgtest.Options{Logical: true})
+	h.dst = pgtest.StartWith(t, pgtest.Options{Settings: []string{"track_commit_timestamp=on"}})
+	ctx := context.Background()
+	h.srcConn, err = pgx.Connect(ctx, h.src.DSN)
+	require.NoError(t, err)
+	t.Cleanup(func() { h.srcConn.Close(context.Background()) })
+	h.dstConn, err = pgx.Connect(ctx, h.dst.DSN)
+	require.NoError(t, err)
+	t.Cleanup(func() { h.dstConn.Close(context.Background()) })
+	return h
+}
+
+func freeTCPAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// startNode starts node id as a process (again: with its data directory
+// and address, as a new member).
+func (h *clusterHarness) startNode(id string) *nodeProc {
+	h.t.Helper()
+	h.mu.Lock()
+	p, ok := h.nodes[id]
+	if !ok {
+		p = &nodeProc{id: id, addr: freeTCPAddr(h.t), dir: h.t.TempDir()}
+		h.nodes[id] = p
+	}
+	h.mu.Unlock()
+	cmd := exec.Command(buildCDCServer(h.t), "server", "--node-id", id, "--addr", p.addr, "--data-dir", p.dir, "--etcd", h.etcdURLs,
+		"--lease-ttl", h.ttl.String(), "--balance-interval", "1h", "--log-level", "warn")
+	p.child = startChild(h.t, cmd, linewatch.New(`^server: node`))
+	testwait.Within(h.t, time.Minute, id+" ready", func() bool {
+		resp, err := http.Get("http://" + p.addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	return p
+}
+
+// kill ends node id with SIGKILL and waits for its exit.
+func (h *clusterHarness) kill(id string) {
+	h.t.Helper()
+	p := h.nodes[id]
+	require.NoError(h.t, p.child.cmd.Process.Signal(syscall.SIGKILL))
+	_ = p.child.wait()
+}
+
+// api calls a live node's API (the first that answers) and decodes a
+// reply of 2xx into out; it returns the status.
+func (h *clusterHarness) api(method, path string, body, out any) int {
+	h.t.Helper()
+	h.mu.Lock()
+	var addrs []string
+	for _, p := range h.nodes {
+		select {
+		case <-p.child.exited:
+		default:
+			addrs = append(addrs, p.addr)
+		}
+	}
+	h.mu.Unlock()
+	for _, addr := range addrs {
+		var r io.Reader
+		if body != nil {
+			b, err := json.Marshal(body)
+			require.NoError(h.t, err)
+			r = bytes.NewReader(b)
+		}
+		req, err := http.NewRequest(method, "http://"+addr+path, r)
+		require.NoError(h.t, err)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			continue // a node frozen or dying: another answers
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(h.t, err)
+		if out != nil && resp.StatusCode < 300 {
+			require.NoError(h.t, json.Unmarshal(b, out), string(b))
+		}
+		return resp.StatusCode
+	}
+	h.t.Fatalf("no node answers")
+	return 0
+}
+
+// owner is the node changefeed name is assigned to ("" none).
+func (h *clusterHarness) owner(name string) string {
+	var v cluster.ChangefeedView
+	if h.api("GET", "/api/v1/changefeeds/"+name+"?status=false", nil, &v) != http.StatusOK || v.Assignment == nil {
+		return ""
+	}
+	return v.Assignment.Node
+}
+
+// auditTarget creates the target's table t before the changefeed does,
+// with a trigger that logs every write with the sink that made it
+// (cdcflow.writer, which the fence sets) and its transaction.
+func (h *clusterHarness) auditTarget() {
+	h.t.Helper()
+	for _, q := range []string{
+		"CREATE SCHEMA audit",
+		"CREATE TABLE audit.log (seq bigserial PRIMARY KEY, writer text, xact xid, op text, id int)",
+		"CREATE TABLE public.t (id int PRIMARY KEY, v text)",
+		`CREATE FUNCTION audit.f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+  INSERT INTO audit.log (writer, xact, op, id) VALUES (current_setting('cdcflow.writer', true), xid(pg_current_xact_id()), TG_OP,
+    CASE WHEN TG_OP = 'DELETE' THEN OLD.id ELSE NEW.id END);
+  RETURN NULL;
+END $$`,
+		"CREATE TRIGGER audit AFTER INSERT OR UPDATE OR DELETE ON public.t FOR EACH ROW EXECUTE FUNCTION audit.f()",
+	} {
+		_, err := h.dstConn.Exec(context.Background(), q)
+		require.NoError(h.t, err, q)
+	}
+}
+
+// auditVerdict is what the audit of t's writes after seq from shows.
+type auditVerdict struct {
+	// Lost are the source's rows missing from the target; Twice the rows
+	// written more than once (an insert applied again is an upsert: an
+	// UPDATE of a row inserted once at the source).
+	Lost, Twice int
+	// Writers are the sinks that wrote, in the order of their first
+	// commit; Overlaps the commits of a writer after the first commit of
+	// a later one (the single-writer property: 0).
+	Writers  []string
+	Overlaps int
+}
+
+// audit checks t's writes logged after seq from against the source's rows
+// with id > minID.
+func (h *clusterHarness) audit(from int64, minID int) auditVerdict {
+	h.t.Helper()
+	ctx := context.Background()
+	var v auditVerdict
+	rows, err := h.srcConn.Query(ctx, "SELECT id FROM t WHERE id > $1", minID)
+	require.NoError(h.t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(h.t, err)
+	require.NoError(h.t, h.dstConn.QueryRow(ctx, `SELECT count(*) FROM unnest($1::int[]) s(id) WHERE NOT EXISTS (SELECT 1 FROM t WHERE t.id = s.id)`, ids).
+		Scan(&v.Lost))
+	require.NoError(h.t, h.dstConn.QueryRow(ctx, `SELECT count(*) FROM (SELECT id FROM audit.log WHERE seq > $1 AND id > $2 GROUP BY id
+HAVING count(*) > 1 OR bool_or(op <> 'INSERT')) x`, from, minID).Scan(&v.Twice))
+	// Generations in the order of their first commit, and commits of an
+	// older one after a newer one's first.
+	rows, err = h.dstConn.Query(ctx, `
+WITH c AS (SELECT DISTINCT writer, xact, pg_xact_commit_timestamp(xact) AS at FROM audit.log WHERE seq > $1),
+     w AS (SELECT writer, split_part(writer, '/', 2)::bigint AS gen, min(at) AS first FROM c GROUP BY writer)
+SELECT writer, (SELECT count(*) FROM c JOIN w newer ON newer.gen > w.gen WHERE c.writer = w.writer AND c.at > newer.first)
+FROM w ORDER BY first`, from)
+	require.NoError(h.t, err)
+	for rows.Next() {
+		var writer string
+		var overlaps int
+		require.NoError(h.t, rows.Scan(&writer, &overlaps))
+		v.Writers = append(v.Writers, writer)
+		v.Overlaps += overlaps
+	}
+	require.NoError(h.t, rows.Err())
+	return v
+}
+
+// auditMark is the audit's last seq: what follows it is a test's.
+func (h *clusterHarness) auditMark() int64 {
+	var seq int64
+	require.NoError(h.t, h.dstConn.QueryRow(context.Background(), "SELECT coalesce(max(seq), 0) FROM audit.log").Scan(&seq))
+	return seq
+}
+
+// writerAfter waits until a writer other than those in old commits to t,
+// and returns it and when the test saw it.
+func (h *clusterHarness) writerAfter(from int64, old string, within time.Duration) (string, time.Time) {
+	h.t.Helper()
+	var w string
+	testwait.Within(h.t, within, "a new writer's first commit", func() bool {
+		err := h.dstConn.QueryRow(context.Background(), "SELECT writer FROM audit.log WHERE seq > $1 AND writer <> $2 ORDER BY seq LIMIT 1", from, old).
+			Scan(&w)
+		return err == nil
+	})
+	return w, time.Now()
+}
+
+// load inserts one row a transaction into the source's t, from id on,
+// at most one every 2ms, until stop is called; stop returns the last id
+// inserted.
+func (h *clusterHarness) load(id int) (stop func() int) {
+	ctx, cancel := context.WithCancel(context.Background())
+	conn, err := pgx.Connect(ctx, h.src.DSN)
+	require.NoError(h.t, err)
+	done := make(chan int)
+	go func() {
+		defer conn.Close(context.Background())
+		pace := time.NewTicker(2 * time.Millisecond) // a steady load, not the most the source takes
+		defer pace.Stop()
+		for ctx.Err() == nil {
+			if _, err := conn.Exec(ctx, "INSERT INTO t VALUES ($1, 'load')", id+1); err != nil {
+				break
+			}
+			id++
+			select {
+			case <-ctx.Done():
+			case <-pace.C:
+			}
+		}
+		done <- id
+	}()
+	return func() int { cancel(); return <-done }
+}
