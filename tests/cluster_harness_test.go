@@ -35,6 +35,7 @@ import (
 type clusterHarness struct {
 	t        *testing.T
 	etcd     []*childProcess // the members
+	specs    []string        // each member's etcdMemberSpec, to start it again
 	etcdURLs string
 	src, dst *pgtest.Server
 	srcConn  *pgx.Conn
@@ -101,12 +102,9 @@ func newClusterHarness(t *testing.T, ttl time.Duration) *clusterHarness {
 	for _, m := range ms {
 		spec, err := json.Marshal(etcdMemberSpec{Member: m, Cluster: ms, Token: t.Name()})
 		require.NoError(t, err)
-		cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v=false")
-		cmd.Env = append(os.Environ(), envEtcdMember+"="+string(spec))
-		stdin, err := cmd.StdinPipe() // closed when the test process ends: the member ends too
-		require.NoError(t, err)
-		h.etcd = append(h.etcd, startChild(t, cmd, linewatch.New(`^etcd member`)))
-		t.Cleanup(func() { _ = stdin.Close() })
+		h.specs = append(h.specs, string(spec))
+		h.etcd = append(h.etcd, nil)
+		h.startMember(len(h.etcd) - 1)
 		urls = append(urls, m.ClientURL)
 	}
 	h.etcdURLs = strings.Join(urls, ",")
@@ -129,6 +127,25 @@ func newClusterHarness(t *testing.T, ttl time.Duration) *clusterHarness {
 	require.NoError(t, err)
 	t.Cleanup(func() { h.dstConn.Close(context.Background()) })
 	return h
+}
+
+// startMember starts etcd member i (again: on its data, a member that
+// was lost coming back).
+func (h *clusterHarness) startMember(i int) {
+	h.t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+h.t.Name()+"$", "-test.v=false")
+	cmd.Env = append(os.Environ(), envEtcdMember+"="+h.specs[i])
+	stdin, err := cmd.StdinPipe() // closed when the test ends: the member ends too
+	require.NoError(h.t, err)
+	h.etcd[i] = startChild(h.t, cmd, linewatch.New(`^etcd member`))
+	h.t.Cleanup(func() { _ = stdin.Close() })
+}
+
+// killMember ends etcd member i with SIGKILL.
+func (h *clusterHarness) killMember(i int) {
+	h.t.Helper()
+	require.NoError(h.t, h.etcd[i].cmd.Process.Signal(syscall.SIGKILL))
+	_ = h.etcd[i].wait()
 }
 
 func freeTCPAddr(t *testing.T) string {
@@ -172,6 +189,38 @@ func (h *clusterHarness) kill(id string) {
 	_ = p.child.wait()
 }
 
+// apiClient gives up on a node that does not answer (one frozen).
+var apiClient = &http.Client{Timeout: 5 * time.Second}
+
+// signal sends sig to node id.
+func (h *clusterHarness) signal(id string, sig syscall.Signal) {
+	h.t.Helper()
+	require.NoError(h.t, h.nodes[id].child.cmd.Process.Signal(sig))
+}
+
+// coordinator is the node the cluster says coordinates ("" none).
+func (h *clusterHarness) coordinator() string {
+	var nodes []cluster.NodeView
+	if h.api("GET", "/api/v1/nodes", nil, &nodes) != http.StatusOK {
+		return ""
+	}
+	for _, n := range nodes {
+		if n.Coordinator {
+			return n.ID
+		}
+	}
+	return ""
+}
+
+// lastWriter is the writer of the audit's last row after seq from ("" none).
+func (h *clusterHarness) lastWriter(from int64) string {
+	var w string
+	if h.dstConn.QueryRow(context.Background(), "SELECT writer FROM audit.log WHERE seq > $1 ORDER BY seq DESC LIMIT 1", from).Scan(&w) != nil {
+		return ""
+	}
+	return w
+}
+
 // api calls a live node's API (the first that answers) and decodes a
 // reply of 2xx into out; it returns the status.
 func (h *clusterHarness) api(method, path string, body, out any) int {
@@ -195,7 +244,7 @@ func (h *clusterHarness) api(method, path string, body, out any) int {
 		}
 		req, err := http.NewRequest(method, "http://"+addr+path, r)
 		require.NoError(h.t, err)
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := apiClient.Do(req)
 		if err != nil {
 			continue // a node frozen or dying: another answers
 		}
