@@ -152,6 +152,16 @@ soak:
 # compare; scripts/pgbench prints the table and writes it into
 # docs/benchmarks.md. About 10 minutes; PGBENCH_FLAGS adds flags (-runs 3: about 30).
 PGBENCH_FLAGS ?=
+.PHONY: chaos
+# The cluster's fault schedule, long: 20 seeded random faults (at least 10
+# kills of the owning node) against three nodes and three etcd members at
+# the default 10 s lease TTL; prints the table of faults, times to
+# replicate again (p50, p99) and verdicts. CHAOS_SEED replays a schedule.
+CHAOS_SEED ?= 1
+chaos:
+	CDCFLOW_CHAOS_SEED=$(CHAOS_SEED) CDCFLOW_CHAOS_FAULTS=20 CDCFLOW_CHAOS_KILLS=10 CDCFLOW_CHAOS_TTL_S=10 \
+		go test -count=1 -timeout 60m -run '^TestClusterChaos$$' -v ./tests 2>&1 | grep -v '^{"level"' | grep -E '^\s+(cluster_chaos_test|\||chaos|verdicts)|^(ok|FAIL|---)'
+
 .PHONY: pgbench
 pgbench:
 	$(GO) run ./scripts/pgbench -update $(PGBENCH_FLAGS)

@@ -1,0 +1,168 @@
+package tests
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/node"
+	"github.com/cdcflow/eventservice/internal/testwait"
+)
+
+// The chaos schedule's knobs (make chaos sets them; make test runs the
+// defaults, a short schedule).
+const (
+	envChaosSeed   = "CDCFLOW_CHAOS_SEED"   // the schedule's seed (default 1)
+	envChaosFaults = "CDCFLOW_CHAOS_FAULTS" // how many faults (default 4)
+	envChaosTTL    = "CDCFLOW_CHAOS_TTL_S"  // the nodes' lease TTL in seconds (default 3)
+	envChaosKills  = "CDCFLOW_CHAOS_KILLS"  // at least this many kills of the owner among them (default 1)
+)
+
+// chaosFault is one kind of fault: it runs against the cluster and
+// returns how long the changefeed took to replicate again (its first
+// commit by a new writer; 0 for a fault after which nothing should move).
+type chaosFault struct {
+	name string
+	run  func(h *clusterHarness) time.Duration
+}
+
+// TestClusterChaos runs a seeded random schedule of faults against a
+// three-node cluster under a steady load, then audits every target write,
+// and prints a table: each fault, how often it ran, the time to replicate
+// again (p50, p99), and the verdicts (rows lost, written twice, commits
+// of an older writer after a newer one's first). The same seed gives the
+// same schedule. make chaos runs it long (CDCFLOW_CHAOS_*).
+func TestClusterChaos(t *testing.T) {
+	seed := envUint(t, envChaosSeed, 1)
+	faults := int(envUint(t, envChaosFaults, 4))
+	kills := int(envUint(t, envChaosKills, 1))
+	ttl := time.Duration(envUint(t, envChaosTTL, 3)) * time.Second
+	t.Logf("chaos seed %d, %d faults (%d kills of the owner at least), TTL %v (replay with %s=%d)", seed, faults, kills, ttl, envChaosSeed, seed)
+	rng := rand.New(rand.NewPCG(seed, 59))
+	h := newClusterHarness(t, ttl)
+	_, err := h.srcConn.Exec(t.Context(), "CREATE TABLE t (id int PRIMARY KEY, v text)")
+	require.NoError(t, err)
+	h.auditTarget()
+	ids := []string{"n1", "n2", "n3"}
+	for _, id := range ids {
+		h.startNode(id)
+	}
+	require.Equal(t, http.StatusCreated, h.api("POST", "/api/v1/changefeeds", map[string]any{"name": "cf",
+		"config": node.ChangefeedConfig{Source: h.src.DSN, Sink: h.dst.DSN}}, nil))
+	h.equal("the (empty) snapshot")
+	h.snapshotApplied()
+	mark := h.auditMark()
+	stop := h.load(0)
+
+	// writing waits for the owner's rows and returns its writer.
+	writing := func() string {
+		from := h.auditMark()
+		var w string
+		testwait.Within(t, time.Minute, "the owner writing", func() bool { w = h.lastWriter(from); return w != "" })
+		return w
+	}
+	takeOver := func(h *clusterHarness, act func(owner string)) time.Duration {
+		w := writing()
+		owner, from := h.owner("cf"), h.auditMark()
+		act(owner)
+		at := time.Now()
+		_, seen := h.writerAfter(from, w, 2*time.Minute)
+		return seen.Sub(at)
+	}
+	kinds := []chaosFault{
+		{"kill -9 of the owner", func(h *clusterHarness) time.Duration {
+			var owner string
+			d := takeOver(h, func(o string) { owner = o; h.kill(o) })
+			h.startNode(owner)
+			return d
+		}},
+		{"SIGSTOP of the owner for 2 TTLs", func(h *clusterHarness) time.Duration {
+			var owner string
+			frozen := time.Now()
+			d := takeOver(h, func(o string) { owner = o; h.signal(o, syscall.SIGSTOP) })
+			testwait.Within(t, 2*ttl+time.Minute, "two TTLs frozen", func() bool { return time.Since(frozen) >= 2*ttl })
+			h.signal(owner, syscall.SIGCONT)
+			require.Error(t, h.nodes[owner].child.wait(), "a thawed node with its membership lost exits 1")
+			h.startNode(owner)
+			return d
+		}},
+		{"SIGTERM of the owner (a rolling restart's step)", func(h *clusterHarness) time.Duration {
+			var owner string
+			d := takeOver(h, func(o string) {
+				owner = o
+				h.signal(o, syscall.SIGTERM)
+				require.NoError(t, h.nodes[o].child.wait(), "a clean stop")
+			})
+			h.startNode(owner)
+			return d
+		}},
+		{"kill -9 of the coordinator, not the owner", func(h *clusterHarness) time.Duration {
+			coord := h.coordinator()
+			if coord == h.owner("cf") {
+				require.Equal(t, http.StatusOK, h.api("POST", "/api/v1/nodes/"+coord+"/drain", nil, nil))
+				testwait.Within(t, time.Minute, "the changefeed off the coordinator", func() bool { o := h.owner("cf"); return o != "" && o != coord })
+			}
+			h.kill(coord)
+			at := time.Now()
+			testwait.Within(t, time.Minute, "another coordinator", func() bool { c := h.coordinator(); return c != "" && c != coord })
+			d := time.Since(at)
+			h.startNode(coord)
+			return d
+		}},
+		{"one of three etcd members lost for 2 TTLs", func(h *clusterHarness) time.Duration {
+			w := writing()
+			owner, from := h.owner("cf"), h.auditMark()
+			m := rng.IntN(3)
+			h.killMember(m)
+			lost := time.Now()
+			testwait.Within(t, 2*ttl+time.Minute, "two TTLs without the member", func() bool { return time.Since(lost) >= 2*ttl })
+			require.Equal(t, owner, h.owner("cf"), "moved without a member")
+			var others int
+			require.NoError(t, h.dstConn.QueryRow(t.Context(), "SELECT count(*) FROM audit.log WHERE seq > $1 AND writer <> $2", from, w).Scan(&others))
+			require.Zero(t, others, "another writer while a member was lost")
+			h.startMember(m)
+			return 0
+		}},
+	}
+	var schedule []int
+	for range kills {
+		schedule = append(schedule, 0)
+	}
+	for len(schedule) < faults {
+		schedule = append(schedule, rng.IntN(len(kinds)))
+	}
+	rng.Shuffle(len(schedule), func(i, j int) { schedule[i], schedule[j] = schedule[j], schedule[i] })
+	times := map[string][]time.Duration{}
+	for i, k := range schedule {
+		d := kinds[k].run(h)
+		times[kinds[k].name] = append(times[kinds[k].name], d)
+		t.Logf("fault %d/%d: %s: %v", i+1, len(schedule), kinds[k].name, d.Round(10*time.Millisecond))
+	}
+	last := stop()
+	h.equal("after the schedule")
+	v := h.audit(mark, 0)
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nchaos seed %d, TTL %v, %d rows loaded, writers %s\n\n", seed, ttl, last, strings.Join(v.Writers, " "))
+	fmt.Fprintf(&b, "| fault | runs | replicating again (or a new coordinator): p50 | p99 |\n|---|---|---|---|\n")
+	for _, k := range kinds {
+		ds := times[k.name]
+		if len(ds) == 0 {
+			continue
+		}
+		slices.Sort(ds)
+		p := func(q float64) time.Duration { return ds[min(len(ds)-1, int(q*float64(len(ds))))] }
+		fmt.Fprintf(&b, "| %s | %d | %v | %v |\n", k.name, len(ds), p(0.5).Round(10*time.Millisecond), p(0.99).Round(10*time.Millisecond))
+	}
+	fmt.Fprintf(&b, "\nverdicts: rows lost %d, rows written twice %d, commits of an older writer after a newer one's first %d\n", v.Lost, v.Twice, v.Overlaps)
+	t.Log(b.String())
+	require.Zero(t, v.Lost, "rows lost")
+	require.Zero(t, v.Twice, "rows written twice")
+	require.Zero(t, v.Overlaps, "commits of an older writer after a newer one's first")
+}
