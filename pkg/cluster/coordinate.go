@@ -11,6 +11,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/cdcflow/eventservice/internal/optcheck"
 	"github.com/cdcflow/eventservice/pkg/clock"
 )
@@ -81,6 +83,15 @@ type CoordinatorOptions struct {
 	MaxBalanceMoves int
 	Clock           clock.Clock
 	Logger          *zap.Logger
+	// Registerer, if set, receives the coordinator's metrics
+	// (cdcflow_cluster_coordinator, _live_nodes, _changefeeds,
+	// _unplaced_changefeeds, _assigned_changefeeds, _assignments_total).
+	// A node registers them once and gives its Coordinators the same
+	// Metrics instead (NewCoordinatorMetrics).
+	Registerer prometheus.Registerer
+	// Metrics, if set, are metrics registered before (a node campaigns
+	// again with a new Coordinator).
+	Metrics *CoordinatorMetrics
 }
 
 // EnsureDefaults returns a copy of o with every zero field set to its
@@ -112,6 +123,7 @@ func (o CoordinatorOptions) Validate() error {
 // placement loop.
 type Coordinator struct {
 	opts  CoordinatorOptions
+	met   *coordinatorMetrics
 	knobs testingKnobs
 	wg    sync.WaitGroup
 }
@@ -122,7 +134,27 @@ func NewCoordinator(opts CoordinatorOptions) (*Coordinator, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	return &Coordinator{opts: opts}, nil
+	met := opts.Metrics
+	if met == nil {
+		var err error
+		if met, err = NewCoordinatorMetrics(opts.Registerer); err != nil {
+			return nil, err
+		}
+	}
+	return &Coordinator{opts: opts, met: met.m}, nil
+}
+
+// CoordinatorMetrics are a node's coordinator metrics, registered once.
+type CoordinatorMetrics struct{ m *coordinatorMetrics }
+
+// NewCoordinatorMetrics registers the coordinator's metrics with reg (nil:
+// none).
+func NewCoordinatorMetrics(reg prometheus.Registerer) (*CoordinatorMetrics, error) {
+	m, err := newCoordinatorMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	return &CoordinatorMetrics{m: m}, nil
 }
 
 // Run campaigns until the node is the coordinator, then runs rounds until
@@ -154,6 +186,8 @@ func (co *Coordinator) Run(ctx context.Context) error {
 		rcancel()
 	}()
 	opts.Logger.Info("this node is the coordinator", zap.String("node", m.opts.NodeID), zap.Int64("rev", l.Rev()))
+	co.met.coordinator.Set(1)
+	defer co.met.coordinator.Set(0)
 	keys := m.opts.Keys
 	watch := m.opts.Client.Watch(clientv3.WithRequireLeader(ctx), keys.root, clientv3.WithPrefix())
 	tick := opts.Clock.NewTicker(opts.BalanceInterval)
@@ -232,6 +266,7 @@ func (co *Coordinator) round(ctx context.Context, l *Leadership, balance int) er
 		}
 	}
 	decisions := Place(in)
+	defer co.met.observe(in, decisions)
 	for _, d := range decisions {
 		key := keys.Assignment(d.Changefeed)
 		cond := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", revs[d.Changefeed])}
@@ -247,6 +282,7 @@ func (co *Coordinator) round(ctx context.Context, l *Leadership, balance int) er
 		if err := l.Txn(ctx, cond, op); err != nil {
 			return fmt.Errorf("cluster: assign %s to %q: %w", d.Changefeed, d.To, err)
 		}
+		co.met.moves.WithLabelValues(string(d.Why)).Inc()
 		opts.Logger.Info("changefeed assigned", zap.String("changefeed", d.Changefeed), zap.String("from", d.From), zap.String("to", d.To),
 			zap.String("why", string(d.Why)))
 	}

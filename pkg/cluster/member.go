@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -42,6 +43,9 @@ type MemberOptions struct {
 	// Clock reads the monotonic time (default the real clock).
 	Clock  clock.Clock
 	Logger *zap.Logger
+	// Registerer, if set, receives the membership's metrics
+	// (cdcflow_cluster_membership_valid, _lease_keepalive_seconds).
+	Registerer prometheus.Registerer
 }
 
 // EnsureDefaults returns a copy of o with every zero field set to its
@@ -75,6 +79,7 @@ type Member struct {
 	opts  MemberOptions
 	knobs testingKnobs
 	wg    sync.WaitGroup
+	met   *memberMetrics
 	lease clientv3.LeaseID
 	ttl   time.Duration
 	lost  chan struct{}
@@ -100,6 +105,12 @@ func StartMember(ctx context.Context, opts MemberOptions) (*Member, error) {
 	}
 	m := &Member{opts: opts, lease: g.ID, ttl: time.Duration(g.TTL) * time.Second, lost: make(chan struct{}), stop: make(chan struct{})}
 	m.deadline = sent.Add(min(m.ttl, opts.TTL) - opts.Margin)
+	if m.met, err = newMemberMetrics(m, opts.Registerer); err != nil {
+		revokeCtx, cancel := context.WithTimeout(context.Background(), m.ttl)
+		_, _ = opts.Client.Revoke(revokeCtx, g.ID)
+		cancel()
+		return nil, err
+	}
 	key := opts.Keys.Node(opts.NodeID)
 	resp, err := opts.Client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 		Then(clientv3.OpPut(key, string(opts.Info), clientv3.WithLease(g.ID))).Commit()
@@ -167,6 +178,7 @@ func (m *Member) keepAlive() {
 				m.lose(fmt.Errorf("%w: etcd no longer has lease %x", ErrLeaseLost, int64(m.lease)))
 				return
 			case err == nil:
+				m.met.keepalive.Observe(m.opts.Clock.Now().Sub(sent).Seconds())
 				m.mu.Lock()
 				if d := sent.Add(time.Duration(resp.TTL)*time.Second - m.opts.Margin); d.After(m.deadline) {
 					m.deadline = d

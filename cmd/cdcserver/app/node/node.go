@@ -43,6 +43,9 @@ type node struct {
 	reg    *prometheus.Registry
 	runs   *runners
 	ready  chan struct{} // closed once the node's loops run
+	// coordMetrics are registered once; each campaign's Coordinator
+	// shares them.
+	coordMetrics *cluster.CoordinatorMetrics
 }
 
 // Run is `cdcserver server`: it joins the cluster (starting an embedded
@@ -75,12 +78,17 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 	defer stopEtcd()
 	n.store = cluster.NewStore(n.client, n.keys)
 	info, _ := json.Marshal(cluster.NodeInfo{Addr: lis.Addr().String(), Started: time.Now().UTC()}) // plain types
+	if n.coordMetrics, err = cluster.NewCoordinatorMetrics(n.reg); err != nil {
+		return fmt.Errorf("%w: %w", ErrSetup, err)
+	}
 	if n.member, err = cluster.StartMember(ctx, cluster.MemberOptions{Client: n.client, Keys: n.keys, NodeID: n.id, Info: info,
-		TTL: cfg.LeaseTTL, Logger: n.log}); err != nil {
+		TTL: cfg.LeaseTTL, Logger: n.log, Registerer: n.reg}); err != nil {
 		return fmt.Errorf("%w: %w", ErrSetup, err)
 	}
 	defer n.member.Close()
-	n.runs = newRunners(n)
+	if n.runs, err = newRunners(n); err != nil {
+		return fmt.Errorf("%w: %w", ErrSetup, err)
+	}
 	srv := &http.Server{Handler: n.api(), ReadHeaderTimeout: 10 * time.Second}
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = srv.Serve(lis) })
@@ -122,7 +130,8 @@ func (n *node) run(ctx context.Context) error {
 // another reason than the node's own end.
 func (n *node) coordinate(ctx context.Context) {
 	for ctx.Err() == nil && n.member.Valid() {
-		co, err := cluster.NewCoordinator(cluster.CoordinatorOptions{Member: n.member, BalanceInterval: n.cfg.BalanceInterval, Logger: n.log})
+		co, err := cluster.NewCoordinator(cluster.CoordinatorOptions{Member: n.member, BalanceInterval: n.cfg.BalanceInterval, Logger: n.log,
+			Metrics: n.coordMetrics})
 		if err != nil {
 			n.log.Error("coordinator", zap.Error(err))
 			return

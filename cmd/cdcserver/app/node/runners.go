@@ -31,6 +31,9 @@ type runners struct {
 	// running by changefeed name.
 	running map[string]*runner
 	wg      sync.WaitGroup
+	// restarts counts each changefeed's runs that ended by themselves
+	// and were started again (runningCollector reports what runs).
+	restarts *prometheus.CounterVec
 }
 
 // runner is one changefeed running here.
@@ -45,7 +48,17 @@ type runner struct {
 	last    error // the last run's end (nil: running, or a clean stop)
 }
 
-func newRunners(n *node) *runners { return &runners{n: n, running: map[string]*runner{}} }
+func newRunners(n *node) (*runners, error) {
+	rs := &runners{n: n, running: map[string]*runner{},
+		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "cdcflow", Subsystem: "cluster", Name: "changefeed_restarts_total",
+			Help: "Runs of the changefeed on this node that ended by themselves and were started again after a back-off"}, []string{"changefeed"})}
+	for _, c := range []prometheus.Collector{runningCollector{rs}, rs.restarts} {
+		if err := n.reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return rs, nil
+}
 
 // reconcileLoop reconciles at every change of the changefeeds' keys, and
 // every second (a failed start is retried by its runner, a missed watch
@@ -118,6 +131,7 @@ func (rs *runners) startLocked(name string, c []byte) {
 				return
 			}
 			wait := pause.Next()
+			rs.restarts.WithLabelValues(name).Inc()
 			log.Error("the changefeed stopped: starting it again", zap.Error(err), zap.Duration("in", wait))
 			select {
 			case <-ctx.Done():
@@ -186,6 +200,23 @@ func (rs *runners) status() map[string]string {
 		r.mu.Unlock()
 	}
 	return out
+}
+
+// runningDesc is cdcflow_cluster_changefeed_running.
+var runningDesc = prometheus.NewDesc("cdcflow_cluster_changefeed_running",
+	"1 for each changefeed this node runs (one whose sum over the nodes is above 1 runs twice)", []string{"changefeed"}, nil)
+
+// runningCollector reports the changefeeds running here, read at scrape.
+type runningCollector struct{ rs *runners }
+
+func (runningCollector) Describe(ch chan<- *prometheus.Desc) { ch <- runningDesc }
+
+func (c runningCollector) Collect(ch chan<- prometheus.Metric) {
+	c.rs.mu.Lock()
+	defer c.rs.mu.Unlock()
+	for name := range c.rs.running {
+		ch <- prometheus.MustNewConstMetric(runningDesc, prometheus.GaugeValue, 1, name)
+	}
 }
 
 // gatherers are the running changefeeds' metrics, each labelled with its
