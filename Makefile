@@ -32,8 +32,8 @@ vet:
 PROMTOOL ?= promtool
 rules:
 	@command -v $(PROMTOOL) >/dev/null 2>&1 || { echo "rules: $(PROMTOOL) not found: install it (apt-get install prometheus) or set PROMTOOL=/path/to/promtool" >&2; exit 1; }
-	$(PROMTOOL) check rules deploy/prometheus/cdcflow-alerts.yml
-	$(PROMTOOL) test rules deploy/prometheus/cdcflow-alerts_test.yml
+	$(PROMTOOL) check rules deploy/prometheus/cdcflow-alerts.yml deploy/prometheus/cdcflow-cluster-alerts.yml
+	$(PROMTOOL) test rules deploy/prometheus/cdcflow-alerts_test.yml deploy/prometheus/cdcflow-cluster-alerts_test.yml
 
 test: fmt-check tidy-check vet rules
 	$(GO) test -race -timeout 20m $(PKGS)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/cdcflow/eventservice/cmd/cdcserver/app/replicate"
 	"github.com/cdcflow/eventservice/internal/pgtest"
+	"github.com/cdcflow/eventservice/internal/promrefs"
 	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/cluster"
 )
@@ -207,4 +209,39 @@ func TestATwoNodeClusterRunsMovesPausesAndRemovesAChangefeed(t *testing.T) {
 	var slots int
 	require.NoError(t, conn.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'cf'").Scan(&slots))
 	require.Zero(t, slots, "the slot dropped")
+}
+
+// The cluster's dashboard (deploy/grafana/cdcflow-cluster.json) and alert
+// rules (deploy/prometheus/cdcflow-cluster-alerts.yml) name only metrics a
+// node exports: a node runs a changefeed between two real servers, and
+// every metric family they name is in its /metrics.
+func TestTheClusterDashboardAndAlertsNameServedMetrics(t *testing.T) {
+	dashboard, err := promrefs.DashboardMetrics("../../../../deploy/grafana/cdcflow-cluster.json")
+	require.NoError(t, err)
+	rules, err := promrefs.RuleMetrics("../../../../deploy/prometheus/cdcflow-cluster-alerts.yml")
+	require.NoError(t, err)
+	require.Greater(t, len(dashboard), 8)
+	require.Greater(t, len(rules), 4)
+	src := pgtest.StartWith(t, pgtest.Options{Logical: true})
+	dst := pgtest.Start(t)
+	n1, _ := startNode(t, "n1", "")
+	defer func() {
+		n1.stop()
+		require.NoError(t, <-n1.done, n1.stderr.String())
+	}()
+	require.Equal(t, http.StatusCreated, n1.call(t, "POST", "/api/v1/changefeeds", createRequest{Name: "cf",
+		Config: ChangefeedConfig{Source: src.DSN, Sink: dst.DSN}}, nil))
+	var missing []string
+	testwait.Until(time.Minute, func() bool { // the assertion below names what is missing
+		scraped := map[string]bool{}
+		require.NoError(t, promrefs.Scrape(n1.addr, scraped))
+		missing = missing[:0]
+		for _, name := range append(dashboard, rules...) {
+			if !scraped[name] && !slices.Contains(missing, name) {
+				missing = append(missing, name)
+			}
+		}
+		return len(missing) == 0
+	})
+	require.Empty(t, missing, "named by the cluster's dashboard or alerts, and not exported by a node")
 }

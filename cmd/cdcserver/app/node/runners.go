@@ -117,6 +117,7 @@ func (rs *runners) startLocked(name string, c []byte) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &runner{name: name, config: c, cancel: cancel, done: make(chan struct{})}
 	rs.running[name] = r
+	rs.restarts.WithLabelValues(name) // exported from 0, so that an increase shows
 	log := rs.n.log.With(zap.String("changefeed", name))
 	log.Info("running the changefeed here")
 	rs.wg.Go(func() {

@@ -3,14 +3,8 @@ package synthetic
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"io"
 	"net"
-	"net/http"
-	"os"
-	"regexp"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/internal/linewatch"
+	"github.com/cdcflow/eventservice/internal/promrefs"
 	"github.com/cdcflow/eventservice/internal/tlstest"
 	"github.com/cdcflow/eventservice/pkg/common"
 	"github.com/cdcflow/eventservice/pkg/messaging"
@@ -82,7 +77,7 @@ func TestServiceAndCollectorOverMutualTLS(t *testing.T) {
 				// an operator would.
 				for _, addr := range []string{svcMetrics, collMetrics} {
 					if scrapeErr == nil {
-						scrapeErr = scrapeNames(addr, scraped)
+						scrapeErr = promrefs.Scrape(addr, scraped)
 					}
 				}
 				stopCollector()
@@ -107,76 +102,12 @@ func TestServiceAndCollectorOverMutualTLS(t *testing.T) {
 	require.NoError(t, scrapeErr)
 	require.NotEmpty(t, svcMetrics, "the service served /metrics")
 	require.NotEmpty(t, collMetrics, "the collector served /metrics")
-	named := dashboardMetrics(t, "../../../../deploy/grafana/cdcflow-eventservice.json")
+	named, err := promrefs.DashboardMetrics("../../../../deploy/grafana/cdcflow-eventservice.json")
+	require.NoError(t, err)
 	require.Greater(t, len(named), 20)
 	for _, name := range named {
 		require.True(t, scraped[name], "the dashboard names %s, which neither the service nor the collector exports", name)
 	}
-}
-
-// scrapeNames adds the metric family names served at addr/metrics to names
-// (histogram and summary series under their family's name).
-func scrapeNames(addr string, names map[string]bool) error {
-	tr := &http.Transport{DisableKeepAlives: true} // no idle connection outlives the test (goleak)
-	defer tr.CloseIdleConnections()
-	resp, err := (&http.Client{Transport: tr, Timeout: 30 * time.Second}).Get("http://" + addr + "/metrics")
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	for _, line := range strings.Split(string(body), "\n") {
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		name := line[:strings.IndexAny(line, "{ ")]
-		names[familyOf(name)] = true
-	}
-	return nil
-}
-
-// familyOf strips a histogram's series suffix.
-func familyOf(name string) string {
-	for _, suffix := range []string{"_bucket", "_sum", "_count"} {
-		if base, ok := strings.CutSuffix(name, suffix); ok {
-			return base
-		}
-	}
-	return name
-}
-
-// dashboardMetrics lists the metric families the dashboard's queries name.
-func dashboardMetrics(t *testing.T, path string) []string {
-	t.Helper()
-	raw, err := os.ReadFile(path)
-	require.NoError(t, err)
-	var d struct {
-		Panels []struct {
-			Title   string `json:"title"`
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
-	}
-	require.NoError(t, json.Unmarshal(raw, &d))
-	metric := regexp.MustCompile(`\b(?:cdcflow|process|go)_[a-z0-9_]+`)
-	seen := map[string]bool{}
-	var out []string
-	for _, p := range d.Panels {
-		require.NotEmpty(t, p.Targets, "panel %q has no query", p.Title)
-		for _, tg := range p.Targets {
-			for _, name := range metric.FindAllString(tg.Expr, -1) {
-				if name = familyOf(name); !seen[name] {
-					seen[name] = true
-					out = append(out, name)
-				}
-			}
-		}
-	}
-	return out
 }
 
 // A collector whose certificate the service's CA did not sign cannot
