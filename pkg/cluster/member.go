@@ -207,13 +207,21 @@ func (m *Member) keepAlive() {
 }
 
 func (m *Member) lose(why error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.lostWhy == nil {
-		m.lostWhy = why
-		close(m.lost)
+	if m.end(why) {
 		m.opts.Logger.Error("the node's membership is lost: it stops every changefeed it runs", zap.Error(why))
 	}
+}
+
+// end ends the membership for why, once: false if it had ended.
+func (m *Member) end(why error) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.lostWhy != nil {
+		return false
+	}
+	m.lostWhy = why
+	close(m.lost)
+	return true
 }
 
 // Close stops the keepalives and revokes the lease (its key goes at
@@ -226,7 +234,9 @@ func (m *Member) Close() error {
 		close(m.stop)
 	}
 	m.wg.Wait()
-	m.lose(fmt.Errorf("%w: the node left", ErrLeaseLost))
+	if m.end(fmt.Errorf("%w: the node left", ErrLeaseLost)) {
+		m.opts.Logger.Info("the node left the cluster")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), m.ttl)
 	defer cancel()
 	if _, err := m.opts.Client.Revoke(ctx, m.lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
