@@ -134,8 +134,8 @@ func acquireFence(ctx context.Context, conn *pgx.Conn, owner, source string, wai
 	if _, err := tx.Exec(ctx, fmt.Sprintf("SELECT pg_advisory_xact_lock(%d, hashtext($1))", fenceLockClass), owner); err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "55P03" { // lock_not_available
-			return 0, false, fmt.Errorf("%w: a transaction of an earlier sink of owner %q is still open in the target after %v "+
-				"(its process is gone but its connection is not, or it is still running): %w", ErrConnect, owner, wait, err)
+			return 0, false, fmt.Errorf("%w: %w: a transaction of an earlier sink of owner %q is still open in the target after %v "+
+				"(its process is gone but its connection is not, or it is still running): %w", ErrConnect, errFenceHeld, owner, wait, err)
 		}
 		return 0, false, err
 	}
@@ -176,6 +176,43 @@ RETURNING generation, wrote`, owner, source).Scan(&gen, &wrote); err != nil {
 		return 0, false, err
 	}
 	return gen, wrote, tx.Commit(ctx)
+}
+
+// errFenceHeld marks a fence whose wait ended with an earlier sink's
+// transaction still open.
+var errFenceHeld = errors.New("the fence is held")
+
+// endFenceHolders ends the target backends holding owner's fence (the
+// shared lock every write transaction of a sink of the owner takes):
+// transactions of earlier sinks of the owner that are still open, whose
+// process is frozen or cut off mid-transaction (EndFenceHolders). Their
+// transactions roll back: none had committed, and the new sink reads
+// their rows again from its checkpoints. Only the owner's own lock's
+// holders, and only backends of the same role (or any, for a
+// superuser): what pg_terminate_backend allows. It returns the PIDs ended.
+func endFenceHolders(ctx context.Context, conn *pgx.Conn, owner string) ([]int32, error) {
+	rows, err := conn.Query(ctx, fmt.Sprintf(`
+SELECT l.pid, pg_terminate_backend(l.pid, 5000) FROM pg_locks l
+WHERE l.locktype = 'advisory' AND l.classid = %d AND l.objid::bigint = (hashtext($1)::bigint & 4294967295) AND l.objsubid = 2
+  AND l.mode = 'ShareLock' AND l.granted AND l.pid <> pg_backend_pid() AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
+		fenceLockClass), owner)
+	if err != nil {
+		return nil, err
+	}
+	var ended []int32
+	for rows.Next() {
+		var pid int32
+		var ok bool
+		if err := rows.Scan(&pid, &ok); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if ok {
+			ended = append(ended, pid)
+		}
+	}
+	rows.Close()
+	return ended, rows.Err()
 }
 
 // isSuperseded reports whether err is cdcflow.fence's refusal.

@@ -349,3 +349,42 @@ func TestCloseDuringStartsFenceWaitReturnsPromptly(t *testing.T) {
 	waitServer(t, watch, "Start's wait ended in the target",
 		"SELECT 1 - count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
 }
+
+// A transaction of an earlier sink that holds the owner's fence and never
+// ends (its process frozen inside it, a SIGSTOP or a VM pause) holds a
+// later sink's Start for FenceWait: then Start fails (ErrConnect), or,
+// with EndFenceHolders, ends that backend and starts, its generation
+// above; the held transaction's write never commits.
+func TestAFenceHeldByAFrozenTransactionIsEndedAfterFenceWait(t *testing.T) {
+	ctx := context.Background()
+	a := newSinkEnv(t, func(o *Options) { o.Workers = 1; o.Owner = "feed" })
+	id := common.DispatcherIDFromUint64(1)
+	a.firstRow(id)
+	a.dur.wait(t, id, 12)
+	// The frozen transaction: it passed A's fence and wrote, and its
+	// client sends nothing more.
+	frozen, err := pgx.Connect(ctx, a.pg.DSN)
+	require.NoError(t, err)
+	defer frozen.Close(context.Background())
+	tx, err := frozen.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, fenceSQL, "feed", a.sink.Generation())
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "UPDATE app.t SET v = 'frozen' WHERE id = 1")
+	require.NoError(t, err)
+
+	start := func(end bool) (*Sink, error) {
+		s, err := New(Options{DSN: a.pg.DSN, Workers: 1, Owner: "feed", FenceWait: 300 * time.Millisecond, EndFenceHolders: end})
+		require.NoError(t, err)
+		t.Cleanup(s.Close)
+		s.SetDurable(newDurables().record)
+		return s, s.Start(ctx)
+	}
+	_, err = start(false)
+	require.ErrorIs(t, err, ErrConnect, "without EndFenceHolders")
+	b, err := start(true)
+	require.NoError(t, err, "with EndFenceHolders")
+	require.Greater(t, b.Generation(), a.sink.Generation())
+	require.Error(t, tx.Commit(ctx), "the frozen transaction was ended")
+	require.Equal(t, []string{`{"id":1,"v":"a","big":null}`}, a.contents("app.t"), "its write never committed")
+}

@@ -75,6 +75,14 @@ type Options struct {
 	// connection that lost its client ends within 30 s
 	// (idle_in_transaction_session_timeout) once its pipeline is done.
 	FenceWait time.Duration
+	// EndFenceHolders: when FenceWait passes with an earlier sink's
+	// transaction still open, Start ends the target backends holding the
+	// owner's fence (pg_terminate_backend) and takes it, rather than fail:
+	// a sink whose process was frozen or cut off inside a transaction
+	// cannot hold a take-over beyond FenceWait. Its transaction rolls
+	// back (none of its rows committed). A cluster's node sets it, with
+	// its own FenceWait. Default false: Start fails (ErrConnect).
+	EndFenceHolders bool
 	// Permit, if set, is asked right before every transaction the sink
 	// sends to the target (a lane's commit, a state write, a reset): an
 	// error refuses it, and the sink writes nothing more, as if

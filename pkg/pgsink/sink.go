@@ -176,7 +176,16 @@ func (s *Sink) connectLanes(ctx context.Context) ([]*pgx.Conn, error) {
 	}
 	// Before anything is read or written: an earlier sink of the owner
 	// may still have a transaction on its way to commit (fence.go).
-	if s.generation, s.wrote, err = acquireFence(ctx, conn, s.opts.Owner, s.opts.Source, s.opts.FenceWait, s.opts.SoleOwner); err != nil {
+	s.generation, s.wrote, err = acquireFence(ctx, conn, s.opts.Owner, s.opts.Source, s.opts.FenceWait, s.opts.SoleOwner)
+	if errors.Is(err, errFenceHeld) && s.opts.EndFenceHolders {
+		ended, endErr := endFenceHolders(ctx, conn, s.opts.Owner)
+		if endErr == nil && len(ended) > 0 {
+			s.log.Warn("ended the target backends an earlier sink of the owner left in a transaction holding its fence",
+				zap.String("owner", s.opts.Owner), zap.Int32s("pids", ended), zap.Duration("after", s.opts.FenceWait))
+			s.generation, s.wrote, err = acquireFence(ctx, conn, s.opts.Owner, s.opts.Source, s.opts.FenceWait, s.opts.SoleOwner)
+		}
+	}
+	if err != nil {
 		if errors.Is(err, ErrAnotherOwner) || errors.Is(err, ErrOtherSource) {
 			return nil, err
 		}

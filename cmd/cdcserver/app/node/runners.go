@@ -163,7 +163,10 @@ func (rs *runners) runOnce(ctx context.Context, r *runner) error {
 		}
 		return nil
 	}
-	err = replicate.RunEmbedded(ctx, cfg, rs.n.stderr, replicate.Embedding{Registry: run, Permit: permit})
+	// A previous owner frozen inside a target transaction holds the
+	// take-over a TTL at most: by then its own deadline has passed long
+	// since, so what it holds is stuck, and its backend is ended.
+	err = replicate.RunEmbedded(ctx, cfg, rs.n.stderr, replicate.Embedding{Registry: run, Permit: permit, FenceWait: rs.n.cfg.LeaseTTL})
 	if err == nil && ctx.Err() == nil {
 		err = errors.New("the changefeed's run ended by itself")
 	}

@@ -131,6 +131,14 @@ func (c Config) permit() func() error {
 	return c.embedding.Permit
 }
 
+// fenceWait is the embedding's FenceWait (0: serve's own run).
+func (c Config) fenceWait() time.Duration {
+	if c.embedding == nil {
+		return 0
+	}
+	return c.embedding.FenceWait
+}
+
 // tableRule is the rule the flags give.
 func (c Config) tableRule() pgsource.TableRule {
 	return pgsource.TableRule{Include: c.Include, Exclude: c.Exclude}

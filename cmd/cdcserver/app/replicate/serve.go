@@ -97,6 +97,12 @@ type Embedding struct {
 	// Permit is pgsink.Options.Permit: asked before every transaction
 	// the changefeed sends to the target.
 	Permit func() error
+	// FenceWait bounds the start's wait for an earlier owner's open
+	// transactions, after which the backends holding them are ended
+	// (pgsink.Options.EndFenceHolders): a node frozen inside a target
+	// transaction holds a take-over this long at most. 0: pgsink's
+	// default wait, and a start that fails after it.
+	FenceWait time.Duration
 }
 
 // RunEmbedded is Run for a changefeed of a process that runs many.
