@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -23,6 +24,10 @@ func CLI(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	server := fs.String("server", "http://127.0.0.1:8300", "a node's API address")
 	timeout := fs.Duration("timeout", 3*time.Minute, "bound on one call (remove waits for the changefeed to leave its node)")
+	tokenFile := fs.String("token-file", "", "file holding the API's token (the nodes' --api-token-file)")
+	caFile := fs.String("ca", "", "PEM CA that signed the nodes' API certificate (https)")
+	certFile := fs.String("cert", "", "PEM client certificate, for nodes that require one (--api-tls-ca)")
+	keyFile := fs.String("key", "", "PEM key of --cert")
 	fs.Usage = func() { cliUsage(fs) }
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
@@ -35,7 +40,18 @@ func CLI(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cliUsage(fs)
 		return exitcode.Setup
 	}
-	c := &cliClient{base: strings.TrimRight(*server, "/"), stdout: stdout, stderr: stderr, http: &http.Client{Timeout: *timeout}}
+	tr, err := cliTransport(*caFile, *certFile, *keyFile)
+	if err != nil {
+		fmt.Fprintf(stderr, "cdcserver cli: %v\n", err)
+		return exitcode.Setup
+	}
+	c := &cliClient{base: strings.TrimRight(*server, "/"), stdout: stdout, stderr: stderr, http: &http.Client{Timeout: *timeout, Transport: tr}}
+	if *tokenFile != "" {
+		if c.token, err = readToken(*tokenFile); err != nil {
+			fmt.Fprintf(stderr, "cdcserver cli: --token-file: %v\n", err)
+			return exitcode.Setup
+		}
+	}
 	switch rest[0] + " " + rest[1] {
 	case "changefeed create", "changefeed update":
 		return c.createOrUpdate(ctx, rest[1], rest[2:])
@@ -90,6 +106,7 @@ Flags:
 
 type cliClient struct {
 	base           string
+	token          string
 	stdout, stderr io.Writer
 	http           *http.Client
 }
@@ -139,6 +156,32 @@ func (c *cliClient) createOrUpdate(ctx context.Context, verb string, args []stri
 	return c.do(ctx, "PUT", "/api/v1/changefeeds/"+name, cfg)
 }
 
+// cliTransport trusts ca for the nodes' API (its system's roots without)
+// and presents cert and key when given.
+func cliTransport(ca, cert, key string) (*http.Transport, error) {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if ca == "" && cert == "" {
+		return tr, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if ca != "" {
+		pool, err := certPool(ca)
+		if err != nil {
+			return nil, err
+		}
+		cfg.RootCAs = pool
+	}
+	if cert != "" {
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	tr.TLSClientConfig = cfg
+	return tr, nil
+}
+
 // do calls the API and prints its reply.
 func (c *cliClient) do(ctx context.Context, method, path string, body any) int {
 	var r io.Reader
@@ -156,6 +199,9 @@ func (c *cliClient) do(ctx context.Context, method, path string, body any) int {
 		return exitcode.Setup
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		fmt.Fprintf(c.stderr, "cdcserver cli: no node reached at %s: %v\n", c.base, err)

@@ -35,6 +35,11 @@ type Config struct {
 	// EtcdCA, EtcdCert and EtcdKey are PEM files for TLS to etcd (all
 	// empty: plain TCP).
 	EtcdCA, EtcdCert, EtcdKey string
+	// APITokenFile holds the token every /api/ call must bear ("": none).
+	APITokenFile string
+	// APITLSCert and APITLSKey serve the API over HTTPS; APITLSCA also
+	// requires clients' certificates signed by it.
+	APITLSCert, APITLSKey, APITLSCA string
 	// LeaseTTL is the node's lease TTL.
 	LeaseTTL time.Duration
 	// BalanceInterval is how often the coordinator may move changefeeds
@@ -64,6 +69,10 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.EtcdCA, "etcd-ca", c.EtcdCA, "PEM file of the CA that signed etcd's certificates (TLS to etcd)")
 	fs.StringVar(&c.EtcdCert, "etcd-cert", c.EtcdCert, "PEM file of this node's client certificate for etcd")
 	fs.StringVar(&c.EtcdKey, "etcd-key", c.EtcdKey, "PEM file of this node's client key for etcd")
+	fs.StringVar(&c.APITokenFile, "api-token-file", c.APITokenFile, "file holding the token every /api/ call must bear (Authorization: Bearer; empty: none)")
+	fs.StringVar(&c.APITLSCert, "api-tls-cert", c.APITLSCert, "PEM certificate to serve the API over HTTPS (with --api-tls-key)")
+	fs.StringVar(&c.APITLSKey, "api-tls-key", c.APITLSKey, "PEM key of --api-tls-cert")
+	fs.StringVar(&c.APITLSCA, "api-tls-ca", c.APITLSCA, "PEM CA whose signed client certificate every API connection must present (mutual TLS)")
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "the node's lease TTL: a node silent this long loses its changefeeds to others")
 	fs.DurationVar(&c.BalanceInterval, "balance-interval", c.BalanceInterval, "how often the coordinator may move one changefeed only to even the load")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "bound on SIGTERM's hand-off of the node's changefeeds")
@@ -91,6 +100,8 @@ func (c Config) Validate() error {
 		}
 	}
 	p.Require(tls == 0 || tls == 3, "--etcd-ca, --etcd-cert and --etcd-key go together")
+	p.Require((c.APITLSCert == "") == (c.APITLSKey == ""), "--api-tls-cert and --api-tls-key go together")
+	p.Require(c.APITLSCA == "" || c.APITLSCert != "", "--api-tls-ca needs --api-tls-cert and --api-tls-key")
 	p.Require(c.LeaseTTL >= 2*time.Second, "--lease-ttl=%v: at least 2s", c.LeaseTTL)
 	p.Require(c.BalanceInterval > 0, "--balance-interval=%v: positive", c.BalanceInterval)
 	p.Require(c.DrainTimeout > 0, "--drain-timeout=%v: positive", c.DrainTimeout)

@@ -66,11 +66,26 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 	n := &node{cfg: cfg, id: cfg.nodeID(), log: lg.With(zap.String("node", cfg.nodeID())), stderr: stderr,
 		keys: cluster.NewKeys(cfg.Cluster), reg: prometheus.NewRegistry(), ready: make(chan struct{})}
 	n.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	token := ""
+	if cfg.APITokenFile != "" {
+		if token, err = readToken(cfg.APITokenFile); err != nil {
+			return fmt.Errorf("%w: --api-token-file: %w", ErrSetup, err)
+		}
+	}
+	tlsCfg, err := serverTLS(cfg)
+	if err != nil {
+		return fmt.Errorf("%w: the API's TLS: %w", ErrSetup, err)
+	}
 	lis, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrSetup, err)
 	}
 	defer lis.Close()
+	scheme := "http"
+	served := limitPerIP(lis, maxConnsPerIP)
+	if tlsCfg != nil {
+		served, scheme = tls.NewListener(served, tlsCfg), "https"
+	}
 	stopEtcd, err := n.connectEtcd(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrSetup, err)
@@ -89,16 +104,17 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 	if n.runs, err = newRunners(n); err != nil {
 		return fmt.Errorf("%w: %w", ErrSetup, err)
 	}
-	srv := &http.Server{Handler: n.api(), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: requireToken(token, n.api()), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		IdleTimeout: time.Minute, MaxHeaderBytes: 64 << 10}
 	var wg sync.WaitGroup
-	wg.Go(func() { _ = srv.Serve(lis) })
+	wg.Go(func() { _ = srv.Serve(served) })
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = srv.Shutdown(sctx)
 		cancel()
 		wg.Wait()
 	}()
-	fmt.Fprintf(stderr, "server: node %s of cluster %s; API at http://%s\n", n.id, cfg.Cluster, lis.Addr())
+	fmt.Fprintf(stderr, "server: node %s of cluster %s; API at %s://%s\n", n.id, cfg.Cluster, scheme, lis.Addr())
 	return n.run(ctx)
 }
 

@@ -68,17 +68,7 @@ func freeAddr(t *testing.T) string {
 // client URL is returned too).
 func startNode(t *testing.T, id, etcd string) (*testNode, string) {
 	t.Helper()
-	cfg := DefaultConfig()
-	cfg.NodeID, cfg.Addr, cfg.DataDir, cfg.Etcd = id, freeAddr(t), t.TempDir(), etcd
-	cfg.LeaseTTL, cfg.BalanceInterval, cfg.DrainTimeout, cfg.LogLevel = 3*time.Second, time.Hour, time.Minute, "warn"
-	client := ""
-	if etcd == "" {
-		cfg.EtcdClientAddr, cfg.EtcdPeerAddr = freeAddr(t), freeAddr(t)
-		client = "http://" + cfg.EtcdClientAddr
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	n := &testNode{id: id, addr: cfg.Addr, stop: cancel, done: make(chan error, 1), stderr: &syncBuffer{}}
-	go func() { n.done <- Run(ctx, cfg, n.stderr) }()
+	n, client := launchNode(t, id, etcd, nil)
 	testwait.Within(t, time.Minute, id+" ready", func() bool {
 		resp, err := http.Get("http://" + n.addr + "/readyz")
 		if err != nil {
@@ -87,6 +77,27 @@ func startNode(t *testing.T, id, etcd string) (*testNode, string) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
+	return n, client
+}
+
+// launchNode starts node id with its configuration tweaked (nil: none),
+// without waiting for it.
+func launchNode(t *testing.T, id, etcd string, tweak func(*Config)) (*testNode, string) {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.NodeID, cfg.Addr, cfg.DataDir, cfg.Etcd = id, freeAddr(t), t.TempDir(), etcd
+	cfg.LeaseTTL, cfg.BalanceInterval, cfg.DrainTimeout, cfg.LogLevel = 3*time.Second, time.Hour, time.Minute, "warn"
+	client := ""
+	if etcd == "" {
+		cfg.EtcdClientAddr, cfg.EtcdPeerAddr = freeAddr(t), freeAddr(t)
+		client = "http://" + cfg.EtcdClientAddr
+	}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n := &testNode{id: id, addr: cfg.Addr, stop: cancel, done: make(chan error, 1), stderr: &syncBuffer{}}
+	go func() { n.done <- Run(ctx, cfg, n.stderr) }()
 	return n, client
 }
 
