@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"io"
 	"net"
 	"net/http"
@@ -20,6 +21,7 @@ import (
 	"github.com/cdcflow/eventservice/cmd/cdcserver/app/replicate"
 	"github.com/cdcflow/eventservice/internal/pgtest"
 	"github.com/cdcflow/eventservice/internal/promrefs"
+	"github.com/cdcflow/eventservice/internal/refdoc"
 	"github.com/cdcflow/eventservice/internal/testwait"
 	"github.com/cdcflow/eventservice/pkg/cluster"
 )
@@ -255,4 +257,14 @@ func TestTheClusterDashboardAndAlertsNameServedMetrics(t *testing.T) {
 		return len(missing) == 0
 	})
 	require.Empty(t, missing, "named by the cluster's dashboard or alerts, and not exported by a node")
+
+	// The reference of the cluster's own families (a changefeed's are
+	// serve's, documented with serve's).
+	mfs, err := refdoc.Scrape(n1.addr)
+	require.NoError(t, err)
+	ms := refdoc.Metrics(mfs, func(name string) bool { return strings.HasPrefix(name, "cdcflow_cluster_") })
+	require.GreaterOrEqual(t, len(ms), 10, "the cluster's families")
+	require.NoError(t, refdoc.Sync("../../../../docs/reference/metrics.md", "cluster-metrics", refdoc.MetricTable(ms), *update))
 }
+
+var update = flag.Bool("update", false, "rewrite the generated blocks of docs/reference/ from the code")
