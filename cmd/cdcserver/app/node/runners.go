@@ -156,7 +156,7 @@ func (rs *runners) runOnce(ctx context.Context, r *runner) error {
 	}
 	cfg.LogFormat = rs.n.cfg.LogFormat
 	run := prometheus.NewRegistry()
-	r.metrics.Store(run)
+	r.metrics.Store(nil) // the last run's are gone; this run's once it serves
 	permit := func() error {
 		if !rs.n.member.Valid() {
 			return fmt.Errorf("%w: node %s", cluster.ErrLeaseLost, rs.n.id)
@@ -166,7 +166,8 @@ func (rs *runners) runOnce(ctx context.Context, r *runner) error {
 	// A previous owner frozen inside a target transaction holds the
 	// take-over a TTL at most: by then its own deadline has passed long
 	// since, so what it holds is stuck, and its backend is ended.
-	err = replicate.RunEmbedded(ctx, cfg, rs.n.stderr, replicate.Embedding{Registry: run, Permit: permit, FenceWait: rs.n.cfg.LeaseTTL})
+	err = replicate.RunEmbedded(ctx, cfg, rs.n.stderr, replicate.Embedding{Registry: run, Permit: permit, FenceWait: rs.n.cfg.LeaseTTL,
+		Serving: func() { r.metrics.Store(run) }})
 	if err == nil && ctx.Err() == nil {
 		err = errors.New("the changefeed's run ended by itself")
 	}

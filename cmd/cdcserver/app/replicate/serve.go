@@ -92,8 +92,14 @@ type newTable struct {
 // are the process's (the Config's MetricsAddr and PprofAddr must be
 // empty).
 type Embedding struct {
-	// Registry receives the changefeed's metrics. Required.
+	// Registry receives the changefeed's metrics. Required. It may be
+	// gathered once Serving was called, not before: serve's own
+	// /metrics serves only from that point (its gauges read the parts
+	// the start builds).
 	Registry *prometheus.Registry
+	// Serving, if set, is called once the start built every part, where
+	// serve starts serving its HTTP.
+	Serving func()
 	// Permit is pgsink.Options.Permit: asked before every transaction
 	// the changefeed sends to the target.
 	Permit func() error
@@ -159,6 +165,9 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 		return err
 	}
 	httpSrv.serve(cfg, p)
+	if cfg.embedding != nil && cfg.embedding.Serving != nil {
+		cfg.embedding.Serving()
+	}
 	lg.Info("serving", zap.Int("tables", len(p.info.Tables)), zap.Bool("snapshot", p.info.Created),
 		zap.Stringer("resume_ts", p.info.ResumeTs), zap.String("metrics", httpSrv.metricsAddr()), zap.String("pprof", httpSrv.pprofAddr()))
 	fmt.Fprintf(stderr, "serve: replicating %d tables; metrics at %s\n", len(p.info.Tables), orNone(httpSrv.metricsAddr()))
