@@ -11,6 +11,7 @@ import (
 
 	"github.com/cdcflow/eventservice/cmd/cdcserver/app/node"
 	"github.com/cdcflow/eventservice/cmd/cdcserver/app/replicate"
+	"github.com/cdcflow/eventservice/internal/faultproxy"
 	"github.com/cdcflow/eventservice/internal/testwait"
 )
 
@@ -194,6 +195,64 @@ func TestClusterFaultSchedule(t *testing.T) {
 
 	last := stop()
 	h.equal("after the schedule")
+	v := h.audit(mark, 0)
+	t.Logf("audit: %d rows loaded, lost %d, written twice %d, writers %s, overlaps %d", last, v.Lost, v.Twice, strings.Join(v.Writers, " "), v.Overlaps)
+	require.Zero(t, v.Lost, "rows lost")
+	require.Zero(t, v.Twice, "rows written twice")
+	require.Zero(t, v.Overlaps, "commits of an older writer after a newer one's first")
+}
+
+// The owner cut off from etcd, both ways (its connections reset and
+// refused) and then, after it was started again, one way (etcd's replies
+// held, its requests passing): each time the cut-off node finds its
+// local deadline passed, sends nothing more and exits (1), and another
+// node takes the changefeed over once the lease expired. After quiescing:
+// equal, nothing lost or written twice, no commit of an older writer
+// after a newer one's first.
+func TestClusterOwnerCutOffFromEtcd(t *testing.T) {
+	const ttl = 3 * time.Second
+	h := newClusterHarness(t, ttl)
+	_, err := h.srcConn.Exec(t.Context(), "CREATE TABLE t (id int PRIMARY KEY, v text)")
+	require.NoError(t, err)
+	h.auditTarget()
+	for _, id := range []string{"n1", "n2", "n3"} {
+		h.startNode(id)
+	}
+	require.Equal(t, http.StatusCreated, h.api("POST", "/api/v1/changefeeds", map[string]any{"name": "cf",
+		"config": node.ChangefeedConfig{Source: h.src.DSN, Sink: h.dst.DSN}}, nil))
+	h.equal("the (empty) snapshot")
+	h.snapshotApplied()
+	mark := h.auditMark()
+	stop := h.load(0)
+	for _, cut := range []struct {
+		name string
+		do   func(p *faultproxy.Proxy)
+		heal func(p *faultproxy.Proxy)
+	}{
+		{"both ways", (*faultproxy.Proxy).Partition, (*faultproxy.Proxy).Heal},
+		{"etcd's replies held", func(p *faultproxy.Proxy) { p.Hold(faultproxy.Downstream) }, (*faultproxy.Proxy).Release},
+	} {
+		from := h.auditMark()
+		var w string
+		testwait.Within(t, time.Minute, "the owner writing", func() bool { w = h.lastWriter(from); return w != "" })
+		owner := h.owner("cf")
+		for _, px := range h.nodes[owner].etcd {
+			cut.do(px)
+		}
+		at := time.Now()
+		newWriter, seen := h.writerAfter(from, w, time.Minute)
+		err := h.nodes[owner].child.wait()
+		require.Error(t, err, "%s: the cut-off node exits 1", cut.name)
+		require.Contains(t, h.nodes[owner].child.stderr.String(), "lease")
+		t.Logf("%s cut off from etcd %s: replicating again as %s after %v; the node exited after %v (its runs' clean stops)", owner,
+			cut.name, newWriter, seen.Sub(at).Round(10*time.Millisecond), time.Since(at).Round(10*time.Millisecond))
+		for _, px := range h.nodes[owner].etcd {
+			cut.heal(px)
+		}
+		h.startNode(owner)
+	}
+	last := stop()
+	h.equal("after the cuts")
 	v := h.audit(mark, 0)
 	t.Logf("audit: %d rows loaded, lost %d, written twice %d, writers %s, overlaps %d", last, v.Lost, v.Twice, strings.Join(v.Writers, " "), v.Overlaps)
 	require.Zero(t, v.Lost, "rows lost")

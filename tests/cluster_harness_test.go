@@ -21,6 +21,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/cdcflow/eventservice/internal/faultproxy"
 	"github.com/cdcflow/eventservice/internal/linewatch"
 	"github.com/cdcflow/eventservice/internal/pgtest"
 	"github.com/cdcflow/eventservice/internal/testwait"
@@ -49,6 +50,9 @@ type clusterHarness struct {
 type nodeProc struct {
 	id, addr, dir string
 	child         *childProcess
+	// etcd are the node's proxies to the etcd members (its --etcd): a
+	// test partitions the node from etcd through them.
+	etcd []*faultproxy.Proxy
 }
 
 // envEtcdMember, set, makes a test that builds a clusterHarness an etcd
@@ -164,10 +168,17 @@ func (h *clusterHarness) startNode(id string) *nodeProc {
 	p, ok := h.nodes[id]
 	if !ok {
 		p = &nodeProc{id: id, addr: freeTCPAddr(h.t), dir: h.t.TempDir()}
+		for _, u := range strings.Split(h.etcdURLs, ",") {
+			p.etcd = append(p.etcd, faultproxy.Start(h.t, strings.TrimPrefix(u, "http://")))
+		}
 		h.nodes[id] = p
 	}
 	h.mu.Unlock()
-	cmd := exec.Command(buildCDCServer(h.t), "server", "--node-id", id, "--addr", p.addr, "--data-dir", p.dir, "--etcd", h.etcdURLs,
+	var etcd []string
+	for _, px := range p.etcd {
+		etcd = append(etcd, "http://"+px.Addr)
+	}
+	cmd := exec.Command(buildCDCServer(h.t), "server", "--node-id", id, "--addr", p.addr, "--data-dir", p.dir, "--etcd", strings.Join(etcd, ","),
 		"--lease-ttl", h.ttl.String(), "--balance-interval", "1h", "--log-level", "warn")
 	p.child = startChild(h.t, cmd, linewatch.New(`^server: node`))
 	testwait.Within(h.t, time.Minute, id+" ready", func() bool {
