@@ -105,17 +105,16 @@ func StartMember(ctx context.Context, opts MemberOptions) (*Member, error) {
 	}
 	m := &Member{opts: opts, lease: g.ID, ttl: time.Duration(g.TTL) * time.Second, lost: make(chan struct{}), stop: make(chan struct{})}
 	m.deadline = sent.Add(min(m.ttl, opts.TTL) - opts.Margin)
-	if m.met, err = newMemberMetrics(m, opts.Registerer); err != nil {
-		revokeCtx, cancel := context.WithTimeout(context.Background(), m.ttl)
-		_, _ = opts.Client.Revoke(revokeCtx, g.ID)
-		cancel()
-		return nil, err
-	}
 	key := opts.Keys.Node(opts.NodeID)
 	resp, err := opts.Client.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 		Then(clientv3.OpPut(key, string(opts.Info), clientv3.WithLease(g.ID))).Commit()
 	if err == nil && !resp.Succeeded {
 		err = fmt.Errorf("%w: %s", ErrNodeExists, opts.NodeID)
+	}
+	if err == nil {
+		// Registered once the node holds its ID: a start refused
+		// (ErrNodeExists) and tried again registers them then.
+		m.met, err = newMemberMetrics(m, opts.Registerer)
 	}
 	if err != nil {
 		revokeCtx, cancel := context.WithTimeout(context.Background(), m.ttl)

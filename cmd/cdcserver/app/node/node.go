@@ -96,8 +96,7 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 	if n.coordMetrics, err = cluster.NewCoordinatorMetrics(n.reg); err != nil {
 		return fmt.Errorf("%w: %w", ErrSetup, err)
 	}
-	if n.member, err = cluster.StartMember(ctx, cluster.MemberOptions{Client: n.client, Keys: n.keys, NodeID: n.id, Info: info,
-		TTL: cfg.LeaseTTL, Logger: n.log, Registerer: n.reg}); err != nil {
+	if n.member, err = n.join(ctx, info); err != nil {
 		return fmt.Errorf("%w: %w", ErrSetup, err)
 	}
 	defer n.member.Close()
@@ -116,6 +115,27 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 	}()
 	fmt.Fprintf(stderr, "server: node %s of cluster %s; API at %s://%s\n", n.id, cfg.Cluster, scheme, lis.Addr())
 	return n.run(ctx)
+}
+
+// join starts the node's membership. A node started again under its ID
+// soon after it ended (a crash, a supervisor's restart) finds its old
+// key still held by the old lease until that expires: it waits for it,
+// up to two TTLs, rather than fail.
+func (n *node) join(ctx context.Context, info []byte) (*cluster.Member, error) {
+	deadline := time.Now().Add(2 * n.cfg.LeaseTTL)
+	for {
+		m, err := cluster.StartMember(ctx, cluster.MemberOptions{Client: n.client, Keys: n.keys, NodeID: n.id, Info: info,
+			TTL: n.cfg.LeaseTTL, Logger: n.log, Registerer: n.reg})
+		if !errors.Is(err, cluster.ErrNodeExists) || time.Now().After(deadline) {
+			return m, err
+		}
+		n.log.Info("the node's ID is still held by its previous lease: waiting for it to expire")
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 // run runs the coordinator's candidacy and the changefeeds until ctx ends
@@ -137,10 +157,25 @@ func (n *node) run(ctx context.Context) error {
 		err = n.member.Err()
 	}
 	cancel()
-	wg.Wait()
+	ended := make(chan struct{})
+	go func() { wg.Wait(); close(ended) }()
+	select {
+	case <-ended:
+	case <-time.After(loopsStopWait):
+		// etcd without a quorum: a campaign that ends resigns with the
+		// client's own context, which only the client's close ends
+		// (docs/design/cluster.md).
+		n.log.Warn("the node's etcd calls do not end: closing its etcd client")
+		_ = n.client.Close()
+		<-ended
+	}
 	n.runs.stopAll()
 	return err
 }
+
+// loopsStopWait bounds the wait for the node's loops to end before its
+// etcd client is closed under them.
+const loopsStopWait = 5 * time.Second
 
 // coordinate campaigns, and campaigns again when a leadership ends for
 // another reason than the node's own end.
