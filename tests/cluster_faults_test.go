@@ -106,7 +106,10 @@ func (h *clusterHarness) equal(what string) {
 //   - one of three etcd members killed for two TTLs: nothing moves (the
 //     same writer throughout), and the member comes back;
 //   - a rolling restart (SIGTERM, each node drains and exits 0, then
-//     starts again): the changefeed moves without waiting for a lease.
+//     starts again): the changefeed moves without waiting for a lease;
+//   - etcd's quorum lost for two TTLs: every node exits (1), nothing is
+//     written, and with the members back and the nodes started again
+//     the changefeed runs again.
 //
 // After quiescing: equal, no row lost or written twice, no commit of an
 // older writer after a newer one's first.
@@ -192,6 +195,29 @@ func TestClusterFaultSchedule(t *testing.T) {
 		}
 		h.startNode(id)
 	}
+
+	// etcd's quorum lost (two of three members killed) for two TTLs:
+	// every node's membership is lost at its deadline, and every node
+	// exits (1); nothing is written without one; with the members back
+	// and the nodes started again, the changefeed runs again.
+	w = writing("writes before the quorum's loss")
+	h.killMember(0)
+	h.killMember(1)
+	lost = time.Now()
+	for _, id := range ids {
+		require.Error(t, h.nodes[id].child.wait(), "%s exits 1 without a quorum", id)
+	}
+	t.Logf("quorum lost: every node exited after %v", time.Since(lost).Round(10*time.Millisecond))
+	quiet := h.auditMark()
+	testwait.Within(t, 2*ttl+time.Minute, "two TTLs without a quorum", func() bool { return time.Since(lost) >= 2*ttl })
+	require.Equal(t, quiet, h.auditMark(), "nothing written without a quorum")
+	h.startMember(0)
+	h.startMember(1)
+	for _, id := range ids {
+		h.startNode(id)
+	}
+	newWriter, at = h.writerAfter(quiet, w, 2*time.Minute)
+	t.Logf("quorum back: replicating again as %s", newWriter)
 
 	last := stop()
 	h.equal("after the schedule")
