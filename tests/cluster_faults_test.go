@@ -103,6 +103,8 @@ func (h *clusterHarness) equal(what string) {
 //   - SIGSTOP of the owning node for two TTLs: another node takes the
 //     changefeed over; at SIGCONT the frozen node finds its membership
 //     lost and exits (1), writing nothing (the audit's overlaps);
+//   - the owner frozen, then cut off from etcd, for a third of a TTL:
+//     nothing moves, the node stays;
 //   - one of three etcd members killed for two TTLs: nothing moves (the
 //     same writer throughout), and the member comes back;
 //   - a rolling restart (SIGTERM, each node drains and exits 0, then
@@ -167,6 +169,43 @@ func TestClusterFaultSchedule(t *testing.T) {
 	require.Error(t, err, "the node thawed with its membership lost exits 1")
 	require.Contains(t, h.nodes[owner].child.stderr.String(), "lease")
 	h.startNode(owner)
+
+	// Pauses shorter than the deadline move nothing: the owner frozen for
+	// a third of the TTL, then cut off from etcd (both ways) for as long.
+	w = writing("writes before the short faults")
+	owner = h.owner("cf")
+	from = h.auditMark()
+	for _, short := range []struct {
+		name      string
+		do, after func()
+	}{
+		{"frozen", func() { h.signal(owner, syscall.SIGSTOP) }, func() { h.signal(owner, syscall.SIGCONT) }},
+		{"cut off from etcd", func() { // a silent link, both ways (a Partition also resets: see docs/design/cluster.md)
+			for _, px := range h.nodes[owner].etcd {
+				px.Hold(faultproxy.Upstream)
+				px.Hold(faultproxy.Downstream)
+			}
+		}, func() {
+			for _, px := range h.nodes[owner].etcd {
+				px.Release()
+			}
+		}},
+	} {
+		short.do()
+		began := time.Now()
+		testwait.Within(t, time.Minute, "a third of a TTL "+short.name, func() bool { return time.Since(began) >= ttl/3 })
+		short.after()
+		writing("writes after the owner was " + short.name + " briefly")
+	}
+	require.Equal(t, owner, h.owner("cf"), "moved after a short fault")
+	var movedOn int
+	require.NoError(t, h.dstConn.QueryRow(ctx, "SELECT count(*) FROM audit.log WHERE seq > $1 AND writer <> $2", from, w).Scan(&movedOn))
+	require.Zero(t, movedOn, "another writer after a short fault")
+	select {
+	case <-h.nodes[owner].child.exited:
+		t.Fatalf("the owner exited after a short fault: %s", h.nodes[owner].child.stderr.String())
+	default:
+	}
 
 	// One etcd member lost for two TTLs: nothing moves.
 	w = writing("writes before the member's loss")

@@ -148,6 +148,12 @@ func (h *clusterHarness) startMember(i int) {
 // killMember ends etcd member i with SIGKILL.
 func (h *clusterHarness) killMember(i int) {
 	h.t.Helper()
+	select {
+	case <-h.etcd[i].exited: // it should not have: say why it did
+		out := h.etcd[i].stderr.String()
+		h.t.Fatalf("etcd member %d exited by itself (%v): %s", i, h.etcd[i].err, out[max(0, len(out)-4000):])
+	default:
+	}
 	require.NoError(h.t, h.etcd[i].cmd.Process.Signal(syscall.SIGKILL))
 	_ = h.etcd[i].wait()
 }
