@@ -268,3 +268,49 @@ func TestTheClusterDashboardAndAlertsNameServedMetrics(t *testing.T) {
 }
 
 var update = flag.Bool("update", false, "rewrite the generated blocks of docs/reference/ from the code")
+
+// Changefeeds of one node are isolated: one that cannot start (its target
+// database does not exist) is started again and again after its back-off,
+// counted, while another on the same node replicates.
+func TestAFailingChangefeedNeverStopsAnotherOnItsNode(t *testing.T) {
+	src := pgtest.StartWith(t, pgtest.Options{Logical: true})
+	dst := pgtest.Start(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, src.DSN)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t SELECT g, 'v' FROM generate_series(1, 50) g")
+	require.NoError(t, err)
+	n1, _ := startNode(t, "n1", "")
+	defer func() {
+		n1.stop()
+		require.NoError(t, <-n1.done, n1.stderr.String())
+	}()
+	require.Equal(t, http.StatusCreated, n1.call(t, "POST", "/api/v1/changefeeds", createRequest{Name: "bad",
+		Config: ChangefeedConfig{Source: src.DSN, Sink: dst.DSNFor("nope")}}, nil))
+	require.Equal(t, http.StatusCreated, n1.call(t, "POST", "/api/v1/changefeeds", createRequest{Name: "good",
+		Config: ChangefeedConfig{Source: src.DSN, Sink: dst.DSN}}, nil))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(n1.stderr.String())
+		}
+	})
+	testwait.Within(t, 2*time.Minute, "bad started again at least once", func() bool {
+		return strings.Contains(n1.stderr.String(), "the changefeed stopped: starting it again") &&
+			strings.Contains(n1.stderr.String(), "nope")
+	})
+	var out bytes.Buffer
+	require.True(t, testwait.Until(2*time.Minute, func() bool {
+		out.Reset()
+		return replicate.Compare(ctx, src.DSN, dst.DSN, "good", &out) == nil
+	}), "good never equal: %s", out.String())
+	_, err = conn.Exec(ctx, "INSERT INTO t VALUES (51, 'after')")
+	require.NoError(t, err)
+	require.True(t, testwait.Until(2*time.Minute, func() bool {
+		out.Reset()
+		return replicate.Compare(ctx, src.DSN, dst.DSN, "good", &out) == nil
+	}), "good never equal after more rows: %s", out.String())
+	scraped := map[string]bool{}
+	require.NoError(t, promrefs.Scrape(n1.addr, scraped))
+	require.True(t, scraped["cdcflow_cluster_changefeed_restarts_total"])
+}
