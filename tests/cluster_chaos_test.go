@@ -12,7 +12,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/cdcflow/eventservice/cmd/cdcserver/app/node"
 	"github.com/cdcflow/eventservice/internal/testwait"
 )
 
@@ -47,27 +46,9 @@ func TestClusterChaos(t *testing.T) {
 	t.Logf("chaos seed %d, %d faults (%d kills of the owner at least), TTL %v (replay with %s=%d)", seed, faults, kills, ttl, envChaosSeed, seed)
 	rng := rand.New(rand.NewPCG(seed, 59))
 	h := newClusterHarness(t, ttl)
-	_, err := h.srcConn.Exec(t.Context(), "CREATE TABLE t (id int PRIMARY KEY, v text)")
-	require.NoError(t, err)
-	h.auditTarget()
-	ids := []string{"n1", "n2", "n3"}
-	for _, id := range ids {
-		h.startNode(id)
-	}
-	require.Equal(t, http.StatusCreated, h.api("POST", "/api/v1/changefeeds", map[string]any{"name": "cf",
-		"config": node.ChangefeedConfig{Source: h.src.DSN, Sink: h.dst.DSN}}, nil))
-	h.equal("the (empty) snapshot")
-	h.snapshotApplied()
-	mark := h.auditMark()
+	mark := h.startChangefeed(0)
 	stop := h.load(0)
-
-	// writing waits for the owner's rows and returns its writer.
-	writing := func() string {
-		from := h.auditMark()
-		var w string
-		testwait.Within(t, time.Minute, "the owner writing", func() bool { w = h.lastWriter(from); return w != "" })
-		return w
-	}
+	writing := func() string { return h.writing("the owner writing") }
 	takeOver := func(h *clusterHarness, act func(owner string)) time.Duration {
 		w := writing()
 		owner, from := h.owner("cf"), h.auditMark()
@@ -145,11 +126,9 @@ func TestClusterChaos(t *testing.T) {
 		times[kinds[k].name] = append(times[kinds[k].name], d)
 		t.Logf("fault %d/%d: %s: %v", i+1, len(schedule), kinds[k].name, d.Round(10*time.Millisecond))
 	}
-	last := stop()
-	h.equal("after the schedule")
-	v := h.audit(mark, 0)
+	v := h.quiesced(stop, mark, 0)
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nchaos seed %d, TTL %v, %d rows loaded, writers %s\n\n", seed, ttl, last, strings.Join(v.Writers, " "))
+	fmt.Fprintf(&b, "\nchaos seed %d, TTL %v, writers %s\n\n", seed, ttl, strings.Join(v.Writers, " "))
 	fmt.Fprintf(&b, "| fault | runs | replicating again (or a new coordinator): p50 | p99 |\n|---|---|---|---|\n")
 	for _, k := range kinds {
 		ds := times[k.name]
@@ -162,7 +141,4 @@ func TestClusterChaos(t *testing.T) {
 	}
 	fmt.Fprintf(&b, "\nverdicts: rows lost %d, rows written twice %d, commits of an older writer after a newer one's first %d\n", v.Lost, v.Twice, v.Overlaps)
 	t.Log(b.String())
-	require.Zero(t, v.Lost, "rows lost")
-	require.Zero(t, v.Twice, "rows written twice")
-	require.Zero(t, v.Overlaps, "commits of an older writer after a newer one's first")
 }
