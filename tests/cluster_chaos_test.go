@@ -12,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/node"
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/replicate"
 	"github.com/cdcflow/eventservice/internal/testwait"
 )
 
@@ -33,7 +35,9 @@ type chaosFault struct {
 }
 
 // TestClusterChaos runs a seeded random schedule of faults against a
-// three-node cluster under a steady load, then audits every target write,
+// three-node cluster under a steady load, with a second changefeed
+// created, paused, resumed and removed between the faults (each time on
+// whatever nodes are up), then audits every target write,
 // and prints a table: each fault, how often it ran, the time to replicate
 // again (p50, p99), and the verdicts (rows lost, written twice, commits
 // of an older writer after a newer one's first). The same seed gives the
@@ -120,13 +124,18 @@ func TestClusterChaos(t *testing.T) {
 		schedule = append(schedule, rng.IntN(len(kinds)))
 	}
 	rng.Shuffle(len(schedule), func(i, j int) { schedule[i], schedule[j] = schedule[j], schedule[i] })
+	// A second changefeed, of table t2 into another database, managed
+	// between the faults: created, paused, resumed, removed, in turn.
+	second := newManagedChangefeed(h)
 	times := map[string][]time.Duration{}
 	for i, k := range schedule {
+		second.step(i)
 		d := kinds[k].run(h)
 		times[kinds[k].name] = append(times[kinds[k].name], d)
 		t.Logf("fault %d/%d: %s: %v", i+1, len(schedule), kinds[k].name, d.Round(10*time.Millisecond))
 	}
 	v := h.quiesced(stop, mark, 0)
+	second.finish()
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nchaos seed %d, TTL %v, writers %s\n\n", seed, ttl, strings.Join(v.Writers, " "))
 	fmt.Fprintf(&b, "| fault | runs | replicating again (or a new coordinator): p50 | p99 |\n|---|---|---|---|\n")
@@ -141,4 +150,83 @@ func TestClusterChaos(t *testing.T) {
 	}
 	fmt.Fprintf(&b, "\nverdicts: rows lost %d, rows written twice %d, commits of an older writer after a newer one's first %d\n", v.Lost, v.Twice, v.Overlaps)
 	t.Log(b.String())
+}
+
+// managedChangefeed is a second changefeed, "cf2", of table t2 into
+// database dst2 of the target's server, which a test manages while faults
+// run.
+type managedChangefeed struct {
+	h      *clusterHarness
+	dsn    string
+	exists bool
+	rows   int
+}
+
+func newManagedChangefeed(h *clusterHarness) *managedChangefeed {
+	h.t.Helper()
+	_, err := h.srcConn.Exec(h.t.Context(), "CREATE TABLE t2 (id int PRIMARY KEY, v text)")
+	require.NoError(h.t, err)
+	_, err = h.dstConn.Exec(h.t.Context(), "CREATE DATABASE dst2")
+	require.NoError(h.t, err)
+	return &managedChangefeed{h: h, dsn: h.dst.DSNFor("dst2")}
+}
+
+// step writes a row of t2 and then makes the management call of step i:
+// create, pause, resume, remove, in turn (a resume or a pause of a
+// changefeed that is not there is a create).
+func (m *managedChangefeed) step(i int) {
+	h := m.h
+	h.t.Helper()
+	m.rows++
+	_, err := h.srcConn.Exec(h.t.Context(), "INSERT INTO t2 VALUES ($1, 'v')", m.rows)
+	require.NoError(h.t, err)
+	op := []string{"create", "pause", "resume", "remove"}[i%4]
+	if !m.exists {
+		op = "create"
+	}
+	switch op {
+	case "create":
+		require.Equal(h.t, http.StatusCreated, h.api("POST", "/api/v1/changefeeds", map[string]any{"name": "cf2",
+			"config": node.ChangefeedConfig{Source: h.src.DSN, Sink: m.dsn, Include: []string{"public.t2"}}}, nil))
+		m.exists = true
+	case "pause", "resume":
+		require.Equal(h.t, http.StatusOK, h.api("POST", "/api/v1/changefeeds/cf2/"+op, nil, nil))
+	case "remove":
+		m.remove()
+	}
+	h.t.Logf("second changefeed: %s", op)
+}
+
+// remove removes it and checks that its slot is gone.
+func (m *managedChangefeed) remove() {
+	h := m.h
+	h.t.Helper()
+	require.Equal(h.t, http.StatusOK, h.api("DELETE", "/api/v1/changefeeds/cf2", nil, nil))
+	var slots int
+	require.NoError(h.t, h.srcConn.QueryRow(h.t.Context(), "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'cf2'").Scan(&slots))
+	require.Zero(h.t, slots, "the removed changefeed's slot")
+	m.exists = false
+	_, err := h.dstConn.Exec(h.t.Context(), "DROP DATABASE dst2 WITH (FORCE)") // a new one is copied afresh
+	require.NoError(h.t, err)
+	_, err = h.dstConn.Exec(h.t.Context(), "CREATE DATABASE dst2")
+	require.NoError(h.t, err)
+}
+
+// finish resumes it if it is there, requires its target equal, and
+// removes it.
+func (m *managedChangefeed) finish() {
+	h := m.h
+	h.t.Helper()
+	if !m.exists {
+		return
+	}
+	require.Equal(h.t, http.StatusOK, h.api("POST", "/api/v1/changefeeds/cf2/resume", nil, nil))
+	var out strings.Builder
+	var err error
+	require.True(h.t, testwait.Until(3*time.Minute, func() bool {
+		out.Reset()
+		err = replicate.Compare(h.t.Context(), h.src.DSN, m.dsn, "cf2", &out)
+		return err == nil
+	}), "the second changefeed never equal: %v\n%s", err, out.String())
+	m.remove()
 }
