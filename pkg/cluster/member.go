@@ -74,6 +74,9 @@ func (o MemberOptions) Validate() error {
 	return p.Err()
 }
 
+// keepaliveRetry is how soon a failed keepalive is tried again.
+const keepaliveRetry = 200 * time.Millisecond
+
 // Member is a node's live membership.
 type Member struct {
 	opts  MemberOptions
@@ -166,6 +169,7 @@ func (m *Member) keepAlive() {
 	// next tick, which may be past the server's expiry.
 	expiry := m.opts.Clock.NewTimer(m.Deadline().Sub(m.opts.Clock.Now()))
 	defer expiry.Stop()
+	failed := false
 	for {
 		if !m.knobs.dropKeepalives.Load() {
 			sent := m.opts.Clock.Now()
@@ -185,23 +189,42 @@ func (m *Member) keepAlive() {
 				m.mu.Unlock()
 				expiry.Reset(m.Deadline().Sub(m.opts.Clock.Now()))
 			default:
-				m.opts.Logger.Warn("a keepalive of the node's lease failed", zap.Error(err))
+				failed = true
+				m.opts.Logger.Warn("a keepalive of the node's lease failed: trying again", zap.Error(err))
 			}
 		}
 		if !m.Valid() {
 			m.lose(fmt.Errorf("%w: no keepalive acknowledged before the local deadline %v", ErrLeaseLost, m.Deadline()))
 			return
 		}
+		// A failed keepalive is tried again soon, not at the next tick:
+		// the etcd client moves to another member (one was lost) within
+		// the margin then.
+		var retry <-chan time.Time
+		var retryTimer clock.Timer
+		if failed {
+			retryTimer = m.opts.Clock.NewTimer(min(every, keepaliveRetry))
+			retry, failed = retryTimer.C(), false
+		}
+		stopRetry := func() {
+			if retryTimer != nil {
+				retryTimer.Stop()
+			}
+		}
 		select {
+		case <-retry:
 		case <-tick.C():
 		case <-expiry.C():
 			if !m.Valid() {
+				stopRetry()
 				m.lose(fmt.Errorf("%w: no keepalive acknowledged before the local deadline %v", ErrLeaseLost, m.Deadline()))
 				return
 			}
 		case <-m.stop:
+			stopRetry()
 			return
 		}
+		stopRetry()
 	}
 }
 
