@@ -76,7 +76,8 @@ func (h *clusterHarness) equal(what string) {
 //     the changefeed runs again.
 //
 // After quiescing: equal, no row lost or written twice, no commit of an
-// older writer after a newer one's first.
+// older writer after a newer one's first; and throughout, the slot's
+// confirmed position never ahead of the rows the target holds (sampled).
 func TestClusterFaultSchedule(t *testing.T) {
 	const ttl = 3 * time.Second
 	h := newClusterHarness(t, ttl)
@@ -84,6 +85,7 @@ func TestClusterFaultSchedule(t *testing.T) {
 	ids := []string{"n1", "n2", "n3"}
 	mark := h.startChangefeed(0)
 	stop := h.load(0)
+	stopSlotCheck := h.checkSlot("cf")
 	writing := h.writing
 	writing("the first writes")
 
@@ -206,6 +208,10 @@ func TestClusterFaultSchedule(t *testing.T) {
 	t.Logf("quorum back: replicating again as %s", newWriter)
 
 	h.quiesced(stop, mark, 0)
+	samples, checked, missing := stopSlotCheck()
+	t.Logf("slot checker: %d samples of the confirmed position, %d rows checked behind them, %d missing", samples, checked, missing)
+	require.Positive(t, checked, "rows behind a confirmed position")
+	require.Zero(t, missing, "rows at or before the slot's confirmed position missing from the target")
 }
 
 // The owner cut off from etcd, both ways (its connections reset and

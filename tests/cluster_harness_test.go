@@ -45,6 +45,73 @@ type clusterHarness struct {
 	ttl      time.Duration
 	mu       sync.Mutex
 	nodes    map[string]*nodeProc
+	// committed are the load's rows, each with the WAL position after its
+	// commit, in order.
+	committed []committedRow
+}
+
+// committedRow is a row of the load and the WAL position after its commit.
+type committedRow struct {
+	id    int
+	after uint64
+}
+
+func parseLSN(t *testing.T, s string) uint64 {
+	var hi, lo uint64
+	_, err := fmt.Sscanf(s, "%X/%X", &hi, &lo)
+	require.NoError(t, err, s)
+	return hi<<32 | lo
+}
+
+// checkSlot samples slot's confirmed position every 200ms until stop is
+// called, and checks that the target holds every row of the load whose
+// commit is at or before it: a slot confirmed ahead of what the target
+// holds durably would lose those rows at a crash. stop returns the
+// samples taken, the rows checked over them (each sample checks every row
+// behind its position), and the rows missing behind a confirmed
+// position (0).
+func (h *clusterHarness) checkSlot(slot string) (stop func() (samples, checked, missing int)) {
+	ctx, cancel := context.WithCancel(context.Background())
+	src, err := pgx.Connect(ctx, h.src.DSN)
+	require.NoError(h.t, err)
+	dst, err := pgx.Connect(ctx, h.dst.DSN)
+	require.NoError(h.t, err)
+	done := make(chan [3]int)
+	go func() {
+		defer src.Close(context.Background())
+		defer dst.Close(context.Background())
+		tick := time.NewTicker(200 * time.Millisecond) // a sampling rate, not ordering
+		defer tick.Stop()
+		var samples, checked, missing int
+		for ctx.Err() == nil {
+			var confirmed *string
+			if err := src.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&confirmed); err == nil && confirmed != nil {
+				c := parseLSN(h.t, *confirmed)
+				h.mu.Lock()
+				var ids []int32
+				for _, r := range h.committed {
+					if r.after <= c {
+						ids = append(ids, int32(r.id))
+					}
+				}
+				h.mu.Unlock()
+				var n int
+				// Read after the sample: the target can only hold more.
+				if err := dst.QueryRow(ctx, "SELECT count(*) FROM unnest($1::int[]) s(id) WHERE NOT EXISTS (SELECT 1 FROM t WHERE t.id = s.id)", ids).
+					Scan(&n); err == nil {
+					samples++
+					checked += len(ids)
+					missing += n
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-tick.C:
+			}
+		}
+		done <- [3]int{samples, checked, missing}
+	}()
+	return func() (int, int, int) { cancel(); r := <-done; return r[0], r[1], r[2] }
 }
 
 // nodeProc is one node process.
@@ -455,6 +522,15 @@ func (h *clusterHarness) load(id int) (stop func() int) {
 				break
 			}
 			id++
+			// The WAL position after its commit, at or past the commit's
+			// own (the slot checker's).
+			var lsn string
+			if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn); err != nil {
+				break
+			}
+			h.mu.Lock()
+			h.committed = append(h.committed, committedRow{id: id, after: parseLSN(h.t, lsn)})
+			h.mu.Unlock()
 			select {
 			case <-ctx.Done():
 			case <-pace.C:
