@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"net/http"
@@ -84,4 +85,29 @@ func TestTheAPIWantsItsTokenOverMutualTLSAndBoundsEachAddress(t *testing.T) {
 	require.NoError(t, err, "another address gets in")
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// Bodies that do not read are refused with 400 and change nothing: not
+// JSON, an unknown field, a body over 1 MiB, a name that cannot be one, a
+// configuration without its databases.
+func TestTheAPIRefusesBodiesThatDoNotRead(t *testing.T) {
+	n, _ := startNode(t, "n1", "")
+	defer func() {
+		n.stop()
+		require.NoError(t, <-n.done, n.stderr.String())
+	}()
+	post := func(body []byte) int {
+		resp, err := http.Post("http://"+n.addr+"/api/v1/changefeeds", "application/json", bytes.NewReader(body))
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusBadRequest, post([]byte("{not json")))
+	require.Equal(t, http.StatusBadRequest, post([]byte(`{"name":"a","config":{"source":"postgres://h/d","sink":"postgres://h/e"},"extra":1}`)))
+	require.Equal(t, http.StatusBadRequest, post(append([]byte(`{"name":"`), bytes.Repeat([]byte("a"), 2<<20)...)))
+	require.Equal(t, http.StatusBadRequest, post([]byte(`{"name":"../x","config":{"source":"postgres://h/d","sink":"postgres://h/e"}}`)))
+	require.Equal(t, http.StatusBadRequest, post([]byte(`{"name":"a","config":{}}`)))
+	var list []json.RawMessage
+	require.Equal(t, http.StatusOK, n.call(t, "GET", "/api/v1/changefeeds", nil, &list))
+	require.Empty(t, list, "nothing created")
 }
