@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/cdcflow/eventservice/cmd/cdcserver/app/replicate"
 )
 
@@ -55,6 +57,19 @@ func (c ChangefeedConfig) Check() error {
 		return fmt.Errorf("%w: source and sink are required", ErrBadSpec)
 	}
 	for _, d := range []struct{ what, dsn string }{{"source", c.Source}, {"sink", c.Sink}} {
+		if urlForm(d.dsn) {
+			if _, err := url.Parse(d.dsn); err != nil {
+				return fmt.Errorf("%w: the %s DSN: %w", ErrBadSpec, d.what, err)
+			}
+			if auth, _, _ := strings.Cut(strings.SplitN(d.dsn, "://", 2)[1], "/"); strings.Count(auth, "@") > 1 {
+				return fmt.Errorf("%w: the %s DSN has an @ in its user name (write it %%40)", ErrBadSpec, d.what)
+			}
+			if strings.Contains(d.dsn, "#") {
+				// A fragment means nothing to a database and does not
+				// survive a password's insertion as written.
+				return fmt.Errorf("%w: the %s DSN has a fragment (#)", ErrBadSpec, d.what)
+			}
+		}
 		if hasPassword(d.dsn) {
 			return fmt.Errorf("%w: the %s DSN: use passfile=/path (a file on the nodes) or %s_password_env", ErrClearPassword, d.what, d.what)
 		}
@@ -62,10 +77,21 @@ func (c ChangefeedConfig) Check() error {
 	return nil
 }
 
+// urlForm reports whether dsn is a URL, as libpq and pgx tell: by its
+// scheme (anything else is key=value pairs).
+func urlForm(dsn string) bool {
+	return strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://")
+}
+
 // hasPassword reports whether dsn (a URL or key=value pairs) holds a
-// password.
+// password (a URL that does not parse holds none it can be told of:
+// Check refuses it).
 func hasPassword(dsn string) bool {
-	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+	if urlForm(dsn) {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return false
+		}
 		_, set := u.User.Password()
 		return set || u.Query().Has("password")
 	}
@@ -78,8 +104,28 @@ func hasPassword(dsn string) bool {
 }
 
 // withPassword is dsn with the password of environment variable env
-// (dsn itself if env is "").
+// (dsn itself if env is ""), checked: the DSN with it must read as dsn
+// does, with that password (ErrBadSpec if not: a DSN of an odd shape,
+// which can take a passfile= instead).
 func withPassword(dsn, env string, getenv func(string) string) (string, error) {
+	out, err := insertPassword(dsn, env, getenv)
+	if err != nil || env == "" {
+		return out, err
+	}
+	base, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", ErrBadSpec, err)
+	}
+	cfg, err := pgconn.ParseConfig(out)
+	if err != nil || cfg.Password != getenv(env) || cfg.Host != base.Host || cfg.Port != base.Port || cfg.User != base.User ||
+		cfg.Database != base.Database {
+		return "", fmt.Errorf("%w: the password of %s cannot be added to this DSN as written: give it a passfile= instead", ErrBadSpec, env)
+	}
+	return out, nil
+}
+
+// insertPassword is withPassword's splice, unchecked.
+func insertPassword(dsn, env string, getenv func(string) string) (string, error) {
 	if env == "" {
 		return dsn, nil
 	}
@@ -87,11 +133,26 @@ func withPassword(dsn, env string, getenv func(string) string) (string, error) {
 	if pw == "" {
 		return "", fmt.Errorf("%w: environment variable %s is not set on this node", ErrBadSpec, env)
 	}
-	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
-		u.User = url.UserPassword(u.User.Username(), pw)
-		return u.String(), nil
+	if urlForm(dsn) {
+		// Spliced into the userinfo as written, the rest untouched (a
+		// URL written out again can read otherwise: spaces, paths).
+		if _, err := url.Parse(dsn); err != nil {
+			return "", fmt.Errorf("%w: %w", ErrBadSpec, err)
+		}
+		start := strings.Index(dsn, "://") + 3
+		end := len(dsn)
+		if i := strings.IndexAny(dsn[start:], "/?"); i >= 0 {
+			end = start + i
+		}
+		secret := url.UserPassword("", pw).String() // ":" and the password, escaped for a userinfo
+		if at := strings.LastIndex(dsn[start:end], "@"); at >= 0 {
+			return dsn[:start+at] + secret + dsn[start+at:], nil
+		}
+		return dsn[:start] + secret + "@" + dsn[start:], nil
 	}
-	return dsn + " password='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(pw) + "'", nil
+	// First: a trailing "key=" of the DSN would take what follows it as
+	// its value (spaces around = are optional).
+	return "password='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(pw) + "' " + dsn, nil
 }
 
 // serveConfig is the replicate.Config changefeed name runs with on this
