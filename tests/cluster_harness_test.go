@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -48,6 +50,10 @@ type clusterHarness struct {
 	// committed are the load's rows, each with the WAL position after its
 	// commit, in order.
 	committed []committedRow
+	// routed, set, makes startChangefeed's specification name the
+	// databases by libpq service (service=source, service=target): each
+	// node reaches them through its own proxies (nodeProc.src, dst).
+	routed bool
 }
 
 // committedRow is a row of the load and the WAL position after its commit.
@@ -121,6 +127,11 @@ type nodeProc struct {
 	// etcd are the node's proxies to the etcd members (its --etcd): a
 	// test partitions the node from etcd through them.
 	etcd []*faultproxy.Proxy
+	// src and dst are the node's proxies to the source and the target,
+	// which its service file (PGSERVICEFILE) names as the services source
+	// and target.
+	src, dst *faultproxy.Proxy
+	services string
 }
 
 // envEtcdMember, set, makes a test that builds a clusterHarness an etcd
@@ -245,6 +256,8 @@ func (h *clusterHarness) startNode(id string) *nodeProc {
 		for _, u := range strings.Split(h.etcdURLs, ",") {
 			p.etcd = append(p.etcd, faultproxy.Start(h.t, strings.TrimPrefix(u, "http://")))
 		}
+		p.src, p.dst = faultproxy.Start(h.t, h.src.Addr), faultproxy.Start(h.t, h.dst.Addr)
+		p.services = h.serviceFile(p)
 		h.nodes[id] = p
 	}
 	h.mu.Unlock()
@@ -254,6 +267,7 @@ func (h *clusterHarness) startNode(id string) *nodeProc {
 	}
 	cmd := exec.Command(buildCDCServer(h.t), "server", "--node-id", id, "--addr", p.addr, "--data-dir", p.dir, "--etcd", strings.Join(etcd, ","),
 		"--lease-ttl", h.ttl.String(), "--balance-interval", "1h", "--log-level", "warn")
+	cmd.Env = append(os.Environ(), "PGSERVICEFILE="+p.services)
 	p.child = startChild(h.t, cmd, linewatch.New(`^server: node`))
 	testwait.Within(h.t, time.Minute, id+" ready", func() bool {
 		resp, err := http.Get("http://" + p.addr + "/readyz")
@@ -264,6 +278,27 @@ func (h *clusterHarness) startNode(id string) *nodeProc {
 		return resp.StatusCode == http.StatusOK
 	})
 	return p
+}
+
+// serviceFile writes node p's libpq service file: the services source
+// and target are the databases through p's own proxies.
+func (h *clusterHarness) serviceFile(p *nodeProc) string {
+	h.t.Helper()
+	var b strings.Builder
+	for _, s := range []struct {
+		name string
+		db   *pgtest.Server
+		via  *faultproxy.Proxy
+	}{{"source", h.src, p.src}, {"target", h.dst, p.dst}} {
+		cfg, err := pgconn.ParseConfig(s.db.DSN)
+		require.NoError(h.t, err)
+		host, port, err := net.SplitHostPort(s.via.Addr)
+		require.NoError(h.t, err)
+		fmt.Fprintf(&b, "[%s]\nhost=%s\nport=%s\nuser=%s\ndbname=%s\nsslmode=disable\n", s.name, host, port, cfg.User, cfg.Database)
+	}
+	path := filepath.Join(h.t.TempDir(), "pg_service.conf")
+	require.NoError(h.t, os.WriteFile(path, []byte(b.String()), 0o600))
+	return path
 }
 
 // kill ends node id with SIGKILL and waits for its exit.
@@ -435,8 +470,11 @@ func (h *clusterHarness) startChangefeed(rows int) int64 {
 	for _, id := range []string{"n1", "n2", "n3"} {
 		h.startNode(id)
 	}
-	require.Equal(h.t, http.StatusCreated, h.api("POST", "/api/v1/changefeeds", map[string]any{"name": "cf",
-		"config": node.ChangefeedConfig{Source: h.src.DSN, Sink: h.dst.DSN}}, nil))
+	config := node.ChangefeedConfig{Source: h.src.DSN, Sink: h.dst.DSN}
+	if h.routed {
+		config = node.ChangefeedConfig{Source: "service=source", Sink: "service=target"}
+	}
+	require.Equal(h.t, http.StatusCreated, h.api("POST", "/api/v1/changefeeds", map[string]any{"name": "cf", "config": config}, nil))
 	h.equal("the snapshot")
 	h.snapshotApplied()
 	return h.auditMark()
