@@ -50,22 +50,8 @@ func TestClusterOwnerCutOffFromTheDatabases(t *testing.T) {
 		{"without the target's replies", func() { p.dst.Hold(faultproxy.Downstream) }, p.dst.Release},
 		{"silent to the target, both ways", func() { p.dst.Hold(faultproxy.Upstream); p.dst.Hold(faultproxy.Downstream) }, p.dst.Release},
 	} {
-		h.writing("the owner writing before it is " + cut.name)
-		cut.do()
-		began := time.Now()
-		testwait.Within(t, 2*ttl+time.Minute, "two TTLs "+cut.name, func() bool { return time.Since(began) >= 2*ttl })
-		require.Equal(t, owner, h.owner("cf"), "moved while %s: its membership is valid", cut.name)
-		last := h.lastCommitted()
-		cut.heal()
-		healed := time.Now()
-		h.holds(last, 2*time.Minute)
-		t.Logf("%s %s for %v: caught up %v after the link was back", owner, cut.name, 2*ttl, time.Since(healed).Round(10*time.Millisecond))
-		require.Equal(t, owner, h.owner("cf"), "moved after %s", cut.name)
-		select {
-		case <-p.child.exited:
-			t.Fatalf("the owner exited after it was %s: %s", cut.name, p.child.stderr.String())
-		default:
-		}
+		caughtUp := h.cutOwnerOff(owner, cut.name, cut.do, cut.heal)
+		t.Logf("%s %s for %v: caught up %v after the link was back", owner, cut.name, 2*ttl, caughtUp.Round(10*time.Millisecond))
 	}
 
 	w := h.writing("the owner writing before it is cut off from the target and drained")
@@ -151,6 +137,31 @@ WHERE a.wait_event = 'PgSleep' AND l.locktype = 'advisory' AND l.objsubid = 2 AN
 	require.NoError(t, h.dstConn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_name = 't' AND column_name = 'note')").
 		Scan(&note))
 	require.True(t, note, "the ALTER applied once, by the new owner")
+}
+
+// cutOwnerOff cuts owner off (do) for two TTLs, under the load: it
+// requires that nothing moves (its membership is valid), and after heal
+// that the target catches up with what was committed before it and that
+// the owner is still there; it returns how long the catching up took.
+func (h *clusterHarness) cutOwnerOff(owner, name string, do, heal func()) time.Duration {
+	h.t.Helper()
+	h.writing("the owner writing before it is " + name)
+	do()
+	began := time.Now()
+	testwait.Within(h.t, 2*h.ttl+time.Minute, "two TTLs "+name, func() bool { return time.Since(began) >= 2*h.ttl })
+	require.Equal(h.t, owner, h.owner("cf"), "moved while %s: its membership is valid", name)
+	last := h.lastCommitted()
+	heal()
+	healed := time.Now()
+	h.holds(last, 2*time.Minute)
+	took := time.Since(healed)
+	require.Equal(h.t, owner, h.owner("cf"), "moved after %s", name)
+	select {
+	case <-h.nodes[owner].child.exited:
+		h.t.Fatalf("the owner exited after it was %s: %s", name, h.nodes[owner].child.stderr.String())
+	default:
+	}
+	return took
 }
 
 // lastCommitted is the id of the load's last committed row (0: none).
