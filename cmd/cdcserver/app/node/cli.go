@@ -96,7 +96,8 @@ Commands:
   node drain ID                                              move a node's changefeeds off it
 
 A DSN never holds a password (it would be stored in etcd in clear): use passfile=/path (a file on the nodes)
-or --source-password-env/--sink-password-env (an environment variable of the nodes).
+or --source-password-env/--sink-password-env (an environment variable of the nodes named CDCFLOW_PASSWORD_...),
+or service=NAME (a libpq service each node resolves from its own PGSERVICEFILE).
 Exit 0: done; 1: the API refused or failed; 2: bad arguments or no node reached.
 
 Flags:
@@ -132,8 +133,8 @@ func (c *cliClient) createOrUpdate(ctx context.Context, verb string, args []stri
 	fs.IntVar(&cfg.SinkWorkers, "sink-workers", 0, "serve's --sink-workers (0: its default)")
 	fs.Int64Var(&cfg.MaxRetainedWAL, "max-retained-wal", 0, "serve's --max-retained-wal in bytes (0: its default, -1: none)")
 	fs.BoolVar(&cfg.NoDDLCapture, "no-ddl-capture", false, "serve's --no-ddl-capture")
-	fs.StringVar(&cfg.SourcePasswordEnv, "source-password-env", "", "an environment variable of the nodes holding the source's password")
-	fs.StringVar(&cfg.SinkPasswordEnv, "sink-password-env", "", "an environment variable of the nodes holding the target's password")
+	fs.StringVar(&cfg.SourcePasswordEnv, "source-password-env", "", "an environment variable of the nodes holding the source's password, named CDCFLOW_PASSWORD_...")
+	fs.StringVar(&cfg.SinkPasswordEnv, "sink-password-env", "", "an environment variable of the nodes holding the target's password, named CDCFLOW_PASSWORD_...")
 	if verb == "create" {
 		fs.BoolVar(&paused, "paused", false, "create it paused")
 	}

@@ -22,6 +22,12 @@ var (
 	ErrClearPassword = errors.New("node: a password in a DSN would be stored in etcd in clear")
 )
 
+// PasswordEnvPrefix begins the name of every environment variable a
+// specification may read a password from: whoever may write a
+// specification must not have a node send another of its variables (the
+// API's token, a cloud key) as a password to a server of their choosing.
+const PasswordEnvPrefix = "CDCFLOW_PASSWORD_"
+
 // ChangefeedConfig is a changefeed's specification as the API takes it
 // and etcd keeps it: serve's options that apply to one changefeed. A
 // password is never in it: a DSN names a password file on the nodes
@@ -45,7 +51,8 @@ type ChangefeedConfig struct {
 	// NoDDLCapture is serve's --no-ddl-capture.
 	NoDDLCapture bool `json:"no_ddl_capture,omitempty"`
 	// SourcePasswordEnv and SinkPasswordEnv name environment variables
-	// of the nodes holding the databases' passwords ("": none).
+	// of the nodes holding the databases' passwords ("": none), each named
+	// PasswordEnvPrefix and more.
 	SourcePasswordEnv string `json:"source_password_env,omitempty"`
 	SinkPasswordEnv   string `json:"sink_password_env,omitempty"`
 }
@@ -55,6 +62,11 @@ type ChangefeedConfig struct {
 func (c ChangefeedConfig) Check() error {
 	if c.Source == "" || c.Sink == "" {
 		return fmt.Errorf("%w: source and sink are required", ErrBadSpec)
+	}
+	for _, env := range []string{c.SourcePasswordEnv, c.SinkPasswordEnv} {
+		if err := checkPasswordEnv(env); err != nil {
+			return err
+		}
 	}
 	for _, d := range []struct{ what, dsn string }{{"source", c.Source}, {"sink", c.Sink}} {
 		if urlForm(d.dsn) {
@@ -73,6 +85,15 @@ func (c ChangefeedConfig) Check() error {
 		if hasPassword(d.dsn) {
 			return fmt.Errorf("%w: the %s DSN: use passfile=/path (a file on the nodes) or %s_password_env", ErrClearPassword, d.what, d.what)
 		}
+	}
+	return nil
+}
+
+// checkPasswordEnv refuses a password variable not named
+// PasswordEnvPrefix and more ("" is none, and passes).
+func checkPasswordEnv(env string) error {
+	if env != "" && (!strings.HasPrefix(env, PasswordEnvPrefix) || len(env) == len(PasswordEnvPrefix)) {
+		return fmt.Errorf("%w: a password's environment variable must be named %s<something>, not %q", ErrBadSpec, PasswordEnvPrefix, env)
 	}
 	return nil
 }
@@ -128,6 +149,9 @@ func withPassword(dsn, env string, getenv func(string) string) (string, error) {
 func insertPassword(dsn, env string, getenv func(string) string) (string, error) {
 	if env == "" {
 		return dsn, nil
+	}
+	if err := checkPasswordEnv(env); err != nil { // a specification not written through the API
+		return "", err
 	}
 	pw := getenv(env)
 	if pw == "" {

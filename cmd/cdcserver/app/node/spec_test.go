@@ -30,7 +30,7 @@ func FuzzWithPassword(f *testing.F) {
 		if err != nil || base.Password != "" {
 			return // not a DSN, or one whose password comes from elsewhere (a passfile, PGPASSWORD)
 		}
-		out, err := withPassword(dsn, "PW", func(string) string { return pw })
+		out, err := withPassword(dsn, "CDCFLOW_PASSWORD_PW", func(string) string { return pw })
 		if err != nil {
 			require.ErrorIs(t, err, ErrBadSpec) // a DSN of an odd shape: refused, never changed
 			return
@@ -50,10 +50,35 @@ func FuzzWithPassword(f *testing.F) {
 func TestOrdinaryDSNsTakeAPassword(t *testing.T) {
 	for _, dsn := range []string{"postgres://repl@127.0.0.1:5432/app", "postgresql://127.0.0.1/app?sslmode=disable",
 		"host=127.0.0.1 port=5432 user=repl dbname=app", "host=h user=u dbname="} {
-		out, err := withPassword(dsn, "PW", func(string) string { return `it's a \ p@ss:w/rd?#%` })
+		out, err := withPassword(dsn, "CDCFLOW_PASSWORD_PW", func(string) string { return `it's a \ p@ss:w/rd?#%` })
 		require.NoError(t, err, dsn)
 		cfg, err := pgconn.ParseConfig(out)
 		require.NoError(t, err)
 		require.Equal(t, `it's a \ p@ss:w/rd?#%`, cfg.Password, dsn)
 	}
+}
+
+// A specification reads a password only from a variable named
+// CDCFLOW_PASSWORD_ and more: whoever writes specifications cannot have a
+// node send another of its variables (the API's token, a cloud key) to a
+// server of theirs as a password. Refused at the API (Check) and at the
+// node (a specification written to etcd by other means).
+func TestASpecificationReadsOnlyPasswordVariables(t *testing.T) {
+	getenv := func(string) string { return "secret" }
+	for _, env := range []string{"AWS_SECRET_ACCESS_KEY", "CDCFLOW_API_TOKEN", "CDCFLOW_PASSWORD_", "cdcflow_password_x", "PGPASSWORD"} {
+		c := ChangefeedConfig{Source: "host=h user=u dbname=d", Sink: "host=h2 user=u dbname=d", SourcePasswordEnv: env}
+		require.ErrorIs(t, c.Check(), ErrBadSpec, env)
+		c.SourcePasswordEnv, c.SinkPasswordEnv = "", env
+		require.ErrorIs(t, c.Check(), ErrBadSpec, env)
+		_, err := withPassword(c.Source, env, getenv)
+		require.ErrorIs(t, err, ErrBadSpec, env)
+	}
+	c := ChangefeedConfig{Source: "host=h user=u dbname=d", Sink: "host=h2 user=u dbname=d", SourcePasswordEnv: "CDCFLOW_PASSWORD_SRC",
+		SinkPasswordEnv: "CDCFLOW_PASSWORD_DST"}
+	require.NoError(t, c.Check())
+	out, err := withPassword(c.Source, c.SourcePasswordEnv, getenv)
+	require.NoError(t, err)
+	cfg, err := pgconn.ParseConfig(out)
+	require.NoError(t, err)
+	require.Equal(t, "secret", cfg.Password)
 }
