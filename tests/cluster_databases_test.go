@@ -74,7 +74,7 @@ func TestClusterOwnerCutOffFromTheDatabases(t *testing.T) {
 }
 
 // The owner frozen (SIGSTOP) inside a target transaction that holds the
-// fence: an event trigger on the target sleeps a second at the end of the
+// fence: an event trigger on the target sleeps two seconds at the end of the
 // ALTER TABLE the sink applies (in an explicit transaction, after the
 // fence), and the node is frozen while it sleeps, so that its backend is
 // left idle in the transaction, holding the fence (and the table's lock).
@@ -92,7 +92,7 @@ func TestClusterOwnerFrozenInsideATargetTransaction(t *testing.T) {
 	for _, q := range []string{
 		`CREATE FUNCTION audit.slow_ddl() RETURNS event_trigger LANGUAGE plpgsql AS $$ BEGIN
   IF EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands() WHERE object_identity = 'public.t' AND command_tag = 'ALTER TABLE') THEN
-    PERFORM pg_sleep(1);
+    PERFORM pg_sleep(2);
   END IF;
 END $$`,
 		"CREATE EVENT TRIGGER slow_ddl ON ddl_command_end EXECUTE FUNCTION audit.slow_ddl()",
