@@ -112,6 +112,10 @@ func TestClusterChaos(t *testing.T) {
 			px := h.nodes[owner].dst
 			return h.cutOwnerOff(owner, "partitioned from the target", px.Partition, px.Heal)
 		}},
+		{"SIGSTOP of the owner inside a target transaction", func(h *clusterHarness) time.Duration {
+			h.columns++
+			return h.freezeInsideATargetTransaction(fmt.Sprintf("c%d", h.columns))
+		}},
 		{"the owner cut off from etcd", func(h *clusterHarness) time.Duration {
 			var owner string
 			d := takeOver(h, func(o string) {

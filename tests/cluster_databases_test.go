@@ -86,36 +86,55 @@ func TestClusterOwnerCutOffFromTheDatabases(t *testing.T) {
 func TestClusterOwnerFrozenInsideATargetTransaction(t *testing.T) {
 	const ttl = 3 * time.Second
 	h := newClusterHarness(t, ttl)
-	ctx := t.Context()
 	mark := h.startChangefeed(0)
 	stop := h.load(0)
-	for _, q := range []string{
-		`CREATE FUNCTION audit.slow_ddl() RETURNS event_trigger LANGUAGE plpgsql AS $$ BEGIN
+	h.freezeInsideATargetTransaction("note")
+	h.quiesced(stop, mark, 0)
+	var note bool
+	require.NoError(t, h.dstConn.QueryRow(t.Context(), "SELECT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_name = 't' AND column_name = 'note')").
+		Scan(&note))
+	require.True(t, note, "the ALTER applied, by the new owner")
+}
+
+// freezeInsideATargetTransaction freezes the owner inside a target
+// transaction that holds the fence (TestClusterOwnerFrozenInsideATargetTransaction
+// says how: the source adds column to t), requires the take-over within
+// the bound and the frozen backend ended, thaws the node, requires it to
+// exit (1) and starts it again; it returns the time from the freeze to the
+// new writer's first commit.
+func (h *clusterHarness) freezeInsideATargetTransaction(column string) time.Duration {
+	h.t.Helper()
+	ctx := h.t.Context()
+	if !h.slowDDL {
+		for _, q := range []string{
+			`CREATE FUNCTION audit.slow_ddl() RETURNS event_trigger LANGUAGE plpgsql AS $$ BEGIN
   IF EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands() WHERE object_identity = 'public.t' AND command_tag = 'ALTER TABLE') THEN
     PERFORM pg_sleep(2);
   END IF;
 END $$`,
-		"CREATE EVENT TRIGGER slow_ddl ON ddl_command_end EXECUTE FUNCTION audit.slow_ddl()",
-	} {
-		_, err := h.dstConn.Exec(ctx, q)
-		require.NoError(t, err, q)
+			"CREATE EVENT TRIGGER slow_ddl ON ddl_command_end EXECUTE FUNCTION audit.slow_ddl()",
+		} {
+			_, err := h.dstConn.Exec(ctx, q)
+			require.NoError(h.t, err, q)
+		}
+		h.slowDDL = true
 	}
 	w := h.writing("the owner writing")
 	owner := h.owner("cf")
 	from := h.auditMark()
-	_, err := h.srcConn.Exec(ctx, "ALTER TABLE t ADD COLUMN note text")
-	require.NoError(t, err)
+	_, err := h.srcConn.Exec(ctx, "ALTER TABLE t ADD COLUMN "+column+" text")
+	require.NoError(h.t, err)
 
 	// The owner's backend in the ALTER's sleep, holding the fence: freeze
 	// the owner there.
 	var pid int32
-	testwait.Within(t, time.Minute, "the owner's ALTER TABLE on the target", func() bool {
+	testwait.Within(h.t, time.Minute, "the owner's ALTER TABLE on the target", func() bool {
 		return h.dstConn.QueryRow(ctx, `SELECT a.pid FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
 WHERE a.wait_event = 'PgSleep' AND l.locktype = 'advisory' AND l.objsubid = 2 AND l.mode = 'ShareLock' AND l.granted`).Scan(&pid) == nil
 	})
 	h.signal(owner, syscall.SIGSTOP)
 	frozen := time.Now()
-	testwait.Within(t, time.Minute, "the frozen owner's backend idle in its transaction", func() bool {
+	testwait.Within(h.t, time.Minute, "the frozen owner's backend idle in its transaction", func() bool {
 		var state string
 		return h.dstConn.QueryRow(ctx, "SELECT state FROM pg_stat_activity WHERE pid = $1", pid).Scan(&state) == nil &&
 			state == "idle in transaction"
@@ -123,20 +142,17 @@ WHERE a.wait_event = 'PgSleep' AND l.locktype = 'advisory' AND l.objsubid = 2 AN
 
 	newWriter, at := h.writerAfter(from, w, 2*time.Minute)
 	took := at.Sub(frozen)
-	t.Logf("owner %s frozen inside a target transaction (backend %d): replicating again as %s on %s after %v", owner, pid, newWriter,
+	h.t.Logf("owner %s frozen inside a target transaction (backend %d): replicating again as %s on %s after %v", owner, pid, newWriter,
 		h.owner("cf"), took.Round(10*time.Millisecond))
-	require.Less(t, took, 30*time.Second, "a take-over held until the target's idle_in_transaction_session_timeout")
+	require.Less(h.t, took, 30*time.Second, "a take-over held until the target's idle_in_transaction_session_timeout")
 	var alive bool
-	require.NoError(t, h.dstConn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", pid).Scan(&alive))
-	require.False(t, alive, "the frozen owner's backend ended")
+	require.NoError(h.t, h.dstConn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", pid).Scan(&alive))
+	require.False(h.t, alive, "the frozen owner's backend ended")
 
 	h.signal(owner, syscall.SIGCONT)
-	require.Error(t, h.nodes[owner].child.wait(), "the node thawed with its membership lost exits 1")
-	h.quiesced(stop, mark, 0)
-	var note bool
-	require.NoError(t, h.dstConn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_name = 't' AND column_name = 'note')").
-		Scan(&note))
-	require.True(t, note, "the ALTER applied once, by the new owner")
+	require.Error(h.t, h.nodes[owner].child.wait(), "the node thawed with its membership lost exits 1")
+	h.startNode(owner)
+	return took
 }
 
 // cutOwnerOff cuts owner off (do) for two TTLs, under the load: it

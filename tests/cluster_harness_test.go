@@ -54,6 +54,11 @@ type clusterHarness struct {
 	// databases by libpq service (service=source, service=target): each
 	// node reaches them through its own proxies (nodeProc.src, dst).
 	routed bool
+	// slowDDL: the target's event trigger that slows an ALTER of t is
+	// installed (freezeInsideATargetTransaction).
+	slowDDL bool
+	// columns counts the columns freezeInsideATargetTransaction added.
+	columns int
 }
 
 // committedRow is a row of the load and the WAL position after its commit.
