@@ -21,7 +21,7 @@ type childProcess struct {
 
 // startChild starts cmd with stderr watched by stderr (stdout kept
 // aside); the test's cleanup kills it if it is still running and waits.
-func startChild(t *testing.T, cmd *exec.Cmd, stderr *linewatch.Watcher) *childProcess {
+func startChild(t testing.TB, cmd *exec.Cmd, stderr *linewatch.Watcher) *childProcess {
 	t.Helper()
 	p := &childProcess{cmd: cmd, stderr: stderr, exited: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = &bytes.Buffer{}, stderr

@@ -37,7 +37,7 @@ var cdcserverBin struct {
 }
 
 // buildCDCServer builds cmd/cdcserver into a temporary directory, once.
-func buildCDCServer(t *testing.T) string {
+func buildCDCServer(t testing.TB) string {
 	t.Helper()
 	cdcserverBin.once.Do(func() {
 		goTool, err := exec.LookPath("go")
@@ -187,7 +187,7 @@ func TestRemoteShutdownIsBounded(t *testing.T) {
 
 // freeLoopbackAddr returns a loopback address nobody listens on (the
 // service listens there; the proxies must know it before it starts).
-func freeLoopbackAddr(t *testing.T) string {
+func freeLoopbackAddr(t testing.TB) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := ln.Addr().String()
