@@ -3,6 +3,7 @@ package eventstore
 import (
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -63,9 +64,23 @@ type Options struct {
 	// Default 1s; a value at or below MaintenanceInterval runs a round at
 	// every maintenance tick.
 	GCInterval time.Duration
-	// CacheBytes is pebble's block cache size. Default 64 MiB.
+	// CacheBytes is pebble's block cache size. Default 64 MiB, or the
+	// size of Cache when that is set (another size is refused).
 	CacheBytes int64
-	// MemTableBytes is pebble's memtable size. Default 64 MiB.
+	// Cache, if set, is the block cache the store uses in place of one of
+	// its own: one cache shared by the stores of a process (pebble.NewCache)
+	// bounds their blocks together, and each store's memtables reserve
+	// their size in it (pebble's memory accounting), so that what they all
+	// hold stays near the cache's size rather than a cache per store. The
+	// store takes a reference at Open (Ref) and releases it at Close, so
+	// the caller keeps its own and releases it (Unref) once it opens no
+	// more stores with it; the cache's memory is freed with the last
+	// reference. Default nil: a cache of CacheBytes of the store's own.
+	Cache *pebble.Cache
+	// MemTableBytes is pebble's memtable size. Up to about three of them
+	// are in memory at once (the one written, one being flushed, one kept
+	// for reuse); a store that keeps up writes few rows to them (fresh
+	// rows, below). Default 64 MiB.
 	MemTableBytes uint64
 	// FreshBytes bounds the memory of all subscriptions' fresh rows: the
 	// newest committed rows, kept beside pebble so that a dispatcher that
@@ -142,6 +157,9 @@ func (o Options) EnsureDefaults() Options {
 	}
 	if o.CacheBytes == 0 {
 		o.CacheBytes = DefaultCacheBytes
+		if o.Cache != nil {
+			o.CacheBytes = o.Cache.MaxSize()
+		}
 	}
 	if o.MemTableBytes == 0 {
 		o.MemTableBytes = DefaultMemTableBytes
@@ -177,7 +195,16 @@ func (o Options) Validate() error {
 	p.Require(o.GCInterval >= 0, "GCInterval %v must not be negative", o.GCInterval)
 	p.Require(o.NotifyInterval >= 0, "NotifyInterval %v must not be negative", o.NotifyInterval)
 	p.Require(o.CacheBytes >= 0, "CacheBytes %d must not be negative", o.CacheBytes)
+	p.Require(o.Cache == nil || o.CacheBytes == o.Cache.MaxSize(), "CacheBytes %d is not the size of Cache (%d): set one", o.CacheBytes, cacheSize(o.Cache))
 	p.Require(o.FreshSubscriptionBytes > 0, "FreshSubscriptionBytes %d must be positive", o.FreshSubscriptionBytes)
 	p.Require(o.MemTableBytes >= 1<<20 && o.MemTableBytes <= 4<<30, "MemTableBytes %d not in [1 MiB, 4 GiB]", o.MemTableBytes)
 	return p.Err()
+}
+
+// cacheSize is c's size (0 for none).
+func cacheSize(c *pebble.Cache) int64 {
+	if c == nil {
+		return 0
+	}
+	return c.MaxSize()
 }

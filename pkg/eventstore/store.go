@@ -43,7 +43,7 @@ type Store struct {
 	opts    Options
 	log     *zap.Logger
 	db      *pebble.DB
-	cache   interface{ Unref() }
+	cache   *pebble.Cache
 	metrics *metrics
 
 	queues []chan writeEvent
@@ -154,7 +154,14 @@ func Open(opts Options) (*Store, error) {
 		s.advanceRoom[i].init(opts.WriteQueueSize)
 	}
 
-	cache := pebble.NewCache(opts.CacheBytes)
+	// The store's own reference to its block cache, released at Close: a
+	// shared cache stays its owner's (Options.Cache), who holds another.
+	cache := opts.Cache
+	if cache == nil {
+		cache = pebble.NewCache(opts.CacheBytes)
+	} else {
+		cache.Ref()
+	}
 	popts := &pebble.Options{
 		Cache:        cache,
 		MemTableSize: opts.MemTableBytes,
