@@ -72,7 +72,7 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 	step("source")
 	storeDir := filepath.Join(p.dataDir, "eventstore")
 	_ = os.RemoveAll(storeDir) // a cache: the slot is the durable log
-	if p.store, err = eventstore.Open(eventstore.Options{Dir: storeDir, Upstream: p.source, Registerer: p.reg, Logger: p.log}); err != nil {
+	if p.store, err = eventstore.Open(storeOptions(cfg, eventstore.Options{Dir: storeDir, Upstream: p.source, Registerer: p.reg, Logger: p.log})); err != nil {
 		return setup(err)
 	}
 	if err := p.store.Start(); err != nil {
@@ -145,6 +145,15 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 	p.wg.Go(func() { p.addNewTables(ctx) })
 	p.wg.Go(func() { p.copier.run(ctx) })
 	return nil
+}
+
+// storeOptions are o with the embedding's block cache and memtable size
+// (serve's own run: the store's defaults, a cache of its own).
+func storeOptions(cfg Config, o eventstore.Options) eventstore.Options {
+	if e := cfg.embedding; e != nil {
+		o.Cache, o.MemTableBytes = e.StoreCache, e.StoreMemTableBytes
+	}
+	return o
 }
 
 // queueCopies queues the copies a start owes: on a resumed slot, the

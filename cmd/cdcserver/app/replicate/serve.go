@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/pingcap/log"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -109,6 +110,14 @@ type Embedding struct {
 	// transaction holds a take-over this long at most. 0: pgsink's
 	// default wait, and a start that fails after it.
 	FenceWait time.Duration
+	// StoreCache is the block cache of the process's event stores
+	// (eventstore.Options.Cache): the run's store takes a reference to it
+	// and releases it when the run ends; the process keeps its own. nil:
+	// a cache of the store's own, serve's default.
+	StoreCache *pebble.Cache
+	// StoreMemTableBytes is the run's event store's memtable size
+	// (eventstore.Options.MemTableBytes). 0: serve's default.
+	StoreMemTableBytes uint64
 }
 
 // RunEmbedded is Run for a changefeed of a process that runs many.
