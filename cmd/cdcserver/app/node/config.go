@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/goruntime"
 	"github.com/cdcflow/eventservice/internal/optcheck"
 )
 
@@ -47,14 +49,49 @@ type Config struct {
 	BalanceInterval time.Duration
 	// DrainTimeout bounds a SIGTERM's hand-off of the node's changefeeds.
 	DrainTimeout time.Duration
-	LogLevel     string
-	LogFormat    string
+	// StoreCacheSize is the block cache the event stores of every
+	// changefeed of the node share, in bytes; StoreMemTableSize is each
+	// store's memtable size (an embedded run's store is a cache: the slot
+	// is the durable log).
+	StoreCacheSize, StoreMemTableSize int64
+	// PprofAddr serves /debug/pprof on a loopback address ("": none).
+	PprofAddr string
+	LogLevel  string
+	LogFormat string
 }
+
+// The event stores' memory: one block cache shared by a node's
+// changefeeds, and a memtable per changefeed (TiCDC's event store's
+// memtable is 8 MiB too). docs/benchmarks.md ("A node's memory per
+// changefeed") measured what they bound.
+const (
+	DefaultStoreCacheSize    = 128 << 20
+	DefaultStoreMemTableSize = 8 << 20
+	// minStoreSize is the least of either; maxStoreMemTableSize the
+	// most of a memtable (eventstore.Options.MemTableBytes allows no more).
+	minStoreSize         = 1 << 20
+	maxStoreMemTableSize = 4 << 30
+)
 
 // DefaultConfig returns the server's defaults.
 func DefaultConfig() Config {
 	return Config{Cluster: "default", Addr: "127.0.0.1:8300", EtcdClientAddr: "127.0.0.1:2379", EtcdPeerAddr: "127.0.0.1:2380",
-		LeaseTTL: 10 * time.Second, BalanceInterval: 15 * time.Second, DrainTimeout: time.Minute, LogLevel: "info", LogFormat: "text"}
+		LeaseTTL: 10 * time.Second, BalanceInterval: 15 * time.Second, DrainTimeout: time.Minute, StoreCacheSize: DefaultStoreCacheSize,
+		StoreMemTableSize: DefaultStoreMemTableSize, LogLevel: "info", LogFormat: "text"}
+}
+
+// byteSize is a flag of a size in bytes with an optional unit.
+type byteSize int64
+
+func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
+
+func (b *byteSize) Set(v string) error {
+	n, err := goruntime.ParseBytes(v)
+	if err != nil {
+		return err
+	}
+	*b = byteSize(n)
+	return nil
 }
 
 // BindFlags binds c's fields to fs's flags.
@@ -76,6 +113,11 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "the node's lease TTL: a node silent this long loses its changefeeds to others")
 	fs.DurationVar(&c.BalanceInterval, "balance-interval", c.BalanceInterval, "how often the coordinator may move one changefeed only to even the load")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "bound on SIGTERM's hand-off of the node's changefeeds")
+	fs.Var((*byteSize)(&c.StoreCacheSize), "store-cache-size", "a `size` (128MiB; B, KiB, MiB, GiB, TiB, at least 1MiB): the block cache that the event stores of all the node's changefeeds share; "+
+		"each store's memtables reserve their size in it, so that the stores hold about this much, not a cache per changefeed")
+	fs.Var((*byteSize)(&c.StoreMemTableSize), "store-memtable-size", "a `size` (1MiB to 4GiB): each changefeed's event store's memtable; up to about three are in memory at once "+
+		"while a changefeed is behind (a changefeed that keeps up keeps its newest rows beside them and writes few there)")
+	fs.StringVar(&c.PprofAddr, "pprof-addr", c.PprofAddr, "loopback address serving /debug/pprof (empty: none)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
 }
@@ -106,6 +148,13 @@ func (c Config) Validate() error {
 	p.Require(c.BalanceInterval > 0, "--balance-interval=%v: positive", c.BalanceInterval)
 	p.Require(c.DrainTimeout > 0, "--drain-timeout=%v: positive", c.DrainTimeout)
 	p.Require(c.LogFormat == "text" || c.LogFormat == "json", "--log-format=%q: text or json", c.LogFormat)
+	p.Require(c.StoreCacheSize >= minStoreSize, "--store-cache-size=%d: at least 1MiB", c.StoreCacheSize)
+	p.Require(c.StoreMemTableSize >= minStoreSize && c.StoreMemTableSize <= maxStoreMemTableSize, "--store-memtable-size=%d: 1MiB to 4GiB", c.StoreMemTableSize)
+	if c.PprofAddr != "" {
+		host, _, err := net.SplitHostPort(c.PprofAddr)
+		ip := net.ParseIP(host)
+		p.Require(err == nil && (host == "localhost" || (ip != nil && ip.IsLoopback())), "--pprof-addr=%q: a loopback address", c.PprofAddr)
+	}
 	return p.Err()
 }
 

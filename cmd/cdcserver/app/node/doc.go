@@ -20,6 +20,12 @@
 //     moves its changefeeds off (each a clean stop here, then a start
 //     there that fences this node out of the target), and the node leaves
 //     once none is assigned to it or DrainTimeout passed;
+//   - the event stores of the node's changefeeds share one block cache
+//     (--store-cache-size), in which each store's memtables
+//     (--store-memtable-size each) reserve their size: what the stores
+//     hold follows those two settings, not a cache per changefeed; each
+//     run's store holds a reference to the cache while it is open, the
+//     node its own until Run ends;
 //   - a specification never holds a password (ErrClearPassword): a DSN
 //     names a password file of the nodes (passfile=) or the configuration
 //     an environment variable of theirs.

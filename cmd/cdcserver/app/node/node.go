@@ -9,12 +9,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/pingcap/log"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -46,6 +48,10 @@ type node struct {
 	// coordMetrics are registered once; each campaign's Coordinator
 	// shares them.
 	coordMetrics *cluster.CoordinatorMetrics
+	// cache is the block cache every changefeed's event store shares
+	// (--store-cache-size): each run's store holds a reference while it
+	// is open, the node its own until Run ends.
+	cache *pebble.Cache
 }
 
 // Run is `cdcserver server`: it joins the cluster (starting an embedded
@@ -65,7 +71,12 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 	}
 	n := &node{cfg: cfg, id: cfg.nodeID(), log: lg.With(zap.String("node", cfg.nodeID())), stderr: stderr,
 		keys: cluster.NewKeys(cfg.Cluster), reg: prometheus.NewRegistry(), ready: make(chan struct{})}
-	n.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	n.cache = pebble.NewCache(cfg.StoreCacheSize)
+	defer n.cache.Unref() // after the runs stopped (run) and the HTTP server (its deferred shutdown runs first)
+	n.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "cdcflow", Subsystem: "cluster", Name: "store_cache_bytes",
+			Help: "Bytes of blocks in the block cache the changefeeds' event stores share (at most --store-cache-size less what their memtables reserve in it)"},
+			func() float64 { return float64(n.cache.Size()) }))
 	token := ""
 	if cfg.APITokenFile != "" {
 		if token, err = readToken(cfg.APITokenFile); err != nil {
@@ -85,6 +96,17 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 	served := limitPerIP(lis, maxConnsPerIP)
 	if tlsCfg != nil {
 		served, scheme = tls.NewListener(served, tlsCfg), "https"
+	}
+	if cfg.PprofAddr != "" {
+		plis, err := net.Listen("tcp", cfg.PprofAddr)
+		if err != nil {
+			return fmt.Errorf("%w: --pprof-addr: %w", ErrSetup, err)
+		}
+		prof := &http.Server{Handler: pprofMux(), ReadHeaderTimeout: 5 * time.Second}
+		var pwg sync.WaitGroup
+		pwg.Go(func() { _ = prof.Serve(plis) })
+		defer func() { _ = prof.Close(); pwg.Wait() }()
+		fmt.Fprintf(stderr, "server: pprof at http://%s/debug/pprof/\n", plis.Addr())
 	}
 	stopEtcd, err := n.connectEtcd(ctx)
 	if err != nil {
@@ -115,6 +137,17 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 	}()
 	fmt.Fprintf(stderr, "server: node %s of cluster %s; API at %s://%s\n", n.id, cfg.Cluster, scheme, lis.Addr())
 	return n.run(ctx)
+}
+
+// pprofMux serves /debug/pprof.
+func pprofMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
 }
 
 // join starts the node's membership. A node started again under its ID

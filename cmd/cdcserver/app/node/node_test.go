@@ -313,4 +313,5 @@ func TestAFailingChangefeedNeverStopsAnotherOnItsNode(t *testing.T) {
 	scraped := map[string]bool{}
 	require.NoError(t, promrefs.Scrape(n1.addr, scraped))
 	require.True(t, scraped["cdcflow_cluster_changefeed_restarts_total"])
+	require.True(t, scraped["cdcflow_cluster_store_cache_bytes"], "the shared block cache's gauge")
 }

@@ -157,6 +157,17 @@ func (rs *runners) runOnce(ctx context.Context, r *runner) error {
 	cfg.LogFormat = rs.n.cfg.LogFormat
 	run := prometheus.NewRegistry()
 	r.metrics.Store(nil) // the last run's are gone; this run's once it serves
+	err = replicate.RunEmbedded(ctx, cfg, rs.n.stderr, rs.embedding(r, run))
+	if err == nil && ctx.Err() == nil {
+		err = errors.New("the changefeed's run ended by itself")
+	}
+	return err
+}
+
+// embedding is what a run of r's changefeed gets from the node: run, its
+// registry; the membership's permit; the node's shared block cache and
+// memtable size for its event store.
+func (rs *runners) embedding(r *runner, run *prometheus.Registry) replicate.Embedding {
 	permit := func() error {
 		if !rs.n.member.Valid() {
 			return fmt.Errorf("%w: node %s", cluster.ErrLeaseLost, rs.n.id)
@@ -166,12 +177,8 @@ func (rs *runners) runOnce(ctx context.Context, r *runner) error {
 	// A previous owner frozen inside a target transaction holds the
 	// take-over a TTL at most: by then its own deadline has passed long
 	// since, so what it holds is stuck, and its backend is ended.
-	err = replicate.RunEmbedded(ctx, cfg, rs.n.stderr, replicate.Embedding{Registry: run, Permit: permit, FenceWait: rs.n.cfg.LeaseTTL,
-		Serving: func() { r.metrics.Store(run) }})
-	if err == nil && ctx.Err() == nil {
-		err = errors.New("the changefeed's run ended by itself")
-	}
-	return err
+	return replicate.Embedding{Registry: run, Permit: permit, FenceWait: rs.n.cfg.LeaseTTL, Serving: func() { r.metrics.Store(run) },
+		StoreCache: rs.n.cache, StoreMemTableBytes: uint64(rs.n.cfg.StoreMemTableSize)}
 }
 
 // stopLocked stops r (a clean stop) and forgets it; it ends by itself.

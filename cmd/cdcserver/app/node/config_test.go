@@ -1,0 +1,84 @@
+package node
+
+import (
+	"flag"
+	"io"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+)
+
+// parseServerFlags is DefaultConfig with args parsed over it.
+func parseServerFlags(t *testing.T, args ...string) (Config, error) {
+	t.Helper()
+	cfg := DefaultConfig()
+	fs := flag.NewFlagSet("server", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	cfg.BindFlags(fs)
+	err := fs.Parse(append([]string{"--data-dir", t.TempDir()}, args...))
+	return cfg, err
+}
+
+// The event stores' sizes take units, and a size out of range is refused
+// with ErrInvalidConfig, naming the flag.
+func TestTheStoreSizeFlagsTakeUnitsAndRefuseBadSizes(t *testing.T) {
+	cfg, err := parseServerFlags(t)
+	require.NoError(t, err)
+	require.NoError(t, cfg.Validate())
+	require.Equal(t, int64(DefaultStoreCacheSize), cfg.StoreCacheSize)
+	require.Equal(t, int64(DefaultStoreMemTableSize), cfg.StoreMemTableSize)
+
+	cfg, err = parseServerFlags(t, "--store-cache-size", "1GiB", "--store-memtable-size", "4MiB")
+	require.NoError(t, err)
+	require.NoError(t, cfg.Validate())
+	require.Equal(t, int64(1<<30), cfg.StoreCacheSize)
+	require.Equal(t, int64(4<<20), cfg.StoreMemTableSize)
+
+	for _, bad := range [][]string{
+		{"--store-cache-size", "0"}, {"--store-cache-size", "512KiB"},
+		{"--store-memtable-size", "1000"}, {"--store-memtable-size", "5GiB"},
+	} {
+		cfg, err := parseServerFlags(t, bad...)
+		require.NoError(t, err, bad)
+		err = cfg.Validate()
+		require.ErrorIs(t, err, ErrInvalidConfig, bad)
+		require.Contains(t, err.Error(), bad[0])
+	}
+	_, err = parseServerFlags(t, "--store-memtable-size", "8 megabytes")
+	require.Error(t, err, "not a size")
+}
+
+// Every run of a changefeed on a node gets the node's one block cache and
+// its memtable size: the event stores of its changefeeds share the cache
+// (their memory bounded by --store-cache-size together, not one cache
+// each).
+func TestEveryRunOnANodeSharesItsStoreCache(t *testing.T) {
+	cfg, err := parseServerFlags(t, "--store-memtable-size", "2MiB")
+	require.NoError(t, err)
+	n := &node{cfg: cfg, cache: pebble.NewCache(cfg.StoreCacheSize)}
+	defer n.cache.Unref()
+	rs := &runners{n: n, running: map[string]*runner{}}
+	a := rs.embedding(&runner{name: "a"}, prometheus.NewRegistry())
+	b := rs.embedding(&runner{name: "b"}, prometheus.NewRegistry())
+	require.NotNil(t, a.StoreCache)
+	require.Same(t, n.cache, a.StoreCache)
+	require.Same(t, a.StoreCache, b.StoreCache)
+	require.Equal(t, uint64(2<<20), a.StoreMemTableBytes)
+	require.Equal(t, a.StoreMemTableBytes, b.StoreMemTableBytes)
+}
+
+// /debug/pprof is served on a loopback address only.
+func TestThePprofAddressIsLoopbackOnly(t *testing.T) {
+	for _, ok := range []string{"127.0.0.1:0", "localhost:6060", "[::1]:6060"} {
+		cfg, err := parseServerFlags(t, "--pprof-addr", ok)
+		require.NoError(t, err)
+		require.NoError(t, cfg.Validate(), ok)
+	}
+	for _, bad := range []string{"0.0.0.0:6060", ":6060", "10.0.0.1:6060", "localhost"} {
+		cfg, err := parseServerFlags(t, "--pprof-addr", bad)
+		require.NoError(t, err)
+		require.ErrorIs(t, cfg.Validate(), ErrInvalidConfig, bad)
+	}
+}
