@@ -34,8 +34,8 @@ type chaosFault struct {
 	run  func(h *clusterHarness) time.Duration
 }
 
-// TestClusterChaos runs a seeded random schedule of faults against a
-// three-node cluster under a steady load, with a second changefeed
+// TestClusterChaos runs a seeded random schedule of faults (each kind at
+// least once when there is room) against a three-node cluster under a steady load, with a second changefeed
 // created, paused, resumed and removed between the faults (each time on
 // whatever nodes are up), then audits every target write,
 // and prints a table: each fault, how often it ran, the time to replicate
@@ -149,6 +149,11 @@ func TestClusterChaos(t *testing.T) {
 	var schedule []int
 	for range kills {
 		schedule = append(schedule, 0)
+	}
+	if faults >= kills+len(kinds)-1 { // room for every kind: each at least once
+		for k := 1; k < len(kinds); k++ {
+			schedule = append(schedule, k)
+		}
 	}
 	for len(schedule) < faults {
 		schedule = append(schedule, rng.IntN(len(kinds)))
