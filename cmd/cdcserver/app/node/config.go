@@ -54,6 +54,11 @@ type Config struct {
 	// store's memtable size (an embedded run's store is a cache: the slot
 	// is the durable log).
 	StoreCacheSize, StoreMemTableSize int64
+	// Settings are the Go runtime's (--gc-percent, --max-procs,
+	// --memory-limit) while the node runs; a set environment variable
+	// wins. The Go heap's limit beside the event stores', which live
+	// outside it (StoreCacheSize).
+	goruntime.Settings
 	// PprofAddr serves /debug/pprof on a loopback address ("": none).
 	PprofAddr string
 	LogLevel  string
@@ -117,6 +122,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 		"each store's memtables reserve their size in it, so that the stores hold about this much, not a cache per changefeed")
 	fs.Var((*byteSize)(&c.StoreMemTableSize), "store-memtable-size", "a `size` (1MiB to 4GiB): each changefeed's event store's memtable; up to about three are in memory at once "+
 		"while a changefeed is behind (a changefeed that keeps up keeps its newest rows beside them and writes few there)")
+	c.Settings.BindFlags(fs, "the node")
 	fs.StringVar(&c.PprofAddr, "pprof-addr", c.PprofAddr, "loopback address serving /debug/pprof (empty: none)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json")
@@ -150,6 +156,7 @@ func (c Config) Validate() error {
 	p.Require(c.LogFormat == "text" || c.LogFormat == "json", "--log-format=%q: text or json", c.LogFormat)
 	p.Require(c.StoreCacheSize >= minStoreSize, "--store-cache-size=%d: at least 1MiB", c.StoreCacheSize)
 	p.Require(c.StoreMemTableSize >= minStoreSize && c.StoreMemTableSize <= maxStoreMemTableSize, "--store-memtable-size=%d: 1MiB to 4GiB", c.StoreMemTableSize)
+	c.Settings.Check(p)
 	if c.PprofAddr != "" {
 		host, _, err := net.SplitHostPort(c.PprofAddr)
 		ip := net.ParseIP(host)

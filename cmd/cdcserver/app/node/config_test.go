@@ -3,11 +3,17 @@ package node
 import (
 	"flag"
 	"io"
+	"net/http"
+	"os"
+	"runtime/debug"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/internal/testwait"
 )
 
 // parseServerFlags is DefaultConfig with args parsed over it.
@@ -22,7 +28,8 @@ func parseServerFlags(t *testing.T, args ...string) (Config, error) {
 }
 
 // The event stores' sizes take units, and a size out of range is refused
-// with ErrInvalidConfig, naming the flag.
+// with ErrInvalidConfig, naming the flag, as are the Go runtime's settings
+// out of range.
 func TestTheStoreSizeFlagsTakeUnitsAndRefuseBadSizes(t *testing.T) {
 	cfg, err := parseServerFlags(t)
 	require.NoError(t, err)
@@ -30,15 +37,17 @@ func TestTheStoreSizeFlagsTakeUnitsAndRefuseBadSizes(t *testing.T) {
 	require.Equal(t, int64(DefaultStoreCacheSize), cfg.StoreCacheSize)
 	require.Equal(t, int64(DefaultStoreMemTableSize), cfg.StoreMemTableSize)
 
-	cfg, err = parseServerFlags(t, "--store-cache-size", "1GiB", "--store-memtable-size", "4MiB")
+	cfg, err = parseServerFlags(t, "--store-cache-size", "1GiB", "--store-memtable-size", "4MiB", "--memory-limit", "2GiB")
 	require.NoError(t, err)
 	require.NoError(t, cfg.Validate())
+	require.Equal(t, int64(2<<30), cfg.MemoryLimit)
 	require.Equal(t, int64(1<<30), cfg.StoreCacheSize)
 	require.Equal(t, int64(4<<20), cfg.StoreMemTableSize)
 
 	for _, bad := range [][]string{
 		{"--store-cache-size", "0"}, {"--store-cache-size", "512KiB"},
 		{"--store-memtable-size", "1000"}, {"--store-memtable-size", "5GiB"},
+		{"--memory-limit", "1MiB"}, {"--gc-percent", "10"},
 	} {
 		cfg, err := parseServerFlags(t, bad...)
 		require.NoError(t, err, bad)
@@ -81,4 +90,27 @@ func TestThePprofAddressIsLoopbackOnly(t *testing.T) {
 		require.NoError(t, err)
 		require.ErrorIs(t, cfg.Validate(), ErrInvalidConfig, bad)
 	}
+}
+
+// A node runs under its --memory-limit (the Go heap's bound beside the
+// event stores', which live outside it) and puts the runtime's back when
+// it ends.
+func TestANodeRunsUnderItsMemoryLimit(t *testing.T) {
+	if os.Getenv("GOMEMLIMIT") != "" {
+		t.Skip("a set GOMEMLIMIT wins over --memory-limit")
+	}
+	before := debug.SetMemoryLimit(-1)
+	n, _ := launchNode(t, "n1", "", func(c *Config) { c.MemoryLimit = 3 << 30 })
+	testwait.Within(t, time.Minute, "the node ready", func() bool {
+		resp, err := http.Get("http://" + n.addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	require.Equal(t, int64(3<<30), debug.SetMemoryLimit(-1))
+	n.stop()
+	require.NoError(t, <-n.done, n.stderr.String())
+	require.Equal(t, before, debug.SetMemoryLimit(-1), "the runtime's limit put back")
 }

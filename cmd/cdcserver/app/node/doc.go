@@ -25,7 +25,9 @@
 //     (--store-memtable-size each) reserve their size: what the stores
 //     hold follows those two settings, not a cache per changefeed; each
 //     run's store holds a reference to the cache while it is open, the
-//     node its own until Run ends;
+//     node its own until Run ends; the Go heap, the rows in flight of
+//     every changefeed, follows the Go runtime's settings of the node
+//     (--memory-limit, --gc-percent; a set GOMEMLIMIT or GOGC wins);
 //   - a specification never holds a password (ErrClearPassword): a DSN
 //     names a password file of the nodes (passfile=) or the configuration
 //     an environment variable of theirs.

@@ -71,6 +71,7 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 	}
 	n := &node{cfg: cfg, id: cfg.nodeID(), log: lg.With(zap.String("node", cfg.nodeID())), stderr: stderr,
 		keys: cluster.NewKeys(cfg.Cluster), reg: prometheus.NewRegistry(), ready: make(chan struct{})}
+	defer cfg.Settings.Apply(os.Getenv)()
 	n.cache = pebble.NewCache(cfg.StoreCacheSize)
 	defer n.cache.Unref() // after the runs stopped (run) and the HTTP server (its deferred shutdown runs first)
 	n.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
