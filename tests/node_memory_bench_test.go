@@ -149,7 +149,10 @@ func benchNodeMemory(b *testing.B, k int) {
 	// (rate/10 rows each), from a connection of its own; the node's RSS
 	// is sampled meanwhile, then through the backlog until every target
 	// holds every row.
-	peak, heapAtPeak := idle, int64(0)
+	// At the peak: the Go heap in use, and what the Go runtime holds from
+	// the OS (its sys less what it released): the rest of the RSS is
+	// outside Go (pebble's caches and memtables, cgo).
+	peak, heapAtPeak, goAtPeak := idle, int64(0), int64(0)
 	stopSampling := make(chan struct{})
 	var sampling sync.WaitGroup
 	sampling.Go(func() {
@@ -162,7 +165,8 @@ func benchNodeMemory(b *testing.B, k int) {
 			case <-tick.C:
 				if rss, err := procStatusKiB(pid, "VmRSS"); err == nil && rss > peak {
 					peak = rss
-					heapAtPeak, _ = scrapeGauge(addr, "go_memstats_heap_inuse_bytes")
+					g, _ := scrapeGauges(addr, "go_memstats_heap_inuse_bytes", "go_memstats_sys_bytes", "go_memstats_heap_released_bytes")
+					heapAtPeak, goAtPeak = g[0], g[1]-g[2]
 				}
 			}
 		}
@@ -210,8 +214,9 @@ func benchNodeMemory(b *testing.B, k int) {
 	b.ReportMetric(mib(peak-base)/float64(k), "load-MiB/cf")
 	b.ReportMetric(mib(hwm-base)/float64(k), "hwm-MiB/cf")
 	b.ReportMetric(time.Since(began).Seconds(), "load-s")
-	b.Logf("K=%d: RSS base %.0f MiB, idle %.0f MiB, under load up to %.0f MiB (the Go heap in use then %.0f MiB), VmHWM %.0f MiB (%d rows/s each for %v, then %d rows each, caught up %.1f s after the start)",
-		k, mib(base), mib(idle), mib(peak), float64(heapAtPeak)/(1<<20), mib(hwm), load.rate, load.duration, load.backlog, time.Since(began).Seconds())
+	b.Logf("K=%d: RSS base %.0f MiB, idle %.0f MiB, under load up to %.0f MiB (then the Go heap in use %.0f MiB, the Go runtime's %.0f MiB, outside Go %.0f MiB), VmHWM %.0f MiB (%d rows/s each for %v, then %d rows each, caught up %.1f s after the start)",
+		k, mib(base), mib(idle), mib(peak), float64(heapAtPeak)/(1<<20), float64(goAtPeak)/(1<<20), mib(peak)-float64(goAtPeak)/(1<<20), mib(hwm),
+		load.rate, load.duration, load.backlog, time.Since(began).Seconds())
 }
 
 // procStatusKiB is field (VmRSS, VmHWM) of /proc/<pid>/status, in KiB.
@@ -237,20 +242,27 @@ func mustProcStatusKiB(t testing.TB, pid int, field string) int64 {
 	return n
 }
 
-// scrapeGauge is the value of the unlabelled series name at addr/metrics.
-func scrapeGauge(addr, name string) (int64, error) {
+// scrapeGauges are the values of the unlabelled series names at
+// addr/metrics, in order.
+func scrapeGauges(addr string, names ...string) ([]int64, error) {
 	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + addr + "/metrics")
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer resp.Body.Close()
+	out := make([]int64, len(names))
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			return int64(f), err
+		for i, name := range names {
+			if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					return nil, err
+				}
+				out[i] = int64(f)
+			}
 		}
 	}
-	return 0, fmt.Errorf("%s not served at %s", name, addr)
+	return out, sc.Err()
 }
