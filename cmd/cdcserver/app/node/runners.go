@@ -175,9 +175,12 @@ func (rs *runners) embedding(r *runner, run *prometheus.Registry) replicate.Embe
 		return nil
 	}
 	// A previous owner frozen inside a target transaction holds the
-	// take-over a TTL at most: by then its own deadline has passed long
-	// since, so what it holds is stuck, and its backend is ended.
-	return replicate.Embedding{Registry: run, Permit: permit, FenceWait: rs.n.cfg.LeaseTTL, Serving: func() { r.metrics.Store(run) },
+	// take-over half a TTL at most: what it holds when this run starts it
+	// began before its deadline, at least TTL/5 before its lease expired;
+	// half a TTL more lets a slow commit finish, and what is still held
+	// then is stuck, so its backend is ended (its transaction rolls back,
+	// and this run applies those rows again).
+	return replicate.Embedding{Registry: run, Permit: permit, FenceWait: rs.n.cfg.LeaseTTL / 2, Serving: func() { r.metrics.Store(run) },
 		StoreCache: rs.n.cache, StoreMemTableBytes: uint64(rs.n.cfg.StoreMemTableSize)}
 }
 
