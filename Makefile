@@ -162,6 +162,17 @@ chaos:
 	CDCFLOW_CHAOS_SEED=$(CHAOS_SEED) CDCFLOW_CHAOS_FAULTS=20 CDCFLOW_CHAOS_KILLS=10 CDCFLOW_CHAOS_TTL_S=10 \
 		go test -count=1 -timeout 60m -run '^TestClusterChaos$$' -v ./tests 2>&1 | grep -v '^{"level"' | grep -E '^\s+(cluster_chaos_test|\||chaos|verdicts)|^(ok|FAIL|---)'
 
+# nodemem runs BenchmarkNodeMemory (tests/): one cdcserver server process
+# with 1 and then 8 changefeeds between two PostgreSQL 15 servers, idle and
+# under load; its resident memory per changefeed (docs/benchmarks.md, "A
+# node's memory per changefeed"). About 2 minutes a run; NODEMEM_FLAGS adds
+# flags of the node (--memory-limit 768MiB).
+NODEMEM_COUNT ?= 3
+NODEMEM_FLAGS ?=
+.PHONY: nodemem
+nodemem:
+	CDCFLOW_NODEMEM_FLAGS="$(NODEMEM_FLAGS)" $(GO) test -run '^$$' -bench '^BenchmarkNodeMemory$$' -benchtime 1x -count $(NODEMEM_COUNT) -timeout 60m ./tests
+
 .PHONY: pgbench
 pgbench:
 	$(GO) run ./scripts/pgbench -update $(PGBENCH_FLAGS)
