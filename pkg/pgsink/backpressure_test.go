@@ -2,6 +2,8 @@ package pgsink
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -121,4 +123,141 @@ func TestApplyRowsWaitsWhileTheLaneHoldsQueueRows(t *testing.T) {
 	e.dur.wait(t, id, 18)
 	require.Equal(t, []string{`{"id":1,"v":"a4","big":null}`, `{"id":2,"v":"b","big":null}`, `{"id":3,"v":"c","big":null}`},
 		e.contents("app.t"), "every row applied, in call order")
+}
+
+// wide is a row of width bytes of value in column big (the row's size is
+// a few bytes more: its key, its other columns' encoding).
+func wide(c pgcodec.Change, id string, width int) pgcodec.RowChange {
+	return tx(c, col("id", id), col("v", "w"), col("big", strings.Repeat("x", width)))
+}
+
+// waitForRoom starts call, which must wait for room in l (the
+// enqueueWaits knob: it is waiting once the test holds the lane's mu), and
+// returns the channel its error arrives on, checking it has not arrived.
+func waitForRoom(t *testing.T, e *sinkEnv, l *lane, call func() error) <-chan error {
+	t.Helper()
+	waiting := make(chan struct{})
+	var once sync.Once
+	e.sink.knobs.enqueueWaits = func() { once.Do(func() { close(waiting) }) } // before the call that reads it
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	select {
+	case <-waiting:
+	case err := <-done:
+		t.Fatalf("the call returned (err %v) while the lane held its share of QueueBytes", err)
+	case <-time.After(time.Minute):
+		t.Fatal("the call never waited for room")
+	}
+	l.mu.Lock() // the knob ran under mu, which only the wait releases
+	l.mu.Unlock()
+	select {
+	case err := <-done:
+		t.Fatalf("the call returned (err %v) while the lane held its share of QueueBytes", err)
+	default:
+	}
+	return done
+}
+
+// heldBytes is what lane l counts against its share of QueueBytes.
+func heldBytes(l *lane) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.mu.qbytes + l.mu.hbytes
+}
+
+// A lane holds at most its share of QueueBytes in rows queued and taken
+// but not committed, however few they are: with a lane of 64 KiB (one
+// lane, QueueRows far away) and its commit blocked (the table locked), two
+// rows of 17 kB are taken and due at once (half the share), a third is
+// queued, and a fourth would take the lane beyond 64 KiB: ApplyRows waits
+// for room, and returns once the table is released and the commit frees
+// the bytes; every row is applied in order. Without the byte bound the
+// fourth call would return at once (four rows are far from QueueRows), and
+// rows of a MB would let a lane hold QueueRows of them: 20 GB.
+func TestApplyRowsWaitsWhileTheLaneHoldsQueueBytes(t *testing.T) {
+	const share = 64 << 10
+	e := newSinkEnv(t, func(o *Options) {
+		o.Workers, o.BatchRows, o.QueueRows, o.QueueBytes = 1, 1000, 10000, share
+	})
+	ctx := context.Background()
+	id := common.DispatcherIDFromUint64(1)
+	e.firstRow(id)
+	e.dur.wait(t, id, 12)
+	waitWarmedUp(t, e, 1)
+	l := e.sink.laneFor(relT.OID)
+
+	hold := holdTable(t, e, "app.t")
+	// Two wide rows, more than half the share: due at once, their commit
+	// waits for the table.
+	require.NoError(t, e.sink.ApplyRows(id, rows(14, wide(pgcodec.Insert, "2", 17000), wide(pgcodec.Insert, "3", 17000))))
+	require.NoError(t, e.sink.Checkpoint(id, 14))
+	waitCommitBlockedOn(t, e, "app.t")
+	// The commit holds its rows' bytes: a third row still fits.
+	require.NoError(t, e.sink.ApplyRows(id, rows(16, wide(pgcodec.Insert, "4", 17000))))
+	require.NoError(t, e.sink.Checkpoint(id, 16))
+	held := heldBytes(l)
+	require.Greater(t, held, int64(3*17000), "the rows committing and the row queued count")
+	require.LessOrEqual(t, held, int64(share))
+
+	// A fourth is beyond the share: the call waits.
+	done := waitForRoom(t, e, l, func() error {
+		return e.sink.ApplyRows(id, rows(18, wide(pgcodec.Insert, "5", 17000)))
+	})
+	require.Equal(t, held, heldBytes(l), "nothing queued beyond the share")
+	require.Less(t, e.sink.Durable(id), common.Ts(14), "nothing committed while the table is held")
+
+	require.NoError(t, hold.Rollback(ctx))
+	require.NoError(t, <-done, "the waiting call returns once the commit freed the bytes")
+	require.NoError(t, e.sink.Checkpoint(id, 18))
+	e.dur.wait(t, id, 18)
+	require.Len(t, e.contents("app.t"), 5, "every row applied")
+	require.Zero(t, heldBytes(l), "a lane with everything committed holds nothing")
+}
+
+// A call larger than a lane's whole share of QueueBytes goes in alone, and
+// never waits for room only its own commit could free: into a lane that
+// holds nothing it passes at once (and is due at once); a second one
+// waits for the first's commit, not for its own, and passes once it is
+// committed; a third, after a small row held below the share's half,
+// passes once the flush interval commits that row. Every row is applied.
+func TestACallLargerThanTheLaneShareGoesInAlone(t *testing.T) {
+	const share = 64 << 10
+	e := newSinkEnv(t, func(o *Options) {
+		o.Workers, o.BatchRows, o.QueueRows, o.QueueBytes = 1, 1000, 10000, share
+	})
+	ctx := context.Background()
+	id := common.DispatcherIDFromUint64(1)
+	e.firstRow(id)
+	e.dur.wait(t, id, 12)
+	waitWarmedUp(t, e, 1)
+	l := e.sink.laneFor(relT.OID)
+	huge := func(ts common.Ts, first int) []common.Row {
+		var cs []pgcodec.RowChange
+		for i := range 5 {
+			cs = append(cs, wide(pgcodec.Insert, strconv.Itoa(first+i), 20000)) // 100 kB in all
+		}
+		return rows(ts, cs...)
+	}
+
+	hold := holdTable(t, e, "app.t")
+	require.NoError(t, e.sink.ApplyRows(id, huge(14, 100)), "an empty lane takes a call of any size")
+	require.NoError(t, e.sink.Checkpoint(id, 14))
+	waitCommitBlockedOn(t, e, "app.t")
+	require.Greater(t, heldBytes(l), int64(share), "the call alone is beyond the share")
+
+	done := waitForRoom(t, e, l, func() error { return e.sink.ApplyRows(id, huge(16, 200)) })
+	require.NoError(t, hold.Rollback(ctx))
+	require.NoError(t, <-done, "the second passes once the first is committed")
+	require.NoError(t, e.sink.Checkpoint(id, 16))
+	e.dur.wait(t, id, 16)
+
+	// A small row, held below half the share until the flush interval,
+	// then a call beyond the share: it waits for that row's commit, which
+	// falls due without it.
+	e.sink.knobs.enqueueWaits = nil
+	require.NoError(t, e.sink.ApplyRows(id, rows(18, wide(pgcodec.Insert, "300", 10))))
+	require.NoError(t, e.sink.ApplyRows(id, huge(20, 400)))
+	require.NoError(t, e.sink.Checkpoint(id, 20))
+	e.dur.wait(t, id, 20)
+	require.Len(t, e.contents("app.t"), 1+5+5+1+5, "every row applied")
 }

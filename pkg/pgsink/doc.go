@@ -49,7 +49,8 @@
 //
 // A lane is a thin goroutine (lane.go) around two parts. Its flush policy
 // (policy.go) is pure: the calls it took and the time in, what is due out
-// (when the held rows are committed: BatchRows, FlushInterval, stretched
+// (when the held rows are committed: BatchRows or half the lane's share of
+// QueueBytes, FlushInterval, stretched
 // to MaxFlushInterval while far behind; when a checkpoint-only table is:
 // every CheckpointInterval, at once while draining; whether a warm-up may
 // start; when a refused table stops), traced from testdata/policy. Its
@@ -64,7 +65,13 @@
 // a keyless table's row is applied once, whatever is replayed; a checkpoint
 // is reported durable only after the transaction holding it and every row
 // before it committed; a BeginEpoch discards what was queued and not
-// committed for its dispatcher; memory is bounded by QueueRows per lane;
+// committed for its dispatcher; memory is bounded by QueueRows queued rows
+// per lane and by QueueBytes in bytes: the rows a lane holds, queued or
+// taken and not committed (their keys' and values' bytes plus a row's
+// own size), stay within its share, QueueBytes/Workers, but for one call
+// into a lane that held nothing (which passes whatever its size, so that
+// nothing waits forever), and a lane's commit falls due at half its share,
+// so that no call waits for room only its own commit could free;
 // a lost target costs no table anything (the work is kept and retried);
 // only the table's own fault counts towards MaxFailures.
 //

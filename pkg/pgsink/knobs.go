@@ -8,7 +8,7 @@ package pgsink
 // it.
 type testingKnobs struct {
 	// enqueueWaits runs when a call found its lane holding QueueRows rows
-	// and is about to wait for room (lane.enqueue), under the lane's mu,
+	// queued or its share of QueueBytes, and is about to wait for room (lane.enqueue), under the lane's mu,
 	// which the wait releases: it must not call into the sink. A test that
 	// then takes the lane's mu finds the call waiting.
 	enqueueWaits func()

@@ -37,12 +37,18 @@ type lane struct {
 
 	mu struct {
 		sync.Mutex
-		// room is signalled on dequeue and close: enqueuers wait on it
-		// while the queue holds QueueRows rows.
+		// room is signalled on dequeue, on a commit (or drop) of held
+		// work and on close: enqueuers wait on it while the queue holds
+		// QueueRows rows or the lane holds its share of QueueBytes.
 		room  sync.Cond
 		queue []op
 		spare []op // the queue take emptied last, for the next (a drain grew a new one at every take)
 		qrows int
+		// qbytes are the queue's bytes (op.bytes), hbytes those the
+		// policy holds, taken and not yet committed (its pendingBytes,
+		// as of the lane goroutine's last take or commit round): the
+		// lane's share of QueueBytes bounds their sum.
+		qbytes, hbytes int64
 		// closed: Close was called; enqueue refuses, run returns.
 		closed bool
 		// warm are the tables still to warm (warm.go), warmed how many
@@ -85,11 +91,14 @@ func (l *lane) has(oid uint32) bool {
 	return l.mu.tables[oid] != nil
 }
 
-// enqueue queues o, waiting while the lane holds QueueRows rows.
+// enqueue queues o, waiting while the lane's queue holds QueueRows rows
+// or the lane holds its share of QueueBytes (fullLocked). o's bytes are
+// counted before mu.
 func (l *lane) enqueue(o op) error {
+	o.bytes = opBytes(o)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for !l.mu.closed && len(o.rows) > 0 && l.mu.qrows > 0 && l.mu.qrows+len(o.rows) > l.s.opts.QueueRows {
+	for !l.mu.closed && l.fullLocked(o) {
 		if k := l.s.knobs.enqueueWaits; k != nil {
 			k()
 		}
@@ -100,8 +109,36 @@ func (l *lane) enqueue(o op) error {
 	}
 	l.mu.queue = append(l.mu.queue, o)
 	l.mu.qrows += len(o.rows)
+	l.mu.qbytes += o.bytes
 	l.ringLocked()
 	return nil
+}
+
+// fullLocked reports whether o must wait for room: its rows would take
+// the queue beyond QueueRows, or its bytes the lane beyond its share of
+// QueueBytes. An op goes in alone whatever its size: into an empty queue
+// as far as rows go, into a lane that holds nothing as far as bytes go
+// (the room it waits for is then that of work queued or held before it,
+// whose commit falls due without it: by BatchRows, half the share, or
+// the flush interval). REQUIRES: l.mu held.
+func (l *lane) fullLocked(o op) bool {
+	if len(o.rows) > 0 && l.mu.qrows > 0 && l.mu.qrows+len(o.rows) > l.s.opts.QueueRows {
+		return true
+	}
+	held := l.mu.qbytes + l.mu.hbytes
+	return o.bytes > 0 && held > 0 && held+o.bytes > l.s.opts.laneBytes()
+}
+
+// released records, after a commit round, that the policy holds fewer
+// bytes (committed or dropped), and wakes the calls waiting for room.
+// The lane goroutine's (it reads pol).
+func (l *lane) released() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.pol.pendingBytes < l.mu.hbytes {
+		l.mu.hbytes = l.pol.pendingBytes
+		l.mu.room.Broadcast()
+	}
 }
 
 func (l *lane) close() {
@@ -139,10 +176,12 @@ func (l *lane) run() {
 		draining := l.s.draining.Load()
 		if !l.pol.due(now, draining) {
 			l.warmSome(now, deadline) // while nothing is due
+			l.released()              // a warm-up the fence refused dropped the work held
 			continue
 		}
 		l.commitAll(now, draining)
 		l.pol.endRound(now, clk.Now())
+		l.released()
 	}
 }
 
@@ -155,7 +194,7 @@ func (l *lane) take(deadline time.Time, canWarm bool) bool {
 	defer l.mu.Unlock()
 	l.waitLocked(deadline, canWarm)
 	q := l.mu.queue
-	l.mu.queue, l.mu.qrows = l.mu.spare, 0
+	l.mu.queue, l.mu.qrows, l.mu.qbytes = l.mu.spare, 0, 0
 	l.mu.room.Broadcast()
 	// The states map is shared with attach (a table added while running),
 	// so it is read under mu; a dstate's fields are the lane goroutine's.
@@ -165,6 +204,9 @@ func (l *lane) take(deadline time.Time, canWarm bool) bool {
 			l.pol.add(d, o, now)
 		}
 	}
+	// What the policy kept (a broken dispatcher's work is dropped, a new
+	// epoch drops what it held) still counts against QueueBytes.
+	l.mu.hbytes = l.pol.pendingBytes
 	clear(q)
 	l.mu.spare = q[:0]
 	return !l.mu.closed

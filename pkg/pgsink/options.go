@@ -19,6 +19,14 @@ const (
 	DefaultCheckpointInterval = time.Second
 )
 
+// DefaultQueueBytes is Options.QueueBytes' default: 64 MiB a sink, 16 MiB
+// a lane of the default four (docs/benchmarks.md, "A node's memory per
+// changefeed": rows of 1 kB still commit BatchRows at a time under it).
+const DefaultQueueBytes = 64 << 20
+
+// minLaneBytes is the least share of QueueBytes a lane may have.
+const minLaneBytes = 64 << 10
+
 // Options configure a Sink. A zero field takes the default its comment
 // gives (EnsureDefaults); New fills them in and validates (Validate),
 // reporting every bad field at once.
@@ -48,6 +56,19 @@ type Options struct {
 	// QueueRows bounds the rows queued per lane; ApplyRows blocks beyond
 	// it (back-pressure). Default 20000.
 	QueueRows int
+	// QueueBytes bounds the bytes of rows the sink holds in memory: queued
+	// and taken by a lane but not yet committed, each row counted as its
+	// key's and values' bytes plus rowOverhead (a DDL as its text). It is
+	// split evenly among the lanes, each of which holds at most its share
+	// (QueueBytes/Workers): ApplyRows and ApplyDDL block beyond it
+	// (back-pressure, as QueueRows), but a call into a lane that holds
+	// nothing passes whatever its size, and a lane's commit is due once it
+	// holds half its share, so that the rows it holds never pin the
+	// budget. With QueueRows it bounds what a changefeed holds whatever
+	// its rows' width (a row count alone let 20000 rows of 1 MB TOASTed
+	// values hold 20 GB). At least 64 KiB per lane. Default
+	// DefaultQueueBytes.
+	QueueBytes int64
 	// MaxFailures: a table whose transaction the target refuses this many
 	// times in a row is stopped. Default 5.
 	MaxFailures int
@@ -98,6 +119,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 }
 
+// laneBytes is a lane's share of QueueBytes.
+func (o Options) laneBytes() int64 { return o.QueueBytes / int64(o.Workers) }
+
 // EnsureDefaults fills zero fields with their defaults (New calls it).
 func (o Options) EnsureDefaults() Options {
 	def := func(v *int, d int) {
@@ -109,6 +133,9 @@ func (o Options) EnsureDefaults() Options {
 	def(&o.BatchRows, 5000)
 	def(&o.QueueRows, 20000)
 	def(&o.MaxFailures, 5)
+	if o.QueueBytes == 0 {
+		o.QueueBytes = DefaultQueueBytes
+	}
 	if o.FlushInterval == 0 {
 		o.FlushInterval = DefaultFlushInterval
 	}
@@ -140,6 +167,8 @@ func (o Options) Validate() error {
 	p.IntRange("Workers", o.Workers, 1, 256)
 	p.IntRange("BatchRows", o.BatchRows, 1, 1<<20)
 	p.IntRange("QueueRows", o.QueueRows, o.BatchRows, 1<<24)
+	p.Require(o.QueueBytes >= int64(o.Workers)*minLaneBytes && o.QueueBytes <= 1<<40,
+		"QueueBytes %d must be at least 64 KiB per lane (Workers %d) and at most 1 TiB", o.QueueBytes, o.Workers)
 	p.IntRange("MaxFailures", o.MaxFailures, 1, 1000)
 	p.Require(o.FlushInterval > 0, "FlushInterval must be positive")
 	p.Require(o.MaxFlushInterval >= o.FlushInterval, "MaxFlushInterval %v must be at least FlushInterval %v", o.MaxFlushInterval, o.FlushInterval)

@@ -14,7 +14,10 @@ import (
 //
 // What it decides:
 //   - a dispatcher with rows (or a DDL) is committed with them: when the
-//     lane holds BatchRows rows, or FlushInterval after the lane's last
+//     lane holds BatchRows rows or half its share of QueueBytes (the rows
+//     it holds count against the share until they commit: so that they
+//     do not pin it, a commit falls due well before they fill it), or
+//     FlushInterval after the lane's last
 //     commit (MaxFlushInterval while the rows are far behind, but no later
 //     than FlushInterval after rows last arrived: rowsDeadline);
 //   - one whose work is checkpoints only is committed CheckpointInterval
@@ -42,6 +45,24 @@ type op struct {
 	ts    common.Ts
 	rows  []common.Row
 	ddl   string
+	// bytes is what the op holds in memory (opBytes), counted once by
+	// enqueue, before the lane's mu.
+	bytes int64
+}
+
+// rowOverhead is what a row costs beyond its key's and values' bytes: a
+// common.Row (its op, three slice headers, two timestamps), 96 bytes on a
+// 64-bit platform (TestRowOverheadIsARowsSize).
+const rowOverhead = 96
+
+// opBytes is what o holds in memory, as QueueBytes counts it: its rows'
+// keys and values plus rowOverhead each, and a DDL's text.
+func opBytes(o op) int64 {
+	n := int64(len(o.ddl))
+	for i := range o.rows {
+		n += int64(o.rows[i].Size()) + rowOverhead
+	}
+	return n
 }
 
 // dstate is a dispatcher as its lane applies it. Its fields are the lane
@@ -82,8 +103,10 @@ func (d *dstate) dropWork() []op {
 // it.
 type policy struct {
 	cfg policyConfig
-	// pending is the number of rows (and DDLs) in the held dstates' work.
-	pending int
+	// pending is the number of rows (and DDLs) in the held dstates' work,
+	// pendingBytes their bytes (op.bytes).
+	pending      int
+	pendingBytes int64
 	// held lists the dstates that have (or had, since the last review)
 	// work, each once: a commit and its review walk them, not every
 	// dispatcher of the lane.
@@ -105,13 +128,17 @@ type policy struct {
 type policyConfig struct {
 	flush, maxFlush, checkpoint time.Duration
 	batchRows, maxFailures      int
+	// batchBytes: a commit is due once the work held is this large (half
+	// the lane's share of QueueBytes; zero: never by bytes).
+	batchBytes int64
 }
 
 // newPolicy is a lane's policy, started at start (as if it had committed
 // then).
 func newPolicy(o Options, start time.Time) policy {
 	return policy{last: start, cfg: policyConfig{flush: o.FlushInterval, maxFlush: o.MaxFlushInterval,
-		checkpoint: o.CheckpointInterval, batchRows: o.BatchRows, maxFailures: o.MaxFailures}}
+		checkpoint: o.CheckpointInterval, batchRows: o.BatchRows, maxFailures: o.MaxFailures,
+		batchBytes: o.laneBytes() / 2}}
 }
 
 // add folds o, taken at now, into d's work, in call order. A new epoch
@@ -147,6 +174,7 @@ func (p *policy) add(d *dstate, o op, now time.Time) {
 		p.held = append(p.held, d)
 	}
 	p.pending += weight(o)
+	p.pendingBytes += o.bytes
 }
 
 // weight is what o counts in pending: its rows, and one for a DDL, which
@@ -162,6 +190,7 @@ func weight(o op) int {
 func (p *policy) drop(d *dstate) {
 	for _, w := range d.work {
 		p.pending -= weight(w)
+		p.pendingBytes -= w.bytes
 	}
 	d.work, d.rows = d.dropWork(), false
 }
@@ -179,11 +208,12 @@ func (p *policy) deadline() time.Time {
 	return deadline
 }
 
-// due reports whether a commit is due at now: BatchRows rows held, the
-// rows' deadline passed, or a checkpoint's (any held checkpoint, while
-// draining).
+// due reports whether a commit is due at now: BatchRows rows held, or
+// batchBytes, the rows' deadline passed, or a checkpoint's (any held
+// checkpoint, while draining).
 func (p *policy) due(now time.Time, draining bool) bool {
-	rowsDue := p.pending >= p.cfg.batchRows || p.pending > 0 && !now.Before(p.rowsDeadline())
+	full := p.pending >= p.cfg.batchRows || p.cfg.batchBytes > 0 && p.pendingBytes >= p.cfg.batchBytes
+	rowsDue := full || p.pending > 0 && !now.Before(p.rowsDeadline())
 	return rowsDue || p.drainDue(draining) || !p.ckptDue.IsZero() && !now.Before(p.ckptDue)
 }
 
@@ -281,7 +311,7 @@ func (p *policy) dropAll() {
 	for _, d := range p.held {
 		d.work, d.rows = d.dropWork(), false
 	}
-	p.pending = 0
+	p.pending, p.pendingBytes = 0, 0
 }
 
 // endRound closes a commit round that started at started and ended at

@@ -25,12 +25,13 @@ import (
 // -rewrite` regenerates the expected output after a deliberate change
 // (read the diff: it is the change in behaviour).
 //
-//	policy [flush=D] [maxflush=D] [ckpt=D] [batch=N] [failures=N]
+//	policy [flush=D] [maxflush=D] [ckpt=D] [batch=N] [failures=N] [lanebytes=N]
 //	                      a lane started at +0s (defaults: 100ms, 1s, 1s,
-//	                      5000, 5)
+//	                      5000, 5; lanebytes, the lane's share of
+//	                      QueueBytes: none, no commit due by bytes)
 //	tick D                the clock moves on by D
 //	take                  the lane takes the queued calls listed below,
-//	  <d> rows=N [behind=D]   N rows committed D before now
+//	  <d> rows=N [behind=D] [bytes=B]   N rows committed D before now, of B bytes
 //	  <d> ckpt=TS             a checkpoint
 //	  <d> ddl                 a DDL
 //	  <d> begin=EPOCH         a new epoch
@@ -70,7 +71,7 @@ type policyTrace struct {
 
 func newPolicyTrace(t *testing.T, d *datadriven.TestData) *policyTrace {
 	o := Options{FlushInterval: 100 * time.Millisecond, MaxFlushInterval: time.Second, CheckpointInterval: time.Second,
-		BatchRows: 5000, MaxFailures: 5}
+		BatchRows: 5000, MaxFailures: 5, Workers: 1}
 	for _, a := range d.CmdArgs {
 		switch a.Key {
 		case "flush":
@@ -83,6 +84,8 @@ func newPolicyTrace(t *testing.T, d *datadriven.TestData) *policyTrace {
 			o.BatchRows = traceInt(t, d, a.SingleVal(t))
 		case "failures":
 			o.MaxFailures = traceInt(t, d, a.SingleVal(t))
+		case "lanebytes":
+			o.QueueBytes = int64(traceInt(t, d, a.SingleVal(t)))
 		default:
 			d.Fatalf(t, "unknown argument %q", a.Key)
 		}
@@ -196,6 +199,8 @@ func (w *policyTrace) op(t *testing.T, d *datadriven.TestData, fields []string) 
 			o.kind, rows = opRows, traceInt(t, d, v)
 		case "behind":
 			behind = traceDuration(t, d, v)
+		case "bytes":
+			o.bytes = int64(traceInt(t, d, v))
 		case "ckpt":
 			o.kind, o.ts = opCheckpoint, common.Ts(traceInt(t, d, v))
 		case "ddl":
@@ -234,6 +239,9 @@ func (w *policyTrace) at(t time.Time) string { return "+" + t.Sub(policyT0).Stri
 func (w *policyTrace) dump() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: pending %d, ", w.at(w.now), w.p.pending)
+	if w.p.pendingBytes != 0 {
+		fmt.Fprintf(&b, "%d bytes, ", w.p.pendingBytes)
+	}
 	if dl := w.p.deadline(); dl.IsZero() {
 		b.WriteString("no deadline")
 	} else {
