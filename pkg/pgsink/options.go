@@ -24,8 +24,12 @@ const (
 // changefeed": rows of 1 kB still commit BatchRows at a time under it).
 const DefaultQueueBytes = 64 << 20
 
-// minLaneBytes is the least share of QueueBytes a lane may have.
-const minLaneBytes = 64 << 10
+// MinLaneQueueBytes is the least share of Options.QueueBytes a lane may
+// have, MaxQueueBytes the most QueueBytes may be.
+const (
+	MinLaneQueueBytes = 64 << 10
+	MaxQueueBytes     = 1 << 40
+)
 
 // Options configure a Sink. A zero field takes the default its comment
 // gives (EnsureDefaults); New fills them in and validates (Validate),
@@ -167,7 +171,7 @@ func (o Options) Validate() error {
 	p.IntRange("Workers", o.Workers, 1, 256)
 	p.IntRange("BatchRows", o.BatchRows, 1, 1<<20)
 	p.IntRange("QueueRows", o.QueueRows, o.BatchRows, 1<<24)
-	p.Require(o.QueueBytes >= int64(o.Workers)*minLaneBytes && o.QueueBytes <= 1<<40,
+	p.Require(o.QueueBytes >= int64(o.Workers)*MinLaneQueueBytes && o.QueueBytes <= MaxQueueBytes,
 		"QueueBytes %d must be at least 64 KiB per lane (Workers %d) and at most 1 TiB", o.QueueBytes, o.Workers)
 	p.IntRange("MaxFailures", o.MaxFailures, 1, 1000)
 	p.Require(o.FlushInterval > 0, "FlushInterval must be positive")

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cdcflow/eventservice/cmd/cdcserver/app/goruntime"
 	"github.com/cdcflow/eventservice/internal/optcheck"
+	"github.com/cdcflow/eventservice/pkg/pgsink"
 )
 
 // ErrInvalidConfig wraps every configuration error of a node.
@@ -54,6 +55,9 @@ type Config struct {
 	// store's memtable size (an embedded run's store is a cache: the slot
 	// is the durable log).
 	StoreCacheSize, StoreMemTableSize int64
+	// SinkQueueSize is every changefeed's --sink-queue-size: the bytes of
+	// rows its sink holds in memory (pgsink.Options.QueueBytes).
+	SinkQueueSize int64
 	// Settings are the Go runtime's (--gc-percent, --max-procs,
 	// --memory-limit) while the node runs; a set environment variable
 	// wins. The Go heap's limit beside the event stores', which live
@@ -76,13 +80,16 @@ const (
 	// most of a memtable (eventstore.Options.MemTableBytes allows no more).
 	minStoreSize         = 1 << 20
 	maxStoreMemTableSize = 4 << 30
+	// minSinkQueueSize is the least --sink-queue-size: 64 KiB for each of
+	// the 256 lanes a changefeed's sink_workers may ask for.
+	minSinkQueueSize = 256 * pgsink.MinLaneQueueBytes
 )
 
 // DefaultConfig returns the server's defaults.
 func DefaultConfig() Config {
 	return Config{Cluster: "default", Addr: "127.0.0.1:8300", EtcdClientAddr: "127.0.0.1:2379", EtcdPeerAddr: "127.0.0.1:2380",
 		LeaseTTL: 10 * time.Second, BalanceInterval: 15 * time.Second, DrainTimeout: time.Minute, StoreCacheSize: DefaultStoreCacheSize,
-		StoreMemTableSize: DefaultStoreMemTableSize, LogLevel: "info", LogFormat: "text"}
+		StoreMemTableSize: DefaultStoreMemTableSize, SinkQueueSize: pgsink.DefaultQueueBytes, LogLevel: "info", LogFormat: "text"}
 }
 
 // byteSize is a flag of a size in bytes with an optional unit.
@@ -122,6 +129,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 		"each store's memtables reserve their size in it, so that the stores hold about this much, not a cache per changefeed")
 	fs.Var((*byteSize)(&c.StoreMemTableSize), "store-memtable-size", "a `size` (1MiB to 4GiB): each changefeed's event store's memtable; up to about three are in memory at once "+
 		"while a changefeed is behind (a changefeed that keeps up keeps its newest rows beside them and writes few there)")
+	fs.Var((*byteSize)(&c.SinkQueueSize), "sink-queue-size", "a `size` (16MiB to 1TiB): each changefeed's serve --sink-queue-size, the rows its sink holds in memory, "+
+		"queued and not yet committed, in bytes (their values plus about 100 bytes a row); its source's stream waits beyond it")
 	c.Settings.BindFlags(fs, "the node")
 	fs.StringVar(&c.PprofAddr, "pprof-addr", c.PprofAddr, "loopback address serving /debug/pprof (empty: none)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
@@ -156,6 +165,7 @@ func (c Config) Validate() error {
 	p.Require(c.LogFormat == "text" || c.LogFormat == "json", "--log-format=%q: text or json", c.LogFormat)
 	p.Require(c.StoreCacheSize >= minStoreSize, "--store-cache-size=%d: at least 1MiB", c.StoreCacheSize)
 	p.Require(c.StoreMemTableSize >= minStoreSize && c.StoreMemTableSize <= maxStoreMemTableSize, "--store-memtable-size=%d: 1MiB to 4GiB", c.StoreMemTableSize)
+	p.Require(c.SinkQueueSize >= minSinkQueueSize && c.SinkQueueSize <= pgsink.MaxQueueBytes, "--sink-queue-size=%d: 16MiB to 1TiB", c.SinkQueueSize)
 	c.Settings.Check(p)
 	if c.PprofAddr != "" {
 		host, _, err := net.SplitHostPort(c.PprofAddr)

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cdcflow/eventservice/internal/testwait"
+	"github.com/cdcflow/eventservice/pkg/pgsink"
 )
 
 // parseServerFlags is DefaultConfig with args parsed over it.
@@ -27,7 +28,8 @@ func parseServerFlags(t *testing.T, args ...string) (Config, error) {
 	return cfg, err
 }
 
-// The event stores' sizes take units, and a size out of range is refused
+// The event stores' sizes and the sinks' queue size take units, and a
+// size out of range is refused
 // with ErrInvalidConfig, naming the flag, as are the Go runtime's settings
 // out of range.
 func TestTheStoreSizeFlagsTakeUnitsAndRefuseBadSizes(t *testing.T) {
@@ -36,18 +38,21 @@ func TestTheStoreSizeFlagsTakeUnitsAndRefuseBadSizes(t *testing.T) {
 	require.NoError(t, cfg.Validate())
 	require.Equal(t, int64(DefaultStoreCacheSize), cfg.StoreCacheSize)
 	require.Equal(t, int64(DefaultStoreMemTableSize), cfg.StoreMemTableSize)
+	require.Equal(t, int64(pgsink.DefaultQueueBytes), cfg.SinkQueueSize)
 
-	cfg, err = parseServerFlags(t, "--store-cache-size", "1GiB", "--store-memtable-size", "4MiB", "--memory-limit", "2GiB")
+	cfg, err = parseServerFlags(t, "--store-cache-size", "1GiB", "--store-memtable-size", "4MiB", "--memory-limit", "2GiB", "--sink-queue-size", "16MiB")
 	require.NoError(t, err)
 	require.NoError(t, cfg.Validate())
 	require.Equal(t, int64(2<<30), cfg.MemoryLimit)
 	require.Equal(t, int64(1<<30), cfg.StoreCacheSize)
 	require.Equal(t, int64(4<<20), cfg.StoreMemTableSize)
+	require.Equal(t, int64(16<<20), cfg.SinkQueueSize)
 
 	for _, bad := range [][]string{
 		{"--store-cache-size", "0"}, {"--store-cache-size", "512KiB"},
 		{"--store-memtable-size", "1000"}, {"--store-memtable-size", "5GiB"},
 		{"--memory-limit", "1MiB"}, {"--gc-percent", "10"},
+		{"--sink-queue-size", "8MiB"}, {"--sink-queue-size", "2TiB"},
 	} {
 		cfg, err := parseServerFlags(t, bad...)
 		require.NoError(t, err, bad)
@@ -62,9 +67,9 @@ func TestTheStoreSizeFlagsTakeUnitsAndRefuseBadSizes(t *testing.T) {
 // Every run of a changefeed on a node gets the node's one block cache and
 // its memtable size: the event stores of its changefeeds share the cache
 // (their memory bounded by --store-cache-size together, not one cache
-// each).
+// each); and the node's --sink-queue-size for its sink.
 func TestEveryRunOnANodeSharesItsStoreCache(t *testing.T) {
-	cfg, err := parseServerFlags(t, "--store-memtable-size", "2MiB")
+	cfg, err := parseServerFlags(t, "--store-memtable-size", "2MiB", "--sink-queue-size", "32MiB")
 	require.NoError(t, err)
 	n := &node{cfg: cfg, cache: pebble.NewCache(cfg.StoreCacheSize)}
 	defer n.cache.Unref()
@@ -76,6 +81,8 @@ func TestEveryRunOnANodeSharesItsStoreCache(t *testing.T) {
 	require.Same(t, a.StoreCache, b.StoreCache)
 	require.Equal(t, uint64(2<<20), a.StoreMemTableBytes)
 	require.Equal(t, a.StoreMemTableBytes, b.StoreMemTableBytes)
+	require.Equal(t, int64(32<<20), a.SinkQueueBytes)
+	require.Equal(t, a.SinkQueueBytes, b.SinkQueueBytes)
 }
 
 // /debug/pprof is served on a loopback address only.

@@ -27,7 +27,8 @@
 //     run's store holds a reference to the cache while it is open, the
 //     node its own until Run ends; the Go heap, the rows in flight of
 //     every changefeed, follows the Go runtime's settings of the node
-//     (--memory-limit, --gc-percent; a set GOMEMLIMIT or GOGC wins);
+//     (--memory-limit, --gc-percent; a set GOMEMLIMIT or GOGC wins), each
+//     changefeed's sink holding at most --sink-queue-size bytes of rows;
 //   - a specification never holds a password (ErrClearPassword): a DSN
 //     names a password file of the nodes (passfile=) or the configuration
 //     an environment variable of theirs.

@@ -166,7 +166,8 @@ func (rs *runners) runOnce(ctx context.Context, r *runner) error {
 
 // embedding is what a run of r's changefeed gets from the node: run, its
 // registry; the membership's permit; the node's shared block cache and
-// memtable size for its event store.
+// memtable size for its event store; the node's --sink-queue-size for its
+// sink.
 func (rs *runners) embedding(r *runner, run *prometheus.Registry) replicate.Embedding {
 	permit := func() error {
 		if !rs.n.member.Valid() {
@@ -181,7 +182,8 @@ func (rs *runners) embedding(r *runner, run *prometheus.Registry) replicate.Embe
 	// then is stuck, so its backend is ended (its transaction rolls back,
 	// and this run applies those rows again).
 	return replicate.Embedding{Registry: run, Permit: permit, FenceWait: rs.n.cfg.LeaseTTL / 2, Serving: func() { r.metrics.Store(run) },
-		StoreCache: rs.n.cache, StoreMemTableBytes: uint64(rs.n.cfg.StoreMemTableSize)}
+		StoreCache: rs.n.cache, StoreMemTableBytes: uint64(rs.n.cfg.StoreMemTableSize),
+		SinkQueueBytes: rs.n.cfg.SinkQueueSize}
 }
 
 // stopLocked stops r (a clean stop) and forgets it; it ends by itself.

@@ -43,7 +43,7 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 		return setup(err)
 	}
 	if p.sink, err = pgsink.New(pgsink.Options{DSN: cfg.Sink, Workers: cfg.SinkWorkers, FlushInterval: cfg.SinkFlushInterval, MaxFlushInterval: cfg.SinkMaxFlushInterval,
-		CheckpointInterval: cfg.SinkCheckpointInterval, Owner: cfg.Slot, SoleOwner: true, Source: p.pre.source.Key(), Logger: p.log, Registerer: p.reg,
+		CheckpointInterval: cfg.SinkCheckpointInterval, QueueBytes: cfg.SinkQueueSize, Owner: cfg.Slot, SoleOwner: true, Source: p.pre.source.Key(), Logger: p.log, Registerer: p.reg,
 		Permit: cfg.permit(), FenceWait: cfg.fenceWait(), EndFenceHolders: cfg.fenceWait() > 0}); err != nil {
 		return setup(err)
 	}

@@ -44,6 +44,10 @@ type Config struct {
 	SinkFlushInterval      time.Duration
 	SinkMaxFlushInterval   time.Duration
 	SinkCheckpointInterval time.Duration
+	// SinkQueueSize bounds the bytes of rows the sink holds in memory,
+	// queued and not yet committed (pgsink.Options.QueueBytes): a
+	// changefeed's in-flight rows, whatever their width.
+	SinkQueueSize int64
 	// Settings are the Go runtime's (--gc-percent, --max-procs,
 	// --memory-limit) while serving; a set environment variable wins.
 	goruntime.Settings
@@ -149,7 +153,7 @@ func DefaultConfig() Config {
 	return Config{Slot: "cdcflow", Publication: "cdcflow", MetricsAddr: "127.0.0.1:9464", PprofAddr: "127.0.0.1:0",
 		LogFormat: "text", LogLevel: "info", ProgressInterval: 5 * time.Second, ReadyLag: 30 * time.Second,
 		SinkWorkers: 4, SinkFlushInterval: pgsink.DefaultFlushInterval, SinkMaxFlushInterval: pgsink.DefaultMaxFlushInterval,
-		SinkCheckpointInterval: pgsink.DefaultCheckpointInterval, SourceReadLinger: pgsource.DefaultReadLinger, SourceReceiveTimeout: pgsource.DefaultReceiveTimeout, PublicationPollInterval: 10 * time.Second, Settings: goruntime.Settings{GCPercent: 300},
+		SinkCheckpointInterval: pgsink.DefaultCheckpointInterval, SinkQueueSize: pgsink.DefaultQueueBytes, SourceReadLinger: pgsource.DefaultReadLinger, SourceReceiveTimeout: pgsource.DefaultReceiveTimeout, PublicationPollInterval: 10 * time.Second, Settings: goruntime.Settings{GCPercent: 300},
 		ShutdownTimeout: 30 * time.Second, MaxRetainedWAL: DefaultMaxRetainedWAL}
 }
 
@@ -170,6 +174,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.SinkFlushInterval, "sink-flush-interval", c.SinkFlushInterval, "how often a lane commits the rows it holds, each table's checkpoint with its rows (one transaction per lane)")
 	fs.DurationVar(&c.SinkMaxFlushInterval, "sink-max-flush-interval", c.SinkMaxFlushInterval, "while a lane's rows are more than four times this behind (a backlog), it commits this often instead of every --sink-flush-interval (at least that; equal to it: no stretching)")
 	fs.DurationVar(&c.SinkCheckpointInterval, "sink-checkpoint-interval", c.SinkCheckpointInterval, "how often the checkpoint of a table without new rows is written (its resolved-ts advance)")
+	fs.Var((*byteSize)(&c.SinkQueueSize), "sink-queue-size", "a `size` (64MiB; B, KiB, MiB, GiB, TiB; at least 64KiB per --sink-workers lane): the rows the sink holds in memory, "+
+		"queued and not yet committed, in bytes (their values plus about 100 bytes a row), split among its lanes; the source's stream waits beyond it. A lane commits once it holds half its share")
 	fs.DurationVar(&c.SourceReceiveTimeout, "source-receive-timeout", c.SourceReceiveTimeout, "a replication stream that hears nothing from the source for half of this asks for a reply, and one that still hears nothing by its end connects again (PostgreSQL's wal_receiver_timeout; 0 = off; at least 1s)")
 	fs.DurationVar(&c.SourceReadLinger, "source-read-linger", c.SourceReadLinger, "once the replication stream has read all the source sent, its next read waits this long so that messages arrive in batches rather than one per read (0 = off; at most 1s): fewer wake-ups per row while it keeps up, at most this much more latency")
 	fs.DurationVar(&c.PublicationPollInterval, "publication-poll-interval", c.PublicationPollInterval, "how often the publication's tables are listed to find the ones that joined it (ALTER PUBLICATION ... ADD TABLE) without a change since; each table that joins is copied, its rows then streamed (0 = off: a table is found at its first change, and copied then)")
@@ -210,6 +216,8 @@ func (c Config) Validate() error {
 	p.Require(c.SinkFlushInterval > 0, "--sink-flush-interval must be positive")
 	p.Require(c.SinkMaxFlushInterval >= c.SinkFlushInterval, "--sink-max-flush-interval must be at least --sink-flush-interval")
 	p.Require(c.SinkCheckpointInterval > 0, "--sink-checkpoint-interval must be positive")
+	p.Require(c.SinkQueueSize >= int64(c.SinkWorkers)*pgsink.MinLaneQueueBytes && c.SinkQueueSize <= pgsink.MaxQueueBytes,
+		"--sink-queue-size=%d: at least 64KiB per --sink-workers lane (%d), at most 1TiB", c.SinkQueueSize, c.SinkWorkers)
 	p.Require(c.SourceReceiveTimeout == 0 || c.SourceReceiveTimeout >= time.Second, "--source-receive-timeout must be 0 (off) or at least 1s")
 	p.Require(c.SourceReadLinger >= 0 && c.SourceReadLinger <= time.Second, "--source-read-linger must be 0..1s")
 	p.Require(c.PublicationPollInterval >= 0, "--publication-poll-interval must not be negative")

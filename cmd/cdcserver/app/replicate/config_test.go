@@ -1,11 +1,13 @@
 package replicate
 
 import (
+	"flag"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cdcflow/eventservice/pkg/pgsink"
 	"github.com/cdcflow/eventservice/pkg/pgsource"
 )
 
@@ -57,5 +59,30 @@ func TestSourceReceiveTimeoutIsValidated(t *testing.T) {
 	for _, bad := range []time.Duration{-time.Second, time.Second - 1} {
 		cfg.SourceReceiveTimeout = bad
 		require.ErrorIs(t, cfg.Validate(), ErrInvalidConfig, "--source-receive-timeout %v", bad)
+	}
+}
+
+// --sink-queue-size takes units; it gives each --sink-workers lane at
+// least 64KiB, and at most 1TiB in all, or is refused.
+func TestSinkQueueSizeIsValidated(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Source, cfg.Sink = "postgres://a@127.0.0.1/x", "postgres://b@127.0.0.1/y"
+	require.Equal(t, int64(pgsink.DefaultQueueBytes), cfg.SinkQueueSize)
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	cfg.BindFlags(fs)
+	require.NoError(t, fs.Parse([]string{"--sink-queue-size", "1GiB"}))
+	require.Equal(t, int64(1<<30), cfg.SinkQueueSize)
+	require.NoError(t, cfg.Validate())
+	require.Error(t, fs.Parse([]string{"--sink-queue-size", "8 megabytes"}), "not a size")
+	cfg.SinkWorkers = 4
+	for _, good := range []int64{256 << 10, 1 << 40} {
+		cfg.SinkQueueSize = good
+		require.NoError(t, cfg.Validate(), "--sink-queue-size %d", good)
+	}
+	for _, bad := range []int64{0, 256<<10 - 1, 1<<40 + 1} {
+		cfg.SinkQueueSize = bad
+		err := cfg.Validate()
+		require.ErrorIs(t, err, ErrInvalidConfig, "--sink-queue-size %d", bad)
+		require.Contains(t, err.Error(), "--sink-queue-size")
 	}
 }

@@ -118,6 +118,10 @@ type Embedding struct {
 	// StoreMemTableBytes is the run's event store's memtable size
 	// (eventstore.Options.MemTableBytes). 0: serve's default.
 	StoreMemTableBytes uint64
+	// SinkQueueBytes is the run's --sink-queue-size (the bytes of rows
+	// its sink holds in memory, pgsink.Options.QueueBytes). 0: the
+	// config's.
+	SinkQueueBytes int64
 }
 
 // RunEmbedded is Run for a changefeed of a process that runs many.
@@ -126,6 +130,9 @@ func RunEmbedded(ctx context.Context, cfg Config, stderr io.Writer, emb Embeddin
 		return fmt.Errorf("%w: an embedded run takes a registry and serves no HTTP of its own", ErrInvalidConfig)
 	}
 	cfg.embedding = &emb
+	if emb.SinkQueueBytes != 0 {
+		cfg.SinkQueueSize = emb.SinkQueueBytes
+	}
 	return Run(ctx, cfg, stderr)
 }
 
