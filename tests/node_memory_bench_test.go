@@ -34,9 +34,13 @@ const (
 	envNodeMemBacklog = "CDCFLOW_NODEMEM_BACKLOG"
 	// envNodeMemFlags are more flags of the node, space-separated.
 	envNodeMemFlags = "CDCFLOW_NODEMEM_FLAGS"
+	// envNodeMemRowBytes: the size of a row's value (default
+	// nodeMemoryRowBytes).
+	envNodeMemRowBytes = "CDCFLOW_NODEMEM_ROW_BYTES"
 )
 
-// nodeMemoryRowBytes is the size of a row's text value.
+// nodeMemoryRowBytes is the size of a row's text value, unless
+// CDCFLOW_NODEMEM_ROW_BYTES says.
 const nodeMemoryRowBytes = 1000
 
 // BenchmarkNodeMemory measures what a changefeed costs the resident memory
@@ -50,7 +54,9 @@ const nodeMemoryRowBytes = 1000
 // than the target applies, so that rows are read back from the event
 // store); VmHWM at the end. Each is reported per changefeed: what the
 // node holds above its base, divided by K (idle-MiB/cf, load-MiB/cf,
-// hwm-MiB/cf). The rows are 1 kB; CDCFLOW_NODEMEM_RATE (rows/s per
+// hwm-MiB/cf). The rows are 1 kB (CDCFLOW_NODEMEM_ROW_BYTES: wide rows,
+// 65536 with a rate of 20 and a backlog of 2000, say, whose values the
+// source TOASTs); CDCFLOW_NODEMEM_RATE (rows/s per
 // changefeed, default 500), CDCFLOW_NODEMEM_SECONDS (default 20),
 // CDCFLOW_NODEMEM_BACKLOG (rows per changefeed, default 50000) and
 // CDCFLOW_NODEMEM_FLAGS (more flags of the node) change the load. One
@@ -71,6 +77,7 @@ type nodeMemoryLoad struct {
 func benchNodeMemory(b *testing.B, k int) {
 	load := nodeMemoryLoad{rate: int(envUint(b, envNodeMemRate, 500)), duration: time.Duration(envUint(b, envNodeMemSeconds, 20)) * time.Second,
 		backlog: int(envUint(b, envNodeMemBacklog, 50000))}
+	rowBytes := int(envUint(b, envNodeMemRowBytes, nodeMemoryRowBytes))
 	ctx := context.Background()
 	// Each changefeed holds a walsender and its stream on the source, and
 	// its sink's lanes, fence and positions on the target.
@@ -84,7 +91,7 @@ func benchNodeMemory(b *testing.B, k int) {
 	defer dstConn.Close(ctx)
 	for i := range k {
 		_, err := srcConn.Exec(ctx, fmt.Sprintf("CREATE TABLE t%d (id bigint PRIMARY KEY, v text); INSERT INTO t%[1]d SELECT g, repeat('v', %d) FROM generate_series(1, 100) g",
-			i, nodeMemoryRowBytes))
+			i, rowBytes))
 		require.NoError(b, err)
 		_, err = dstConn.Exec(ctx, fmt.Sprintf("CREATE DATABASE cf%d", i))
 		require.NoError(b, err)
@@ -188,7 +195,7 @@ func benchNodeMemory(b *testing.B, k int) {
 			for time.Since(began) < load.duration {
 				<-tick.C
 				if _, err := conn.Exec(ctx, fmt.Sprintf("INSERT INTO t%d SELECT g, repeat(md5(g::text), %d) FROM generate_series(%d, %d) g",
-					i, nodeMemoryRowBytes/32, next, next+int64(per)-1)); err != nil {
+					i, rowBytes/32, next, next+int64(per)-1)); err != nil {
 					errs[i] = err
 					return
 				}
@@ -196,7 +203,7 @@ func benchNodeMemory(b *testing.B, k int) {
 			}
 			if load.backlog > 0 {
 				_, errs[i] = conn.Exec(ctx, fmt.Sprintf("INSERT INTO t%d SELECT g, repeat(md5(g::text), %d) FROM generate_series(%d, %d) g",
-					i, nodeMemoryRowBytes/32, 10_000_000, 10_000_000+load.backlog-1))
+					i, rowBytes/32, 10_000_000, 10_000_000+load.backlog-1))
 			}
 		})
 	}
