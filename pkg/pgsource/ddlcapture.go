@@ -47,8 +47,17 @@ const ddlPrefix = "cdcflow-ddl"
 // ALTER whose conversion is not known: a migration script can be large).
 const maxStatementChars = "1000"
 
-// captureSQL installs the capture (idempotent).
-const captureSQL = `CREATE SCHEMA IF NOT EXISTS cdcflow;
+// captureLock serialises the capture's installs under the registry's
+// advisory lock: the changefeeds of one source starting at once each
+// install it, and two CREATE OR REPLACE FUNCTIONs at once fail ("tuple
+// concurrently updated", a duplicate key of pg_proc).
+const captureLock = "SELECT pg_advisory_xact_lock(1667523430, 1);"
+
+// captureSQL installs the capture (idempotent), in one transaction under
+// captureLock.
+const captureSQL = `BEGIN;
+` + captureLock + `
+CREATE SCHEMA IF NOT EXISTS cdcflow;
 CREATE OR REPLACE FUNCTION cdcflow.capture_ddl() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $f$
 DECLARE r record;
@@ -93,7 +102,8 @@ DO $d$ BEGIN
     CREATE EVENT TRIGGER cdcflow_capture_drop ON sql_drop WHEN TAG IN ('DROP TABLE')
       EXECUTE FUNCTION cdcflow.capture_drop();
   END IF;
-END $d$`
+END $d$;
+COMMIT`
 
 // installCapture installs the DDL capture if the role is a superuser, and
 // reports whether the capture is there.

@@ -4,9 +4,12 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/cdcflow/eventservice/internal/testwait"
 )
 
 // The DDL capture acts on a user's database, so: a role that is not a
@@ -60,4 +63,36 @@ func TestTheDDLCaptureIsTheSuperusersAndNeverFailsADDL(t *testing.T) {
 	require.NoError(t, e.conn.QueryRow(ctx, `SELECT count(*) FROM pg_logical_slot_peek_binary_changes('first', NULL, NULL,
 		'proto_version', '1', 'publication_names', 'cdcflow', 'messages', 'true') WHERE position('cdcflow-ddl' IN encode(data, 'escape')) > 0`).Scan(&captured))
 	require.Equal(t, 3, captured, "each of the role's DDLs captured, in the stream")
+}
+
+// The changefeeds of one source starting at once each install the
+// capture; the installs wait for each other (the registry's advisory
+// lock) rather than fail on each other's CREATE OR REPLACE FUNCTION. The
+// test holds that lock, starts two installs, sees both wait for it, lets
+// go, and both succeed.
+func TestInstallsOfTheDDLCaptureAtOnceWaitForEachOther(t *testing.T) {
+	e := newSrcEnv(t)
+	ctx := context.Background()
+	_, err := e.conn.Exec(ctx, "SELECT pg_advisory_lock(1667523430, 1)")
+	require.NoError(t, err)
+	errs := make(chan error, 2)
+	for range 2 {
+		conn, err := pgx.Connect(ctx, e.pg.DSN)
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		go func() { _, err := conn.Exec(ctx, captureSQL); errs <- err }()
+	}
+	testwait.Within(t, time.Minute, "both installs waiting for the lock", func() bool {
+		var waiting int
+		return e.conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1667523430 AND objid = 1
+AND NOT granted`).Scan(&waiting) == nil && waiting == 2
+	})
+	_, err = e.conn.Exec(ctx, "SELECT pg_advisory_unlock(1667523430, 1)")
+	require.NoError(t, err)
+	for range 2 {
+		require.NoError(t, <-errs)
+	}
+	var n int
+	require.NoError(t, e.conn.QueryRow(ctx, "SELECT count(*) FROM pg_event_trigger WHERE evtname LIKE 'cdcflow_%'").Scan(&n))
+	require.Equal(t, 2, n)
 }
