@@ -136,9 +136,11 @@ func (svc *Service) sendScan(sc *scanner, s *session, e effect) sendResult {
 	}
 	if errors.Is(err, messaging.ErrBatchTooLarge) {
 		// A configuration error, not congestion: the task's limits
-		// (MaxMessagesPerTask, ScanLimitBytes, LargeTxnSplitBytes) exceed
-		// what the target can ever accept. Retrying cannot help until they
-		// are lowered, so say so loudly.
+		// (MaxMessagesPerTask) exceed what the target can ever accept.
+		// Retrying cannot help until they are lowered, so say so loudly.
+		// (A byte bound refuses only while the target holds others: a task
+		// beyond it, ScanLimitBytes or a row larger than any bound, goes
+		// in alone into an empty inbox; messaging.InProcessOptions.MaxBytes.)
 		svc.log.Error("scan task larger than the target's capacity; lower the task limits",
 			zap.Stringer("dispatcher", s.d.id), zap.String("target", string(s.d.target.name)),
 			zap.Int("messages", nmsgs), zap.Error(err))

@@ -91,13 +91,14 @@ func TestScanLimitsStopAtBoundariesAndSplitLargeTxnsExactly(t *testing.T) {
 }
 
 // TestResolvedBatchesShrinkToTheTargetsCapacity: a target whose inbox
-// holds fewer bytes than a ResolvedBatch of every advance answers it with
-// ErrBatchTooLarge; the target's pump sends smaller batches instead of
-// retrying the same one forever, and every dispatcher reaches the final
-// resolved-ts.
+// holds fewer messages than a ResolvedBatch of every advance has entries
+// (a batch weighs its entries) answers it with ErrBatchTooLarge; the
+// target's pump sends smaller batches instead of retrying the same one
+// forever, and every dispatcher reaches the final resolved-ts. (A byte
+// bound never refuses for good: an oversized batch goes in alone.)
 func TestResolvedBatchesShrinkToTheTargetsCapacity(t *testing.T) {
-	// 512 bytes: 9 entries of 52 bytes fit in a batch, 40 do not.
-	small, err := messaging.NewInProcess(messaging.InProcessOptions{MaxBytes: 512})
+	// Capacity 16: a batch of 40 entries can never fit.
+	small, err := messaging.NewInProcess(messaging.InProcessOptions{Capacity: 16})
 	require.NoError(t, err)
 	defer small.Close()
 	inbox, err := small.Register(testTarget)

@@ -35,7 +35,12 @@
 //     would waste. A batch that could never fit fails with ErrBatchTooLarge.
 //   - Memory is bounded: an InProcess inbox holds at most Capacity messages
 //     (a ResolvedBatch counts its entries: Weight) and, if set, MaxBytes
-//     approximate bytes.
+//     approximate bytes, or one oversized batch alone: a batch beyond
+//     MaxBytes is admitted into an empty inbox, since a single row can be
+//     far larger than any bound (a TOASTed value up to 1 GB) and refusing it
+//     for good would stall its dispatcher for ever; while the inbox holds
+//     others it is refused with ErrBusy, and Room waits until it fits or the
+//     inbox is empty. The byte bound never yields ErrBatchTooLarge.
 //   - Messages are passed by pointer, never copied: after a successful Send
 //     the sender must not modify them. The msgs slice itself is not retained.
 //     The one exception is a ResolvedBatch built with NewOwnedResolvedBatch:

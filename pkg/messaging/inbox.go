@@ -47,8 +47,9 @@ const minRing = 64
 // by not draining: once the queue is full, Send refuses with ErrBusy.
 //
 // INVARIANT: mu.n <= mu.weight <= capacity (a message's Weight: a
-// ResolvedBatch counts its entries), and mu.bytes <= maxBytes when
-// maxBytes > 0.
+// ResolvedBatch counts its entries), and, when maxBytes > 0, mu.bytes <=
+// maxBytes or the inbox holds one oversized batch alone (admitted into
+// an empty inbox, so a message larger than the bound still gets through).
 // INVARIANT: once the state leaves inboxOpen nothing is enqueued again, and
 // done is closed.
 // INVARIANT (no lost wakeup): whenever the queue is non-empty after an
@@ -72,7 +73,10 @@ type Inbox struct {
 		head, n int
 		weight  int // the queued messages' Weight
 		bytes   int
-		state   inboxState
+		// need is the largest batch refused for its bytes since Room was
+		// last given: there is room once it fits or the inbox is empty.
+		need  int
+		state inboxState
 		// room, if not nil, is closed (and reset) once the queue is at or
 		// below half its bounds: a refused sender waits on it (Room).
 		room chan struct{}
@@ -89,7 +93,9 @@ func closedRoom() chan struct{} {
 
 // Room returns a channel closed once the inbox has room again: at once if
 // it is at or below half its bounds (or no longer open), otherwise at the
-// Drain that brings it there. See RoomNotifier.
+// Drain that brings it there. After a batch was refused for its bytes,
+// room also means that batch fits, or the inbox is empty (an oversized
+// batch goes in alone). See RoomNotifier.
 func (in *Inbox) Room() <-chan struct{} {
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -109,10 +115,14 @@ func (in *Inbox) HasRoom() bool {
 	return in.mu.state != inboxOpen || in.hasRoomLocked()
 }
 
-// hasRoomLocked reports whether the queue is at or below half its bounds:
+// hasRoomLocked reports whether the queue is empty, or at or below half its
+// bounds with room for the largest batch refused for its bytes (need):
 // enough room for a refused sender to be worth waking. REQUIRES: in.mu held.
 func (in *Inbox) hasRoomLocked() bool {
-	return 2*in.mu.weight <= in.capacity && (in.maxBytes <= 0 || 2*in.mu.bytes <= in.maxBytes)
+	if in.mu.n == 0 {
+		return true
+	}
+	return 2*in.mu.weight <= in.capacity && (in.maxBytes <= 0 || (2*in.mu.bytes <= in.maxBytes && in.mu.bytes+in.mu.need <= in.maxBytes))
 }
 
 func newInbox(target Target, capacity, maxBytes int) *Inbox {
@@ -212,9 +222,12 @@ func (in *Inbox) drain(dst []Message, limit int) ([]Message, int, inboxState) {
 		}
 	}
 	in.mu.n -= k
-	if in.mu.room != nil && in.hasRoomLocked() {
-		close(in.mu.room)
-		in.mu.room = nil
+	if in.hasRoomLocked() {
+		in.mu.need = 0 // the refused batch fits now: its sender is woken
+		if in.mu.room != nil {
+			close(in.mu.room)
+			in.mu.room = nil
+		}
 	}
 	return dst, in.mu.n, in.mu.state
 }
@@ -270,13 +283,16 @@ func (in *Inbox) enqueueLocked(msgs []Message, w int) error {
 			total += e.size
 		}
 	}
-	if in.maxBytes > 0 && in.mu.bytes+total > in.maxBytes {
+	// A batch beyond the byte bound is admitted alone into an empty inbox:
+	// a row can be far larger than any bound (a TOASTed value up to 1 GB),
+	// and refusing it for good would stall its dispatcher for ever. While
+	// others are held it waits (ErrBusy) for the inbox to empty, and Room
+	// waits for that too (need), not merely for half the bound.
+	if in.maxBytes > 0 && total > 0 && in.mu.bytes+total > in.maxBytes && in.mu.n > 0 {
 		for i := range msgs {
 			in.mu.buf[(end+i)%size] = entry{}
 		}
-		if total > in.maxBytes {
-			return fmt.Errorf("%w: %d bytes for target %q, max %d", ErrBatchTooLarge, total, in.target, in.maxBytes)
-		}
+		in.mu.need = max(in.mu.need, total)
 		return ErrBusy
 	}
 	in.mu.n += len(msgs)

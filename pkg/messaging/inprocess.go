@@ -19,8 +19,10 @@ type InProcessOptions struct {
 	// DefaultCapacity; negative is invalid.
 	Capacity int
 	// MaxBytes, if positive, also bounds each target's queue in approximate
-	// bytes (Message.Size). Default 0: no byte bound, and Send then never
-	// calls Size. Negative is invalid.
+	// bytes (Message.Size), but never refuses for good: a batch larger than
+	// MaxBytes is admitted alone into an empty queue (a refusal while others
+	// are queued is ErrBusy, and Room waits for the queue to empty). Default
+	// 0: no byte bound, and Send then never calls Size. Negative is invalid.
 	MaxBytes int
 	// Logger receives debug logs. Default zap.NewNop().
 	Logger *zap.Logger

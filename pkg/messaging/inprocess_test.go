@@ -108,7 +108,7 @@ func TestSendByteBound(t *testing.T) {
 	require.NoError(t, p.Send("a", resN(1, 2)))
 	require.Equal(t, 104, in.Bytes())
 	require.Equal(t, ErrBusy, p.Send("a", resN(3, 1)))
-	require.ErrorIs(t, p.Send("a", resN(3, 3)), ErrBatchTooLarge)
+	require.Equal(t, ErrBusy, p.Send("a", resN(3, 3)), "beyond the bound while others are held: busy, not too large")
 	require.Equal(t, 104, in.Bytes())
 	require.Equal(t, 2, in.Len())
 
@@ -117,6 +117,61 @@ func TestSendByteBound(t *testing.T) {
 	require.NoError(t, p.Send("a", resN(3, 1)))
 	require.Equal(t, []uint64{2, 3}, seqs(in.Drain(nil, 0)))
 	require.Zero(t, in.Bytes())
+}
+
+// TestSendOversizedAlone: a message (or batch) beyond MaxBytes is admitted
+// alone into an empty inbox, never refused for good (a row can be larger
+// than any bound); while others are held it is ErrBusy, Room waits until
+// the inbox is empty (not merely at half), and it goes in then.
+func TestSendOversizedAlone(t *testing.T) {
+	// A Resolved is 52 bytes: one alone is beyond MaxBytes 40.
+	p, ins := newTransport(t, InProcessOptions{Capacity: 10, MaxBytes: 40}, "a")
+	in := ins[0]
+	isClosed := func(c <-chan struct{}) bool {
+		select {
+		case <-c:
+			return true
+		default:
+			return false
+		}
+	}
+	require.NoError(t, p.Send("a", resN(1, 1)), "an oversized message into an empty inbox")
+	require.Equal(t, 52, in.Bytes())
+	require.Equal(t, ErrBusy, p.Send("a", resN(2, 1)), "the oversized message is held alone")
+	room := p.Room("a")
+	require.False(t, isClosed(room))
+	require.False(t, p.HasRoom("a"))
+	require.Equal(t, []uint64{1}, seqs(in.Drain(nil, 0)))
+	require.True(t, isClosed(room), "empty: room for the refused message")
+	require.NoError(t, p.Send("a", resN(2, 1)))
+	require.NoError(t, p.Send("a", nil), "an empty batch only checks the target")
+
+	// A batch beyond the bound while one message is held, at a byte bound
+	// where half would otherwise count as room.
+	p, ins = newTransport(t, InProcessOptions{Capacity: 10, MaxBytes: 120}, "a")
+	in = ins[0]
+	require.NoError(t, p.Send("a", resN(1, 1)))
+	require.Equal(t, ErrBusy, p.Send("a", resN(2, 3)), "156 bytes while 52 are held")
+	room = p.Room("a")
+	require.False(t, isClosed(room), "at half the bound, but the refused batch does not fit: no room yet")
+	require.False(t, p.HasRoom("a"))
+	require.NoError(t, p.Send("a", resN(2, 1)), "a message that fits still goes in")
+	require.Equal(t, []uint64{1}, seqs(in.Drain(nil, 1)))
+	require.False(t, isClosed(room), "52 bytes still held")
+	require.Equal(t, []uint64{2}, seqs(in.Drain(nil, 1)))
+	require.True(t, isClosed(room), "empty")
+	require.True(t, p.HasRoom("a"))
+	require.NoError(t, p.Send("a", resN(3, 3)), "the oversized batch goes in alone")
+	require.Equal(t, 156, in.Bytes())
+	require.Equal(t, ErrBusy, p.Send("a", resN(6, 1)))
+	require.Equal(t, []uint64{3, 4, 5}, seqs(in.Drain(nil, 0)))
+	require.Zero(t, in.Bytes())
+	require.True(t, p.HasRoom("a"), "the refused need is forgotten once it was met")
+	require.NoError(t, p.Send("a", resN(6, 1)))
+	require.True(t, p.HasRoom("a"), "52 of 120 bytes, no refusal pending: room as before")
+
+	// Capacity in messages still refuses for good.
+	require.ErrorIs(t, p.Send("a", resN(8, 11)), ErrBatchTooLarge)
 }
 
 // FIFO against a model queue, with the ring wrapping and growing.

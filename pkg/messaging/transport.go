@@ -43,7 +43,9 @@ func targetByte(c byte) bool {
 // the target, in order, behind everything accepted before) or none of them.
 // It never blocks on a full queue. Errors:
 //   - ErrBusy: refused for lack of room; normal back-pressure, retry later.
-//   - ErrBatchTooLarge: the batch can never fit; split it.
+//   - ErrBatchTooLarge: the batch can never fit; split it. (InProcess says
+//     so only of a batch beyond its Capacity in messages; one beyond its
+//     byte bound is admitted alone into an empty queue.)
 //   - ErrUnknownTarget, ErrClosed, ErrInvalidMessage (a nil element).
 //   - anything wrapping ErrSendFailed: the transport failed; nothing of this
 //     call was delivered.
@@ -63,7 +65,9 @@ type RoomNotifier interface {
 	// Room returns a channel that is closed once target has room again:
 	// at once if it has room now or is gone (unknown, unregistered,
 	// closed: the next Send says why), otherwise when its receiver has
-	// drained it down to half its capacity. Each call may return a new
+	// drained it down to half its capacity (InProcess: and, after a batch
+	// was refused for its bytes, until it fits or the queue is empty, so a
+	// refused oversized batch is not woken to be refused again). Each call may return a new
 	// channel; a receiver that drains between a refusal and Room is seen,
 	// so no wakeup is lost.
 	Room(target Target) <-chan struct{}
