@@ -3,6 +3,7 @@ package replicate
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"time"
@@ -78,7 +79,7 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 	if err := p.store.Start(); err != nil {
 		return setup(err)
 	}
-	if p.inproc, err = messaging.NewInProcess(messaging.InProcessOptions{Capacity: 8192, Logger: p.log}); err != nil {
+	if p.inproc, err = messaging.NewInProcess(messaging.InProcessOptions{Capacity: 8192, MaxBytes: inboxBytes(cfg), Logger: p.log}); err != nil {
 		return setup(err)
 	}
 	inbox, err := p.inproc.Register(target)
@@ -146,6 +147,25 @@ func (p *parts) build(ctx context.Context, cfg Config) error {
 	p.wg.Go(func() { p.copier.run(ctx) })
 	return nil
 }
+
+// inboxBytes bounds the bytes of the messages between the event service and
+// the collector: an eighth of the sink's queue (--sink-queue-size), so that
+// a changefeed holds its in-flight rows by bytes, whatever their width. The
+// sink's queue is where rows wait for the target; the inbox only hands them
+// over, and the collector holds one drained batch besides (up to what the
+// inbox held), so a changefeed holds about 1.25 times the queue size in
+// rows. A count of messages alone (8192) let scans of wide rows pile up in
+// a backlog (docs/benchmarks.md, a node's memory per changefeed). At least
+// eventservice.DefaultLargeTxnSplitBytes, the most a scan task sends at
+// once but one row, so that tasks still follow each other into the inbox
+// under a small queue size; a task or a row beyond the bound goes in alone
+// (messaging.InProcessOptions.MaxBytes), so nothing waits for good.
+func inboxBytes(cfg Config) int {
+	return int(min(max(cfg.SinkQueueSize/inboxShare, eventservice.DefaultLargeTxnSplitBytes), math.MaxInt32))
+}
+
+// inboxShare: the inbox holds 1/inboxShare of the sink's queue size.
+const inboxShare = 8
 
 // storeOptions are o with the embedding's block cache and memtable size
 // (serve's own run: the store's defaults, a cache of its own).

@@ -86,3 +86,13 @@ func TestSinkQueueSizeIsValidated(t *testing.T) {
 		require.Contains(t, err.Error(), "--sink-queue-size")
 	}
 }
+
+// TestInboxBytesFollowTheSinkQueue: the service-to-collector inbox holds an
+// eighth of the bytes of the sink's queue, at least a scan task's, at most
+// what an int holds everywhere.
+func TestInboxBytesFollowTheSinkQueue(t *testing.T) {
+	require.Equal(t, 8<<20, inboxBytes(Config{SinkQueueSize: pgsink.DefaultQueueBytes}))
+	require.Equal(t, 16<<20, inboxBytes(Config{SinkQueueSize: 128 << 20}))
+	require.Equal(t, 4<<20, inboxBytes(Config{SinkQueueSize: 256 << 10}), "a scan task's bytes at least")
+	require.Equal(t, 1<<31-1, inboxBytes(Config{SinkQueueSize: pgsink.MaxQueueBytes}))
+}
