@@ -50,6 +50,11 @@ import (
 type core struct {
 	st        *streamState
 	chunkRows int
+	// chunkBytes bounds a table's pending rows of a transaction in bytes
+	// besides chunkRows: a chunk of wide rows (a TOASTed value) is pushed
+	// at chunkBytes, not held to chunkRows (1024 rows of 64 kB: 64 MiB,
+	// then as much again in the store's pebble batch).
+	chunkBytes int
 	// skipRecentCheck (tests) turns off the recent-commits check of a
 	// copy's chunk.
 	skipRecentCheck bool
@@ -103,8 +108,12 @@ func newStreamState(known map[uint32]pgcodec.Relation) *streamState {
 }
 
 // newCore is a session's core, its chain continuing from from.
+// defaultChunkBytes is core.chunkBytes: the eventstore's pebble batch
+// bound (eventstore.DefaultMaxBatchBytes), so that a chunk is one batch.
+const defaultChunkBytes = 4 << 20
+
 func newCore(st *streamState, from Position, chunkRows int) *core {
-	return &core{st: st, chunkRows: chunkRows, from: from.Ts, last: from.Ts, journal: []Position{from},
+	return &core{st: st, chunkRows: chunkRows, chunkBytes: defaultChunkBytes, from: from.Ts, last: from.Ts, journal: []Position{from},
 		rels: map[uint32]*msgRelation{}, announced: map[uint32]bool{}}
 }
 
@@ -120,8 +129,11 @@ type txn struct {
 	endLSN  uint64
 	index   uint32
 	pending map[uint32][]common.Row // rows not yet pushed, by table
-	spilled []*sub                  // subscriptions that were pushed rows of this transaction
-	copied  []*copyChunk            // chunks of copies pushed in this transaction
+	// pendingBytes are the bytes of pending's rows, by table (nil until a
+	// row is added).
+	pendingBytes map[uint32]int
+	spilled      []*sub       // subscriptions that were pushed rows of this transaction
+	copied       []*copyChunk // chunks of copies pushed in this transaction
 }
 
 // action is one thing the shell carries out, in order.

@@ -233,13 +233,17 @@ func (c *core) addRow(oid uint32, op common.OpType, key [][]byte, value []byte) 
 }
 
 // pushRow appends a row to the transaction's pending rows of oid,
-// spilling them once there are chunkRows.
+// spilling them once there are chunkRows, or chunkBytes of them.
 func (c *core) pushRow(oid uint32, op common.OpType, k, v []byte) {
 	t := c.cur
 	row := common.Row{Op: op, Key: k, Value: v, StartTs: t.ts - 1, CommitTs: t.ts}
 	t.pending[oid] = append(t.pending[oid], row)
+	if t.pendingBytes == nil {
+		t.pendingBytes = map[uint32]int{}
+	}
+	t.pendingBytes[oid] += row.Size()
 	c.tally.rows++
-	if len(t.pending[oid]) >= c.chunkRows {
+	if len(t.pending[oid]) >= c.chunkRows || t.pendingBytes[oid] >= c.chunkBytes {
 		c.flush(oid, false)
 	}
 }
@@ -268,6 +272,7 @@ func (c *core) flush(oid uint32, last bool) {
 	t := c.cur
 	rows := t.pending[oid]
 	delete(t.pending, oid)
+	delete(t.pendingBytes, oid)
 	for _, b := range c.subs[oid] {
 		if b.missed {
 			continue // it waits for the replay (see)

@@ -1,6 +1,7 @@
 package pgsource
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"sync"
@@ -101,6 +102,35 @@ func TestLargeTransactionIsSpilledInChunks(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, uint32(i+1), idx, "in WAL order")
 	}
+}
+
+// A transaction of wide rows is pushed in chunks of chunkBytes, not held to
+// ChunkRows: each push holds less than chunkBytes and one row.
+func TestWideRowsAreSpilledInChunksOfBytes(t *testing.T) {
+	c := testCore(map[uint32]pgcodec.Relation{7: {OID: 7, Schema: "public", Name: "t", Columns: []pgcodec.Column{
+		{Name: "id", Type: "text", Key: true}, {Name: "v", Type: "text"}}}})
+	c.chunkBytes = 4 << 10
+	wide := bytes.Repeat([]byte("v"), 1000)
+	const n = 40
+	for i := range n {
+		require.NoError(t, c.change(7, pgcodec.Insert, nil, 0, []tupleCol{{kind: 't', data: fmt.Appendf(nil, "k%d", i)}, {kind: 't', data: wide}}))
+	}
+	var pushes, rows int
+	for _, a := range c.take() {
+		if a.kind != actPush {
+			continue
+		}
+		pushes++
+		size, most := 0, 0
+		for i := range a.batch.Rows {
+			size += a.batch.Rows[i].Size()
+			most = max(most, a.batch.Rows[i].Size())
+		}
+		require.Less(t, size, c.chunkBytes+most, "push %d", pushes)
+		rows += len(a.batch.Rows)
+	}
+	require.GreaterOrEqual(t, pushes, 9, "40 rows of 1 kB in chunks of 4 kB")
+	require.Equal(t, n-len(c.cur.pending[7]), rows, "every row pushed but the last chunk's")
 }
 
 // A subscription from a start-ts the stream has passed is served by
