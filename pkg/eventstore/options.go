@@ -35,6 +35,13 @@ type Options struct {
 	// MaxBatchRows caps the rows committed in one pebble batch; a worker
 	// groups queued pushes up to this many rows. Default 4096.
 	MaxBatchRows int
+	// MaxBatchBytes caps the same in bytes of keys and values (Row.Size):
+	// a worker stops grouping once a batch holds this many, so wide rows
+	// (a TOASTed value) do not make a pebble batch of MaxBatchRows of them
+	// (4096 rows of 64 kB: 256 MiB, held twice while it is encoded). A
+	// single push beyond it is still one batch. Default 4 MiB, half of the
+	// default memtable, below pebble's large-batch threshold.
+	MaxBatchBytes int
 	// IdleTTL is how long a subscription without dispatchers is kept (and
 	// fed) before it is ended at the upstream and its data deleted, so a
 	// quick remove/re-add does not refetch. Default 1s.
@@ -115,6 +122,7 @@ const (
 	DefaultWriteWorkers           = 2
 	DefaultWriteQueueSize         = 1024
 	DefaultMaxBatchRows           = 4096
+	DefaultMaxBatchBytes          = 4 << 20
 	DefaultIdleTTL                = time.Second
 	DefaultMaintenanceInterval    = 100 * time.Millisecond
 	DefaultGCMinSpan              = 5 * time.Second
@@ -139,6 +147,9 @@ func (o Options) EnsureDefaults() Options {
 	}
 	if o.MaxBatchRows == 0 {
 		o.MaxBatchRows = DefaultMaxBatchRows
+	}
+	if o.MaxBatchBytes == 0 {
+		o.MaxBatchBytes = DefaultMaxBatchBytes
 	}
 	if o.IdleTTL == 0 {
 		o.IdleTTL = DefaultIdleTTL
@@ -187,6 +198,7 @@ func (o Options) Validate() error {
 	p.IntRange("WriteWorkers", o.WriteWorkers, 1, 256)
 	p.IntRange("WriteQueueSize", o.WriteQueueSize, 1, 1<<24)
 	p.IntRange("MaxBatchRows", o.MaxBatchRows, 1, 1<<24)
+	p.IntRange("MaxBatchBytes", o.MaxBatchBytes, 1, 1<<30)
 	p.IntRange("ExpectedDispatchers", o.ExpectedDispatchers, 0, MaxExpectedDispatchers)
 	p.Require(o.IdleTTL >= 0, "IdleTTL %v must not be negative", o.IdleTTL)
 	p.Require(o.MaintenanceInterval > 0, "MaintenanceInterval %v must be positive", o.MaintenanceInterval)

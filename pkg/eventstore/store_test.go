@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"math/rand/v2"
 	"os"
@@ -441,6 +442,38 @@ func TestIdleSubscriptionEndsAfterTTL(t *testing.T) {
 	push(t, sub2, 20)
 	r3.waitResolved(t, 20)
 	require.Equal(t, 0, countRaw(t, env.store, sub), "the ended subscription's rows are deleted")
+}
+
+// TestWriteBatchesAreBoundedInBytes: a worker stops grouping queued pushes
+// into one pebble batch at MaxBatchBytes, whatever MaxBatchRows allows.
+func TestWriteBatchesAreBoundedInBytes(t *testing.T) {
+	up := &fakeUpstreamForTest{}
+	reg := prometheus.NewRegistry()
+	s, err := Open(Options{Upstream: up, WriteWorkers: 1, MaxBatchBytes: 3000, Registerer: reg,
+		MaintenanceInterval: time.Hour, FreshBytes: -1}) // every row is written to pebble
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.Close()) }()
+	span := common.TableSpan(1)
+	rec := newRecorder()
+	require.NoError(t, s.RegisterDispatcher(did(1), span, 0, rec))
+	sub := up.last(t, span)
+	wide := make([]byte, 1000)
+	// Queued before the worker starts, so it finds all ten at once.
+	for i := range 10 {
+		ts := common.Ts(10 * (i + 1))
+		push(t, sub, ts, common.Row{Op: common.OpPut, Key: fmt.Appendf(nil, "k%d", i), Value: wide, StartTs: ts - 1, CommitTs: ts})
+	}
+	require.NoError(t, s.Start())
+	rec.waitResolved(t, 100)
+	var batches uint64
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == "cdcflow_eventstore_write_batch_duration_seconds" {
+			batches = mf.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	require.Equal(t, uint64(4), batches, "ten rows of 1 kB in batches of at least 3000 bytes: 3, 3, 3, 1")
 }
 
 func TestCloseDuringWrites(t *testing.T) {

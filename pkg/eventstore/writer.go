@@ -32,7 +32,7 @@ type writeEvent struct {
 }
 
 // runWriter is write worker i: it groups queued events into one pebble batch
-// (up to MaxBatchRows rows), commits it, and only then advances resolved-ts
+// (up to MaxBatchRows rows or MaxBatchBytes bytes), commits it, and only then advances resolved-ts
 // and notifies, so a notified resolved-ts never names an unreadable row.
 func (s *Store) runWriter(i int) {
 	q := s.queues[i]
@@ -44,13 +44,13 @@ func (s *Store) runWriter(i int) {
 		case <-s.closing:
 			return
 		}
-		rows := len(evs[0].rows)
+		rows, bytes := len(evs[0].rows), rowsBytes(evs[0].rows)
 	group:
-		for rows < s.opts.MaxBatchRows && !evs[len(evs)-1].deleteSub {
+		for rows < s.opts.MaxBatchRows && bytes < s.opts.MaxBatchBytes && !evs[len(evs)-1].deleteSub {
 			select {
 			case ev := <-q:
 				evs = append(evs, ev)
-				rows += len(ev.rows)
+				rows, bytes = rows+len(ev.rows), bytes+rowsBytes(ev.rows)
 			default:
 				break group
 			}
@@ -71,6 +71,15 @@ func (s *Store) runWriter(i int) {
 		}
 		clear(evs) // drop row references for the GC
 	}
+}
+
+// rowsBytes is the bytes of rows' keys and values (Row.Size).
+func rowsBytes(rows []common.Row) int {
+	n := 0
+	for i := range rows {
+		n += rows[i].Size()
+	}
+	return n
 }
 
 // apply commits evs and then publishes their resolved-ts advances. The
