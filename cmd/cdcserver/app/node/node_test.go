@@ -184,6 +184,12 @@ func TestATwoNodeClusterRunsMovesPausesAndRemovesAChangefeed(t *testing.T) {
 		}
 	}
 	equal("the snapshot")
+	// Drained before its snapshot is recorded as applied, a changefeed
+	// starts over on the next node, copying every table again (by design).
+	testwait.Within(t, time.Minute, "the snapshot recorded as applied", func() bool {
+		var q queryResponse
+		return n1.call(t, "GET", "/api/v1/changefeeds/cf", nil, &q) == http.StatusOK && q.Status != nil && q.Status.Snapshot == "applied"
+	})
 	first := n1.runsOn(t, "cf")
 	require.Contains(t, []string{"n1", "n2"}, first)
 	other := map[string]string{"n1": "n2", "n2": "n1"}[first]
