@@ -39,7 +39,7 @@ const minMemoryLimit = 64 << 20
 func (s *Settings) BindFlags(fs *flag.FlagSet, who string) {
 	fs.IntVar(&s.GCPercent, "gc-percent", s.GCPercent, "the Go collector's target while serving (GOGC; 0 = the runtime's; a set GOGC variable wins): above 100 trades heap for less CPU per row")
 	fs.IntVar(&s.MaxProcs, "max-procs", s.MaxProcs, fmt.Sprintf("at most this many threads run %s's Go code at once (GOMAXPROCS; 0 = the runtime's, one per CPU; a set GOMAXPROCS variable wins): 1 keeps %s to one core on a host it shares with a database", who, who))
-	fs.Var((*byteSize)(&s.MemoryLimit), "memory-limit", "the Go runtime's soft memory limit while serving, a `size` in bytes or with a unit (1900MiB, 2GiB; GOMEMLIMIT's syntax; 0 = the runtime's, none; a set GOMEMLIMIT variable wins): the collector then runs as often as keeping within it takes, paid for in CPU when the live heap comes near it")
+	fs.Var((*ByteSize)(&s.MemoryLimit), "memory-limit", "the Go runtime's soft memory limit while serving, a `size` in bytes or with a unit (1900MiB, 2GiB; GOMEMLIMIT's syntax; 0 = the runtime's, none; a set GOMEMLIMIT variable wins): the collector then runs as often as keeping within it takes, paid for in CPU when the live heap comes near it")
 }
 
 // Check adds a problem to p for each invalid setting.
@@ -76,23 +76,24 @@ func (s Settings) Apply(getenv func(string) string) (restore func()) {
 	}
 }
 
-// byteSize is a flag.Value of bytes written as GOMEMLIMIT is: an integer
-// with an optional unit, B, KiB, MiB, GiB or TiB.
-type byteSize int64
+// ByteSize is a flag.Value of bytes written as GOMEMLIMIT is: an integer
+// with an optional unit, B, KiB, MiB, GiB or TiB (every size flag of
+// cdcserver's).
+type ByteSize int64
 
 var byteUnits = []struct {
 	suffix string
 	shift  uint
 }{{"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"B", 0}}
 
-func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
+func (b *ByteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
 
-func (b *byteSize) Set(v string) error {
+func (b *ByteSize) Set(v string) error {
 	n, err := ParseBytes(v)
 	if err != nil {
 		return err
 	}
-	*b = byteSize(n)
+	*b = ByteSize(n)
 	return nil
 }
 

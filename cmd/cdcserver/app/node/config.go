@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -92,20 +91,6 @@ func DefaultConfig() Config {
 		StoreMemTableSize: DefaultStoreMemTableSize, SinkQueueSize: pgsink.DefaultQueueBytes, LogLevel: "info", LogFormat: "text"}
 }
 
-// byteSize is a flag of a size in bytes with an optional unit.
-type byteSize int64
-
-func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
-
-func (b *byteSize) Set(v string) error {
-	n, err := goruntime.ParseBytes(v)
-	if err != nil {
-		return err
-	}
-	*b = byteSize(n)
-	return nil
-}
-
 // BindFlags binds c's fields to fs's flags.
 func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Cluster, "cluster", c.Cluster, "the cluster's name (its keys' root in etcd)")
@@ -125,11 +110,11 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "the node's lease TTL: a node silent this long loses its changefeeds to others")
 	fs.DurationVar(&c.BalanceInterval, "balance-interval", c.BalanceInterval, "how often the coordinator may move one changefeed only to even the load")
 	fs.DurationVar(&c.DrainTimeout, "drain-timeout", c.DrainTimeout, "bound on SIGTERM's hand-off of the node's changefeeds")
-	fs.Var((*byteSize)(&c.StoreCacheSize), "store-cache-size", "a `size` (128MiB; B, KiB, MiB, GiB, TiB, at least 1MiB): the block cache that the event stores of all the node's changefeeds share; "+
+	fs.Var((*goruntime.ByteSize)(&c.StoreCacheSize), "store-cache-size", "a `size` (128MiB; B, KiB, MiB, GiB, TiB, at least 1MiB): the block cache that the event stores of all the node's changefeeds share; "+
 		"each store's memtables reserve their size in it, so that the stores hold about this much, not a cache per changefeed")
-	fs.Var((*byteSize)(&c.StoreMemTableSize), "store-memtable-size", "a `size` (1MiB to 4GiB): each changefeed's event store's memtable; up to about three are in memory at once "+
+	fs.Var((*goruntime.ByteSize)(&c.StoreMemTableSize), "store-memtable-size", "a `size` (1MiB to 4GiB): each changefeed's event store's memtable; up to about three are in memory at once "+
 		"while a changefeed is behind (a changefeed that keeps up keeps its newest rows beside them and writes few there)")
-	fs.Var((*byteSize)(&c.SinkQueueSize), "sink-queue-size", "a `size` (16MiB to 1TiB): each changefeed's serve --sink-queue-size, the rows its sink holds in memory, "+
+	fs.Var((*goruntime.ByteSize)(&c.SinkQueueSize), "sink-queue-size", "a `size` (16MiB to 1TiB): each changefeed's serve --sink-queue-size, the rows its sink holds in memory, "+
 		"queued and not yet committed, in bytes (their values plus about 100 bytes a row); its source's stream waits beyond it")
 	c.Settings.BindFlags(fs, "the node")
 	fs.StringVar(&c.PprofAddr, "pprof-addr", c.PprofAddr, "loopback address serving /debug/pprof (empty: none)")

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"net"
-	"strconv"
 	"strings"
 	"time"
 
@@ -99,20 +98,6 @@ type stopKnobs struct {
 // production server would let fill.
 const DefaultMaxRetainedWAL = 10 << 30
 
-// byteSize is a flag of a size in bytes with an optional unit.
-type byteSize int64
-
-func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
-
-func (b *byteSize) Set(v string) error {
-	n, err := goruntime.ParseBytes(v)
-	if err != nil {
-		return err
-	}
-	*b = byteSize(n)
-	return nil
-}
-
 // patternList is a flag of comma-separated table patterns.
 type patternList []string
 
@@ -174,7 +159,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.SinkFlushInterval, "sink-flush-interval", c.SinkFlushInterval, "how often a lane commits the rows it holds, each table's checkpoint with its rows (one transaction per lane)")
 	fs.DurationVar(&c.SinkMaxFlushInterval, "sink-max-flush-interval", c.SinkMaxFlushInterval, "while a lane's rows are more than four times this behind (a backlog), it commits this often instead of every --sink-flush-interval (at least that; equal to it: no stretching)")
 	fs.DurationVar(&c.SinkCheckpointInterval, "sink-checkpoint-interval", c.SinkCheckpointInterval, "how often the checkpoint of a table without new rows is written (its resolved-ts advance)")
-	fs.Var((*byteSize)(&c.SinkQueueSize), "sink-queue-size", "a `size` (64MiB; B, KiB, MiB, GiB, TiB; at least 64KiB per --sink-workers lane): the rows the sink holds in memory, "+
+	fs.Var((*goruntime.ByteSize)(&c.SinkQueueSize), "sink-queue-size", "a `size` (64MiB; B, KiB, MiB, GiB, TiB; at least 64KiB per --sink-workers lane): the rows the sink holds in memory, "+
 		"queued and not yet committed, in bytes (their values plus about 100 bytes a row), split among its lanes; the source's stream waits beyond it. A lane commits once it holds half its share")
 	fs.DurationVar(&c.SourceReceiveTimeout, "source-receive-timeout", c.SourceReceiveTimeout, "a replication stream that hears nothing from the source for half of this asks for a reply, and one that still hears nothing by its end connects again (PostgreSQL's wal_receiver_timeout; 0 = off; at least 1s)")
 	fs.DurationVar(&c.SourceReadLinger, "source-read-linger", c.SourceReadLinger, "once the replication stream has read all the source sent, its next read waits this long so that messages arrive in batches rather than one per read (0 = off; at most 1s): fewer wake-ups per row while it keeps up, at most this much more latency")
@@ -185,7 +170,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.Var(&c.Exclude, "exclude", "for a publication serve creates: the tables left out, `patterns` (comma-separated schema.table globs: public.audit_*)")
 	fs.BoolVar(&c.NoDDLCapture, "no-ddl-capture", c.NoDDLCapture, "never install the DDL capture on the source (an event trigger, installed when the source role is a superuser, "+
 		"that tells a renamed column from a dropped and added one and carries DROP TABLE); without it such changes stop their table")
-	fs.Var((*byteSize)(&c.MaxRetainedWAL), "max-retained-wal", "a `size` (10GiB; B, KiB, MiB, GiB, TiB): once the slot retains more WAL than this, "+
+	fs.Var((*goruntime.ByteSize)(&c.MaxRetainedWAL), "max-retained-wal", "a `size` (10GiB; B, KiB, MiB, GiB, TiB): once the slot retains more WAL than this, "+
 		"tables stopped by a change the target cannot apply let go of it (their checkpoint dropped, logged at ERROR, a fresh copy owed at the next start) "+
 		"so that the source's WAL stops growing for them; 0 = no bound (PostgreSQL's max_slot_wal_keep_size still applies)")
 }
