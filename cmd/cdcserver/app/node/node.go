@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"strings"
@@ -25,6 +24,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/cdcflow/eventservice/cmd/cdcserver/app/replicate"
 	"github.com/cdcflow/eventservice/pkg/cluster"
 )
 
@@ -103,7 +103,7 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("%w: --pprof-addr: %w", ErrSetup, err)
 		}
-		prof := &http.Server{Handler: pprofMux(), ReadHeaderTimeout: 5 * time.Second}
+		prof := &http.Server{Handler: replicate.PprofMux(), ReadHeaderTimeout: 5 * time.Second}
 		var pwg sync.WaitGroup
 		pwg.Go(func() { _ = prof.Serve(plis) })
 		defer func() { _ = prof.Close(); pwg.Wait() }()
@@ -138,17 +138,6 @@ func Run(ctx context.Context, cfg Config, stderr io.Writer) error {
 	}()
 	fmt.Fprintf(stderr, "server: node %s of cluster %s; API at %s://%s\n", n.id, cfg.Cluster, scheme, lis.Addr())
 	return n.run(ctx)
-}
-
-// pprofMux serves /debug/pprof.
-func pprofMux() *http.ServeMux {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	return mux
 }
 
 // join starts the node's membership. A node started again under its ID

@@ -57,12 +57,7 @@ func (h *httpServers) serve(cfg Config, p *parts) {
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	prof := http.NewServeMux()
-	prof.HandleFunc("/debug/pprof/", pprof.Index)
-	prof.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	prof.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	prof.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	prof.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	prof := PprofMux()
 	for i, mux := range []*http.ServeMux{metrics, prof} {
 		ln := h.listeners[i]
 		if ln == nil {
@@ -106,4 +101,15 @@ func (h *httpServers) close(by time.Time) {
 		}
 	}
 	h.wg.Wait()
+}
+
+// PprofMux serves /debug/pprof (serve's --pprof-addr, a node's).
+func PprofMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
 }
